@@ -1,0 +1,17 @@
+//! tollgate: global token-bucket rate limiting for Envoy / Istio.
+//!
+//! Everything except `host` and `filter` is plain Rust, tested natively with `cargo test`; those two
+//! modules are the only ones that touch proxy-wasm and only build for `wasm32`.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod bucket;
+pub mod config;
+pub mod rule;

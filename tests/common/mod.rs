@@ -1,0 +1,147 @@
+//! Shared harness for the integration tests and the demo: real processes on free loopback ports,
+//! readiness by polling (never by sleeping a fixed time), stopped by pid when dropped.
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root (where Cargo.toml is).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh scratch directory under target/ for one test's config files and logs.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = repo_root()
+        .join("target")
+        .join("it")
+        .join(format!("{name}-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// A TCP port that was free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Polls `ready` every 20 ms until it returns true or `timeout` passes; returns whether it became ready.
+pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn port_open(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// A child process that is killed (by its pid, via `Child::kill`) and reaped when dropped.
+pub struct Proc {
+    pub name: String,
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
+        let out = std::fs::File::create(log).expect("create log file");
+        let err = out.try_clone().expect("clone log handle");
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e} (run `make setup` first)"));
+        Proc {
+            name: name.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The process's log so far (for failure messages).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills and reaps the process now.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Panics with the process log if it already exited.
+    pub fn assert_running(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                panic!(
+                    "{} exited early ({status}); log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A real `redis-server` on a free loopback port, with persistence off.
+pub struct Redis {
+    pub port: u16,
+    pub proc: Proc,
+}
+
+impl Redis {
+    pub fn start(dir: &Path) -> Redis {
+        Self::start_with(dir, &[])
+    }
+
+    /// Starts redis-server with extra command-line arguments (e.g. `["--requirepass", "s3cret"]`).
+    pub fn start_with(dir: &Path, extra: &[&str]) -> Redis {
+        let port = free_port();
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--dir", dir.to_str().expect("utf-8 dir")])
+            .args(extra);
+        let mut proc = Proc::spawn("redis-server", cmd, &dir.join(format!("redis-{port}.log")));
+        let ok = wait_until(Duration::from_secs(10), || {
+            proc.assert_running();
+            port_open(port)
+        });
+        assert!(ok, "redis-server not ready; log:\n{}", proc.log_text());
+        Redis { port, proc }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .expect("redis url")
+            .get_connection()
+            .expect("connect to redis")
+    }
+}
