@@ -11,3 +11,434 @@ pub struct Limits {
     pub rate: u64,
     pub period_ms: u64,
 }
+
+/// Largest `burst * period_ms` (the bucket's capacity in units) the script accepts: 2^50, so every
+/// value the script computes stays an exact integer in a Lua number (a double, exact below 2^53).
+pub const MAX_FULL_UNITS: u64 = 1 << 50;
+
+/// Largest `rate` the script accepts.
+pub const MAX_RATE: u64 = 1_000_000_000;
+
+/// Integers up to 2^53 are exact in a Lua number.
+const MAX_EXACT: u64 = 1 << 53;
+
+/// A bucket's stored state (the Redis hash `u`, `t`, `p`). No state at all means a full bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// Units held; one token is `period_ms` units.
+    pub units: u64,
+    /// Microsecond timestamp of the last refill point (advanced by whole milliseconds only).
+    pub ts_us: u64,
+    /// The `period_ms` that `units` are scaled by.
+    pub period_ms: u64,
+}
+
+/// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub allowed: bool,
+    /// Whole tokens left after this call.
+    pub remaining: u64,
+    /// 0 when allowed; -1 when `cost > burst` (never admissible); else ms until `cost` tokens are held.
+    pub retry_after_ms: i64,
+    /// Milliseconds until the bucket is full again (0 when full).
+    pub reset_after_ms: u64,
+    /// Tokens taken: at least `cost` when allowed, 0 when denied.
+    pub granted: u64,
+}
+
+impl Reply {
+    /// What `take` answers for limits the script would reject with an error: never admissible.
+    const REJECT: Reply = Reply {
+        allowed: false,
+        remaining: 0,
+        retry_after_ms: -1,
+        reset_after_ms: 0,
+        granted: 0,
+    };
+}
+
+impl Limits {
+    /// Whether the script accepts these limits (it answers an error reply otherwise).
+    pub fn is_valid(&self) -> bool {
+        self.burst >= 1
+            && self.rate >= 1
+            && self.rate <= MAX_RATE
+            && self.period_ms >= 1
+            && self.burst <= MAX_FULL_UNITS / self.period_ms
+    }
+}
+
+/// `a / b` rounded up (`b >= 1`).
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b.max(1))
+}
+
+/// `a / b` rounded down (`b >= 1`).
+fn floor_div(a: u64, b: u64) -> u64 {
+    a.checked_div(b).unwrap_or(0)
+}
+
+/// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it: refill up to `now_us`,
+/// then take `cost` tokens (and up to `max(cost, lease_want)` when they are there).
+///
+/// Returns the new stored state (None = key deleted because the bucket is full) and the script's reply.
+/// Limits the script would reject (see [`Limits::is_valid`]) and `cost == 0` leave the state as it is
+/// and answer "never admissible" (`retry_after_ms == -1`).
+pub fn take(
+    state: Option<State>,
+    limits: &Limits,
+    cost: u64,
+    lease_want: u64,
+    now_us: u64,
+) -> (Option<State>, Reply) {
+    if !limits.is_valid() || cost == 0 {
+        return (state, Reply::REJECT);
+    }
+    let Limits {
+        burst,
+        rate,
+        period_ms,
+    } = *limits;
+    // Valid limits: burst * period_ms <= 2^50.
+    let full = burst.saturating_mul(period_ms);
+
+    // 1. Load (absent = full), rescale to this period_ms, clamp to burst.
+    let (mut units, mut ts_us) = match state {
+        Some(s) if s.period_ms >= 1 => {
+            let units = if s.period_ms == period_ms {
+                s.units
+            } else if s.units <= MAX_EXACT / period_ms {
+                floor_div(s.units.saturating_mul(period_ms), s.period_ms)
+            } else {
+                // As the script: the product could pass 2^53, so drop the partial token (rounds down).
+                floor_div(s.units, s.period_ms).saturating_mul(period_ms)
+            };
+            (units, s.ts_us)
+        }
+        _ => (full, now_us),
+    };
+    units = units.min(full);
+
+    // 2. Refill by whole milliseconds; ts_us keeps the sub-millisecond remainder.
+    if now_us < ts_us {
+        ts_us = now_us; // the clock went back: no refill
+    } else {
+        let elapsed_ms = (now_us - ts_us) / 1000;
+        if elapsed_ms > 0 {
+            let to_full = ceil_div(full - units, rate);
+            if elapsed_ms >= to_full {
+                units = full;
+                ts_us = now_us;
+            } else {
+                // elapsed_ms < to_full, so neither can overflow.
+                units = units.saturating_add(elapsed_ms.saturating_mul(rate));
+                ts_us = ts_us.saturating_add(elapsed_ms.saturating_mul(1000));
+            }
+        }
+    }
+
+    // 3. Decide. cost * period_ms is only computed once cost <= burst (so it is <= full).
+    let (allowed, granted, retry_after_ms) = if cost > burst {
+        (false, 0, -1)
+    } else if units >= cost.saturating_mul(period_ms) {
+        let want = cost.max(lease_want).min(burst);
+        let granted = want.min(units / period_ms);
+        units -= granted.saturating_mul(period_ms);
+        (true, granted, 0)
+    } else {
+        let need = cost.saturating_mul(period_ms) - units;
+        let retry = i64::try_from(ceil_div(need, rate)).unwrap_or(i64::MAX);
+        (false, 0, retry)
+    };
+
+    // 4. Report.
+    let reply = Reply {
+        allowed,
+        remaining: units / period_ms,
+        retry_after_ms,
+        reset_after_ms: ceil_div(full - units, rate),
+        granted,
+    };
+
+    // 5. Store: a full bucket is no key at all.
+    let next = (units < full).then_some(State {
+        units,
+        ts_us,
+        period_ms,
+    });
+    (next, reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_700_000_000_000_000; // a realistic µs clock
+
+    fn lim(burst: u64, rate: u64, period_ms: u64) -> Limits {
+        Limits {
+            burst,
+            rate,
+            period_ms,
+        }
+    }
+
+    /// Runs `take` and threads the state through.
+    fn step(s: &mut Option<State>, l: &Limits, cost: u64, lease: u64, now: u64) -> Reply {
+        let (next, reply) = take(*s, l, cost, lease, now);
+        *s = next;
+        reply
+    }
+
+    #[test]
+    fn first_call_on_empty_state_sees_a_full_bucket() {
+        let l = lim(10, 5, 1000);
+        let (s, r) = take(None, &l, 1, 0, T0);
+        assert_eq!(
+            r,
+            Reply {
+                allowed: true,
+                remaining: 9,
+                retry_after_ms: 0,
+                reset_after_ms: 200, // 1000 units at 5 units/ms
+                granted: 1
+            }
+        );
+        assert_eq!(
+            s,
+            Some(State {
+                units: 9000,
+                ts_us: T0,
+                period_ms: 1000
+            })
+        );
+    }
+
+    #[test]
+    fn drain_then_deny_with_retry_after() {
+        let l = lim(3, 1, 1000); // 1 token per second
+        let mut s = None;
+        for left in (0..3).rev() {
+            let r = step(&mut s, &l, 1, 0, T0);
+            assert!(r.allowed);
+            assert_eq!(r.remaining, left);
+        }
+        let r = step(&mut s, &l, 1, 0, T0);
+        assert!(!r.allowed);
+        assert_eq!(r.granted, 0);
+        assert_eq!(r.remaining, 0);
+        assert_eq!(r.retry_after_ms, 1000);
+        assert_eq!(r.reset_after_ms, 3000);
+        // 400 ms later: 600 ms still to wait.
+        let r = step(&mut s, &l, 1, 0, T0 + 400_000);
+        assert!(!r.allowed);
+        assert_eq!(r.retry_after_ms, 600);
+    }
+
+    #[test]
+    fn refill_after_elapsed_time() {
+        let l = lim(10, 2, 1000); // 2 tokens per second
+        let mut s = None;
+        assert!(step(&mut s, &l, 10, 0, T0).allowed);
+        assert_eq!(s.map(|s| s.units), Some(0));
+        // 1.5 s later: 3 tokens.
+        let r = step(&mut s, &l, 1, 0, T0 + 1_500_000);
+        assert!(r.allowed);
+        assert_eq!(r.remaining, 2);
+        // Sub-millisecond remainders are kept: 1000 steps of 1.5 ms refill 1.5 s worth, exactly.
+        let l = lim(1000, 1, 1); // 1 token per ms
+        let mut s = None;
+        assert!(step(&mut s, &l, 1000, 0, T0).allowed);
+        let mut now = T0;
+        for _ in 0..1000 {
+            now += 1500;
+            step(&mut s, &l, 1, 0, now); // refills 1 or 2 tokens, takes 1
+            let st = s.unwrap();
+            assert!(now - st.ts_us < 1000);
+        }
+        // 1500 ms refilled 1500 tokens; 1000 taken; 500 left; nothing lost to rounding.
+        let r = step(&mut s, &l, 1, 0, now);
+        assert_eq!(r.remaining + 1 + 1000, 1500);
+    }
+
+    #[test]
+    fn refill_caps_at_burst_and_deletes_the_key() {
+        let l = lim(5, 1, 100);
+        let mut s = None;
+        step(&mut s, &l, 5, 0, T0);
+        assert!(s.is_some());
+        let r = step(&mut s, &l, 1, 0, T0 + 3_600_000_000);
+        assert_eq!(r.remaining, 4);
+        assert_eq!(r.reset_after_ms, 100);
+        // A refill that reaches full with no cost taken: state gone (absent == full).
+        let (next, r) = take(s, &l, 6, 0, T0 + 3_700_000_000);
+        assert_eq!(next, None);
+        assert_eq!(r.remaining, 5);
+        assert_eq!(r.reset_after_ms, 0);
+    }
+
+    #[test]
+    fn cost_above_one() {
+        let l = lim(10, 1, 1000);
+        let mut s = None;
+        let r = step(&mut s, &l, 4, 0, T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 4, 6));
+        let r = step(&mut s, &l, 4, 0, T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 4, 2));
+        let r = step(&mut s, &l, 4, 0, T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (false, 0, 2));
+        assert_eq!(r.retry_after_ms, 2000);
+    }
+
+    #[test]
+    fn cost_above_burst_is_never_admissible_and_takes_nothing() {
+        let l = lim(10, 1, 1000);
+        let (s, r) = take(None, &l, 11, 0, T0);
+        assert_eq!(s, None);
+        assert_eq!(
+            r,
+            Reply {
+                allowed: false,
+                remaining: 10,
+                retry_after_ms: -1,
+                reset_after_ms: 0,
+                granted: 0
+            }
+        );
+        let mut s = None;
+        step(&mut s, &l, 3, 0, T0);
+        let before = s;
+        let r = step(&mut s, &l, u64::MAX, u64::MAX, T0);
+        assert_eq!((r.retry_after_ms, r.remaining, r.granted), (-1, 7, 0));
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn clock_not_moving_refills_nothing() {
+        let l = lim(2, 1000, 1); // 1000 tokens per ms
+        let mut s = None;
+        assert!(step(&mut s, &l, 2, 0, T0).allowed);
+        let r = step(&mut s, &l, 1, 0, T0);
+        assert!(!r.allowed);
+        assert_eq!(r.retry_after_ms, 1);
+        // 999 µs is less than a whole millisecond: still nothing.
+        let r = step(&mut s, &l, 1, 0, T0 + 999);
+        assert!(!r.allowed);
+        assert_eq!(s.unwrap().ts_us, T0);
+        assert!(step(&mut s, &l, 1, 0, T0 + 1000).allowed);
+    }
+
+    #[test]
+    fn clock_going_backwards_refills_nothing_and_rebases() {
+        let l = lim(10, 1, 1); // 1 token per ms
+        let mut s = None;
+        step(&mut s, &l, 10, 0, T0);
+        let r = step(&mut s, &l, 1, 0, T0 - 5_000_000);
+        assert!(!r.allowed);
+        assert_eq!(s.unwrap().ts_us, T0 - 5_000_000);
+        assert_eq!(s.unwrap().units, 0);
+        // Time is now measured from the earlier point: 3 ms later, 3 tokens.
+        let r = step(&mut s, &l, 1, 0, T0 - 5_000_000 + 3_000);
+        assert!(r.allowed);
+        assert_eq!(r.remaining, 2);
+    }
+
+    #[test]
+    fn huge_elapsed_time_does_not_overflow() {
+        let l = lim(MAX_FULL_UNITS, MAX_RATE, 1);
+        let mut s = None;
+        step(&mut s, &l, MAX_FULL_UNITS, 0, 0);
+        assert_eq!(s.unwrap().units, 0);
+        let r = step(&mut s, &l, 1, 0, u64::MAX);
+        assert!(r.allowed);
+        assert_eq!(r.remaining, MAX_FULL_UNITS - 1);
+        // And a stored state with extreme values.
+        let odd = State {
+            units: u64::MAX,
+            ts_us: 0,
+            period_ms: 3,
+        };
+        let l = lim(1 << 40, MAX_RATE, 1 << 10);
+        let (_, r) = take(Some(odd), &l, 1, u64::MAX, u64::MAX);
+        assert!(r.allowed);
+        assert_eq!(r.granted, 1 << 40);
+        // Invalid limits never panic: "never admissible", state untouched.
+        for bad in [
+            lim(0, 1, 1),
+            lim(1, 0, 1),
+            lim(1, 1, 0),
+            lim(1, MAX_RATE + 1, 1),
+            lim(u64::MAX, 1, u64::MAX),
+        ] {
+            let (next, r) = take(Some(odd), &bad, 1, 0, T0);
+            assert_eq!(next, Some(odd));
+            assert_eq!(r, Reply::REJECT);
+        }
+        let (_, r) = take(None, &lim(1, 1, 1), 0, 0, T0);
+        assert_eq!(r, Reply::REJECT);
+    }
+
+    #[test]
+    fn lease_want_is_granted_partially() {
+        let l = lim(10, 1, 1000);
+        let mut s = None;
+        let r = step(&mut s, &l, 1, 4, T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 4, 6));
+        let r = step(&mut s, &l, 1, 100, T0); // capped by what is held
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 6, 0));
+        let r = step(&mut s, &l, 1, 4, T0);
+        assert_eq!((r.allowed, r.granted), (false, 0));
+        // The retry is for cost, not for the lease.
+        assert_eq!(r.retry_after_ms, 1000);
+        // The lease is capped by burst too, and never below cost.
+        let (_, r) = take(None, &l, 1, 50, T0);
+        assert_eq!(r.granted, 10);
+        let (_, r) = take(None, &l, 3, 1, T0);
+        assert_eq!(r.granted, 3);
+    }
+
+    #[test]
+    fn period_change_rescales_the_units() {
+        let mut s = None;
+        step(&mut s, &lim(10, 1, 1000), 3, 0, T0); // 7 tokens = 7000 units
+        let r = step(&mut s, &lim(10, 1, 10), 1, 0, T0);
+        assert_eq!(r.remaining, 6); // 7 tokens = 70 units, take 1
+        assert_eq!(
+            s,
+            Some(State {
+                units: 60,
+                ts_us: T0,
+                period_ms: 10
+            })
+        );
+        // Partial tokens scale down, never up: 6 tokens + 7/10 at p=10 -> 6.7 tokens at p=1000.
+        let part = Some(State {
+            units: 67,
+            ts_us: T0,
+            period_ms: 10,
+        });
+        let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, T0);
+        assert_eq!(s.unwrap().units, 6700 - 1000);
+        let part = Some(State {
+            units: 7,
+            ts_us: T0,
+            period_ms: 3,
+        });
+        let (s, _) = take(part, &lim(10, 1, 2), 1, 0, T0);
+        assert_eq!(s.unwrap().units, 4 - 2); // floor(7*2/3) = 4
+    }
+
+    #[test]
+    fn burst_shrink_clamps_stored_tokens() {
+        let mut s = None;
+        step(&mut s, &lim(100, 1, 1000), 10, 0, T0); // 90 tokens left
+        let r = step(&mut s, &lim(20, 1, 1000), 1, 0, T0);
+        assert!(r.allowed);
+        assert_eq!(r.remaining, 19);
+        assert_eq!(r.reset_after_ms, 1000);
+        // Growing the burst back does not restore anything.
+        let r = step(&mut s, &lim(100, 1, 1000), 1, 0, T0);
+        assert_eq!(r.remaining, 18);
+    }
+}

@@ -12,6 +12,20 @@
     )
 )]
 
+pub mod backend;
 pub mod bucket;
 pub mod config;
+pub mod decision;
+pub mod headers;
+pub mod local;
 pub mod rule;
+
+#[cfg(target_arch = "wasm32")]
+mod filter;
+#[cfg(target_arch = "wasm32")]
+mod host;
+
+#[cfg(target_arch = "wasm32")]
+proxy_wasm::main! {{
+    filter::start();
+}}

@@ -1,0 +1,390 @@
+//! Webdis codec: a `ScriptCall` as an HTTP request, and Webdis' JSON answer as a `ScriptReply`.
+//!
+//! Invariant: every command argument travels as one percent-encoded segment in which only
+//! `[A-Za-z0-9_~-]` appear raw, so Webdis' traps (`/` splits arguments, `+` becomes a space, `?`
+//! truncates, a trailing `.json`/`.txt` picks a format, `%` decodes) can never change the command.
+//! The command goes in a POST body (Webdis parses it like a path) so the `EVAL` fallback, which
+//! carries the whole script, is not limited by URL length.
+
+use super::{BackendError, HttpRequest, ScriptCall, ScriptReply};
+
+/// How the script is named in the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invoke<'a> {
+    /// `EVALSHA <sha1>`: the normal case.
+    Sha(&'a str),
+    /// `EVAL <script>`: after Redis answered NOSCRIPT; also caches the script in Redis.
+    Source(&'a str),
+}
+
+/// Percent-encodes `bytes` as one Webdis argument.
+pub fn encode_segment(bytes: &[u8], out: &mut String) {
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            for nibble in [b >> 4, b & 0x0f] {
+                out.push(
+                    char::from_digit(u32::from(nibble), 16)
+                        .map(|c| c.to_ascii_uppercase())
+                        .unwrap_or('0'),
+                );
+            }
+        }
+    }
+}
+
+/// The Webdis command text for one script call: `EVALSHA/<sha>/1/<key>/<burst>/<rate>/...`.
+pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
+    let (verb, script) = match invoke {
+        Invoke::Sha(sha) => ("EVALSHA", sha),
+        Invoke::Source(src) => ("EVAL", src),
+    };
+    let mut out = String::with_capacity(script.len() * 3 + call.key.len() * 3 + 96);
+    out.push_str(verb);
+    let numbers = [
+        call.burst,
+        call.rate,
+        call.period_ms,
+        call.cost,
+        call.lease_want,
+    ];
+    let args = [script.as_bytes(), b"1", call.key.as_bytes()];
+    for arg in args {
+        out.push('/');
+        encode_segment(arg, &mut out);
+    }
+    for n in numbers {
+        out.push('/');
+        out.push_str(&n.to_string());
+    }
+    out
+}
+
+/// The callout for one script call: `POST /` to `authority` with the command as the body.
+/// `auth_header` is a ready `Authorization` value (see `basic_auth_header`).
+pub fn request(
+    call: &ScriptCall,
+    invoke: Invoke<'_>,
+    authority: &str,
+    auth_header: Option<&str>,
+) -> HttpRequest {
+    let mut headers = vec![
+        (":method".to_string(), "POST".to_string()),
+        (":path".to_string(), "/".to_string()),
+        (":authority".to_string(), authority.to_string()),
+        ("content-type".to_string(), "text/plain".to_string()),
+    ];
+    if let Some(auth) = auth_header {
+        headers.push(("authorization".to_string(), auth.to_string()));
+    }
+    HttpRequest {
+        headers,
+        body: command(call, invoke).into_bytes(),
+    }
+}
+
+/// `Basic <base64(user:pass)>` for Webdis' `http_basic_auth` ACL.
+pub fn basic_auth_header(user_pass: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let sym = |i: u32| -> char {
+        ALPHABET
+            .get((i & 63) as usize)
+            .map(|&b| char::from(b))
+            .unwrap_or('=')
+    };
+    let mut out = String::from("Basic ");
+    for chunk in user_pass.as_bytes().chunks(3) {
+        let b0 = u32::from(chunk.first().copied().unwrap_or(0));
+        let b1 = u32::from(chunk.get(1).copied().unwrap_or(0));
+        let b2 = u32::from(chunk.get(2).copied().unwrap_or(0));
+        let n = (b0 << 16) | (b1 << 8) | b2;
+        out.push(sym(n >> 18));
+        out.push(sym(n >> 12));
+        out.push(if chunk.len() > 1 { sym(n >> 6) } else { '=' });
+        out.push(if chunk.len() > 2 { sym(n) } else { '=' });
+    }
+    out
+}
+
+/// Decodes Webdis' answer to a script call.
+///
+/// `status` 0 means Envoy got no headers (reset or timeout). Webdis wraps every reply as
+/// `{"<COMMAND>": <value>}`; errors come back with HTTP 200 as `[false, "ERR ..."]`.
+pub fn decode_reply(status: u32, body: &[u8]) -> Result<ScriptReply, BackendError> {
+    if status == 0 {
+        return Err(BackendError::Reset);
+    }
+    if status != 200 {
+        return Err(BackendError::Status(status));
+    }
+    let doc: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| BackendError::Malformed(format!("not JSON ({e})")))?;
+    let value = match doc.as_object() {
+        Some(obj) if obj.len() == 1 => obj.values().next(),
+        _ => None,
+    }
+    .ok_or_else(|| BackendError::Malformed("expected one-key JSON object".to_string()))?;
+    let items = value.as_array().ok_or_else(|| {
+        BackendError::Malformed(format!("expected an array, got {}", kind(value)))
+    })?;
+    if let [serde_json::Value::Bool(false), msg] = items.as_slice() {
+        let msg = msg.as_str().unwrap_or("(no message)");
+        return Err(if msg.starts_with("NOSCRIPT") {
+            BackendError::NoScript
+        } else {
+            BackendError::Redis(truncate(msg, 200))
+        });
+    }
+    let ints: Vec<i64> = items.iter().filter_map(serde_json::Value::as_i64).collect();
+    let [allowed, remaining, retry_after_ms, reset_after_ms, granted] = ints.as_slice() else {
+        return Err(BackendError::Malformed(format!(
+            "expected 5 integers, got {} items",
+            items.len()
+        )));
+    };
+    if ints.len() != items.len() {
+        return Err(BackendError::Malformed("non-integer item".to_string()));
+    }
+    let non_negative = |v: i64, what: &str| {
+        u64::try_from(v).map_err(|_| BackendError::Malformed(format!("negative {what}")))
+    };
+    if !(0..=1).contains(allowed) || *retry_after_ms < -1 {
+        return Err(BackendError::Malformed("field out of range".to_string()));
+    }
+    Ok(ScriptReply {
+        allowed: *allowed == 1,
+        remaining: non_negative(*remaining, "remaining")?,
+        retry_after_ms: *retry_after_ms,
+        reset_after_ms: non_negative(*reset_after_ms, "reset_after_ms")?,
+        granted: non_negative(*granted, "granted")?,
+    })
+}
+
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a char boundary (Redis messages go into logs).
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.get(..end).unwrap_or_default().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(key: &str) -> ScriptCall {
+        ScriptCall {
+            key: key.to_string(),
+            burst: 200,
+            rate: 100,
+            period_ms: 1000,
+            cost: 1,
+            lease_want: 0,
+        }
+    }
+
+    /// Webdis' own decoding of one segment: `%XX` -> byte, `+` -> space.
+    fn webdis_decode(seg: &str) -> Vec<u8> {
+        let b = seg.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'%' if i + 2 < b.len() => {
+                    let h = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                    out.push(u8::from_str_radix(h, 16).unwrap());
+                    i += 3;
+                }
+                b'+' => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                c => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn evalsha_command_layout() {
+        let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
+        assert_eq!(
+            cmd,
+            "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0"
+        );
+    }
+
+    #[test]
+    fn hostile_segments_round_trip_as_one_argument() {
+        let hostile: Vec<&[u8]> = vec![
+            b"a/b",
+            b"a+b",
+            b"a?b=c",
+            b"100%",
+            b"%2F",
+            b"x.json",
+            b"x.txt",
+            b"..",
+            b"a\0b",
+            b"a\r\nSET x y",
+            b"\xff\xfe",
+            b"{tag}",
+            b" ",
+        ];
+        for h in hostile {
+            let mut seg = String::new();
+            encode_segment(h, &mut seg);
+            assert!(
+                seg.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"-_~%".contains(&c)),
+                "{seg}"
+            );
+            assert!(!seg.ends_with(".json") && !seg.contains('/') && !seg.contains('+'));
+            assert_eq!(webdis_decode(&seg), h, "{seg}");
+        }
+    }
+
+    #[test]
+    fn eval_carries_the_script_encoded() {
+        let src = "local x = redis.call('TIME') -- a/b+c?d\nreturn {1}";
+        let cmd = command(&call("k"), Invoke::Source(src));
+        let parts: Vec<&str> = cmd.split('/').collect();
+        assert_eq!(parts[0], "EVAL");
+        assert_eq!(webdis_decode(parts[1]), src.as_bytes());
+        assert_eq!(&parts[2..], ["1", "k", "200", "100", "1000", "1", "0"]);
+    }
+
+    #[test]
+    fn request_is_a_post_with_auth() {
+        let req = request(
+            &call("k"),
+            Invoke::Sha("abc"),
+            "webdis",
+            Some("Basic dXNlcjpwYXNz"),
+        );
+        assert_eq!(req.headers[0], (":method".into(), "POST".into()));
+        assert_eq!(req.headers[1], (":path".into(), "/".into()));
+        assert_eq!(req.headers[2], (":authority".into(), "webdis".into()));
+        assert!(req
+            .headers
+            .contains(&("authorization".into(), "Basic dXNlcjpwYXNz".into())));
+        assert_eq!(req.body, b"EVALSHA/abc/1/k/200/100/1000/1/0");
+    }
+
+    #[test]
+    fn basic_auth_is_base64() {
+        assert_eq!(basic_auth_header("user:pass"), "Basic dXNlcjpwYXNz");
+        assert_eq!(basic_auth_header("a:b"), "Basic YTpi");
+        assert_eq!(basic_auth_header("ab:c"), "Basic YWI6Yw==");
+        assert_eq!(basic_auth_header("ab:cd"), "Basic YWI6Y2Q=");
+    }
+
+    #[test]
+    fn decodes_int_array() {
+        let r = decode_reply(200, br#"{"EVALSHA":[1,99,0,10,1]}"#).unwrap();
+        assert_eq!(
+            r,
+            ScriptReply {
+                allowed: true,
+                remaining: 99,
+                retry_after_ms: 0,
+                reset_after_ms: 10,
+                granted: 1
+            }
+        );
+        let r = decode_reply(200, br#"{"EVAL":[0,0,-1,0,0]}"#).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(r.retry_after_ms, -1);
+    }
+
+    #[test]
+    fn decodes_errors() {
+        assert_eq!(
+            decode_reply(
+                200,
+                br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#
+            ),
+            Err(BackendError::NoScript)
+        );
+        assert_eq!(
+            decode_reply(
+                200,
+                br#"{"EVALSHA":[false,"ERR tollgate: bad argument burst"]}"#
+            ),
+            Err(BackendError::Redis(
+                "ERR tollgate: bad argument burst".into()
+            ))
+        );
+        assert_eq!(
+            decode_reply(
+                200,
+                br#"{"EVALSHA":[false,"WRONGPASS invalid username-password pair"]}"#
+            ),
+            Err(BackendError::Redis(
+                "WRONGPASS invalid username-password pair".into()
+            ))
+        );
+        assert_eq!(decode_reply(0, b""), Err(BackendError::Reset));
+        assert_eq!(
+            decode_reply(403, b"forbidden"),
+            Err(BackendError::Status(403))
+        );
+        assert_eq!(decode_reply(503, b""), Err(BackendError::Status(503)));
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        let bad: &[&[u8]] = &[
+            br#"{"EVALSHA":null}"#,
+            br#"{"EVALSHA":[1,2,3,4]}"#,
+            br#"{"EVALSHA":[1,2,3,4,5,6]}"#,
+            br#"{"EVALSHA":[1,2,3,4,"5"]}"#,
+            br#"{"EVALSHA":[1,2.5,3,4,5]}"#,
+            br#"{"EVALSHA":[2,2,3,4,5]}"#,
+            br#"{"EVALSHA":[1,-2,3,4,5]}"#,
+            br#"{"EVALSHA":[1,2,-3,4,5]}"#,
+            br#"{"EVALSHA":[1,2,null,4,5]}"#,
+            br#"{"EVALSHA":"OK"}"#,
+            br#"{"EVALSHA":[true,"OK"]}"#,
+            br#"{"A":[1,1,0,0,1],"B":[1,1,0,0,1]}"#,
+            br#"[1,1,0,0,1]"#,
+            b"",
+            b"\xff\xfe",
+            b"<html>",
+            br#"{"EVALSHA":[1,99999999999999999999999,0,0,1]}"#,
+        ];
+        for b in bad {
+            match decode_reply(200, b) {
+                Err(BackendError::Malformed(_)) => {}
+                other => panic!("{:?} -> {other:?}", String::from_utf8_lossy(b)),
+            }
+        }
+    }
+
+    #[test]
+    fn long_redis_errors_are_truncated_on_a_char_boundary() {
+        let msg = format!("ERR {}", "é".repeat(300));
+        let body = serde_json::json!({ "EVAL": [false, msg] }).to_string();
+        match decode_reply(200, body.as_bytes()) {
+            Err(BackendError::Redis(m)) => assert!(m.len() <= 200 && m.starts_with("ERR ")),
+            other => panic!("{other:?}"),
+        }
+    }
+}

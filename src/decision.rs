@@ -1,0 +1,691 @@
+//! The per-request state machine: `start` -> `Step::Done(Verdict)` or `Step::Call(..)`; each
+//! backend answer goes to `on_reply`, which resends once on NOSCRIPT and finishes with a `Verdict`
+//! once every rule has its outcome.
+//!
+//! Invariant: every request that reaches `start` ends in exactly one `Verdict`: whatever the
+//! backend does (answers, errs, times out, is never reached), each pending rule gets an outcome,
+//! so a paused request is always resumed or answered.
+
+use crate::backend::webdis::{self, Invoke};
+use crate::backend::{script, BackendError, HttpRequest, ScriptCall, ScriptReply};
+use crate::config::{Config, FailureMode, Rule};
+use crate::headers::{self, Report};
+use crate::local::{self, DenyCache, SharedStore};
+use crate::rule::{self, RequestView};
+
+/// The configuration plus what is derived from it once per configure.
+#[derive(Debug, Clone)]
+pub struct Plugin {
+    pub config: Config,
+    /// SHA-1 of the embedded script, for EVALSHA.
+    pub sha: String,
+    /// Ready `Authorization` header value for Webdis, if configured.
+    pub auth: Option<String>,
+    /// Prefix of this plugin's shared-data keys (Istio gives all plugins one namespace).
+    pub ns: String,
+}
+
+impl Plugin {
+    pub fn new(config: Config) -> Plugin {
+        let auth = config
+            .backend
+            .basic_auth
+            .as_deref()
+            .map(webdis::basic_auth_header);
+        let ns = format!("tollgate|{}", config.key_prefix);
+        Plugin {
+            config,
+            sha: script::sha1_hex(),
+            auth,
+            ns,
+        }
+    }
+
+    fn request(&self, call: &ScriptCall, invoke: Invoke<'_>) -> HttpRequest {
+        webdis::request(
+            call,
+            invoke,
+            &self.config.backend.authority,
+            self.auth.as_deref(),
+        )
+    }
+}
+
+/// What the filter does with the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let it through; add `headers` to the response.
+    Allow { headers: Vec<(String, String)> },
+    /// Answer it here.
+    Respond {
+        status: u32,
+        headers: Vec<(String, String)>,
+        body: String,
+    },
+}
+
+/// How one rule decided (or failed to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed {
+        remaining: u64,
+        reset_ms: u64,
+    },
+    Denied {
+        retry_ms: u64,
+    },
+    /// The backend failed: the failure mode's answer.
+    FailOpen,
+    FailClosed,
+}
+
+/// Where the outcome came from (for metrics and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The local deny cache.
+    Local,
+    /// The global bucket in Redis.
+    Backend,
+    /// The failure mode (open/closed) or the per-proxy fallback bucket (local).
+    Failure,
+}
+
+/// One matching rule's check.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub rule: usize,
+    pub call: ScriptCall,
+    pub outcome: Option<(Outcome, Source)>,
+    /// Whether the EVAL fallback was already sent for this check.
+    pub eval_sent: bool,
+}
+
+/// A request waiting for backend answers.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub checks: Vec<Check>,
+    /// Local clock (ms) when the calls were sent: a denial is cached from then, never later.
+    pub sent_ms: u64,
+}
+
+#[derive(Debug)]
+pub enum Step {
+    Done(Verdict),
+    /// Send each `(check index, request)`, then feed every answer to `on_reply`.
+    Call(Pending, Vec<(usize, HttpRequest)>),
+}
+
+/// What to do after one answer.
+#[derive(Debug)]
+pub enum Next {
+    /// Other checks are still out.
+    Wait,
+    /// Send this request for the same check (the EVAL after NOSCRIPT).
+    Resend(HttpRequest),
+    Done(Verdict),
+}
+
+/// Why a request's cost is not usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostError {
+    Invalid,
+    OverBurst { rule: String, burst: u64 },
+}
+
+/// Parses a cost header: a plain positive decimal integer, nothing else (no sign, no float,
+/// no spaces, not zero, fits in u64).
+pub fn parse_cost(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value)
+        .ok()?
+        .parse::<u64>()
+        .ok()
+        .filter(|c| *c > 0)
+}
+
+fn cost_of(rule: &Rule, req: &dyn RequestView) -> Result<u64, CostError> {
+    let cost = match &rule.cost_header {
+        Some(name) => match req.header(name) {
+            Some(v) => parse_cost(&v).ok_or(CostError::Invalid)?,
+            None => rule.cost,
+        },
+        None => rule.cost,
+    };
+    if cost > rule.limits.burst {
+        return Err(CostError::OverBurst {
+            rule: rule.name.clone(),
+            burst: rule.limits.burst,
+        });
+    }
+    Ok(cost)
+}
+
+/// Decides what it can locally and says which backend calls are needed for the rest.
+pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, now_us: u64) -> Step {
+    let cfg = &plugin.config;
+    let now_ms = now_us / 1000;
+    let deny_cache = DenyCache::new(store, &plugin.ns);
+    let mut checks = Vec::new();
+    for (idx, rule) in cfg.rules.iter().enumerate() {
+        let Some(key) = rule::applies(&cfg.key_prefix, rule, req) else {
+            continue;
+        };
+        let cost = match cost_of(rule, req) {
+            Ok(c) => c,
+            Err(e) => return Step::Done(bad_cost(&e)),
+        };
+        let outcome = deny_cache
+            .denied(&key, cost, now_ms)
+            .map(|retry_ms| (Outcome::Denied { retry_ms }, Source::Local));
+        checks.push(Check {
+            rule: idx,
+            call: ScriptCall {
+                key,
+                burst: rule.limits.burst,
+                rate: rule.limits.rate,
+                period_ms: rule.limits.period_ms,
+                cost,
+                lease_want: 0,
+            },
+            outcome,
+            eval_sent: false,
+        });
+    }
+    let pending = Pending {
+        checks,
+        sent_ms: now_ms,
+    };
+    // A known denial of an enforced rule answers now: no rule's tokens are spent on a request
+    // that will be denied anyway.
+    let enforced_denial = pending.checks.iter().any(|c| {
+        matches!(c.outcome, Some((Outcome::Denied { .. }, _)))
+            && !cfg.rules.get(c.rule).is_some_and(|r| r.shadow)
+    });
+    if enforced_denial || pending.checks.iter().all(|c| c.outcome.is_some()) {
+        return Step::Done(verdict(cfg, &pending.checks));
+    }
+    let calls = pending
+        .checks
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.outcome.is_none())
+        .map(|(i, c)| (i, plugin.request(&c.call, Invoke::Sha(&plugin.sha))))
+        .collect();
+    Step::Call(pending, calls)
+}
+
+/// Takes one backend answer for check `idx`.
+pub fn on_reply(
+    plugin: &Plugin,
+    store: &dyn SharedStore,
+    pending: &mut Pending,
+    idx: usize,
+    reply: Result<ScriptReply, BackendError>,
+    now_us: u64,
+) -> Next {
+    let Some(check) = pending.checks.get_mut(idx) else {
+        return Next::Wait;
+    };
+    if check.outcome.is_some() {
+        return Next::Wait;
+    }
+    let outcome = match reply {
+        Err(BackendError::NoScript) if !check.eval_sent => {
+            check.eval_sent = true;
+            return Next::Resend(plugin.request(&check.call, Invoke::Source(script::SOURCE)));
+        }
+        Ok(r) if r.allowed => (
+            Outcome::Allowed {
+                remaining: r.remaining,
+                reset_ms: r.reset_after_ms,
+            },
+            Source::Backend,
+        ),
+        Ok(r) => {
+            // retry_after_ms is -1 only for cost > burst, which `start` already refused.
+            let retry_ms = u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms);
+            let until = pending.sent_ms.saturating_add(retry_ms);
+            let _ =
+                DenyCache::new(store, &plugin.ns).remember(&check.call.key, check.call.cost, until);
+            (Outcome::Denied { retry_ms }, Source::Backend)
+        }
+        Err(_) => (
+            failure_outcome(plugin, store, check, now_us),
+            Source::Failure,
+        ),
+    };
+    check.outcome = Some(outcome);
+    if pending.checks.iter().all(|c| c.outcome.is_some()) {
+        Next::Done(verdict(&plugin.config, &pending.checks))
+    } else {
+        Next::Wait
+    }
+}
+
+fn failure_outcome(
+    plugin: &Plugin,
+    store: &dyn SharedStore,
+    check: &Check,
+    now_us: u64,
+) -> Outcome {
+    let cfg = &plugin.config;
+    match cfg.failure_mode {
+        FailureMode::Open => Outcome::FailOpen,
+        FailureMode::Closed => Outcome::FailClosed,
+        FailureMode::Local => {
+            let Some(rule) = cfg.rules.get(check.rule) else {
+                return Outcome::FailClosed;
+            };
+            let limits = rule.fallback.unwrap_or(rule.limits);
+            match local::fallback_take(
+                store,
+                &plugin.ns,
+                &check.call.key,
+                &limits,
+                check.call.cost,
+                now_us,
+            ) {
+                Ok(r) if r.allowed => Outcome::Allowed {
+                    remaining: r.remaining,
+                    reset_ms: r.reset_after_ms,
+                },
+                Ok(r) => Outcome::Denied {
+                    retry_ms: u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms),
+                },
+                // Shared data kept failing: deny rather than admit unaccounted.
+                Err(_) => Outcome::Denied { retry_ms: 1000 },
+            }
+        }
+    }
+}
+
+fn bad_cost(e: &CostError) -> Verdict {
+    let body = match e {
+        CostError::Invalid => "invalid cost header: expected a positive integer\n".to_string(),
+        CostError::OverBurst { rule, burst } => {
+            format!("request cost exceeds the burst of rule \"{rule}\" ({burst}): it can never be admitted\n")
+        }
+    };
+    Verdict::Respond {
+        status: 400,
+        headers: Vec::new(),
+        body,
+    }
+}
+
+/// Combines the checks: denied if any enforced (non-shadow) rule denies; otherwise admitted with
+/// the headers of the most restrictive rule.
+fn verdict(cfg: &Config, checks: &[Check]) -> Verdict {
+    let enforced = checks.iter().filter_map(|c| {
+        let rule = cfg.rules.get(c.rule)?;
+        let (outcome, _) = c.outcome?;
+        (!rule.shadow).then_some((rule, outcome))
+    });
+    let mut denials = Vec::new();
+    let mut admits = Vec::new();
+    let mut closed = false;
+    for (rule, outcome) in enforced {
+        match outcome {
+            Outcome::Denied { retry_ms } => denials.push(report(rule, 0, retry_ms)),
+            Outcome::Allowed {
+                remaining,
+                reset_ms,
+            } => admits.push(report(rule, remaining, reset_ms)),
+            Outcome::FailClosed => closed = true,
+            Outcome::FailOpen => {}
+        }
+    }
+    let style = cfg.response_headers;
+    if let Some(worst) = denials.iter().max_by_key(|r| r.reset_ms) {
+        let mut hdrs = vec![(
+            "retry-after".to_string(),
+            headers::retry_after_secs(worst.reset_ms).to_string(),
+        )];
+        hdrs.extend(headers::rate_limit_headers(style, worst));
+        return Verdict::Respond {
+            status: cfg.deny.status,
+            headers: hdrs,
+            body: cfg.deny.body.clone(),
+        };
+    }
+    if closed {
+        return Verdict::Respond {
+            status: 503,
+            headers: vec![("retry-after".to_string(), "1".to_string())],
+            body: "rate limit backend unavailable\n".to_string(),
+        };
+    }
+    let headers = headers::most_restrictive(&admits)
+        .map(|r| headers::rate_limit_headers(style, r))
+        .unwrap_or_default();
+    Verdict::Allow { headers }
+}
+
+fn report(rule: &Rule, remaining: u64, reset_ms: u64) -> Report<'_> {
+    Report {
+        rule: &rule.name,
+        limits: rule.limits,
+        remaining,
+        reset_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::MemStore;
+    use std::collections::HashMap;
+
+    struct Req(HashMap<String, Vec<u8>>);
+
+    impl RequestView for Req {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.0.get(name).cloned()
+        }
+        fn client_ip(&self) -> Option<Vec<u8>> {
+            Some(b"127.0.0.1".to_vec())
+        }
+    }
+
+    fn req(path: &str, headers: &[(&str, &str)]) -> Req {
+        let mut m: HashMap<String, Vec<u8>> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        m.insert(":path".into(), path.as_bytes().to_vec());
+        m.insert(":method".into(), b"GET".to_vec());
+        m.insert(":authority".into(), b"example.com".to_vec());
+        Req(m)
+    }
+
+    fn plugin(extra: &str, rules: &str) -> Plugin {
+        let json = format!(r#"{{ {extra} "rules": [{rules}] }}"#);
+        Plugin::new(Config::try_from(json.as_bytes()).unwrap())
+    }
+
+    const USER_RULE: &str = r#"{"name":"per-user","match":{"path_prefix":"/api/"},
+        "key":["header:x-user"],"rate":10,"period_ms":1000,"burst":20,"cost_header":"x-cost"}"#;
+
+    fn allowed(remaining: u64) -> Result<ScriptReply, BackendError> {
+        Ok(ScriptReply {
+            allowed: true,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms: 100,
+            granted: 1,
+        })
+    }
+
+    fn denied(retry: i64) -> Result<ScriptReply, BackendError> {
+        Ok(ScriptReply {
+            allowed: false,
+            remaining: 0,
+            retry_after_ms: retry,
+            reset_after_ms: 2000,
+            granted: 0,
+        })
+    }
+
+    fn calls(step: Step) -> (Pending, Vec<(usize, HttpRequest)>) {
+        match step {
+            Step::Call(p, c) => (p, c),
+            Step::Done(v) => panic!("expected calls, got {v:?}"),
+        }
+    }
+
+    fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        hs.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn unmatched_or_keyless_request_passes_without_a_call() {
+        let p = plugin("", USER_RULE);
+        let s = MemStore::default();
+        for r in [req("/other", &[("x-user", "a")]), req("/api/x", &[])] {
+            match start(&p, &s, &r, 0) {
+                Step::Done(Verdict::Allow { headers }) => assert!(headers.is_empty()),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn admitted_request_reports_headers() {
+        let p = plugin("", USER_RULE);
+        let s = MemStore::default();
+        let (mut pending, c) = calls(start(&p, &s, &req("/api/x", &[("x-user", "a")]), 0));
+        assert_eq!(c.len(), 1);
+        let body = String::from_utf8(c[0].1.body.clone()).unwrap();
+        assert!(body.starts_with(&format!("EVALSHA/{}/1/tollgate%3A%7Bper-user%3A", p.sha)));
+        assert!(body.ends_with("/20/10/1000/1/0"), "{body}");
+        match on_reply(&p, &s, &mut pending, 0, allowed(7), 0) {
+            Next::Done(Verdict::Allow { headers }) => {
+                assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=7;t=1"));
+                assert_eq!(
+                    header(&headers, "ratelimit-policy"),
+                    Some("\"per-user\";q=20;w=2")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn denial_answers_and_is_cached_until_retry() {
+        let p = plugin(r#""deny":{"status":429,"body":"slow down\n"},"#, USER_RULE);
+        let s = MemStore::default();
+        let r = req("/api/x", &[("x-user", "a")]);
+        let (mut pending, _) = calls(start(&p, &s, &r, 1_000_000));
+        match on_reply(&p, &s, &mut pending, 0, denied(1500), 1_010_000) {
+            Next::Done(Verdict::Respond {
+                status,
+                headers,
+                body,
+            }) => {
+                assert_eq!(status, 429);
+                assert_eq!(body, "slow down\n");
+                assert_eq!(header(&headers, "retry-after"), Some("2"));
+                assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=0;t=2"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Cached from the send time (1000 ms) for 1500 ms: denied locally, no call.
+        match start(&p, &s, &r, 2_400_000) {
+            Step::Done(Verdict::Respond {
+                status, headers, ..
+            }) => {
+                assert_eq!(status, 429);
+                assert_eq!(header(&headers, "retry-after"), Some("1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another user is not affected; after the retry time the same user asks Redis again.
+        calls(start(&p, &s, &req("/api/x", &[("x-user", "b")]), 2_400_000));
+        calls(start(&p, &s, &r, 2_500_000));
+    }
+
+    #[test]
+    fn noscript_resends_once_with_eval_then_fails() {
+        let p = plugin("", USER_RULE);
+        let s = MemStore::default();
+        let (mut pending, _) = calls(start(&p, &s, &req("/api/x", &[("x-user", "a")]), 0));
+        match on_reply(&p, &s, &mut pending, 0, Err(BackendError::NoScript), 0) {
+            Next::Resend(r) => {
+                let body = String::from_utf8(r.body).unwrap();
+                assert!(body.starts_with("EVAL/"), "{}", &body[..20]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A second NOSCRIPT is a failure: failure_mode open admits.
+        match on_reply(&p, &s, &mut pending, 0, Err(BackendError::NoScript), 0) {
+            Next::Done(Verdict::Allow { headers }) => assert!(headers.is_empty()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn failure_modes() {
+        let s = MemStore::default();
+        let r = req("/api/x", &[("x-user", "a")]);
+        let closed = plugin(r#""failure_mode":"closed","#, USER_RULE);
+        let (mut pending, _) = calls(start(&closed, &s, &r, 0));
+        match on_reply(&closed, &s, &mut pending, 0, Err(BackendError::Reset), 0) {
+            Next::Done(Verdict::Respond {
+                status, headers, ..
+            }) => {
+                assert_eq!(status, 503);
+                assert_eq!(header(&headers, "retry-after"), Some("1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let local = plugin(
+            r#""failure_mode":"local","#,
+            r#"{"name":"r","key":["header:x-user"],"rate":1,"burst":10,
+                "fallback":{"rate":1,"period_ms":1000,"burst":2}}"#,
+        );
+        let mut outcomes = Vec::new();
+        for _ in 0..3 {
+            let (mut pending, _) = calls(start(&local, &s, &r, 0));
+            match on_reply(
+                &local,
+                &s,
+                &mut pending,
+                0,
+                Err(BackendError::Status(503)),
+                0,
+            ) {
+                Next::Done(Verdict::Allow { .. }) => outcomes.push(true),
+                Next::Done(Verdict::Respond { status: 429, .. }) => outcomes.push(false),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(outcomes, [true, true, false], "fallback burst of 2");
+    }
+
+    #[test]
+    fn cost_header_is_validated() {
+        let p = plugin("", USER_RULE);
+        let s = MemStore::default();
+        for bad in [
+            "0",
+            "-1",
+            "1.5",
+            "abc",
+            "",
+            " 1",
+            "99999999999999999999999",
+            "+1",
+        ] {
+            match start(
+                &p,
+                &s,
+                &req("/api/x", &[("x-user", "a"), ("x-cost", bad)]),
+                0,
+            ) {
+                Step::Done(Verdict::Respond { status: 400, .. }) => {}
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        match start(
+            &p,
+            &s,
+            &req("/api/x", &[("x-user", "a"), ("x-cost", "21")]),
+            0,
+        ) {
+            Step::Done(Verdict::Respond {
+                status: 400, body, ..
+            }) => {
+                assert!(body.contains("exceeds the burst"), "{body}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let (pending, c) = calls(start(
+            &p,
+            &s,
+            &req("/api/x", &[("x-user", "a"), ("x-cost", "5")]),
+            0,
+        ));
+        assert_eq!(pending.checks[0].call.cost, 5);
+        assert!(String::from_utf8(c[0].1.body.clone())
+            .unwrap()
+            .ends_with("/5/0"));
+    }
+
+    #[test]
+    fn all_rules_must_admit_and_most_restrictive_is_reported() {
+        let rules = format!(
+            r#"{USER_RULE}, {{"name":"global","rate":100,"burst":100}}, {{"name":"try","rate":1,"shadow":true}}"#
+        );
+        let p = plugin("", &rules);
+        let s = MemStore::default();
+        let r = req("/api/x", &[("x-user", "a")]);
+        let (mut pending, c) = calls(start(&p, &s, &r, 0));
+        assert_eq!(c.len(), 3);
+        assert!(matches!(
+            on_reply(&p, &s, &mut pending, 0, allowed(3), 0),
+            Next::Wait
+        ));
+        assert!(matches!(
+            on_reply(&p, &s, &mut pending, 2, denied(900), 0),
+            Next::Wait
+        ));
+        match on_reply(&p, &s, &mut pending, 1, allowed(50), 0) {
+            Next::Done(Verdict::Allow { headers }) => {
+                assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=3;t=1"))
+            }
+            other => panic!("shadow denial must not deny: {other:?}"),
+        }
+        let (mut pending, _) = calls(start(&p, &s, &r, 0));
+        on_reply(&p, &s, &mut pending, 0, allowed(3), 0);
+        on_reply(&p, &s, &mut pending, 2, allowed(0), 0);
+        match on_reply(&p, &s, &mut pending, 1, denied(300), 0) {
+            Next::Done(Verdict::Respond {
+                status: 429,
+                headers,
+                ..
+            }) => {
+                assert_eq!(header(&headers, "ratelimit"), Some("\"global\";r=0;t=1"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn late_or_unknown_answers_are_ignored() {
+        let p = plugin("", USER_RULE);
+        let s = MemStore::default();
+        let (mut pending, _) = calls(start(&p, &s, &req("/api/x", &[("x-user", "a")]), 0));
+        assert!(matches!(
+            on_reply(&p, &s, &mut pending, 9, allowed(1), 0),
+            Next::Wait
+        ));
+        assert!(matches!(
+            on_reply(&p, &s, &mut pending, 0, allowed(1), 0),
+            Next::Done(_)
+        ));
+        assert!(matches!(
+            on_reply(&p, &s, &mut pending, 0, allowed(1), 0),
+            Next::Wait
+        ));
+    }
+
+    #[test]
+    fn parse_cost_accepts_only_positive_integers() {
+        assert_eq!(parse_cost(b"1"), Some(1));
+        assert_eq!(parse_cost(b"007"), Some(7));
+        assert_eq!(parse_cost(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"0",
+            b"-3",
+            b"2.0",
+            b"1e3",
+            b"18446744073709551616",
+            b"\xff",
+        ] {
+            assert_eq!(parse_cost(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The one place that calls proxy-wasm host functions: shared data, request headers and
+//! properties, the clock, callouts. Everything else sees the host through small traits.
+//!
+//! Invariant: every host call goes through `proxy_wasm::hostcalls` and its `Result`; a failing
+//! host call becomes an absent value or an error, never a panic in the VM.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType, Status};
+
+use crate::backend::{BackendError, HttpRequest};
+use crate::local::{SharedStore, StoreError};
+use crate::rule::RequestView;
+
+/// Proxy-wide shared data (one store per VM id, shared by the proxy's workers).
+pub struct HostStore;
+
+impl SharedStore for HostStore {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), StoreError> {
+        hostcalls::get_shared_data(key)
+            .map(|(value, cas)| (value, cas.unwrap_or(0)))
+            .map_err(|s| StoreError::Host(format!("{s:?}")))
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        let cas = (cas != 0).then_some(cas);
+        hostcalls::set_shared_data(key, Some(value), cas).map_err(|s| match s {
+            Status::CasMismatch => StoreError::CasMismatch,
+            other => StoreError::Host(format!("{other:?}")),
+        })
+    }
+}
+
+/// The current request, read lazily from the host.
+pub struct HostRequest;
+
+impl RequestView for HostRequest {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        let addr = hostcalls::get_property(vec!["source", "address"]).ok()??;
+        Some(strip_port(&addr).to_vec())
+    }
+}
+
+/// `1.2.3.4:5678` -> `1.2.3.4`, `[::1]:5678` -> `::1`; anything else as it is.
+pub fn strip_port(addr: &[u8]) -> &[u8] {
+    if let Some(rest) = addr.strip_prefix(b"[") {
+        if let Some(end) = rest.iter().position(|&b| b == b']') {
+            return rest.get(..end).unwrap_or(rest);
+        }
+        return addr;
+    }
+    let colons = addr.iter().filter(|&&b| b == b':').count();
+    if colons == 1 {
+        if let Some(pos) = addr.iter().position(|&b| b == b':') {
+            return addr.get(..pos).unwrap_or(addr);
+        }
+    }
+    addr
+}
+
+/// Microseconds since the Unix epoch by the proxy's clock (0 if the host can't tell).
+pub fn now_us() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Dispatches a callout to `cluster`; the answer arrives in `on_http_call_response(token, ..)`.
+pub fn dispatch(cluster: &str, req: &HttpRequest, timeout_ms: u64) -> Result<u32, BackendError> {
+    let headers: Vec<(&str, &str)> = req
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    hostcalls::dispatch_http_call(
+        cluster,
+        headers,
+        Some(&req.body),
+        Vec::new(),
+        Duration::from_millis(timeout_ms),
+    )
+    .map_err(|s| BackendError::Dispatch(format!("{s:?} (is cluster \"{cluster}\" defined?)")))
+}
+
+/// Status and body of the callout answer being delivered (status 0 when there are no headers:
+/// the stream was reset or timed out).
+pub fn call_response(num_headers: usize, body_size: usize) -> (u32, Vec<u8>) {
+    if num_headers == 0 {
+        return (0, Vec::new());
+    }
+    let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The plugin configuration bytes.
+pub fn plugin_configuration() -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Continues the paused request of the current context.
+pub fn resume_request() {
+    if let Err(s) = hostcalls::resume_http_request() {
+        log::warn!("tollgate: resume_http_request failed: {s:?}");
+    }
+}
+
+/// Answers the current request locally.
+pub fn send_response(status: u32, headers: &[(String, String)], body: &str) {
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    if let Err(s) = hostcalls::send_http_response(status, headers, Some(body.as_bytes())) {
+        log::warn!("tollgate: send_http_response failed: {s:?}");
+    }
+}
+
+/// Adds headers to the response of the current context.
+pub fn add_response_headers(headers: &[(String, String)]) {
+    for (k, v) in headers {
+        if let Err(s) = hostcalls::add_map_value(MapType::HttpResponseHeaders, k, v) {
+            log::warn!("tollgate: adding response header {k} failed: {s:?}");
+        }
+    }
+}

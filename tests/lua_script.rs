@@ -1,0 +1,327 @@
+//! `lua/token_bucket.lua` on its own, against a real redis-server (one per test), with the explicit-now
+//! ARGV[6] so every result is deterministic.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{scratch_dir, Redis};
+use redis::Value;
+
+const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
+const T0: u64 = 1_700_000_000_000_000; // a realistic µs clock
+const KEY: &str = "tollgate:{test:abc}";
+
+/// `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
+type Out = [i64; 5];
+
+fn start(name: &str) -> (Redis, redis::Connection) {
+    let redis = Redis::start(&scratch_dir(name));
+    let conn = redis.conn();
+    (redis, conn)
+}
+
+/// EVAL with string arguments; the reply must be a flat array of five integers.
+fn eval_raw(conn: &mut redis::Connection, key: &str, args: &[&str]) -> redis::RedisResult<Out> {
+    let v: Value = redis::cmd("EVAL")
+        .arg(SCRIPT)
+        .arg(1)
+        .arg(key)
+        .arg(args)
+        .query(conn)?;
+    Ok(flat_ints(v))
+}
+
+fn flat_ints(v: Value) -> Out {
+    let Value::Array(items) = v else {
+        panic!("reply is not an array: {v:?}")
+    };
+    let ints: Vec<i64> = items
+        .iter()
+        .map(|x| match x {
+            Value::Int(i) => *i,
+            other => panic!("reply element is not an integer: {other:?} in {items:?}"),
+        })
+        .collect();
+    ints.try_into()
+        .unwrap_or_else(|v| panic!("reply has not 5 elements: {v:?}"))
+}
+
+/// One call: limits (burst, rate, period_ms), cost, lease_want, now (µs).
+fn call(conn: &mut redis::Connection, l: (u64, u64, u64), cost: u64, lease: u64, now: u64) -> Out {
+    let args = [l.0, l.1, l.2, cost, lease, now].map(|n| n.to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    eval_raw(conn, KEY, &args).unwrap()
+}
+
+fn stored(conn: &mut redis::Connection) -> (Option<String>, Option<String>, Option<String>) {
+    redis::cmd("HMGET")
+        .arg(KEY)
+        .arg(&["u", "t", "p"])
+        .query(conn)
+        .unwrap()
+}
+
+fn exists(conn: &mut redis::Connection) -> bool {
+    redis::cmd("EXISTS").arg(KEY).query::<i64>(conn).unwrap() == 1
+}
+
+fn pttl(conn: &mut redis::Connection) -> i64 {
+    redis::cmd("PTTL").arg(KEY).query(conn).unwrap()
+}
+
+#[test]
+fn first_call_sees_a_full_bucket() {
+    let (_r, mut c) = start("lua-first");
+    assert_eq!(call(&mut c, (10, 5, 1000), 1, 0, T0), [1, 9, 0, 200, 1]);
+    let (u, t, p) = stored(&mut c);
+    assert_eq!(u.as_deref(), Some("9000"));
+    assert_eq!(t, Some(T0.to_string()));
+    assert_eq!(p.as_deref(), Some("1000"));
+}
+
+#[test]
+fn drain_then_deny_with_retry_after() {
+    let (_r, mut c) = start("lua-drain");
+    let l = (3, 1, 1000); // 1 token per second
+    for left in [2, 1, 0] {
+        let out = call(&mut c, l, 1, 0, T0);
+        assert_eq!(out[0], 1);
+        assert_eq!(out[1], left);
+    }
+    assert_eq!(call(&mut c, l, 1, 0, T0), [0, 0, 1000, 3000, 0]);
+    assert_eq!(call(&mut c, l, 1, 0, T0 + 400_000), [0, 0, 600, 2600, 0]);
+    assert_eq!(call(&mut c, l, 2, 0, T0 + 400_000), [0, 0, 1600, 2600, 0]);
+}
+
+#[test]
+fn refill_with_explicit_now() {
+    let (_r, mut c) = start("lua-refill");
+    let l = (10, 2, 1000); // 2 tokens per second
+    assert_eq!(call(&mut c, l, 10, 0, T0)[0], 1);
+    // 1.5 s: 3 tokens.
+    assert_eq!(call(&mut c, l, 1, 0, T0 + 1_500_000), [1, 2, 0, 4000, 1]);
+    // 0.9999 ms later: not a whole millisecond since the refill point, nothing added.
+    assert_eq!(call(&mut c, l, 1, 0, T0 + 1_500_999), [1, 1, 0, 4500, 1]);
+    // The refill point moved by whole milliseconds only.
+    assert_eq!(stored(&mut c).1, Some((T0 + 1_500_000).to_string()));
+    // 1 ms later: 2 units (of 1000 per token) added.
+    call(&mut c, l, 1, 0, T0 + 1_501_000);
+    assert_eq!(stored(&mut c).0.as_deref(), Some("2"));
+    assert_eq!(stored(&mut c).1, Some((T0 + 1_501_000).to_string()));
+}
+
+/// The script's PEXPIRE slack over reset_after_ms (see EXPIRE_SLACK_MS in the script).
+const SLACK_MS: i64 = 1000;
+
+#[test]
+fn pexpire_is_the_time_to_full_plus_slack() {
+    let (_r, mut c) = start("lua-pexpire");
+    let l = (100, 1, 600); // 1 token per 600 ms: full after 60 s
+    let out = call(&mut c, l, 100, 0, T0);
+    assert_eq!(out, [1, 0, 0, 60_000, 100]);
+    let ttl = pttl(&mut c);
+    assert!(
+        ttl > 59_000 + SLACK_MS && ttl <= 60_000 + SLACK_MS,
+        "PTTL {ttl}"
+    );
+    let out = call(&mut c, l, 1, 0, T0 + 30_000_000);
+    assert_eq!(out, [1, 49, 0, 30_600, 1]);
+    let ttl = pttl(&mut c);
+    assert!(
+        ttl > 29_600 + SLACK_MS && ttl <= 30_600 + SLACK_MS,
+        "PTTL {ttl}"
+    );
+    // A short time to full: the key lives for the slack, then goes (absence is a full bucket).
+    let l = (5, 1_000_000, 1);
+    assert_eq!(call(&mut c, l, 1, 0, T0), [1, 4, 0, 1, 1]);
+    let ttl = pttl(&mut c);
+    assert!(ttl > 1 && ttl <= 1 + SLACK_MS, "PTTL {ttl}");
+    let gone = common::wait_until(std::time::Duration::from_secs(5), || !exists(&mut c));
+    assert!(gone, "key did not expire");
+    // Expiring late changes nothing: a stale key refills to full, exactly like an absent one.
+    call(&mut c, l, 5, 0, T0);
+    assert_eq!(call(&mut c, l, 1, 0, T0 + 1_000), [1, 4, 0, 1, 1]);
+}
+
+#[test]
+fn key_is_deleted_when_full_again() {
+    let (_r, mut c) = start("lua-delete");
+    let l = (5, 1, 100);
+    call(&mut c, l, 5, 0, T0);
+    assert!(exists(&mut c));
+    // Refilled to full and nothing taken (cost > burst): the key goes.
+    assert_eq!(call(&mut c, l, 6, 0, T0 + 500_000), [0, 5, -1, 0, 0]);
+    assert!(!exists(&mut c));
+    // A call that takes from a refilled bucket writes it back.
+    assert_eq!(call(&mut c, l, 1, 0, T0 + 600_000), [1, 4, 0, 100, 1]);
+    assert!(exists(&mut c));
+    // Again: a refill that reaches full with nothing taken deletes it.
+    assert_eq!(call(&mut c, l, 6, 0, T0 + 700_000), [0, 5, -1, 0, 0]);
+    assert!(!exists(&mut c));
+}
+
+#[test]
+fn burst_shrink_clamps_stored_tokens() {
+    let (_r, mut c) = start("lua-shrink");
+    assert_eq!(call(&mut c, (100, 1, 1000), 10, 0, T0)[1], 90);
+    assert_eq!(call(&mut c, (20, 1, 1000), 1, 0, T0), [1, 19, 0, 1000, 1]);
+    // Growing it back restores nothing.
+    assert_eq!(call(&mut c, (100, 1, 1000), 1, 0, T0)[1], 18);
+    // A period change rescales the units (7 tokens stay 7 tokens).
+    assert_eq!(call(&mut c, (100, 1, 10), 11, 0, T0)[1], 7);
+    assert_eq!(stored(&mut c).0.as_deref(), Some("70"));
+    assert_eq!(stored(&mut c).2.as_deref(), Some("10"));
+}
+
+#[test]
+fn cost_above_burst_is_minus_one_and_changes_nothing() {
+    let (_r, mut c) = start("lua-toobig");
+    let l = (10, 1, 1000);
+    assert_eq!(call(&mut c, l, 11, 0, T0), [0, 10, -1, 0, 0]);
+    assert!(!exists(&mut c));
+    call(&mut c, l, 3, 0, T0);
+    let before = stored(&mut c);
+    assert_eq!(
+        call(&mut c, l, 9_007_199_254_740_992, 5, T0),
+        [0, 7, -1, 3000, 0]
+    );
+    assert_eq!(stored(&mut c), before);
+    // Later: the same as if the call had not been made.
+    assert_eq!(call(&mut c, l, 1, 0, T0 + 1_000_000), [1, 7, 0, 3000, 1]);
+}
+
+#[test]
+fn bad_arguments_give_an_error_reply() {
+    let (_r, mut c) = start("lua-badargs");
+    let ok = ["10", "1", "1000", "1", "0"];
+    let cases: &[(usize, &str, &str)] = &[
+        (0, "0", "burst"),
+        (0, "x", "burst"),
+        (0, "1.5", "burst"),
+        (0, "-3", "burst"),
+        (0, "1e3", "burst"),
+        (0, "", "burst"),
+        (1, "0", "rate"),
+        (1, "1000000001", "rate"),
+        (2, "0", "period_ms"),
+        (2, "99999999999999999999", "period_ms"),
+        (3, "0", "cost"),
+        (3, "nan", "cost"),
+        (4, "-1", "lease_want"),
+        (4, "0.5", "lease_want"),
+    ];
+    for &(i, val, name) in cases {
+        let mut args = ok;
+        args[i] = val;
+        let err = eval_raw(&mut c, KEY, &args).expect_err(&format!("{args:?} accepted"));
+        let want = format!("tollgate: bad argument {name}");
+        assert!(err.to_string().contains(&want), "{args:?}: {err}");
+    }
+    // burst * period_ms above 2^50.
+    let err = eval_raw(&mut c, KEY, &["1125899906842625", "1", "1", "1", "0"]).unwrap_err();
+    assert!(
+        err.to_string().contains("bad argument burst*period_ms"),
+        "{err}"
+    );
+    let max = ["1125899906842624", "1", "1", "1", "0"];
+    assert!(eval_raw(&mut c, "tollgate:{max}", &max).is_ok());
+    // Missing arguments.
+    let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1"]).unwrap_err();
+    assert!(err.to_string().contains("bad argument lease_want"), "{err}");
+    let err = eval_raw(&mut c, KEY, &[]).unwrap_err();
+    assert!(err.to_string().contains("bad argument burst"), "{err}");
+    // A bad explicit now.
+    let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1", "0", "soon"]).unwrap_err();
+    assert!(err.to_string().contains("bad argument now"), "{err}");
+    // None of that touched the key.
+    assert!(!exists(&mut c));
+}
+
+#[test]
+fn replies_are_flat_integers_and_state_has_no_exponents() {
+    let (_r, mut c) = start("lua-ints");
+    // full = 2^40 * 1024 = 2^50 units: every stored number is ~1e15, where tostring would say "1e+15".
+    let l = (1 << 40, 999_999_937, 1024);
+    for (i, cost) in [1u64, 12_345, 1 << 39, 3, 1 << 40].into_iter().enumerate() {
+        let out = call(&mut c, l, cost, 7, T0 + i as u64 * 1_234_567);
+        assert!(out.iter().all(|&x| x >= -1), "{out:?}");
+        let (u, t, p) = stored(&mut c);
+        for f in [u, t, p].into_iter().flatten() {
+            assert!(
+                !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()),
+                "stored {f:?}"
+            );
+        }
+    }
+    // Raw check of the reply shape for a deny and an allow.
+    for args in [
+        ["1", "1", "1", "1", "0", "5"],
+        ["1", "1", "1", "1", "0", "5"],
+        ["1", "1", "1", "2", "0", "5"],
+    ] {
+        let v: Value = redis::cmd("EVAL")
+            .arg(SCRIPT)
+            .arg(1)
+            .arg("tollgate:{shape}")
+            .arg(&args)
+            .query(&mut c)
+            .unwrap();
+        match &v {
+            Value::Array(items) => {
+                assert_eq!(items.len(), 5, "{v:?}");
+                assert!(items.iter().all(|x| matches!(x, Value::Int(_))), "{v:?}");
+            }
+            _ => panic!("not a flat array: {v:?}"),
+        }
+    }
+}
+
+#[test]
+fn without_explicit_now_uses_redis_time() {
+    let (_r, mut c) = start("lua-time");
+    let l = ["2", "1", "60000", "1", "0"];
+    assert_eq!(eval_raw(&mut c, KEY, &l).unwrap(), [1, 1, 0, 60_000, 1]);
+    let (_, t, _) = stored(&mut c);
+    let t: u64 = t.unwrap().parse().unwrap();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(
+        t.abs_diff(now_us) < 60_000_000,
+        "TIME {t} vs clock {now_us}"
+    );
+    assert_eq!(eval_raw(&mut c, KEY, &l).unwrap()[..3], [1, 0, 0]);
+    let out = eval_raw(&mut c, KEY, &l).unwrap();
+    assert_eq!(out[0], 0);
+    assert!(out[2] > 0 && out[2] <= 60_000, "{out:?}");
+}
+
+#[test]
+fn script_load_sha1_matches_and_evalsha_works() {
+    use sha1::{Digest, Sha1};
+    let (_r, mut c) = start("lua-sha");
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SCRIPT)
+        .query(&mut c)
+        .unwrap();
+    let ours: String = Sha1::digest(SCRIPT.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(sha, ours);
+    let v: Value = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg(KEY)
+        .arg(&["3", "1", "1000", "1", "0", &T0.to_string()])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(flat_ints(v), [1, 2, 0, 1000, 1]);
+}

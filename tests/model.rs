@@ -1,0 +1,257 @@
+//! `tollgate::bucket::take` is the model of `lua/token_bucket.lua`: the same sequence of calls gives the
+//! same replies, bit for bit, and the hash Redis stores (u t p, or no key) is the model's `State`.
+//! Sequences are pseudo-random but deterministic (a fixed-seed xorshift), with time jumps (forward and
+//! back), cost > burst, lease requests and a limits change midway.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{scratch_dir, Redis};
+use redis::Value;
+use tollgate::bucket::{take, Limits, Reply, State};
+
+const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
+const T0: u64 = 1_700_000_000_000_000;
+const STEPS: usize = 3000;
+
+/// The script, verbatim, wrapped so that the key's PTTL is read and the expiry removed inside the same
+/// script run. The script's clock here is the explicit ARGV now, so real time must not expire the key
+/// between two steps; Redis freezes time during a script, so nothing expires in between.
+fn wrapped_script() -> String {
+    format!(
+        "local function tollgate_script()\n{SCRIPT}\nend\n\
+         local r = tollgate_script()\n\
+         local ttl = redis.call('PTTL', KEYS[1])\n\
+         redis.call('PERSIST', KEYS[1])\n\
+         table.insert(r, ttl)\n\
+         return r\n"
+    )
+}
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform-ish in 0..n (n >= 1).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+fn lim(burst: u64, rate: u64, period_ms: u64) -> Limits {
+    Limits {
+        burst,
+        rate,
+        period_ms,
+    }
+}
+
+struct Harness {
+    conn: redis::Connection,
+    sha: String,
+    key: String,
+}
+
+impl Harness {
+    /// Runs the script and returns its reply and the key's PTTL right after it.
+    fn script(&mut self, l: &Limits, cost: u64, lease: u64, now: u64) -> ([i64; 5], i64) {
+        let args = [l.burst, l.rate, l.period_ms, cost, lease, now].map(|n| n.to_string());
+        let v: Value = redis::cmd("EVALSHA")
+            .arg(&self.sha)
+            .arg(1)
+            .arg(&self.key)
+            .arg(&args)
+            .query(&mut self.conn)
+            .unwrap_or_else(|e| panic!("EVALSHA {args:?}: {e}"));
+        let Value::Array(items) = v else {
+            panic!("not an array: {v:?}")
+        };
+        let ints: Vec<i64> = items
+            .iter()
+            .map(|x| match x {
+                Value::Int(i) => *i,
+                other => panic!("not an integer: {other:?}"),
+            })
+            .collect();
+        let [a, b, c, d, e, ttl] = ints[..] else {
+            panic!("not 5 integers and a PTTL: {items:?}")
+        };
+        ([a, b, c, d, e], ttl)
+    }
+
+    /// The stored hash as a `State`, or None when the key is absent.
+    fn stored(&mut self) -> Option<State> {
+        let (u, t, p): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(&self.key)
+            .arg(&["u", "t", "p"])
+            .query(&mut self.conn)
+            .unwrap();
+        match (u, t, p) {
+            (None, None, None) => None,
+            (Some(u), Some(t), Some(p)) => {
+                let parse = |f: &str, s: &str| -> u64 {
+                    s.parse()
+                        .unwrap_or_else(|_| panic!("stored {f} is not a plain integer: {s:?}"))
+                };
+                Some(State {
+                    units: parse("u", &u),
+                    ts_us: parse("t", &t),
+                    period_ms: parse("p", &p),
+                })
+            }
+            other => panic!("partial hash: {other:?}"),
+        }
+    }
+}
+
+fn as_ints(r: &Reply) -> [i64; 5] {
+    [
+        i64::from(r.allowed),
+        r.remaining as i64,
+        r.retry_after_ms,
+        r.reset_after_ms as i64,
+        r.granted as i64,
+    ]
+}
+
+/// Runs `STEPS` calls, switching from `first` to `second` limits halfway, comparing model and script.
+fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usize) {
+    let mut rng = Rng(seed);
+    let mut state: Option<State> = None;
+    let mut now = T0 + rng.below(1_000_000);
+    let (mut allowed, mut denied) = (0, 0);
+    for step in 0..STEPS {
+        let l = if step < STEPS / 2 { first } else { second };
+        // Time: mostly small moves (sub-ms and a few refill periods), some standing still,
+        // rare big jumps forward (up to a day) and back (up to a minute).
+        let period_us = l.period_ms * 1000;
+        match rng.below(100) {
+            0..=19 => {}
+            20..=59 => now += rng.below(2000),
+            60..=89 => now += rng.below(period_us.min(10_000_000) * 2),
+            90..=95 => now += rng.below(86_400_000_000),
+            _ => now = now.saturating_sub(rng.below(60_000_000)),
+        }
+        // Cost: usually small, sometimes up to burst, sometimes more than burst.
+        let cost = if rng.chance(5) {
+            l.burst + 1 + rng.below(3)
+        } else if rng.chance(15) {
+            1 + rng.below(l.burst)
+        } else {
+            1 + rng.below(l.burst.min(3))
+        };
+        let lease = if rng.chance(40) {
+            0
+        } else {
+            rng.below(l.burst.saturating_mul(2).min(1 << 52))
+        };
+
+        let ctx = format!("seed {seed} step {step}: {l:?} cost {cost} lease {lease} now {now}");
+        let (next, reply) = take(state, &l, cost, lease, now);
+        let (got, ttl) = h.script(&l, cost, lease, now);
+        assert_eq!(
+            got,
+            as_ints(&reply),
+            "{ctx}: script vs model (state {state:?})"
+        );
+        assert_eq!(
+            h.stored(),
+            next,
+            "{ctx}: stored state (reply {got:?}, PTTL {ttl})"
+        );
+        // PEXPIRE is the time to full plus 1 s of slack; a full bucket has no key (PTTL -2).
+        let want = if next.is_some() {
+            reply.reset_after_ms as i64 + 1000
+        } else {
+            -2
+        };
+        assert!(
+            ttl <= want && ttl > want - 1000,
+            "{ctx}: PTTL {ttl}, want {want}"
+        );
+        state = next;
+        if reply.allowed {
+            allowed += 1;
+        } else {
+            denied += 1;
+        }
+    }
+    (allowed, denied)
+}
+
+fn harness(name: &str) -> (Redis, Harness) {
+    let redis = Redis::start(&scratch_dir(name));
+    let mut conn = redis.conn();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(wrapped_script())
+        .query(&mut conn)
+        .unwrap();
+    let h = Harness {
+        conn,
+        sha,
+        key: String::new(),
+    };
+    (redis, h)
+}
+
+fn check(name: &str, cases: &[(Limits, Limits)]) {
+    let (_redis, mut h) = harness(name);
+    for (i, &(first, second)) in cases.iter().enumerate() {
+        h.key = format!("tollgate:{{{name}:{i}}}");
+        let (allowed, denied) = run(
+            &mut h,
+            0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
+            first,
+            second,
+        );
+        // The sequences must exercise both outcomes to mean anything.
+        assert!(
+            allowed > 50 && denied > 50,
+            "case {i}: {allowed} allowed, {denied} denied"
+        );
+    }
+}
+
+#[test]
+fn model_matches_script_small_buckets() {
+    check(
+        "model-small",
+        &[
+            (lim(10, 1, 1000), lim(5, 1, 1000)),   // burst shrink
+            (lim(5, 3, 7), lim(5, 3, 1000)),       // period change
+            (lim(1, 1, 1), lim(2, 1, 3)),          // tiny, both change
+            (lim(3, 2, 86_400_000), lim(3, 2, 1)), // a day period, then a ms
+        ],
+    );
+}
+
+#[test]
+fn model_matches_script_large_values() {
+    check(
+        "model-large",
+        &[
+            // High rate: refills within a ms.
+            (lim(1000, 1_000_000_000, 1), lim(100, 1_000_000_000, 1)),
+            // full = 2^50 units: every value the script handles is near its exactness limit.
+            (lim(1 << 40, 999_999_937, 1024), lim(1 << 30, 3, 1 << 20)),
+            // Rescale where units * period_ms passes 2^53 (the rounding-down branch).
+            (lim(1 << 49, 1, 2), lim(1 << 10, 1, 1 << 40)),
+            (lim(100, 7, 333), lim(1000, 1_000_000, 999)),
+        ],
+    );
+}
