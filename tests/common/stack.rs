@@ -1,0 +1,69 @@
+//! The whole path in one value: Redis, Webdis in front of it, and Envoy with the tollgate filter calling
+//! Webdis. Dropping it stops Envoy, then Webdis, then Redis (fields drop in declaration order).
+
+use std::path::PathBuf;
+
+use super::envoy::{brief_log, Envoy};
+use super::http::Resp;
+use super::webdis::{Webdis, WebdisOpts};
+use super::{scratch_dir, Redis};
+
+pub struct Stack {
+    pub envoy: Envoy,
+    pub webdis: Webdis,
+    pub redis: Redis,
+    /// Scratch directory with every config file and log.
+    pub dir: PathBuf,
+}
+
+impl Stack {
+    /// Redis + open Webdis + Envoy with `plugin_config_json`, in a fresh scratch dir named after `name`.
+    pub fn start(name: &str, plugin_config_json: &str) -> Stack {
+        Self::start_with(name, plugin_config_json, &[], &WebdisOpts::default())
+    }
+
+    /// Like [`Stack::start`], with extra redis-server arguments (e.g. `["--requirepass", "pw"]`) and
+    /// Webdis options (Redis password, Basic auth).
+    pub fn start_with(
+        name: &str,
+        plugin_config_json: &str,
+        redis_args: &[&str],
+        webdis_opts: &WebdisOpts,
+    ) -> Stack {
+        let dir = scratch_dir(name);
+        let redis = Redis::start_with(&dir, redis_args);
+        let webdis = Webdis::start_with(&dir, redis.port, webdis_opts);
+        let envoy = Envoy::start(&dir, plugin_config_json, webdis.port);
+        Stack {
+            envoy,
+            webdis,
+            redis,
+            dir,
+        }
+    }
+
+    /// The Envoy listener port clients talk to.
+    pub fn port(&self) -> u16 {
+        self.envoy.listen_port
+    }
+
+    /// A request through Envoy.
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
+        self.envoy.request(method, path, headers)
+    }
+
+    /// `GET path` through Envoy.
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Resp {
+        self.envoy.get(path, headers)
+    }
+
+    /// Every process log (for a failure message).
+    pub fn logs(&self) -> String {
+        format!(
+            "--- envoy ---\n{}\n--- webdis ---\n{}\n--- redis ---\n{}",
+            brief_log(&self.envoy.log_text()),
+            self.webdis.log_text(),
+            self.redis.proc.log_text()
+        )
+    }
+}
