@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{demo_config, Stack};
+use common::{demo_config, Envoy, Stack};
 
 /// The whole stack starts with the demo config, and a path no rule matches passes straight through.
 #[test]
@@ -18,4 +18,273 @@ fn smoke_unmatched_path_passes_through() {
     let resp = stack.get("/", &[]);
     assert_eq!(resp.status, 200, "{resp:?}\n{}", stack.logs());
     assert_eq!(resp.body, "ok\n", "{resp:?}\n{}", stack.logs());
+}
+
+/// A plugin configuration with one rule keyed on `x-user-id` under `/api/`; `extra` adds top-level
+/// fields (ending with a comma).
+fn config(extra: &str, rate: u64, period_ms: u64, burst: u64) -> String {
+    format!(
+        r#"{{ "backend": {{ "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 2000 }},
+             {extra}
+             "rules": [ {{ "name": "per-user", "match": {{ "path_prefix": "/api/" }},
+                           "key": ["header:x-user-id"], "cost_header": "x-cost",
+                           "rate": {rate}, "period_ms": {period_ms}, "burst": {burst} }} ] }}"#
+    )
+}
+
+/// Script calls Redis has run so far (EVALSHA + EVAL), from `INFO commandstats`.
+fn script_calls(redis: &common::Redis) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    let calls = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    (calls("evalsha"), calls("eval"))
+}
+
+fn user(id: &str) -> [(&str, &str); 1] {
+    [("x-user-id", id)]
+}
+
+/// A slow refill (1 token a minute) makes the counts exact: the first `burst` requests pass, then
+/// 429 with Retry-After, the IETF headers and the configured body.
+#[test]
+fn burst_is_admitted_then_429_with_headers() {
+    let stack = Stack::start(
+        "e2e-burst",
+        &config(
+            r#""deny": {"status": 429, "body": "slow down\n"},"#,
+            1,
+            60_000,
+            5,
+        ),
+    );
+    for i in 0..5u64 {
+        let r = stack.get("/api/orders", &user("alice"));
+        assert_eq!(r.status, 200, "request {i}: {r:?}\n{}", stack.logs());
+        assert_eq!(
+            r.header("ratelimit"),
+            Some(format!("\"per-user\";r={};t={}", 4 - i, 60 * (i + 1)).as_str()),
+            "{r:?}"
+        );
+        assert_eq!(r.header("ratelimit-policy"), Some("\"per-user\";q=5;w=300"));
+    }
+    let r = stack.get("/api/orders", &user("alice"));
+    assert_eq!(r.status, 429, "{r:?}\n{}", stack.logs());
+    assert_eq!(r.body, "slow down\n");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "retry-after {retry}");
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(format!("\"per-user\";r=0;t={retry}").as_str())
+    );
+    assert_eq!(r.header("ratelimit-policy"), Some("\"per-user\";q=5;w=300"));
+}
+
+/// Two keys have two buckets; a request without the key source is not limited at all; a path the
+/// rule does not match is not limited.
+#[test]
+fn keys_are_independent_and_missing_key_is_not_limited() {
+    let stack = Stack::start("e2e-keys", &config("", 1, 60_000, 2));
+    let statuses = |id: &str, n: usize| -> Vec<u16> {
+        (0..n)
+            .map(|_| stack.get("/api/x", &user(id)).status)
+            .collect()
+    };
+    assert_eq!(statuses("alice", 3), [200, 200, 429], "{}", stack.logs());
+    assert_eq!(statuses("bob", 3), [200, 200, 429]);
+    for _ in 0..10 {
+        let r = stack.get("/api/x", &[]);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("ratelimit"), None, "no rule applied: no headers");
+        assert_eq!(stack.get("/other", &user("alice")).status, 200);
+    }
+    // Same user text in another header is another key source: still alice's bucket only via x-user-id.
+    assert_eq!(stack.get("/api/x", &[("x-other", "bob")]).status, 200);
+}
+
+/// A known denial is answered by the proxy itself (the deny cache shared by both workers): a flood of
+/// over-limit requests does not reach Redis.
+#[test]
+fn over_limit_flood_is_answered_locally() {
+    let stack = Stack::start("e2e-deny-cache", &config("", 1, 60_000, 1));
+    assert_eq!(
+        stack.get("/api/x", &user("carol")).status,
+        200,
+        "{}",
+        stack.logs()
+    );
+    assert_eq!(stack.get("/api/x", &user("carol")).status, 429);
+    let before = script_calls(&stack.redis);
+    for _ in 0..30 {
+        // New connection each time: requests land on both workers.
+        assert_eq!(stack.get("/api/x", &user("carol")).status, 429);
+    }
+    assert_eq!(
+        script_calls(&stack.redis),
+        before,
+        "denials must come from the cache"
+    );
+    // Another user still reaches Redis.
+    assert_eq!(stack.get("/api/x", &user("dave")).status, 200);
+    assert!(script_calls(&stack.redis).0 > before.0);
+}
+
+/// After `SCRIPT FLUSH` (or a Redis restart) EVALSHA answers NOSCRIPT; the filter sends EVAL once and
+/// limiting goes on with the same counts.
+#[test]
+fn limits_survive_script_flush() {
+    let stack = Stack::start("e2e-noscript", &config("", 1, 60_000, 4));
+    assert_eq!(
+        stack.get("/api/x", &user("erin")).status,
+        200,
+        "{}",
+        stack.logs()
+    );
+    let (evalsha, eval) = script_calls(&stack.redis);
+    assert!(eval >= 1, "a fresh Redis has no script: EVAL was needed");
+    assert!(evalsha >= 1);
+    assert_eq!(stack.get("/api/x", &user("erin")).status, 200);
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut stack.redis.conn())
+        .unwrap();
+    assert_eq!(
+        stack.get("/api/x", &user("erin")).status,
+        200,
+        "{}",
+        stack.logs()
+    );
+    assert_eq!(
+        script_calls(&stack.redis).1,
+        eval + 1,
+        "one EVAL after the flush"
+    );
+    assert_eq!(stack.get("/api/x", &user("erin")).status, 200);
+    assert_eq!(stack.get("/api/x", &user("erin")).status, 429);
+    assert_eq!(
+        script_calls(&stack.redis).1,
+        eval + 1,
+        "EVALSHA works again"
+    );
+}
+
+/// A bad configuration makes Envoy refuse the filter, with one log line naming the field.
+#[test]
+fn bad_config_is_rejected_with_the_field_named() {
+    let dir = common::scratch_dir("e2e-bad-config");
+    let bad = r#"{"rules": [{"name": "per-user", "key": ["header:x-user-id"], "rate": 0}]}"#;
+    let log = match Envoy::try_start(&dir, bad, common::free_port()) {
+        Ok(_) => panic!("Envoy accepted a rule with rate 0"),
+        Err(log) => log,
+    };
+    assert!(
+        log.contains("tollgate: bad configuration: rules[0].rate: must be an integer >= 1"),
+        "{}",
+        common::envoy::brief_log(&log)
+    );
+    let dir = common::scratch_dir("e2e-bad-json");
+    let log = match Envoy::try_start(&dir, "{not json", common::free_port()) {
+        Ok(_) => panic!("Envoy accepted invalid JSON"),
+        Err(log) => log,
+    };
+    assert!(
+        log.contains("tollgate: bad configuration: configuration: invalid JSON"),
+        "{}",
+        common::envoy::brief_log(&log)
+    );
+}
+
+/// The cost header takes that many tokens; a bad or oversized cost is a 400, never cost 0.
+#[test]
+fn cost_header_spends_tokens_and_bad_costs_are_rejected() {
+    let stack = Stack::start("e2e-cost", &config("", 1, 60_000, 10));
+    let with_cost = |c: &str| stack.get("/api/x", &[("x-user-id", "frank"), ("x-cost", c)]);
+    let r = with_cost("7");
+    assert_eq!(r.status, 200, "{}", stack.logs());
+    assert_eq!(r.header("ratelimit"), Some("\"per-user\";r=3;t=420"));
+    for bad in ["0", "-1", "1.5", "abc", "11"] {
+        assert_eq!(with_cost(bad).status, 400, "cost {bad:?}");
+    }
+    assert_eq!(with_cost("4").status, 429, "3 tokens left");
+    assert_eq!(with_cost("3").status, 200, "a smaller cost still fits");
+}
+
+/// Webdis' basic-auth ACL: the filter sends the configured credentials.
+#[test]
+fn webdis_basic_auth_is_sent() {
+    let opts = common::WebdisOpts {
+        basic_auth: Some("tollgate:s3cret".to_string()),
+        ..Default::default()
+    };
+    let cfg = config("", 1, 60_000, 1).replacen(
+        r#""timeout_ms": 2000"#,
+        r#""timeout_ms": 2000, "basic_auth": "tollgate:s3cret""#,
+        1,
+    );
+    let stack = Stack::start_with("e2e-auth", &cfg, &[], &opts);
+    assert_eq!(
+        stack.get("/api/x", &user("gina")).status,
+        200,
+        "{}",
+        stack.logs()
+    );
+    assert_eq!(
+        stack.get("/api/x", &user("gina")).status,
+        429,
+        "{}",
+        stack.logs()
+    );
+}
+
+/// Under steady overload from several clients for ~2 s, the admitted count never exceeds
+/// burst + rate × elapsed (elapsed measured around the whole run, so the bound is generous only
+/// in the direction that cannot hide over-admission).
+#[test]
+fn steady_overload_never_admits_more_than_the_bucket() {
+    let (rate, burst) = (20u64, 5u64);
+    let stack = Stack::start("e2e-steady", &config("", rate, 1000, burst));
+    let port = stack.port();
+    let start = std::time::Instant::now();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut ok, mut limited, mut other) = (0u64, 0u64, 0u64);
+                let t0 = std::time::Instant::now();
+                while t0.elapsed() < std::time::Duration::from_secs(2) {
+                    match common::get(port, "/api/x", &user("hot")).status {
+                        200 => ok += 1,
+                        429 => limited += 1,
+                        _ => other += 1,
+                    }
+                }
+                (ok, limited, other)
+            })
+        })
+        .collect();
+    let (mut ok, mut limited, mut other) = (0, 0, 0);
+    for h in handles {
+        let (o, l, x) = h.join().unwrap();
+        ok += o;
+        limited += l;
+        other += x;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let ideal = burst as f64 + rate as f64 * elapsed;
+    assert_eq!(other, 0, "no errors\n{}", stack.logs());
+    assert!(limited > 0, "the load must exceed the limit");
+    assert!(
+        ok >= burst,
+        "at least the burst is admitted (admitted {ok})"
+    );
+    assert!(
+        ok as f64 <= ideal,
+        "admitted {ok} > burst + rate × elapsed = {ideal:.1} ({elapsed:.3} s)"
+    );
+    eprintln!("steady overload: admitted {ok}, limited {limited}, ideal {ideal:.1}");
 }
