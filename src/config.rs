@@ -65,6 +65,10 @@ pub struct Rule {
     /// Lower-cased header name whose value, when present, is the request's cost.
     pub cost_header: Option<String>,
     pub mode: Mode,
+    /// Lease mode: most tokens one proxy takes in one call (<= burst).
+    pub lease_max: u64,
+    /// Lease mode: a lease covers about this much of the proxy's demand, and expires after twice it.
+    pub lease_horizon_ms: u64,
     pub shadow: bool,
     pub fallback: Option<Limits>,
 }
@@ -166,8 +170,14 @@ const TOP_FIELDS: &[&str] = &[
 ];
 const BACKEND_FIELDS: &[&str] = &["cluster", "authority", "timeout_ms", "basic_auth"];
 const DENY_FIELDS: &[&str] = &["status", "body"];
+pub const DEFAULT_LEASE_HORIZON_MS: u64 = 200;
+pub const MIN_LEASE_HORIZON_MS: u64 = 10;
+pub const MAX_LEASE_HORIZON_MS: u64 = 10_000;
+
 const RULE_FIELDS: &[&str] = &[
     "name",
+    "lease_max",
+    "lease_horizon_ms",
     "match",
     "key",
     "rate",
@@ -680,6 +690,17 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         )?,
     };
 
+    let lease_max = obj
+        .opt_int("lease_max", 1, limits.burst)?
+        .unwrap_or(limits.burst);
+    let lease_horizon_ms = obj
+        .opt_int(
+            "lease_horizon_ms",
+            MIN_LEASE_HORIZON_MS,
+            MAX_LEASE_HORIZON_MS,
+        )?
+        .unwrap_or(DEFAULT_LEASE_HORIZON_MS);
+
     let shadow = obj.opt_bool("shadow")?.unwrap_or(false);
 
     let fallback = obj
@@ -695,6 +716,8 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         cost,
         cost_header,
         mode,
+        lease_max,
+        lease_horizon_ms,
         shadow,
         fallback,
     })
@@ -945,6 +968,8 @@ mod tests {
                 cost: 1,
                 cost_header: Some("x-cost".into()),
                 mode: Mode::Lease,
+                lease_max: 200,
+                lease_horizon_ms: 200,
                 shadow: false,
                 fallback: Some(Limits {
                     burst: 50,
@@ -989,6 +1014,8 @@ mod tests {
                 cost: 1,
                 cost_header: None,
                 mode: Mode::Exact,
+                lease_max: 10,
+                lease_horizon_ms: 200,
                 shadow: false,
                 fallback: None,
             }],

@@ -8,9 +8,9 @@
 
 use crate::backend::webdis::{self, Invoke};
 use crate::backend::{script, BackendError, HttpRequest, ScriptCall, ScriptReply};
-use crate::config::{Config, FailureMode, Rule};
+use crate::config::{Config, FailureMode, Mode, Rule};
 use crate::headers::{self, Report};
-use crate::local::{self, DenyCache, SharedStore};
+use crate::local::{self, DenyCache, LeasePool, LeaseSizing, SharedStore};
 use crate::rule::{self, RequestView};
 
 /// The configuration plus what is derived from it once per configure.
@@ -98,6 +98,8 @@ pub struct Check {
     pub outcome: Option<(Outcome, Source)>,
     /// Whether the EVAL fallback was already sent for this check.
     pub eval_sent: bool,
+    /// Lease mode: the check waits for the proxy's lease on its key instead of calling itself.
+    pub lease: bool,
 }
 
 /// A request waiting for backend answers.
@@ -108,10 +110,23 @@ pub struct Pending {
     pub sent_ms: u64,
 }
 
+impl Pending {
+    /// Indexes of lease-mode checks still waiting for tokens.
+    pub fn waiting_leases(&self) -> Vec<usize> {
+        self.checks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.lease && c.outcome.is_none())
+            .map(|(i, _)| i)
+            .collect()
+    }
+}
+
 #[derive(Debug)]
 pub enum Step {
     Done(Verdict),
-    /// Send each `(check index, request)`, then feed every answer to `on_reply`.
+    /// Send each `(check index, request)` and feed every answer to `on_reply`; the checks in
+    /// `Pending::waiting_leases` wait for a lease (`serve_waiter`).
     Call(Pending, Vec<(usize, HttpRequest)>),
 }
 
@@ -176,9 +191,27 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
             Ok(c) => c,
             Err(e) => return Step::Done(bad_cost(&e)),
         };
-        let outcome = deny_cache
-            .denied(&key, cost, now_ms)
-            .map(|retry_ms| (Outcome::Denied { retry_ms }, Source::Local));
+        let lease = rule.mode == Mode::Lease;
+        let spent = if lease {
+            LeasePool::new(store, &plugin.ns)
+                .take(&key, cost, now_ms, rule.lease_horizon_ms, true)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let outcome = match spent {
+            Some(s) => Some((
+                Outcome::Allowed {
+                    remaining: s.remaining,
+                    reset_ms: s.reset_ms,
+                },
+                Source::Local,
+            )),
+            None => deny_cache
+                .denied(&key, cost, now_ms)
+                .map(|retry_ms| (Outcome::Denied { retry_ms }, Source::Local)),
+        };
         checks.push(Check {
             rule: idx,
             call: ScriptCall {
@@ -191,6 +224,7 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
             },
             outcome,
             eval_sent: false,
+            lease,
         });
     }
     let pending = Pending {
@@ -210,7 +244,7 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
         .checks
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.outcome.is_none())
+        .filter(|(_, c)| c.outcome.is_none() && !c.lease)
         .map(|(i, c)| (i, plugin.request(&c.call, Invoke::Sha(&plugin.sha))))
         .collect();
     Step::Call(pending, calls)
@@ -256,12 +290,189 @@ pub fn on_reply(
             Source::Failure,
         ),
     };
-    check.outcome = Some(outcome);
+    set_outcome(&plugin.config, pending, idx, outcome)
+}
+
+/// Records check `idx`'s outcome; the verdict once every check has one.
+fn set_outcome(
+    cfg: &Config,
+    pending: &mut Pending,
+    idx: usize,
+    outcome: (Outcome, Source),
+) -> Next {
+    if let Some(check) = pending.checks.get_mut(idx) {
+        if check.outcome.is_some() {
+            return Next::Wait;
+        }
+        check.outcome = Some(outcome);
+    }
     if pending.checks.iter().all(|c| c.outcome.is_some()) {
-        Next::Done(verdict(&plugin.config, &pending.checks))
+        Next::Done(verdict(cfg, &pending.checks))
     } else {
         Next::Wait
     }
+}
+
+/// A lease call one worker makes for the requests waiting on one key.
+#[derive(Debug, Clone)]
+pub struct LeaseFlight {
+    pub rule: usize,
+    pub call: ScriptCall,
+    pub sent_ms: u64,
+    pub eval_sent: bool,
+}
+
+fn sizing(rule: &Rule) -> LeaseSizing {
+    LeaseSizing {
+        burst: rule.limits.burst,
+        rate: rule.limits.rate,
+        period_ms: rule.limits.period_ms,
+        lease_max: rule.lease_max,
+        horizon_ms: rule.lease_horizon_ms,
+    }
+}
+
+/// The lease call for `key` (rule `rule_idx`), for waiters whose first needs `first_cost` and who
+/// need `waiting_cost` in all; None if another worker of this proxy already has one out (its
+/// grant lands in the shared pool, where `serve_waiter` finds it).
+pub fn lease_flight(
+    plugin: &Plugin,
+    store: &dyn SharedStore,
+    rule_idx: usize,
+    key: &str,
+    first_cost: u64,
+    waiting_cost: u64,
+    now_ms: u64,
+) -> Option<(LeaseFlight, HttpRequest)> {
+    let rule = plugin.config.rules.get(rule_idx)?;
+    let pool = LeasePool::new(store, &plugin.ns);
+    // The claim outlives the call's own timeout a little, so a lost answer frees it.
+    let until = now_ms
+        .saturating_add(plugin.config.backend.timeout_ms)
+        .saturating_add(50);
+    if !pool.begin_flight(key, now_ms, until).unwrap_or(false) {
+        return None;
+    }
+    let want = pool.want(key, waiting_cost, now_ms, &sizing(rule));
+    let call = ScriptCall {
+        key: key.to_string(),
+        burst: rule.limits.burst,
+        rate: rule.limits.rate,
+        period_ms: rule.limits.period_ms,
+        cost: first_cost,
+        lease_want: want,
+    };
+    let req = plugin.request(&call, Invoke::Sha(&plugin.sha));
+    Some((
+        LeaseFlight {
+            rule: rule_idx,
+            call,
+            sent_ms: now_ms,
+            eval_sent: false,
+        },
+        req,
+    ))
+}
+
+/// What a lease answer means for the waiters on its key.
+#[derive(Debug)]
+pub enum LeaseResult {
+    /// NOSCRIPT: send this (the EVAL) instead, same flight.
+    Resend(HttpRequest),
+    /// Tokens (or a denial) are recorded: serve the waiters with `serve_waiter`.
+    Recorded,
+    /// The backend failed: each waiter gets the failure mode (`on_reply` with the error).
+    Failed(BackendError),
+}
+
+/// Records a lease answer: grants go into the shared pool; a denial, or a grant that emptied the
+/// global bucket, goes into the deny cache for at least one horizon, so a saturated key costs
+/// each proxy about one call per horizon (the tokens meanwhile stay in the global bucket).
+pub fn lease_reply(
+    plugin: &Plugin,
+    store: &dyn SharedStore,
+    flight: &mut LeaseFlight,
+    reply: Result<ScriptReply, BackendError>,
+    now_ms: u64,
+) -> LeaseResult {
+    let pool = LeasePool::new(store, &plugin.ns);
+    let key = flight.call.key.as_str();
+    let Some(rule) = plugin.config.rules.get(flight.rule) else {
+        return LeaseResult::Failed(BackendError::Malformed("unknown rule".to_string()));
+    };
+    let backoff = sizing(rule).backoff_ms();
+    let deny = DenyCache::new(store, &plugin.ns);
+    match reply {
+        Err(BackendError::NoScript) if !flight.eval_sent => {
+            flight.eval_sent = true;
+            LeaseResult::Resend(plugin.request(&flight.call, Invoke::Source(script::SOURCE)))
+        }
+        Ok(r) if r.allowed => {
+            let _ = pool.deposit(
+                key,
+                r.granted,
+                r.remaining,
+                r.reset_after_ms,
+                now_ms,
+                rule.lease_horizon_ms,
+            );
+            if r.granted < flight.call.lease_want {
+                // The bucket held less than asked for: the key is saturated. Spend the grant,
+                // then back off instead of asking for each token as it refills (the tokens stay
+                // in the global bucket meanwhile; the backoff is short enough that none is lost).
+                let _ = deny.remember(key, 1, flight.sent_ms.saturating_add(backoff));
+            }
+            LeaseResult::Recorded
+        }
+        Ok(r) => {
+            let retry = u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms);
+            let until = flight.sent_ms.saturating_add(retry.max(backoff));
+            let _ = deny.remember(key, flight.call.cost, until);
+            let _ = pool.end_flight(key, Some(r.remaining), now_ms);
+            LeaseResult::Recorded
+        }
+        Err(e) => {
+            let _ = pool.end_flight(key, None, now_ms);
+            LeaseResult::Failed(e)
+        }
+    }
+}
+
+/// Tries to settle waiting lease check `idx` from the pool or the deny cache; None if it must
+/// keep waiting.
+pub fn serve_waiter(
+    plugin: &Plugin,
+    store: &dyn SharedStore,
+    pending: &mut Pending,
+    idx: usize,
+    now_ms: u64,
+) -> Option<Next> {
+    let check = pending.checks.get(idx)?;
+    if check.outcome.is_some() {
+        return Some(Next::Wait);
+    }
+    let horizon = plugin
+        .config
+        .rules
+        .get(check.rule)
+        .map_or(0, |r| r.lease_horizon_ms);
+    let key = &check.call.key;
+    let cost = check.call.cost;
+    let outcome = match LeasePool::new(store, &plugin.ns).take(key, cost, now_ms, horizon, false) {
+        Ok(Some(s)) => Outcome::Allowed {
+            remaining: s.remaining,
+            reset_ms: s.reset_ms,
+        },
+        _ => Outcome::Denied {
+            retry_ms: DenyCache::new(store, &plugin.ns).denied(key, cost, now_ms)?,
+        },
+    };
+    Some(set_outcome(
+        &plugin.config,
+        pending,
+        idx,
+        (outcome, Source::Backend),
+    ))
 }
 
 fn failure_outcome(
@@ -281,7 +492,7 @@ fn failure_outcome(
             let limits = rule.fallback.unwrap_or(rule.limits);
             match local::fallback_take(
                 store,
-                &plugin.ns,
+                &format!("{}|{}", plugin.ns, rule.name),
                 &check.call.key,
                 &limits,
                 check.call.cost,

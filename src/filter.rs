@@ -1,30 +1,258 @@
-//! proxy-wasm glue: the root context (configure) and one HTTP context per request, driving the
-//! `decision` state machine with host calls from `host`.
+//! proxy-wasm glue: the root context (configure, lease calls, tick) and one HTTP context per
+//! request, driving the `decision` state machine with host calls from `host`.
 //!
-//! Invariant: a request paused in `on_http_request_headers` is always resumed or answered — each
-//! dispatched call is matched to its check by token, and every callout ends (answer, error,
-//! reset or timeout) in `decision::on_reply`.
+//! Invariant: a request paused in `on_http_request_headers` is always resumed or answered. Exact
+//! checks call the backend from the request's own context; every callout ends (answer, error,
+//! reset or timeout) in `decision::on_reply`. Lease checks wait in their worker's queue; the
+//! worker's root context makes one lease call per key (per proxy, through the shared flight
+//! claim) and settles waiters as tokens, denials or failures arrive; a waiter that outlives
+//! twice the backend timeout gets the failure mode. A waiter whose client went away is dropped
+//! from the queue and never touched again.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Duration;
 
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
-use crate::backend::{webdis, BackendError, HttpRequest};
+use crate::backend::{webdis, BackendError, HttpRequest, ScriptReply};
 use crate::config::Config;
-use crate::decision::{self, Next, Pending, Plugin, Step, Verdict};
+use crate::decision::{self, LeaseFlight, LeaseResult, Next, Pending, Plugin, Step, Verdict};
 use crate::host::{self, HostRequest, HostStore};
+
+/// How often the root context looks at its waiters while there are any.
+const TICK: Duration = Duration::from_millis(1);
 
 pub fn start() {
     proxy_wasm::set_log_level(LogLevel::Trace);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { plugin: None }) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(Root {
+            plugin: None,
+            worker: Rc::new(RefCell::new(Worker::new(id))),
+        })
+    });
+}
+
+/// One request's shared state (the HTTP context and its worker's lease queue both reach it).
+#[derive(Default)]
+struct ReqState {
+    pending: Option<Pending>,
+    response_headers: Vec<(String, String)>,
+}
+
+/// A lease check waiting for tokens.
+struct Waiter {
+    ctx: u32,
+    state: Rc<RefCell<ReqState>>,
+    idx: usize,
+    rule: usize,
+    key: String,
+    cost: u64,
+    since_ms: u64,
+}
+
+/// Per-worker lease state, shared by the root context and the worker's HTTP contexts.
+struct Worker {
+    root_id: u32,
+    waiters: Vec<Waiter>,
+    /// This worker's lease calls out: token -> flight.
+    flights: HashMap<u32, LeaseFlight>,
+    ticking: bool,
+}
+
+impl Worker {
+    fn new(root_id: u32) -> Self {
+        Worker {
+            root_id,
+            waiters: Vec::new(),
+            flights: HashMap::new(),
+            ticking: false,
+        }
+    }
 }
 
 struct Root {
     plugin: Option<Rc<Plugin>>,
+    worker: Rc<RefCell<Worker>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _: usize,
+    ) {
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        let Some(mut flight) = self.worker.borrow_mut().flights.remove(&token) else {
+            return;
+        };
+        let (status, body) = host::call_response(num_headers, body_size);
+        let reply = webdis::decode_reply(status, &body);
+        log_backend_error(&reply);
+        let now = host::now_us();
+        match decision::lease_reply(&plugin, &HostStore, &mut flight, reply, now / 1000) {
+            LeaseResult::Resend(req) => match host::dispatch(
+                &plugin.config.backend.cluster,
+                &req,
+                plugin.config.backend.timeout_ms,
+            ) {
+                Ok(token) => {
+                    self.worker.borrow_mut().flights.insert(token, flight);
+                }
+                Err(e) => {
+                    log::warn!("tollgate: {e}");
+                    self.fail_waiters(&plugin, &flight.call.key, &e, now);
+                }
+            },
+            LeaseResult::Recorded => {}
+            LeaseResult::Failed(e) => self.fail_waiters(&plugin, &flight.call.key, &e, now),
+        }
+        self.serve(&plugin, now);
+    }
+}
+
+impl Root {
+    /// Settles the waiters that the pool or the deny cache can answer, gives the failure mode to
+    /// those that waited too long, and starts lease calls for keys still waiting.
+    fn serve(&mut self, plugin: &Plugin, now_us: u64) {
+        let now_ms = now_us / 1000;
+        let patience = plugin.config.backend.timeout_ms.saturating_mul(2);
+        let waiters = std::mem::take(&mut self.worker.borrow_mut().waiters);
+        let mut still = Vec::new();
+        for w in waiters {
+            let next = {
+                let mut st = w.state.borrow_mut();
+                match st.pending.as_mut() {
+                    None => Some(Next::Wait), // already finished: drop it
+                    Some(p) => match decision::serve_waiter(plugin, &HostStore, p, w.idx, now_ms) {
+                        Some(n) => Some(n),
+                        None if now_ms.saturating_sub(w.since_ms) > patience => {
+                            Some(decision::on_reply(
+                                plugin,
+                                &HostStore,
+                                p,
+                                w.idx,
+                                Err(BackendError::Reset),
+                                now_us,
+                            ))
+                        }
+                        None => None,
+                    },
+                }
+            };
+            match next {
+                None => still.push(w),
+                Some(Next::Done(v)) => self.finish(w.ctx, &w.state, v),
+                Some(_) => {}
+            }
+        }
+        // Lease calls: one per key still waiting, unless one is out already (here or on another
+        // worker of this proxy).
+        let mut need: Vec<(usize, String, u64, u64)> = Vec::new();
+        for w in &still {
+            match need.iter_mut().find(|(_, k, _, _)| *k == w.key) {
+                Some(entry) => entry.3 = entry.3.saturating_add(w.cost),
+                None => need.push((w.rule, w.key.clone(), w.cost, w.cost)),
+            }
+        }
+        let mut failed = Vec::new();
+        for (rule, key, first, total) in need {
+            let out = self
+                .worker
+                .borrow()
+                .flights
+                .values()
+                .any(|f| f.call.key == key);
+            if out {
+                continue;
+            }
+            let Some((flight, req)) =
+                decision::lease_flight(plugin, &HostStore, rule, &key, first, total, now_ms)
+            else {
+                continue;
+            };
+            match host::dispatch(
+                &plugin.config.backend.cluster,
+                &req,
+                plugin.config.backend.timeout_ms,
+            ) {
+                Ok(token) => {
+                    self.worker.borrow_mut().flights.insert(token, flight);
+                }
+                Err(e) => {
+                    log::warn!("tollgate: {e}");
+                    let mut f = flight;
+                    let _ =
+                        decision::lease_reply(plugin, &HostStore, &mut f, Err(e.clone()), now_ms);
+                    failed.push((key, e));
+                }
+            }
+        }
+        {
+            let mut worker = self.worker.borrow_mut();
+            let mut again = std::mem::take(&mut worker.waiters);
+            worker.waiters = still;
+            worker.waiters.append(&mut again);
+        }
+        for (key, e) in failed {
+            self.fail_waiters(plugin, &key, &e, now_us);
+        }
+        self.set_ticking();
+    }
+
+    /// Gives every waiter on `key` the failure mode for `err`.
+    fn fail_waiters(&mut self, plugin: &Plugin, key: &str, err: &BackendError, now_us: u64) {
+        let waiters = std::mem::take(&mut self.worker.borrow_mut().waiters);
+        let mut still = Vec::new();
+        for w in waiters {
+            if w.key != key {
+                still.push(w);
+                continue;
+            }
+            let next = w.state.borrow_mut().pending.as_mut().map(|p| {
+                decision::on_reply(plugin, &HostStore, p, w.idx, Err(err.clone()), now_us)
+            });
+            if let Some(Next::Done(v)) = next {
+                self.finish(w.ctx, &w.state, v);
+            }
+        }
+        let mut worker = self.worker.borrow_mut();
+        let mut again = std::mem::take(&mut worker.waiters);
+        worker.waiters = still;
+        worker.waiters.append(&mut again);
+    }
+
+    /// Applies a waiter's verdict in its own context, then returns to the root context.
+    fn finish(&self, ctx: u32, state: &Rc<RefCell<ReqState>>, verdict: Verdict) {
+        if hostcalls::set_effective_context(ctx).is_err() {
+            return;
+        }
+        if apply(state, verdict) {
+            host::resume_request();
+        }
+        let root = self.worker.borrow().root_id;
+        let _ = hostcalls::set_effective_context(root);
+    }
+
+    /// Ticks while there are waiters or flights, and not otherwise (no idle cost).
+    fn set_ticking(&self) {
+        let mut worker = self.worker.borrow_mut();
+        let busy = !worker.waiters.is_empty() || !worker.flights.is_empty();
+        if busy != worker.ticking {
+            let period = if busy { TICK } else { Duration::ZERO };
+            if hostcalls::set_tick_period(period).is_ok() {
+                worker.ticking = busy;
+            }
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -41,12 +269,20 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_tick(&mut self) {
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        self.serve(&plugin, host::now_us());
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Request {
+            id: context_id,
             plugin: self.plugin.clone(),
-            pending: None,
+            worker: self.worker.clone(),
+            state: Rc::new(RefCell::new(ReqState::default())),
             calls: Vec::new(),
-            response_headers: Vec::new(),
         }))
     }
 
@@ -55,13 +291,44 @@ impl RootContext for Root {
     }
 }
 
+/// Applies a verdict to the current context: keeps headers for the response, or answers now.
+/// Returns whether the request goes on.
+fn apply(state: &Rc<RefCell<ReqState>>, verdict: Verdict) -> bool {
+    let mut st = state.borrow_mut();
+    st.pending = None;
+    match verdict {
+        Verdict::Allow { headers } => {
+            st.response_headers = headers;
+            true
+        }
+        Verdict::Respond {
+            status,
+            headers,
+            body,
+        } => {
+            drop(st);
+            host::send_response(status, &headers, &body);
+            false
+        }
+    }
+}
+
+fn log_backend_error(reply: &Result<ScriptReply, BackendError>) {
+    if let Err(e) = reply {
+        if *e != BackendError::NoScript {
+            log::warn!("tollgate: {e}");
+        }
+    }
+}
+
 struct Request {
+    id: u32,
     /// None only if configure never succeeded (Envoy then refuses the filter anyway).
     plugin: Option<Rc<Plugin>>,
-    pending: Option<Pending>,
-    /// Outstanding callouts: (token, check index).
+    worker: Rc<RefCell<Worker>>,
+    state: Rc<RefCell<ReqState>>,
+    /// Outstanding exact-mode callouts: (token, check index).
     calls: Vec<(u32, usize)>,
-    response_headers: Vec<(String, String)>,
 }
 
 impl Request {
@@ -70,12 +337,11 @@ impl Request {
     fn send(&mut self, plugin: &Plugin, idx: usize, req: HttpRequest) -> Option<Verdict> {
         let mut req = req;
         loop {
-            let result = host::dispatch(
+            let err = match host::dispatch(
                 &plugin.config.backend.cluster,
                 &req,
                 plugin.config.backend.timeout_ms,
-            );
-            let err = match result {
+            ) {
                 Ok(token) => {
                     self.calls.push((token, idx));
                     return None;
@@ -95,31 +361,46 @@ impl Request {
         &mut self,
         plugin: &Plugin,
         idx: usize,
-        reply: Result<crate::backend::ScriptReply, BackendError>,
+        reply: Result<ScriptReply, BackendError>,
     ) -> Next {
-        match self.pending.as_mut() {
+        match self.state.borrow_mut().pending.as_mut() {
             Some(p) => decision::on_reply(plugin, &HostStore, p, idx, reply, host::now_us()),
             None => Next::Wait,
         }
     }
 
-    /// Applies a verdict: keeps headers for the response, or answers now. Returns whether the
-    /// request goes on.
-    fn apply(&mut self, verdict: Verdict) -> bool {
-        self.pending = None;
-        match verdict {
-            Verdict::Allow { headers } => {
-                self.response_headers = headers;
-                true
+    /// Queues this request's waiting lease checks on the worker, and makes sure it ticks.
+    fn wait_for_leases(&self, pending: &Pending, now_ms: u64) {
+        let waits = pending.waiting_leases();
+        if waits.is_empty() {
+            return;
+        }
+        let mut worker = self.worker.borrow_mut();
+        for idx in waits {
+            if let Some(c) = pending.checks.get(idx) {
+                worker.waiters.push(Waiter {
+                    ctx: self.id,
+                    state: self.state.clone(),
+                    idx,
+                    rule: c.rule,
+                    key: c.call.key.clone(),
+                    cost: c.call.cost,
+                    since_ms: now_ms,
+                });
             }
-            Verdict::Respond {
-                status,
-                headers,
-                body,
-            } => {
-                host::send_response(status, &headers, &body);
-                false
-            }
+        }
+        if !worker.ticking && hostcalls::set_tick_period(TICK).is_ok() {
+            worker.ticking = true;
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        // The client may have gone while waiting: never touch this context again.
+        self.state.borrow_mut().pending = None;
+        if let Ok(mut worker) = self.worker.try_borrow_mut() {
+            worker.waiters.retain(|w| w.ctx != self.id);
         }
     }
 }
@@ -141,18 +422,14 @@ impl Context for Request {
         let (_, idx) = self.calls.swap_remove(pos);
         let (status, body) = host::call_response(num_headers, body_size);
         let reply = webdis::decode_reply(status, &body);
-        if let Err(e) = &reply {
-            if *e != BackendError::NoScript {
-                log::warn!("tollgate: {e}");
-            }
-        }
+        log_backend_error(&reply);
         let verdict = match self.answer(&plugin, idx, reply) {
             Next::Wait => None,
             Next::Done(v) => Some(v),
             Next::Resend(req) => self.send(&plugin, idx, req),
         };
         if let Some(v) = verdict {
-            if self.apply(v) {
+            if apply(&self.state, v) {
                 host::resume_request();
             }
         }
@@ -164,33 +441,27 @@ impl HttpContext for Request {
         let Some(plugin) = self.plugin.clone() else {
             return Action::Continue;
         };
-        match decision::start(&plugin, &HostStore, &HostRequest, host::now_us()) {
-            Step::Done(v) => {
-                if self.apply(v) {
-                    Action::Continue
-                } else {
-                    Action::Pause
-                }
-            }
+        let now = host::now_us();
+        let verdict = match decision::start(&plugin, &HostStore, &HostRequest, now) {
+            Step::Done(v) => Some(v),
             Step::Call(pending, calls) => {
-                self.pending = Some(pending);
-                for (idx, req) in calls {
-                    if let Some(v) = self.send(&plugin, idx, req) {
-                        return if self.apply(v) {
-                            Action::Continue
-                        } else {
-                            Action::Pause
-                        };
-                    }
-                }
-                Action::Pause
+                self.wait_for_leases(&pending, now / 1000);
+                self.state.borrow_mut().pending = Some(pending);
+                calls
+                    .into_iter()
+                    .find_map(|(idx, req)| self.send(&plugin, idx, req))
             }
+        };
+        match verdict.map(|v| apply(&self.state, v)) {
+            Some(true) => Action::Continue,
+            None | Some(false) => Action::Pause,
         }
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        if !self.response_headers.is_empty() {
-            host::add_response_headers(&self.response_headers);
+        let headers = std::mem::take(&mut self.state.borrow_mut().response_headers);
+        if !headers.is_empty() {
+            host::add_response_headers(&headers);
         }
         Action::Continue
     }

@@ -3,12 +3,19 @@
 //!
 //! Invariant: the local stage never admits a token the global bucket did not grant. In exact mode it
 //! only *denies*, and only while Redis itself said the bucket cannot serve that cost (the "denied
-//! until" of the last reply). The fallback bucket admits only while the backend is failing and the
-//! rule's `failure_mode` is `local`.
+//! until" of the last reply). In lease mode it admits only by spending leased tokens: the script
+//! took them from the global bucket before they were deposited here, each is spent once (under
+//! compare-and-swap), so the fleet's admissions never exceed what the global bucket granted. The
+//! fallback bucket admits only while the backend is failing and the rule's `failure_mode` is
+//! `local`.
 //!
-//! Memory is bounded: entries live in fixed tables of `SLOTS` slots per kind, because shared data
-//! can never be deleted. A deny-cache slot remembers the one bucket key it is for (a clash only
-//! costs a Redis call). Fallback buckets are per slot: keys that clash share one bucket, which can
+//! Memory is bounded: entries live in fixed tables of `SLOTS` slots, because shared data can never
+//! be deleted. A deny-cache slot remembers the one bucket key it is for (a clash only costs a Redis
+//! call). A lease slot does too: a clash drops the other key's unspent tokens (fewer admissions,
+//! never more). Unspent leased tokens also drop when the lease expires (two horizons after the
+//! grant); they are not given back, so under-admission is bounded by one lease per key per proxy per
+//! expiry, and leases are sized to about one horizon of the proxy's own demand. Fallback buckets
+//! are per slot of each rule's own table: keys of one rule that clash share one bucket, which can
 //! only under-admit.
 
 use crate::bucket::{self, Limits, State};
@@ -90,8 +97,294 @@ impl<'a> DenyCache<'a> {
     }
 }
 
+/// One proxy's lease on one bucket: tokens already taken from the global bucket, to spend locally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lease {
+    /// Unspent leased tokens. Every one was granted by the script, so spending it is exact.
+    pub tokens: u64,
+    /// After this the unspent tokens are dropped (bounded stranding; see the module doc).
+    pub expires_ms: u64,
+    /// The global bucket's remaining tokens at the last grant (None-like 0 until known).
+    pub global_remaining: u64,
+    /// When the global bucket would be full, from the last grant.
+    pub reset_at_ms: u64,
+    /// Demand (tokens asked for here) in the current and previous horizon window.
+    pub win_start_ms: u64,
+    pub win_demand: u64,
+    pub prev_demand: u64,
+    /// A lease call for this key is out (from any worker) until then: others wait for it.
+    pub flight_until_ms: u64,
+    /// Whether a grant was ever recorded (so `global_remaining` means something).
+    pub known: bool,
+    /// When the last answer about the global bucket arrived (local clock).
+    pub reply_ms: u64,
+}
+
+const LEASE_FIELDS: usize = 10;
+
+impl Lease {
+    fn encode(&self, key: &str) -> Vec<u8> {
+        let fields = [
+            self.tokens,
+            self.expires_ms,
+            self.global_remaining,
+            self.reset_at_ms,
+            self.win_start_ms,
+            self.win_demand,
+            self.prev_demand,
+            self.flight_until_ms,
+            u64::from(self.known),
+            self.reply_ms,
+        ];
+        let mut out = Vec::with_capacity(LEASE_FIELDS * 8 + key.len());
+        for f in fields {
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        out.extend_from_slice(key.as_bytes());
+        out
+    }
+
+    /// The lease stored for `key`, or None if the slot is empty, garbled or another key's.
+    fn decode(bytes: &[u8], key: &str) -> Option<Lease> {
+        if bytes.get(LEASE_FIELDS * 8..)? != key.as_bytes() {
+            return None;
+        }
+        let f = |i: usize| read_u64(bytes, i * 8);
+        Some(Lease {
+            tokens: f(0)?,
+            expires_ms: f(1)?,
+            global_remaining: f(2)?,
+            reset_at_ms: f(3)?,
+            win_start_ms: f(4)?,
+            win_demand: f(5)?,
+            prev_demand: f(6)?,
+            flight_until_ms: f(7)?,
+            known: f(8)? != 0,
+            reply_ms: f(9)?,
+        })
+    }
+
+    /// Rolls the demand window forward to `now_ms`.
+    fn roll(&mut self, now_ms: u64, horizon_ms: u64) {
+        let age = now_ms.saturating_sub(self.win_start_ms);
+        if age >= horizon_ms.saturating_mul(2) {
+            self.prev_demand = 0;
+            self.win_demand = 0;
+            self.win_start_ms = now_ms;
+        } else if age >= horizon_ms {
+            self.prev_demand = self.win_demand;
+            self.win_demand = 0;
+            self.win_start_ms = now_ms;
+        }
+    }
+}
+
+/// How big a lease to ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSizing {
+    pub burst: u64,
+    pub rate: u64,
+    pub period_ms: u64,
+    pub lease_max: u64,
+    pub horizon_ms: u64,
+}
+
+impl LeaseSizing {
+    /// How long a proxy that found the global bucket short waits before asking again: one
+    /// horizon, but never so long that half the burst could refill meanwhile (tokens that refill
+    /// past a full bucket would be lost to everyone).
+    pub fn backoff_ms(&self) -> u64 {
+        let half_burst_ms = self
+            .burst
+            .saturating_mul(self.period_ms)
+            .checked_div(self.rate.saturating_mul(2))
+            .unwrap_or(0);
+        self.horizon_ms.min(half_burst_ms).max(1)
+    }
+}
+
+/// The per-proxy lease pool of one plugin, shared by the proxy's workers through shared data.
+///
+/// Invariant: `tokens` only grows by `deposit` of what the script granted, and only shrinks by
+/// `take`; a take happens under compare-and-swap, so two workers never spend the same token.
+pub struct LeasePool<'a> {
+    store: &'a dyn SharedStore,
+    ns: &'a str,
+}
+
+/// What a successful local take saw, for the response headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spent {
+    /// An estimate of the tokens left fleet-wide: this proxy's lease plus the global remaining
+    /// at the last grant.
+    pub remaining: u64,
+    pub reset_ms: u64,
+}
+
+impl<'a> LeasePool<'a> {
+    pub fn new(store: &'a dyn SharedStore, ns: &'a str) -> Self {
+        LeasePool { store, ns }
+    }
+
+    fn slot_key(&self, key: &str) -> String {
+        format!("{}|lease|{}", self.ns, slot(key))
+    }
+
+    /// Reads the lease for `key` (a fresh one if the slot is empty or another key's), changes it
+    /// with `f`, and writes it back by compare-and-swap, retrying a bounded number of times.
+    fn update<T>(&self, key: &str, mut f: impl FnMut(&mut Lease) -> T) -> Result<T, StoreError> {
+        let skey = self.slot_key(key);
+        let mut last = StoreError::CasMismatch;
+        for _ in 0..CAS_TRIES {
+            let (value, cas) = self.store.get(&skey)?;
+            let Some(value) = value else {
+                // No insert-if-absent: create the slot unconditionally, then CAS from there.
+                self.store.set(&skey, &Lease::default().encode(key), 0)?;
+                continue;
+            };
+            let mut lease = Lease::decode(&value, key).unwrap_or_default();
+            let out = f(&mut lease);
+            match self.store.set(&skey, &lease.encode(key), cas) {
+                Ok(()) => return Ok(out),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Spends `cost` leased tokens if this proxy holds them. `count_demand` adds `cost` to the
+    /// demand estimate (once per request, not on retries).
+    pub fn take(
+        &self,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+        horizon_ms: u64,
+        count_demand: bool,
+    ) -> Result<Option<Spent>, StoreError> {
+        self.update(key, |l| {
+            l.roll(now_ms, horizon_ms);
+            if count_demand {
+                l.win_demand = l.win_demand.saturating_add(cost);
+            }
+            if now_ms >= l.expires_ms {
+                l.tokens = 0;
+            }
+            if l.tokens < cost {
+                return None;
+            }
+            l.tokens -= cost;
+            Some(Spent {
+                remaining: l.tokens.saturating_add(l.global_remaining),
+                reset_ms: l.reset_at_ms.saturating_sub(now_ms),
+            })
+        })
+    }
+
+    /// How many tokens to ask for: about one horizon of this proxy's demand plus what is waiting,
+    /// at most `lease_max` and `burst`, and at most half of what the global bucket had left at the
+    /// last grant, so the last tokens are spread across proxies instead of stranded in one.
+    pub fn want(&self, key: &str, waiting: u64, now_ms: u64, sizing: &LeaseSizing) -> u64 {
+        let lease = self
+            .store
+            .get(&self.slot_key(key))
+            .ok()
+            .and_then(|(v, _)| v)
+            .and_then(|v| Lease::decode(&v, key))
+            .map(|mut l| {
+                l.roll(now_ms, sizing.horizon_ms);
+                l
+            })
+            .unwrap_or_default();
+        lease_want(&lease, waiting, now_ms, sizing)
+    }
+
+    /// Claims the single lease call for `key` on this proxy until `until_ms`; false if another
+    /// worker's call is still out.
+    pub fn begin_flight(&self, key: &str, now_ms: u64, until_ms: u64) -> Result<bool, StoreError> {
+        self.update(key, |l| {
+            if l.flight_until_ms > now_ms {
+                return false;
+            }
+            l.flight_until_ms = until_ms;
+            true
+        })
+    }
+
+    /// Records a grant: `granted` tokens join the pool (tokens of an expired lease are dropped),
+    /// the lease lasts two horizons from now, and the flight is over.
+    pub fn deposit(
+        &self,
+        key: &str,
+        granted: u64,
+        global_remaining: u64,
+        reset_after_ms: u64,
+        now_ms: u64,
+        horizon_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.update(key, |l| {
+            if now_ms >= l.expires_ms {
+                l.tokens = 0;
+            }
+            l.tokens = l.tokens.saturating_add(granted);
+            l.expires_ms = now_ms.saturating_add(horizon_ms.saturating_mul(2));
+            l.global_remaining = global_remaining;
+            l.reset_at_ms = now_ms.saturating_add(reset_after_ms);
+            l.flight_until_ms = 0;
+            l.known = true;
+            l.reply_ms = now_ms;
+        })
+    }
+
+    /// Ends a flight that brought no tokens (a denial or an error).
+    pub fn end_flight(
+        &self,
+        key: &str,
+        global_remaining: Option<u64>,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.update(key, |l| {
+            l.flight_until_ms = 0;
+            if let Some(r) = global_remaining {
+                l.global_remaining = r;
+                l.known = true;
+                l.reply_ms = now_ms;
+            }
+        })
+    }
+}
+
+/// The pure sizing rule behind `LeasePool::want`: about one horizon of demand plus the waiters,
+/// capped by `lease_max` and `burst`, and by half of what the global bucket should hold now (its
+/// remaining at the last answer plus the refill since), but never below what the waiters need.
+pub fn lease_want(lease: &Lease, waiting: u64, now_ms: u64, sizing: &LeaseSizing) -> u64 {
+    let floor = waiting.min(sizing.burst).max(1);
+    let mut want = lease
+        .win_demand
+        .max(lease.prev_demand)
+        .saturating_add(waiting)
+        .min(sizing.lease_max)
+        .min(sizing.burst)
+        .max(floor);
+    if lease.known {
+        let refill = now_ms
+            .saturating_sub(lease.reply_ms)
+            .saturating_mul(sizing.rate)
+            .checked_div(sizing.period_ms)
+            .unwrap_or(0);
+        let projected = lease
+            .global_remaining
+            .saturating_add(refill)
+            .min(sizing.burst);
+        want = want.min(projected / 2).max(floor);
+    }
+    want
+}
+
 /// Takes `cost` from the per-proxy fallback bucket of `bucket_key` (used only while the backend
-/// fails and `failure_mode` is `local`), with the same math as the global bucket.
+/// fails and `failure_mode` is `local`), with the same math as the global bucket. `ns` must name
+/// the rule too: keys that share a slot share a bucket, which only under-admits when they share
+/// the same limits.
 pub fn fallback_take(
     store: &dyn SharedStore,
     ns: &str,
@@ -268,6 +561,158 @@ mod tests {
         let r = fallback_take(&s, "ns", "k", &LIMITS, 1, 0).unwrap();
         assert!(r.allowed);
         assert_eq!(r.remaining, 2);
+    }
+
+    const SIZING: LeaseSizing = LeaseSizing {
+        burst: 100,
+        rate: 100,
+        period_ms: 1000,
+        lease_max: 40,
+        horizon_ms: 200,
+    };
+
+    #[test]
+    fn lease_tokens_are_spent_once_then_missed() {
+        let s = MemStore::default();
+        let p = LeasePool::new(&s, "ns");
+        assert_eq!(
+            p.take("k", 1, 0, 200, true).unwrap(),
+            None,
+            "nothing leased yet"
+        );
+        assert!(p.begin_flight("k", 0, 50).unwrap());
+        assert!(
+            !p.begin_flight("k", 10, 60).unwrap(),
+            "one flight per proxy"
+        );
+        p.deposit("k", 3, 90, 700, 20, 200).unwrap();
+        assert!(
+            p.begin_flight("k", 21, 70).unwrap(),
+            "deposit ended the flight"
+        );
+        p.end_flight("k", None, 21).unwrap();
+        let spent = p.take("k", 2, 30, 200, true).unwrap().unwrap();
+        assert_eq!(spent.remaining, 1 + 90);
+        assert_eq!(spent.reset_ms, 720 - 30);
+        assert_eq!(p.take("k", 2, 31, 200, true).unwrap(), None, "only 1 left");
+        assert!(p.take("k", 1, 32, 200, true).unwrap().is_some());
+        assert_eq!(p.take("k", 1, 33, 200, true).unwrap(), None);
+        assert_eq!(p.take("other", 1, 33, 200, true).unwrap(), None);
+    }
+
+    #[test]
+    fn leases_expire_after_two_horizons() {
+        let s = MemStore::default();
+        let p = LeasePool::new(&s, "ns");
+        p.deposit("k", 5, 0, 0, 1000, 200).unwrap();
+        assert!(p.take("k", 1, 1399, 200, false).unwrap().is_some());
+        assert_eq!(p.take("k", 1, 1400, 200, false).unwrap(), None);
+        // A new deposit does not revive expired tokens.
+        p.deposit("k", 1, 0, 0, 1500, 200).unwrap();
+        assert!(p.take("k", 1, 1500, 200, false).unwrap().is_some());
+        assert_eq!(p.take("k", 1, 1500, 200, false).unwrap(), None);
+    }
+
+    #[test]
+    fn concurrent_workers_never_spend_more_than_deposited() {
+        // Two "workers" interleave takes with injected CAS conflicts; the total spent equals what
+        // was deposited, never more.
+        let s = MemStore::default();
+        let p = LeasePool::new(&s, "ns");
+        p.deposit("k", 50, 0, 0, 0, 10_000).unwrap();
+        let mut spent = 0;
+        for i in 0..200u64 {
+            if i % 3 == 0 {
+                s.inject_conflicts.set(2);
+            }
+            if let Ok(Some(_)) = p.take("k", 1, i, 10_000, true) {
+                spent += 1;
+            }
+        }
+        assert_eq!(spent, 50);
+    }
+
+    #[test]
+    fn lease_slot_clash_drops_tokens_never_lends_them_to_another_key() {
+        let s = MemStore::default();
+        let p = LeasePool::new(&s, "ns");
+        let a = "a0".to_string();
+        let b = (1..100_000)
+            .map(|i| format!("a{i}"))
+            .find(|k| slot(k) == slot(&a))
+            .unwrap();
+        p.deposit(&a, 10, 0, 0, 0, 200).unwrap();
+        assert_eq!(p.take(&b, 1, 1, 200, true).unwrap(), None);
+        assert_eq!(
+            p.take(&a, 1, 2, 200, true).unwrap(),
+            None,
+            "a's lease was replaced"
+        );
+    }
+
+    #[test]
+    fn lease_size_follows_demand_and_shrinks_near_empty() {
+        let want = |l: &Lease, waiting: u64, now: u64| lease_want(l, waiting, now, &SIZING);
+        let fresh = Lease::default();
+        assert_eq!(want(&fresh, 1, 0), 1, "cold key: just the request");
+        let busy = Lease {
+            win_demand: 25,
+            prev_demand: 30,
+            ..Lease::default()
+        };
+        assert_eq!(want(&busy, 2, 0), 32);
+        let hot = Lease {
+            win_demand: 500,
+            ..Lease::default()
+        };
+        assert_eq!(want(&hot, 1, 0), 40, "capped by lease_max");
+        let low = Lease {
+            win_demand: 500,
+            known: true,
+            global_remaining: 10,
+            reply_ms: 1000,
+            ..Lease::default()
+        };
+        assert_eq!(want(&low, 1, 1000), 5, "half of what is left");
+        assert_eq!(
+            want(&low, 1, 1100),
+            10,
+            "plus half the refill since (10 tokens)"
+        );
+        assert_eq!(want(&low, 1, 9000), 40, "refilled: back to demand");
+        let empty = Lease {
+            global_remaining: 0,
+            ..low
+        };
+        assert_eq!(want(&empty, 3, 1000), 3, "still enough for the waiters");
+    }
+
+    #[test]
+    fn backoff_never_lets_half_the_burst_refill() {
+        assert_eq!(SIZING.backoff_ms(), 200);
+        let small = LeaseSizing {
+            burst: 20,
+            ..SIZING
+        };
+        assert_eq!(small.backoff_ms(), 100);
+        let tiny = LeaseSizing {
+            burst: 1,
+            rate: 1000,
+            ..SIZING
+        };
+        assert_eq!(tiny.backoff_ms(), 1);
+    }
+
+    #[test]
+    fn demand_window_rolls() {
+        let s = MemStore::default();
+        let p = LeasePool::new(&s, "ns");
+        for t in 0..10 {
+            let _ = p.take("k", 1, t, 200, true).unwrap();
+        }
+        assert_eq!(p.want("k", 0, 10, &SIZING), 10);
+        assert_eq!(p.want("k", 0, 250, &SIZING), 10, "previous window counts");
+        assert_eq!(p.want("k", 0, 450, &SIZING), 1, "old demand forgotten");
     }
 
     #[test]

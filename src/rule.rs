@@ -229,6 +229,8 @@ mod tests {
             cost: 1,
             cost_header: None,
             mode: Mode::Exact,
+            lease_max: 10,
+            lease_horizon_ms: 200,
             shadow: false,
             fallback: None,
         }

@@ -1,0 +1,151 @@
+//! Lease mode end to end: real Envoy processes (2 workers each) sharing one Redis through Webdis.
+//! The invariant under test: the fleet never admits more than the global bucket allows, while
+//! most admissions are answered from leased tokens without a Redis call.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Envoy, Stack};
+
+fn lease_config(rate: u64, period_ms: u64, burst: u64) -> String {
+    format!(
+        r#"{{ "backend": {{ "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 2000 }},
+             "rules": [ {{ "name": "per-user", "match": {{ "path_prefix": "/api/" }},
+                           "key": ["header:x-user-id"], "mode": "lease",
+                           "rate": {rate}, "period_ms": {period_ms}, "burst": {burst} }} ] }}"#
+    )
+}
+
+fn script_calls(redis: &common::Redis) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    ["evalsha", "eval"]
+        .iter()
+        .map(|name| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        })
+        .sum()
+}
+
+/// Drives `threads` clients per port at `user` for `secs`; returns (admitted, limited, other).
+fn drive(ports: &[u16], threads: usize, user: &'static str, secs: f64) -> (u64, u64, u64) {
+    let handles: Vec<_> = ports
+        .iter()
+        .flat_map(|&port| (0..threads).map(move |_| port))
+        .map(|port| {
+            std::thread::spawn(move || {
+                let (mut ok, mut limited, mut other) = (0u64, 0u64, 0u64);
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_secs_f64(secs) {
+                    match common::get(port, "/api/x", &[("x-user-id", user)]).status {
+                        200 => ok += 1,
+                        429 => limited += 1,
+                        _ => other += 1,
+                    }
+                }
+                (ok, limited, other)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+}
+
+/// With a slow refill the counts are exact: leasing never admits more than the burst, and the
+/// tokens a lease holds are spent before anyone is denied.
+#[test]
+fn lease_mode_admits_exactly_the_burst() {
+    let stack = Stack::start("lease-burst", &lease_config(1, 60_000, 8));
+    let statuses: Vec<u16> = (0..12)
+        .map(|_| stack.get("/api/x", &[("x-user-id", "alice")]).status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 200, 200, 200, 429, 429, 429, 429],
+        "{}",
+        stack.logs()
+    );
+    let r = stack.get("/api/x", &[("x-user-id", "alice")]);
+    assert!(r.header("retry-after").is_some(), "{r:?}");
+    // Another user has a bucket of their own.
+    assert_eq!(stack.get("/api/x", &[("x-user-id", "bob")]).status, 200);
+}
+
+/// Two proxies, two workers each, one hot key far over its limit: the fleet admits at most
+/// burst + rate × elapsed, and leases answer most admissions without a Redis call.
+#[test]
+fn two_proxies_never_exceed_the_global_bucket() {
+    let (rate, burst) = (200u64, 100u64);
+    let cfg = lease_config(rate, 1000, burst);
+    let stack = Stack::start("lease-fleet", &cfg);
+    let dir2 = common::scratch_dir("lease-fleet-b");
+    let second = Envoy::start(&dir2, &cfg, stack.webdis.port);
+    let calls_before = script_calls(&stack.redis);
+    let start = Instant::now();
+    let (ok, limited, other) = drive(&[stack.port(), second.listen_port], 3, "hot", 2.0);
+    let elapsed = start.elapsed().as_secs_f64();
+    let calls = script_calls(&stack.redis) - calls_before;
+    let ideal = burst as f64 + rate as f64 * elapsed;
+    eprintln!(
+        "fleet: admitted {ok}, limited {limited}, ideal {ideal:.1}, script calls {calls}, {elapsed:.3} s"
+    );
+    assert_eq!(
+        other,
+        0,
+        "no errors\n{}\n{}",
+        stack.logs(),
+        second.log_text()
+    );
+    assert!(limited > 0, "the load must exceed the limit");
+    assert!(ok >= burst, "at least the burst is admitted ({ok})");
+    assert!(
+        ok as f64 <= ideal,
+        "admitted {ok} > burst + rate × elapsed = {ideal:.1}"
+    );
+    assert!(
+        calls * 2 <= ok,
+        "leases must answer most admissions locally: {calls} calls for {ok} admitted"
+    );
+}
+
+/// Many keys at once through two proxies: each key has its own bucket and its own bound.
+#[test]
+fn keys_are_independent_under_lease() {
+    let (rate, burst) = (10u64, 5u64);
+    let cfg = lease_config(rate, 1000, burst);
+    let stack = Stack::start("lease-keys", &cfg);
+    let dir2 = common::scratch_dir("lease-keys-b");
+    let second = Envoy::start(&dir2, &cfg, stack.webdis.port);
+    let users: [&'static str; 4] = ["u1", "u2", "u3", "u4"];
+    let start = Instant::now();
+    let handles: Vec<_> = users
+        .iter()
+        .map(|&u| {
+            let ports = [stack.port(), second.listen_port];
+            std::thread::spawn(move || drive(&ports, 1, u, 1.5))
+        })
+        .collect();
+    let results: Vec<(u64, u64, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ideal = burst as f64 + rate as f64 * start.elapsed().as_secs_f64();
+    for (u, (ok, limited, other)) in users.iter().zip(&results) {
+        eprintln!("{u}: admitted {ok}, limited {limited}, ideal {ideal:.1}");
+        assert_eq!(*other, 0);
+        assert!(*limited > 0, "{u} was over its limit");
+        assert!(*ok >= burst, "{u} got at least its burst ({ok})");
+        assert!(*ok as f64 <= ideal, "{u}: admitted {ok} > {ideal:.1}");
+    }
+}
