@@ -882,6 +882,125 @@ mod tests {
         ));
     }
 
+    const LEASE_RULE: &str = r#"{"name":"hot","key":["header:x-user"],"mode":"lease",
+        "rate":100,"burst":50,"lease_max":20}"#;
+
+    fn lease_pending(p: &Plugin, s: &MemStore, user: &str, now_ms: u64) -> Pending {
+        let (pending, c) = calls(start(p, s, &req("/", &[("x-user", user)]), now_ms * 1000));
+        assert!(c.is_empty(), "lease checks do not call from the request");
+        assert_eq!(pending.waiting_leases(), vec![0]);
+        pending
+    }
+
+    fn grant(granted: u64, remaining: u64) -> Result<ScriptReply, BackendError> {
+        Ok(ScriptReply {
+            allowed: true,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms: 300,
+            granted,
+        })
+    }
+
+    #[test]
+    fn lease_flow_single_flight_then_local_admissions() {
+        let p = plugin("", LEASE_RULE);
+        let s = MemStore::default();
+        let mut w1 = lease_pending(&p, &s, "a", 1000);
+        let mut w2 = lease_pending(&p, &s, "a", 1000);
+        let key = w1.checks[0].call.key.clone();
+        let (mut flight, call) = lease_flight(&p, &s, 0, &key, 1, 2, 1000).unwrap();
+        assert!(
+            lease_flight(&p, &s, 0, &key, 1, 2, 1001).is_none(),
+            "one lease call per key per proxy"
+        );
+        let body = String::from_utf8(call.body).unwrap();
+        assert!(
+            body.ends_with(&format!("/1/{}", flight.call.lease_want)),
+            "{body}"
+        );
+        assert!(flight.call.lease_want >= 2, "enough for both waiters");
+        assert!(matches!(
+            lease_reply(&p, &s, &mut flight, grant(5, 40), 1002),
+            LeaseResult::Recorded
+        ));
+        for w in [&mut w1, &mut w2] {
+            match serve_waiter(&p, &s, w, 0, 1003) {
+                Some(Next::Done(Verdict::Allow { headers })) => {
+                    assert!(header(&headers, "ratelimit").is_some())
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Three leased tokens left: the next three requests pass with no call at all.
+        for _ in 0..3 {
+            match start(&p, &s, &req("/", &[("x-user", "a")]), 1_004_000) {
+                Step::Done(Verdict::Allow { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        lease_pending(&p, &s, "a", 1005);
+        lease_pending(&p, &s, "b", 1005);
+    }
+
+    #[test]
+    fn lease_denial_and_short_grant_back_off_waiters() {
+        let p = plugin("", LEASE_RULE);
+        let s = MemStore::default();
+        let mut w = lease_pending(&p, &s, "a", 1000);
+        let key = w.checks[0].call.key.clone();
+        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1000).unwrap();
+        lease_reply(&p, &s, &mut flight, denied(10), 1001);
+        match serve_waiter(&p, &s, &mut w, 0, 1002) {
+            Some(Next::Done(Verdict::Respond { status: 429, .. })) => {}
+            other => panic!("{other:?}"),
+        }
+        // Backoff: min(horizon 200, half the burst refills in 250 ms) = 200 ms, not 10 ms.
+        match start(&p, &s, &req("/", &[("x-user", "a")]), 1_150_000) {
+            Step::Done(Verdict::Respond { status: 429, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        let mut w = lease_pending(&p, &s, "a", 1201);
+        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1201).unwrap();
+        let asked = flight.call.lease_want;
+        assert!(asked > 1, "demand built up: {asked}");
+        lease_reply(&p, &s, &mut flight, grant(1, 0), 1202);
+        assert!(matches!(
+            serve_waiter(&p, &s, &mut w, 0, 1203),
+            Some(Next::Done(Verdict::Allow { .. }))
+        ));
+        match start(&p, &s, &req("/", &[("x-user", "a")]), 1_300_000) {
+            Step::Done(Verdict::Respond { status: 429, .. }) => {}
+            other => panic!("short grant backs off: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lease_failure_follows_failure_mode_and_frees_the_flight() {
+        let p = plugin(r#""failure_mode":"closed","#, LEASE_RULE);
+        let s = MemStore::default();
+        let mut w = lease_pending(&p, &s, "a", 1000);
+        let key = w.checks[0].call.key.clone();
+        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1000).unwrap();
+        match lease_reply(&p, &s, &mut flight, Err(BackendError::NoScript), 1001) {
+            LeaseResult::Resend(r) => assert!(r.body.starts_with(b"EVAL/")),
+            other => panic!("{other:?}"),
+        }
+        let err = match lease_reply(&p, &s, &mut flight, Err(BackendError::Reset), 1002) {
+            LeaseResult::Failed(e) => e,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(serve_waiter(&p, &s, &mut w, 0, 1003).map(|_| ()), None);
+        match on_reply(&p, &s, &mut w, 0, Err(err), 1_003_000) {
+            Next::Done(Verdict::Respond { status: 503, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            lease_flight(&p, &s, 0, &key, 1, 1, 1004).is_some(),
+            "flight freed"
+        );
+    }
+
     #[test]
     fn parse_cost_accepts_only_positive_integers() {
         assert_eq!(parse_cost(b"1"), Some(1));
