@@ -11,10 +11,10 @@ use crate::backend::{script, BackendError, HttpRequest, ScriptCall, ScriptReply}
 use crate::config::{Config, FailureMode, Mode, Rule};
 use crate::headers::{self, Report};
 use crate::local::{self, DenyCache, LeasePool, LeaseSizing, SharedStore};
+use crate::metrics::{Counter, Metrics, NoMetrics};
 use crate::rule::{self, RequestView};
 
 /// The configuration plus what is derived from it once per configure.
-#[derive(Debug, Clone)]
 pub struct Plugin {
     pub config: Config,
     /// SHA-1 of the embedded script, for EVALSHA.
@@ -23,10 +23,15 @@ pub struct Plugin {
     pub auth: Option<String>,
     /// Prefix of this plugin's shared-data keys (Istio gives all plugins one namespace).
     pub ns: String,
+    pub metrics: Box<dyn Metrics>,
 }
 
 impl Plugin {
     pub fn new(config: Config) -> Plugin {
+        Self::with_metrics(config, Box::new(NoMetrics))
+    }
+
+    pub fn with_metrics(config: Config, metrics: Box<dyn Metrics>) -> Plugin {
         let auth = config
             .backend
             .basic_auth
@@ -38,6 +43,35 @@ impl Plugin {
             sha: script::sha1_hex(),
             auth,
             ns,
+            metrics,
+        }
+    }
+
+    /// Counts one check's outcome (see `metrics` for what each counter means).
+    fn count(&self, rule_idx: usize, (outcome, source): (Outcome, Source)) {
+        let shadow = self.config.rules.get(rule_idx).is_some_and(|r| r.shadow);
+        let denied = if shadow {
+            Counter::ShadowDenied
+        } else {
+            Counter::Denied
+        };
+        let m = &self.metrics;
+        match outcome {
+            Outcome::Allowed { .. } | Outcome::FailOpen => {
+                m.count(rule_idx, Counter::Allowed, 1);
+                if source == Source::Local {
+                    m.count(rule_idx, Counter::LocalAllowed, 1);
+                }
+                if source == Source::Failure {
+                    m.count(rule_idx, Counter::FailureModeAllowed, 1);
+                }
+            }
+            Outcome::Denied { .. } | Outcome::FailClosed => {
+                m.count(rule_idx, denied, 1);
+                if source == Source::Local {
+                    m.count(rule_idx, Counter::LocalDenied, 1);
+                }
+            }
         }
     }
 
@@ -196,7 +230,10 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
             LeasePool::new(store, &plugin.ns)
                 .take(&key, cost, now_ms, rule.lease_horizon_ms, true)
                 .ok()
-                .flatten()
+                .and_then(|t| {
+                    plugin.metrics.count(idx, Counter::LeaseDropped, t.dropped);
+                    t.spent
+                })
         } else {
             None
         };
@@ -226,6 +263,9 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
             eval_sent: false,
             lease,
         });
+        if let Some(o) = outcome {
+            plugin.count(idx, o);
+        }
     }
     let pending = Pending {
         checks,
@@ -290,12 +330,12 @@ pub fn on_reply(
             Source::Failure,
         ),
     };
-    set_outcome(&plugin.config, pending, idx, outcome)
+    set_outcome(plugin, pending, idx, outcome)
 }
 
 /// Records check `idx`'s outcome; the verdict once every check has one.
 fn set_outcome(
-    cfg: &Config,
+    plugin: &Plugin,
     pending: &mut Pending,
     idx: usize,
     outcome: (Outcome, Source),
@@ -305,9 +345,10 @@ fn set_outcome(
             return Next::Wait;
         }
         check.outcome = Some(outcome);
+        plugin.count(check.rule, outcome);
     }
     if pending.checks.iter().all(|c| c.outcome.is_some()) {
-        Next::Done(verdict(cfg, &pending.checks))
+        Next::Done(verdict(&plugin.config, &pending.checks))
     } else {
         Next::Wait
     }
@@ -408,7 +449,10 @@ pub fn lease_reply(
             LeaseResult::Resend(plugin.request(&flight.call, Invoke::Source(script::SOURCE)))
         }
         Ok(r) if r.allowed => {
-            let _ = pool.deposit(
+            plugin
+                .metrics
+                .count(flight.rule, Counter::LeaseGranted, r.granted);
+            let dropped = pool.deposit(
                 key,
                 r.granted,
                 r.remaining,
@@ -416,6 +460,9 @@ pub fn lease_reply(
                 now_ms,
                 rule.lease_horizon_ms,
             );
+            plugin
+                .metrics
+                .count(flight.rule, Counter::LeaseDropped, dropped.unwrap_or(0));
             if r.granted < flight.call.lease_want {
                 // The bucket held less than asked for: the key is saturated. Spend the grant,
                 // then back off instead of asking for each token as it refills (the tokens stay
@@ -458,7 +505,13 @@ pub fn serve_waiter(
         .map_or(0, |r| r.lease_horizon_ms);
     let key = &check.call.key;
     let cost = check.call.cost;
-    let outcome = match LeasePool::new(store, &plugin.ns).take(key, cost, now_ms, horizon, false) {
+    let taken = LeasePool::new(store, &plugin.ns).take(key, cost, now_ms, horizon, false);
+    if let Ok(t) = &taken {
+        plugin
+            .metrics
+            .count(check.rule, Counter::LeaseDropped, t.dropped);
+    }
+    let outcome = match taken.map(|t| t.spent) {
         Ok(Some(s)) => Outcome::Allowed {
             remaining: s.remaining,
             reset_ms: s.reset_ms,
@@ -468,7 +521,7 @@ pub fn serve_waiter(
         },
     };
     Some(set_outcome(
-        &plugin.config,
+        plugin,
         pending,
         idx,
         (outcome, Source::Backend),

@@ -21,7 +21,8 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 use crate::backend::{webdis, BackendError, HttpRequest, ScriptReply};
 use crate::config::Config;
 use crate::decision::{self, LeaseFlight, LeaseResult, Next, Pending, Plugin, Step, Verdict};
-use crate::host::{self, HostRequest, HostStore};
+use crate::host::{self, HostMetrics, HostRequest, HostStore};
+use crate::metrics::Counter;
 
 /// How often the root context looks at its waiters while there are any.
 const TICK: Duration = Duration::from_millis(1);
@@ -54,13 +55,15 @@ struct Waiter {
     since_ms: u64,
 }
 
-/// Per-worker lease state, shared by the root context and the worker's HTTP contexts.
+/// Per-worker state, shared by the root context and the worker's HTTP contexts.
 struct Worker {
     root_id: u32,
     waiters: Vec<Waiter>,
-    /// This worker's lease calls out: token -> flight.
-    flights: HashMap<u32, LeaseFlight>,
+    /// This worker's lease calls out: token -> (flight, sent at µs).
+    flights: HashMap<u32, (LeaseFlight, u64)>,
     ticking: bool,
+    /// Whether the last backend call of this worker failed (logged only when this changes).
+    failing: bool,
 }
 
 impl Worker {
@@ -70,8 +73,72 @@ impl Worker {
             waiters: Vec::new(),
             flights: HashMap::new(),
             ticking: false,
+            failing: false,
         }
     }
+
+    /// Logs a backend failure or recovery once per change of state, not once per request.
+    fn note(&mut self, plugin: &Plugin, result: Result<(), &BackendError>) {
+        match result {
+            Err(e) if !self.failing => {
+                self.failing = true;
+                log::warn!(
+                    "tollgate: backend failing ({e}); failure_mode {:?} applies until it answers",
+                    plugin.config.failure_mode
+                );
+            }
+            Ok(()) if self.failing => {
+                self.failing = false;
+                log::info!("tollgate: backend answering again");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Sends one script call and counts it (or the failure to send it).
+fn dispatch(
+    plugin: &Plugin,
+    worker: &RefCell<Worker>,
+    rule: usize,
+    req: &HttpRequest,
+) -> Result<u32, BackendError> {
+    let backend = &plugin.config.backend;
+    let sent = host::dispatch(&backend.cluster, req, backend.timeout_ms);
+    match &sent {
+        Ok(_) => plugin.metrics.count(rule, Counter::BackendCalls, 1),
+        Err(e) => {
+            plugin.metrics.count(rule, Counter::BackendErrors, 1);
+            worker.borrow_mut().note(plugin, Err(e));
+        }
+    }
+    sent
+}
+
+/// Reads and decodes the answer being delivered, and records its latency and outcome. A
+/// NOSCRIPT that will be answered by sending EVAL is not counted as an error.
+fn receive(
+    plugin: &Plugin,
+    worker: &RefCell<Worker>,
+    rule: usize,
+    sent_us: u64,
+    num_headers: usize,
+    body_size: usize,
+    will_resend: bool,
+) -> Result<ScriptReply, BackendError> {
+    let (status, body) = host::call_response(num_headers, body_size);
+    let reply = webdis::decode_reply(status, &body);
+    let ms = host::now_us().saturating_sub(sent_us) / 1000;
+    plugin.metrics.latency(rule, ms);
+    match &reply {
+        Err(BackendError::NoScript) if will_resend => {}
+        Err(e) => {
+            plugin.metrics.count(rule, Counter::BackendErrors, 1);
+            worker.borrow_mut().note(plugin, Err(e));
+        }
+        Ok(_) => worker.borrow_mut().note(plugin, Ok(())),
+    }
+    reply
 }
 
 struct Root {
@@ -90,27 +157,25 @@ impl Context for Root {
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
-        let Some(mut flight) = self.worker.borrow_mut().flights.remove(&token) else {
+        let Some((mut flight, sent_us)) = self.worker.borrow_mut().flights.remove(&token) else {
             return;
         };
-        let (status, body) = host::call_response(num_headers, body_size);
-        let reply = webdis::decode_reply(status, &body);
-        log_backend_error(&reply);
+        let reply = receive(
+            &plugin,
+            &self.worker,
+            flight.rule,
+            sent_us,
+            num_headers,
+            body_size,
+            !flight.eval_sent,
+        );
         let now = host::now_us();
         match decision::lease_reply(&plugin, &HostStore, &mut flight, reply, now / 1000) {
-            LeaseResult::Resend(req) => match host::dispatch(
-                &plugin.config.backend.cluster,
-                &req,
-                plugin.config.backend.timeout_ms,
-            ) {
-                Ok(token) => {
-                    self.worker.borrow_mut().flights.insert(token, flight);
-                }
-                Err(e) => {
-                    log::warn!("tollgate: {e}");
+            LeaseResult::Resend(req) => {
+                if let Err(e) = self.send_flight(&plugin, flight.clone(), &req, now) {
                     self.fail_waiters(&plugin, &flight.call.key, &e, now);
                 }
-            },
+            }
             LeaseResult::Recorded => {}
             LeaseResult::Failed(e) => self.fail_waiters(&plugin, &flight.call.key, &e, now),
         }
@@ -119,6 +184,22 @@ impl Context for Root {
 }
 
 impl Root {
+    /// Sends a lease call; its answer comes back to this root context.
+    fn send_flight(
+        &mut self,
+        plugin: &Plugin,
+        flight: LeaseFlight,
+        req: &HttpRequest,
+        now_us: u64,
+    ) -> Result<(), BackendError> {
+        let token = dispatch(plugin, &self.worker, flight.rule, req)?;
+        self.worker
+            .borrow_mut()
+            .flights
+            .insert(token, (flight, now_us));
+        Ok(())
+    }
+
     /// Settles the waiters that the pool or the deny cache can answer, gives the failure mode to
     /// those that waited too long, and starts lease calls for keys still waiting.
     fn serve(&mut self, plugin: &Plugin, now_us: u64) {
@@ -169,7 +250,7 @@ impl Root {
                 .borrow()
                 .flights
                 .values()
-                .any(|f| f.call.key == key);
+                .any(|(f, _)| f.call.key == key);
             if out {
                 continue;
             }
@@ -178,33 +259,25 @@ impl Root {
             else {
                 continue;
             };
-            match host::dispatch(
-                &plugin.config.backend.cluster,
-                &req,
-                plugin.config.backend.timeout_ms,
-            ) {
-                Ok(token) => {
-                    self.worker.borrow_mut().flights.insert(token, flight);
-                }
-                Err(e) => {
-                    log::warn!("tollgate: {e}");
-                    let mut f = flight;
-                    let _ =
-                        decision::lease_reply(plugin, &HostStore, &mut f, Err(e.clone()), now_ms);
-                    failed.push((key, e));
-                }
+            let mut copy = flight.clone();
+            if let Err(e) = self.send_flight(plugin, flight, &req, now_us) {
+                let _ =
+                    decision::lease_reply(plugin, &HostStore, &mut copy, Err(e.clone()), now_ms);
+                failed.push((key, e));
             }
         }
-        {
-            let mut worker = self.worker.borrow_mut();
-            let mut again = std::mem::take(&mut worker.waiters);
-            worker.waiters = still;
-            worker.waiters.append(&mut again);
-        }
+        self.requeue(still);
         for (key, e) in failed {
             self.fail_waiters(plugin, &key, &e, now_us);
         }
         self.set_ticking();
+    }
+
+    /// Puts `still` back in the queue, ahead of anything queued meanwhile.
+    fn requeue(&self, mut still: Vec<Waiter>) {
+        let mut worker = self.worker.borrow_mut();
+        still.append(&mut worker.waiters);
+        worker.waiters = still;
     }
 
     /// Gives every waiter on `key` the failure mode for `err`.
@@ -223,10 +296,7 @@ impl Root {
                 self.finish(w.ctx, &w.state, v);
             }
         }
-        let mut worker = self.worker.borrow_mut();
-        let mut again = std::mem::take(&mut worker.waiters);
-        worker.waiters = still;
-        worker.waiters.append(&mut again);
+        self.requeue(still);
     }
 
     /// Applies a waiter's verdict in its own context, then returns to the root context.
@@ -259,7 +329,8 @@ impl RootContext for Root {
         match Config::try_from(host::plugin_configuration().as_slice()) {
             Ok(config) => {
                 log::info!("tollgate: configured: {}", config.summary());
-                self.plugin = Some(Rc::new(Plugin::new(config)));
+                let metrics = HostMetrics::define(&config);
+                self.plugin = Some(Rc::new(Plugin::with_metrics(config, Box::new(metrics))));
                 true
             }
             Err(e) => {
@@ -294,6 +365,7 @@ impl RootContext for Root {
 /// Applies a verdict to the current context: keeps headers for the response, or answers now.
 /// Returns whether the request goes on.
 fn apply(state: &Rc<RefCell<ReqState>>, verdict: Verdict) -> bool {
+    log::debug!("tollgate: {}", describe(&verdict));
     let mut st = state.borrow_mut();
     st.pending = None;
     match verdict {
@@ -313,47 +385,53 @@ fn apply(state: &Rc<RefCell<ReqState>>, verdict: Verdict) -> bool {
     }
 }
 
-fn log_backend_error(reply: &Result<ScriptReply, BackendError>) {
-    if let Err(e) = reply {
-        if *e != BackendError::NoScript {
-            log::warn!("tollgate: {e}");
-        }
-    }
-}
-
 struct Request {
     id: u32,
     /// None only if configure never succeeded (Envoy then refuses the filter anyway).
     plugin: Option<Rc<Plugin>>,
     worker: Rc<RefCell<Worker>>,
     state: Rc<RefCell<ReqState>>,
-    /// Outstanding exact-mode callouts: (token, check index).
-    calls: Vec<(u32, usize)>,
+    /// Outstanding exact-mode callouts.
+    calls: Vec<Call>,
+}
+
+/// An exact-mode callout of one request.
+struct Call {
+    token: u32,
+    /// The check's index in the pending request, and its rule.
+    idx: usize,
+    rule: usize,
+    sent_us: u64,
+    eval_sent: bool,
 }
 
 impl Request {
     /// Sends `req` for check `idx`; a dispatch failure is fed back as that check's answer.
     /// Returns the verdict if that completed the request.
     fn send(&mut self, plugin: &Plugin, idx: usize, req: HttpRequest) -> Option<Verdict> {
-        let mut req = req;
-        loop {
-            let err = match host::dispatch(
-                &plugin.config.backend.cluster,
-                &req,
-                plugin.config.backend.timeout_ms,
-            ) {
-                Ok(token) => {
-                    self.calls.push((token, idx));
-                    return None;
-                }
-                Err(e) => e,
-            };
-            log::warn!("tollgate: {err}");
-            match self.answer(plugin, idx, Err(err)) {
-                Next::Wait => return None,
-                Next::Done(v) => return Some(v),
-                Next::Resend(r) => req = r,
+        let (rule, eval_sent) = self
+            .state
+            .borrow()
+            .pending
+            .as_ref()
+            .and_then(|p| p.checks.get(idx))
+            .map_or((0, false), |c| (c.rule, c.eval_sent));
+        let err = match dispatch(plugin, &self.worker, rule, &req) {
+            Ok(token) => {
+                self.calls.push(Call {
+                    token,
+                    idx,
+                    rule,
+                    sent_us: host::now_us(),
+                    eval_sent,
+                });
+                return None;
             }
+            Err(e) => e,
+        };
+        match self.answer(plugin, idx, Err(err)) {
+            Next::Wait | Next::Resend(_) => None,
+            Next::Done(v) => Some(v),
         }
     }
 
@@ -416,17 +494,23 @@ impl Context for Request {
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
-        let Some(pos) = self.calls.iter().position(|(t, _)| *t == token) else {
+        let Some(pos) = self.calls.iter().position(|c| c.token == token) else {
             return;
         };
-        let (_, idx) = self.calls.swap_remove(pos);
-        let (status, body) = host::call_response(num_headers, body_size);
-        let reply = webdis::decode_reply(status, &body);
-        log_backend_error(&reply);
-        let verdict = match self.answer(&plugin, idx, reply) {
+        let call = self.calls.swap_remove(pos);
+        let reply = receive(
+            &plugin,
+            &self.worker,
+            call.rule,
+            call.sent_us,
+            num_headers,
+            body_size,
+            !call.eval_sent,
+        );
+        let verdict = match self.answer(&plugin, call.idx, reply) {
             Next::Wait => None,
             Next::Done(v) => Some(v),
-            Next::Resend(req) => self.send(&plugin, idx, req),
+            Next::Resend(req) => self.send(&plugin, call.idx, req),
         };
         if let Some(v) = verdict {
             if apply(&self.state, v) {
@@ -465,4 +549,17 @@ impl HttpContext for Request {
         }
         Action::Continue
     }
+}
+
+/// A verdict for a debug log line: status and rate-limit headers (rule names and numbers only,
+/// never request values).
+fn describe(v: &Verdict) -> String {
+    let (what, headers) = match v {
+        Verdict::Allow { headers } => ("allow".to_string(), headers),
+        Verdict::Respond {
+            status, headers, ..
+        } => (format!("answer {status}"), headers),
+    };
+    let hs: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    format!("{what} [{}]", hs.join("; "))
 }

@@ -7,10 +7,12 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType, Status};
+use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
 use crate::backend::{BackendError, HttpRequest};
+use crate::config::Config;
 use crate::local::{SharedStore, StoreError};
+use crate::metrics::{self, Counter, Metrics};
 use crate::rule::RequestView;
 
 /// Proxy-wide shared data (one store per VM id, shared by the proxy's workers).
@@ -139,6 +141,69 @@ pub fn add_response_headers(headers: &[(String, String)]) {
     for (k, v) in headers {
         if let Err(s) = hostcalls::add_map_value(MapType::HttpResponseHeaders, k, v) {
             log::warn!("tollgate: adding response header {k} failed: {s:?}");
+        }
+    }
+}
+
+/// Envoy stats for every rule's counters and latency histogram, defined once per worker at
+/// configure time (workers defining the same name share one stat).
+pub struct HostMetrics {
+    /// Per rule, one id per `Counter::ALL` entry (None if the host refused the name).
+    counters: Vec<Vec<Option<u32>>>,
+    latency: Vec<Option<u32>>,
+}
+
+impl HostMetrics {
+    pub fn define(config: &Config) -> HostMetrics {
+        let define = |kind: MetricType, name: String| match hostcalls::define_metric(kind, &name) {
+            Ok(id) => Some(id),
+            Err(s) => {
+                log::error!("tollgate: cannot define metric {name}: {s:?}");
+                None
+            }
+        };
+        HostMetrics {
+            counters: config
+                .rules
+                .iter()
+                .map(|r| {
+                    Counter::ALL
+                        .iter()
+                        .map(|c| define(MetricType::Counter, metrics::name(&r.name, c.suffix())))
+                        .collect()
+                })
+                .collect(),
+            latency: config
+                .rules
+                .iter()
+                .map(|r| {
+                    define(
+                        MetricType::Histogram,
+                        metrics::name(&r.name, metrics::LATENCY_SUFFIX),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Metrics for HostMetrics {
+    fn count(&self, rule: usize, counter: Counter, n: u64) {
+        let Some(pos) = Counter::ALL.iter().position(|c| *c == counter) else {
+            return;
+        };
+        let id = self
+            .counters
+            .get(rule)
+            .and_then(|ids| ids.get(pos).copied().flatten());
+        if let (Some(id), Ok(n @ 1..)) = (id, i64::try_from(n)) {
+            let _ = hostcalls::increment_metric(id, n);
+        }
+    }
+
+    fn latency(&self, rule: usize, ms: u64) {
+        if let Some(id) = self.latency.get(rule).copied().flatten() {
+            let _ = hostcalls::record_metric(id, ms);
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod decision;
 pub mod headers;
 pub mod local;
+pub mod metrics;
 pub mod rule;
 
 #[cfg(target_arch = "wasm32")]

@@ -164,6 +164,14 @@ impl Lease {
         })
     }
 
+    /// Drops the tokens of an expired lease; returns how many.
+    fn expire(&mut self, now_ms: u64) -> u64 {
+        if now_ms < self.expires_ms {
+            return 0;
+        }
+        std::mem::take(&mut self.tokens)
+    }
+
     /// Rolls the demand window forward to `now_ms`.
     fn roll(&mut self, now_ms: u64, horizon_ms: u64) {
         let age = now_ms.saturating_sub(self.win_start_ms);
@@ -210,6 +218,15 @@ impl LeaseSizing {
 pub struct LeasePool<'a> {
     store: &'a dyn SharedStore,
     ns: &'a str,
+}
+
+/// What `LeasePool::take` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Take {
+    /// Set when the cost was spent from the lease.
+    pub spent: Option<Spent>,
+    /// Tokens of an expired lease dropped on the way.
+    pub dropped: u64,
 }
 
 /// What a successful local take saw, for the response headers.
@@ -261,23 +278,27 @@ impl<'a> LeasePool<'a> {
         now_ms: u64,
         horizon_ms: u64,
         count_demand: bool,
-    ) -> Result<Option<Spent>, StoreError> {
+    ) -> Result<Take, StoreError> {
         self.update(key, |l| {
             l.roll(now_ms, horizon_ms);
             if count_demand {
                 l.win_demand = l.win_demand.saturating_add(cost);
             }
-            if now_ms >= l.expires_ms {
-                l.tokens = 0;
-            }
+            let dropped = l.expire(now_ms);
             if l.tokens < cost {
-                return None;
+                return Take {
+                    spent: None,
+                    dropped,
+                };
             }
             l.tokens -= cost;
-            Some(Spent {
-                remaining: l.tokens.saturating_add(l.global_remaining),
-                reset_ms: l.reset_at_ms.saturating_sub(now_ms),
-            })
+            Take {
+                spent: Some(Spent {
+                    remaining: l.tokens.saturating_add(l.global_remaining),
+                    reset_ms: l.reset_at_ms.saturating_sub(now_ms),
+                }),
+                dropped,
+            }
         })
     }
 
@@ -321,11 +342,9 @@ impl<'a> LeasePool<'a> {
         reset_after_ms: u64,
         now_ms: u64,
         horizon_ms: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         self.update(key, |l| {
-            if now_ms >= l.expires_ms {
-                l.tokens = 0;
-            }
+            let dropped = l.expire(now_ms);
             l.tokens = l.tokens.saturating_add(granted);
             l.expires_ms = now_ms.saturating_add(horizon_ms.saturating_mul(2));
             l.global_remaining = global_remaining;
@@ -333,6 +352,7 @@ impl<'a> LeasePool<'a> {
             l.flight_until_ms = 0;
             l.known = true;
             l.reply_ms = now_ms;
+            dropped
         })
     }
 
@@ -576,7 +596,7 @@ mod tests {
         let s = MemStore::default();
         let p = LeasePool::new(&s, "ns");
         assert_eq!(
-            p.take("k", 1, 0, 200, true).unwrap(),
+            p.take("k", 1, 0, 200, true).unwrap().spent,
             None,
             "nothing leased yet"
         );
@@ -591,13 +611,17 @@ mod tests {
             "deposit ended the flight"
         );
         p.end_flight("k", None, 21).unwrap();
-        let spent = p.take("k", 2, 30, 200, true).unwrap().unwrap();
+        let spent = p.take("k", 2, 30, 200, true).unwrap().spent.unwrap();
         assert_eq!(spent.remaining, 1 + 90);
         assert_eq!(spent.reset_ms, 720 - 30);
-        assert_eq!(p.take("k", 2, 31, 200, true).unwrap(), None, "only 1 left");
-        assert!(p.take("k", 1, 32, 200, true).unwrap().is_some());
-        assert_eq!(p.take("k", 1, 33, 200, true).unwrap(), None);
-        assert_eq!(p.take("other", 1, 33, 200, true).unwrap(), None);
+        assert_eq!(
+            p.take("k", 2, 31, 200, true).unwrap().spent,
+            None,
+            "only 1 left"
+        );
+        assert!(p.take("k", 1, 32, 200, true).unwrap().spent.is_some());
+        assert_eq!(p.take("k", 1, 33, 200, true).unwrap().spent, None);
+        assert_eq!(p.take("other", 1, 33, 200, true).unwrap().spent, None);
     }
 
     #[test]
@@ -605,12 +629,20 @@ mod tests {
         let s = MemStore::default();
         let p = LeasePool::new(&s, "ns");
         p.deposit("k", 5, 0, 0, 1000, 200).unwrap();
-        assert!(p.take("k", 1, 1399, 200, false).unwrap().is_some());
-        assert_eq!(p.take("k", 1, 1400, 200, false).unwrap(), None);
+        assert!(p.take("k", 1, 1399, 200, false).unwrap().spent.is_some());
+        let t = p.take("k", 1, 1400, 200, false).unwrap();
+        assert_eq!(
+            t,
+            Take {
+                spent: None,
+                dropped: 4
+            },
+            "4 unspent tokens expired"
+        );
         // A new deposit does not revive expired tokens.
         p.deposit("k", 1, 0, 0, 1500, 200).unwrap();
-        assert!(p.take("k", 1, 1500, 200, false).unwrap().is_some());
-        assert_eq!(p.take("k", 1, 1500, 200, false).unwrap(), None);
+        assert!(p.take("k", 1, 1500, 200, false).unwrap().spent.is_some());
+        assert_eq!(p.take("k", 1, 1500, 200, false).unwrap().spent, None);
     }
 
     #[test]
@@ -625,7 +657,7 @@ mod tests {
             if i % 3 == 0 {
                 s.inject_conflicts.set(2);
             }
-            if let Ok(Some(_)) = p.take("k", 1, i, 10_000, true) {
+            if let Ok(Take { spent: Some(_), .. }) = p.take("k", 1, i, 10_000, true) {
                 spent += 1;
             }
         }
@@ -642,9 +674,9 @@ mod tests {
             .find(|k| slot(k) == slot(&a))
             .unwrap();
         p.deposit(&a, 10, 0, 0, 0, 200).unwrap();
-        assert_eq!(p.take(&b, 1, 1, 200, true).unwrap(), None);
+        assert_eq!(p.take(&b, 1, 1, 200, true).unwrap().spent, None);
         assert_eq!(
-            p.take(&a, 1, 2, 200, true).unwrap(),
+            p.take(&a, 1, 2, 200, true).unwrap().spent,
             None,
             "a's lease was replaced"
         );
@@ -708,7 +740,7 @@ mod tests {
         let s = MemStore::default();
         let p = LeasePool::new(&s, "ns");
         for t in 0..10 {
-            let _ = p.take("k", 1, t, 200, true).unwrap();
+            let _ = p.take("k", 1, t, 200, true).unwrap().spent;
         }
         assert_eq!(p.want("k", 0, 10, &SIZING), 10);
         assert_eq!(p.want("k", 0, 250, &SIZING), 10, "previous window counts");
