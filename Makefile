@@ -6,6 +6,7 @@
 #   make test    setup, build, lint, then every unit, integration and e2e test
 #   make e2e     setup, build, then only the end-to-end tests (real Envoy)
 #   make demo    setup, build, then run the demo: three users against one Envoy with a global limit
+#   make bench   setup, build, then the benchmark (examples/bench.rs); flags via BENCH_ARGS='--rounds 3'
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
@@ -20,7 +21,7 @@ APT_PACKAGES  := redis-server webdis wrk nghttp2-client
 APT_COMMANDS  := redis-server webdis wrk h2load
 SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-apt setup-envoy setup-rust build lint test e2e demo
+.PHONY: setup setup-apt setup-envoy setup-rust build lint test e2e demo bench
 
 setup: setup-apt setup-envoy setup-rust
 
@@ -72,3 +73,10 @@ e2e:
 demo: setup
 	@cargo build --quiet --release --target $(WASM_TARGET)
 	@cargo run --quiet --release --example demo
+
+# Envoy CPU per request, throughput, latency and Redis calls for plain Envoy, native local_ratelimit, an
+# empty wasm filter and tollgate; report on stdout and in target/bench/ (see examples/bench.rs).
+BENCH_ARGS ?=
+bench: setup
+	@cargo build --quiet --release --target $(WASM_TARGET)
+	@cargo run --quiet --release --example bench -- $(BENCH_ARGS)

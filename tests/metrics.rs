@@ -160,9 +160,9 @@ fn lease_counters() {
         4,
         "the whole burst went through leases"
     );
-    assert_eq!(
-        get("allowed") - get("local_allowed"),
-        4 - get("local_allowed")
+    assert!(
+        get("local_allowed") >= 1,
+        "some admissions spent leased tokens"
     );
     assert!(get("backend_calls") < 6, "fewer calls than requests");
 }
