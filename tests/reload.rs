@@ -60,6 +60,14 @@ fn epoch(
     )
 }
 
+struct ShmCleanup(String);
+
+impl Drop for ShmCleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn server_epoch(admin: u16) -> Option<u64> {
     let r = common::try_http(admin, "GET", "/server_info", &[]).ok()?;
     let v: serde_json::Value = serde_json::from_str(&r.body).ok()?;
@@ -77,6 +85,8 @@ fn hot_restart_applies_new_config_keeps_buckets_and_drops_nothing() {
     let (listen, admin) = (free_port(), free_port());
     // A base id of our own, so parallel runs never share Envoy's hot-restart shared memory.
     let base_id = u32::from(listen);
+    // Dropped last (declared before the Envoy processes): removes the hot-restart shared memory.
+    let _shm = ShmCleanup(format!("/dev/shm/envoy_shared_memory_{}", base_id * 10));
     let mut first = epoch(&dir, 0, base_id, &config(5), webdis.port, listen, admin);
     assert!(
         wait_until(Duration::from_secs(30), || server_epoch(admin) == Some(0)),
