@@ -26,6 +26,10 @@ pub struct Backend {
     pub timeout_ms: u64,
     /// `user:pass` for Webdis' HTTP basic-auth ACL.
     pub basic_auth: Option<String>,
+    /// Consecutive failed calls (proxy-wide) that open the circuit breaker.
+    pub breaker_failures: u64,
+    /// How long an open breaker answers with the failure mode before letting one probe through.
+    pub breaker_cooloff_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,7 +172,19 @@ const TOP_FIELDS: &[&str] = &[
     "deny",
     "rules",
 ];
-const BACKEND_FIELDS: &[&str] = &["cluster", "authority", "timeout_ms", "basic_auth"];
+const BACKEND_FIELDS: &[&str] = &[
+    "cluster",
+    "authority",
+    "timeout_ms",
+    "basic_auth",
+    "breaker_failures",
+    "breaker_cooloff_ms",
+];
+pub const DEFAULT_BREAKER_FAILURES: u64 = 5;
+pub const MAX_BREAKER_FAILURES: u64 = 1000;
+pub const DEFAULT_BREAKER_COOLOFF_MS: u64 = 1000;
+pub const MIN_BREAKER_COOLOFF_MS: u64 = 10;
+pub const MAX_BREAKER_COOLOFF_MS: u64 = 600_000;
 const DENY_FIELDS: &[&str] = &["status", "body"];
 pub const DEFAULT_LEASE_HORIZON_MS: u64 = 200;
 pub const MIN_LEASE_HORIZON_MS: u64 = 10;
@@ -556,6 +572,8 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
         authority: DEFAULT_AUTHORITY.to_owned(),
         timeout_ms: DEFAULT_TIMEOUT_MS,
         basic_auth: None,
+        breaker_failures: DEFAULT_BREAKER_FAILURES,
+        breaker_cooloff_ms: DEFAULT_BREAKER_COOLOFF_MS,
     };
     let Some(obj) = obj else {
         return Ok(backend);
@@ -570,6 +588,16 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
     }
     if let Some(n) = obj.opt_int("timeout_ms", 1, MAX_TIMEOUT_MS)? {
         backend.timeout_ms = n;
+    }
+    if let Some(n) = obj.opt_int("breaker_failures", 1, MAX_BREAKER_FAILURES)? {
+        backend.breaker_failures = n;
+    }
+    if let Some(n) = obj.opt_int(
+        "breaker_cooloff_ms",
+        MIN_BREAKER_COOLOFF_MS,
+        MAX_BREAKER_COOLOFF_MS,
+    )? {
+        backend.breaker_cooloff_ms = n;
     }
     if let Some(s) = obj.opt_str("basic_auth")? {
         // Never echo the value: it is a secret.
@@ -941,6 +969,8 @@ mod tests {
                 authority: "webdis".into(),
                 timeout_ms: 25,
                 basic_auth: Some("user:pass".into()),
+                breaker_failures: 5,
+                breaker_cooloff_ms: 1000,
             },
             key_prefix: "tollgate".into(),
             failure_mode: FailureMode::Local,
@@ -994,6 +1024,8 @@ mod tests {
                 authority: "webdis".into(),
                 timeout_ms: 50,
                 basic_auth: None,
+                breaker_failures: 5,
+                breaker_cooloff_ms: 1000,
             },
             key_prefix: "tollgate".into(),
             failure_mode: FailureMode::Open,

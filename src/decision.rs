@@ -10,7 +10,7 @@ use crate::backend::webdis::{self, Invoke};
 use crate::backend::{script, BackendError, HttpRequest, ScriptCall, ScriptReply};
 use crate::config::{Config, FailureMode, Mode, Rule};
 use crate::headers::{self, Report};
-use crate::local::{self, DenyCache, LeasePool, LeaseSizing, SharedStore};
+use crate::local::{self, Breaker, DenyCache, LeasePool, LeaseSizing, SharedStore, Transition};
 use crate::metrics::{Counter, Metrics, NoMetrics};
 use crate::rule::{self, RequestView};
 
@@ -271,13 +271,36 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
         checks,
         sent_ms: now_ms,
     };
-    // A known denial of an enforced rule answers now: no rule's tokens are spent on a request
-    // that will be denied anyway.
-    let enforced_denial = pending.checks.iter().any(|c| {
-        matches!(c.outcome, Some((Outcome::Denied { .. }, _)))
-            && !cfg.rules.get(c.rule).is_some_and(|r| r.shadow)
-    });
-    if enforced_denial || pending.checks.iter().all(|c| c.outcome.is_some()) {
+    let mut pending = pending;
+    let needs_call = pending
+        .checks
+        .iter()
+        .any(|c| c.outcome.is_none() && !c.lease);
+    if needs_call
+        && !denied_already(cfg, &pending.checks)
+        && !backend_allowed(plugin, store, now_ms)
+    {
+        // The breaker is open: the failure mode answers now, no request waits on a dead backend.
+        for idx in 0..pending.checks.len() {
+            let waiting = pending
+                .checks
+                .get(idx)
+                .is_some_and(|c| c.outcome.is_none() && !c.lease);
+            if waiting {
+                let _ = on_reply(
+                    plugin,
+                    store,
+                    &mut pending,
+                    idx,
+                    Err(BackendError::CircuitOpen),
+                    now_us,
+                );
+            }
+        }
+    }
+    // A denial of an enforced rule answers now: no rule's tokens are spent on a request that will
+    // be denied anyway.
+    if denied_already(cfg, &pending.checks) || pending.checks.iter().all(|c| c.outcome.is_some()) {
         return Step::Done(verdict(cfg, &pending.checks));
     }
     let calls = pending
@@ -288,6 +311,17 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
         .map(|(i, c)| (i, plugin.request(&c.call, Invoke::Sha(&plugin.sha))))
         .collect();
     Step::Call(pending, calls)
+}
+
+/// Whether an enforced (non-shadow) rule has already denied the request (or its failure mode
+/// closed it).
+fn denied_already(cfg: &Config, checks: &[Check]) -> bool {
+    checks.iter().any(|c| {
+        matches!(
+            c.outcome,
+            Some((Outcome::Denied { .. } | Outcome::FailClosed, _))
+        ) && !cfg.rules.get(c.rule).is_some_and(|r| r.shadow)
+    })
 }
 
 /// Takes one backend answer for check `idx`.
@@ -333,7 +367,8 @@ pub fn on_reply(
     set_outcome(plugin, pending, idx, outcome)
 }
 
-/// Records check `idx`'s outcome; the verdict once every check has one.
+/// Records check `idx`'s outcome; the verdict once every check has one, or as soon as an
+/// enforced rule denies.
 fn set_outcome(
     plugin: &Plugin,
     pending: &mut Pending,
@@ -347,7 +382,8 @@ fn set_outcome(
         check.outcome = Some(outcome);
         plugin.count(check.rule, outcome);
     }
-    if pending.checks.iter().all(|c| c.outcome.is_some()) {
+    let cfg = &plugin.config;
+    if denied_already(cfg, &pending.checks) || pending.checks.iter().all(|c| c.outcome.is_some()) {
         Next::Done(verdict(&plugin.config, &pending.checks))
     } else {
         Next::Wait
@@ -375,7 +411,8 @@ fn sizing(rule: &Rule) -> LeaseSizing {
 
 /// The lease call for `key` (rule `rule_idx`), for waiters whose first needs `first_cost` and who
 /// need `waiting_cost` in all; None if another worker of this proxy already has one out (its
-/// grant lands in the shared pool, where `serve_waiter` finds it).
+/// grant lands in the shared pool, where `serve_waiter` finds it); `CircuitOpen` if the breaker
+/// forbids calls (the waiters get the failure mode).
 pub fn lease_flight(
     plugin: &Plugin,
     store: &dyn SharedStore,
@@ -384,15 +421,21 @@ pub fn lease_flight(
     first_cost: u64,
     waiting_cost: u64,
     now_ms: u64,
-) -> Option<(LeaseFlight, HttpRequest)> {
-    let rule = plugin.config.rules.get(rule_idx)?;
+) -> Result<Option<(LeaseFlight, HttpRequest)>, BackendError> {
+    let Some(rule) = plugin.config.rules.get(rule_idx) else {
+        return Ok(None);
+    };
     let pool = LeasePool::new(store, &plugin.ns);
     // The claim outlives the call's own timeout a little, so a lost answer frees it.
     let until = now_ms
         .saturating_add(plugin.config.backend.timeout_ms)
         .saturating_add(50);
     if !pool.begin_flight(key, now_ms, until).unwrap_or(false) {
-        return None;
+        return Ok(None);
+    }
+    if !backend_allowed(plugin, store, now_ms) {
+        let _ = pool.end_flight(key, None, now_ms);
+        return Err(BackendError::CircuitOpen);
     }
     let want = pool.want(key, waiting_cost, now_ms, &sizing(rule));
     let call = ScriptCall {
@@ -404,7 +447,7 @@ pub fn lease_flight(
         lease_want: want,
     };
     let req = plugin.request(&call, Invoke::Sha(&plugin.sha));
-    Some((
+    Ok(Some((
         LeaseFlight {
             rule: rule_idx,
             call,
@@ -412,7 +455,29 @@ pub fn lease_flight(
             eval_sent: false,
         },
         req,
-    ))
+    )))
+}
+
+/// Whether the circuit breaker lets a backend call go out now.
+fn backend_allowed(plugin: &Plugin, store: &dyn SharedStore, now_ms: u64) -> bool {
+    Breaker::new(store, &plugin.ns).allow(now_ms, plugin.config.backend.breaker_cooloff_ms)
+}
+
+/// Records one backend call's result in the proxy's circuit breaker; says when that opened or
+/// closed it.
+pub fn record_backend(
+    plugin: &Plugin,
+    store: &dyn SharedStore,
+    ok: bool,
+    now_ms: u64,
+) -> Option<Transition> {
+    let backend = &plugin.config.backend;
+    Breaker::new(store, &plugin.ns).record(
+        ok,
+        now_ms,
+        backend.breaker_failures,
+        backend.breaker_cooloff_ms,
+    )
 }
 
 /// What a lease answer means for the waiters on its key.
@@ -962,9 +1027,9 @@ mod tests {
         let mut w1 = lease_pending(&p, &s, "a", 1000);
         let mut w2 = lease_pending(&p, &s, "a", 1000);
         let key = w1.checks[0].call.key.clone();
-        let (mut flight, call) = lease_flight(&p, &s, 0, &key, 1, 2, 1000).unwrap();
+        let (mut flight, call) = lease_flight(&p, &s, 0, &key, 1, 2, 1000).unwrap().unwrap();
         assert!(
-            lease_flight(&p, &s, 0, &key, 1, 2, 1001).is_none(),
+            lease_flight(&p, &s, 0, &key, 1, 2, 1001).unwrap().is_none(),
             "one lease call per key per proxy"
         );
         let body = String::from_utf8(call.body).unwrap();
@@ -1002,7 +1067,7 @@ mod tests {
         let s = MemStore::default();
         let mut w = lease_pending(&p, &s, "a", 1000);
         let key = w.checks[0].call.key.clone();
-        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1000).unwrap();
+        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1000).unwrap().unwrap();
         lease_reply(&p, &s, &mut flight, denied(10), 1001);
         match serve_waiter(&p, &s, &mut w, 0, 1002) {
             Some(Next::Done(Verdict::Respond { status: 429, .. })) => {}
@@ -1014,7 +1079,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let mut w = lease_pending(&p, &s, "a", 1201);
-        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1201).unwrap();
+        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1201).unwrap().unwrap();
         let asked = flight.call.lease_want;
         assert!(asked > 1, "demand built up: {asked}");
         lease_reply(&p, &s, &mut flight, grant(1, 0), 1202);
@@ -1034,7 +1099,7 @@ mod tests {
         let s = MemStore::default();
         let mut w = lease_pending(&p, &s, "a", 1000);
         let key = w.checks[0].call.key.clone();
-        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1000).unwrap();
+        let (mut flight, _) = lease_flight(&p, &s, 0, &key, 1, 1, 1000).unwrap().unwrap();
         match lease_reply(&p, &s, &mut flight, Err(BackendError::NoScript), 1001) {
             LeaseResult::Resend(r) => assert!(r.body.starts_with(b"EVAL/")),
             other => panic!("{other:?}"),
@@ -1049,9 +1114,40 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(
-            lease_flight(&p, &s, 0, &key, 1, 1, 1004).is_some(),
+            lease_flight(&p, &s, 0, &key, 1, 1, 1004).unwrap().is_some(),
             "flight freed"
         );
+    }
+
+    #[test]
+    fn open_breaker_answers_with_the_failure_mode_without_calls() {
+        let p = plugin(
+            r#""failure_mode":"closed","backend":{"breaker_failures":2,"breaker_cooloff_ms":500},"#,
+            &format!("{USER_RULE}, {LEASE_RULE}"),
+        );
+        let s = MemStore::default();
+        assert_eq!(record_backend(&p, &s, false, 1000), None);
+        assert_eq!(
+            record_backend(&p, &s, false, 1001),
+            Some(Transition::Opened)
+        );
+        match start(&p, &s, &req("/api/x", &[("x-user", "a")]), 1_002_000) {
+            Step::Done(Verdict::Respond { status: 503, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            lease_flight(&p, &s, 1, "k", 1, 1, 1002),
+            Err(BackendError::CircuitOpen)
+        ));
+        // After the cool-off one probe goes out; its success closes the breaker.
+        let (_, c) = calls(start(&p, &s, &req("/api/x", &[("x-user", "a")]), 1_502_000));
+        assert_eq!(c.len(), 1);
+        match start(&p, &s, &req("/api/x", &[("x-user", "b")]), 1_502_000) {
+            Step::Done(Verdict::Respond { status: 503, .. }) => {}
+            other => panic!("only one probe: {other:?}"),
+        }
+        assert_eq!(record_backend(&p, &s, true, 1503), Some(Transition::Closed));
+        calls(start(&p, &s, &req("/api/x", &[("x-user", "b")]), 1_504_000));
     }
 
     #[test]

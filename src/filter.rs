@@ -22,6 +22,7 @@ use crate::backend::{webdis, BackendError, HttpRequest, ScriptReply};
 use crate::config::Config;
 use crate::decision::{self, LeaseFlight, LeaseResult, Next, Pending, Plugin, Step, Verdict};
 use crate::host::{self, HostMetrics, HostRequest, HostStore};
+use crate::local::Transition;
 use crate::metrics::Counter;
 
 /// How often the root context looks at its waiters while there are any.
@@ -62,8 +63,6 @@ struct Worker {
     /// This worker's lease calls out: token -> (flight, sent at µs).
     flights: HashMap<u32, (LeaseFlight, u64)>,
     ticking: bool,
-    /// Whether the last backend call of this worker failed (logged only when this changes).
-    failing: bool,
 }
 
 impl Worker {
@@ -73,43 +72,40 @@ impl Worker {
             waiters: Vec::new(),
             flights: HashMap::new(),
             ticking: false,
-            failing: false,
-        }
-    }
-
-    /// Logs a backend failure or recovery once per change of state, not once per request.
-    fn note(&mut self, plugin: &Plugin, result: Result<(), &BackendError>) {
-        match result {
-            Err(e) if !self.failing => {
-                self.failing = true;
-                log::warn!(
-                    "tollgate: backend failing ({e}); failure_mode {:?} applies until it answers",
-                    plugin.config.failure_mode
-                );
-            }
-            Ok(()) if self.failing => {
-                self.failing = false;
-                log::info!("tollgate: backend answering again");
-            }
-            _ => {}
         }
     }
 }
 
+/// Feeds one call's result to the proxy's circuit breaker, and logs when that opens or closes
+/// it: backend trouble is one line per change of state, not one per request.
+fn note(plugin: &Plugin, result: Result<(), &BackendError>) {
+    let now_ms = host::now_us() / 1000;
+    let backend = &plugin.config.backend;
+    match decision::record_backend(plugin, &HostStore, result.is_ok(), now_ms) {
+        Some(Transition::Opened) => log::warn!(
+            "tollgate: backend failing ({}): circuit open after {} consecutive failures; \
+             failure_mode {:?} answers, one probe every {} ms",
+            result.err().map_or_else(String::new, ToString::to_string),
+            backend.breaker_failures,
+            plugin.config.failure_mode,
+            backend.breaker_cooloff_ms
+        ),
+        Some(Transition::Closed) => {
+            log::info!("tollgate: backend answering again: circuit closed")
+        }
+        None => {}
+    }
+}
+
 /// Sends one script call and counts it (or the failure to send it).
-fn dispatch(
-    plugin: &Plugin,
-    worker: &RefCell<Worker>,
-    rule: usize,
-    req: &HttpRequest,
-) -> Result<u32, BackendError> {
+fn dispatch(plugin: &Plugin, rule: usize, req: &HttpRequest) -> Result<u32, BackendError> {
     let backend = &plugin.config.backend;
     let sent = host::dispatch(&backend.cluster, req, backend.timeout_ms);
     match &sent {
         Ok(_) => plugin.metrics.count(rule, Counter::BackendCalls, 1),
         Err(e) => {
             plugin.metrics.count(rule, Counter::BackendErrors, 1);
-            worker.borrow_mut().note(plugin, Err(e));
+            note(plugin, Err(e));
         }
     }
     sent
@@ -119,7 +115,6 @@ fn dispatch(
 /// NOSCRIPT that will be answered by sending EVAL is not counted as an error.
 fn receive(
     plugin: &Plugin,
-    worker: &RefCell<Worker>,
     rule: usize,
     sent_us: u64,
     num_headers: usize,
@@ -134,9 +129,9 @@ fn receive(
         Err(BackendError::NoScript) if will_resend => {}
         Err(e) => {
             plugin.metrics.count(rule, Counter::BackendErrors, 1);
-            worker.borrow_mut().note(plugin, Err(e));
+            note(plugin, Err(e));
         }
-        Ok(_) => worker.borrow_mut().note(plugin, Ok(())),
+        Ok(_) => note(plugin, Ok(())),
     }
     reply
 }
@@ -162,7 +157,6 @@ impl Context for Root {
         };
         let reply = receive(
             &plugin,
-            &self.worker,
             flight.rule,
             sent_us,
             num_headers,
@@ -192,7 +186,7 @@ impl Root {
         req: &HttpRequest,
         now_us: u64,
     ) -> Result<(), BackendError> {
-        let token = dispatch(plugin, &self.worker, flight.rule, req)?;
+        let token = dispatch(plugin, flight.rule, req)?;
         self.worker
             .borrow_mut()
             .flights
@@ -254,10 +248,15 @@ impl Root {
             if out {
                 continue;
             }
-            let Some((flight, req)) =
-                decision::lease_flight(plugin, &HostStore, rule, &key, first, total, now_ms)
-            else {
-                continue;
+            let (flight, req) = match decision::lease_flight(
+                plugin, &HostStore, rule, &key, first, total, now_ms,
+            ) {
+                Ok(Some(f)) => f,
+                Ok(None) => continue,
+                Err(e) => {
+                    failed.push((key, e));
+                    continue;
+                }
             };
             let mut copy = flight.clone();
             if let Err(e) = self.send_flight(plugin, flight, &req, now_us) {
@@ -416,7 +415,7 @@ impl Request {
             .as_ref()
             .and_then(|p| p.checks.get(idx))
             .map_or((0, false), |c| (c.rule, c.eval_sent));
-        let err = match dispatch(plugin, &self.worker, rule, &req) {
+        let err = match dispatch(plugin, rule, &req) {
             Ok(token) => {
                 self.calls.push(Call {
                     token,
@@ -500,7 +499,6 @@ impl Context for Request {
         let call = self.calls.swap_remove(pos);
         let reply = receive(
             &plugin,
-            &self.worker,
             call.rule,
             call.sent_us,
             num_headers,

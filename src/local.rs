@@ -401,6 +401,111 @@ pub fn lease_want(lease: &Lease, waiting: u64, now_ms: u64, sizing: &LeaseSizing
     want
 }
 
+/// A change of the circuit breaker's state, for the one log line it deserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    Opened,
+    Closed,
+}
+
+/// The proxy-wide circuit breaker in front of the backend (shared by all workers).
+///
+/// Closed: calls go out. After `threshold` consecutive failed calls it opens: no call goes out
+/// and the failure mode answers at once, so requests never queue behind a dead backend. After
+/// `cooloff_ms` one caller gets to probe (the others keep failing fast for another cool-off); a
+/// success closes it, a failure keeps it open.
+pub struct Breaker<'a> {
+    store: &'a dyn SharedStore,
+    key: String,
+}
+
+impl<'a> Breaker<'a> {
+    pub fn new(store: &'a dyn SharedStore, ns: &str) -> Self {
+        Breaker {
+            store,
+            key: format!("{ns}|breaker"),
+        }
+    }
+
+    /// (consecutive failures, open until ms; 0 = closed)
+    fn update<T>(&self, mut f: impl FnMut(&mut u64, &mut u64) -> T) -> Result<T, StoreError> {
+        let mut last = StoreError::CasMismatch;
+        for _ in 0..CAS_TRIES {
+            let (value, cas) = self.store.get(&self.key)?;
+            let Some(value) = value else {
+                self.store.set(&self.key, &[0; 16], 0)?;
+                continue;
+            };
+            let mut failures = read_u64(&value, 0).unwrap_or(0);
+            let mut open_until = read_u64(&value, 8).unwrap_or(0);
+            let out = f(&mut failures, &mut open_until);
+            let mut bytes = failures.to_le_bytes().to_vec();
+            bytes.extend_from_slice(&open_until.to_le_bytes());
+            match self.store.set(&self.key, &bytes, cas) {
+                Ok(()) => return Ok(out),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Whether a call may go out now (true for the one probe after a cool-off).
+    pub fn allow(&self, now_ms: u64, cooloff_ms: u64) -> bool {
+        let (value, _) = self.store.get(&self.key).unwrap_or((None, 0));
+        let open_until = value.as_deref().and_then(|v| read_u64(v, 8)).unwrap_or(0);
+        if open_until == 0 {
+            return true; // closed: the common case costs one read
+        }
+        if now_ms < open_until {
+            return false;
+        }
+        // Half-open: whoever moves the deadline first is the probe.
+        self.update(|_, until| {
+            if *until != 0 && now_ms >= *until {
+                *until = now_ms.saturating_add(cooloff_ms);
+                true
+            } else {
+                *until == 0
+            }
+        })
+        .unwrap_or(false)
+    }
+
+    /// Records a call's outcome; says when this opened or closed the breaker.
+    pub fn record(
+        &self,
+        ok: bool,
+        now_ms: u64,
+        threshold: u64,
+        cooloff_ms: u64,
+    ) -> Option<Transition> {
+        if ok {
+            // Closed and clean: nothing to write.
+            let (value, _) = self.store.get(&self.key).unwrap_or((None, 0));
+            if !value.as_deref().is_some_and(|v| v.iter().any(|b| *b != 0)) {
+                return None;
+            }
+        }
+        self.update(|failures, until| {
+            if ok {
+                let was_open = *until != 0;
+                *failures = 0;
+                *until = 0;
+                return was_open.then_some(Transition::Closed);
+            }
+            *failures = failures.saturating_add(1);
+            if *failures >= threshold {
+                let was_closed = *until == 0;
+                *until = now_ms.saturating_add(cooloff_ms);
+                return was_closed.then_some(Transition::Opened);
+            }
+            None
+        })
+        .ok()
+        .flatten()
+    }
+}
+
 /// Takes `cost` from the per-proxy fallback bucket of `bucket_key` (used only while the backend
 /// fails and `failure_mode` is `local`), with the same math as the global bucket. `ns` must name
 /// the rule too: keys that share a slot share a bucket, which only under-admits when they share
@@ -745,6 +850,36 @@ mod tests {
         assert_eq!(p.want("k", 0, 10, &SIZING), 10);
         assert_eq!(p.want("k", 0, 250, &SIZING), 10, "previous window counts");
         assert_eq!(p.want("k", 0, 450, &SIZING), 1, "old demand forgotten");
+    }
+
+    #[test]
+    fn breaker_opens_after_consecutive_failures_then_probes_once() {
+        let s = MemStore::default();
+        let b = Breaker::new(&s, "ns");
+        assert!(b.allow(0, 1000));
+        assert_eq!(b.record(false, 0, 3, 1000), None);
+        assert_eq!(
+            b.record(true, 1, 3, 1000),
+            None,
+            "a success resets the count"
+        );
+        assert_eq!(b.record(false, 2, 3, 1000), None);
+        assert_eq!(b.record(false, 3, 3, 1000), None);
+        assert_eq!(b.record(false, 4, 3, 1000), Some(Transition::Opened));
+        assert!(!b.allow(5, 1000), "open: fail fast");
+        assert!(!b.allow(1003, 1000));
+        assert!(b.allow(1004, 1000), "cool-off over: one probe");
+        assert!(!b.allow(1004, 1000), "only one");
+        assert_eq!(
+            b.record(false, 1010, 3, 1000),
+            None,
+            "still open, no new log line"
+        );
+        assert!(!b.allow(1500, 1000));
+        assert!(b.allow(2010, 1000));
+        assert_eq!(b.record(true, 2011, 3, 1000), Some(Transition::Closed));
+        assert!(b.allow(2012, 1000));
+        assert_eq!(b.record(true, 2013, 3, 1000), None);
     }
 
     #[test]

@@ -106,15 +106,17 @@ fn counters_after_a_known_sequence() {
     }
 }
 
-/// A backend that cannot be reached: each request counts a backend error and an admission by the
-/// failure mode (open).
+/// A backend that cannot be reached: the first five calls fail (backend errors), then the
+/// circuit breaker opens and the failure mode (open) answers without calling at all; the log says
+/// so once, not once per request.
 #[test]
-fn failure_mode_counts() {
-    let cfg = r#"{ "backend": { "cluster": "no_such_cluster", "timeout_ms": 2000 },
+fn failure_mode_and_breaker_counts() {
+    let cfg = r#"{ "backend": { "cluster": "no_such_cluster", "timeout_ms": 2000,
+                                "breaker_failures": 5, "breaker_cooloff_ms": 600000 },
         "failure_mode": "open",
         "rules": [ { "name": "r", "key": ["header:x-user-id"], "rate": 1, "burst": 1 } ] }"#;
     let stack = Stack::start("metrics-fail", cfg);
-    for _ in 0..3 {
+    for _ in 0..8 {
         assert_eq!(
             stack.get("/x", &[("x-user-id", "a")]).status,
             200,
@@ -126,16 +128,17 @@ fn failure_mode_counts() {
         &stack.envoy,
         "r",
         &[
-            ("allowed", 3),
-            ("failure_mode_allowed", 3),
-            ("backend_errors", 3),
+            ("allowed", 8),
+            ("failure_mode_allowed", 8),
+            ("backend_errors", 5),
         ],
     );
     let log = stack.envoy.log_text();
-    let warnings = log.matches("tollgate: backend failing").count();
-    assert!(
-        (1..=2).contains(&warnings),
-        "one warning per worker at most, not one per request: {warnings}\n{log}"
+    assert_eq!(
+        log.matches("circuit open after 5 consecutive failures")
+            .count(),
+        1,
+        "{log}"
     );
 }
 

@@ -53,13 +53,15 @@ pub enum BackendError {
     Redis(String),
     /// The reply is not the five-integer array.
     Malformed(String),
+    /// The circuit breaker is open: no call was made.
+    CircuitOpen,
 }
 
 impl BackendError {
     /// Whether retrying the same call later may succeed without an operator changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
-            BackendError::Reset | BackendError::NoScript => true,
+            BackendError::Reset | BackendError::NoScript | BackendError::CircuitOpen => true,
             BackendError::Status(s) => *s == 429 || *s >= 500,
             BackendError::Dispatch(_) | BackendError::Redis(_) | BackendError::Malformed(_) => {
                 false
@@ -77,6 +79,7 @@ impl std::fmt::Display for BackendError {
             BackendError::NoScript => write!(f, "script not cached in Redis (NOSCRIPT)"),
             BackendError::Redis(msg) => write!(f, "Redis error: {msg}"),
             BackendError::Malformed(why) => write!(f, "malformed backend reply: {why}"),
+            BackendError::CircuitOpen => write!(f, "circuit breaker open: no call made"),
         }
     }
 }
