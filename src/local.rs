@@ -523,10 +523,10 @@ pub fn fallback_take(
     for _ in 0..CAS_TRIES {
         let (value, cas) = store.get(&key)?;
         let Some(value) = value else {
-            // No insert-if-absent exists: create the slot (empty = full bucket) unconditionally,
+            // No insert-if-absent exists: create the slot (a full bucket) unconditionally,
             // then update it only by compare-and-swap, so two workers can't both take from a
             // bucket that one of them then overwrites.
-            store.set(&key, &[], 0)?;
+            store.set(&key, &encode_state(None), 0)?;
             continue;
         };
         let state = decode_state(&value);
@@ -539,10 +539,14 @@ pub fn fallback_take(
     Err(last)
 }
 
-/// An empty value means a full bucket (shared data cannot be deleted).
+/// A one-byte value means a full bucket (shared data cannot be deleted, and the host reads an
+/// empty value back as no value at all).
 fn encode_state(state: Option<State>) -> Vec<u8> {
     let mut out = Vec::with_capacity(24);
-    if let Some(s) = state {
+    let Some(s) = state else {
+        return vec![0];
+    };
+    {
         out.extend_from_slice(&s.units.to_le_bytes());
         out.extend_from_slice(&s.ts_us.to_le_bytes());
         out.extend_from_slice(&s.period_ms.to_le_bytes());
@@ -582,7 +586,9 @@ impl MemStore {
 #[cfg(test)]
 impl SharedStore for MemStore {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), StoreError> {
+        // Like Envoy: an empty value reads back as no data (the CAS token is still there).
         Ok(match self.map.borrow().get(key) {
+            Some((v, cas)) if v.is_empty() => (None, *cas),
             Some((v, cas)) => (Some(v.clone()), *cas),
             None => (None, 0),
         })

@@ -120,7 +120,11 @@ impl Redis {
 
     /// Starts redis-server with extra command-line arguments (e.g. `["--requirepass", "s3cret"]`).
     pub fn start_with(dir: &Path, extra: &[&str]) -> Redis {
-        let port = free_port();
+        Self::start_on(dir, free_port(), extra)
+    }
+
+    /// Starts redis-server on `port` (e.g. again on the port of one that was stopped).
+    pub fn start_on(dir: &Path, port: u16, extra: &[&str]) -> Redis {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -166,3 +170,5 @@ pub use http::{get, http, try_http, Resp};
 pub use stack::Stack;
 #[allow(unused_imports)]
 pub use webdis::{Webdis, WebdisOpts};
+pub mod redis_cluster;
+pub mod yaml;
