@@ -7,18 +7,25 @@ ARGV[2]  rate        tokens added every period_ms                  (integer >= 1
 ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1, burst*period_ms <= 2^50)
 ARGV[4]  cost        tokens this request needs                     (integer >= 1)
 ARGV[5]  lease_want  tokens the caller would like to take (lease mode; 0 in exact mode; integer >= 0)
-ARGV[6]  optional: now in microseconds (tests only). Without it the time is Redis' TIME.
+ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
+         would be within this many ms, RESERVE them (the bucket goes into debt) and answer allowed
+         with the delay the caller must hold the request for.
+ARGV[7]  optional: now in microseconds (tests only). Without it the time is Redis' TIME.
 Every ARGV is a plain decimal integer (digits only, at most 2^53).
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
-  { allowed (1|0), remaining (whole tokens left), retry_after_ms (0 when allowed, -1 when cost > burst:
-    never admissible), reset_after_ms (time until the bucket is full again), granted (tokens taken:
-    >= cost when allowed, up to max(cost, lease_want) capped by burst and the tokens held; 0 when denied) }
+  { allowed (1|0), remaining (whole tokens left, 0 while in debt),
+    retry_after_ms (allowed: 0, or the delay of a reservation; denied: ms until `cost` could be
+    reserved within max_wait_ms (until it is there, when max_wait_ms is 0); -1 when cost > burst:
+    never admissible),
+    reset_after_ms (time until the bucket is full again), granted (tokens taken: >= cost when
+    allowed, up to max(cost, lease_want) capped by burst and the tokens held, exactly cost for a
+    reservation; 0 when denied) }
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
 
 Arithmetic is on integers only (Lua numbers are doubles: every value here stays below 2^53).
 One token is period_ms units; the bucket gains `rate` units per whole millisecond, so refill is exact.
-State: a hash at KEYS[1] with u (units held), t (microsecond timestamp of the last refill point) and
+State: a hash at KEYS[1] with u (units held; negative while reservations are outstanding), t (microsecond timestamp of the last refill point) and
 p (the period_ms the units are scaled by). A missing key is a FULL bucket, so the key is deleted when
 full and otherwise expires (PEXPIRE) once it would be full again (reset_after_ms + 1 s of slack).
 src/bucket.rs is the Rust model of this script; tests/model.rs checks they agree bit for bit.
@@ -27,6 +34,7 @@ src/bucket.rs is the Rust model of this script; tests/model.rs checks they agree
 local MAX_EXACT = 9007199254740992 -- 2^53
 local MAX_FULL = 1125899906842624 -- 2^50
 local MAX_RATE = 1000000000
+local MAX_WAIT_MS = 3600000 -- with rate <= 1e9 the deepest debt stays below 2^53
 -- Added to the key's PEXPIRE. Expiring late is invisible (a stale key refills to full, the same as an
 -- absent one); expiring early would hand out tokens, and Redis was seen expiring a key with PEXPIRE 1
 -- inside the very script that set it (PTTL -2 right after, redis 7.0.15, under load).
@@ -83,10 +91,15 @@ local cost = int_arg(ARGV[4], 1)
 if cost == nil then return bad('cost') end
 local lease_want = int_arg(ARGV[5], 0)
 if lease_want == nil then return bad('lease_want') end
+local max_wait_ms = 0
+if ARGV[6] ~= nil then
+  max_wait_ms = int_arg(ARGV[6], 0)
+  if max_wait_ms == nil or max_wait_ms > MAX_WAIT_MS then return bad('max_wait_ms') end
+end
 
 local now
-if ARGV[6] ~= nil then
-  now = int_arg(ARGV[6], 0)
+if ARGV[7] ~= nil then
+  now = int_arg(ARGV[7], 0)
   if now == nil then return bad('now') end
 else
   local tm = redis.call('TIME')
@@ -99,12 +112,15 @@ local h = redis.call('HMGET', key, 'u', 't', 'p')
 local u = tonumber(h[1])
 local t = tonumber(h[2])
 local p = tonumber(h[3])
-if u == nil or t == nil or p == nil or u < 0 or t < 0 or p < 1
+if u == nil or t == nil or p == nil or t < 0 or p < 1
     or u ~= math.floor(u) or t ~= math.floor(t) or p ~= math.floor(p) then
   u = full
   t = now
 elseif p ~= period_ms then
-  if u <= idiv(MAX_EXACT, period_ms) then
+  if u < 0 then
+    -- Reserved tokens (debt): rescale by whole tokens, rounding the debt up, never down.
+    u = -(ceil_div(-u, p) * period_ms)
+  elseif u <= idiv(MAX_EXACT, period_ms) then
     u = idiv(u * period_ms, p)
   else
     -- u * period_ms could pass 2^53: drop the partial token instead (rounds down, never up).
@@ -142,12 +158,24 @@ elseif u >= cost * period_ms then
   u = u - granted * period_ms
   allowed, retry_after_ms = 1, 0
 else
-  allowed, granted = 0, 0
-  retry_after_ms = ceil_div(cost * period_ms - u, rate)
+  local wait_ms = ceil_div(cost * period_ms - u, rate)
+  if wait_ms <= max_wait_ms then
+    -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
+    -- holds the request for retry_after_ms, when those tokens exist.
+    u = u - cost * period_ms
+    allowed, granted, retry_after_ms = 1, cost, wait_ms
+  else
+    -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
+    allowed, granted = 0, 0
+    retry_after_ms = wait_ms - max_wait_ms
+  end
 end
 
 -- 4. Report.
-local remaining = idiv(u, period_ms)
+local remaining = 0
+if u > 0 then
+  remaining = idiv(u, period_ms)
+end
 local reset_after_ms = ceil_div(full - u, rate)
 
 -- 5. Store: a full bucket is no key at all.

@@ -22,11 +22,15 @@ pub const MAX_RATE: u64 = 1_000_000_000;
 /// Integers up to 2^53 are exact in a Lua number.
 const MAX_EXACT: u64 = 1 << 53;
 
+/// Longest `max_wait_ms` the script accepts (so the deepest debt stays below 2^53).
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+
 /// A bucket's stored state (the Redis hash `u`, `t`, `p`). No state at all means a full bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
-    /// Units held; one token is `period_ms` units.
-    pub units: u64,
+    /// Units held; one token is `period_ms` units. Negative while reservations are outstanding
+    /// (the bucket is in debt).
+    pub units: i64,
     /// Microsecond timestamp of the last refill point (advanced by whole milliseconds only).
     pub ts_us: u64,
     /// The `period_ms` that `units` are scaled by.
@@ -39,7 +43,9 @@ pub struct Reply {
     pub allowed: bool,
     /// Whole tokens left after this call.
     pub remaining: u64,
-    /// 0 when allowed; -1 when `cost > burst` (never admissible); else ms until `cost` tokens are held.
+    /// Allowed: 0, or how long to hold the request for a reservation. Denied: ms until `cost` could
+    /// be reserved within `max_wait_ms` (until it is held, when that is 0). -1 when `cost > burst`
+    /// (never admissible).
     pub retry_after_ms: i64,
     /// Milliseconds until the bucket is full again (0 when full).
     pub reset_after_ms: u64,
@@ -69,50 +75,44 @@ impl Limits {
     }
 }
 
-/// `a / b` rounded up (`b >= 1`).
-fn ceil_div(a: u64, b: u64) -> u64 {
-    a.div_ceil(b.max(1))
-}
-
-/// `a / b` rounded down (`b >= 1`).
-fn floor_div(a: u64, b: u64) -> u64 {
-    a.checked_div(b).unwrap_or(0)
-}
-
 /// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it: refill up to `now_us`,
-/// then take `cost` tokens (and up to `max(cost, lease_want)` when they are there).
+/// then take `cost` tokens (and up to `max(cost, lease_want)` when they are there), or reserve them
+/// if they will be there within `max_wait_ms`.
 ///
 /// Returns the new stored state (None = key deleted because the bucket is full) and the script's reply.
-/// Limits the script would reject (see [`Limits::is_valid`]) and `cost == 0` leave the state as it is
-/// and answer "never admissible" (`retry_after_ms == -1`).
+/// Limits the script would reject (see [`Limits::is_valid`]), `cost == 0` and `max_wait_ms` above
+/// [`MAX_WAIT_MS`] leave the state as it is and answer "never admissible" (`retry_after_ms == -1`).
 pub fn take(
     state: Option<State>,
     limits: &Limits,
     cost: u64,
     lease_want: u64,
+    max_wait_ms: u64,
     now_us: u64,
 ) -> (Option<State>, Reply) {
-    if !limits.is_valid() || cost == 0 {
+    if !limits.is_valid() || cost == 0 || max_wait_ms > MAX_WAIT_MS {
         return (state, Reply::REJECT);
     }
-    let Limits {
-        burst,
-        rate,
-        period_ms,
-    } = *limits;
-    // Valid limits: burst * period_ms <= 2^50.
-    let full = burst.saturating_mul(period_ms);
+    // Every value below stays under 2^53 (valid limits, cost <= burst where it matters), so i64
+    // holds it exactly.
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let (burst, rate, period) = (int(limits.burst), int(limits.rate), int(limits.period_ms));
+    let full = burst.saturating_mul(period);
 
     // 1. Load (absent = full), rescale to this period_ms, clamp to burst.
     let (mut units, mut ts_us) = match state {
         Some(s) if s.period_ms >= 1 => {
-            let units = if s.period_ms == period_ms {
+            let p = int(s.period_ms);
+            let units = if p == period {
                 s.units
-            } else if s.units <= MAX_EXACT / period_ms {
-                floor_div(s.units.saturating_mul(period_ms), s.period_ms)
+            } else if s.units < 0 {
+                // Debt: rescale by whole tokens, rounding the debt up.
+                -ceil_div_i(-s.units, p).saturating_mul(period)
+            } else if s.units <= int(MAX_EXACT) / period {
+                s.units.saturating_mul(period).div_euclid(p)
             } else {
                 // As the script: the product could pass 2^53, so drop the partial token (rounds down).
-                floor_div(s.units, s.period_ms).saturating_mul(period_ms)
+                s.units.div_euclid(p).saturating_mul(period)
             };
             (units, s.ts_us)
         }
@@ -124,40 +124,47 @@ pub fn take(
     if now_us < ts_us {
         ts_us = now_us; // the clock went back: no refill
     } else {
-        let elapsed_ms = (now_us - ts_us) / 1000;
+        let elapsed_ms = int((now_us - ts_us) / 1000);
         if elapsed_ms > 0 {
-            let to_full = ceil_div(full - units, rate);
+            let to_full = ceil_div_i(full - units, rate);
             if elapsed_ms >= to_full {
                 units = full;
                 ts_us = now_us;
             } else {
                 // elapsed_ms < to_full, so neither can overflow.
                 units = units.saturating_add(elapsed_ms.saturating_mul(rate));
-                ts_us = ts_us.saturating_add(elapsed_ms.saturating_mul(1000));
+                ts_us = ts_us.saturating_add(u64::try_from(elapsed_ms).unwrap_or(0) * 1000);
             }
         }
     }
 
     // 3. Decide. cost * period_ms is only computed once cost <= burst (so it is <= full).
-    let (allowed, granted, retry_after_ms) = if cost > burst {
+    let (allowed, granted, retry_after_ms) = if int(cost) > burst {
         (false, 0, -1)
-    } else if units >= cost.saturating_mul(period_ms) {
-        let want = cost.max(lease_want).min(burst);
-        let granted = want.min(units / period_ms);
-        units -= granted.saturating_mul(period_ms);
-        (true, granted, 0)
     } else {
-        let need = cost.saturating_mul(period_ms) - units;
-        let retry = i64::try_from(ceil_div(need, rate)).unwrap_or(i64::MAX);
-        (false, 0, retry)
+        let need = int(cost).saturating_mul(period);
+        if units >= need {
+            let want = int(cost.max(lease_want)).min(burst);
+            let granted = want.min(units / period);
+            units -= granted.saturating_mul(period);
+            (true, u64::try_from(granted).unwrap_or(0), 0)
+        } else {
+            let wait_ms = ceil_div_i(need - units, rate);
+            if wait_ms <= int(max_wait_ms) {
+                units -= need;
+                (true, cost, wait_ms)
+            } else {
+                (false, 0, wait_ms - int(max_wait_ms))
+            }
+        }
     };
 
     // 4. Report.
     let reply = Reply {
         allowed,
-        remaining: units / period_ms,
+        remaining: u64::try_from(units.max(0) / period).unwrap_or(0),
         retry_after_ms,
-        reset_after_ms: ceil_div(full - units, rate),
+        reset_after_ms: u64::try_from(ceil_div_i(full - units, rate)).unwrap_or(0),
         granted,
     };
 
@@ -165,9 +172,15 @@ pub fn take(
     let next = (units < full).then_some(State {
         units,
         ts_us,
-        period_ms,
+        period_ms: limits.period_ms,
     });
     (next, reply)
+}
+
+/// `a / b` rounded up, for `a >= 0`, `b >= 1`.
+fn ceil_div_i(a: i64, b: i64) -> i64 {
+    let b = b.max(1);
+    a.div_euclid(b) + i64::from(a.rem_euclid(b) != 0)
 }
 
 #[cfg(test)]
@@ -186,7 +199,7 @@ mod tests {
 
     /// Runs `take` and threads the state through.
     fn step(s: &mut Option<State>, l: &Limits, cost: u64, lease: u64, now: u64) -> Reply {
-        let (next, reply) = take(*s, l, cost, lease, now);
+        let (next, reply) = take(*s, l, cost, lease, 0, now);
         *s = next;
         reply
     }
@@ -194,7 +207,7 @@ mod tests {
     #[test]
     fn first_call_on_empty_state_sees_a_full_bucket() {
         let l = lim(10, 5, 1000);
-        let (s, r) = take(None, &l, 1, 0, T0);
+        let (s, r) = take(None, &l, 1, 0, 0, T0);
         assert_eq!(
             r,
             Reply {
@@ -272,7 +285,7 @@ mod tests {
         assert_eq!(r.remaining, 4);
         assert_eq!(r.reset_after_ms, 100);
         // A refill that reaches full with no cost taken: state gone (absent == full).
-        let (next, r) = take(s, &l, 6, 0, T0 + 3_700_000_000);
+        let (next, r) = take(s, &l, 6, 0, 0, T0 + 3_700_000_000);
         assert_eq!(next, None);
         assert_eq!(r.remaining, 5);
         assert_eq!(r.reset_after_ms, 0);
@@ -294,7 +307,7 @@ mod tests {
     #[test]
     fn cost_above_burst_is_never_admissible_and_takes_nothing() {
         let l = lim(10, 1, 1000);
-        let (s, r) = take(None, &l, 11, 0, T0);
+        let (s, r) = take(None, &l, 11, 0, 0, T0);
         assert_eq!(s, None);
         assert_eq!(
             r,
@@ -355,12 +368,12 @@ mod tests {
         assert_eq!(r.remaining, MAX_FULL_UNITS - 1);
         // And a stored state with extreme values.
         let odd = State {
-            units: u64::MAX,
+            units: i64::MAX,
             ts_us: 0,
             period_ms: 3,
         };
         let l = lim(1 << 40, MAX_RATE, 1 << 10);
-        let (_, r) = take(Some(odd), &l, 1, u64::MAX, u64::MAX);
+        let (_, r) = take(Some(odd), &l, 1, u64::MAX, 0, u64::MAX);
         assert!(r.allowed);
         assert_eq!(r.granted, 1 << 40);
         // Invalid limits never panic: "never admissible", state untouched.
@@ -371,11 +384,11 @@ mod tests {
             lim(1, MAX_RATE + 1, 1),
             lim(u64::MAX, 1, u64::MAX),
         ] {
-            let (next, r) = take(Some(odd), &bad, 1, 0, T0);
+            let (next, r) = take(Some(odd), &bad, 1, 0, 0, T0);
             assert_eq!(next, Some(odd));
             assert_eq!(r, Reply::REJECT);
         }
-        let (_, r) = take(None, &lim(1, 1, 1), 0, 0, T0);
+        let (_, r) = take(None, &lim(1, 1, 1), 0, 0, 0, T0);
         assert_eq!(r, Reply::REJECT);
     }
 
@@ -392,9 +405,9 @@ mod tests {
         // The retry is for cost, not for the lease.
         assert_eq!(r.retry_after_ms, 1000);
         // The lease is capped by burst too, and never below cost.
-        let (_, r) = take(None, &l, 1, 50, T0);
+        let (_, r) = take(None, &l, 1, 50, 0, T0);
         assert_eq!(r.granted, 10);
-        let (_, r) = take(None, &l, 3, 1, T0);
+        let (_, r) = take(None, &l, 3, 1, 0, T0);
         assert_eq!(r.granted, 3);
     }
 
@@ -418,14 +431,14 @@ mod tests {
             ts_us: T0,
             period_ms: 10,
         });
-        let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, T0);
+        let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, 0, T0);
         assert_eq!(s.unwrap().units, 6700 - 1000);
         let part = Some(State {
             units: 7,
             ts_us: T0,
             period_ms: 3,
         });
-        let (s, _) = take(part, &lim(10, 1, 2), 1, 0, T0);
+        let (s, _) = take(part, &lim(10, 1, 2), 1, 0, 0, T0);
         assert_eq!(s.unwrap().units, 4 - 2); // floor(7*2/3) = 4
     }
 
@@ -440,5 +453,80 @@ mod tests {
         // Growing the burst back does not restore anything.
         let r = step(&mut s, &lim(100, 1, 1000), 1, 0, T0);
         assert_eq!(r.remaining, 18);
+    }
+
+    #[test]
+    fn reservations_queue_in_order_one_emission_interval_apart() {
+        // 10 tokens per second: one every 100 ms. Burst 2, wait up to 1 s.
+        let l = Limits {
+            burst: 2,
+            rate: 10,
+            period_ms: 1000,
+        };
+        let mut s = None;
+        let mut delays = Vec::new();
+        for _ in 0..14 {
+            let (next, r) = take(s, &l, 1, 0, 1000, T0);
+            s = next;
+            if !r.allowed {
+                assert_eq!(r.granted, 0);
+                delays.push(-r.retry_after_ms);
+                continue;
+            }
+            assert_eq!(r.granted, 1);
+            delays.push(r.retry_after_ms);
+        }
+        // Two from the burst, then reservations 100 ms apart up to the 1 s horizon, then denials
+        // that say when a reservation would fit again (negated here to tell them apart).
+        assert_eq!(
+            delays,
+            [0, 0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, -100, -100]
+        );
+        // Nothing was reserved past the horizon: the debt is exactly 10 tokens.
+        assert_eq!(s.unwrap().units, -10 * 1000);
+        // After 1.1 s the debt is paid and one token is back.
+        let (_, r) = take(s, &l, 1, 0, 0, T0 + 1_100_000);
+        assert!(r.allowed);
+        assert_eq!(r.retry_after_ms, 0);
+    }
+
+    #[test]
+    fn no_wait_means_no_reservation() {
+        let l = Limits {
+            burst: 1,
+            rate: 1,
+            period_ms: 1000,
+        };
+        let (s, _) = take(None, &l, 1, 0, 0, T0);
+        let (s2, r) = take(s, &l, 1, 0, 0, T0);
+        assert!(!r.allowed);
+        assert_eq!(r.retry_after_ms, 1000);
+        assert_eq!(s2.unwrap().units, 0, "nothing reserved");
+        // A wait shorter than needed reserves nothing either, and says when it would fit.
+        let (s3, r) = take(s2, &l, 1, 0, 400, T0);
+        assert!(!r.allowed);
+        assert_eq!(r.retry_after_ms, 600);
+        assert_eq!(s3.unwrap().units, 0);
+    }
+
+    #[test]
+    fn debt_rescales_conservatively_on_a_period_change() {
+        let debt = State {
+            units: -1500,
+            ts_us: T0,
+            period_ms: 1000,
+        };
+        let l2 = Limits {
+            burst: 2,
+            rate: 1,
+            period_ms: 2000,
+        };
+        let (s, r) = take(Some(debt), &l2, 1, 0, 0, T0);
+        assert!(!r.allowed);
+        assert_eq!(
+            s.unwrap().units,
+            -2 * 2000,
+            "1.5 tokens of debt round up to 2"
+        );
     }
 }

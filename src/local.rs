@@ -530,7 +530,7 @@ pub fn fallback_take(
             continue;
         };
         let state = decode_state(&value);
-        let (next, reply) = bucket::take(state, limits, cost, 0, now_us);
+        let (next, reply) = bucket::take(state, limits, cost, 0, 0, now_us);
         match store.set(&key, &encode_state(next), cas) {
             Ok(()) => return Ok(reply),
             Err(e) => last = e,
@@ -556,7 +556,7 @@ fn encode_state(state: Option<State>) -> Vec<u8> {
 
 fn decode_state(bytes: &[u8]) -> Option<State> {
     Some(State {
-        units: read_u64(bytes, 0)?,
+        units: i64::from_le_bytes(read_u64(bytes, 0)?.to_le_bytes()),
         ts_us: read_u64(bytes, 8)?,
         period_ms: read_u64(bytes, 16)?,
     })

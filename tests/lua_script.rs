@@ -1,5 +1,5 @@
 //! `lua/token_bucket.lua` on its own, against a real redis-server (one per test), with the explicit-now
-//! ARGV[6] so every result is deterministic.
+//! ARGV[7] so every result is deterministic.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -51,9 +51,21 @@ fn flat_ints(v: Value) -> Out {
         .unwrap_or_else(|v| panic!("reply has not 5 elements: {v:?}"))
 }
 
-/// One call: limits (burst, rate, period_ms), cost, lease_want, now (µs).
+/// One call: limits (burst, rate, period_ms), cost, lease_want, now (µs); no waiting.
 fn call(conn: &mut redis::Connection, l: (u64, u64, u64), cost: u64, lease: u64, now: u64) -> Out {
-    let args = [l.0, l.1, l.2, cost, lease, now].map(|n| n.to_string());
+    call_wait(conn, l, cost, lease, 0, now)
+}
+
+/// One call with `max_wait_ms`.
+fn call_wait(
+    conn: &mut redis::Connection,
+    l: (u64, u64, u64),
+    cost: u64,
+    lease: u64,
+    max_wait: u64,
+    now: u64,
+) -> Out {
+    let args = [l.0, l.1, l.2, cost, lease, max_wait, now].map(|n| n.to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     eval_raw(conn, KEY, &args).unwrap()
 }
@@ -235,8 +247,18 @@ fn bad_arguments_give_an_error_reply() {
     assert!(err.to_string().contains("bad argument lease_want"), "{err}");
     let err = eval_raw(&mut c, KEY, &[]).unwrap_err();
     assert!(err.to_string().contains("bad argument burst"), "{err}");
-    // A bad explicit now.
-    let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1", "0", "soon"]).unwrap_err();
+    // A bad max_wait_ms, a bad explicit now.
+    let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1", "0", "-1"]).unwrap_err();
+    assert!(
+        err.to_string().contains("bad argument max_wait_ms"),
+        "{err}"
+    );
+    let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1", "0", "3600001"]).unwrap_err();
+    assert!(
+        err.to_string().contains("bad argument max_wait_ms"),
+        "{err}"
+    );
+    let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1", "0", "0", "soon"]).unwrap_err();
     assert!(err.to_string().contains("bad argument now"), "{err}");
     // None of that touched the key.
     assert!(!exists(&mut c));
@@ -260,9 +282,9 @@ fn replies_are_flat_integers_and_state_has_no_exponents() {
     }
     // Raw check of the reply shape for a deny and an allow.
     for args in [
-        ["1", "1", "1", "1", "0", "5"],
-        ["1", "1", "1", "1", "0", "5"],
-        ["1", "1", "1", "2", "0", "5"],
+        ["1", "1", "1", "1", "0", "0", "5"],
+        ["1", "1", "1", "1", "0", "0", "5"],
+        ["1", "1", "1", "2", "0", "0", "5"],
     ] {
         let v: Value = redis::cmd("EVAL")
             .arg(SCRIPT)
@@ -320,8 +342,36 @@ fn script_load_sha1_matches_and_evalsha_works() {
         .arg(&sha)
         .arg(1)
         .arg(KEY)
-        .arg(&["3", "1", "1000", "1", "0", &T0.to_string()])
+        .arg(&["3", "1", "1000", "1", "0", "0", &T0.to_string()])
         .query(&mut c)
         .unwrap();
     assert_eq!(flat_ints(v), [1, 2, 0, 1000, 1]);
+}
+
+/// Reservations (max_wait_ms): queued in order, each one emission interval (period / rate) after
+/// the last, none past the horizon; the debt is stored and paid back by refill.
+#[test]
+fn reservations_queue_in_order_up_to_the_horizon() {
+    let (_r, mut c) = start("lua-reserve");
+    let l = (2, 10, 1000); // burst 2, one token every 100 ms
+    let mut got = Vec::new();
+    for _ in 0..14 {
+        let [allowed, _remaining, retry, _reset, granted] = call_wait(&mut c, l, 1, 0, 1000, T0);
+        got.push((allowed, retry, granted));
+    }
+    let mut want = vec![(1, 0, 1), (1, 0, 1)];
+    want.extend((1..=10).map(|i| (1, 100 * i, 1)));
+    want.extend([(0, 100, 0), (0, 100, 0)]);
+    assert_eq!(got, want);
+    let (u, _, _) = stored(&mut c);
+    assert_eq!(
+        u.as_deref(),
+        Some("-10000"),
+        "ten tokens of debt, none past the horizon"
+    );
+    // Without max_wait the same bucket just denies until the debt is paid and a token is back.
+    let [allowed, _, retry, _, _] = call(&mut c, l, 1, 0, T0 + 500_000);
+    assert_eq!((allowed, retry), (0, 600));
+    let [allowed, ..] = call(&mut c, l, 1, 0, T0 + 1_100_000);
+    assert_eq!(allowed, 1);
 }

@@ -68,8 +68,15 @@ struct Harness {
 
 impl Harness {
     /// Runs the script and returns its reply and the key's PTTL right after it.
-    fn script(&mut self, l: &Limits, cost: u64, lease: u64, now: u64) -> ([i64; 5], i64) {
-        let args = [l.burst, l.rate, l.period_ms, cost, lease, now].map(|n| n.to_string());
+    fn script(
+        &mut self,
+        l: &Limits,
+        cost: u64,
+        lease: u64,
+        wait: u64,
+        now: u64,
+    ) -> ([i64; 5], i64) {
+        let args = [l.burst, l.rate, l.period_ms, cost, lease, wait, now].map(|n| n.to_string());
         let v: Value = redis::cmd("EVALSHA")
             .arg(&self.sha)
             .arg(1)
@@ -107,8 +114,11 @@ impl Harness {
                     s.parse()
                         .unwrap_or_else(|_| panic!("stored {f} is not a plain integer: {s:?}"))
                 };
+                let units = u
+                    .parse()
+                    .unwrap_or_else(|_| panic!("stored u is not a plain integer: {u:?}"));
                 Some(State {
-                    units: parse("u", &u),
+                    units,
                     ts_us: parse("t", &t),
                     period_ms: parse("p", &p),
                 })
@@ -160,9 +170,18 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
             rng.below(l.burst.saturating_mul(2).min(1 << 52))
         };
 
-        let ctx = format!("seed {seed} step {step}: {l:?} cost {cost} lease {lease} now {now}");
-        let (next, reply) = take(state, &l, cost, lease, now);
-        let (got, ttl) = h.script(&l, cost, lease, now);
+        // Reservations: sometimes a wait horizon, from a few ms to a few refill periods.
+        let wait = if rng.chance(30) {
+            rng.below((l.period_ms * 3).min(3_600_000))
+        } else {
+            0
+        };
+
+        let ctx = format!(
+            "seed {seed} step {step}: {l:?} cost {cost} lease {lease} wait {wait} now {now}"
+        );
+        let (next, reply) = take(state, &l, cost, lease, wait, now);
+        let (got, ttl) = h.script(&l, cost, lease, wait, now);
         assert_eq!(
             got,
             as_ints(&reply),
