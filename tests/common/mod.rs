@@ -170,4 +170,3 @@ pub use http::{get, http, try_http, Resp};
 pub use stack::Stack;
 #[allow(unused_imports)]
 pub use webdis::{Webdis, WebdisOpts};
-pub mod yaml;
