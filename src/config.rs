@@ -69,6 +69,8 @@ pub struct Rule {
     /// Lower-cased header name whose value, when present, is the request's cost.
     pub cost_header: Option<String>,
     pub mode: Mode,
+    /// Exact mode: hold a request up to this long for tokens about to refill (0 = reject).
+    pub max_wait_ms: u64,
     /// Lease mode: most tokens one proxy takes in one call (<= burst).
     pub lease_max: u64,
     /// Lease mode: a lease covers about this much of the proxy's demand, and expires after twice it.
@@ -192,6 +194,7 @@ pub const MAX_LEASE_HORIZON_MS: u64 = 10_000;
 
 const RULE_FIELDS: &[&str] = &[
     "name",
+    "max_wait_ms",
     "lease_max",
     "lease_horizon_ms",
     "match",
@@ -729,6 +732,16 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         )?
         .unwrap_or(DEFAULT_LEASE_HORIZON_MS);
 
+    let max_wait_ms = obj
+        .opt_int("max_wait_ms", 0, crate::bucket::MAX_WAIT_MS)?
+        .unwrap_or(0);
+    if max_wait_ms > 0 && mode == Mode::Lease {
+        return Err(err(
+            obj.path("max_wait_ms"),
+            "needs \"mode\": \"exact\" (a lease-mode request is served from leased tokens, not reserved)",
+        ));
+    }
+
     let shadow = obj.opt_bool("shadow")?.unwrap_or(false);
 
     let fallback = obj
@@ -744,6 +757,7 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         cost,
         cost_header,
         mode,
+        max_wait_ms,
         lease_max,
         lease_horizon_ms,
         shadow,
@@ -998,6 +1012,7 @@ mod tests {
                 cost: 1,
                 cost_header: Some("x-cost".into()),
                 mode: Mode::Lease,
+                max_wait_ms: 0,
                 lease_max: 200,
                 lease_horizon_ms: 200,
                 shadow: false,
@@ -1012,6 +1027,20 @@ mod tests {
         assert_eq!(
             c.summary(),
             "1 rule: per-user 100/1000ms burst 200 lease (fallback 25/1000ms burst 50)"
+        );
+    }
+
+    #[test]
+    fn max_wait_needs_exact_mode_and_a_bound() {
+        let r = one_rule(r#""rate":5,"max_wait_ms":250"#);
+        assert_eq!(r.max_wait_ms, 250);
+        assert_eq!(
+            error(r#"{"rules":[{"name":"a","rate":5,"mode":"lease","max_wait_ms":250}]}"#),
+            "rules[0].max_wait_ms: needs \"mode\": \"exact\" (a lease-mode request is served from leased tokens, not reserved)"
+        );
+        assert_eq!(
+            error(r#"{"rules":[{"name":"a","rate":5,"max_wait_ms":3600001}]}"#),
+            "rules[0].max_wait_ms: must be an integer <= 3600000"
         );
     }
 
@@ -1046,6 +1075,7 @@ mod tests {
                 cost: 1,
                 cost_header: None,
                 mode: Mode::Exact,
+                max_wait_ms: 0,
                 lease_max: 10,
                 lease_horizon_ms: 200,
                 shadow: false,

@@ -57,6 +57,11 @@ impl Plugin {
         };
         let m = &self.metrics;
         match outcome {
+            Outcome::Reserved { delay_ms, .. } => {
+                m.count(rule_idx, Counter::Allowed, 1);
+                m.count(rule_idx, Counter::Delayed, 1);
+                m.count(rule_idx, Counter::DelayMs, delay_ms);
+            }
             Outcome::Allowed { .. } | Outcome::FailOpen => {
                 m.count(rule_idx, Counter::Allowed, 1);
                 if source == Source::Local {
@@ -88,8 +93,12 @@ impl Plugin {
 /// What the filter does with the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// Let it through; add `headers` to the response.
-    Allow { headers: Vec<(String, String)> },
+    /// Let it through (after holding it `delay_ms`, for a reservation); add `headers` to the
+    /// response.
+    Allow {
+        headers: Vec<(String, String)>,
+        delay_ms: u64,
+    },
     /// Answer it here.
     Respond {
         status: u32,
@@ -107,6 +116,11 @@ pub enum Outcome {
     },
     Denied {
         retry_ms: u64,
+    },
+    /// Admitted on tokens reserved from the future: hold the request `delay_ms` first.
+    Reserved {
+        delay_ms: u64,
+        reset_ms: u64,
     },
     /// The backend failed: the failure mode's answer.
     FailOpen,
@@ -258,6 +272,8 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
                 period_ms: rule.limits.period_ms,
                 cost,
                 lease_want: 0,
+                // A shadow rule never holds a request.
+                max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
             },
             outcome,
             eval_sent: false,
@@ -344,6 +360,13 @@ pub fn on_reply(
             check.eval_sent = true;
             return Next::Resend(plugin.request(&check.call, Invoke::Source(script::SOURCE)));
         }
+        Ok(r) if r.allowed && r.retry_after_ms > 0 => (
+            Outcome::Reserved {
+                delay_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
+                reset_ms: r.reset_after_ms,
+            },
+            Source::Backend,
+        ),
         Ok(r) if r.allowed => (
             Outcome::Allowed {
                 remaining: r.remaining,
@@ -445,6 +468,7 @@ pub fn lease_flight(
         period_ms: rule.limits.period_ms,
         cost: first_cost,
         lease_want: want,
+        max_wait_ms: 0,
     };
     let req = plugin.request(&call, Invoke::Sha(&plugin.sha));
     Ok(Some((
@@ -655,9 +679,17 @@ fn verdict(cfg: &Config, checks: &[Check]) -> Verdict {
     let mut denials = Vec::new();
     let mut admits = Vec::new();
     let mut closed = false;
+    let mut delay_ms = 0;
     for (rule, outcome) in enforced {
         match outcome {
             Outcome::Denied { retry_ms } => denials.push(report(rule, 0, retry_ms)),
+            Outcome::Reserved {
+                delay_ms: d,
+                reset_ms,
+            } => {
+                delay_ms = delay_ms.max(d);
+                admits.push(report(rule, 0, reset_ms));
+            }
             Outcome::Allowed {
                 remaining,
                 reset_ms,
@@ -686,10 +718,13 @@ fn verdict(cfg: &Config, checks: &[Check]) -> Verdict {
             body: "rate limit backend unavailable\n".to_string(),
         };
     }
-    let headers = headers::most_restrictive(&admits)
+    let mut headers = headers::most_restrictive(&admits)
         .map(|r| headers::rate_limit_headers(style, r))
         .unwrap_or_default();
-    Verdict::Allow { headers }
+    if delay_ms > 0 {
+        headers.push((headers::DELAY.to_string(), delay_ms.to_string()));
+    }
+    Verdict::Allow { headers, delay_ms }
 }
 
 fn report(rule: &Rule, remaining: u64, reset_ms: u64) -> Report<'_> {
@@ -774,7 +809,7 @@ mod tests {
         let s = MemStore::default();
         for r in [req("/other", &[("x-user", "a")]), req("/api/x", &[])] {
             match start(&p, &s, &r, 0) {
-                Step::Done(Verdict::Allow { headers }) => assert!(headers.is_empty()),
+                Step::Done(Verdict::Allow { headers, .. }) => assert!(headers.is_empty()),
                 other => panic!("{other:?}"),
             }
         }
@@ -788,9 +823,9 @@ mod tests {
         assert_eq!(c.len(), 1);
         let body = String::from_utf8(c[0].1.body.clone()).unwrap();
         assert!(body.starts_with(&format!("EVALSHA/{}/1/tollgate%3A%7Bper-user%3A", p.sha)));
-        assert!(body.ends_with("/20/10/1000/1/0"), "{body}");
+        assert!(body.ends_with("/20/10/1000/1/0/0"), "{body}");
         match on_reply(&p, &s, &mut pending, 0, allowed(7), 0) {
-            Next::Done(Verdict::Allow { headers }) => {
+            Next::Done(Verdict::Allow { headers, .. }) => {
                 assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=7;t=1"));
                 assert_eq!(
                     header(&headers, "ratelimit-policy"),
@@ -849,7 +884,7 @@ mod tests {
         }
         // A second NOSCRIPT is a failure: failure_mode open admits.
         match on_reply(&p, &s, &mut pending, 0, Err(BackendError::NoScript), 0) {
-            Next::Done(Verdict::Allow { headers }) => assert!(headers.is_empty()),
+            Next::Done(Verdict::Allow { headers, .. }) => assert!(headers.is_empty()),
             other => panic!("{other:?}"),
         }
     }
@@ -939,7 +974,7 @@ mod tests {
         assert_eq!(pending.checks[0].call.cost, 5);
         assert!(String::from_utf8(c[0].1.body.clone())
             .unwrap()
-            .ends_with("/5/0"));
+            .ends_with("/5/0/0"));
     }
 
     #[test]
@@ -961,7 +996,7 @@ mod tests {
             Next::Wait
         ));
         match on_reply(&p, &s, &mut pending, 1, allowed(50), 0) {
-            Next::Done(Verdict::Allow { headers }) => {
+            Next::Done(Verdict::Allow { headers, .. }) => {
                 assert_eq!(header(&headers, "ratelimit"), Some("\"per-user\";r=3;t=1"))
             }
             other => panic!("shadow denial must not deny: {other:?}"),
@@ -1034,7 +1069,7 @@ mod tests {
         );
         let body = String::from_utf8(call.body).unwrap();
         assert!(
-            body.ends_with(&format!("/1/{}", flight.call.lease_want)),
+            body.ends_with(&format!("/1/{}/0", flight.call.lease_want)),
             "{body}"
         );
         assert!(flight.call.lease_want >= 2, "enough for both waiters");
@@ -1044,7 +1079,7 @@ mod tests {
         ));
         for w in [&mut w1, &mut w2] {
             match serve_waiter(&p, &s, w, 0, 1003) {
-                Some(Next::Done(Verdict::Allow { headers })) => {
+                Some(Next::Done(Verdict::Allow { headers, .. })) => {
                     assert!(header(&headers, "ratelimit").is_some())
                 }
                 other => panic!("{other:?}"),
@@ -1148,6 +1183,43 @@ mod tests {
         }
         assert_eq!(record_backend(&p, &s, true, 1503), Some(Transition::Closed));
         calls(start(&p, &s, &req("/api/x", &[("x-user", "b")]), 1_504_000));
+    }
+
+    #[test]
+    fn a_reservation_admits_after_its_delay_and_says_so() {
+        let p = plugin(
+            "",
+            r#"{"name":"hooks","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800},
+               {"name":"try","rate":1,"shadow":true,"max_wait_ms":800}"#,
+        );
+        let s = MemStore::default();
+        let (mut pending, c) = calls(start(&p, &s, &req("/", &[("x-user", "a")]), 0));
+        let hooks = String::from_utf8(c[0].1.body.clone()).unwrap();
+        assert!(hooks.ends_with("/5/10/1000/1/0/800"), "{hooks}");
+        let shadow = String::from_utf8(c[1].1.body.clone()).unwrap();
+        assert!(
+            shadow.ends_with("/1/0/0"),
+            "a shadow rule never holds: {shadow}"
+        );
+        let reserved = Ok(ScriptReply {
+            allowed: true,
+            remaining: 0,
+            retry_after_ms: 300,
+            reset_after_ms: 800,
+            granted: 1,
+        });
+        assert!(matches!(
+            on_reply(&p, &s, &mut pending, 0, reserved, 0),
+            Next::Wait
+        ));
+        match on_reply(&p, &s, &mut pending, 1, allowed(0), 0) {
+            Next::Done(Verdict::Allow { headers, delay_ms }) => {
+                assert_eq!(delay_ms, 300);
+                assert_eq!(header(&headers, "x-ratelimit-delay-ms"), Some("300"));
+                assert_eq!(header(&headers, "ratelimit"), Some("\"hooks\";r=0;t=1"));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -62,6 +62,8 @@ struct Worker {
     waiters: Vec<Waiter>,
     /// This worker's lease calls out: token -> (flight, sent at µs).
     flights: HashMap<u32, (LeaseFlight, u64)>,
+    /// Admitted requests held for a reservation: (context, due at ms).
+    held: Vec<(u32, u64)>,
     ticking: bool,
 }
 
@@ -71,7 +73,16 @@ impl Worker {
             root_id,
             waiters: Vec::new(),
             flights: HashMap::new(),
+            held: Vec::new(),
             ticking: false,
+        }
+    }
+
+    /// Holds request `ctx` until `due_ms` (the root context's tick resumes it).
+    fn hold(&mut self, ctx: u32, due_ms: u64) {
+        self.held.push((ctx, due_ms));
+        if !self.ticking && hostcalls::set_tick_period(TICK).is_ok() {
+            self.ticking = true;
         }
     }
 }
@@ -303,8 +314,31 @@ impl Root {
         if hostcalls::set_effective_context(ctx).is_err() {
             return;
         }
-        if apply(state, verdict) {
-            host::resume_request();
+        match apply(state, verdict) {
+            Applied::Go => host::resume_request(),
+            Applied::Hold(due) => self.worker.borrow_mut().hold(ctx, due),
+            Applied::Answered => {}
+        }
+        let root = self.worker.borrow().root_id;
+        let _ = hostcalls::set_effective_context(root);
+    }
+
+    /// Resumes the held requests that are due.
+    fn release(&self, now_ms: u64) {
+        let due: Vec<u32> = {
+            let mut worker = self.worker.borrow_mut();
+            let (due, later): (Vec<_>, Vec<_>) =
+                worker.held.iter().partition(|(_, at)| *at <= now_ms);
+            worker.held = later;
+            due.into_iter().map(|(ctx, _)| ctx).collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        for ctx in due {
+            if hostcalls::set_effective_context(ctx).is_ok() {
+                host::resume_request();
+            }
         }
         let root = self.worker.borrow().root_id;
         let _ = hostcalls::set_effective_context(root);
@@ -313,7 +347,8 @@ impl Root {
     /// Ticks while there are waiters or flights, and not otherwise (no idle cost).
     fn set_ticking(&self) {
         let mut worker = self.worker.borrow_mut();
-        let busy = !worker.waiters.is_empty() || !worker.flights.is_empty();
+        let busy =
+            !worker.waiters.is_empty() || !worker.flights.is_empty() || !worker.held.is_empty();
         if busy != worker.ticking {
             let period = if busy { TICK } else { Duration::ZERO };
             if hostcalls::set_tick_period(period).is_ok() {
@@ -343,7 +378,9 @@ impl RootContext for Root {
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
-        self.serve(&plugin, host::now_us());
+        let now = host::now_us();
+        self.release(now / 1000);
+        self.serve(&plugin, now);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -361,16 +398,29 @@ impl RootContext for Root {
     }
 }
 
+/// What became of a request after its verdict.
+enum Applied {
+    /// Let it go on now.
+    Go,
+    /// Admitted on a reservation: hold it until this time (ms).
+    Hold(u64),
+    /// Answered here.
+    Answered,
+}
+
 /// Applies a verdict to the current context: keeps headers for the response, or answers now.
-/// Returns whether the request goes on.
-fn apply(state: &Rc<RefCell<ReqState>>, verdict: Verdict) -> bool {
+fn apply(state: &Rc<RefCell<ReqState>>, verdict: Verdict) -> Applied {
     log::debug!("tollgate: {}", describe(&verdict));
     let mut st = state.borrow_mut();
     st.pending = None;
     match verdict {
-        Verdict::Allow { headers } => {
+        Verdict::Allow { headers, delay_ms } => {
             st.response_headers = headers;
-            true
+            if delay_ms > 0 {
+                Applied::Hold((host::now_us() / 1000).saturating_add(delay_ms))
+            } else {
+                Applied::Go
+            }
         }
         Verdict::Respond {
             status,
@@ -379,7 +429,7 @@ fn apply(state: &Rc<RefCell<ReqState>>, verdict: Verdict) -> bool {
         } => {
             drop(st);
             host::send_response(status, &headers, &body);
-            false
+            Applied::Answered
         }
     }
 }
@@ -478,6 +528,7 @@ impl Drop for Request {
         self.state.borrow_mut().pending = None;
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
             worker.waiters.retain(|w| w.ctx != self.id);
+            worker.held.retain(|(ctx, _)| *ctx != self.id);
         }
     }
 }
@@ -511,8 +562,10 @@ impl Context for Request {
             Next::Resend(req) => self.send(&plugin, call.idx, req),
         };
         if let Some(v) = verdict {
-            if apply(&self.state, v) {
-                host::resume_request();
+            match apply(&self.state, v) {
+                Applied::Go => host::resume_request(),
+                Applied::Hold(due) => self.worker.borrow_mut().hold(self.id, due),
+                Applied::Answered => {}
             }
         }
     }
@@ -535,8 +588,12 @@ impl HttpContext for Request {
             }
         };
         match verdict.map(|v| apply(&self.state, v)) {
-            Some(true) => Action::Continue,
-            None | Some(false) => Action::Pause,
+            Some(Applied::Go) => Action::Continue,
+            Some(Applied::Hold(due)) => {
+                self.worker.borrow_mut().hold(self.id, due);
+                Action::Pause
+            }
+            None | Some(Applied::Answered) => Action::Pause,
         }
     }
 
@@ -553,7 +610,7 @@ impl HttpContext for Request {
 /// never request values).
 fn describe(v: &Verdict) -> String {
     let (what, headers) = match v {
-        Verdict::Allow { headers } => ("allow".to_string(), headers),
+        Verdict::Allow { headers, delay_ms } => (format!("allow after {delay_ms} ms"), headers),
         Verdict::Respond {
             status, headers, ..
         } => (format!("answer {status}"), headers),

@@ -7,6 +7,9 @@
 use crate::bucket::Limits;
 use crate::config::HeaderStyle;
 
+/// On a response that was held for a reservation: how long, in milliseconds.
+pub const DELAY: &str = "x-ratelimit-delay-ms";
+
 /// What one rule says about a request, for its headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report<'a> {

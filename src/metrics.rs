@@ -32,10 +32,14 @@ pub enum Counter {
     LeaseGranted,
     /// Leased tokens dropped unspent because their lease expired.
     LeaseDropped,
+    /// Admissions held for a reservation (`max_wait_ms`) before going on.
+    Delayed,
+    /// Total milliseconds requests were held for reservations.
+    DelayMs,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 10] = [
+    pub const ALL: [Counter; 12] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -46,6 +50,8 @@ impl Counter {
         Counter::FailureModeAllowed,
         Counter::LeaseGranted,
         Counter::LeaseDropped,
+        Counter::Delayed,
+        Counter::DelayMs,
     ];
 
     pub fn suffix(self) -> &'static str {
@@ -60,6 +66,8 @@ impl Counter {
             Counter::FailureModeAllowed => "failure_mode_allowed",
             Counter::LeaseGranted => "lease_granted",
             Counter::LeaseDropped => "lease_dropped",
+            Counter::Delayed => "delayed",
+            Counter::DelayMs => "delay_ms_total",
         }
     }
 }

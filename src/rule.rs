@@ -229,6 +229,7 @@ mod tests {
             cost: 1,
             cost_header: None,
             mode: Mode::Exact,
+            max_wait_ms: 0,
             lease_max: 10,
             lease_horizon_ms: 200,
             shadow: false,

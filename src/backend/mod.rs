@@ -17,9 +17,12 @@ pub struct ScriptCall {
     pub cost: u64,
     /// Tokens the proxy would like to take at once (0 in exact mode).
     pub lease_want: u64,
+    /// How long the proxy will hold the request for a reservation (0 = none).
+    pub max_wait_ms: u64,
 }
 
 /// The script's flat reply `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
+/// Allowed with `retry_after_ms > 0` is a reservation: hold the request that long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScriptReply {
     pub allowed: bool,

@@ -35,7 +35,8 @@ pub fn encode_segment(bytes: &[u8], out: &mut String) {
     }
 }
 
-/// The Webdis command text for one script call: `EVALSHA/<sha>/1/<key>/<burst>/<rate>/...`.
+/// The Webdis command text for one script call:
+/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease_want>/<max_wait_ms>`.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
     let (verb, script) = match invoke {
         Invoke::Sha(sha) => ("EVALSHA", sha),
@@ -49,6 +50,7 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
         call.period_ms,
         call.cost,
         call.lease_want,
+        call.max_wait_ms,
     ];
     let args = [script.as_bytes(), b"1", call.key.as_bytes()];
     for arg in args {
@@ -194,6 +196,7 @@ mod tests {
             period_ms: 1000,
             cost: 1,
             lease_want: 0,
+            max_wait_ms: 0,
         }
     }
 
@@ -227,7 +230,7 @@ mod tests {
         let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
         assert_eq!(
             cmd,
-            "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0"
+            "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0/0"
         );
     }
 
@@ -268,7 +271,7 @@ mod tests {
         let parts: Vec<&str> = cmd.split('/').collect();
         assert_eq!(parts[0], "EVAL");
         assert_eq!(webdis_decode(parts[1]), src.as_bytes());
-        assert_eq!(&parts[2..], ["1", "k", "200", "100", "1000", "1", "0"]);
+        assert_eq!(&parts[2..], ["1", "k", "200", "100", "1000", "1", "0", "0"]);
     }
 
     #[test]
@@ -285,7 +288,7 @@ mod tests {
         assert!(req
             .headers
             .contains(&("authorization".into(), "Basic dXNlcjpwYXNz".into())));
-        assert_eq!(req.body, b"EVALSHA/abc/1/k/200/100/1000/1/0");
+        assert_eq!(req.body, b"EVALSHA/abc/1/k/200/100/1000/1/0/0");
     }
 
     #[test]
