@@ -1,0 +1,1522 @@
+//! `make bench`: what tollgate costs Envoy, next to plain Envoy, Envoy's native local_ratelimit and an
+//! empty proxy-wasm filter, and how close a hot key gets to its global limit across two proxies.
+//!
+//! One run starts Redis, Webdis and one Envoy per scenario (two for the limited ones; each
+//! `--concurrency 2 --disable-hot-restart`) once, warms every scenario up, then runs the scenarios in
+//! turn, round after round (interleaved, so drift on a shared machine hits them all alike), and reports
+//! the median of each figure over the rounds:
+//!
+//! | scenario | Envoy's filters | load (h2load; HTTP/1.1 unless `--h2c`) |
+//! |---|---|---|
+//! | plain | router only (envoy/bench/plain.yaml) | closed loop, `--connections` |
+//! | native | local_ratelimit, bucket never empties (envoy/bench/native.yaml) | closed loop |
+//! | wasm-floor | bench/wasm-floor: reads one header, continues (envoy/bench/wasm-floor.yaml) | closed loop |
+//! | tollgate-exact / -lease | envoy/envoy.yaml, one rule on `header:x-user-id`, limit never reached | closed loop |
+//! | tollgate-limited-exact / -lease | two Envoys, one hot key far over its limit (5x by default) | paced, split across both |
+//!
+//! Figures: Envoy CPU time per request (utime+stime from /proc/<pid>/stat over the load), requests/s
+//! and p50/p99 latency (h2load's summary and per-request log), Redis script calls (INFO commandstats:
+//! evalsha + eval), and for the limited scenarios admitted ÷ (burst + rate × T).
+//!
+//! Run with `make bench` (setup + build first), or `cargo run --release --example bench -- --help`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::envoy::{brief_log, envoy_bin, envoy_file, wasm_path, Envoy};
+use common::http::try_http;
+use common::webdis::{Webdis, WebdisOpts};
+use common::{repo_root, scratch_dir, Redis};
+
+/// The path every load requests; tollgate's bench rule matches `/api/`.
+const PATH: &str = "/api/bench";
+/// The header tollgate's bench rule is keyed on (and the one the wasm floor reads).
+const USER_HEADER: &str = "x-user-id";
+/// h2load clients per proxy in the paced (limited) scenarios.
+const PACED_CLIENTS: u32 = 10;
+/// The limit of the non-limited tollgate scenarios: far above anything this machine can send.
+const HUGE_RATE: u64 = 1_000_000;
+
+const USAGE: &str = "\
+usage: cargo run --release --example bench -- [options]      (make bench BENCH_ARGS='[options]')
+
+  --rounds N          interleaved rounds; each figure is the median over them    (default 5)
+  --duration SECS     length of each measured load, closed loop and paced        (default 3)
+  --requests N        closed-loop loads send N requests instead of a --duration
+  --connections N     h2load connections, one request in flight on each          (default 16)
+  --threads N         h2load threads for the closed-loop loads                   (default 1)
+  --h2c               h2load speaks h2c (HTTP/2, prior knowledge), not HTTP/1.1
+  --warmup SECS       unmeasured load per scenario before round 1                (default 1)
+  --limited-rate N    the hot key's rate, tokens per second                      (default 200)
+  --limited-burst N   the hot key's burst                                        (default 200)
+  --limited-load N    requests per second offered to the hot key, both proxies   (default 1000)
+  --only A,B,...      only these scenarios (plain always runs: it is the baseline)
+  --out PATH          the JSON report (default target/bench/bench-<timestamp>.json);
+                      target/bench/latest.json is written too
+";
+
+#[derive(Debug, Clone)]
+struct Settings {
+    rounds: u32,
+    duration: Duration,
+    requests: Option<u64>,
+    connections: u32,
+    threads: u32,
+    warmup: Duration,
+    limited_rate: u64,
+    limited_burst: u64,
+    limited_load: u32,
+    only: Option<Vec<String>>,
+    out: Option<PathBuf>,
+    /// h2c (HTTP/2 prior knowledge) instead of HTTP/1.1.
+    h2c: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            rounds: 5,
+            duration: Duration::from_secs(3),
+            requests: None,
+            connections: 16,
+            threads: 1,
+            warmup: Duration::from_secs(1),
+            limited_rate: 200,
+            limited_burst: 200,
+            limited_load: 1000,
+            only: None,
+            out: None,
+            h2c: false,
+        }
+    }
+}
+
+fn parse_args() -> Result<Settings, String> {
+    let mut s = Settings::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        if flag == "--help" || flag == "-h" {
+            return Err(String::new());
+        }
+        if flag == "--h2c" {
+            s.h2c = true;
+            continue;
+        }
+        const VALUE_FLAGS: [&str; 11] = [
+            "--rounds",
+            "--duration",
+            "--requests",
+            "--connections",
+            "--threads",
+            "--warmup",
+            "--limited-rate",
+            "--limited-burst",
+            "--limited-load",
+            "--only",
+            "--out",
+        ];
+        if !VALUE_FLAGS.contains(&flag.as_str()) {
+            return Err(format!("unknown option {flag}"));
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => args.next().ok_or_else(|| format!("{flag} needs a value"))?,
+        };
+        let int = |v: &str| -> Result<u64, String> {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{flag}: expected a positive integer, got {v:?}"))
+        };
+        let secs = |v: &str| -> Result<Duration, String> {
+            v.trim_end_matches('s')
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0 && *x < 3600.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| format!("{flag}: expected seconds, got {v:?}"))
+        };
+        let small = |v: &str| -> Result<u32, String> {
+            u32::try_from(int(v)?).map_err(|_| format!("{flag}: too large: {v}"))
+        };
+        match flag.as_str() {
+            "--rounds" => s.rounds = small(&value)?,
+            "--duration" => s.duration = secs(&value)?,
+            "--requests" => s.requests = Some(int(&value)?),
+            "--connections" => s.connections = small(&value)?,
+            "--threads" => s.threads = small(&value)?,
+            "--warmup" => s.warmup = secs(&value)?,
+            "--limited-rate" => s.limited_rate = int(&value)?,
+            "--limited-burst" => s.limited_burst = int(&value)?,
+            "--limited-load" => s.limited_load = small(&value)?,
+            "--only" => {
+                let names: Vec<String> = value
+                    .split(',')
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                for n in &names {
+                    if !SCENARIOS.iter().any(|d| d.name == n) {
+                        return Err(format!(
+                            "--only: unknown scenario {n:?} (known: {})",
+                            SCENARIOS.map(|d| d.name).join(", ")
+                        ));
+                    }
+                }
+                s.only = Some(names);
+            }
+            "--out" => s.out = Some(PathBuf::from(value)),
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    if let Some(n) = s.requests {
+        if n < u64::from(s.connections) {
+            return Err(format!(
+                "--requests ({n}) must be at least --connections ({})",
+                s.connections
+            ));
+        }
+    }
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Scenarios
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    /// A template under envoy/bench/.
+    Template(&'static str),
+    /// envoy/envoy.yaml with tollgate in this mode, limit never reached.
+    Tollgate(&'static str),
+    /// Two Envoys with envoy/envoy.yaml, tollgate in this mode, one hot key.
+    Limited(&'static str),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Def {
+    name: &'static str,
+    setup: Setup,
+    what: &'static str,
+}
+
+const SCENARIOS: [Def; 7] = [
+    Def {
+        name: "plain",
+        setup: Setup::Template("plain.yaml"),
+        what: "Envoy, same route, no rate-limit filter",
+    },
+    Def {
+        name: "native",
+        setup: Setup::Template("native.yaml"),
+        what: "Envoy's local_ratelimit, bucket never empties",
+    },
+    Def {
+        name: "wasm-floor",
+        setup: Setup::Template("wasm-floor.yaml"),
+        what: "empty proxy-wasm filter: reads one header, continues",
+    },
+    Def {
+        name: "tollgate-exact",
+        setup: Setup::Tollgate("exact"),
+        what: "tollgate mode exact, one key, limit never reached",
+    },
+    Def {
+        name: "tollgate-lease",
+        setup: Setup::Tollgate("lease"),
+        what: "tollgate mode lease, one key, limit never reached",
+    },
+    Def {
+        name: "tollgate-limited-exact",
+        setup: Setup::Limited("exact"),
+        what: "two Envoys, one hot key far over its limit, mode exact",
+    },
+    Def {
+        name: "tollgate-limited-lease",
+        setup: Setup::Limited("lease"),
+        what: "two Envoys, one hot key far over its limit, mode lease",
+    },
+];
+
+impl Def {
+    fn tollgate_mode(&self) -> Option<&'static str> {
+        match self.setup {
+            Setup::Template(_) => None,
+            Setup::Tollgate(m) | Setup::Limited(m) => Some(m),
+        }
+    }
+
+    fn limited(&self) -> bool {
+        matches!(self.setup, Setup::Limited(_))
+    }
+}
+
+/// tollgate's plugin configuration for a scenario. Failure mode `closed`: a backend failure shows up as
+/// a 503, never as a silent admission.
+fn tollgate_config(name: &str, mode: &str, rate: u64, burst: u64) -> String {
+    serde_json::json!({
+        "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 100 },
+        "key_prefix": format!("bench-{name}"),
+        "failure_mode": "closed",
+        "response_headers": "ietf",
+        "rules": [{
+            "name": "per-user",
+            "match": { "path_prefix": "/api/" },
+            "key": [format!("header:{USER_HEADER}")],
+            "rate": rate,
+            "period_ms": 1000,
+            "burst": burst,
+            "mode": mode,
+        }],
+    })
+    .to_string()
+}
+
+/// Renders a template under envoy/bench/ (the same placeholders as envoy/envoy.yaml, no plugin config).
+fn render_bench_template(
+    text: &str,
+    backend_port: u16,
+    listen_port: u16,
+    admin_port: u16,
+    wasm: &Path,
+) -> String {
+    text.replace("{{ADMIN_PORT}}", &admin_port.to_string())
+        .replace("{{LISTEN_PORT}}", &listen_port.to_string())
+        .replace("{{BACKEND_PORT}}", &backend_port.to_string())
+        .replace("{{WASM_PATH}}", &wasm.to_string_lossy().replace('\'', "''"))
+}
+
+/// The parts of an Envoy template outside `http_filters`, without comments: the bench templates must
+/// match envoy/envoy.yaml there.
+fn outside_filters(yaml: &str) -> (String, String) {
+    let lines: Vec<&str> = yaml
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == "http_filters:")
+        .unwrap_or(lines.len());
+    let router = lines
+        .iter()
+        .position(|l| l.trim() == "- name: envoy.filters.http.router")
+        .unwrap_or(lines.len());
+    (
+        lines[..start].join("\n"),
+        lines[router.max(start)..].join("\n"),
+    )
+}
+
+/// Warnings for envoy/bench/ templates that drifted from envoy/envoy.yaml outside http_filters.
+fn template_drift() -> Vec<String> {
+    let main = outside_filters(&envoy_file("envoy.yaml"));
+    SCENARIOS
+        .iter()
+        .filter_map(|d| match d.setup {
+            Setup::Template(file) => {
+                let text = envoy_file(&format!("bench/{file}"));
+                (outside_filters(&text) != main).then(|| {
+                    format!("envoy/bench/{file} differs from envoy/envoy.yaml outside http_filters")
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Builds bench/wasm-floor and returns the path of its .wasm.
+fn build_wasm_floor() -> Result<PathBuf, String> {
+    let root = repo_root();
+    let target_dir = root.join("target/wasm-floor");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "--target",
+            "wasm32-wasip1",
+            "--manifest-path",
+            "bench/wasm-floor/Cargo.toml",
+            "--target-dir",
+        ])
+        .arg(&target_dir)
+        .status()
+        .map_err(|e| format!("run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("building bench/wasm-floor failed ({status})"));
+    }
+    let wasm = target_dir.join("wasm32-wasip1/release/wasm_floor.wasm");
+    if wasm.is_file() {
+        Ok(wasm)
+    } else {
+        Err(format!("{} missing after the build", wasm.display()))
+    }
+}
+
+/// One scenario's running proxies.
+struct Running {
+    def: Def,
+    envoys: Vec<Envoy>,
+}
+
+fn start_envoys(
+    dir: &Path,
+    backend_port: u16,
+    floor_wasm: &Path,
+    settings: &Settings,
+    defs: &[Def],
+) -> Result<Vec<Running>, String> {
+    // Every Envoy starts at once (each waits for its own /ready).
+    let jobs: Vec<(usize, Def)> = defs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, d)| {
+            let n = if d.limited() { 2 } else { 1 };
+            std::iter::repeat((i, *d)).take(n)
+        })
+        .collect();
+    let results: Vec<(usize, Result<Envoy, String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|&(i, d)| {
+                s.spawn(move || {
+                    let started = match d.setup {
+                        Setup::Template(file) => {
+                            let text = envoy_file(&format!("bench/{file}"));
+                            Envoy::try_start_yaml(dir, |listen, admin| {
+                                render_bench_template(
+                                    &text,
+                                    backend_port,
+                                    listen,
+                                    admin,
+                                    floor_wasm,
+                                )
+                            })
+                        }
+                        Setup::Tollgate(mode) => Envoy::try_start(
+                            dir,
+                            &tollgate_config(d.name, mode, HUGE_RATE, HUGE_RATE),
+                            backend_port,
+                        ),
+                        Setup::Limited(mode) => Envoy::try_start(
+                            dir,
+                            &tollgate_config(
+                                d.name,
+                                mode,
+                                settings.limited_rate,
+                                settings.limited_burst,
+                            ),
+                            backend_port,
+                        ),
+                    };
+                    (
+                        i,
+                        started.map_err(|log| {
+                            format!("envoy for {} did not start:\n{}", d.name, brief_log(&log))
+                        }),
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("envoy start thread"))
+            .collect()
+    });
+    let mut running: Vec<Running> = defs
+        .iter()
+        .map(|d| Running {
+            def: *d,
+            envoys: Vec::new(),
+        })
+        .collect();
+    for (i, r) in results {
+        running[i].envoys.push(r?);
+    }
+    Ok(running)
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Measuring
+
+/// utime + stime of a process (all its threads), in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
+    // fields[0] is field 3 (state); utime is field 14, stime field 15.
+    field(11) + field(12)
+}
+
+fn clock_ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .filter(|t| *t > 0.0)
+        .unwrap_or(100.0)
+}
+
+/// Redis' script calls so far: (evalsha + eval calls, their failed_calls).
+fn redis_script_calls(conn: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .unwrap_or_default();
+    let mut calls = 0;
+    let mut failed = 0;
+    for line in info.lines() {
+        let Some((name, fields)) = line.trim().split_once(':') else {
+            continue;
+        };
+        if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
+            continue;
+        }
+        for kv in fields.split(',') {
+            match kv.split_once('=') {
+                Some(("calls", v)) => calls += v.parse::<u64>().unwrap_or(0),
+                Some(("failed_calls", v)) => failed += v.parse::<u64>().unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    (calls, failed)
+}
+
+/// The counters of interest in an Envoy's admin /stats: tollgate's own and its backend cluster's.
+fn filter_stats(envoy: &Envoy) -> BTreeMap<String, i64> {
+    let Ok(resp) = try_http(envoy.admin_port, "GET", "/stats?filter=tollgate", &[]) else {
+        return BTreeMap::new();
+    };
+    resp.body
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(": ")?;
+            let keep = name.starts_with("tollgate.")
+                || name.starts_with("cluster.tollgate_backend.upstream_rq")
+                || name == "cluster.tollgate_backend.upstream_cx_total";
+            if !keep {
+                return None;
+            }
+            Some((name.to_string(), value.trim().parse::<i64>().ok()?))
+        })
+        .collect()
+}
+
+fn stats_delta(
+    before: &BTreeMap<String, i64>,
+    after: &BTreeMap<String, i64>,
+) -> BTreeMap<String, i64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d != 0)
+        .collect()
+}
+
+/// How one h2load process sends.
+#[derive(Debug, Clone, Copy)]
+enum Pace {
+    /// Closed loop for this long.
+    For(Duration),
+    /// Closed loop, this many requests.
+    Count(u64),
+    /// Each client sends this many requests per second, for this long.
+    Paced(u32, Duration),
+}
+
+struct H2load {
+    clients: u32,
+    child: std::process::Child,
+    out: PathBuf,
+    log: PathBuf,
+}
+
+/// One h2load process's load: connections, threads and pace.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    clients: u32,
+    threads: u32,
+    pace: Pace,
+}
+
+fn spawn_h2load(
+    dir: &Path,
+    h2c: bool,
+    tag: &str,
+    port: u16,
+    user: &str,
+    load: Load,
+) -> Result<H2load, String> {
+    let Load {
+        clients,
+        threads,
+        pace,
+    } = load;
+    let out = dir.join(format!("h2load-{tag}.out"));
+    let log = dir.join(format!("h2load-{tag}.tsv"));
+    let mut cmd = Command::new("h2load");
+    if !h2c {
+        // h2load speaks h2c (prior knowledge) to http:// URIs unless told otherwise.
+        cmd.arg("--h1");
+    }
+    // One request in flight per connection (HTTP/1.1 without pipelining; one stream with h2c).
+    cmd.args([
+        "-m",
+        "1",
+        "-c",
+        &clients.to_string(),
+        "-t",
+        &threads.to_string(),
+    ]);
+    match pace {
+        Pace::For(d) => {
+            cmd.args(["-D", &format!("{}ms", d.as_millis())]);
+        }
+        Pace::Count(n) => {
+            cmd.args(["-n", &n.to_string()]);
+        }
+        Pace::Paced(rps, d) => {
+            cmd.args(["--rps", &rps.to_string()]);
+            cmd.args(["-D", &format!("{}ms", d.as_millis())]);
+        }
+    }
+    cmd.arg("--log-file")
+        .arg(&log)
+        .args(["-H", &format!("{USER_HEADER}: {user}")])
+        .arg(format!("http://127.0.0.1:{port}{PATH}"));
+    let file = std::fs::File::create(&out).map_err(|e| format!("create {}: {e}", out.display()))?;
+    let err = file.try_clone().map_err(|e| e.to_string())?;
+    cmd.stdin(Stdio::null()).stdout(file).stderr(err);
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("start h2load: {e} (run `make setup`: package nghttp2-client)"))?;
+    Ok(H2load {
+        clients,
+        child,
+        out,
+        log,
+    })
+}
+
+/// What h2load printed and logged for one process.
+#[derive(Debug, Default)]
+struct H2Result {
+    /// h2load's own requests/s.
+    rps: f64,
+    /// Its clients (connections).
+    clients: u32,
+    /// Requests h2load counted as started and as done.
+    started: u64,
+    done: u64,
+    /// Per-request log: HTTP status (-1: failed stream) -> count.
+    statuses: BTreeMap<i64, u64>,
+    /// Microseconds each completed request took.
+    latencies_us: Vec<u64>,
+    /// Earliest request start and latest completion, microseconds since the epoch.
+    first_start_us: u64,
+    last_end_us: u64,
+}
+
+fn wait_h2load(mut h: H2load) -> Result<H2Result, String> {
+    let status = h
+        .child
+        .wait()
+        .map_err(|e| format!("wait for h2load: {e}"))?;
+    let out = std::fs::read_to_string(&h.out).unwrap_or_default();
+    if !status.success() {
+        return Err(format!("h2load failed ({status}):\n{out}"));
+    }
+    let mut r = H2Result {
+        clients: h.clients,
+        first_start_us: u64::MAX,
+        ..H2Result::default()
+    };
+    for line in out.lines() {
+        if let Some(rest) = line.strip_prefix("finished in ") {
+            // finished in 3.00s, 26941.50 req/s, 3.06MB/s
+            r.rps = rest
+                .split(", ")
+                .find_map(|p| p.strip_suffix(" req/s"))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+        } else if let Some(rest) = line.strip_prefix("requests: ") {
+            // requests: 53883 total, 53899 started, 53883 done, 53883 succeeded, 0 failed, ...
+            let count = |what: &str| -> u64 {
+                rest.split(", ")
+                    .find_map(|p| p.strip_suffix(what))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            r.started = count(" started");
+            r.done = count(" done");
+        }
+    }
+    let log =
+        std::fs::read_to_string(&h.log).map_err(|e| format!("read {}: {e}", h.log.display()))?;
+    for line in log.lines() {
+        let mut cols = line.split('\t');
+        let (Some(start), Some(status), Some(took)) = (cols.next(), cols.next(), cols.next())
+        else {
+            continue;
+        };
+        let (Ok(start), Ok(status), Ok(took)) = (
+            start.parse::<u64>(),
+            status.parse::<i64>(),
+            took.parse::<u64>(),
+        ) else {
+            continue;
+        };
+        *r.statuses.entry(status).or_default() += 1;
+        r.first_start_us = r.first_start_us.min(start);
+        if status > 0 {
+            r.latencies_us.push(took);
+            r.last_end_us = r.last_end_us.max(start + took);
+        }
+    }
+    Ok(r)
+}
+
+/// One measured load of one scenario.
+#[derive(Debug, Clone, Default)]
+struct Sample {
+    /// Requests answered (any status), across every proxy of the scenario.
+    requests: u64,
+    /// Requests h2load counted as done (a cross-check of `requests`).
+    h2load_done: u64,
+    /// Requests started and never answered before the load ended (h2load: started − done). h2load
+    /// leaves one in flight on each connection when a timed load ends: only more than that is odd.
+    unfinished: u64,
+    /// `unfinished` beyond one per connection: requests that hung.
+    hung: u64,
+    ok: u64,
+    limited: u64,
+    server_errors: u64,
+    other_status: u64,
+    failed: u64,
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// First request start to last completion.
+    wall_s: f64,
+    envoy_cpu_s: f64,
+    cpu_us_per_req: f64,
+    /// Webdis + Redis CPU per request (the backend's side of the bill).
+    backend_cpu_us_per_req: f64,
+    redis_calls: u64,
+    redis_failed_calls: u64,
+    /// burst + rate × wall_s (limited scenarios).
+    ideal: Option<f64>,
+    stats: BTreeMap<String, i64>,
+}
+
+impl Sample {
+    /// Whether any request was answered: the per-request figures mean nothing otherwise.
+    fn answered(&self) -> bool {
+        self.requests > 0
+    }
+
+    fn cpu(&self) -> Option<f64> {
+        self.answered().then_some(self.cpu_us_per_req)
+    }
+
+    fn p50(&self) -> Option<f64> {
+        self.answered().then_some(self.p50_ms)
+    }
+
+    fn p99(&self) -> Option<f64> {
+        self.answered().then_some(self.p99_ms)
+    }
+
+    fn redis_per_1k_requests(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.redis_calls as f64 * 1000.0 / self.requests as f64)
+    }
+
+    fn redis_per_1k_admitted(&self) -> Option<f64> {
+        (self.ok > 0).then(|| self.redis_calls as f64 * 1000.0 / self.ok as f64)
+    }
+
+    fn admitted_ratio(&self) -> Option<f64> {
+        self.ideal.filter(|i| *i > 0.0).map(|i| self.ok as f64 / i)
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+struct Bench<'a> {
+    settings: &'a Settings,
+    dir: PathBuf,
+    redis: &'a Redis,
+    webdis: &'a Webdis,
+    conn: redis::Connection,
+    ticks_per_s: f64,
+    runs: u32,
+}
+
+impl Bench<'_> {
+    /// Runs one load against a scenario; `user` is the x-user-id every request carries.
+    fn measure(&mut self, sc: &Running, user: &str, warmup: bool) -> Result<Sample, String> {
+        let s = self.settings;
+        self.runs += 1;
+        let stats_before: Vec<_> = sc.envoys.iter().map(filter_stats).collect();
+        let (calls_before, failed_before) = redis_script_calls(&mut self.conn);
+        let pids: Vec<u32> = sc.envoys.iter().filter_map(|e| e.proc.pid()).collect();
+        let backend_pids: Vec<u32> = [self.webdis.proc.pid(), self.redis.proc.pid()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let ticks = |pids: &[u32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+        let cpu_before = ticks(&pids);
+        let backend_before = ticks(&backend_pids);
+
+        let spawned: Vec<H2load> = if sc.def.limited() {
+            let d = if warmup { s.warmup } else { s.duration };
+            let per_client = paced_rps_per_client(s.limited_load);
+            sc.envoys
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let tag = format!("{}-{}-{i}", self.runs, sc.def.name);
+                    spawn_h2load(
+                        &self.dir,
+                        s.h2c,
+                        &tag,
+                        e.listen_port,
+                        user,
+                        Load {
+                            clients: PACED_CLIENTS,
+                            threads: 1,
+                            pace: Pace::Paced(per_client, d),
+                        },
+                    )
+                })
+                .collect::<Result<_, _>>()?
+        } else {
+            let pace = match (warmup, s.requests) {
+                (false, Some(n)) => Pace::Count(n),
+                (true, _) => Pace::For(s.warmup),
+                (false, None) => Pace::For(s.duration),
+            };
+            let tag = format!("{}-{}", self.runs, sc.def.name);
+            vec![spawn_h2load(
+                &self.dir,
+                s.h2c,
+                &tag,
+                sc.envoys[0].listen_port,
+                user,
+                Load {
+                    clients: s.connections,
+                    threads: s.threads,
+                    pace,
+                },
+            )?]
+        };
+        let results: Vec<H2Result> = spawned
+            .into_iter()
+            .map(wait_h2load)
+            .collect::<Result<_, _>>()?;
+
+        let cpu_after = ticks(&pids);
+        let backend_after = ticks(&backend_pids);
+        let (calls_after, failed_after) = redis_script_calls(&mut self.conn);
+        let mut stats = BTreeMap::new();
+        for (e, before) in sc.envoys.iter().zip(&stats_before) {
+            for (k, v) in stats_delta(before, &filter_stats(e)) {
+                *stats.entry(k).or_insert(0) += v;
+            }
+        }
+
+        let mut sample = Sample {
+            stats,
+            ..Sample::default()
+        };
+        let mut latencies = Vec::new();
+        let mut first = u64::MAX;
+        let mut last = 0;
+        for r in &results {
+            sample.rps += r.rps;
+            sample.h2load_done += r.done;
+            let unfinished = r.started.saturating_sub(r.done);
+            sample.unfinished += unfinished;
+            sample.hung += unfinished.saturating_sub(u64::from(r.clients));
+            for (&status, &n) in &r.statuses {
+                match status {
+                    200 => sample.ok += n,
+                    429 => sample.limited += n,
+                    500..=599 => sample.server_errors += n,
+                    s if s < 0 => sample.failed += n,
+                    _ => sample.other_status += n,
+                }
+            }
+            latencies.extend_from_slice(&r.latencies_us);
+            first = first.min(r.first_start_us);
+            last = last.max(r.last_end_us);
+        }
+        sample.requests = latencies.len() as u64;
+        latencies.sort_unstable();
+        sample.p50_ms = percentile(&latencies, 50.0) as f64 / 1000.0;
+        sample.p99_ms = percentile(&latencies, 99.0) as f64 / 1000.0;
+        sample.wall_s = if last > first {
+            (last - first) as f64 / 1e6
+        } else {
+            0.0
+        };
+        sample.envoy_cpu_s = cpu_after.saturating_sub(cpu_before) as f64 / self.ticks_per_s;
+        let backend_cpu_s = backend_after.saturating_sub(backend_before) as f64 / self.ticks_per_s;
+        if sample.requests > 0 {
+            sample.cpu_us_per_req = sample.envoy_cpu_s * 1e6 / sample.requests as f64;
+            sample.backend_cpu_us_per_req = backend_cpu_s * 1e6 / sample.requests as f64;
+        }
+        sample.redis_calls = calls_after.saturating_sub(calls_before);
+        sample.redis_failed_calls = failed_after.saturating_sub(failed_before);
+        if sc.def.limited() {
+            sample.ideal = Some(s.limited_burst as f64 + s.limited_rate as f64 * sample.wall_s);
+        }
+        Ok(sample)
+    }
+}
+
+fn paced_rps_per_client(total: u32) -> u32 {
+    (total / (2 * PACED_CLIENTS)).max(1)
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reporting
+
+fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
+}
+
+fn median_of(samples: &[Sample], f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+    let mut v: Vec<f64> = samples.iter().filter_map(f).collect();
+    median(&mut v)
+}
+
+/// Median over rounds of the round's value divided by `base`'s value in the same round (rounds where
+/// either has no value, or the base is 0, are left out).
+fn paired_ratio(
+    samples: &[Sample],
+    base: &[Sample],
+    f: impl Fn(&Sample) -> Option<f64>,
+) -> Option<f64> {
+    let mut v: Vec<f64> = samples
+        .iter()
+        .zip(base)
+        .filter_map(|(s, b)| Some((f(s)?, f(b).filter(|x| *x > 0.0)?)))
+        .map(|(s, b)| s / b)
+        .collect();
+    median(&mut v)
+}
+
+struct Row {
+    def: Def,
+    samples: Vec<Sample>,
+    cpu: Option<f64>,
+    cpu_x: Option<f64>,
+    backend_cpu: Option<f64>,
+    rps: Option<f64>,
+    rps_x: Option<f64>,
+    p50: Option<f64>,
+    p50_x: Option<f64>,
+    p99: Option<f64>,
+    p99_x: Option<f64>,
+    redis_per_1k: Option<f64>,
+    redis_per_1k_admitted: Option<f64>,
+    admitted_ratio: Option<f64>,
+}
+
+fn summarize(def: Def, samples: Vec<Sample>, plain: &[Sample]) -> Row {
+    let tollgate = def.tollgate_mode().is_some();
+    let closed = !def.limited();
+    Row {
+        def,
+        cpu: median_of(&samples, Sample::cpu),
+        cpu_x: paired_ratio(&samples, plain, Sample::cpu),
+        backend_cpu: median_of(&samples, |s| {
+            s.answered().then_some(s.backend_cpu_us_per_req)
+        }),
+        rps: median_of(&samples, |s| Some(s.rps)),
+        rps_x: closed
+            .then(|| paired_ratio(&samples, plain, |s| Some(s.rps)))
+            .flatten(),
+        p50: median_of(&samples, Sample::p50),
+        p50_x: closed
+            .then(|| paired_ratio(&samples, plain, Sample::p50))
+            .flatten(),
+        p99: median_of(&samples, Sample::p99),
+        p99_x: closed
+            .then(|| paired_ratio(&samples, plain, Sample::p99))
+            .flatten(),
+        redis_per_1k: tollgate
+            .then(|| median_of(&samples, Sample::redis_per_1k_requests))
+            .flatten(),
+        redis_per_1k_admitted: tollgate
+            .then(|| median_of(&samples, Sample::redis_per_1k_admitted))
+            .flatten(),
+        admitted_ratio: median_of(&samples, Sample::admitted_ratio),
+        samples,
+    }
+}
+
+fn fmt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "—".to_string(), |x| format!("{x:.decimals$}"))
+}
+
+fn fmt_x(v: Option<f64>) -> String {
+    v.map_or_else(|| "—".to_string(), |x| format!("{x:.2}×"))
+}
+
+fn non_200(samples: &[Sample]) -> String {
+    let sum = |f: fn(&Sample) -> u64| samples.iter().map(f).sum::<u64>();
+    let parts: Vec<String> = [
+        ("429", sum(|s| s.limited)),
+        ("5xx", sum(|s| s.server_errors)),
+        ("other", sum(|s| s.other_status)),
+        ("failed", sum(|s| s.failed)),
+        ("hung", sum(|s| s.hung)),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(k, n)| format!("{k}: {n}"))
+    .collect();
+    if parts.is_empty() {
+        "0".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut t = String::new();
+    t.push_str(
+        "| scenario | Envoy CPU µs/req | × plain | req/s | × plain | p50 ms | × plain | p99 ms | × plain \
+         | Webdis+Redis CPU µs/req | Redis calls /1k req | /1k admitted | admitted ÷ ideal | non-200 (all rounds) |\n",
+    );
+    t.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for r in rows {
+        let tollgate = r.def.tollgate_mode().is_some();
+        let ratio = match r.admitted_ratio {
+            Some(x) if x > 1.0 => format!("**{x:.3} (over the limit)**"),
+            v => fmt(v, 3),
+        };
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.def.name,
+            fmt(r.cpu, 1),
+            fmt_x(r.cpu_x),
+            fmt(r.rps, 0),
+            fmt_x(r.rps_x),
+            fmt(r.p50, 2),
+            fmt_x(r.p50_x),
+            fmt(r.p99, 2),
+            fmt_x(r.p99_x),
+            if tollgate {
+                fmt(r.backend_cpu, 1)
+            } else {
+                "—".to_string()
+            },
+            fmt(r.redis_per_1k, 1),
+            fmt(r.redis_per_1k_admitted, 1),
+            ratio,
+            non_200(&r.samples),
+        ));
+    }
+    t
+}
+
+struct Goal {
+    what: String,
+    value: Option<f64>,
+    met: Option<bool>,
+}
+
+fn goals(rows: &[Row]) -> Vec<Goal> {
+    let row = |name: &str| rows.iter().find(|r| r.def.name == name);
+    let mut out = Vec::new();
+    // CPU of lease vs the wasm floor: the paired per-round ratio of their × plain figures.
+    let lease_vs_floor = match (row("tollgate-lease"), row("wasm-floor")) {
+        (Some(l), Some(f)) => paired_ratio(&l.samples, &f.samples, Sample::cpu),
+        _ => None,
+    };
+    out.push(Goal {
+        what: "tollgate-lease Envoy CPU/request ≤ 1.15× wasm-floor".into(),
+        value: lease_vs_floor,
+        met: lease_vs_floor.map(|x| x <= 1.15),
+    });
+    for name in ["tollgate-lease", "tollgate-limited-lease"] {
+        let v = row(name).and_then(|r| r.redis_per_1k_admitted);
+        out.push(Goal {
+            what: format!("{name}: Redis calls ≤ 50 per 1000 admitted"),
+            value: v,
+            met: v.map(|x| x <= 50.0),
+        });
+    }
+    for (name, lo) in [
+        ("tollgate-limited-lease", 0.97),
+        ("tollgate-limited-exact", 0.99),
+    ] {
+        let v = row(name).and_then(|r| r.admitted_ratio);
+        out.push(Goal {
+            what: format!("{name}: admitted ÷ ideal in [{lo:.2}, 1.00]"),
+            value: v,
+            met: v.map(|x| (lo..=1.0).contains(&x)),
+        });
+    }
+    out
+}
+
+/// UTC civil date from Unix seconds (Howard Hinnant's days-from-civil, inverted).
+fn utc(secs: u64) -> (i64, u32, u32, u32, u32, u32) {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (
+        y,
+        m,
+        d,
+        (rem / 3600) as u32,
+        (rem / 60 % 60) as u32,
+        (rem % 60) as u32,
+    )
+}
+
+fn command_line(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| {
+            let text = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
+            String::from_utf8_lossy(&text).trim().to_string()
+        })
+        .unwrap_or_default()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == "model name").then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn sample_json(s: &Sample) -> serde_json::Value {
+    serde_json::json!({
+        "requests": s.requests,
+        "h2load_done": s.h2load_done,
+        "unanswered_at_end": s.unfinished,
+        "hung": s.hung,
+        "status_200": s.ok,
+        "status_429": s.limited,
+        "status_5xx": s.server_errors,
+        "status_other": s.other_status,
+        "failed": s.failed,
+        "rps": s.rps,
+        "p50_ms": s.p50_ms,
+        "p99_ms": s.p99_ms,
+        "wall_s": s.wall_s,
+        "envoy_cpu_s": s.envoy_cpu_s,
+        "envoy_cpu_us_per_req": s.cpu_us_per_req,
+        "backend_cpu_us_per_req": s.backend_cpu_us_per_req,
+        "redis_script_calls": s.redis_calls,
+        "redis_script_failed_calls": s.redis_failed_calls,
+        "redis_calls_per_1k_requests": s.redis_per_1k_requests(),
+        "redis_calls_per_1k_admitted": s.redis_per_1k_admitted(),
+        "ideal_admitted": s.ideal,
+        "admitted_over_ideal": s.admitted_ratio(),
+        "envoy_stats_delta": s.stats,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+fn main() -> ExitCode {
+    let settings = match parse_args() {
+        Ok(s) => s,
+        Err(e) if e.is_empty() => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("bench: {e}\n\n{USAGE}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(settings: &Settings) -> Result<(), String> {
+    let began = Instant::now();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, mo, d, h, mi, sec) = utc(now);
+    let date = format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{sec:02} UTC");
+    let stamp = format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{sec:02}Z");
+    let nproc = command_line("nproc", &[]);
+    let model = cpu_model();
+    let envoy_version = command_line(&envoy_bin().to_string_lossy(), &["--version"]);
+    let h2load_version = command_line("h2load", &["--version"]);
+    let tollgate_wasm = wasm_path();
+
+    let defs: Vec<Def> = SCENARIOS
+        .iter()
+        .filter(|d| {
+            d.name == "plain"
+                || settings
+                    .only
+                    .as_ref()
+                    .map_or(true, |only| only.iter().any(|n| n == d.name))
+        })
+        .copied()
+        .collect();
+    let drift = template_drift();
+    for w in &drift {
+        eprintln!("bench: warning: {w}");
+    }
+    let floor_wasm = if defs
+        .iter()
+        .any(|d| d.setup == Setup::Template("wasm-floor.yaml"))
+    {
+        eprintln!("bench: building bench/wasm-floor");
+        build_wasm_floor()?
+    } else {
+        PathBuf::new()
+    };
+
+    let dir = scratch_dir("bench");
+    eprintln!(
+        "bench: starting redis, webdis and envoys (logs in {})",
+        dir.display()
+    );
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::try_start_with(&dir, redis.port, &WebdisOpts::default())?;
+    let running = start_envoys(&dir, webdis.port, &floor_wasm, settings, &defs)?;
+    let conn = redis.conn();
+    let mut bench = Bench {
+        settings,
+        dir: dir.clone(),
+        redis: &redis,
+        webdis: &webdis,
+        conn,
+        ticks_per_s: clock_ticks_per_second(),
+        runs: 0,
+    };
+
+    eprintln!(
+        "bench: warm-up ({:.1} s per scenario)",
+        settings.warmup.as_secs_f64()
+    );
+    for sc in &running {
+        let user = if sc.def.limited() {
+            "hot-warmup"
+        } else {
+            "bench-user"
+        };
+        bench.measure(sc, user, true)?;
+    }
+
+    let mut samples: Vec<Vec<Sample>> = running.iter().map(|_| Vec::new()).collect();
+    for round in 1..=settings.rounds {
+        eprint!("bench: round {round}/{}:", settings.rounds);
+        for (i, sc) in running.iter().enumerate() {
+            eprint!(" {}", sc.def.name);
+            // A fresh hot key each round, so each limited load starts on a full bucket.
+            let user = if sc.def.limited() {
+                format!("hot-r{round}")
+            } else {
+                "bench-user".to_string()
+            };
+            samples[i].push(bench.measure(sc, &user, false)?);
+        }
+        eprintln!();
+    }
+
+    let plain_idx = running
+        .iter()
+        .position(|r| r.def.name == "plain")
+        .ok_or("plain scenario missing")?;
+    let plain = samples[plain_idx].clone();
+    let rows: Vec<Row> = running
+        .iter()
+        .zip(samples)
+        .map(|(sc, s)| summarize(sc.def, s, &plain))
+        .collect();
+    let goals = goals(&rows);
+
+    // --- stdout: machine, table, goals, notes
+    let paced = paced_rps_per_client(settings.limited_load);
+    let offered = paced * PACED_CLIENTS * 2;
+    let load = match settings.requests {
+        Some(n) => format!("{n} requests"),
+        None => format!("{:.1} s", settings.duration.as_secs_f64()),
+    };
+    let protocol = if settings.h2c {
+        "h2load, h2c (HTTP/2 prior knowledge, -m 1)"
+    } else {
+        "h2load --h1 (HTTP/1.1)"
+    };
+    println!("# tollgate bench — {date}");
+    println!();
+    println!("machine: {nproc} CPUs ({model}); {envoy_version}; {h2load_version}");
+    println!(
+        "load: {protocol}, one request in flight per connection, to 127.0.0.1{PATH}; closed \
+         loop: {} connections, {} thread(s), {load} per run; limited: {offered} req/s offered in total \
+         ({PACED_CLIENTS} clients × {paced} req/s per proxy, 2 proxies) for {:.1} s per run to one key \
+         limited to {} per second, burst {} ({:.1}× its rate)",
+        settings.connections,
+        settings.threads,
+        settings.duration.as_secs_f64(),
+        settings.limited_rate,
+        settings.limited_burst,
+        f64::from(offered) / settings.limited_rate as f64,
+    );
+    println!(
+        "{} interleaved rounds after a {:.1} s warm-up per scenario; every figure is the median over the \
+         rounds; × plain is the median of per-round ratios to plain",
+        settings.rounds,
+        settings.warmup.as_secs_f64()
+    );
+    println!();
+    print!("{}", table(&rows));
+    println!();
+    println!("Goals (targets, not assertions):");
+    for g in &goals {
+        let verdict = match g.met {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "not measured",
+        };
+        println!("- {}: {} — {verdict}", g.what, fmt(g.value, 3));
+    }
+    println!();
+    println!("Notes:");
+    println!(
+        "- Envoy CPU = utime+stime of the scenario's Envoy process(es) from /proc/<pid>/stat over the load, \
+         ÷ requests answered; Webdis+Redis CPU likewise for the shared backend."
+    );
+    println!(
+        "- tollgate scenarios use envoy/envoy.yaml, failure_mode closed (a backend failure is a 503), \
+         timeout 100 ms, one rule keyed on header:{USER_HEADER}; non-limited ones send one user with a \
+         limit of {HUGE_RATE}/s (never reached)."
+    );
+    println!(
+        "- Limited rows are paced (open loop), so their req/s and latency are not compared with plain. \
+         ideal = burst + rate × T, T = first request start to last completion across both proxies: an \
+         upper bound on what the global bucket can grant; admitted = 200s across both proxies."
+    );
+    println!(
+        "- non-200 sums every round: 429, 5xx, other statuses, failed streams, and hung = requests still \
+         unanswered when a load ended beyond the one per connection h2load always leaves in flight."
+    );
+    for r in &rows {
+        if let Some(mode) = r.def.tollgate_mode() {
+            let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+            let mut redis_failed = 0;
+            for s in &r.samples {
+                redis_failed += s.redis_failed_calls;
+                for (k, v) in &s.stats {
+                    *totals.entry(k.clone()).or_insert(0) += v;
+                }
+            }
+            let listed: Vec<String> = totals
+                .iter()
+                .map(|(k, v)| {
+                    let short = k
+                        .strip_prefix("cluster.tollgate_backend.")
+                        .map_or_else(|| k.clone(), |s| format!("backend {s}"));
+                    format!("{short}={v}")
+                })
+                .collect();
+            println!(
+                "- {} (mode {mode}), Envoy counters over all rounds: {}{}",
+                r.def.name,
+                if listed.is_empty() {
+                    "none changed".to_string()
+                } else {
+                    listed.join(", ")
+                },
+                if redis_failed > 0 {
+                    format!("; Redis failed script calls: {redis_failed}")
+                } else {
+                    String::new()
+                }
+            );
+            if mode == "lease" && r.redis_per_1k_admitted.is_some_and(|x| x >= 900.0) {
+                println!(
+                    "  {} calls Redis for about every admitted request: lease mode is behaving as exact.",
+                    r.def.name
+                );
+            }
+        }
+        let silent: Vec<String> = r
+            .samples
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.answered())
+            .map(|(i, s)| format!("round {} ({} started, none answered)", i + 1, s.unfinished))
+            .collect();
+        if !silent.is_empty() {
+            println!(
+                "- {}: NO request was answered in {}: its figures leave those rounds out",
+                r.def.name,
+                silent.join(", ")
+            );
+        }
+        let done_gap = r
+            .samples
+            .iter()
+            .map(|s| s.h2load_done.abs_diff(s.requests))
+            .max()
+            .unwrap_or(0);
+        if done_gap > 0 {
+            println!(
+                "- {}: h2load's `done` and its per-request log differ by up to {done_gap} requests in a round",
+                r.def.name
+            );
+        }
+    }
+    for w in &drift {
+        println!("- warning: {w}");
+    }
+    println!("- logs and configs: {}", dir.display());
+
+    // --- JSON
+    let report = serde_json::json!({
+        "date": date,
+        "machine": { "nproc": nproc, "model_name": model },
+        "versions": { "envoy": envoy_version, "h2load": h2load_version },
+        "tollgate_wasm": tollgate_wasm.to_string_lossy(),
+        "settings": {
+            "rounds": settings.rounds,
+            "duration_s": settings.duration.as_secs_f64(),
+            "requests": settings.requests,
+            "connections": settings.connections,
+            "threads": settings.threads,
+            "warmup_s": settings.warmup.as_secs_f64(),
+            "protocol": protocol,
+            "limited": {
+                "rate_per_s": settings.limited_rate,
+                "burst": settings.limited_burst,
+                "offered_req_per_s": offered,
+                "clients_per_proxy": PACED_CLIENTS,
+                "rps_per_client": paced,
+                "proxies": 2,
+            },
+            "tollgate_unlimited_rate_per_s": HUGE_RATE,
+            "envoy": "--concurrency 2 --disable-hot-restart",
+        },
+        "scenarios": rows.iter().map(|r| serde_json::json!({
+            "name": r.def.name,
+            "what": r.def.what,
+            "mode": r.def.tollgate_mode(),
+            "median": {
+                "envoy_cpu_us_per_req": r.cpu,
+                "backend_cpu_us_per_req": r.backend_cpu,
+                "rps": r.rps,
+                "p50_ms": r.p50,
+                "p99_ms": r.p99,
+                "redis_calls_per_1k_requests": r.redis_per_1k,
+                "redis_calls_per_1k_admitted": r.redis_per_1k_admitted,
+                "admitted_over_ideal": r.admitted_ratio,
+            },
+            "ratio_to_plain": {
+                "envoy_cpu_per_req": r.cpu_x,
+                "rps": r.rps_x,
+                "p50": r.p50_x,
+                "p99": r.p99_x,
+            },
+            "rounds": r.samples.iter().map(sample_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "goals": goals.iter().map(|g| serde_json::json!({
+            "goal": g.what, "value": g.value, "met": g.met,
+        })).collect::<Vec<_>>(),
+        "template_warnings": drift,
+        "scratch_dir": dir.to_string_lossy(),
+        "elapsed_s": began.elapsed().as_secs_f64(),
+    });
+    let out_dir = repo_root().join("target/bench");
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("create {}: {e}", out_dir.display()))?;
+    let out = settings
+        .out
+        .clone()
+        .unwrap_or_else(|| out_dir.join(format!("bench-{stamp}.json")));
+    let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    for path in [out.clone(), out_dir.join("latest.json")] {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("create {}: {e}", parent.display()))?;
+        }
+        std::fs::write(&path, &text).map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
+    println!("- JSON: {} (and target/bench/latest.json)", out.display());
+    println!("- took {:.0} s", began.elapsed().as_secs_f64());
+
+    // Stop every Envoy, then Webdis, then Redis (each killed by its pid when dropped).
+    drop(bench);
+    drop(running);
+    drop(webdis);
+    drop(redis);
+    Ok(())
+}
