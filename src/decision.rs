@@ -10,7 +10,9 @@ use crate::backend::webdis::{self, Invoke};
 use crate::backend::{script, BackendError, HttpRequest, ScriptCall, ScriptReply};
 use crate::config::{Config, FailureMode, Mode, Rule};
 use crate::headers::{self, Report};
-use crate::local::{self, Breaker, DenyCache, LeasePool, LeaseSizing, SharedStore, Transition};
+use crate::local::{
+    self, Breaker, DenyCache, LeasePool, LeaseSizing, LogGate, SharedStore, Transition,
+};
 use crate::metrics::{Counter, Metrics, NoMetrics};
 use crate::rule::{self, RequestView};
 
@@ -487,21 +489,57 @@ fn backend_allowed(plugin: &Plugin, store: &dyn SharedStore, now_ms: u64) -> boo
     Breaker::new(store, &plugin.ns).allow(now_ms, plugin.config.backend.breaker_cooloff_ms)
 }
 
-/// Records one backend call's result in the proxy's circuit breaker; says when that opened or
-/// closed it.
+/// Records one backend call's result in the proxy's circuit breaker and says what, if anything,
+/// to log about it: breaker transitions, and other errors (Redis error replies, malformed
+/// replies) at most once a minute per distinct message, proxy-wide.
 pub fn record_backend(
     plugin: &Plugin,
     store: &dyn SharedStore,
-    ok: bool,
+    result: Result<(), &BackendError>,
     now_ms: u64,
-) -> Option<Transition> {
+) -> Option<(log::Level, String)> {
     let backend = &plugin.config.backend;
-    Breaker::new(store, &plugin.ns).record(
-        ok,
-        now_ms,
-        backend.breaker_failures,
-        backend.breaker_cooloff_ms,
-    )
+    let breaker = Breaker::new(store, &plugin.ns);
+    let record = |ok| {
+        breaker.record(
+            ok,
+            now_ms,
+            backend.breaker_failures,
+            backend.breaker_cooloff_ms,
+        )
+    };
+    let mode = plugin.config.failure_mode;
+    match result {
+        Err(e) if e.trips_breaker() => match record(false) {
+            Some(Transition::Opened) => Some((
+                log::Level::Warn,
+                format!(
+                    "tollgate: backend failing ({e}): circuit open after {} consecutive failures; \
+                     failure_mode {mode:?} answers, one probe every {} ms",
+                    backend.breaker_failures, backend.breaker_cooloff_ms
+                ),
+            )),
+            _ => None,
+        },
+        Err(e) => {
+            // The backend answered: it is reachable, whatever the error says.
+            let _ = record(true);
+            let line = format!(
+                "tollgate: backend error ({e}); failure_mode {mode:?} applies to the requests it \
+                 concerns (the same error is logged at most once a minute)"
+            );
+            LogGate::new(store, &plugin.ns)
+                .admit(&line, now_ms, 60_000)
+                .then_some((log::Level::Warn, line))
+        }
+        Ok(()) => match record(true) {
+            Some(Transition::Closed) => Some((
+                log::Level::Info,
+                "tollgate: backend answering again: circuit closed".to_string(),
+            )),
+            _ => None,
+        },
+    }
 }
 
 /// What a lease answer means for the waiters on its key.
@@ -1161,10 +1199,13 @@ mod tests {
             &format!("{USER_RULE}, {LEASE_RULE}"),
         );
         let s = MemStore::default();
-        assert_eq!(record_backend(&p, &s, false, 1000), None);
-        assert_eq!(
-            record_backend(&p, &s, false, 1001),
-            Some(Transition::Opened)
+        let down = BackendError::Reset;
+        assert_eq!(record_backend(&p, &s, Err(&down), 1000), None);
+        let (level, line) = record_backend(&p, &s, Err(&down), 1001).unwrap();
+        assert_eq!(level, log::Level::Warn);
+        assert!(
+            line.contains("circuit open after 2 consecutive failures"),
+            "{line}"
         );
         match start(&p, &s, &req("/api/x", &[("x-user", "a")]), 1_002_000) {
             Step::Done(Verdict::Respond { status: 503, .. }) => {}
@@ -1181,7 +1222,8 @@ mod tests {
             Step::Done(Verdict::Respond { status: 503, .. }) => {}
             other => panic!("only one probe: {other:?}"),
         }
-        assert_eq!(record_backend(&p, &s, true, 1503), Some(Transition::Closed));
+        let (_, line) = record_backend(&p, &s, Ok(()), 1503).unwrap();
+        assert!(line.contains("circuit closed"), "{line}");
         calls(start(&p, &s, &req("/api/x", &[("x-user", "b")]), 1_504_000));
     }
 
@@ -1220,6 +1262,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn redis_error_replies_never_open_the_breaker_and_log_once() {
+        let p = plugin(r#""backend":{"breaker_failures":2},"#, USER_RULE);
+        let s = MemStore::default();
+        let e = BackendError::Redis("WRONGPASS invalid username-password pair".into());
+        let first = record_backend(&p, &s, Err(&e), 1000);
+        assert!(first.is_some_and(|(_, l)| l.contains("WRONGPASS")));
+        for t in 1001..1100 {
+            assert_eq!(record_backend(&p, &s, Err(&e), t), None, "logged once");
+        }
+        // The breaker stayed closed: calls still go out.
+        calls(start(&p, &s, &req("/api/x", &[("x-user", "a")]), 1_200_000));
     }
 
     #[test]

@@ -22,13 +22,30 @@ use crate::backend::{webdis, BackendError, HttpRequest, ScriptReply};
 use crate::config::Config;
 use crate::decision::{self, LeaseFlight, LeaseResult, Next, Pending, Plugin, Step, Verdict};
 use crate::host::{self, HostMetrics, HostRequest, HostStore};
-use crate::local::Transition;
 use crate::metrics::Counter;
+
+/// Envoy's log level for wasm (Info if it cannot tell).
+fn host_log_level() -> LogLevel {
+    hostcalls::get_log_level().unwrap_or(LogLevel::Info)
+}
+
+fn to_filter(level: LogLevel) -> log::LevelFilter {
+    match level {
+        LogLevel::Trace => log::LevelFilter::Trace,
+        LogLevel::Debug => log::LevelFilter::Debug,
+        LogLevel::Info => log::LevelFilter::Info,
+        LogLevel::Warn => log::LevelFilter::Warn,
+        LogLevel::Error | LogLevel::Critical => log::LevelFilter::Error,
+    }
+}
 
 /// How often the root context looks at its waiters while there are any.
 const TICK: Duration = Duration::from_millis(1);
 
 pub fn start() {
+    // No host calls are allowed while the module initializes: start at Trace and narrow to
+    // Envoy's wasm log level at configure time, so debug lines are not even formatted unless
+    // someone asked for them.
     proxy_wasm::set_log_level(LogLevel::Trace);
     proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
         Box::new(Root {
@@ -87,24 +104,12 @@ impl Worker {
     }
 }
 
-/// Feeds one call's result to the proxy's circuit breaker, and logs when that opens or closes
-/// it: backend trouble is one line per change of state, not one per request.
+/// Feeds one call's result to the proxy's circuit breaker, and logs what `record_backend` says
+/// deserves a line: backend trouble is one line per change of state, not one per request.
 fn note(plugin: &Plugin, result: Result<(), &BackendError>) {
     let now_ms = host::now_us() / 1000;
-    let backend = &plugin.config.backend;
-    match decision::record_backend(plugin, &HostStore, result.is_ok(), now_ms) {
-        Some(Transition::Opened) => log::warn!(
-            "tollgate: backend failing ({}): circuit open after {} consecutive failures; \
-             failure_mode {:?} answers, one probe every {} ms",
-            result.err().map_or_else(String::new, ToString::to_string),
-            backend.breaker_failures,
-            plugin.config.failure_mode,
-            backend.breaker_cooloff_ms
-        ),
-        Some(Transition::Closed) => {
-            log::info!("tollgate: backend answering again: circuit closed")
-        }
-        None => {}
+    if let Some((level, line)) = decision::record_backend(plugin, &HostStore, result, now_ms) {
+        log::log!(level, "{line}");
     }
 }
 
@@ -360,6 +365,7 @@ impl Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
+        log::set_max_level(to_filter(host_log_level()));
         match Config::try_from(host::plugin_configuration().as_slice()) {
             Ok(config) => {
                 log::info!("tollgate: configured: {}", config.summary());

@@ -44,14 +44,19 @@ pub trait SharedStore {
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError>;
 }
 
-/// The table slot of a bucket key (FNV-1a, stable across workers and restarts).
-pub fn slot(bucket_key: &str) -> u64 {
+/// FNV-1a of `text`: stable across workers and restarts.
+fn slot_hash(text: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bucket_key.bytes() {
+    for b in text.bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    h % SLOTS
+    h
+}
+
+/// The table slot of a bucket key.
+pub fn slot(bucket_key: &str) -> u64 {
+    slot_hash(bucket_key) % SLOTS
 }
 
 fn read_u64(bytes: &[u8], at: usize) -> Option<u64> {
@@ -506,6 +511,47 @@ impl<'a> Breaker<'a> {
     }
 }
 
+/// A proxy-wide gate for log lines: the same message passes at most once per interval, whichever
+/// worker sees it, so a backend error that hits every request is one line, not thousands.
+pub struct LogGate<'a> {
+    store: &'a dyn SharedStore,
+    key: String,
+}
+
+impl<'a> LogGate<'a> {
+    pub fn new(store: &'a dyn SharedStore, ns: &str) -> Self {
+        LogGate {
+            store,
+            key: format!("{ns}|log"),
+        }
+    }
+
+    /// Whether `message` may be logged now (and records that it was).
+    pub fn admit(&self, message: &str, now_ms: u64, every_ms: u64) -> bool {
+        let hash = slot_hash(message);
+        for _ in 0..CAS_TRIES {
+            let Ok((value, cas)) = self.store.get(&self.key) else {
+                return true;
+            };
+            if let Some(v) = &value {
+                let same = read_u64(v, 0) == Some(hash);
+                let recent = read_u64(v, 8).is_some_and(|at| now_ms < at.saturating_add(every_ms));
+                if same && recent {
+                    return false;
+                }
+            }
+            let mut bytes = hash.to_le_bytes().to_vec();
+            bytes.extend_from_slice(&now_ms.to_le_bytes());
+            match self.store.set(&self.key, &bytes, cas) {
+                Ok(()) => return true,
+                Err(StoreError::CasMismatch) => continue,
+                Err(StoreError::Host(_)) => return true,
+            }
+        }
+        false
+    }
+}
+
 /// Takes `cost` from the per-proxy fallback bucket of `bucket_key` (used only while the backend
 /// fails and `failure_mode` is `local`), with the same math as the global bucket. `ns` must name
 /// the rule too: keys that share a slot share a bucket, which only under-admits when they share
@@ -886,6 +932,21 @@ mod tests {
         assert_eq!(b.record(true, 2011, 3, 1000), Some(Transition::Closed));
         assert!(b.allow(2012, 1000));
         assert_eq!(b.record(true, 2013, 3, 1000), None);
+    }
+
+    #[test]
+    fn log_gate_passes_a_message_once_per_interval() {
+        let s = MemStore::default();
+        let g = LogGate::new(&s, "ns");
+        assert!(g.admit("WRONGPASS", 0, 60_000));
+        assert!(!g.admit("WRONGPASS", 10, 60_000));
+        assert!(g.admit("NOAUTH", 20, 60_000), "a different message passes");
+        assert!(
+            g.admit("WRONGPASS", 30, 60_000),
+            "and the old one again after it"
+        );
+        assert!(!g.admit("WRONGPASS", 59_000, 60_000));
+        assert!(g.admit("WRONGPASS", 60_030, 60_000));
     }
 
     #[test]

@@ -61,6 +61,16 @@ pub enum BackendError {
 }
 
 impl BackendError {
+    /// Whether this failure says the backend is unreachable or unhealthy as a whole (it counts
+    /// toward opening the circuit breaker). A Redis error reply does not: the backend answered,
+    /// and on Redis Cluster such an error can concern only the keys of one failed node.
+    pub fn trips_breaker(&self) -> bool {
+        matches!(
+            self,
+            BackendError::Dispatch(_) | BackendError::Reset | BackendError::Status(_)
+        )
+    }
+
     /// Whether retrying the same call later may succeed without an operator changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
