@@ -170,3 +170,5 @@ pub use http::{get, http, try_http, Resp};
 pub use stack::Stack;
 #[allow(unused_imports)]
 pub use webdis::{Webdis, WebdisOpts};
+pub mod redis_cluster;
+pub mod yaml;
