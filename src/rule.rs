@@ -50,7 +50,7 @@ fn hex_value(b: u8) -> Option<u8> {
 
 /// Form-decoding of one query component: `+` is a space, `%XX` is a byte, an invalid escape is
 /// kept literally.
-fn percent_decode(s: &[u8]) -> Vec<u8> {
+pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());
     let mut i = 0;
     while let Some(&b) = s.get(i) {

@@ -200,29 +200,10 @@ mod tests {
         }
     }
 
-    /// Webdis' own decoding of one segment: `%XX` -> byte, `+` -> space.
+    /// Webdis' own decoding of one segment: `%XX` -> byte, `+` -> space (the same rules as a
+    /// query string's, which `rule` already implements).
     fn webdis_decode(seg: &str) -> Vec<u8> {
-        let b = seg.as_bytes();
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < b.len() {
-            match b[i] {
-                b'%' if i + 2 < b.len() => {
-                    let h = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
-                    out.push(u8::from_str_radix(h, 16).unwrap());
-                    i += 3;
-                }
-                b'+' => {
-                    out.push(b' ');
-                    i += 1;
-                }
-                c => {
-                    out.push(c);
-                    i += 1;
-                }
-            }
-        }
-        out
+        crate::rule::percent_decode(seg.as_bytes())
     }
 
     #[test]
