@@ -531,7 +531,9 @@ impl Request {
 impl Drop for Request {
     fn drop(&mut self) {
         // The client may have gone while waiting: never touch this context again.
-        self.state.borrow_mut().pending = None;
+        if let Ok(mut st) = self.state.try_borrow_mut() {
+            st.pending = None;
+        }
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
             worker.waiters.retain(|w| w.ctx != self.id);
             worker.held.retain(|(ctx, _)| *ctx != self.id);
