@@ -3,10 +3,13 @@
 #   make setup   install what the tests need (quiet and quick when it is already there)
 #   make build   build target/wasm32-wasip1/release/tollgate.wasm
 #   make lint    rustfmt + clippy (host targets and the wasm library)
-#   make test    setup, build, lint, then every unit, integration and e2e test
+#   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
+#   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/)
 #   make e2e     setup, build, then only the end-to-end tests (real Envoy)
 #   make demo    setup, build, then run the demo: three users against one Envoy with a global limit
 #   make bench   setup, build, then the benchmark (examples/bench.rs); flags via BENCH_ARGS='--rounds 3'
+#   make fuzz    every fuzz target (fuzz/README.md) for FUZZ_SECONDS seconds each (default 60)
+#   make fuzz-smoke  every fuzz target for FUZZ_SMOKE_SECONDS seconds each (default 10)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
@@ -62,7 +65,9 @@ lint: setup-rust
 test:
 	@$(MAKE) --no-print-directory setup
 	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory validate
 	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory fuzz-smoke
 	cargo test
 
 e2e:
@@ -80,3 +85,50 @@ BENCH_ARGS ?=
 bench: setup
 	@cargo build --quiet --release --target $(WASM_TARGET)
 	@cargo run --quiet --release --example bench -- $(BENCH_ARGS)
+
+# `envoy --mode validate` on every Envoy bootstrap under envoy/ and deploy/, rendered with dummy ports, the
+# demo plugin config and the real wasm (so the filter's on_configure runs too); see deploy/validate-envoy.sh.
+.PHONY: validate
+validate: setup-envoy setup-rust
+	@cargo build --quiet --release --target $(WASM_TARGET)
+	@deploy/validate-envoy.sh $(ENVOY) $(WASM)
+
+# Coverage-guided fuzzing with cargo-fuzz (libFuzzer): targets, seeds and dictionaries in fuzz/.
+# cargo-fuzz passes nightly-only rustc flags (-Z sanitizer ...); RUSTC_BOOTSTRAP=1 lets stable accept
+# them. New corpus entries go to fuzz/corpus/ and crashes to fuzz/artifacts/ (both git-ignored); each
+# run's libFuzzer log is fuzz/target/fuzz-logs/TARGET.log, printed in part only when a target fails.
+FUZZ_TARGETS       := config reply webdis rule
+FUZZ_SECONDS       ?= 60
+FUZZ_SMOKE_SECONDS ?= 10
+CARGO_FUZZ_VERSION := 0.13.2
+FUZZ_CARGO         := cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz
+
+.PHONY: setup-fuzz fuzz fuzz-smoke fuzz-run
+setup-fuzz:
+	@if ! cargo fuzz --version >/dev/null 2>&1; then \
+	  echo "setup: installing cargo-fuzz $(CARGO_FUZZ_VERSION)"; \
+	  cargo install --quiet --locked cargo-fuzz --version $(CARGO_FUZZ_VERSION); \
+	fi
+
+fuzz: setup-fuzz
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_TIME=$(FUZZ_SECONDS)
+
+fuzz-smoke: setup-fuzz
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_TIME=$(FUZZ_SMOKE_SECONDS)
+
+# -a: debug assertions and overflow checks on, so an arithmetic overflow is a crash too.
+fuzz-run:
+	$(FUZZ_CARGO) build -a
+	@mkdir -p fuzz/target/fuzz-logs
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$t; \
+	  seeds=""; [ -d fuzz/seeds/$$t ] && seeds="seeds/$$t"; \
+	  dict=""; [ -f fuzz/dicts/$$t.dict ] && dict="-dict=dicts/$$t.dict"; \
+	  log=fuzz/target/fuzz-logs/$$t.log; \
+	  if ($(FUZZ_CARGO) run -a $$t corpus/$$t $$seeds -- -max_total_time=$(FUZZ_TIME) $$dict) >$$log 2>&1; then \
+	    echo "fuzz: $$t ok: $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' $$log)"; \
+	  else \
+	    echo "fuzz: $$t FAILED (full log: $$log)"; \
+	    grep -A4 'panicked at' $$log; tail -n 30 $$log; exit 1; \
+	  fi; \
+	done

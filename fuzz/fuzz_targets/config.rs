@@ -1,0 +1,170 @@
+//! Config parsing: `Config::try_from(bytes)` never panics, on any bytes.
+//!
+//! A `Config` that parses must hold the invariants config.rs promises (limits in range, names safe for
+//! a Redis key); an error must be one line. Every parsed rule is also run against one fixed request,
+//! so rules the fuzzer invents reach rule.rs too.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tollgate::bucket::Limits;
+use tollgate::config::{
+    Config, KeySource, MAX_BURST_PERIOD, MAX_KEY_PREFIX_LEN, MAX_KEY_SOURCES, MAX_PERIOD_MS,
+    MAX_RULES, MAX_RULE_NAME_LEN, MAX_TOKENS,
+};
+use tollgate::rule::{applies, RequestView};
+
+struct FixedRequest;
+
+impl RequestView for FixedRequest {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        let v: &[u8] = match name {
+            ":path" => b"/api/v1/items?user=alice&a+b=%2F..%00#frag",
+            ":method" => b"GET",
+            ":authority" => b"Api.Example.COM:8443",
+            "x-user-id" => b"alice",
+            "x-tier" => b"free",
+            "authorization" => b"Basic abc",
+            _ => return None,
+        };
+        Some(v.to_vec())
+    }
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        Some(b"10.0.0.7".to_vec())
+    }
+}
+
+fn check_limits(l: &Limits, what: &str) {
+    assert!((1..=MAX_TOKENS).contains(&l.rate), "{what}: rate {l:?}");
+    assert!((1..=MAX_TOKENS).contains(&l.burst), "{what}: burst {l:?}");
+    assert!(
+        (1..=MAX_PERIOD_MS).contains(&l.period_ms),
+        "{what}: period {l:?}"
+    );
+    assert!(
+        l.burst
+            .checked_mul(l.period_ms)
+            .is_some_and(|p| p <= MAX_BURST_PERIOD),
+        "{what}: burst x period {l:?}"
+    );
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+fn check_valid(c: &Config) {
+    let p = &c.key_prefix;
+    assert!(
+        !p.is_empty() && p.len() <= MAX_KEY_PREFIX_LEN,
+        "key_prefix {p:?}"
+    );
+    assert!(
+        p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b)),
+        "key_prefix {p:?}"
+    );
+    assert!(
+        (400..=599).contains(&c.deny.status),
+        "deny.status {}",
+        c.deny.status
+    );
+    assert!(!c.rules.is_empty() && c.rules.len() <= MAX_RULES);
+    for (i, r) in c.rules.iter().enumerate() {
+        let n = &r.name;
+        assert!(!n.is_empty() && n.len() <= MAX_RULE_NAME_LEN, "name {n:?}");
+        assert!(
+            n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+            "name {n:?}"
+        );
+        assert!(
+            c.rules.iter().skip(i + 1).all(|o| o.name != *n),
+            "duplicate name {n:?}"
+        );
+        check_limits(&r.limits, n);
+        if let Some(f) = &r.fallback {
+            check_limits(f, n);
+        }
+        assert!(
+            r.cost >= 1 && r.cost <= r.limits.burst,
+            "{n}: cost {}",
+            r.cost
+        );
+        assert!(
+            r.lease_max >= 1 && r.lease_max <= r.limits.burst,
+            "{n}: lease_max"
+        );
+        assert!(
+            r.key.len() <= MAX_KEY_SOURCES,
+            "{n}: {} key sources",
+            r.key.len()
+        );
+        for k in &r.key {
+            match k {
+                KeySource::Header(h) => {
+                    assert!(
+                        is_token(h) && *h == h.to_ascii_lowercase(),
+                        "{n}: header {h:?}"
+                    )
+                }
+                KeySource::Query(q) => assert!(!q.is_empty(), "{n}: empty query name"),
+                KeySource::Literal(t) => assert!(!t.is_empty(), "{n}: empty literal"),
+                KeySource::ClientIp
+                | KeySource::Path
+                | KeySource::Method
+                | KeySource::Authority => {}
+            }
+        }
+        if let Some(h) = &r.cost_header {
+            assert!(
+                is_token(h) && *h == h.to_ascii_lowercase(),
+                "{n}: cost_header {h:?}"
+            );
+        }
+        if let Some(pp) = &r.matcher.path_prefix {
+            assert!(
+                pp.starts_with('/') && !pp.contains(['?', '#']),
+                "{n}: path_prefix {pp:?}"
+            );
+        }
+        for m in &r.matcher.methods {
+            assert!(
+                is_token(m) && *m == m.to_ascii_uppercase(),
+                "{n}: method {m:?}"
+            );
+        }
+        for h in &r.matcher.headers {
+            assert!(is_token(&h.name) && h.name == h.name.to_ascii_lowercase());
+        }
+        if let Some(key) = applies(p, r, &FixedRequest) {
+            let head = format!("{p}:{{{n}:");
+            let digest = key
+                .strip_prefix(&head)
+                .and_then(|rest| rest.strip_suffix('}'))
+                .unwrap_or_else(|| panic!("key {key:?} is not {head}<digest>}}"));
+            assert!(
+                digest.len() == 32
+                    && digest
+                        .bytes()
+                        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "key {key:?}"
+            );
+        }
+    }
+    let _ = c.summary();
+}
+
+fuzz_target!(|data: &[u8]| {
+    match Config::try_from(data) {
+        Ok(c) => check_valid(&c),
+        Err(e) => {
+            let line = e.to_string();
+            assert!(
+                !line.contains(['\n', '\r']),
+                "error is not one line: {line:?}"
+            );
+        }
+    }
+});

@@ -1,0 +1,67 @@
+//! Backend reply decoding: `webdis::decode_reply(status, body)` never panics, and what it accepts is
+//! exactly a well-formed script reply.
+//!
+//! Input: the body with status 200, or `!` + 4 bytes of status (little-endian) + the body, so seed
+//! files can be plain Webdis JSON.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tollgate::backend::webdis::decode_reply;
+use tollgate::backend::BackendError;
+
+fuzz_target!(|data: &[u8]| {
+    let (status, body) = match data.split_first() {
+        Some((b'!', rest)) if rest.len() >= 4 => {
+            let (s, body) = rest.split_at(4);
+            (u32::from_le_bytes([s[0], s[1], s[2], s[3]]), body)
+        }
+        _ => (200, data),
+    };
+    let got = decode_reply(status, body);
+    // Never panics on any outcome's methods either.
+    if let Err(e) = &got {
+        let _ = e.is_transient();
+        let _ = e.to_string();
+    }
+    match (status, &got) {
+        (0, r) => assert_eq!(*r, Err(BackendError::Reset)),
+        (200, _) => {}
+        (s, r) => assert_eq!(*r, Err(BackendError::Status(s))),
+    }
+    match &got {
+        Ok(r) => {
+            assert!(r.retry_after_ms >= -1, "{r:?}");
+            // What was accepted is a one-key JSON object holding an array of exactly five integers.
+            let doc: serde_json::Value =
+                serde_json::from_slice(body).expect("accepted a body that is not JSON");
+            let obj = doc.as_object().expect("accepted a non-object");
+            assert_eq!(obj.len(), 1, "accepted {} keys", obj.len());
+            let items = obj
+                .values()
+                .next()
+                .and_then(|v| v.as_array())
+                .expect("accepted a non-array");
+            let ints: Vec<i64> = items.iter().filter_map(|v| v.as_i64()).collect();
+            assert_eq!(ints.len(), 5, "accepted {items:?}");
+            assert_eq!(items.len(), 5, "accepted {items:?}");
+            let want = [
+                i64::from(r.allowed),
+                r.remaining as i64,
+                r.retry_after_ms,
+                r.reset_after_ms as i64,
+                r.granted as i64,
+            ];
+            assert_eq!(ints, want, "decoded {r:?} from {items:?}");
+            // And the canonical form of the same reply decodes to the same thing.
+            let again = format!(
+                r#"{{"EVALSHA":[{},{},{},{},{}]}}"#,
+                want[0], want[1], want[2], want[3], want[4]
+            );
+            assert_eq!(decode_reply(200, again.as_bytes()), got);
+        }
+        Err(BackendError::Redis(msg)) => assert!(msg.len() <= 200, "{} bytes", msg.len()),
+        Err(_) => {}
+    }
+    // Pure: the same input decodes the same way.
+    assert_eq!(decode_reply(status, body), got);
+});

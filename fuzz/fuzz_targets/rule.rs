@@ -1,0 +1,297 @@
+//! Key extraction: over any request (arbitrary header bytes, path, method, authority, client IP) and
+//! a fixed valid configuration, `rule::applies` / `key_values` / `bucket_key` never panic, and every
+//! key is `<prefix>:{<rule>:<32 lowercase hex>}` — no request byte reaches it. Also: `applies` is
+//! exactly "match holds and every source is present", key values are the request's own bytes, and
+//! a different user id (or a different split of the same bytes between two values) gives a different
+//! bucket.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use libfuzzer_sys::arbitrary::{self, Arbitrary};
+use libfuzzer_sys::fuzz_target;
+use tollgate::config::{Config, KeySource};
+use tollgate::rule::{applies, bucket_key, key_values, matches, RequestView};
+
+const CONFIG: &str = r#"{
+  "key_prefix": "tg.fuzz:1-x_",
+  "rules": [
+    { "name": "per-user",
+      "match": { "path_prefix": "/api/", "methods": ["GET", "POST"],
+                 "headers": [ { "name": "x-tier", "exact": "free" } ] },
+      "key": ["header:x-user-id"], "rate": 100, "burst": 200 },
+    { "name": "pair", "key": ["header:x-user-id", "header:x-api-key"], "rate": 10 },
+    { "name": "per-ip-path", "match": { "methods": ["PUT"] },
+      "key": ["client_ip", "path", "method"], "rate": 10 },
+    { "name": "by_query", "match": { "path_prefix": "/q" },
+      "key": ["query:user", "query:a b", "authority"], "rate": 10 },
+    { "name": "authed", "match": { "headers": [ { "name": "authorization", "present": true } ] },
+      "key": ["header:authorization", "literal:all"], "rate": 10 },
+    { "name": "global", "rate": 1000 }
+  ]
+}"#;
+
+fn config() -> &'static Config {
+    static CONFIG_CELL: OnceLock<Config> = OnceLock::new();
+    CONFIG_CELL.get_or_init(|| Config::try_from(CONFIG.as_bytes()).expect("fixed config parses"))
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy, PartialEq)]
+enum Name {
+    UserId,
+    ApiKey,
+    Tier,
+    Authorization,
+}
+
+impl Name {
+    fn as_str(self) -> &'static str {
+        match self {
+            Name::UserId => "x-user-id",
+            Name::ApiKey => "x-api-key",
+            Name::Tier => "x-tier",
+            Name::Authorization => "authorization",
+        }
+    }
+}
+
+/// A header value: the one the config matches on, or any bytes.
+#[derive(Arbitrary, Debug, Clone)]
+enum Value {
+    Free,
+    Bytes(Vec<u8>),
+}
+
+impl Value {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Value::Free => b"free".to_vec(),
+            Value::Bytes(b) => b.clone(),
+        }
+    }
+    fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        if let Value::Free = self {
+            *self = Value::Bytes(b"free".to_vec());
+        }
+        match self {
+            Value::Bytes(b) => b,
+            Value::Free => unreachable!("just replaced"),
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+enum Method {
+    Get,
+    Post,
+    Put,
+    Other(Vec<u8>),
+}
+
+/// How `:path` starts: the configured prefixes, or nothing special.
+#[derive(Arbitrary, Debug, Clone)]
+enum PathStart {
+    Api,
+    Q,
+    Raw,
+}
+
+/// A query parameter name: the configured ones (in several spellings) or any bytes.
+#[derive(Arbitrary, Debug, Clone)]
+enum QueryName {
+    User,
+    UserEscaped,
+    SpacePlus,
+    SpaceEscaped,
+    Other(Vec<u8>),
+}
+
+/// `:path` = start ++ rest ++ (`?` ++ name[=value] joined by `&`) ++ (`#` ++ fragment). Every part
+/// is raw fuzz bytes, so `?`, `#`, `&`, `=`, `%`, `+`, NUL, CR/LF and invalid UTF-8 all occur.
+#[derive(Arbitrary, Debug, Clone)]
+struct Path {
+    start: PathStart,
+    rest: Vec<u8>,
+    query: Option<Vec<(QueryName, Option<Vec<u8>>)>>,
+    fragment: Option<Vec<u8>>,
+}
+
+impl Path {
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = match self.start {
+            PathStart::Api => b"/api/".to_vec(),
+            PathStart::Q => b"/q".to_vec(),
+            PathStart::Raw => Vec::new(),
+        };
+        out.extend_from_slice(&self.rest);
+        if let Some(query) = &self.query {
+            out.push(b'?');
+            for (i, (name, value)) in query.iter().enumerate() {
+                if i > 0 {
+                    out.push(b'&');
+                }
+                out.extend_from_slice(match name {
+                    QueryName::User => b"user",
+                    QueryName::UserEscaped => b"%75ser",
+                    QueryName::SpacePlus => b"a+b",
+                    QueryName::SpaceEscaped => b"a%20b",
+                    QueryName::Other(raw) => raw,
+                });
+                if let Some(v) = value {
+                    out.push(b'=');
+                    out.extend_from_slice(v);
+                }
+            }
+        }
+        if let Some(f) = &self.fragment {
+            out.push(b'#');
+            out.extend_from_slice(f);
+        }
+        out
+    }
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+struct Input {
+    path: Option<Path>,
+    method: Option<Method>,
+    authority: Option<Vec<u8>>,
+    ip: Option<Vec<u8>>,
+    /// Known names, so the fuzzer reaches the rules' sources; the first of a name wins.
+    headers: Vec<(Name, Value)>,
+    /// Any other headers, by arbitrary name.
+    others: Vec<(String, Vec<u8>)>,
+}
+
+struct Req(Input);
+
+impl RequestView for Req {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        let r = &self.0;
+        match name {
+            ":path" => return r.path.as_ref().map(Path::bytes),
+            ":method" => {
+                return r.method.as_ref().map(|m| match m {
+                    Method::Get => b"GET".to_vec(),
+                    Method::Post => b"POST".to_vec(),
+                    Method::Put => b"PUT".to_vec(),
+                    Method::Other(v) => v.clone(),
+                })
+            }
+            ":authority" => return r.authority.clone(),
+            _ => {}
+        }
+        r.headers
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, v)| v.bytes())
+            .or_else(|| {
+                r.others
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.clone())
+            })
+    }
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        self.0.ip.clone()
+    }
+}
+
+fn assert_key_shape(key: &str, prefix: &str, rule: &str) {
+    let head = format!("{prefix}:{{{rule}:");
+    let digest = key
+        .strip_prefix(&head)
+        .and_then(|rest| rest.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("key {key:?} is not {head}<digest>}}"));
+    assert!(
+        digest.len() == 32
+            && digest
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "key {key:?}"
+    );
+}
+
+fn path_only(p: &[u8]) -> &[u8] {
+    let end = p
+        .iter()
+        .position(|&b| b == b'?' || b == b'#')
+        .unwrap_or(p.len());
+    &p[..end]
+}
+
+fuzz_target!(|input: Input| {
+    let cfg = config();
+    let prefix = cfg.key_prefix.as_str();
+    let req = Req(input.clone());
+    for rule in &cfg.rules {
+        let key = applies(prefix, rule, &req);
+        let values = key_values(&rule.key, &req);
+        let want = if matches(&rule.matcher, &req) {
+            values.as_ref().map(|v| bucket_key(prefix, &rule.name, v))
+        } else {
+            None
+        };
+        assert_eq!(key, want, "rule {}", rule.name);
+        if let Some(k) = &key {
+            assert_key_shape(k, prefix, &rule.name);
+        }
+        let Some(values) = values else { continue };
+        assert_key_shape(&bucket_key(prefix, &rule.name, &values), prefix, &rule.name);
+        assert_eq!(values.len(), rule.key.len());
+        for (source, v) in rule.key.iter().zip(&values) {
+            match source {
+                KeySource::Header(h) => assert_eq!(Some(v), req.header(h).as_ref()),
+                KeySource::Literal(t) => assert_eq!(v, t.as_bytes()),
+                KeySource::ClientIp => assert_eq!(Some(v), input.ip.as_ref()),
+                KeySource::Method => assert_eq!(Some(v), req.header(":method").as_ref()),
+                KeySource::Path => assert_eq!(
+                    Some(v.as_slice()),
+                    req.header(":path").as_deref().map(path_only)
+                ),
+                KeySource::Authority => assert_eq!(
+                    Some(v),
+                    input
+                        .authority
+                        .as_ref()
+                        .map(|a| a.to_ascii_lowercase())
+                        .as_ref()
+                ),
+                KeySource::Query(_) => {}
+            }
+        }
+        // Another tuple of values is another bucket: change the last byte split between the first
+        // two values, or append a byte to the first.
+        let mut other = values.clone();
+        match other.as_mut_slice() {
+            [a, b, ..] if !a.is_empty() => {
+                let last = a.pop().unwrap_or_default();
+                b.insert(0, last);
+            }
+            [a, ..] => a.push(0),
+            [] => continue,
+        }
+        assert_ne!(
+            bucket_key(prefix, &rule.name, &values),
+            bucket_key(prefix, &rule.name, &other),
+            "{values:?} and {other:?} share a bucket"
+        );
+    }
+    // One user's id never lands in another user's bucket.
+    let per_user = &cfg.rules[0];
+    if let Some(k) = applies(prefix, per_user, &req) {
+        let mut changed = input.clone();
+        let uid = match changed.headers.iter_mut().find(|(n, _)| *n == Name::UserId) {
+            Some((_, v)) => v.bytes_mut(),
+            None => changed
+                .others
+                .iter_mut()
+                .find(|(n, _)| n == "x-user-id")
+                .map(|(_, v)| v)
+                .expect("per-user applied without x-user-id"),
+        };
+        uid.push(b'!');
+        let k2 = applies(prefix, per_user, &Req(changed)).expect("per-user still applies");
+        assert_ne!(k, k2);
+    }
+});

@@ -1,0 +1,123 @@
+//! Webdis encoding: for any key, script and numbers, `webdis::command` gives exactly 10 '/'-separated
+//! segments of `[A-Za-z0-9_~%-]`, and decoding each segment gives back the inputs, so no input can
+//! add, drop or change a Webdis argument. `request` carries that command unchanged, and
+//! `basic_auth_header` is base64 that decodes back to its input.
+#![no_main]
+
+use libfuzzer_sys::arbitrary::{self, Arbitrary};
+use libfuzzer_sys::fuzz_target;
+use tollgate::backend::webdis::{basic_auth_header, command, request, Invoke};
+use tollgate::backend::ScriptCall;
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    key: String,
+    script: String,
+    eval: bool,
+    burst: u64,
+    rate: u64,
+    period_ms: u64,
+    cost: u64,
+    lease_want: u64,
+    max_wait_ms: u64,
+}
+
+/// Strict percent-decoding: `%XX` (either case of hex) is a byte, any other byte stands for itself.
+fn decode(seg: &str) -> Vec<u8> {
+    let b = seg.as_bytes();
+    let hex = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hi = b.get(i + 1).copied().and_then(hex);
+            let lo = b.get(i + 2).copied().and_then(hex);
+            let (Some(hi), Some(lo)) = (hi, lo) else {
+                panic!("bad escape at {i} in {seg:?}");
+            };
+            out.push(hi << 4 | lo);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    assert!(s.len().is_multiple_of(4), "base64 length {}", s.len());
+    let mut out = Vec::new();
+    for chunk in s.as_bytes().chunks(4) {
+        let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
+        assert!(pad <= 2, "{s:?}");
+        let mut n = 0u32;
+        for &c in chunk {
+            let v = if c == b'=' {
+                0
+            } else {
+                ALPHABET
+                    .iter()
+                    .position(|&a| a == c)
+                    .unwrap_or_else(|| panic!("not base64: {c:#x} in {s:?}")) as u32
+            };
+            n = n << 6 | v;
+        }
+        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
+    }
+    out
+}
+
+fuzz_target!(|input: Input| {
+    let call = ScriptCall {
+        key: input.key.clone(),
+        burst: input.burst,
+        rate: input.rate,
+        period_ms: input.period_ms,
+        cost: input.cost,
+        lease_want: input.lease_want,
+        max_wait_ms: input.max_wait_ms,
+    };
+    let (invoke, verb) = if input.eval {
+        (Invoke::Source(&input.script), "EVAL")
+    } else {
+        (Invoke::Sha(&input.script), "EVALSHA")
+    };
+    let cmd = command(&call, invoke);
+    assert!(
+        cmd.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_~%-/".contains(&b)),
+        "unsafe byte in {cmd:?}"
+    );
+    let segs: Vec<&str> = cmd.split('/').collect();
+    // verb / script / 1 / key / burst / rate / period_ms / cost / lease_want / max_wait_ms
+    assert_eq!(segs.len(), 10, "{cmd:?}");
+    assert_eq!(segs[0], verb);
+    assert_eq!(
+        decode(segs[1]),
+        input.script.as_bytes(),
+        "script in {cmd:?}"
+    );
+    assert_eq!(segs[2], "1");
+    assert_eq!(decode(segs[3]), input.key.as_bytes(), "key in {cmd:?}");
+    let numbers = [
+        input.burst,
+        input.rate,
+        input.period_ms,
+        input.cost,
+        input.lease_want,
+        input.max_wait_ms,
+    ];
+    assert_eq!(segs[4..].len(), numbers.len(), "{cmd:?}");
+    for (seg, n) in segs[4..].iter().zip(numbers) {
+        assert_eq!(decode(seg), n.to_string().as_bytes(), "{cmd:?}");
+    }
+
+    let req = request(&call, invoke, "webdis", Some("Basic x"));
+    assert_eq!(req.body, cmd.as_bytes());
+
+    let auth = basic_auth_header(&input.key);
+    let b64 = auth.strip_prefix("Basic ").expect("no Basic prefix");
+    assert_eq!(base64_decode(b64), input.key.as_bytes(), "{auth:?}");
+});
