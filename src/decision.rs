@@ -590,10 +590,11 @@ pub fn lease_reply(
             plugin
                 .metrics
                 .count(flight.rule, Counter::LeaseDropped, dropped.unwrap_or(0));
-            if r.granted < flight.call.lease_want {
-                // The bucket held less than asked for: the key is saturated. Spend the grant,
-                // then back off instead of asking for each token as it refills (the tokens stay
-                // in the global bucket meanwhile; the backoff is short enough that none is lost).
+            if r.granted < flight.call.lease_want || r.remaining < r.granted {
+                // The bucket held less than asked for, or we took most of what was left: the key
+                // is saturated. Spend the grant, then back off instead of asking for each token
+                // as it refills (the tokens stay in the global bucket meanwhile; the backoff is
+                // short enough that none is lost).
                 let _ = deny.remember(key, 1, flight.sent_ms.saturating_add(backoff));
             }
             LeaseResult::Recorded
