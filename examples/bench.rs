@@ -298,6 +298,7 @@ fn render_bench_template(
     text.replace("{{ADMIN_PORT}}", &admin_port.to_string())
         .replace("{{LISTEN_PORT}}", &listen_port.to_string())
         .replace("{{BACKEND_PORT}}", &backend_port.to_string())
+        .replace("{{UPSTREAM_PORT}}", &common::envoy::NO_UPSTREAM.to_string())
         .replace("{{WASM_PATH}}", &wasm.to_string_lossy().replace('\'', "''"))
 }
 

@@ -288,3 +288,29 @@ fn steady_overload_never_admits_more_than_the_bucket() {
     );
     eprintln!("steady overload: admitted {ok}, limited {limited}, ideal {ideal:.1}");
 }
+
+/// In front of a real application (cluster "app", paths under /app/): admitted requests reach it
+/// with the rate-limit headers added on the way back; denied ones never do.
+#[test]
+fn limits_traffic_to_a_real_upstream() {
+    let dir = common::scratch_dir("e2e-upstream");
+    let redis = common::Redis::start(&dir);
+    let webdis = common::Webdis::start(&dir, redis.port);
+    let app = common::upstream::Upstream::start();
+    let cfg = r#"{ "backend": { "timeout_ms": 2000 },
+        "rules": [ { "name": "app", "match": { "path_prefix": "/app/" }, "key": ["header:x-user-id"],
+                     "rate": 1, "period_ms": 60000, "burst": 3 } ] }"#;
+    let envoy = Envoy::try_start_with_upstream(&dir, cfg, webdis.port, app.port)
+        .unwrap_or_else(|log| panic!("{}", common::envoy::brief_log(&log)));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = envoy.get("/app/orders", &user("hana"));
+        if r.status == 200 {
+            assert_eq!(r.body, "app\n", "the app answered");
+            assert!(r.header("ratelimit").is_some(), "{r:?}");
+        }
+        statuses.push(r.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "{}", envoy.log_text());
+    assert_eq!(app.hits(), 3, "only admitted requests reached the app");
+}

@@ -27,6 +27,7 @@ use common::{demo_config, envoy_bin, repo_root, scratch_dir, wasm_path};
 const COMPOSE_ADMIN_PORT: u16 = 9901;
 const COMPOSE_LISTEN_PORT: u16 = 10000;
 const COMPOSE_WEBDIS_PORT: u16 = 7379;
+const COMPOSE_APP_PORT: u16 = 8080;
 const COMPOSE_WASM: &str = "/etc/tollgate/tollgate.wasm";
 const COMPOSE_ENVOY_YAML: &str = "deploy/compose/envoy.yaml";
 
@@ -77,7 +78,8 @@ fn compose_envoy_yaml() -> String {
         "# GENERATED from envoy/envoy.yaml and envoy/demo-config.json by tests/manifests.rs; do not edit.\n\
          # Regenerate with: TOLLGATE_REGENERATE=1 cargo test --test manifests\n\
          # Used by docker-compose.yaml (network_mode: host): admin 127.0.0.1:{COMPOSE_ADMIN_PORT}, listener\n\
-         # 127.0.0.1:{COMPOSE_LISTEN_PORT}, Webdis 127.0.0.1:{COMPOSE_WEBDIS_PORT}, the wasm mounted at {COMPOSE_WASM}.\n"
+         # 127.0.0.1:{COMPOSE_LISTEN_PORT}, Webdis 127.0.0.1:{COMPOSE_WEBDIS_PORT}, the app 127.0.0.1:{COMPOSE_APP_PORT},\n\
+         # the wasm mounted at {COMPOSE_WASM}.\n"
     );
     let rendered = render_envoy_yaml(
         &demo_config(),
@@ -85,6 +87,7 @@ fn compose_envoy_yaml() -> String {
         COMPOSE_LISTEN_PORT,
         COMPOSE_ADMIN_PORT,
         Path::new(COMPOSE_WASM),
+        COMPOSE_APP_PORT,
     );
     // The template's leading comment explains its placeholders; the rendered file has none left.
     let body: String = rendered
@@ -208,7 +211,7 @@ fn compose_mounts_exist_and_services_agree() {
     wasm_path(); // a clear "run make build" if the module is missing
     let doc = compose();
     let services = doc["services"].as_object().expect("services");
-    for name in ["redis", "webdis", "envoy"] {
+    for name in ["redis", "webdis", "envoy", "app"] {
         assert!(services.contains_key(name), "service {name}");
     }
     for (name, service) in services {
@@ -260,6 +263,13 @@ fn compose_mounts_exist_and_services_agree() {
             COMPOSE_WASM.to_string()
         )),
         "the wasm is mounted at {COMPOSE_WASM}: {envoy_mounts:?}"
+    );
+
+    // The app listens where envoy/envoy.yaml's "app" cluster was rendered for compose.
+    let app_cmd = strings(&services["app"]["command"]);
+    assert!(
+        app_cmd.contains(&format!("-listen=127.0.0.1:{COMPOSE_APP_PORT}")),
+        "the app listens on the port the compose render uses: {app_cmd:?}"
     );
 
     // Webdis: its config is mounted where its command reads it, and it points at the Redis service.
@@ -385,7 +395,14 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
     eprintln!("pluginConfig accepted: {}", config.summary());
     assert_envoy_accepts(
         "istio-plugin-config",
-        &render_envoy_yaml(&json_config, 7379, 10000, 9901, &wasm_path()),
+        &render_envoy_yaml(
+            &json_config,
+            7379,
+            10000,
+            9901,
+            &wasm_path(),
+            common::envoy::NO_UPSTREAM,
+        ),
     );
 
     // backend.cluster = outbound|<port>||<service>.<namespace>.svc.cluster.local

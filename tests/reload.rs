@@ -35,7 +35,14 @@ fn epoch(
     listen: u16,
     admin: u16,
 ) -> Proc {
-    let yaml = render_envoy_yaml(plugin, backend, listen, admin, &wasm_path());
+    let yaml = render_envoy_yaml(
+        plugin,
+        backend,
+        listen,
+        admin,
+        &wasm_path(),
+        common::envoy::NO_UPSTREAM,
+    );
     let path = dir.join(format!("envoy-epoch{n}.yaml"));
     std::fs::write(&path, yaml).unwrap();
     let mut cmd = Command::new(envoy_bin());

@@ -45,6 +45,10 @@ pub fn demo_config() -> String {
     envoy_file("demo-config.json")
 }
 
+/// The upstream port of tests that never send to `/app/`: the discard port, where nothing listens
+/// here, so such a request would get Envoy's 503 rather than reach something unexpected.
+pub const NO_UPSTREAM: u16 = 9;
+
 /// Escapes text for the inside of a YAML single-quoted scalar.
 fn yaml_single_quoted(text: &str) -> String {
     text.replace('\'', "''")
@@ -58,6 +62,7 @@ pub fn render_envoy_yaml(
     listen_port: u16,
     admin_port: u16,
     wasm_path: &Path,
+    upstream_port: u16,
 ) -> String {
     let config = match serde_json::from_str::<serde_json::Value>(plugin_config_json) {
         Ok(v) => v.to_string(),
@@ -67,6 +72,7 @@ pub fn render_envoy_yaml(
         .replace("{{ADMIN_PORT}}", &admin_port.to_string())
         .replace("{{LISTEN_PORT}}", &listen_port.to_string())
         .replace("{{BACKEND_PORT}}", &backend_port.to_string())
+        .replace("{{UPSTREAM_PORT}}", &upstream_port.to_string())
         .replace(
             "{{WASM_PATH}}",
             &yaml_single_quoted(&wasm_path.to_string_lossy()),
@@ -99,6 +105,16 @@ impl Envoy {
         plugin_config_json: &str,
         backend_port: u16,
     ) -> Result<Envoy, String> {
+        Self::try_start_with_upstream(dir, plugin_config_json, backend_port, NO_UPSTREAM)
+    }
+
+    /// Like [`Envoy::try_start`], with the application (`/app/`) on `upstream_port`.
+    pub fn try_start_with_upstream(
+        dir: &Path,
+        plugin_config_json: &str,
+        backend_port: u16,
+        upstream_port: u16,
+    ) -> Result<Envoy, String> {
         let wasm = wasm_path();
         Self::try_start_yaml(dir, |listen_port, admin_port| {
             render_envoy_yaml(
@@ -107,6 +123,7 @@ impl Envoy {
                 listen_port,
                 admin_port,
                 &wasm,
+                upstream_port,
             )
         })
     }

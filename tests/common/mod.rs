@@ -171,4 +171,5 @@ pub use stack::Stack;
 #[allow(unused_imports)]
 pub use webdis::{Webdis, WebdisOpts};
 pub mod redis_cluster;
+pub mod upstream;
 pub mod yaml;

@@ -1,0 +1,52 @@
+//! A stand-in application behind Envoy (cluster "app", paths under /app/): it answers every request
+//! with 200 "app\n" and counts what reached it, so a test can tell what the filter let through.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub struct Upstream {
+    pub port: u16,
+    hits: Arc<AtomicU64>,
+}
+
+impl Upstream {
+    /// Listens on a free loopback port; one thread serves each connection, one request at a time,
+    /// with `Connection: close`. The threads end with the test process.
+    pub fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+        let port = listener.local_addr().expect("upstream addr").port();
+        let hits = Arc::new(AtomicU64::new(0));
+        let counter = hits.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let counter = counter.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(&conn);
+                    let mut line = String::new();
+                    // Read the request head up to the blank line (the tests send no bodies).
+                    loop {
+                        line.clear();
+                        match reader.read_line(&mut line) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if line == "\r\n" => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let mut out = &conn;
+                    let _ = out.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\napp\n",
+                    );
+                });
+            }
+        });
+        Upstream { port, hits }
+    }
+
+    /// Requests that reached the application so far.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
