@@ -69,18 +69,6 @@ fn drive(ports: &[u16], users: &[String], requests: usize) -> BTreeMap<String, V
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-/// Script calls a node has run (EVALSHA, EVAL), from `INFO commandstats`.
-fn script_calls(conn: &mut redis::Connection) -> (u64, u64) {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    let calls = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse::<u64>().unwrap())
-    };
-    (calls("evalsha"), calls("eval"))
-}
-
 fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
 }
@@ -156,7 +144,7 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
             .iter()
             .map(|&s| backend.cluster.count_keys_in_slot(port, s))
             .sum();
-        let (evalsha, eval) = script_calls(&mut backend.cluster.conn(port));
+        let (evalsha, eval) = common::script_calls(&mut backend.cluster.conn(port));
         eprintln!(
             "  master :{port}  keys {}  DBSIZE {dbsize}  COUNTKEYSINSLOT sum {in_slots} over {} slots  \
              calls: EVALSHA {evalsha}, EVAL {eval}",

@@ -32,21 +32,6 @@ fn config(extra: &str, rate: u64, period_ms: u64, burst: u64) -> String {
     )
 }
 
-/// Script calls Redis has run so far (EVALSHA + EVAL), from `INFO commandstats`.
-fn script_calls(redis: &common::Redis) -> (u64, u64) {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.conn())
-        .unwrap();
-    let calls = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse::<u64>().unwrap())
-    };
-    (calls("evalsha"), calls("eval"))
-}
-
 fn user(id: &str) -> [(&str, &str); 1] {
     [("x-user-id", id)]
 }
@@ -120,19 +105,19 @@ fn over_limit_flood_is_answered_locally() {
         stack.logs()
     );
     assert_eq!(stack.get("/api/x", &user("carol")).status, 429);
-    let before = script_calls(&stack.redis);
+    let before = stack.redis.script_calls();
     for _ in 0..30 {
         // New connection each time: requests land on both workers.
         assert_eq!(stack.get("/api/x", &user("carol")).status, 429);
     }
     assert_eq!(
-        script_calls(&stack.redis),
+        stack.redis.script_calls(),
         before,
         "denials must come from the cache"
     );
     // Another user still reaches Redis.
     assert_eq!(stack.get("/api/x", &user("dave")).status, 200);
-    assert!(script_calls(&stack.redis).0 > before.0);
+    assert!(stack.redis.script_calls().0 > before.0);
 }
 
 /// After `SCRIPT FLUSH` (or a Redis restart) EVALSHA answers NOSCRIPT; the filter sends EVAL once and
@@ -146,7 +131,7 @@ fn limits_survive_script_flush() {
         "{}",
         stack.logs()
     );
-    let (evalsha, eval) = script_calls(&stack.redis);
+    let (evalsha, eval) = stack.redis.script_calls();
     assert!(eval >= 1, "a fresh Redis has no script: EVAL was needed");
     assert!(evalsha >= 1);
     assert_eq!(stack.get("/api/x", &user("erin")).status, 200);
@@ -161,14 +146,14 @@ fn limits_survive_script_flush() {
         stack.logs()
     );
     assert_eq!(
-        script_calls(&stack.redis).1,
+        stack.redis.script_calls().1,
         eval + 1,
         "one EVAL after the flush"
     );
     assert_eq!(stack.get("/api/x", &user("erin")).status, 200);
     assert_eq!(stack.get("/api/x", &user("erin")).status, 429);
     assert_eq!(
-        script_calls(&stack.redis).1,
+        stack.redis.script_calls().1,
         eval + 1,
         "EVALSHA works again"
     );

@@ -23,22 +23,6 @@ fn lease_config(rate: u64, period_ms: u64, burst: u64) -> String {
     )
 }
 
-fn script_calls(redis: &common::Redis) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.conn())
-        .unwrap();
-    ["evalsha", "eval"]
-        .iter()
-        .map(|name| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-                .and_then(|rest| rest.split(',').next())
-                .map_or(0, |n| n.parse::<u64>().unwrap())
-        })
-        .sum()
-}
-
 /// Drives `threads` clients per port at `user` for `secs`; returns (admitted, limited, other).
 fn drive(ports: &[u16], threads: usize, user: &'static str, secs: f64) -> (u64, u64, u64) {
     let handles: Vec<_> = ports
@@ -94,11 +78,13 @@ fn two_proxies_never_exceed_the_global_bucket() {
     let stack = Stack::start("lease-fleet", &cfg);
     let dir2 = common::scratch_dir("lease-fleet-b");
     let second = Envoy::start(&dir2, &cfg, stack.webdis.port);
-    let calls_before = script_calls(&stack.redis);
+    let (sha, eval) = stack.redis.script_calls();
+    let calls_before = sha + eval;
     let start = Instant::now();
     let (ok, limited, other) = drive(&[stack.port(), second.listen_port], 3, "hot", 2.0);
     let elapsed = start.elapsed().as_secs_f64();
-    let calls = script_calls(&stack.redis) - calls_before;
+    let (sha, eval) = stack.redis.script_calls();
+    let calls = sha + eval - calls_before;
     let ideal = burst as f64 + rate as f64 * elapsed;
     eprintln!(
         "fleet: admitted {ok}, limited {limited}, ideal {ideal:.1}, script calls {calls}, {elapsed:.3} s"

@@ -148,6 +148,11 @@ impl Redis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Script calls this Redis has run so far: (EVALSHA, EVAL).
+    pub fn script_calls(&self) -> (u64, u64) {
+        script_calls(&mut self.conn())
+    }
+
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())
             .expect("redis url")
@@ -173,3 +178,18 @@ pub use webdis::{Webdis, WebdisOpts};
 pub mod redis_cluster;
 pub mod upstream;
 pub mod yaml;
+
+/// Script calls a Redis node has run so far, (EVALSHA, EVAL), from `INFO commandstats`.
+pub fn script_calls(conn: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    let calls = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().expect("a call count"))
+    };
+    (calls("evalsha"), calls("eval"))
+}
