@@ -1,4 +1,4 @@
-//! Webdis codec: a `ScriptCall` as an HTTP request, and Webdis' JSON answer as a `ScriptReply`.
+//! Webdis codec: a `ScriptCall` as an HTTP request, and Webdis' JSON answer as a `Reply`.
 //!
 //! Invariant: every command argument travels as one percent-encoded segment in which only
 //! `[A-Za-z0-9_~-]` appear raw, so Webdis' traps (`/` splits arguments, `+` becomes a space, `?`
@@ -6,7 +6,7 @@
 //! The command goes in a POST body (Webdis parses it like a path) so the `EVAL` fallback, which
 //! carries the whole script, is not limited by URL length.
 
-use super::{BackendError, HttpRequest, ScriptCall, ScriptReply};
+use super::{BackendError, HttpRequest, Reply, ScriptCall};
 
 /// How the script is named in the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,11 +110,43 @@ pub fn basic_auth_header(user_pass: &str) -> String {
     out
 }
 
+/// The HTTP transport: script calls as Webdis requests to one authority, with optional basic auth.
+pub struct Webdis {
+    authority: String,
+    auth_header: Option<String>,
+    sha: String,
+}
+
+impl Webdis {
+    pub fn new(authority: &str, basic_auth: Option<&str>) -> Webdis {
+        Webdis {
+            authority: authority.to_string(),
+            auth_header: basic_auth.map(basic_auth_header),
+            sha: super::script::sha1_hex(),
+        }
+    }
+}
+
+impl super::Transport for Webdis {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest {
+        let invoke = if with_source {
+            Invoke::Source(super::script::SOURCE)
+        } else {
+            Invoke::Sha(&self.sha)
+        };
+        request(call, invoke, &self.authority, self.auth_header.as_deref())
+    }
+
+    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError> {
+        decode_reply(status, body)
+    }
+}
+
 /// Decodes Webdis' answer to a script call.
 ///
 /// `status` 0 means Envoy got no headers (reset or timeout). Webdis wraps every reply as
 /// `{"<COMMAND>": <value>}`; errors come back with HTTP 200 as `[false, "ERR ..."]`.
-pub fn decode_reply(status: u32, body: &[u8]) -> Result<ScriptReply, BackendError> {
+pub fn decode_reply(status: u32, body: &[u8]) -> Result<Reply, BackendError> {
     if status == 0 {
         return Err(BackendError::Reset);
     }
@@ -155,7 +187,7 @@ pub fn decode_reply(status: u32, body: &[u8]) -> Result<ScriptReply, BackendErro
     if !(0..=1).contains(allowed) || *retry_after_ms < -1 {
         return Err(BackendError::Malformed("field out of range".to_string()));
     }
-    Ok(ScriptReply {
+    Ok(Reply {
         allowed: *allowed == 1,
         remaining: non_negative(*remaining, "remaining")?,
         retry_after_ms: *retry_after_ms,
@@ -285,7 +317,7 @@ mod tests {
         let r = decode_reply(200, br#"{"EVALSHA":[1,99,0,10,1]}"#).unwrap();
         assert_eq!(
             r,
-            ScriptReply {
+            Reply {
                 allowed: true,
                 remaining: 99,
                 retry_after_ms: 0,
