@@ -947,7 +947,8 @@ fn parse_key_source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
 mod tests {
     use super::*;
 
-    /// The example from DESIGN.md ("Plugin configuration").
+    /// The plugin configuration example of the design reference (shared/DESIGN.md, outside this
+    /// repository), kept here verbatim.
     const DESIGN_EXAMPLE: &str = r#"{
   "backend":  { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 25,
                 "basic_auth": "user:pass" },
