@@ -158,11 +158,16 @@ pub fn call_response(num_headers: usize, body_size: usize) -> (u32, Vec<u8>) {
 /// The engine's view of the proxy while one callback of context `current` runs.
 pub struct WasmHost {
     current: u32,
+    /// The clock, read once per callback.
+    now_ms: std::cell::Cell<Option<u64>>,
 }
 
 impl WasmHost {
     pub fn new(current: u32) -> WasmHost {
-        WasmHost { current }
+        WasmHost {
+            current,
+            now_ms: std::cell::Cell::new(None),
+        }
     }
 
     /// Runs `f` with `ctx` as the host's effective context, then switches back to the context of
@@ -202,10 +207,15 @@ fn serialize_pairs(pairs: &[(String, String)]) -> Vec<u8> {
 
 impl Host for WasmHost {
     fn now_ms(&self) -> u64 {
-        hostcalls::get_current_time()
+        if let Some(now) = self.now_ms.get() {
+            return now;
+        }
+        let now = hostcalls::get_current_time()
             .ok()
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.now_ms.set(Some(now));
+        now
     }
 
     fn store(&self) -> &dyn Store {

@@ -118,6 +118,7 @@ const NODE_UNREACHABLE: &[&str] = &[
     "ERR upstream failure",
     "no upstream host",
     "upstream failure",
+    "upstream protocol error",
 ];
 
 impl BackendError {

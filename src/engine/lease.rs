@@ -267,7 +267,6 @@ impl Engine {
             return;
         };
         let (sizing, horizon) = (sizing(rule), rule.lease_horizon_ms);
-        let backoff = sizing.backoff_ms();
         let store = host.store();
         let pool = LeasePool::new(store, &self.plugin.ns);
         let deny = DenyCache::new(store, &self.plugin.ns);
@@ -288,12 +287,13 @@ impl Engine {
                     // key is saturated. Spend the grant, then back off instead of asking for each
                     // token as it refills (they stay in the global bucket meanwhile; the backoff
                     // is short enough that none is lost).
+                    let backoff = sizing.backoff_ms(r.remaining);
                     let _ = deny.remember(&key, 1, sent_ms.saturating_add(backoff));
                 }
             }
             Ok(r) => {
                 let retry = u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms);
-                let until = sent_ms.saturating_add(retry.max(backoff));
+                let until = sent_ms.saturating_add(retry.max(sizing.backoff_ms(r.remaining)));
                 let _ = deny.remember(&key, asked.cost, until);
                 let _ = pool.release(claim, Some(r.remaining), now);
             }

@@ -15,14 +15,15 @@
 pub mod health;
 mod lease;
 pub mod plugin;
+mod stash;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use crate::backend::{BackendError, HttpRequest, Reply, ScriptCall};
-use crate::config::{FailureMode, Mode};
+use crate::config::FailureMode;
 use crate::metrics::Counter;
-use crate::rule::{self, RequestView};
+use crate::rule::RequestView;
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Claim, LeasePool};
 use crate::shared::{fallback, Store};
@@ -111,6 +112,7 @@ pub struct Engine {
     requests: HashMap<u32, Request>,
     calls: HashMap<u32, Call>,
     queues: Queues,
+    stashes: stash::Stashes,
     /// Admitted requests held for a reservation, by due time.
     held: BinaryHeap<Reverse<(u64, u32)>>,
     /// The tick period asked of the host (0: off).
@@ -125,6 +127,7 @@ impl Engine {
             requests: HashMap::new(),
             calls: HashMap::new(),
             queues: Queues::default(),
+            stashes: stash::Stashes::default(),
             held: BinaryHeap::new(),
             tick_ms: 0,
         }
@@ -149,26 +152,12 @@ impl Engine {
         req: &dyn RequestView,
     ) -> Action {
         let now = host.now_ms();
-        let grpc = plugin::is_grpc(req.header("content-type").as_deref());
         let mut checks = Vec::new();
-        for (idx, rule) in self.plugin.config.rules.iter().enumerate() {
-            let Some(key) = rule::applies(&self.plugin.config.key_prefix, rule, req) else {
-                continue;
-            };
-            let cost = match plugin::cost_of(rule, req) {
-                Ok(c) => c,
-                Err(e) => return self.apply(host, ctx, plugin::bad_cost(&e), grpc, true),
-            };
-            let lease = rule.mode == Mode::Lease;
-            let call = ScriptCall {
-                key,
-                burst: rule.limits.burst,
-                rate: rule.limits.rate,
-                period_ms: rule.limits.period_ms,
-                cost,
-                lease_want: 0,
-                // A shadow rule never holds a request.
-                max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
+        for idx in 0..self.plugin.config.rules.len() {
+            let (call, lease) = match self.plugin.check_for(idx, req) {
+                None => continue,
+                Some(Ok(c)) => c,
+                Some(Err(e)) => return self.apply(host, ctx, plugin::bad_cost(&e), false, true),
             };
             let outcome = self.local_outcome(host.store(), idx, &call, lease, now);
             if let Some(o) = outcome {
@@ -181,15 +170,24 @@ impl Engine {
                 lease,
             });
         }
-        let request = Request {
+        let mut request = Request {
             checks,
-            grpc,
+            grpc: false,
             deciding: true,
             headers: Vec::new(),
         };
-        if let Some(verdict) = self.verdict_if_done(&request) {
-            return self.apply(host, ctx, verdict, grpc, true);
+        // Whether the client speaks gRPC matters only for a local answer: read it only then.
+        let verdict = match self.verdict_if_done(&request) {
+            Some(Verdict::Respond(_)) => {
+                request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
+                self.verdict_if_done(&request)
+            }
+            other => other,
+        };
+        if let Some(verdict) = verdict {
+            return self.apply(host, ctx, verdict, request.grpc, true);
         }
+        request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
         let undecided: Vec<(usize, bool)> = request
             .checks
             .iter()
@@ -321,9 +319,10 @@ impl Engine {
 
     // ----- checks -----
 
-    /// What the local stage answers for a check: a leased token or a cached denial.
+    /// What the local stage answers for a check: a leased token (from this worker's stash, or a
+    /// batch moved from the proxy's pool) or a cached denial.
     fn local_outcome(
-        &self,
+        &mut self,
         store: &dyn Store,
         idx: usize,
         call: &ScriptCall,
@@ -331,24 +330,38 @@ impl Engine {
         now: u64,
     ) -> Option<Outcome> {
         if lease {
-            let horizon = self.plugin.rule(idx).map_or(0, |r| r.lease_horizon_ms);
-            if let Ok(t) =
-                LeasePool::new(store, &self.plugin.ns).take(&call.key, &[call.cost], now, horizon)
-            {
-                self.plugin
-                    .metrics
-                    .count(idx, Counter::LeaseDropped, t.dropped);
-                if let Some(s) = t.spent.first() {
-                    return Some(Outcome::Allowed {
-                        remaining: s.remaining,
-                        reset_ms: s.reset_ms,
-                    });
-                }
+            if let Some(s) = self.spend_leased(store, idx, call, now) {
+                return Some(Outcome::Allowed {
+                    remaining: s.remaining,
+                    reset_ms: s.reset_ms,
+                });
             }
         }
         DenyCache::new(store, &self.plugin.ns)
             .denied(&call.key, call.cost, now)
             .map(|retry_ms| Outcome::Denied { retry_ms })
+    }
+
+    fn spend_leased(
+        &mut self,
+        store: &dyn Store,
+        idx: usize,
+        call: &ScriptCall,
+        now: u64,
+    ) -> Option<crate::shared::lease::Spent> {
+        let metrics = &self.plugin.metrics;
+        let spend = self.stashes.spend(&call.key, call.cost, now);
+        metrics.count(idx, Counter::LeaseDropped, spend.dropped);
+        if spend.spent.is_some() {
+            return spend.spent;
+        }
+        let (room, dropped) = self.stashes.room_for(&call.key, now);
+        metrics.count(idx, Counter::LeaseDropped, dropped);
+        let horizon = self.plugin.rule(idx).map_or(0, |r| r.lease_horizon_ms);
+        let batch = LeasePool::new(store, &self.plugin.ns)
+            .take_batch(&call.key, call.cost, now, horizon, !room)
+            .ok()??;
+        Some(self.stashes.keep(&call.key, &batch, call.cost, now))
     }
 
     fn is_waiting(&self, ctx: u32, idx: usize) -> bool {

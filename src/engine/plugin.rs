@@ -4,8 +4,8 @@
 //! Invariant: a request is admitted only if every enforced (non-shadow) rule that matched admits
 //! it; the cost a rule charges is never below the rule's `cost`.
 
-use crate::backend::{webdis::Webdis, Reply, Transport};
-use crate::config::{Config, Rule};
+use crate::backend::{webdis::Webdis, Reply, ScriptCall, Transport};
+use crate::config::{Config, Mode, Rule};
 use crate::headers::{self, Report};
 use crate::metrics::{Counter, Metrics, NoMetrics};
 use crate::rule::RequestView;
@@ -43,6 +43,32 @@ impl Plugin {
 
     pub fn rule(&self, idx: usize) -> Option<&Rule> {
         self.config.rules.get(idx)
+    }
+
+    /// Rule `idx`'s script call for `req` and whether it is a lease rule; None if the rule does
+    /// not apply (its match fails or a key source is missing).
+    pub fn check_for(
+        &self,
+        idx: usize,
+        req: &dyn RequestView,
+    ) -> Option<Result<(ScriptCall, bool), CostError>> {
+        let rule = self.rule(idx)?;
+        let key = crate::rule::applies(&self.config.key_prefix, rule, req)?;
+        let cost = match cost_of(rule, req) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        let call = ScriptCall {
+            key,
+            burst: rule.limits.burst,
+            rate: rule.limits.rate,
+            period_ms: rule.limits.period_ms,
+            cost,
+            lease_want: 0,
+            // A shadow rule never holds a request.
+            max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
+        };
+        Some(Ok((call, rule.mode == Mode::Lease)))
     }
 
     /// Counts one check's outcome: exactly one of allowed / denied / shadow_denied, plus where it

@@ -516,12 +516,12 @@ fn a_lease_denial_denies_the_waiters_and_backs_off() {
     e.request_headers(&mut h, 11, &user("a"));
     deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 10, 500, 0));
     assert_eq!((h.status_of(10), h.status_of(11)), (Some(429), Some(429)));
-    // Backoff: min(horizon 200, half the burst refills in 250 ms) = 200 ms, not 10 ms.
-    h.now = 1150;
+    // Backoff: until half the burst (25 of 50) has refilled at 100/s = 250 ms, not 10 ms.
+    h.now = 1249;
     e.request_headers(&mut h, 12, &user("a"));
     assert_eq!(h.status_of(12), Some(429));
     assert_eq!(h.sent.len(), 1);
-    h.now = 1201;
+    h.now = 1251;
     e.request_headers(&mut h, 13, &user("a"));
     assert_eq!(h.sent.len(), 2);
     assert_eq!(e.load().2, 1);
@@ -746,4 +746,50 @@ fn an_idle_engine_stops_ticking() {
     let sets = h.tick_sets;
     assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Continue);
     assert_eq!(h.tick_sets, sets, "a local admission arms nothing");
+}
+
+#[test]
+fn workers_stashing_batches_never_spend_more_than_was_granted() {
+    let (mut w1, rec1) = engine("", LEASE);
+    let (mut w2, rec2) = engine("", LEASE);
+    let mut h = Fake::default();
+    // The proxy's pool holds a lease of 20 tokens for the key.
+    let pool = LeasePool::new(&h.store, &w1.plugin.ns);
+    let sizing = crate::shared::lease::Sizing {
+        burst: 50,
+        rate: 100,
+        period_ms: 1000,
+        lease_max: 20,
+        horizon_ms: 200,
+    };
+    let key = lease_key(&w1, "a");
+    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
+        pool.begin_flight(&key, 1, 0, 100, &sizing)
+    else {
+        panic!()
+    };
+    pool.deposit(claim, 20, 30, 300, 0, 200).unwrap();
+    let leased = 20;
+    // Both workers alternate until each has missed once.
+    let (mut admitted, mut missed1, mut missed2) = (0, false, false);
+    for ctx in 100..1000u32 {
+        let (w, missed) = if ctx % 2 == 0 {
+            (&mut w1, &mut missed1)
+        } else {
+            (&mut w2, &mut missed2)
+        };
+        if *missed {
+            continue;
+        }
+        match w.request_headers(&mut h, ctx, &user("a")) {
+            Action::Continue => admitted += 1,
+            Action::Pause => *missed = true,
+        }
+        if missed1 && missed2 {
+            break;
+        }
+    }
+    assert_eq!(admitted, leased, "every leased token spent once, none more");
+    let local = rec1.get(0, Counter::LocalAllowed) + rec2.get(0, Counter::LocalAllowed);
+    assert_eq!(local, leased);
 }

@@ -225,6 +225,17 @@ pub struct Take {
     pub dropped: u64,
 }
 
+/// Leased tokens moved out of the pool into one worker's stash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    pub tokens: u64,
+    pub expires_ms: u64,
+    pub global_remaining: u64,
+    pub reset_at_ms: u64,
+    /// Tokens of an expired lease dropped on the way.
+    pub dropped: u64,
+}
+
 /// The single lease call for one key on this proxy. It is not `Clone`: whoever holds it must end
 /// it with [`LeasePool::deposit`] or [`LeasePool::release`], on every path.
 #[derive(Debug, PartialEq, Eq)]
@@ -269,16 +280,17 @@ pub struct Sizing {
 }
 
 impl Sizing {
-    /// How long a proxy that found the global bucket short waits before asking again: one
-    /// horizon, but never so long that half the burst could refill meanwhile (tokens that refill
-    /// past a full bucket would be lost to everyone).
-    pub fn backoff_ms(&self) -> u64 {
-        let half_burst_ms = self
-            .burst
+    /// How long a proxy that found the global bucket short (it held `remaining` after the answer)
+    /// waits before asking again: until the refill has brought the bucket back to about half its
+    /// burst. Never longer, so the bucket cannot fill up and overflow meanwhile (a token refilled
+    /// past a full bucket is lost to everyone); coming back sooner would only cost calls that each
+    /// take a sliver of refill.
+    pub fn backoff_ms(&self, remaining: u64) -> u64 {
+        let missing = (self.burst / 2).saturating_sub(remaining);
+        missing
             .saturating_mul(self.period_ms)
-            .checked_div(self.rate.saturating_mul(2))
-            .unwrap_or(0);
-        self.horizon_ms.min(half_burst_ms).max(1)
+            .div_ceil(self.rate.max(1))
+            .max(1)
     }
 
     /// How many tokens to ask for: about one horizon of demand plus what is waiting, capped by
@@ -365,6 +377,43 @@ impl<'a> LeasePool<'a> {
             }
             lease.touched_ms = now_ms;
             Change::Write(set.encode(), take)
+        })
+    }
+
+    /// Moves a batch of at least `cost` live tokens out of `key`'s lease: a quarter of what it holds
+    /// (so the proxy's other workers find tokens too), all of it if that is less than `cost`, or
+    /// exactly `cost` when `exact` (the worker cannot stash the rest). None if the lease holds less
+    /// than `cost`; writes nothing then.
+    pub fn take_batch(
+        &self,
+        key: &str,
+        cost: u64,
+        now_ms: u64,
+        horizon_ms: u64,
+        exact: bool,
+    ) -> Result<Option<Batch>, StoreError> {
+        update(self.store, &self.set_key(key), |bytes| {
+            let mut set = Set::decode(bytes);
+            let Some(lease) = set.find(key) else {
+                return Change::Keep(None);
+            };
+            let live = lease.live_tokens(now_ms);
+            if live < cost || cost == 0 {
+                return Change::Keep(None);
+            }
+            lease.roll(now_ms, horizon_ms);
+            let tokens = if exact { cost } else { (live / 4).max(cost) };
+            lease.tokens -= tokens;
+            lease.win_demand = lease.win_demand.saturating_add(tokens);
+            lease.touched_ms = now_ms;
+            let batch = Batch {
+                tokens,
+                expires_ms: lease.expires_ms,
+                global_remaining: lease.global_remaining,
+                reset_at_ms: lease.reset_at_ms,
+                dropped: 0,
+            };
+            Change::Write(set.encode(), Some(batch))
         })
     }
 
@@ -504,6 +553,37 @@ mod tests {
     }
 
     #[test]
+    fn batches_move_a_quarter_and_never_more_than_is_there() {
+        let s = MemStore::default();
+        let pool = LeasePool::new(&s, "ns");
+        assert_eq!(pool.take_batch("k", 1, 0, 200, false).unwrap(), None);
+        let c = claim(&pool, "k", 0);
+        pool.deposit(c, 10, 7, 500, 0, 200).unwrap();
+        let b = pool.take_batch("k", 1, 1, 200, false).unwrap().unwrap();
+        assert_eq!((b.tokens, b.expires_ms, b.global_remaining), (2, 400, 7));
+        assert_eq!(
+            pool.take_batch("k", 3, 1, 200, true)
+                .unwrap()
+                .unwrap()
+                .tokens,
+            3
+        );
+        assert_eq!(
+            pool.take_batch("k", 6, 1, 200, false).unwrap(),
+            None,
+            "5 left"
+        );
+        assert_eq!(
+            pool.take_batch("k", 5, 1, 200, false)
+                .unwrap()
+                .unwrap()
+                .tokens,
+            5
+        );
+        assert_eq!(pool.peek("k").unwrap().tokens, 0);
+    }
+
+    #[test]
     fn leases_expire_after_two_horizons() {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
@@ -639,20 +719,22 @@ mod tests {
     }
 
     #[test]
-    fn backoff_never_lets_half_the_burst_refill() {
-        assert_eq!(SIZING.backoff_ms(), 200);
+    fn backoff_comes_back_when_the_bucket_is_about_half_full() {
+        assert_eq!(SIZING.backoff_ms(0), 500, "half of 100 at 100/s");
+        assert_eq!(SIZING.backoff_ms(30), 200);
+        assert_eq!(SIZING.backoff_ms(80), 1, "already half full: at once");
         let fast = Sizing {
             burst: 10,
             rate: 1000,
             ..SIZING
         };
-        assert_eq!(fast.backoff_ms(), 5);
+        assert_eq!(fast.backoff_ms(0), 5);
         let tiny = Sizing {
             burst: 1,
             rate: 1_000_000,
             ..SIZING
         };
-        assert_eq!(tiny.backoff_ms(), 1);
+        assert_eq!(tiny.backoff_ms(0), 1);
     }
 
     #[test]
