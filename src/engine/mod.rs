@@ -12,6 +12,7 @@
 //! arrive, not by polling; the tick runs only while something is due (a held request, a
 //! patience deadline, another worker's lease call on a key waited for here).
 
+mod coalesce;
 pub mod health;
 mod lease;
 pub mod plugin;
@@ -89,6 +90,8 @@ enum Purpose {
     Check { ctx: u32, idx: usize },
     /// The proxy's lease call for `claim`'s key.
     Lease(Claim),
+    /// One call for several exact checks of one key, one token each, in order.
+    Batch(Vec<(u32, usize)>),
 }
 
 #[derive(Debug)]
@@ -113,6 +116,7 @@ pub struct Engine {
     calls: HashMap<u32, Call>,
     queues: Queues,
     stashes: stash::Stashes,
+    chains: coalesce::Chains,
     /// Admitted requests held for a reservation, by due time.
     held: BinaryHeap<Reverse<(u64, u32)>>,
     /// The tick period asked of the host (0: off).
@@ -128,6 +132,7 @@ impl Engine {
             calls: HashMap::new(),
             queues: Queues::default(),
             stashes: stash::Stashes::default(),
+            chains: coalesce::Chains::default(),
             held: BinaryHeap::new(),
             tick_ms: 0,
         }
@@ -210,7 +215,7 @@ impl Engine {
             if lease {
                 self.wait_for_lease(host, ctx, idx, Some(ctx), now);
             } else {
-                self.send_check(host, ctx, idx, ctx, now);
+                self.send_exact(host, ctx, idx, now);
             }
         }
         let action = match self.requests.get(&ctx) {
@@ -252,6 +257,13 @@ impl Engine {
                         Err(e) => self.failure_outcome(host, call.rule, &call.call, &e, now),
                     };
                     self.settle(host, ctx, idx, outcome, now);
+                    if coalesce::eligible(&call.call) {
+                        self.chain_next(host, &call.call.key, carrier, now);
+                    }
+                }
+                Purpose::Batch(checks) => {
+                    self.batch_answer(host, &call.call, checks, reply, call.sent_ms, now);
+                    self.chain_next(host, &call.call.key, carrier, now);
                 }
                 Purpose::Lease(claim) => {
                     let (rule, sent_ms, asked) = (call.rule, call.sent_ms, call.call);
@@ -276,6 +288,7 @@ impl Engine {
         }
         self.expire_waiters(host, now);
         self.poll_leases(host, now);
+        self.send_pending_chains(host, now);
         self.schedule(host, now, true);
     }
 
@@ -294,8 +307,12 @@ impl Engine {
     pub fn done(&mut self, host: &mut dyn Host, ctx: u32) {
         let now = host.now_ms();
         if let Some(r) = self.requests.remove(&ctx) {
-            for c in r.checks.iter().filter(|c| c.lease && c.outcome.is_none()) {
-                self.queues.remove_waiter(&c.call.key, ctx);
+            for c in r.checks.iter().filter(|c| c.outcome.is_none()) {
+                if c.lease {
+                    self.queues.remove_waiter(&c.call.key, ctx);
+                } else {
+                    self.chains.remove_waiter(&c.call.key, ctx);
+                }
             }
         }
         let carried: Vec<u32> = self
@@ -308,10 +325,13 @@ impl Engine {
             let Some(call) = self.calls.remove(&token) else {
                 continue;
             };
-            if let Purpose::Lease(claim) = call.purpose {
-                let key = claim.key().to_string();
-                let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
-                self.queues.flight_lost(&key);
+            match call.purpose {
+                Purpose::Lease(claim) => {
+                    let key = claim.key().to_string();
+                    let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
+                    self.queues.flight_lost(&key);
+                }
+                Purpose::Check { .. } | Purpose::Batch(_) => self.chains.lost(&call.call.key),
             }
         }
         self.schedule(host, now, false);
@@ -374,6 +394,21 @@ impl Engine {
     fn check_call(&self, ctx: u32, idx: usize) -> Option<(usize, ScriptCall)> {
         let c = self.requests.get(&ctx)?.checks.get(idx)?;
         Some((c.rule, c.call.clone()))
+    }
+
+    /// Sends exact check `idx`'s call, or queues it behind the call out for its key.
+    fn send_exact(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, now: u64) {
+        let Some((_, call)) = self.check_call(ctx, idx) else {
+            return;
+        };
+        if coalesce::eligible(&call) && self.join_chain(&call.key, ctx, idx) {
+            return;
+        }
+        self.send_check(host, ctx, idx, ctx, now);
+        if !self.is_waiting(ctx, idx) {
+            // The call failed at once: the chain it started is over.
+            self.chain_next(host, &call.key, ctx, now);
+        }
     }
 
     /// Sends check `idx`'s own call (exact mode, or a lease check whose key has no lease slot).
@@ -445,6 +480,12 @@ impl Engine {
         match self.send(host, rule, script_call, purpose, carrier, sent_ms, true) {
             Ok(()) => {}
             Err((e, Purpose::Check { ctx, idx })) => self.fail_check(host, ctx, idx, &e, now),
+            Err((e, Purpose::Batch(checks))) => {
+                for (ctx, idx) in checks {
+                    self.fail_check(host, ctx, idx, &e, now);
+                }
+                self.chain_next(host, &key, carrier, now);
+            }
             Err((e, Purpose::Lease(claim))) => {
                 let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
                 self.queues.flight_lost(&key);
@@ -690,6 +731,9 @@ impl Engine {
             self.queues.pop_patience();
         }
         let mut next = self.queues.next_due(now);
+        if self.chains.pending() {
+            next = Some(now.saturating_add(1));
+        }
         if let Some(Reverse((due, _))) = self.held.peek() {
             next = Some(next.map_or(*due, |n: u64| n.min(*due)));
         }

@@ -793,3 +793,88 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
     let local = rec1.get(0, Counter::LocalAllowed) + rec2.get(0, Counter::LocalAllowed);
     assert_eq!(local, leased);
 }
+
+// ----- exact mode at a hot key -----
+
+#[test]
+fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
+    let (mut e, rec) = engine("", EXACT);
+    let mut h = Fake::default();
+    for ctx in 10..14 {
+        e.request_headers(&mut h, ctx, &user("a"));
+    }
+    assert_eq!(h.sent.len(), 1, "one call out; the others queue behind it");
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 9, 0, 100, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(h.tick, 1, "the shared call goes out from the root context");
+    e.tick(&mut h);
+    assert_eq!(h.sent.len(), 2);
+    assert!(
+        h.sent[1].ends_with("/20/10/1000/1/3/0"),
+        "one token each for three: {}",
+        h.sent[1]
+    );
+    // Meanwhile another arrives: it waits for the next call, carried by the root again.
+    e.request_headers(&mut h, 14, &user("a"));
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 6, 0, 100, 3));
+    assert_eq!(h.resumed, [10, 11, 12, 13]);
+    assert!(
+        h.sent[2].ends_with("/1/1/0"),
+        "sent at once from the root: {}",
+        h.sent[2]
+    );
+    deliver(&mut e, &mut h, 1, 3, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.resumed, [10, 11, 12, 13, 14]);
+    assert_eq!(rec.get(0, Counter::BackendCalls), 3);
+    assert_eq!(rec.get(0, Counter::Allowed), 5);
+    for ctx in 10..15 {
+        e.response_headers(&mut h, ctx);
+        e.done(&mut h, ctx);
+    }
+    assert_eq!(e.load(), (0, 0, 0));
+}
+
+#[test]
+fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake::default();
+    for ctx in 10..13 {
+        e.request_headers(&mut h, ctx, &user("a"));
+    }
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 2, 0, 100, 1));
+    e.tick(&mut h);
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 0, 0, 1900, 1));
+    assert_eq!(h.resumed, [10, 11]);
+    assert_eq!(h.status_of(12), Some(429));
+    let retry = header(&h.responded[0].1.headers, "retry-after");
+    assert_eq!(retry, Some("1"), "the next token, at 10/s");
+    // A denial of the whole batch denies each.
+    e.request_headers(&mut h, 20, &user("b"));
+    e.request_headers(&mut h, 21, &user("b"));
+    deliver(&mut e, &mut h, 20, 3, 200, &answer(true, 0, 0, 100, 1));
+    e.tick(&mut h);
+    deliver(&mut e, &mut h, 1, 4, 200, &answer(false, 0, 300, 2000, 0));
+    assert_eq!(h.status_of(21), Some(429));
+}
+
+#[test]
+fn a_chain_survives_its_carrier_going_away_and_other_costs_go_alone() {
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 11, &user("a"));
+    e.done(&mut h, 10);
+    assert_eq!(h.tick, 1);
+    e.tick(&mut h);
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "the queue moved on without the lost answer"
+    );
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.resumed, [11]);
+    // A cost of 2 is never coalesced (a grant must cover whole requests).
+    e.request_headers(&mut h, 20, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
+    e.request_headers(&mut h, 21, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
+    assert_eq!(h.sent.len(), 4);
+}
