@@ -27,6 +27,8 @@ pub struct ScriptCall {
     pub lease_want: u64,
     /// How long the proxy will hold the request for a reservation (0 = none).
     pub max_wait_ms: u64,
+    /// Tokens to charge (> 0) or refund (< 0) first: usage measured after earlier admissions.
+    pub settle: i64,
 }
 
 /// The script's flat reply (the one reply type: `bucket::take` models it exactly).

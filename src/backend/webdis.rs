@@ -36,7 +36,7 @@ pub fn encode_segment(bytes: &[u8], out: &mut String) {
 }
 
 /// The Webdis command text for one script call:
-/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease_want>/<max_wait_ms>`.
+/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease_want>/<max_wait_ms>/<settle>`.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
     let (verb, script) = match invoke {
         Invoke::Sha(sha) => ("EVALSHA", sha),
@@ -61,6 +61,9 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
         out.push('/');
         out.push_str(&n.to_string());
     }
+    // A signed integer: digits and at most a leading '-', which Webdis leaves alone.
+    out.push('/');
+    out.push_str(&call.settle.to_string());
     out
 }
 
@@ -229,6 +232,7 @@ mod tests {
             cost: 1,
             lease_want: 0,
             max_wait_ms: 0,
+            settle: 0,
         }
     }
 
@@ -243,7 +247,7 @@ mod tests {
         let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
         assert_eq!(
             cmd,
-            "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0/0"
+            "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0/0/0"
         );
     }
 
@@ -284,7 +288,10 @@ mod tests {
         let parts: Vec<&str> = cmd.split('/').collect();
         assert_eq!(parts[0], "EVAL");
         assert_eq!(webdis_decode(parts[1]), src.as_bytes());
-        assert_eq!(&parts[2..], ["1", "k", "200", "100", "1000", "1", "0", "0"]);
+        assert_eq!(
+            &parts[2..],
+            ["1", "k", "200", "100", "1000", "1", "0", "0", "0"]
+        );
     }
 
     #[test]
@@ -301,7 +308,7 @@ mod tests {
         assert!(req
             .headers
             .contains(&("authorization".into(), "Basic dXNlcjpwYXNz".into())));
-        assert_eq!(req.body, b"EVALSHA/abc/1/k/200/100/1000/1/0/0");
+        assert_eq!(req.body, b"EVALSHA/abc/1/k/200/100/1000/1/0/0/0");
     }
 
     #[test]

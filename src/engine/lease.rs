@@ -219,6 +219,7 @@ impl Engine {
                     cost: first,
                     lease_want: want.max(first),
                     max_wait_ms: 0,
+                    settle: 0,
                 };
                 self.queues.set_state(key, State::Own);
                 let purpose = Purpose::Lease(claim);

@@ -67,6 +67,7 @@ impl Plugin {
             lease_want: 0,
             // A shadow rule never holds a request.
             max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
+            settle: 0,
         };
         Some(Ok((call, rule.mode == Mode::Lease)))
     }

@@ -172,7 +172,7 @@ fn exact_admits_on_the_backend_answer_and_adds_headers_to_the_response() {
     let mut h = Fake::default();
     assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
     let [t] = h.tokens()[..] else { panic!() };
-    assert!(h.sent[0].starts_with("EVALSHA/") && h.sent[0].ends_with("/20/10/1000/1/0/0"));
+    assert!(h.sent[0].starts_with("EVALSHA/") && h.sent[0].ends_with("/20/10/1000/1/0/0/0"));
     deliver(&mut e, &mut h, 10, t, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
     e.response_headers(&mut h, 10);
@@ -281,9 +281,17 @@ fn the_cost_header_raises_the_cost_but_never_lowers_it() {
     let (mut e, _) = engine("", rule);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &req("/", &[("x-user", "a"), ("x-cost", "1")]));
-    assert!(h.sent[0].ends_with("/100/10/1000/10/0/0"), "{}", h.sent[0]);
+    assert!(
+        h.sent[0].ends_with("/100/10/1000/10/0/0/0"),
+        "{}",
+        h.sent[0]
+    );
     e.request_headers(&mut h, 11, &req("/", &[("x-user", "a"), ("x-cost", "40")]));
-    assert!(h.sent[1].ends_with("/100/10/1000/40/0/0"), "{}", h.sent[1]);
+    assert!(
+        h.sent[1].ends_with("/100/10/1000/40/0/0/0"),
+        "{}",
+        h.sent[1]
+    );
     for (ctx, bad) in [(12, "0"), (13, "-1"), (14, "1.5"), (15, " 1"), (16, "101")] {
         e.request_headers(&mut h, ctx, &req("/", &[("x-user", "a"), ("x-cost", bad)]));
         assert_eq!(h.status_of(ctx), Some(400), "{bad:?}");
@@ -356,8 +364,8 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
         ..Fake::default()
     };
     e.request_headers(&mut h, 10, &user("a"));
-    assert!(h.sent[0].ends_with("/5/10/1000/1/0/800"), "{}", h.sent[0]);
-    assert!(h.sent[1].ends_with("/1/0/0"), "a shadow rule never holds");
+    assert!(h.sent[0].ends_with("/5/10/1000/1/0/800/0"), "{}", h.sent[0]);
+    assert!(h.sent[1].ends_with("/1/0/0/0"), "a shadow rule never holds");
     deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 0, 300, 800, 1));
     deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 0, 0, 800, 1));
     assert!(h.resumed.is_empty());
@@ -714,7 +722,7 @@ fn under_slot_pressure_a_tenants_paid_tokens_survive_and_newcomers_go_exact() {
     for i in 0..10_000u32 {
         lease_with_leftover(&mut e, &mut h, &format!("r{i}"), 100 + 2 * i);
     }
-    let exact = h.sent.iter().filter(|s| s.ends_with("/1/0/0")).count();
+    let exact = h.sent.iter().filter(|s| s.ends_with("/1/0/0/0")).count();
     assert!(
         exact > 0,
         "some newcomers found their set full and went exact"
@@ -810,7 +818,7 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
     e.tick(&mut h);
     assert_eq!(h.sent.len(), 2);
     assert!(
-        h.sent[1].ends_with("/20/10/1000/1/3/0"),
+        h.sent[1].ends_with("/20/10/1000/1/3/0/0"),
         "one token each for three: {}",
         h.sent[1]
     );
@@ -819,7 +827,7 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
     deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 6, 0, 100, 3));
     assert_eq!(h.resumed, [10, 11, 12, 13]);
     assert!(
-        h.sent[2].ends_with("/1/1/0"),
+        h.sent[2].ends_with("/1/1/0/0"),
         "sent at once from the root: {}",
         h.sent[2]
     );

@@ -23,7 +23,7 @@ pub fn take(
     let now_us = now_ms.saturating_mul(1000);
     update(store, &key, |bytes| {
         let state = bytes.and_then(decode_state);
-        let (next, reply) = bucket::take(state, limits, cost, 0, 0, now_us);
+        let (next, reply) = bucket::take(state, limits, cost, 0, 0, 0, now_us);
         Change::Write(encode_state(next), reply)
     })
 }
