@@ -82,6 +82,25 @@ pub struct Rule {
     pub lease_horizon_ms: u64,
     pub shadow: bool,
     pub fallback: Option<Limits>,
+    /// Where the real cost comes from once the response arrives (exact mode only).
+    pub usage: Option<Usage>,
+}
+
+/// A rule's usage source: the response says what the request really cost, and the difference from
+/// what it was charged up front is settled against the same global bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    pub source: UsageSource,
+    /// A key with a pending settlement and no next call is flushed after this long.
+    pub flush_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsageSource {
+    /// A response header (or trailer), lower-cased.
+    Header(String),
+    /// A dotted field of a JSON body, or of the last server-sent event that carries it.
+    BodyField(Vec<String>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -215,7 +234,14 @@ const RULE_FIELDS: &[&str] = &[
     "mode",
     "shadow",
     "fallback",
+    "usage",
 ];
+const USAGE_FIELDS: &[&str] = &["header", "body_field", "flush_ms"];
+pub const DEFAULT_USAGE_FLUSH_MS: u64 = 100;
+pub const MAX_USAGE_FLUSH_MS: u64 = 10_000;
+/// Most segments of a `usage.body_field`, and most bytes of one segment.
+pub const MAX_FIELD_SEGMENTS: usize = 8;
+pub const MAX_FIELD_SEGMENT_LEN: usize = 64;
 const MATCH_FIELDS: &[&str] = &["path_prefix", "methods", "headers"];
 const HEADER_MATCH_FIELDS: &[&str] = &["name", "exact", "present"];
 const LIMITS_FIELDS: &[&str] = &["rate", "period_ms", "burst"];
@@ -765,6 +791,18 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         .map(|f| parse_limits(&f))
         .transpose()?;
 
+    let usage = obj
+        .opt_obj("usage", USAGE_FIELDS)?
+        .map(|u| parse_usage(&u))
+        .transpose()?;
+    if usage.is_some() && mode == Mode::Lease {
+        return Err(err(
+            obj.path("usage"),
+            "needs \"mode\": \"exact\" (leased tokens are spent without a call, so a charge \
+             could not be counted before the next admission)",
+        ));
+    }
+
     Ok(Rule {
         name: name.to_owned(),
         matcher,
@@ -778,7 +816,48 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         lease_horizon_ms,
         shadow,
         fallback,
+        usage,
     })
+}
+
+fn parse_usage(obj: &Obj<'_>) -> Result<Usage, ConfigError> {
+    let header = obj.opt_str("header")?;
+    let field = obj.opt_str("body_field")?;
+    let source = match (header, field) {
+        (Some(h), None) => UsageSource::Header(header_name(&obj.path("header"), h)?),
+        (None, Some(f)) => {
+            let path = obj.path("body_field");
+            let segments: Vec<String> = f.split('.').map(str::to_owned).collect();
+            let ok_segment = |seg: &String| {
+                !seg.is_empty()
+                    && seg.len() <= MAX_FIELD_SEGMENT_LEN
+                    && seg
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+            };
+            if segments.len() > MAX_FIELD_SEGMENTS || !segments.iter().all(ok_segment) {
+                return Err(err(
+                    path,
+                    format!(
+                        "must be 1 to {MAX_FIELD_SEGMENTS} dot-separated names of [A-Za-z0-9_-] \
+                         (got {})",
+                        quoted(f)
+                    ),
+                ));
+            }
+            UsageSource::BodyField(segments)
+        }
+        _ => {
+            return Err(err(
+                obj.path.clone(),
+                "needs exactly one of \"header\" or \"body_field\"",
+            ))
+        }
+    };
+    let flush_ms = obj
+        .opt_int("flush_ms", 1, MAX_USAGE_FLUSH_MS)?
+        .unwrap_or(DEFAULT_USAGE_FLUSH_MS);
+    Ok(Usage { source, flush_ms })
 }
 
 /// `rate` (required), `period_ms` and `burst` of `obj`, as a rule or its `fallback`.
@@ -1040,6 +1119,7 @@ mod tests {
                     rate: 25,
                     period_ms: 1000,
                 }),
+                usage: None,
             }],
         };
         assert_eq!(c, want);
@@ -1101,6 +1181,7 @@ mod tests {
                 lease_horizon_ms: 200,
                 shadow: false,
                 fallback: None,
+                usage: None,
             }],
         };
         assert_eq!(c, want);

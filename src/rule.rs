@@ -234,6 +234,7 @@ mod tests {
             lease_horizon_ms: 200,
             shadow: false,
             fallback: None,
+            usage: None,
         }
     }
 

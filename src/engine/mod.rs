@@ -17,6 +17,7 @@ pub mod health;
 mod lease;
 pub mod plugin;
 mod stash;
+pub mod usage;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};

@@ -32,7 +32,9 @@ impl Plugin {
             &config.backend.authority,
             config.backend.basic_auth.as_deref(),
         ));
-        let ns = format!("tollgate|{}", config.key_prefix);
+        // "v2": the shared-data layout of engine v2 (set-associative leases, one health value);
+        // a module upgrade in place starts with fresh tables instead of misreading old ones.
+        let ns = format!("tollgate|v2|{}", config.key_prefix);
         Plugin {
             config,
             transport,
