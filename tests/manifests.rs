@@ -20,7 +20,6 @@ use serde_json::{json, Value};
 
 use common::envoy::{brief_log, envoy_file, render_envoy_yaml};
 use common::redis_cluster::render_redis_proxy_yaml;
-use common::yaml;
 use common::{demo_config, envoy_bin, repo_root, scratch_dir, wasm_path};
 
 /// What docker-compose.yaml runs: these ports on the host's loopback, the wasm mounted here.
@@ -36,8 +35,9 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
+/// Every document of a YAML file, as JSON values (duplicate keys are an error).
 fn yaml_file(rel: &str) -> Vec<Value> {
-    yaml::parse_documents(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    serde_saphyr::from_multiple(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// `envoy --mode validate -c <file>`; Err(output) if Envoy rejects it.
@@ -156,52 +156,6 @@ fn envoy_version() -> String {
             (name.trim() == "ENVOY_VERSION").then(|| value.trim().to_string())
         })
         .expect("ENVOY_VERSION in the Makefile")
-}
-
-#[test]
-fn yaml_subset_parser() {
-    let text = r#"
-# comment
-a: 1
-b: "two # not a comment"   # comment
-c: 'it''s'
-d:
-- x
-- y: 1
-  z: [1, "2", {k: v}]
-e:
-  f: true
-  g: ~
-  h: |
-    line 1
-      line 2
-  i: {"json": {"n": 1.5},
-      "more": [true]}
-j: http://host:80/path
-k: "outbound|7379||webdis"
----
-- 1
-"#;
-    let docs = yaml::parse_documents(text).unwrap();
-    assert_eq!(
-        docs[0],
-        json!({"a": 1, "b": "two # not a comment", "c": "it's",
-               "d": ["x", {"y": 1, "z": [1, "2", {"k": "v"}]}],
-               "e": {"f": true, "g": null, "h": "line 1\n  line 2\n",
-                     "i": {"json": {"n": 1.5}, "more": [true]}},
-               "j": "http://host:80/path", "k": "outbound|7379||webdis"})
-    );
-    assert_eq!(docs[1], json!([1]));
-    for text in [
-        "a: &x 1",
-        "a: >\n  folded",
-        "a: b\n  c",
-        "a:\n\t- 1",
-        "a: 1\na: 2",
-        "a: \"open",
-    ] {
-        assert!(yaml::parse(text).is_err(), "{text:?} should be rejected");
-    }
 }
 
 /// Every host path docker-compose.yaml mounts or builds from exists, and the services agree with each
