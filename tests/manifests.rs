@@ -448,3 +448,205 @@ fn dockerfile_packages_plugin_wasm() {
         "tollgate.wasm in the build context (run `make build`)"
     );
 }
+
+/// An Envoy template as YAML: its `{{PLACEHOLDER}}`s (ports, paths) replaced by 0 so it parses.
+fn envoy_template(rel: &str) -> Value {
+    let text = read(rel);
+    let re = regex::Regex::new(r"\{\{[A-Z0-9_]+\}\}").unwrap();
+    let mut docs: Vec<Value> = serde_saphyr::from_multiple(&re.replace_all(&text, "0"))
+        .unwrap_or_else(|e| panic!("{rel}: {e}"));
+    assert_eq!(docs.len(), 1, "{rel} is one document");
+    docs.remove(0)
+}
+
+/// Every Envoy bootstrap the repository ships (a YAML file under envoy/ or deploy/ with a top-level
+/// `static_resources:`, as deploy/validate-envoy.sh finds them), relative to the repository.
+fn envoy_bootstraps() -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in ["envoy", "deploy"] {
+        walk(&repo_root().join(dir), &mut files);
+    }
+    let mut rels: Vec<String> = files
+        .iter()
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .any(|l| l == "static_resources:")
+        })
+        .map(|p| {
+            p.strip_prefix(repo_root())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    rels.sort();
+    rels
+}
+
+/// The `stats_tags` of envoy/envoy.yaml as (tag name, regex).
+fn stats_tags() -> Vec<(String, regex::Regex)> {
+    envoy_template("envoy/envoy.yaml")["stats_config"]["stats_tags"]
+        .as_array()
+        .expect("envoy/envoy.yaml: stats_config.stats_tags")
+        .iter()
+        .map(|t| {
+            (
+                t["tag_name"].as_str().unwrap().to_string(),
+                regex::Regex::new(t["regex"].as_str().unwrap()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Envoy's tag extraction (source/common/stats/tag_producer_impl.cc): every extractor matches the
+/// original name; the first capture group is cut from the name, the second (else the first) is the
+/// tag's value. Returns the tag-extracted name and the tags.
+fn extract_tags(tags: &[(String, regex::Regex)], name: &str) -> (String, Vec<(String, String)>) {
+    let mut cut = vec![false; name.len()];
+    let mut found = Vec::new();
+    for (tag, re) in tags {
+        let Some(caps) = re.captures(name) else {
+            continue;
+        };
+        let Some(removed) = caps.get(1) else { continue };
+        let value = caps.get(2).unwrap_or(removed);
+        found.push((tag.clone(), value.as_str().to_string()));
+        cut[removed.range()].iter_mut().for_each(|c| *c = true);
+    }
+    let kept = name
+        .char_indices()
+        .filter(|(i, _)| !cut[*i])
+        .map(|(_, c)| c)
+        .collect();
+    (kept, found)
+}
+
+/// Every Envoy configuration shipped carries envoy/envoy.yaml's stats_config, so the rule is a
+/// Prometheus label wherever tollgate runs (and the bench templates stay in step with the demo).
+#[test]
+fn every_envoy_config_tags_the_rule() {
+    let files = envoy_bootstraps();
+    for want in [
+        "deploy/compose/envoy.yaml",
+        "envoy/bench/native.yaml",
+        "envoy/envoy.yaml",
+        "envoy/redis-cluster/envoy.yaml",
+    ] {
+        assert!(
+            files.iter().any(|f| f == want),
+            "{want} not found: {files:?}"
+        );
+    }
+    let reference = &envoy_template("envoy/envoy.yaml")["stats_config"];
+    assert!(reference["stats_tags"].is_array(), "envoy/envoy.yaml");
+    for file in &files {
+        assert_eq!(
+            &envoy_template(file)["stats_config"],
+            reference,
+            "{file}: stats_config differs from envoy/envoy.yaml's"
+        );
+    }
+}
+
+/// The tag regexes are right for every rule name the configuration accepts: the rule (and a backend
+/// error's class) become tags, the rest of the name is the same for every rule, and the proxy-wide
+/// breaker gauge gets no tag. Names at the edges of the rule charset ([A-Za-z0-9_-], 1 to 64) and
+/// names equal to metric names are included; a name with a dot is rejected by the configuration,
+/// which is what makes "the first segment is the rule" hold.
+#[test]
+fn stats_tag_regexes_extract_rule_and_class() {
+    let tags = stats_tags();
+    let long = "a-".repeat(32);
+    let rules = [
+        "a",
+        "Z",
+        "0",
+        "-",
+        "_",
+        "per-user",
+        "A-b_9",
+        "tollgate",
+        "breaker_open",
+        "backend_error",
+        "allowed",
+        "shadow_denied",
+        "rbac",
+        "cache",
+        long.as_str(),
+    ];
+    let accepted = |name: &str| {
+        let cfg = json!({ "rules": [ { "name": name, "rate": 1 } ] }).to_string();
+        tollgate::config::Config::try_from(cfg.as_bytes()).is_ok()
+    };
+    for bad in ["a.b", "", "ä", &"a".repeat(65)] {
+        assert!(!accepted(bad), "rule name {bad:?} must be rejected");
+    }
+    let per_rule = [
+        "allowed",
+        "denied",
+        "shadow_denied",
+        "local_allowed",
+        "local_denied",
+        "backend_calls",
+        "backend_errors",
+        "failure_mode_allowed",
+        "lease_granted",
+        "lease_dropped",
+        "delayed",
+        "delay_ms_total",
+        "inflight_rejected",
+        "lease_evicted",
+        "backend_latency_ms",
+    ];
+    let classes = ["unreachable", "overloaded", "auth", "script", "malformed"];
+    let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+    for rule in rules {
+        assert!(accepted(rule), "rule name {rule:?} is valid");
+        for metric in per_rule {
+            assert_eq!(
+                extract_tags(&tags, &format!("wasmcustom.tollgate.{rule}.{metric}")),
+                (
+                    format!("wasmcustom.tollgate.{metric}"),
+                    vec![s("rule", rule)]
+                ),
+                "rule {rule:?}, metric {metric}"
+            );
+        }
+        for class in classes {
+            let (name, mut got) = extract_tags(
+                &tags,
+                &format!("wasmcustom.tollgate.{rule}.backend_error.{class}"),
+            );
+            got.sort();
+            assert_eq!(
+                (name, got),
+                (
+                    "wasmcustom.tollgate.backend_error".to_string(),
+                    vec![s("class", class), s("rule", rule)]
+                ),
+                "rule {rule:?}, class {class}"
+            );
+        }
+    }
+    assert_eq!(
+        extract_tags(&tags, "wasmcustom.tollgate.breaker_open"),
+        ("wasmcustom.tollgate.breaker_open".to_string(), vec![])
+    );
+    // Envoy's own stats are left alone.
+    assert_eq!(
+        extract_tags(&tags, "cluster.tollgate_backend.upstream_rq_total").1,
+        vec![]
+    );
+}
