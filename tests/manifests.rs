@@ -315,35 +315,122 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
-/// The WasmPlugin's pluginConfig, turned into JSON the way Istio hands it to the filter, is accepted by
-/// tollgate (Config::try_from, then Envoy running the filter's on_configure); its backend.cluster is
-/// the cluster Istio creates for the Webdis Service in backend.yaml, whose ConfigMap points Webdis at
-/// the Redis Service.
+/// Example values for the `${VARIABLES}` of the Istio manifests (what `envsubst` fills in).
+const ISTIO_VARS: &[(&str, &str)] = &[
+    ("REGISTRY", "registry.example.com/platform"),
+    ("VERSION", "0.1.0"),
+    (
+        "DIGEST",
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    ),
+    ("GATEWAY_NAMESPACE", "istio-ingress"),
+    ("GATEWAY_NAME", "public"),
+    ("GATEWAY_SERVICE_ACCOUNT", "istio-ingressgateway"),
+    ("APP_NAMESPACE", "shop"),
+    ("APP", "orders"),
+    ("TRUST_DOMAIN", "cluster.local"),
+];
+
+/// The Istio manifests under envoy/istio/, and which of them run the filter.
+const ISTIO_FILES: &[&str] = &[
+    "backend.yaml",
+    "gateway-api.yaml",
+    "gateway-clusters.yaml",
+    "sidecar.yaml",
+    "stats-tags.yaml",
+    "trafficextension.yaml",
+    "wasmplugin.yaml",
+];
+const ISTIO_PLUGINS: &[&str] = &[
+    "gateway-api.yaml",
+    "sidecar.yaml",
+    "trafficextension.yaml",
+    "wasmplugin.yaml",
+];
+
+/// The documents of envoy/istio/`name` with ISTIO_VARS substituted; panics on a `${VAR}` it does not
+/// know, so a new variable cannot slip past the checks.
+fn istio_file(name: &str) -> Vec<Value> {
+    let rel = format!("envoy/istio/{name}");
+    let mut text = read(&rel);
+    for (var, value) in ISTIO_VARS {
+        text = text.replace(&format!("${{{var}}}"), value);
+    }
+    for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        assert!(!line.contains("${"), "{rel}: unknown variable in {line:?}");
+    }
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The `spec` of the one WasmPlugin or TrafficExtension in `name`, and its Wasm settings (the spec
+/// itself for a WasmPlugin, `spec.wasm` for a TrafficExtension).
+fn plugin_spec(name: &str) -> (Value, Value) {
+    let docs = istio_file(name);
+    assert_eq!(docs.len(), 1, "{name}: one document");
+    let doc = &docs[0];
+    assert_eq!(doc["apiVersion"], "extensions.istio.io/v1alpha1", "{name}");
+    let spec = doc["spec"].clone();
+    let wasm = match doc["kind"].as_str() {
+        Some("WasmPlugin") => spec.clone(),
+        Some("TrafficExtension") => spec["wasm"].clone(),
+        other => panic!("{name}: kind {other:?}"),
+    };
+    (spec, wasm)
+}
+
+/// Every plugin manifest (WasmPlugin, TrafficExtension for a gateway by label, by Gateway-API
+/// targetRefs, and for a sidecar) carries the same pluginConfig, which tollgate accepts
+/// (Config::try_from, then Envoy running the filter's on_configure); its backend.cluster is the
+/// cluster Istio creates for the Webdis Service in backend.yaml, whose ConfigMap points Webdis at the
+/// Redis Service; the placement rules of a production mesh hold (not the root namespace, SERVER only in
+/// a sidecar, targetRefs for Gateway API, a priority, the gateway clusters EnvoyFilter).
 #[test]
 fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
-    let plugin_docs = yaml_file("envoy/istio/wasmplugin.yaml");
-    let plugin = find(&plugin_docs, "WasmPlugin", "tollgate");
-    assert_eq!(plugin["apiVersion"], "extensions.istio.io/v1alpha1");
-    let spec = &plugin["spec"];
-    assert!(spec["url"].as_str().unwrap().starts_with("oci://"), "url");
-    assert!(spec["sha256"].is_string(), "sha256");
-    assert!(
-        ["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"].contains(&spec["phase"].as_str().unwrap()),
-        "phase"
+    let (_, reference) = plugin_spec("wasmplugin.yaml");
+    for name in ISTIO_PLUGINS {
+        let (spec, wasm) = plugin_spec(name);
+        assert_eq!(
+            wasm["pluginConfig"], reference["pluginConfig"],
+            "{name}: pluginConfig differs from wasmplugin.yaml's"
+        );
+        assert!(
+            wasm["url"].as_str().unwrap().starts_with("oci://"),
+            "{name}: url"
+        );
+        assert!(wasm["sha256"].is_string(), "{name}: sha256");
+        assert_eq!(wasm["pluginName"], "tollgate", "{name}");
+        assert_eq!(spec["phase"], "AUTHZ", "{name}");
+        assert!(spec["priority"].is_i64(), "{name}: priority");
+        assert!(
+            ["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"]
+                .contains(&wasm["failStrategy"].as_str().unwrap()),
+            "{name}: failStrategy"
+        );
+        assert_eq!(
+            spec["selector"].is_object() as u8 + spec["targetRefs"].is_array() as u8,
+            1,
+            "{name}: exactly one of selector and targetRefs"
+        );
+        let namespace = istio_file(name)[0]["metadata"]["namespace"].clone();
+        assert_ne!(
+            namespace, "istio-system",
+            "{name}: in the root namespace a selector applies to the whole mesh"
+        );
+    }
+    let (sidecar, _) = plugin_spec("sidecar.yaml");
+    assert_eq!(
+        sidecar["match"],
+        json!([{ "mode": "SERVER" }]),
+        "sidecar.yaml: inbound only, or a mesh-internal request is counted on both sides"
     );
-    assert!(
-        ["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"]
-            .contains(&spec["failStrategy"].as_str().unwrap()),
-        "failStrategy"
+    let (gateway_api, _) = plugin_spec("gateway-api.yaml");
+    assert_eq!(
+        gateway_api["targetRefs"][0]["group"],
+        "gateway.networking.k8s.io"
     );
-    assert!(
-        spec["selector"]["matchLabels"]
-            .as_object()
-            .is_some_and(|m| !m.is_empty()),
-        "selector.matchLabels"
-    );
+    assert_eq!(gateway_api["targetRefs"][0]["kind"], "Gateway");
 
-    let json_config = serde_json::to_string(&spec["pluginConfig"]).unwrap();
+    let json_config = serde_json::to_string(&reference["pluginConfig"]).unwrap();
     let config = tollgate::config::Config::try_from(json_config.as_bytes())
         .unwrap_or_else(|e| panic!("pluginConfig rejected: {e:?}\n{json_config}"));
     eprintln!("pluginConfig accepted: {}", config.summary());
@@ -360,16 +447,19 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
     );
 
     // backend.cluster = outbound|<port>||<service>.<namespace>.svc.cluster.local
-    let cluster = spec["pluginConfig"]["backend"]["cluster"].as_str().unwrap();
+    let cluster = reference["pluginConfig"]["backend"]["cluster"]
+        .as_str()
+        .unwrap();
     let parts: Vec<&str> = cluster.split('|').collect();
     assert_eq!(parts.len(), 4, "{cluster}");
     assert_eq!(parts[0], "outbound", "{cluster}");
     let port: u64 = parts[1].parse().unwrap();
-    let (svc, ns) = parts[3]
+    let webdis_host = parts[3];
+    let (svc, ns) = webdis_host
         .strip_suffix(".svc.cluster.local")
         .and_then(|h| h.split_once('.'))
         .unwrap_or_else(|| panic!("{cluster}: not <svc>.<ns>.svc.cluster.local"));
-    let backend = yaml_file("envoy/istio/backend.yaml");
+    let backend = istio_file("backend.yaml");
     let service = find(&backend, "Service", svc);
     assert_eq!(service["metadata"]["namespace"], ns);
     let svc_port = service["spec"]["ports"]
@@ -384,6 +474,20 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
     );
     let ns_doc = find(&backend, "Namespace", ns);
     assert_eq!(ns_doc["metadata"]["labels"]["istio-injection"], "enabled");
+
+    // Gateways that filter their clusters get Webdis' through the EnvoyFilter's annotation.
+    let clusters = istio_file("gateway-clusters.yaml");
+    let ef = find(&clusters, "EnvoyFilter", "tollgate-webdis-cluster");
+    assert_eq!(
+        ef["metadata"]["annotations"]["envoyfilter.istio.io/referenced-services"],
+        json!(format!("{ns}/{webdis_host}")),
+        "the EnvoyFilter names the Service behind backend.cluster"
+    );
+    assert_eq!(
+        ef["spec"]["workloadSelector"]["labels"],
+        plugin_spec("wasmplugin.yaml").0["selector"]["matchLabels"],
+        "the EnvoyFilter applies to the gateways the plugin runs on"
+    );
 
     // The Webdis Deployment serves the Service's target port with the ConfigMap's config, which
     // points at the Redis Service.
@@ -400,6 +504,11 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
         .expect("the ConfigMap's webdis.json is JSON");
     assert_eq!(webdis["http_port"], svc_port["targetPort"]);
     assert_eq!(webdis["http_host"], "0.0.0.0");
+    assert_eq!(
+        webdis["acl"],
+        json!([{ "disabled": ["*"] }, { "enabled": ["EVALSHA", "EVAL"] }]),
+        "Webdis runs the filter's two commands only"
+    );
     let redis_host = webdis["redis_host"].as_str().unwrap();
     let redis_svc = redis_host
         .strip_suffix(&format!(".{ns}.svc.cluster.local"))
@@ -422,6 +531,194 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
         )],
         "webdis reads the mounted ConfigMap"
     );
+
+    // Only the plugin's proxies may call Webdis, only Webdis may call Redis; no principal is written
+    // for one trust domain or one gateway (they are the documented variables).
+    let principals = |name: &str| {
+        strings(
+            &find(&backend, "AuthorizationPolicy", name)["spec"]["rules"][0]["from"][0]["source"]
+                ["principals"],
+        )
+    };
+    assert_eq!(
+        principals("webdis-callers"),
+        ["cluster.local/ns/istio-ingress/sa/istio-ingressgateway"]
+    );
+    assert_eq!(
+        principals("redis-callers"),
+        [format!("cluster.local/ns/{ns}/sa/webdis")]
+    );
+    let raw = read("envoy/istio/backend.yaml");
+    assert!(
+        raw.contains("- ${TRUST_DOMAIN}/ns/${GATEWAY_NAMESPACE}/sa/${GATEWAY_SERVICE_ACCOUNT}"),
+        "webdis-callers is written with the documented variables"
+    );
+}
+
+/// stats-tags.yaml's custom bootstrap carries the same stats_tags as every Envoy configuration here.
+#[test]
+fn istio_stats_bootstrap_has_the_envoy_stats_tags() {
+    let docs = istio_file("stats-tags.yaml");
+    let cm = find(&docs, "ConfigMap", "tollgate-stats-tags");
+    let bootstrap: Value =
+        serde_json::from_str(cm["data"]["custom_bootstrap.json"].as_str().unwrap())
+            .expect("custom_bootstrap.json is JSON");
+    // The template parses as YAML, stats_config is plain data: compare as JSON values.
+    assert_eq!(
+        bootstrap["stats_config"]["stats_tags"],
+        envoy_template("envoy/envoy.yaml")["stats_config"]["stats_tags"]
+    );
+}
+
+/// The CRDs of Istio 1.30.3 under tests/schemas/ (see its README), by kind and version: the
+/// `openAPIV3Schema`, made strict the way `kubectl apply --validate=strict` is (an object without
+/// `x-kubernetes-preserve-unknown-fields` takes no field its schema does not list), and with the
+/// object's apiVersion, kind and metadata added.
+fn istio_crd_schema(kind: &str, version: &str) -> Value {
+    fn strict(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                let preserve =
+                    map.get("x-kubernetes-preserve-unknown-fields") == Some(&json!(true));
+                let is_object =
+                    map.contains_key("properties") || map.get("type") == Some(&json!("object"));
+                if is_object && !preserve && !map.contains_key("additionalProperties") {
+                    map.insert("additionalProperties".into(), json!(false));
+                }
+                map.values_mut().for_each(strict);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strict),
+            _ => {}
+        }
+    }
+    let dir = repo_root().join("tests/schemas/istio-1.30.3");
+    let mut found = None;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().map_or(true, |e| e != "yaml") {
+            continue;
+        }
+        let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if crd["spec"]["names"]["kind"] != kind {
+            continue;
+        }
+        let v = crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == version)
+            .unwrap_or_else(|| panic!("{kind} has no version {version}"));
+        found = Some(v["schema"]["openAPIV3Schema"].clone());
+    }
+    let mut schema = found.unwrap_or_else(|| panic!("no CRD for {kind} in {}", dir.display()));
+    let props = schema["properties"].as_object_mut().unwrap();
+    props.insert("apiVersion".into(), json!({ "type": "string" }));
+    props.insert("kind".into(), json!({ "type": "string" }));
+    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    props.insert(
+        "metadata".into(),
+        json!({ "type": "object", "required": ["name"], "properties": {
+            "name": { "type": "string" }, "namespace": { "type": "string" },
+            "labels": string_map, "annotations": string_map } }),
+    );
+    schema["required"] = json!(["apiVersion", "kind", "metadata", "spec"]);
+    strict(&mut schema);
+    schema
+}
+
+/// Schema errors of one Istio object, or none for a kind that is not Istio's.
+fn istio_schema_errors(doc: &Value) -> Option<Vec<String>> {
+    let (group, version) = doc["apiVersion"].as_str()?.split_once('/')?;
+    if !group.ends_with(".istio.io") {
+        return None;
+    }
+    let schema = istio_crd_schema(doc["kind"].as_str()?, version);
+    let validator = jsonschema::draft4::new(&schema).expect("CRD schema compiles");
+    Some(
+        validator
+            .iter_errors(doc)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect(),
+    )
+}
+
+/// Every Istio object in envoy/istio/ is valid against Istio 1.30.3's CRD schema with unknown fields
+/// rejected, and the CEL rules of those CRDs that our manifests touch hold. Kubernetes' own kinds
+/// (Namespace, Deployment, Service, ConfigMap, ServiceAccount) are not schema-checked here.
+#[test]
+fn istio_manifests_match_the_istio_crd_schemas() {
+    let mut checked = Vec::new();
+    for name in ISTIO_FILES {
+        for doc in istio_file(name) {
+            let what = format!("{name}: {} {}", doc["kind"], doc["metadata"]["name"]);
+            let Some(errors) = istio_schema_errors(&doc) else {
+                continue;
+            };
+            assert!(errors.is_empty(), "{what}:\n{}", errors.join("\n"));
+            // CEL rules (x-kubernetes-validations) the validator does not run.
+            let spec = &doc["spec"];
+            let has = |k: &str| spec.get(k).is_some() as u8;
+            assert!(
+                has("selector") + has("targetRefs") + has("workloadSelector") <= 1,
+                "{what}"
+            );
+            if doc["kind"] == "TrafficExtension" {
+                assert_eq!(
+                    has("wasm") + has("lua"),
+                    1,
+                    "{what}: exactly one of wasm, lua"
+                );
+            }
+            for r in spec["targetRefs"].as_array().into_iter().flatten() {
+                assert!(
+                    r.get("namespace").is_none(),
+                    "{what}: no cross-namespace targetRefs"
+                );
+            }
+            checked.push(what);
+        }
+    }
+    eprintln!("valid against Istio 1.30.3 CRDs: {checked:#?}");
+    for kind in [
+        "WasmPlugin",
+        "TrafficExtension",
+        "EnvoyFilter",
+        "AuthorizationPolicy",
+        "PeerAuthentication",
+    ] {
+        assert!(
+            checked.iter().any(|c| c.contains(&format!("\"{kind}\""))),
+            "no {kind} checked: {checked:?}"
+        );
+    }
+
+    // The check has teeth: a misspelt or misplaced field, a wrong enum value, a bad digest.
+    let base = istio_file("trafficextension.yaml").remove(0);
+    type Break = fn(&mut Value);
+    let broken: [(&str, Break); 5] = [
+        ("spec.priorty", |d| d["spec"]["priorty"] = json!(1)),
+        ("url under spec", |d| {
+            d["spec"]["url"] = json!("oci://x/y:1")
+        }),
+        ("spec.wasm.failStrategy", |d| {
+            d["spec"]["wasm"]["failStrategy"] = json!("FAIL_SOMETIMES")
+        }),
+        ("spec.wasm.sha256", |d| {
+            d["spec"]["wasm"]["sha256"] = json!("sha256:abc")
+        }),
+        ("spec.match[0].mode", |d| {
+            d["spec"]["match"] = json!([{ "mode": "INBOUND" }])
+        }),
+    ];
+    for (what, breaks) in broken {
+        let mut doc = base.clone();
+        breaks(&mut doc);
+        assert!(
+            !istio_schema_errors(&doc).unwrap().is_empty(),
+            "{what}: the schema check must reject it"
+        );
+    }
 }
 
 /// The Dockerfile is the single-layer Wasm image Istio pulls: `FROM scratch`, `plugin.wasm`, built from
