@@ -947,3 +947,75 @@ fn stats_tag_regexes_extract_rule_and_class() {
         vec![]
     );
 }
+
+/// docker-compose.yaml starts in the order the tests do (each process ready before the next starts)
+/// and restarts what stops: every service restarts unless stopped, Webdis waits for a healthy Redis,
+/// Envoy for a healthy Webdis.
+#[test]
+fn compose_starts_in_readiness_order_and_restarts() {
+    let doc = compose();
+    let services = doc["services"].as_object().unwrap();
+    for (name, service) in services {
+        assert_eq!(service["restart"], "unless-stopped", "{name}: restart");
+    }
+    let condition = |svc: &str, dep: &str| services[svc]["depends_on"][dep]["condition"].clone();
+    assert_eq!(condition("webdis", "redis"), "service_healthy");
+    assert_eq!(condition("envoy", "webdis"), "service_healthy");
+    assert_eq!(condition("envoy", "app"), "service_started");
+    for name in ["redis", "webdis", "envoy"] {
+        let test = strings(&services[name]["healthcheck"]["test"]);
+        assert_eq!(
+            test[0], "CMD",
+            "{name}: exec form, no shell needed but the probe's own"
+        );
+    }
+}
+
+/// The compose health probes work against the real processes the tests run (the same Redis, Webdis
+/// with the compose ACL, and Envoy with the demo configuration), with the ports swapped for the test's,
+/// and fail when nothing answers.
+#[test]
+fn compose_healthchecks_probe_real_processes() {
+    let doc = compose();
+    let probe = |service: &str, from: u16, to: u16| -> bool {
+        let test = strings(&doc["services"][service]["healthcheck"]["test"]);
+        let args: Vec<String> = test[1..]
+            .iter()
+            .map(|a| a.replace(&from.to_string(), &to.to_string()))
+            .collect();
+        Command::new(&args[0])
+            .args(&args[1..])
+            .output()
+            .unwrap_or_else(|e| panic!("{service} probe {args:?}: {e}"))
+            .status
+            .success()
+    };
+    let acl = json!([{ "disabled": ["*"] }, { "enabled": ["EVALSHA", "EVAL"] }]);
+    let dir = scratch_dir("compose-health");
+    let redis = common::Redis::start(&dir);
+    let webdis = common::Webdis::start_with(
+        &dir,
+        redis.port,
+        &common::WebdisOpts {
+            acl: Some(acl),
+            ..Default::default()
+        },
+    );
+    let envoy = common::Envoy::start(&dir, &demo_config(), webdis.port);
+    assert!(probe("redis", 6379, redis.port), "redis probe");
+    assert!(
+        probe("webdis", 7379, webdis.port),
+        "webdis probe (EVAL through the ACL)"
+    );
+    assert!(
+        probe("envoy", 9901, envoy.admin_port),
+        "envoy probe (/ready)"
+    );
+    let nothing = common::free_port();
+    for (service, port) in [("redis", 6379), ("webdis", 7379), ("envoy", 9901)] {
+        assert!(
+            !probe(service, port, nothing),
+            "{service} probe with nothing listening"
+        );
+    }
+}
