@@ -4,7 +4,8 @@
 #   make build   build target/wasm32-wasip1/release/tollgate.wasm
 #   make lint    rustfmt + clippy (host targets and the wasm library)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
-#   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/)
+#   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/), and
+#                  `promtool check rules` + `promtool test rules` on deploy/prometheus/
 #   make e2e     setup, build, then only the end-to-end tests (real Envoy)
 #   make demo    setup, build, then run the demo: three users against one Envoy with a global limit
 #   make bench   setup, build, then the benchmark (examples/bench.rs); flags via BENCH_ARGS='--rounds 3'
@@ -88,10 +89,13 @@ bench: setup
 
 # `envoy --mode validate` on every Envoy bootstrap under envoy/ and deploy/, rendered with dummy ports, the
 # demo plugin config and the real wasm (so the filter's on_configure runs too); see deploy/validate-envoy.sh.
+# Then promtool (Debian package prometheus) on the alert rules and their unit tests.
 .PHONY: validate
-validate: setup-envoy setup-rust
+validate: setup-envoy setup-rust setup-apt
 	@cargo build --quiet --release --target $(WASM_TARGET)
 	@deploy/validate-envoy.sh $(ENVOY) $(WASM)
+	@promtool check rules deploy/prometheus/tollgate-alerts.yaml
+	@cd deploy/prometheus && promtool test rules tollgate-alerts.test.yaml
 
 # Coverage-guided fuzzing with cargo-fuzz (libFuzzer): targets, seeds and dictionaries in fuzz/.
 # cargo-fuzz passes nightly-only rustc flags (-Z sanitizer ...); RUSTC_BOOTSTRAP=1 lets stable accept
