@@ -32,7 +32,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::envoy::{brief_log, envoy_bin, envoy_file, wasm_path, Envoy};
 use common::http::try_http;
@@ -1107,29 +1107,6 @@ fn goals(rows: &[Row]) -> Vec<Goal> {
     out
 }
 
-/// UTC civil date from Unix seconds (Howard Hinnant's days-from-civil, inverted).
-fn utc(secs: u64) -> (i64, u32, u32, u32, u32, u32) {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (
-        y,
-        m,
-        d,
-        (rem / 3600) as u32,
-        (rem / 60 % 60) as u32,
-        (rem % 60) as u32,
-    )
-}
-
 fn command_line(cmd: &str, args: &[&str]) -> String {
     Command::new(cmd)
         .args(args)
@@ -1209,12 +1186,9 @@ fn main() -> ExitCode {
 
 fn run(settings: &Settings) -> Result<(), String> {
     let began = Instant::now();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, mo, d, h, mi, sec) = utc(now);
-    let date = format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{sec:02} UTC");
-    let stamp = format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{sec:02}Z");
+    let now = jiff::Timestamp::now();
+    let date = now.strftime("%Y-%m-%d %H:%M:%S UTC").to_string();
+    let stamp = now.strftime("%Y%m%dT%H%M%SZ").to_string();
     let nproc = command_line("nproc", &[]);
     let model = cpu_model();
     let envoy_version = command_line(&envoy_bin().to_string_lossy(), &["--version"]);

@@ -177,7 +177,6 @@ pub use stack::Stack;
 pub use webdis::{Webdis, WebdisOpts};
 pub mod redis_cluster;
 pub mod upstream;
-pub mod yaml;
 
 /// Script calls a Redis node has run so far, (EVALSHA, EVAL), from `INFO commandstats`.
 pub fn script_calls(conn: &mut redis::Connection) -> (u64, u64) {
