@@ -868,7 +868,7 @@ fn parse_limits(obj: &Obj<'_>) -> Result<Limits, ConfigError> {
         .unwrap_or(DEFAULT_PERIOD_MS);
     let burst = obj.opt_int("burst", 1, MAX_TOKENS)?.unwrap_or(rate);
     let product = burst.checked_mul(period_ms);
-    if product.map_or(true, |p| p > MAX_BURST_PERIOD) {
+    if product.is_none_or(|p| p > MAX_BURST_PERIOD) {
         let got = product.map_or_else(|| "overflow".to_owned(), |p| p.to_string());
         return Err(err(
             obj.path("burst"),

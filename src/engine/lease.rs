@@ -406,9 +406,7 @@ impl Engine {
                     let first = q.waiters.front().map_or(1, |w| w.cost);
                     LeasePool::new(host.store(), &self.plugin.ns)
                         .peek(&key)
-                        .map_or(true, |l| {
-                            l.flight_until_ms <= now || l.live_tokens(now) >= first
-                        })
+                        .is_none_or(|l| l.flight_until_ms <= now || l.live_tokens(now) >= first)
                 }
                 State::Idle | State::Own => false,
             };

@@ -555,7 +555,7 @@ fn lease_noscript_resends_eval_under_the_same_claim() {
 fn claim_free(e: &Engine, h: &Fake, u: &str) -> bool {
     LeasePool::new(&h.store, &e.plugin.ns)
         .peek(&lease_key(e, u))
-        .map_or(true, |l| l.flight_until_ms == 0)
+        .is_none_or(|l| l.flight_until_ms == 0)
 }
 
 #[test]
