@@ -450,7 +450,7 @@ fn start_envoys(
     let jobs: Vec<(usize, Def)> = defs
         .iter()
         .enumerate()
-        .flat_map(|(i, d)| std::iter::repeat((i, *d)).take(d.proxies()))
+        .flat_map(|(i, d)| std::iter::repeat_n((i, *d), d.proxies()))
         .collect();
     let results: Vec<(usize, Result<Envoy, String>)> = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
@@ -1574,7 +1574,7 @@ fn run(settings: &Settings) -> Result<(), String> {
                 || settings
                     .only
                     .as_ref()
-                    .map_or(true, |only| only.iter().any(|n| n == d.name))
+                    .is_none_or(|only| only.iter().any(|n| n == d.name))
         })
         .copied()
         .collect();

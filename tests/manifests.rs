@@ -595,7 +595,7 @@ fn istio_crd_schema(kind: &str, version: &str) -> Value {
     let mut found = None;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().map_or(true, |e| e != "yaml") {
+        if path.extension().is_none_or(|e| e != "yaml") {
             continue;
         }
         let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap())
