@@ -1071,6 +1071,63 @@ mod tests {
     }
 
     #[test]
+    fn usage_sources_and_their_errors() {
+        let r = one_rule(r#""rate":1,"usage":{"header":"X-Usage-Tokens"}"#);
+        let want = Usage {
+            source: UsageSource::Header("x-usage-tokens".into()),
+            flush_ms: DEFAULT_USAGE_FLUSH_MS,
+        };
+        assert_eq!(r.usage, Some(want));
+        let r = one_rule(r#""rate":1,"usage":{"body_field":"usage.total_tokens","flush_ms":50}"#);
+        let want = Usage {
+            source: UsageSource::BodyField(vec!["usage".into(), "total_tokens".into()]),
+            flush_ms: 50,
+        };
+        assert_eq!(r.usage, Some(want));
+        for (rule, message) in [
+            (
+                r#""rate":1,"usage":{}"#,
+                r#"rules[0].usage: needs exactly one of "header" or "body_field""#,
+            ),
+            (
+                r#""rate":1,"usage":{"header":"a","body_field":"b"}"#,
+                r#"rules[0].usage: needs exactly one of "header" or "body_field""#,
+            ),
+            (
+                r#""rate":1,"usage":{"body_field":"usage..total"}"#,
+                r#"rules[0].usage.body_field: must be 1 to 8 dot-separated names of [A-Za-z0-9_-] (got "usage..total")"#,
+            ),
+            (
+                r#""rate":1,"usage":{"body_field":"a.b.c.d.e.f.g.h.i"}"#,
+                r#"rules[0].usage.body_field: must be 1 to 8 dot-separated names of [A-Za-z0-9_-] (got "a.b.c.d.e.f.g.h.i")"#,
+            ),
+            (
+                r#""rate":1,"usage":{"header":"a b"}"#,
+                r#"rules[0].usage.header: must be a header name of token characters (got "a b")"#,
+            ),
+            (
+                r#""rate":1,"usage":{"header":"x","flush_ms":0}"#,
+                "rules[0].usage.flush_ms: must be an integer >= 1",
+            ),
+            (
+                r#""rate":1,"usage":{"header":"x","tokens":1}"#,
+                "rules[0].usage.tokens: unknown field",
+            ),
+            (
+                r#""rate":1,"mode":"lease","usage":{"header":"x"}"#,
+                r#"rules[0].usage: needs "mode": "exact" (leased tokens are spent without a call, so a charge could not be counted before the next admission)"#,
+            ),
+        ] {
+            let got = rule_error(rule);
+            assert!(
+                got.starts_with(message.split(" (got").next().unwrap()),
+                "{rule}: {got}"
+            );
+            assert_eq!(got, message, "{rule}");
+        }
+    }
+
+    #[test]
     fn design_example_parses() {
         let c = parse(DESIGN_EXAMPLE).unwrap();
         let want = Config {

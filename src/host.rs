@@ -108,6 +108,37 @@ impl RequestView for HostRequest {
     }
 }
 
+/// The current response's headers or trailers.
+pub struct HostResponse(MapType);
+
+impl HostResponse {
+    pub fn headers() -> HostResponse {
+        HostResponse(MapType::HttpResponseHeaders)
+    }
+
+    pub fn trailers() -> HostResponse {
+        HostResponse(MapType::HttpResponseTrailers)
+    }
+}
+
+impl RequestView for HostResponse {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(self.0, name).ok().flatten()
+    }
+
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept).
+pub fn response_body(size: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// `1.2.3.4:5678` -> `1.2.3.4`, `[::1]:5678` -> `::1`; anything else as it is.
 pub fn strip_port(addr: &[u8]) -> &[u8] {
     if let Some(rest) = addr.strip_prefix(b"[") {

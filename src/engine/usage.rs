@@ -312,3 +312,271 @@ mod tests {
         assert_eq!(settlement(u64::MAX, 1, 400), (399, true));
     }
 }
+
+// ----- the engine's side: from responses to settlements -----
+
+use super::{Admitted, Engine, Host, Purpose, Request};
+use crate::backend::ScriptCall;
+use crate::bucket::MAX_SETTLE_BURSTS;
+use crate::config::UsageSource;
+use crate::metrics::Counter;
+use crate::shared::settle;
+use std::cmp::Reverse;
+
+impl Engine {
+    /// The usage rules that admitted `r` through the global bucket (they charged its up-front
+    /// cost, so the difference is theirs to settle). Failure-mode admissions settle nothing.
+    pub(super) fn usage_admissions(&self, r: &Request) -> Vec<Admitted> {
+        r.checks
+            .iter()
+            .filter(|c| c.backend)
+            .filter(|c| {
+                matches!(
+                    c.outcome,
+                    Some(super::Outcome::Allowed { .. } | super::Outcome::Reserved { .. })
+                )
+            })
+            .filter(|c| {
+                self.plugin
+                    .rule(c.rule)
+                    .is_some_and(|rule| rule.usage.is_some())
+            })
+            .map(|c| Admitted {
+                rule: c.rule,
+                key: c.call.key.clone(),
+                upfront: c.call.cost,
+                reader: None,
+            })
+            .collect()
+    }
+
+    /// Usage from response headers (or, with `trailers`, trailers); starts body readers. True if
+    /// a body reader wants the body.
+    pub(super) fn usage_from_headers(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        view: &dyn RequestView,
+        trailers: bool,
+    ) -> bool {
+        let rules = &self.plugin.config.rules;
+        let Some(r) = self.requests.get_mut(&ctx) else {
+            return false;
+        };
+        let content_type = if trailers {
+            None
+        } else {
+            view.header("content-type")
+        };
+        let mut known = Vec::new();
+        let mut watch = false;
+        r.usage.retain_mut(|a| {
+            let Some(source) = rules.get(a.rule).and_then(|rule| rule.usage.as_ref()) else {
+                return false;
+            };
+            match &source.source {
+                UsageSource::Header(name) => match from_headers(view, name) {
+                    Some(result) => {
+                        known.push((a.rule, a.key.clone(), a.upfront, Some(result)));
+                        false
+                    }
+                    // Not in the headers: maybe in the trailers; not there either: nothing.
+                    None => !trailers,
+                },
+                UsageSource::BodyField(_) if trailers => true,
+                UsageSource::BodyField(path) => {
+                    a.reader = BodyReader::new(content_type.as_deref(), path);
+                    if a.reader.is_none() {
+                        known.push((
+                            a.rule,
+                            a.key.clone(),
+                            a.upfront,
+                            Some(Err(Unreadable::Body)),
+                        ));
+                        return false;
+                    }
+                    watch = true;
+                    true
+                }
+            }
+        });
+        if r.usage.is_empty() {
+            self.requests.remove(&ctx);
+        }
+        let now = host.now_ms();
+        for (rule, key, upfront, result) in known {
+            self.settle_usage(host, ctx, rule, &key, upfront, result, now);
+        }
+        watch
+    }
+
+    /// A chunk of a response body: fed to the readers; at the end, their usage is settled.
+    pub(super) fn usage_from_body(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        chunk: &[u8],
+        end: bool,
+    ) {
+        let Some(r) = self.requests.get_mut(&ctx) else {
+            return;
+        };
+        let mut known = Vec::new();
+        r.usage.retain_mut(|a| {
+            let Some(reader) = a.reader.as_mut() else {
+                return true;
+            };
+            reader.feed(chunk);
+            if !end {
+                return true;
+            }
+            let result = a.reader.take().and_then(BodyReader::finish);
+            known.push((a.rule, a.key.clone(), a.upfront, result));
+            false
+        });
+        if r.usage.is_empty() {
+            self.requests.remove(&ctx);
+        }
+        let now = host.now_ms();
+        for (rule, key, upfront, result) in known {
+            self.settle_usage(host, ctx, rule, &key, upfront, result, now);
+        }
+    }
+
+    /// Records what one admission used: the difference from its up-front cost becomes pending
+    /// for its key (flushed after the rule's `flush_ms` unless a call carries it first).
+    #[allow(clippy::too_many_arguments)]
+    fn settle_usage(
+        &mut self,
+        host: &mut dyn Host,
+        carrier: u32,
+        rule_idx: usize,
+        key: &str,
+        upfront: u64,
+        result: Option<Result<u64, Unreadable>>,
+        now: u64,
+    ) {
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            return;
+        };
+        let (cap, flush_ms) = (
+            rule.limits.burst.saturating_mul(MAX_SETTLE_BURSTS),
+            rule.usage.as_ref().map_or(0, |u| u.flush_ms),
+        );
+        let m = &self.plugin.metrics;
+        let used = match result {
+            None => return,
+            Some(Ok(used)) => used,
+            Some(Err(why)) => {
+                m.count(rule_idx, Counter::UsageInvalid, 1);
+                if !std::mem::replace(&mut self.usage_logged, true) {
+                    log::warn!(
+                        "tollgate: rule {}: a response's usage could not be read ({why:?}); \
+                         nothing is settled for such responses (counted in usage_invalid; \
+                         logged once per worker)",
+                        rule.name
+                    );
+                }
+                return;
+            }
+        };
+        let (delta, clamped) = settlement(used, upfront, cap);
+        if clamped {
+            m.count(rule_idx, Counter::UsageClamped, 1);
+        }
+        match delta {
+            0 => return,
+            d if d > 0 => m.count(rule_idx, Counter::UsageCharged, d.unsigned_abs()),
+            d => m.count(rule_idx, Counter::UsageRefunded, d.unsigned_abs()),
+        }
+        let limit = i64::try_from(cap).unwrap_or(i64::MAX);
+        match settle::add(host.store(), &self.plugin.ns, key, delta, limit) {
+            Ok(true) => self.flushes.push(Reverse((
+                now.saturating_add(flush_ms),
+                rule_idx,
+                key.to_string(),
+            ))),
+            // No room in the shared table: settle this one now.
+            _ => self.send_settlement(host, rule_idx, key, delta, carrier, now),
+        }
+    }
+
+    fn send_settlement(
+        &mut self,
+        host: &mut dyn Host,
+        rule_idx: usize,
+        key: &str,
+        delta: i64,
+        carrier: u32,
+        now: u64,
+    ) {
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            return;
+        };
+        let call = ScriptCall {
+            key: key.to_string(),
+            burst: rule.limits.burst,
+            rate: rule.limits.rate,
+            period_ms: rule.limits.period_ms,
+            cost: 0,
+            lease_want: 0,
+            max_wait_ms: 0,
+            settle: delta,
+        };
+        // A failure to send puts it back (`settlement_failed`, called by `send`).
+        let _ = self.send(host, rule_idx, call, Purpose::Settle, carrier, now, false);
+    }
+
+    /// A call that carried a settlement failed: the settlement is pending again.
+    pub(super) fn settlement_failed(
+        &mut self,
+        host: &mut dyn Host,
+        rule_idx: usize,
+        call: &ScriptCall,
+        now: u64,
+    ) {
+        if call.settle == 0 {
+            return;
+        }
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            return;
+        };
+        let limit = rule.limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+        let flush_ms = rule.usage.as_ref().map_or(1000, |u| u.flush_ms);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        if let Ok(true) = settle::add(host.store(), &self.plugin.ns, &call.key, call.settle, limit)
+        {
+            self.flushes.push(Reverse((
+                now.saturating_add(flush_ms),
+                rule_idx,
+                call.key.clone(),
+            )));
+        }
+    }
+
+    /// Flushes the settlements whose time is up and that no call has carried meanwhile (from the
+    /// root context; while the breaker is open they wait another round).
+    pub(super) fn flush_settlements(&mut self, host: &mut dyn Host, now: u64) {
+        while let Some(Reverse((due, rule_idx, key))) = self.flushes.peek().cloned() {
+            if due > now {
+                break;
+            }
+            self.flushes.pop();
+            if !self.backend_allowed(host, now) {
+                let flush_ms = self
+                    .plugin
+                    .rule(rule_idx)
+                    .and_then(|r| r.usage.as_ref())
+                    .map_or(1000, |u| u.flush_ms);
+                self.flushes
+                    .push(Reverse((now.saturating_add(flush_ms), rule_idx, key)));
+                break;
+            }
+            let pending = settle::take(host.store(), &self.plugin.ns, &key).unwrap_or(0);
+            if pending != 0 {
+                let root = self.root;
+                self.send_settlement(host, rule_idx, &key, pending, root, now);
+            }
+        }
+    }
+}
