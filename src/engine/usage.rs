@@ -5,7 +5,15 @@
 //! (never held back), and whatever the upstream sends, the result is a usage in `[0, cap]`, or
 //! nothing (an invalid, missing or unreadable value settles nothing).
 
+use std::cmp::Reverse;
+
+use super::{Admitted, Engine, Host, Purpose, Request};
+use crate::backend::ScriptCall;
+use crate::bucket::MAX_SETTLE_BURSTS;
+use crate::config::UsageSource;
+use crate::metrics::Counter;
 use crate::rule::RequestView;
+use crate::shared::settle;
 
 /// Most bytes kept per response: the current SSE line, or the tail of a JSON body.
 pub const WINDOW: usize = 16 * 1024;
@@ -200,128 +208,7 @@ pub fn settlement(usage: u64, upfront: u64, cap: u64) -> (i64, bool) {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn path(p: &str) -> Vec<String> {
-        p.split('.').map(str::to_owned).collect()
-    }
-
-    fn read(ct: &str, chunks: &[&[u8]], p: &str) -> Option<Result<u64, Unreadable>> {
-        let mut r = BodyReader::new(Some(ct.as_bytes()), &path(p))?;
-        for c in chunks {
-            r.feed(c);
-        }
-        r.finish()
-    }
-
-    #[test]
-    fn header_values() {
-        assert_eq!(parse_header(b"40"), Ok(40));
-        assert_eq!(parse_header(b"0"), Ok(0));
-        for bad in [
-            &b""[..],
-            b"-1",
-            b"1.5",
-            b"40, 40",
-            b" 4",
-            b"99999999999999999999999",
-        ] {
-            assert_eq!(parse_header(bad), Err(Unreadable::Invalid), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn a_json_body_in_any_chunks() {
-        let body = br#"{"id":"x","usage":{"prompt_tokens":3,"total_tokens":40}}"#;
-        for split in 0..body.len() {
-            let (a, b) = body.split_at(split);
-            assert_eq!(
-                read(
-                    "application/json; charset=utf-8",
-                    &[a, b],
-                    "usage.total_tokens"
-                ),
-                Some(Ok(40))
-            );
-        }
-        assert_eq!(
-            read("application/json", &[br#"{"a":1}"#], "usage.total_tokens"),
-            None
-        );
-        assert_eq!(
-            read(
-                "application/json",
-                &[br#"{"usage":{"total_tokens":-3}}"#],
-                "usage.total_tokens"
-            ),
-            Some(Err(Unreadable::Invalid))
-        );
-        assert_eq!(
-            read("application/json", &[b"{not json"], "usage.total_tokens"),
-            Some(Err(Unreadable::Body))
-        );
-        assert!(BodyReader::new(Some(b"text/html"), &path("a")).is_none());
-        assert!(BodyReader::new(None, &path("a")).is_none());
-    }
-
-    #[test]
-    fn a_large_json_body_is_read_from_its_tail_only() {
-        let filler = "\\\"usage\\\": {\\\"total_tokens\\\": 999} ".repeat(2000);
-        let body =
-            format!(r#"{{"choices":[{{"text":"{filler}"}}],"usage":{{"total_tokens":40}}}}"#);
-        assert!(body.len() > 4 * WINDOW);
-        let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
-        let mut r =
-            BodyReader::new(Some(b"application/json"), &path("usage.total_tokens")).unwrap();
-        for c in &chunks {
-            r.feed(c);
-            assert!(r.window.len() <= WINDOW);
-        }
-        assert_eq!(r.finish(), Some(Ok(40)));
-    }
-
-    #[test]
-    fn the_last_event_that_carries_the_field_wins() {
-        let stream = b"data: {\"choices\":[{\"delta\":\"hi\"}]}\n\n\
-            data: {\"usage\":{\"total_tokens\":7}}\n\n\
-            data: {\"choices\":[]}\n\n\
-            data: {\"usage\":{\"total_tokens\":40}}\n\n\
-            data: [DONE]\n\n";
-        for size in [1, 3, 17, stream.len()] {
-            let chunks: Vec<&[u8]> = stream.chunks(size).collect();
-            assert_eq!(
-                read("text/event-stream", &chunks, "usage.total_tokens"),
-                Some(Ok(40)),
-                "{size}"
-            );
-        }
-        // A line longer than the window is skipped, not kept.
-        let long = format!("data: {}\n", "x".repeat(WINDOW * 2));
-        let mut r = BodyReader::new(Some(b"text/event-stream"), &path("u")).unwrap();
-        r.feed(long.as_bytes());
-        r.feed(b"data: {\"u\":5}");
-        assert_eq!(r.finish(), Some(Ok(5)), "the last event needs no newline");
-    }
-
-    #[test]
-    fn settlements_charge_refund_and_clamp() {
-        assert_eq!(settlement(40, 1, 400), (39, false));
-        assert_eq!(settlement(0, 10, 400), (-10, false));
-        assert_eq!(settlement(u64::MAX, 1, 400), (399, true));
-    }
-}
-
 // ----- the engine's side: from responses to settlements -----
-
-use super::{Admitted, Engine, Host, Purpose, Request};
-use crate::backend::ScriptCall;
-use crate::bucket::MAX_SETTLE_BURSTS;
-use crate::config::UsageSource;
-use crate::metrics::Counter;
-use crate::shared::settle;
-use std::cmp::Reverse;
 
 impl Engine {
     /// The usage rules that admitted `r` through the global bucket (they charged its up-front
@@ -578,5 +465,118 @@ impl Engine {
                 self.send_settlement(host, rule_idx, &key, pending, root, now);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(p: &str) -> Vec<String> {
+        p.split('.').map(str::to_owned).collect()
+    }
+
+    fn read(ct: &str, chunks: &[&[u8]], p: &str) -> Option<Result<u64, Unreadable>> {
+        let mut r = BodyReader::new(Some(ct.as_bytes()), &path(p))?;
+        for c in chunks {
+            r.feed(c);
+        }
+        r.finish()
+    }
+
+    #[test]
+    fn header_values() {
+        assert_eq!(parse_header(b"40"), Ok(40));
+        assert_eq!(parse_header(b"0"), Ok(0));
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"1.5",
+            b"40, 40",
+            b" 4",
+            b"99999999999999999999999",
+        ] {
+            assert_eq!(parse_header(bad), Err(Unreadable::Invalid), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_json_body_in_any_chunks() {
+        let body = br#"{"id":"x","usage":{"prompt_tokens":3,"total_tokens":40}}"#;
+        for split in 0..body.len() {
+            let (a, b) = body.split_at(split);
+            assert_eq!(
+                read(
+                    "application/json; charset=utf-8",
+                    &[a, b],
+                    "usage.total_tokens"
+                ),
+                Some(Ok(40))
+            );
+        }
+        assert_eq!(
+            read("application/json", &[br#"{"a":1}"#], "usage.total_tokens"),
+            None
+        );
+        assert_eq!(
+            read(
+                "application/json",
+                &[br#"{"usage":{"total_tokens":-3}}"#],
+                "usage.total_tokens"
+            ),
+            Some(Err(Unreadable::Invalid))
+        );
+        assert_eq!(
+            read("application/json", &[b"{not json"], "usage.total_tokens"),
+            Some(Err(Unreadable::Body))
+        );
+        assert!(BodyReader::new(Some(b"text/html"), &path("a")).is_none());
+        assert!(BodyReader::new(None, &path("a")).is_none());
+    }
+
+    #[test]
+    fn a_large_json_body_is_read_from_its_tail_only() {
+        let filler = "\\\"usage\\\": {\\\"total_tokens\\\": 999} ".repeat(2000);
+        let body =
+            format!(r#"{{"choices":[{{"text":"{filler}"}}],"usage":{{"total_tokens":40}}}}"#);
+        assert!(body.len() > 4 * WINDOW);
+        let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
+        let mut r =
+            BodyReader::new(Some(b"application/json"), &path("usage.total_tokens")).unwrap();
+        for c in &chunks {
+            r.feed(c);
+            assert!(r.window.len() <= WINDOW);
+        }
+        assert_eq!(r.finish(), Some(Ok(40)));
+    }
+
+    #[test]
+    fn the_last_event_that_carries_the_field_wins() {
+        let stream = b"data: {\"choices\":[{\"delta\":\"hi\"}]}\n\n\
+            data: {\"usage\":{\"total_tokens\":7}}\n\n\
+            data: {\"choices\":[]}\n\n\
+            data: {\"usage\":{\"total_tokens\":40}}\n\n\
+            data: [DONE]\n\n";
+        for size in [1, 3, 17, stream.len()] {
+            let chunks: Vec<&[u8]> = stream.chunks(size).collect();
+            assert_eq!(
+                read("text/event-stream", &chunks, "usage.total_tokens"),
+                Some(Ok(40)),
+                "{size}"
+            );
+        }
+        // A line longer than the window is skipped, not kept.
+        let long = format!("data: {}\n", "x".repeat(WINDOW * 2));
+        let mut r = BodyReader::new(Some(b"text/event-stream"), &path("u")).unwrap();
+        r.feed(long.as_bytes());
+        r.feed(b"data: {\"u\":5}");
+        assert_eq!(r.finish(), Some(Ok(5)), "the last event needs no newline");
+    }
+
+    #[test]
+    fn settlements_charge_refund_and_clamp() {
+        assert_eq!(settlement(40, 1, 400), (39, false));
+        assert_eq!(settlement(0, 10, 400), (-10, false));
+        assert_eq!(settlement(u64::MAX, 1, 400), (399, true));
     }
 }
