@@ -23,6 +23,12 @@ impl Upstream {
     /// Like [`Upstream::start`], answering every request with `reply`: the raw response, written
     /// piece by piece (each piece flushed on its own, e.g. the chunks of a stream).
     pub fn start_answering(reply: Vec<Vec<u8>>) -> Upstream {
+        Self::start_with(move |_| reply.clone())
+    }
+
+    /// Like [`Upstream::start_answering`], with the reply made from the request head (request line
+    /// and headers).
+    pub fn start_with(reply: impl Fn(&str) -> Vec<Vec<u8>> + Send + Sync + 'static) -> Upstream {
         let reply = Arc::new(reply);
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
         let port = listener.local_addr().expect("upstream addr").port();
@@ -35,19 +41,20 @@ impl Upstream {
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(&conn);
                     let mut line = String::new();
+                    let mut head = String::new();
                     // Read the request head up to the blank line (the tests send no bodies).
                     loop {
                         line.clear();
                         match reader.read_line(&mut line) {
                             Ok(0) | Err(_) => return,
                             Ok(_) if line == "\r\n" => break,
-                            Ok(_) => {}
+                            Ok(_) => head.push_str(&line),
                         }
                     }
                     counter.fetch_add(1, Ordering::SeqCst);
                     let mut out = &conn;
-                    for piece in reply.iter() {
-                        if out.write_all(piece).and_then(|()| out.flush()).is_err() {
+                    for piece in reply(&head) {
+                        if out.write_all(&piece).and_then(|()| out.flush()).is_err() {
                             return;
                         }
                     }
