@@ -81,7 +81,10 @@ pub struct Rule {
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Match {
+    /// In normal form (see `rule::path`); matched against every reading of the request's path.
     pub path_prefix: Option<String>,
+    /// Compare `path_prefix` ASCII case-insensitively.
+    pub path_ignore_case: bool,
     /// Upper-cased; empty means any method.
     pub methods: Vec<String>,
     pub headers: Vec<HeaderMatch>,
@@ -105,11 +108,56 @@ pub enum KeySource {
     /// Lower-cased header name.
     Header(String),
     Query(String),
-    ClientIp,
+    /// The client's address: IPv4 by its first `v4_prefix` bits, IPv6 by its first `v6_prefix`.
+    ClientIp {
+        v4_prefix: u8,
+        v6_prefix: u8,
+    },
     Path,
     Method,
     Authority,
     Literal(String),
+}
+
+impl KeySource {
+    /// The plain `client_ip` source: whole IPv4 addresses, IPv6 /64 networks.
+    pub const CLIENT_IP: KeySource = KeySource::ClientIp {
+        v4_prefix: crate::rule::ip::DEFAULT_V4_PREFIX,
+        v6_prefix: crate::rule::ip::DEFAULT_V6_PREFIX,
+    };
+}
+
+/// The canonical spelling of a key source (what the configuration would say, defaults left out,
+/// names lower-cased). It goes into the bucket digest, so changing a rule's sources starts fresh
+/// buckets.
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Header(name) => write!(f, "header:{name}"),
+            KeySource::Query(name) => write!(f, "query:{name}"),
+            KeySource::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => {
+                let mut parts = Vec::new();
+                if *v4_prefix != crate::rule::ip::DEFAULT_V4_PREFIX {
+                    parts.push(format!("v4=/{v4_prefix}"));
+                }
+                if *v6_prefix != crate::rule::ip::DEFAULT_V6_PREFIX {
+                    parts.push(format!("v6=/{v6_prefix}"));
+                }
+                if parts.is_empty() {
+                    f.write_str("client_ip")
+                } else {
+                    write!(f, "client_ip:{}", parts.join(","))
+                }
+            }
+            KeySource::Path => f.write_str("path"),
+            KeySource::Method => f.write_str("method"),
+            KeySource::Authority => f.write_str("authority"),
+            KeySource::Literal(text) => write!(f, "literal:{text}"),
+        }
+    }
 }
 
 /// A configuration error: `field` is a path such as `rules[1].rate`.
@@ -161,7 +209,8 @@ const DEFAULT_PERIOD_MS: u64 = 1000;
 const DEFAULT_COST: u64 = 1;
 
 const KEY_SOURCE_HELP: &str =
-    "expected header:NAME, query:NAME, client_ip, path, method, authority or literal:TEXT";
+    "expected header:NAME, query:NAME, client_ip, client_ip:v4=/N,v6=/M, \
+     path, method, authority or literal:TEXT";
 
 /// The whole-document field name.
 const DOCUMENT: &str = "configuration";
@@ -208,7 +257,7 @@ const RULE_FIELDS: &[&str] = &[
     "shadow",
     "fallback",
 ];
-const MATCH_FIELDS: &[&str] = &["path_prefix", "methods", "headers"];
+const MATCH_FIELDS: &[&str] = &["path_prefix", "path_ignore_case", "methods", "headers"];
 const HEADER_MATCH_FIELDS: &[&str] = &["name", "exact", "present"];
 const LIMITS_FIELDS: &[&str] = &["rate", "period_ms", "burst"];
 
@@ -812,9 +861,22 @@ fn parse_match(obj: &Obj<'_>) -> Result<Match, ConfigError> {
             if has_control(p) {
                 return Err(err(path, "must not contain control characters"));
             }
+            let normal =
+                crate::rule::path::normalize(p.as_bytes(), crate::rule::path::Reading::STRICT);
+            if normal.irregular || normal.path != p.as_bytes() {
+                return Err(err(
+                    path,
+                    format!(
+                        "must be in normal form, as requests are compared in it (got {}, which reads as {})",
+                        quoted(p),
+                        quoted(&String::from_utf8_lossy(&normal.path))
+                    ),
+                ));
+            }
             Some(p.to_owned())
         }
     };
+    let path_ignore_case = obj.opt_bool("path_ignore_case")?.unwrap_or(false);
 
     let methods = match obj.opt_array("methods")? {
         None => Vec::new(),
@@ -852,6 +914,7 @@ fn parse_match(obj: &Obj<'_>) -> Result<Match, ConfigError> {
 
     Ok(Match {
         path_prefix,
+        path_ignore_case,
         methods,
         headers,
     })
@@ -885,11 +948,14 @@ fn parse_header_match(value: &serde_json::Value, path: &str) -> Result<HeaderMat
 
 fn parse_key_source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
     match s {
-        "client_ip" => return Ok(KeySource::ClientIp),
+        "client_ip" => return Ok(KeySource::CLIENT_IP),
         "path" => return Ok(KeySource::Path),
         "method" => return Ok(KeySource::Method),
         "authority" => return Ok(KeySource::Authority),
         _ => {}
+    }
+    if let Some(spec) = s.strip_prefix("client_ip:") {
+        return parse_client_ip(spec, s, path);
     }
     if let Some(name) = s.strip_prefix("header:") {
         if !is_token(name) {
@@ -925,6 +991,40 @@ fn parse_key_source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
         path,
         format!("unknown key source {} ({KEY_SOURCE_HELP})", quoted(s)),
     ))
+}
+
+/// `v4=/N`, `v6=/M` or both, comma-separated, after `client_ip:`.
+fn parse_client_ip(spec: &str, whole: &str, path: &str) -> Result<KeySource, ConfigError> {
+    let bad = || {
+        err(
+            path,
+            format!(
+                "client_ip takes v4=/N (8-32) and/or v6=/M (8-128), comma-separated (got {})",
+                quoted(whole)
+            ),
+        )
+    };
+    let (mut v4, mut v6) = (None, None);
+    for part in spec.split(',') {
+        let (family, bits) = part.split_once("=/").ok_or_else(bad)?;
+        let bits: u8 = bits
+            .parse()
+            .ok()
+            .filter(|b| bits.bytes().all(|c| c.is_ascii_digit()) && *b >= 8)
+            .ok_or_else(bad)?;
+        let slot = match family {
+            "v4" if bits <= 32 => &mut v4,
+            "v6" if bits <= 128 => &mut v6,
+            _ => return Err(bad()),
+        };
+        if slot.replace(bits).is_some() {
+            return Err(bad());
+        }
+    }
+    Ok(KeySource::ClientIp {
+        v4_prefix: v4.unwrap_or(crate::rule::ip::DEFAULT_V4_PREFIX),
+        v6_prefix: v6.unwrap_or(crate::rule::ip::DEFAULT_V6_PREFIX),
+    })
 }
 
 #[cfg(test)]
@@ -997,6 +1097,7 @@ mod tests {
                 name: "per-user".into(),
                 matcher: Match {
                     path_prefix: Some("/api/".into()),
+                    path_ignore_case: false,
                     methods: vec!["GET".into(), "POST".into()],
                     headers: vec![HeaderMatch {
                         name: "x-tier".into(),
@@ -1113,7 +1214,7 @@ mod tests {
             vec![
                 KeySource::Header("x-user".into()),
                 KeySource::Query("User Id".into()),
-                KeySource::ClientIp,
+                KeySource::CLIENT_IP,
                 KeySource::Path,
                 KeySource::Method,
                 KeySource::Authority,
@@ -1593,7 +1694,7 @@ mod tests {
         assert_eq!(
             rule_error(r#""rate":1,"key":["client_ip","foo"]"#),
             "rules[0].key[1]: unknown key source \"foo\" (expected header:NAME, query:NAME, \
-             client_ip, path, method, authority or literal:TEXT)"
+             client_ip, client_ip:v4=/N,v6=/M, path, method, authority or literal:TEXT)"
         );
     }
 
@@ -1664,6 +1765,87 @@ mod tests {
         assert_eq!(
             rule_error(r#""rate":1,"match":{"headers":[{"exact":"x"}]}"#),
             "rules[0].match.headers[0].name: required"
+        );
+    }
+
+    #[test]
+    fn client_ip_prefixes() {
+        let key = |k: &str| one_rule(&format!(r#""rate":1,"key":["{k}"]"#)).key;
+        let ip = |v4_prefix, v6_prefix| {
+            vec![KeySource::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            }]
+        };
+        assert_eq!(key("client_ip"), ip(32, 64));
+        assert_eq!(key("client_ip:v6=/56"), ip(32, 56));
+        assert_eq!(key("client_ip:v4=/24"), ip(24, 64));
+        assert_eq!(key("client_ip:v4=/24,v6=/48"), ip(24, 48));
+        assert_eq!(key("client_ip:v6=/48,v4=/8"), ip(8, 48));
+        assert_eq!(key("client_ip:v6=/128"), ip(32, 128));
+        assert_eq!(
+            key("client_ip:v6=/64").first().unwrap().to_string(),
+            "client_ip"
+        );
+        assert_eq!(
+            key("client_ip:v6=/56").first().unwrap().to_string(),
+            "client_ip:v6=/56"
+        );
+        for bad in [
+            "client_ip:",
+            "client_ip:v6=56",
+            "client_ip:v6=/7",
+            "client_ip:v6=/129",
+            "client_ip:v4=/33",
+            "client_ip:v4=/+24",
+            "client_ip:v5=/24",
+            "client_ip:v6=/56,v6=/48",
+            "client_ip:v6=/56,",
+        ] {
+            assert_eq!(
+                rule_error(&format!(r#""rate":1,"key":["{bad}"]"#)),
+                format!(
+                    "rules[0].key[0]: client_ip takes v4=/N (8-32) and/or v6=/M (8-128), \
+                     comma-separated (got {bad:?})"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn path_prefix_must_be_normal() {
+        for (bad, reads) in [
+            ("//api/", "/api/"),
+            ("/./api/", "/api/"),
+            ("/%61pi/", "/api/"),
+            ("/x/../api/", "/api/"),
+            ("/api%2f", "/api%2F"),
+        ] {
+            assert_eq!(
+                rule_error(&format!(r#""rate":1,"match":{{"path_prefix":"{bad}"}}"#)),
+                format!(
+                    "rules[0].match.path_prefix: must be in normal form, as requests are compared \
+                     in it (got {bad:?}, which reads as {reads:?})"
+                )
+            );
+        }
+        // Irregular prefixes can never be normal.
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"path_prefix":"/../a"}"#),
+            "rules[0].match.path_prefix: must be in normal form, as requests are compared in it \
+             (got \"/../a\", which reads as \"/a\")"
+        );
+        assert!(rule_error(r#""rate":1,"match":{"path_prefix":"/a%zz"}"#).contains("normal form"));
+        for good in ["/", "/api", "/api/", "/a;b/", "/a%2Fb", "/~u/", "/a%20b"] {
+            let r = one_rule(&format!(r#""rate":1,"match":{{"path_prefix":"{good}"}}"#));
+            assert_eq!(r.matcher.path_prefix.as_deref(), Some(good));
+            assert!(!r.matcher.path_ignore_case);
+        }
+        let r = one_rule(r#""rate":1,"match":{"path_prefix":"/api/","path_ignore_case":true}"#);
+        assert!(r.matcher.path_ignore_case);
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"path_ignore_case":1}"#),
+            "rules[0].match.path_ignore_case: must be a boolean"
         );
     }
 

@@ -1,8 +1,13 @@
 //! Rule matching and bucket-key extraction over a `RequestView` (no host calls here).
 //!
 //! Invariant: the bucket key is `<key_prefix>:{<rule>:<digest>}` where the digest is a SHA-256 of the
-//! rule's key values, each length-prefixed, so no user text reaches Redis or a URL, and two different
-//! value tuples never share a key.
+//! rule's key sources (their canonical spelling) and key values, each length-prefixed, so no user
+//! text reaches Redis or a URL, two different value tuples never share a key, and changing a rule's
+//! key sources starts fresh buckets. A request cannot escape a rule by how it spells its path
+//! (see `path`) or its address (see `ip`).
+
+pub mod ip;
+pub mod path;
 
 use sha2::{Digest, Sha256};
 
@@ -11,6 +16,10 @@ use crate::config::{HeaderValueMatch, KeySource, Match, Rule};
 /// What rule matching needs from a request. Names are lower-case; pseudo-headers `:path`, `:method`,
 /// `:authority` are asked for through `header` too.
 pub trait RequestView {
+    /// The value of request header `name`: when the request has several lines of it, all of them
+    /// joined with `,` in the order received (what Envoy's `request.headers` attribute gives, and
+    /// how Envoy itself folds the headers it combines). None when the request has no such line; an
+    /// empty line is an empty value.
     fn header(&self, name: &str) -> Option<Vec<u8>>;
     /// downstream peer IP without port (Envoy's source.address)
     fn client_ip(&self) -> Option<Vec<u8>>;
@@ -18,15 +27,6 @@ pub trait RequestView {
 
 /// Bytes of the digest that go into the key (hex-encoded: twice as many characters).
 const DIGEST_BYTES: usize = 16;
-
-/// `:path` up to the first `?` or `#`.
-fn path_only(full: &[u8]) -> &[u8] {
-    let end = full
-        .iter()
-        .position(|&b| b == b'?' || b == b'#')
-        .unwrap_or(full.len());
-    full.get(..end).unwrap_or(full)
-}
 
 /// The query string of `:path`: after the first `?` (if it comes before any `#`), up to `#`.
 fn query_of(full: &[u8]) -> Option<&[u8]> {
@@ -37,15 +37,6 @@ fn query_of(full: &[u8]) -> Option<&[u8]> {
     let rest = full.get(start + 1..)?;
     let end = rest.iter().position(|&b| b == b'#').unwrap_or(rest.len());
     rest.get(..end)
-}
-
-fn hex_value(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// Form-decoding of one query component: `+` is a space, `%XX` is a byte, an invalid escape is
@@ -60,8 +51,8 @@ pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
                 i += 1;
             }
             b'%' => {
-                let hi = s.get(i + 1).copied().and_then(hex_value);
-                let lo = s.get(i + 2).copied().and_then(hex_value);
+                let hi = s.get(i + 1).copied().and_then(path::hex_value);
+                let lo = s.get(i + 2).copied().and_then(path::hex_value);
                 if let (Some(hi), Some(lo)) = (hi, lo) {
                     out.push(hi << 4 | lo);
                     i += 3;
@@ -99,7 +90,7 @@ fn query_param(full_path: &[u8], name: &str) -> Option<Vec<u8>> {
 pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
     if let Some(prefix) = &m.path_prefix {
         match req.header(":path") {
-            Some(full) if path_only(&full).starts_with(prefix.as_bytes()) => {}
+            Some(full) if path::prefix_matches(&full, prefix.as_bytes(), m.path_ignore_case) => {}
             _ => return false,
         }
     }
@@ -122,8 +113,11 @@ fn key_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
     match source {
         KeySource::Header(name) => req.header(name),
         KeySource::Query(name) => query_param(&req.header(":path")?, name),
-        KeySource::ClientIp => req.client_ip(),
-        KeySource::Path => req.header(":path").map(|p| path_only(&p).to_vec()),
+        KeySource::ClientIp {
+            v4_prefix,
+            v6_prefix,
+        } => Some(ip::key_value(&req.client_ip()?, *v4_prefix, *v6_prefix)),
+        KeySource::Path => req.header(":path").map(|p| path::key_value(&p)),
         KeySource::Method => req.header(":method"),
         KeySource::Authority => req.header(":authority").map(|mut a| {
             a.make_ascii_lowercase();
@@ -138,17 +132,22 @@ pub fn key_values(sources: &[KeySource], req: &dyn RequestView) -> Option<Vec<Ve
     sources.iter().map(|s| key_value(s, req)).collect()
 }
 
-/// `<prefix>:{<rule>:<digest>}`, digest = lowercase hex of the first 16 bytes of SHA-256 over each
-/// value as (u32 big-endian length ++ bytes).
+/// `<prefix>:{<rule>:<digest>}`, digest = lowercase hex of the first 16 bytes of SHA-256 over, for
+/// each key source in order, (u32 big-endian length ++ the source's canonical spelling ++ u32
+/// big-endian length ++ its value). `values` has one value per source.
 ///
 /// A value longer than `u32::MAX` bytes (impossible for a request header) has its length saturated.
-pub fn bucket_key(prefix: &str, rule: &str, values: &[Vec<u8>]) -> String {
+pub fn bucket_key(prefix: &str, rule: &str, sources: &[KeySource], values: &[Vec<u8>]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hasher = Sha256::new();
-    for v in values {
-        let len = u32::try_from(v.len()).unwrap_or(u32::MAX);
+    let mut field = |bytes: &[u8]| {
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
         hasher.update(len.to_be_bytes());
-        hasher.update(v);
+        hasher.update(bytes);
+    };
+    for (source, value) in sources.iter().zip(values) {
+        field(source.to_string().as_bytes());
+        field(value);
     }
     let digest = hasher.finalize();
     let mut hex = String::with_capacity(DIGEST_BYTES * 2);
@@ -168,7 +167,7 @@ pub fn applies(prefix: &str, rule: &Rule, req: &dyn RequestView) -> Option<Strin
         return None;
     }
     let values = key_values(&rule.key, req)?;
-    Some(bucket_key(prefix, &rule.name, &values))
+    Some(bucket_key(prefix, &rule.name, &rule.key, &values))
 }
 
 #[cfg(test)]
@@ -331,6 +330,7 @@ mod tests {
     fn all_conditions_must_hold() {
         let m = Match {
             path_prefix: Some("/api/".into()),
+            path_ignore_case: false,
             methods: vec!["GET".into()],
             headers: vec![
                 HeaderMatch {
@@ -369,7 +369,7 @@ mod tests {
             Some(b"Alice".to_vec())
         );
         assert_eq!(one(KeySource::Query("x".into()), &req), Some(b"1".to_vec()));
-        assert_eq!(one(KeySource::ClientIp, &req), Some(b"10.0.0.7".to_vec()));
+        assert_eq!(one(KeySource::CLIENT_IP, &req), Some(b"10.0.0.7".to_vec()));
         assert_eq!(one(KeySource::Path, &req), Some(b"/a/b".to_vec()));
         assert_eq!(one(KeySource::Method, &req), Some(b"PATCH".to_vec()));
         assert_eq!(
@@ -395,7 +395,7 @@ mod tests {
         let req = Req::new("GET", "/a?x=1");
         assert_eq!(one(KeySource::Header("x-user-id".into()), &req), None);
         assert_eq!(one(KeySource::Query("y".into()), &req), None);
-        assert_eq!(one(KeySource::ClientIp, &req), None);
+        assert_eq!(one(KeySource::CLIENT_IP, &req), None);
         assert_eq!(one(KeySource::Authority, &req), None);
         assert_eq!(one(KeySource::Path, &Req::default()), None);
         assert_eq!(one(KeySource::Method, &Req::default()), None);
@@ -480,43 +480,96 @@ mod tests {
 
     // ---- keys ----
 
+    fn hdr(name: &str) -> KeySource {
+        KeySource::Header(name.into())
+    }
+
     #[test]
     fn known_digest_vectors() {
-        // Computed independently: sha256(b"\x00\x00\x00\x05alice").hexdigest()[:32].
+        // Computed independently (Python hashlib): sha256(be32(16) "header:x-user-id" be32(5)
+        // "alice").hexdigest()[:32].
         assert_eq!(
-            bucket_key("tollgate", "per-user", &[b"alice".to_vec()]),
-            "tollgate:{per-user:e3e40cc57896dcdac6731f60cb1748bd}"
+            bucket_key(
+                "tollgate",
+                "per-user",
+                &[hdr("x-user-id")],
+                &[b"alice".to_vec()]
+            ),
+            "tollgate:{per-user:1ff5268a9b87e2b51262db40cbb6e203}"
         );
-        // No values: SHA-256 of the empty string.
+        // No sources: SHA-256 of the empty string.
         assert_eq!(
-            bucket_key("tollgate", "all", &[]),
+            bucket_key("tollgate", "all", &[], &[]),
             "tollgate:{all:e3b0c44298fc1c149afbf4c8996fb924}"
         );
         assert_eq!(
-            bucket_key("tg", "r", &[b"alice".to_vec(), b"GET".to_vec()]),
-            "tg:{r:62fb5f567646af2e77bd28cb59cfe0f3}"
+            bucket_key(
+                "tg",
+                "r",
+                &[KeySource::Query("u".into()), KeySource::Method],
+                &[b"alice".to_vec(), b"GET".to_vec()]
+            ),
+            "tg:{r:9b0e09c30ea49b9245d57227f92d75bc}"
         );
     }
 
     #[test]
     fn distinct_tuples_give_distinct_keys() {
-        let ab_c = bucket_key("tg", "r", &[b"ab".to_vec(), b"c".to_vec()]);
-        let a_bc = bucket_key("tg", "r", &[b"a".to_vec(), b"bc".to_vec()]);
-        let abc = bucket_key("tg", "r", &[b"abc".to_vec()]);
-        assert_eq!(ab_c, "tg:{r:f2939f903016e5bb29b1e4a61cdbd376}");
-        assert_eq!(a_bc, "tg:{r:b534ce16ac9c8b36823f39a395ce8e0e}");
+        let ab = [hdr("a"), hdr("b")];
+        let ab_c = bucket_key("tg", "r", &ab, &[b"ab".to_vec(), b"c".to_vec()]);
+        let a_bc = bucket_key("tg", "r", &ab, &[b"a".to_vec(), b"bc".to_vec()]);
+        let abc = bucket_key("tg", "r", &[hdr("a")], &[b"abc".to_vec()]);
+        assert_eq!(ab_c, "tg:{r:69963a5f864f080ac1f77e30ea4c8de3}");
+        assert_eq!(a_bc, "tg:{r:d3e0f5e3d3c0ea94d01719c28cc1b4dc}");
         assert_ne!(ab_c, a_bc);
         assert_ne!(ab_c, abc);
         assert_ne!(a_bc, abc);
         // An empty value is a value.
         assert_ne!(
-            bucket_key("tg", "r", &[]),
-            bucket_key("tg", "r", &[Vec::new()])
+            bucket_key("tg", "r", &[], &[]),
+            bucket_key("tg", "r", &[hdr("a")], &[Vec::new()])
         );
         // The rule name separates buckets too.
         assert_ne!(
-            bucket_key("tg", "r1", &[b"a".to_vec()]),
-            bucket_key("tg", "r2", &[b"a".to_vec()])
+            bucket_key("tg", "r1", &[hdr("a")], &[b"a".to_vec()]),
+            bucket_key("tg", "r2", &[hdr("a")], &[b"a".to_vec()])
+        );
+    }
+
+    #[test]
+    fn changing_a_source_starts_fresh_buckets() {
+        let v = [b"alice".to_vec()];
+        let header = bucket_key("tg", "r", &[hdr("x-user-id")], &v);
+        let query = bucket_key("tg", "r", &[KeySource::Query("x-user-id".into())], &v);
+        assert_eq!(query, "tg:{r:edb0ebb3ea7077b9aabd4f21cb174575}");
+        assert_ne!(header, query);
+        assert_ne!(header, bucket_key("tg", "r", &[hdr("x-user")], &v));
+        assert_ne!(
+            header,
+            bucket_key("tg", "r", &[KeySource::Literal("x".into())], &v)
+        );
+        // Another IPv6 prefix is another source (and its values differ anyway).
+        let v6 = [b"::/64".to_vec()];
+        assert_ne!(
+            bucket_key("tg", "r", &[KeySource::CLIENT_IP], &v6),
+            bucket_key(
+                "tg",
+                "r",
+                &[KeySource::ClientIp {
+                    v4_prefix: 32,
+                    v6_prefix: 56
+                }],
+                &v6
+            )
+        );
+        // Spelling a default explicitly is the same source.
+        assert_eq!(
+            KeySource::ClientIp {
+                v4_prefix: 32,
+                v6_prefix: 64
+            }
+            .to_string(),
+            "client_ip"
         );
     }
 
@@ -575,7 +628,7 @@ mod tests {
                 path_prefix: Some("/api/".into()),
                 ..Match::default()
             },
-            vec![KeySource::Header("x-user-id".into()), KeySource::ClientIp],
+            vec![KeySource::Header("x-user-id".into()), KeySource::CLIENT_IP],
         );
         let full = Req::new("GET", "/api/x")
             .with("x-user-id", "alice")
@@ -585,6 +638,7 @@ mod tests {
             Some(bucket_key(
                 "tg",
                 "per-user",
+                &r.key,
                 &[b"alice".to_vec(), b"10.0.0.1".to_vec()]
             ))
         );
@@ -601,6 +655,78 @@ mod tests {
         assert_eq!(
             applies("tg", &global, &Req::default()),
             Some("tg:{per-user:e3b0c44298fc1c149afbf4c8996fb924}".to_owned())
+        );
+    }
+
+    #[test]
+    fn path_rules_see_through_spellings() {
+        let r = rule(
+            Match {
+                path_prefix: Some("/api/".into()),
+                ..Match::default()
+            },
+            vec![KeySource::Path],
+        );
+        let want = applies("tg", &r, &Req::new("GET", "/api/x"));
+        assert!(want.is_some());
+        // The hardening issue's spellings: all match, all share /api/x's bucket.
+        for p in [
+            "//api/x",
+            "/./api/x",
+            "/%61pi/x",
+            "/x/../api/x",
+            "/api%2Fx",
+            "/api;a=1/x",
+        ] {
+            assert_eq!(applies("tg", &r, &Req::new("GET", p)), want, "{p}");
+        }
+        // Irregular paths match every path rule (keyed by their clamped form).
+        assert!(applies("tg", &r, &Req::new("GET", "/../other")).is_some());
+        assert!(applies("tg", &r, &Req::new("GET", "/other/%zz")).is_some());
+        assert_eq!(applies("tg", &r, &Req::new("GET", "/other")), None);
+        // Case-sensitive unless asked.
+        assert_eq!(applies("tg", &r, &Req::new("GET", "/API/x")), None);
+        let ci = rule(
+            Match {
+                path_prefix: Some("/api/".into()),
+                path_ignore_case: true,
+                ..Match::default()
+            },
+            vec![],
+        );
+        assert!(applies("tg", &ci, &Req::new("GET", "/API/x")).is_some());
+        assert!(applies("tg", &ci, &Req::new("GET", "//Api/x")).is_some());
+        assert_eq!(applies("tg", &ci, &Req::new("GET", "/APIX")), None);
+    }
+
+    #[test]
+    fn client_ip_keys_by_address_or_network() {
+        let v6_56 = KeySource::ClientIp {
+            v4_prefix: 32,
+            v6_prefix: 56,
+        };
+        let ip = |a: &str, s: &KeySource| one(s.clone(), &Req::default().ip(a));
+        let d = &KeySource::CLIENT_IP;
+        assert_eq!(ip("10.0.0.7", d), Some(b"10.0.0.7".to_vec()));
+        assert_eq!(ip("::ffff:10.0.0.7", d), Some(b"10.0.0.7".to_vec()));
+        assert_eq!(
+            ip("2001:db8:0:1::7", d),
+            Some(b"2001:db8:0:1::/64".to_vec())
+        );
+        assert_eq!(
+            ip("2001:db8:0:1::7", &v6_56),
+            Some(b"2001:db8::/56".to_vec())
+        );
+        assert_eq!(ip("::1", d), Some(b"::/64".to_vec()));
+        // Two addresses of one /64 share a bucket.
+        let r = rule(Match::default(), vec![KeySource::CLIENT_IP]);
+        assert_eq!(
+            applies("tg", &r, &Req::default().ip("2001:db8:0:1::1")),
+            applies("tg", &r, &Req::default().ip("2001:db8:0:1:ffff::2"))
+        );
+        assert_ne!(
+            applies("tg", &r, &Req::default().ip("2001:db8:0:1::1")),
+            applies("tg", &r, &Req::default().ip("2001:db8:0:2::1"))
         );
     }
 

@@ -111,8 +111,14 @@ fn check_valid(c: &Config) {
                 }
                 KeySource::Query(q) => assert!(!q.is_empty(), "{n}: empty query name"),
                 KeySource::Literal(t) => assert!(!t.is_empty(), "{n}: empty literal"),
-                KeySource::ClientIp
-                | KeySource::Path
+                KeySource::ClientIp {
+                    v4_prefix,
+                    v6_prefix,
+                } => assert!(
+                    (8..=32).contains(v4_prefix) && (8..=128).contains(v6_prefix),
+                    "{n}: client_ip prefixes"
+                ),
+                KeySource::Path
                 | KeySource::Method
                 | KeySource::Authority => {}
             }
@@ -127,6 +133,14 @@ fn check_valid(c: &Config) {
             assert!(
                 pp.starts_with('/') && !pp.contains(['?', '#']),
                 "{n}: path_prefix {pp:?}"
+            );
+            let normal = tollgate::rule::path::normalize(
+                pp.as_bytes(),
+                tollgate::rule::path::Reading::STRICT,
+            );
+            assert!(
+                !normal.irregular && normal.path == pp.as_bytes(),
+                "{n}: path_prefix {pp:?} is not in normal form"
             );
         }
         for m in &r.matcher.methods {
