@@ -234,9 +234,15 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
     let deny_cache = DenyCache::new(store, &plugin.ns);
     let mut checks = Vec::new();
     for (idx, rule) in cfg.rules.iter().enumerate() {
-        let Some(key) = rule::applies(&cfg.key_prefix, rule, req) else {
+        let Some(applied) = rule::applies(&cfg.key_prefix, rule, req) else {
             continue;
         };
+        if applied.unlimited {
+            // An `unlimited` override: admitted without a call, still counted.
+            plugin.metrics.count(idx, Counter::Allowed, 1);
+            continue;
+        }
+        let (key, limits) = (applied.key, applied.limits);
         let cost = match cost_of(rule, req) {
             Ok(c) => c,
             Err(e) => return Step::Done(bad_cost(&e)),
@@ -269,9 +275,9 @@ pub fn start(plugin: &Plugin, store: &dyn SharedStore, req: &dyn RequestView, no
             rule: idx,
             call: ScriptCall {
                 key,
-                burst: rule.limits.burst,
-                rate: rule.limits.rate,
-                period_ms: rule.limits.period_ms,
+                burst: limits.burst,
+                rate: limits.rate,
+                period_ms: limits.period_ms,
                 cost,
                 lease_want: 0,
                 // A shadow rule never holds a request.

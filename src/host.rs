@@ -48,6 +48,10 @@ impl RequestView for HostRequest {
         let addr = property(&["source", "address"])?;
         Some(strip_port(&addr).to_vec())
     }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        property(path)
+    }
 }
 
 #[link(wasm_import_module = "env")]

@@ -118,6 +118,14 @@ fn check_valid(c: &Config) {
                     (8..=32).contains(v4_prefix) && (8..=128).contains(v6_prefix),
                     "{n}: client_ip prefixes"
                 ),
+                KeySource::Cookie(c) => assert!(is_token(c), "{n}: cookie {c:?}"),
+                KeySource::Property { path, .. } => {
+                    assert!(!path.is_empty() && path.iter().all(|p| !p.is_empty()), "{n}: property")
+                }
+                KeySource::Metadata { namespace, fields } => assert!(
+                    !namespace.is_empty() && !fields.is_empty() && fields.iter().all(|f| !f.is_empty()),
+                    "{n}: metadata"
+                ),
                 KeySource::Path
                 | KeySource::Method
                 | KeySource::Authority => {}
@@ -152,7 +160,20 @@ fn check_valid(c: &Config) {
         for h in &r.matcher.headers {
             assert!(is_token(&h.name) && h.name == h.name.to_ascii_lowercase());
         }
-        if let Some(key) = applies(p, r, &FixedRequest) {
+        for host in &r.matcher.hosts {
+            assert!(
+                !host.is_empty() && *host == host.to_ascii_lowercase() && !host.ends_with('.'),
+                "{n}: host {host:?}"
+            );
+        }
+        for (values, o) in &r.overrides {
+            assert_eq!(values.len(), r.key.len(), "{n}: override key length");
+            if let tollgate::config::Override::Limits(l) = o {
+                check_limits(l, n);
+                assert!(r.cost <= l.burst, "{n}: override burst below cost");
+            }
+        }
+        if let Some(key) = applies(p, r, &FixedRequest).map(|a| a.key) {
             let head = format!("{p}:{{{n}:");
             let digest = key
                 .strip_prefix(&head)

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use tollgate::config::{Config, KeySource};
+use tollgate::config::{Config, KeySource, Override};
 use tollgate::rule::path::{self, Reading};
 use tollgate::rule::{applies, bucket_key, key_values, matches, RequestView};
 
@@ -30,6 +30,16 @@ const CONFIG: &str = r#"{
       "key": ["query:user", "query:a b", "authority"], "rate": 10 },
     { "name": "authed", "match": { "headers": [ { "name": "authorization", "present": true } ] },
       "key": ["header:authorization", "literal:all"], "rate": 10 },
+    { "name": "ident", "key": ["cookie:sid", "metadata:jwt:p.sub", "property:source.port"],
+      "rate": 10 },
+    { "name": "tenant",
+      "match": { "hosts": ["api.example.com", "*.t.example.com"],
+                 "headers": [ { "name": "x-api-key", "absent": true },
+                              { "name": "authorization", "prefix": "Bearer " },
+                              { "name": "x-tier", "regex": "(free|trial)-[0-9]{1,3}" } ] },
+      "key": ["header:x-user-id"], "rate": 10,
+      "overrides": [ { "key": ["acme"], "rate": 100, "burst": 300 },
+                     { "key": ["free"], "unlimited": true } ] },
     { "name": "global", "rate": 1000 }
   ]
 }"#;
@@ -45,6 +55,7 @@ enum Name {
     ApiKey,
     Tier,
     Authorization,
+    Cookie,
 }
 
 impl Name {
@@ -54,6 +65,7 @@ impl Name {
             Name::ApiKey => "x-api-key",
             Name::Tier => "x-tier",
             Name::Authorization => "authorization",
+            Name::Cookie => "cookie",
         }
     }
 }
@@ -164,6 +176,10 @@ struct Input {
     headers: Vec<(Name, Value)>,
     /// Any other headers, by arbitrary name.
     others: Vec<(String, Vec<u8>)>,
+    /// The `metadata` attribute (a serialised Metadata message, or any bytes).
+    metadata: Option<Vec<u8>>,
+    /// Every other attribute.
+    property: Option<Vec<u8>>,
 }
 
 struct Req(Input);
@@ -197,6 +213,13 @@ impl RequestView for Req {
     }
     fn client_ip(&self) -> Option<Vec<u8>> {
         self.0.ip.clone()
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        if path == ["metadata"] {
+            self.0.metadata.clone()
+        } else {
+            self.0.property.clone()
+        }
     }
 }
 
@@ -254,7 +277,8 @@ fuzz_target!(|input: Input| {
     let prefix = cfg.key_prefix.as_str();
     let req = Req(input.clone());
     for rule in &cfg.rules {
-        let key = applies(prefix, rule, &req);
+        let applied = applies(prefix, rule, &req);
+        let key = applied.as_ref().map(|a| a.key.clone());
         let values = key_values(&rule.key, &req);
         let want = if matches(&rule.matcher, &req) {
             values
@@ -268,6 +292,14 @@ fuzz_target!(|input: Input| {
             assert_key_shape(k, prefix, &rule.name);
         }
         let Some(values) = values else { continue };
+        // The limits are the override's for these values, else the rule's; the key is the same.
+        if let Some(a) = &applied {
+            match rule.overrides.get(&values) {
+                None => assert!(a.limits == rule.limits && !a.unlimited),
+                Some(Override::Unlimited) => assert!(a.unlimited),
+                Some(Override::Limits(l)) => assert!(a.limits == *l && !a.unlimited),
+            }
+        }
         assert_key_shape(
             &bucket_key(prefix, &rule.name, &rule.key, &values),
             prefix,
@@ -302,7 +334,15 @@ fuzz_target!(|input: Input| {
                         .map(|a| a.to_ascii_lowercase())
                         .as_ref()
                 ),
-                KeySource::Query(_) => {}
+                KeySource::Query(_) | KeySource::Cookie(_) | KeySource::Metadata { .. } => {}
+                KeySource::Property { path, .. } => assert_eq!(
+                    Some(v),
+                    input
+                        .property
+                        .clone()
+                        .map(|raw| tollgate::rule::value::attribute_text(path, raw))
+                        .as_ref()
+                ),
             }
         }
         // Another tuple of values is another bucket: change the last byte split between the first
@@ -324,7 +364,7 @@ fuzz_target!(|input: Input| {
     }
     // One user's id never lands in another user's bucket.
     let per_user = &cfg.rules[0];
-    if let Some(k) = applies(prefix, per_user, &req) {
+    if let Some(k) = applies(prefix, per_user, &req).map(|a| a.key) {
         let mut changed = input.clone();
         let uid = match changed.headers.iter_mut().find(|(n, _)| *n == Name::UserId) {
             Some((_, v)) => v.bytes_mut(),
@@ -336,7 +376,9 @@ fuzz_target!(|input: Input| {
                 .expect("per-user applied without x-user-id"),
         };
         uid.push(b'!');
-        let k2 = applies(prefix, per_user, &Req(changed)).expect("per-user still applies");
+        let k2 = applies(prefix, per_user, &Req(changed))
+            .expect("per-user still applies")
+            .key;
         assert_ne!(k, k2);
     }
 });

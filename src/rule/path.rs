@@ -7,8 +7,8 @@
 //! above the root) is *irregular*, and an irregular path matches every path rule.
 //!
 //! The normal form: the path before `?`/`#`, with a leading `/` added if missing; unreserved
-//! characters (`A-Z a-z 0-9 - . _ ~`) percent-decoded and every other escape upper-cased
-//! (`%2f` → `%2F`); repeated slashes merged; `.` and `..` segments resolved as RFC 3986 §5.2.4
+//! characters (`A-Z a-z 0-9 - . _ ~`) percent-decoded, every other escape upper-cased
+//! (`%2f` → `%2F`) and a `%` that starts no escape written `%25`; repeated slashes merged; `.` and `..` segments resolved as RFC 3986 §5.2.4
 //! says, a `..` at the root staying at the root. Case is kept.
 
 /// How a server may read the two things servers disagree on.
@@ -137,7 +137,12 @@ pub fn normalize(path: &[u8], reading: Reading) -> Normal {
                 i += 3;
                 continue;
             }
+            // A `%` that starts no escape is a literal percent sign: written `%25`, so that the
+            // normal form is one (decoding it again changes nothing).
             irregular = true;
+            text.extend_from_slice(b"%25");
+            i += 1;
+            continue;
         }
         text.push(if reading.escaped_slashes && b == b'\\' {
             b'/'
@@ -274,15 +279,17 @@ mod tests {
             // No leading slash: read as if it had one.
             ("api/x", "/api/x", "/api/x", false),
             ("*", "/*", "/*", false),
-            // Irregular: `..` above the root (clamped), invalid escapes (kept as sent).
+            // Irregular: `..` above the root (clamped), a `%` that starts no escape (as `%25`).
             ("/../api/x", "/api/x", "/api/x", true),
             ("/a/../../api", "/api", "/api", true),
             ("/..", "/", "/", true),
-            ("/api/%zz", "/api/%zz", "/api/%zz", true),
-            ("/api/%4", "/api/%4", "/api/%4", true),
-            ("/api/100%", "/api/100%", "/api/100%", true),
-            ("/api/%%41", "/api/%A", "/api/%A", true),
-            ("/api/%g0/x", "/api/%g0/x", "/api/%g0/x", true),
+            ("/api/%zz", "/api/%25zz", "/api/%25zz", true),
+            ("/api/%4", "/api/%254", "/api/%254", true),
+            ("/api/100%", "/api/100%25", "/api/100%25", true),
+            ("/api/%%41", "/api/%25A", "/api/%25A", true),
+            ("/api/%g0/x", "/api/%25g0/x", "/api/%25g0/x", true),
+            // Found by the fuzzer: decoding must not make a new escape ("%%3333" is not "%333").
+            ("/%%3333", "/%25333", "/%25333", true),
         ];
         for &(sent, want_strict, want_loose, irregular) in table {
             assert_eq!(
@@ -311,6 +318,8 @@ mod tests {
             "/x/../../y%zz",
             "\\a\\..\\b",
             "/%2E%2E/%2e/a",
+            "/%%3333",
+            "/%%2e%2e/..",
         ] {
             for r in Reading::ALL {
                 let once = normalize(p.as_bytes(), r);
