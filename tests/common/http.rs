@@ -92,6 +92,14 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Resp {
     http(port, "GET", path, headers)
 }
 
+/// Base64url without padding (RFC 4648 §5), as JWTs and JWKS use it.
+pub fn base64url(input: &[u8]) -> String {
+    base64(input)
+        .trim_end_matches('=')
+        .replace('+', "-")
+        .replace('/', "_")
+}
+
 /// Standard base64 (with padding), for `Authorization: Basic`.
 pub fn base64(input: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -121,7 +129,7 @@ pub fn basic_auth_header(user_pass: &str) -> String {
 
 /// Sends `method target` over HTTP/1.1 to `addr` exactly as written (no URL parsing or path clean-up,
 /// so `//api/x` or `/x/../y` reach Envoy byte for byte), with `headers` in order (a name may repeat:
-/// each pair is one header line). Reads the head and `content-length` bytes of body (Envoy waits
+/// each pair is one header line; `host` defaults to `localhost`). Reads the head and `content-length` bytes of body (Envoy waits
 /// for the client to close first, so reading to the end would cost its `delayed_close_timeout`).
 pub fn raw_request(
     addr: std::net::SocketAddr,
@@ -130,7 +138,10 @@ pub fn raw_request(
     headers: &[(&str, &str)],
 ) -> Result<Resp, String> {
     use std::io::{Read, Write};
-    let mut head = format!("{method} {target} HTTP/1.1\r\nhost: localhost\r\n");
+    let mut head = format!("{method} {target} HTTP/1.1\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        head.push_str("host: localhost\r\n");
+    }
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
