@@ -21,9 +21,9 @@ WASM          := target/$(WASM_TARGET)/release/tollgate.wasm
 ENVOY_VERSION := 1.40.0
 VENV          := .venv
 ENVOY         := $(VENV)/bin/envoy
-APT_PACKAGES  := redis-server webdis wrk nghttp2-client prometheus
+APT_PACKAGES  := redis-server webdis wrk nghttp2-client prometheus openssl curl
 # Commands that must be on PATH; each comes from one of APT_PACKAGES.
-APT_COMMANDS  := redis-server webdis wrk h2load promtool
+APT_COMMANDS  := redis-server webdis wrk h2load promtool openssl curl
 SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup setup-apt setup-envoy setup-rust build lint test e2e demo bench

@@ -1019,3 +1019,85 @@ fn compose_healthchecks_probe_real_processes() {
         );
     }
 }
+
+/// Every Envoy bootstrap the repository ships (templates under envoy/ and deploy/) is edge-safe: each
+/// HTTP connection manager takes the client address from the TCP peer (`use_remote_address`), and
+/// normalises paths before filters and routes see them (README: "Edge settings"). A configuration
+/// without an HTTP connection manager (the Redis Cluster front) has nothing to set.
+#[test]
+fn shipped_envoy_configs_are_edge_safe() {
+    fn hcms<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+        match v {
+            Value::Object(m) => {
+                if m.get("@type").and_then(Value::as_str).is_some_and(|t| {
+                    t.ends_with("http_connection_manager.v3.HttpConnectionManager")
+                }) {
+                    out.push(v);
+                }
+                m.values().for_each(|x| hcms(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| hcms(x, out)),
+            _ => {}
+        }
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![repo_root().join("envoy"), repo_root().join("deploy")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut checked = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if !text.lines().any(|l| l == "static_resources:") {
+            continue;
+        }
+        let rel = path
+            .strip_prefix(repo_root())
+            .unwrap()
+            .display()
+            .to_string();
+        // Placeholders ({{PORT}}) would read as flow mappings: give them a plain value.
+        let mut plain = String::new();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("{{") {
+            let end = rest[start..].find("}}").unwrap() + start;
+            plain.push_str(&rest[..start]);
+            plain.push('1');
+            rest = &rest[end + 2..];
+        }
+        plain.push_str(rest);
+        let doc: Value = serde_saphyr::from_str(&plain).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        let mut found = Vec::new();
+        hcms(&doc, &mut found);
+        for hcm in &found {
+            for (field, want) in [
+                ("use_remote_address", json!(true)),
+                ("normalize_path", json!(true)),
+                ("merge_slashes", json!(true)),
+                ("path_with_escaped_slashes_action", json!("REJECT_REQUEST")),
+            ] {
+                assert_eq!(hcm[field], want, "{rel}: {field}");
+            }
+        }
+        checked.push(format!("{rel}: {}", found.len()));
+    }
+    eprintln!("HTTP connection managers checked: {checked:?}");
+    for want in [
+        "envoy/envoy.yaml: 1",
+        "deploy/compose/envoy.yaml: 1",
+        "envoy/bench/plain.yaml: 1",
+        "envoy/bench/native.yaml: 1",
+        "envoy/bench/wasm-floor.yaml: 1",
+        "envoy/redis-cluster/envoy.yaml: 0",
+    ] {
+        assert!(checked.iter().any(|c| c == want), "{want} in {checked:?}");
+    }
+}

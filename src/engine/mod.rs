@@ -80,6 +80,8 @@ struct Check {
 struct Admitted {
     rule: usize,
     key: String,
+    /// The key's effective limits (a settlement must not change them).
+    limits: crate::bucket::Limits,
     upfront: u64,
     /// Following the body, for a `body_field` source.
     reader: Option<usage::BodyReader>,
@@ -137,7 +139,7 @@ pub struct Engine {
     /// Admitted requests held for a reservation, by due time.
     held: BinaryHeap<Reverse<(u64, u32)>>,
     /// Keys with a usage settlement to flush if no call has carried it by then.
-    flushes: BinaryHeap<Reverse<(u64, usize, String)>>,
+    flushes: BinaryHeap<Reverse<(u64, usize, String, crate::bucket::Limits)>>,
     /// The tick period asked of the host (0: off).
     tick_ms: u64,
     /// Whether an unreadable usage was logged already (once per worker).
@@ -183,9 +185,15 @@ impl Engine {
         let mut checks = Vec::new();
         for idx in 0..self.plugin.config.rules.len() {
             let (call, lease) = match self.plugin.check_for(idx, req) {
-                None => continue,
-                Some(Ok(c)) => c,
-                Some(Err(e)) => return self.apply(host, ctx, plugin::bad_cost(&e), false, true),
+                plugin::Plan::Skip => continue,
+                plugin::Plan::Unlimited => {
+                    self.plugin.metrics.count(idx, Counter::Allowed, 1);
+                    continue;
+                }
+                plugin::Plan::BadCost(e) => {
+                    return self.apply(host, ctx, plugin::bad_cost(&e), false, true)
+                }
+                plugin::Plan::Check(call, lease) => (call, lease),
             };
             let outcome = self.local_outcome(host.store(), idx, &call, lease, now);
             if let Some(o) = outcome {
@@ -588,7 +596,7 @@ impl Engine {
             FailureMode::Open => Outcome::FailOpen,
             FailureMode::Closed => Outcome::FailClosed,
             FailureMode::Local => {
-                let limits = rule.fallback.unwrap_or(rule.limits);
+                let limits = rule.fallback.unwrap_or(limits_of(call));
                 let table = format!("{}|{}", self.plugin.ns, rule.name);
                 match fallback::take(host.store(), &table, &call.key, &limits, call.cost, now) {
                     Ok(r) => match Outcome::of_reply(&r) {
@@ -665,7 +673,7 @@ impl Engine {
                 request
                     .checks
                     .iter()
-                    .filter_map(|c| Some((c.rule, c.outcome?))),
+                    .filter_map(|c| Some((c.rule, c.outcome?, limits_of(&c.call)))),
                 request.grpc,
             )
         })
@@ -797,7 +805,7 @@ impl Engine {
             self.queues.pop_patience();
         }
         let mut next = self.queues.next_due(now);
-        if let Some(Reverse((due, _, _))) = self.flushes.peek() {
+        if let Some(Reverse((due, _, _, _))) = self.flushes.peek() {
             next = Some(next.map_or(*due, |n: u64| n.min(*due)));
         }
         if self.chains.pending() {
@@ -816,6 +824,15 @@ impl Engine {
             host.set_tick(want);
             self.tick_ms = want;
         }
+    }
+}
+
+/// The effective limits a call carries (the rule's, or an override's for its key).
+fn limits_of(call: &ScriptCall) -> crate::bucket::Limits {
+    crate::bucket::Limits {
+        burst: call.burst,
+        rate: call.rate,
+        period_ms: call.period_ms,
     }
 }
 

@@ -464,6 +464,7 @@ fn lease_key(e: &Engine, u: &str) -> String {
         &user(u),
     )
     .unwrap()
+    .key
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 
 use super::{Admitted, Engine, Host, Purpose, Request};
 use crate::backend::ScriptCall;
-use crate::bucket::MAX_SETTLE_BURSTS;
+use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
 use crate::config::UsageSource;
 use crate::metrics::Counter;
 use crate::rule::RequestView;
@@ -231,6 +231,7 @@ impl Engine {
             .map(|c| Admitted {
                 rule: c.rule,
                 key: c.call.key.clone(),
+                limits: super::limits_of(&c.call),
                 upfront: c.call.cost,
                 reader: None,
             })
@@ -264,7 +265,7 @@ impl Engine {
             match &source.source {
                 UsageSource::Header(name) => match from_headers(view, name) {
                     Some(result) => {
-                        known.push((a.rule, a.key.clone(), a.upfront, Some(result)));
+                        known.push((a.rule, a.key.clone(), a.limits, a.upfront, Some(result)));
                         false
                     }
                     // Not in the headers: maybe in the trailers; not there either: nothing.
@@ -277,6 +278,7 @@ impl Engine {
                         known.push((
                             a.rule,
                             a.key.clone(),
+                            a.limits,
                             a.upfront,
                             Some(Err(Unreadable::Body)),
                         ));
@@ -291,8 +293,8 @@ impl Engine {
             self.requests.remove(&ctx);
         }
         let now = host.now_ms();
-        for (rule, key, upfront, result) in known {
-            self.settle_usage(host, ctx, rule, &key, upfront, result, now);
+        for (rule, key, limits, upfront, result) in known {
+            self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
         }
         watch
     }
@@ -318,15 +320,15 @@ impl Engine {
                 return true;
             }
             let result = a.reader.take().and_then(BodyReader::finish);
-            known.push((a.rule, a.key.clone(), a.upfront, result));
+            known.push((a.rule, a.key.clone(), a.limits, a.upfront, result));
             false
         });
         if r.usage.is_empty() {
             self.requests.remove(&ctx);
         }
         let now = host.now_ms();
-        for (rule, key, upfront, result) in known {
-            self.settle_usage(host, ctx, rule, &key, upfront, result, now);
+        for (rule, key, limits, upfront, result) in known {
+            self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
         }
     }
 
@@ -339,6 +341,7 @@ impl Engine {
         carrier: u32,
         rule_idx: usize,
         key: &str,
+        limits: Limits,
         upfront: u64,
         result: Option<Result<u64, Unreadable>>,
         now: u64,
@@ -347,7 +350,7 @@ impl Engine {
             return;
         };
         let (cap, flush_ms) = (
-            rule.limits.burst.saturating_mul(MAX_SETTLE_BURSTS),
+            limits.burst.saturating_mul(MAX_SETTLE_BURSTS),
             rule.usage.as_ref().map_or(0, |u| u.flush_ms),
         );
         let m = &self.plugin.metrics;
@@ -382,29 +385,29 @@ impl Engine {
                 now.saturating_add(flush_ms),
                 rule_idx,
                 key.to_string(),
+                limits,
             ))),
             // No room in the shared table: settle this one now.
-            _ => self.send_settlement(host, rule_idx, key, delta, carrier, now),
+            _ => self.send_settlement(host, rule_idx, key, limits, delta, carrier, now),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn send_settlement(
         &mut self,
         host: &mut dyn Host,
         rule_idx: usize,
         key: &str,
+        limits: Limits,
         delta: i64,
         carrier: u32,
         now: u64,
     ) {
-        let Some(rule) = self.plugin.rule(rule_idx) else {
-            return;
-        };
         let call = ScriptCall {
             key: key.to_string(),
-            burst: rule.limits.burst,
-            rate: rule.limits.rate,
-            period_ms: rule.limits.period_ms,
+            burst: limits.burst,
+            rate: limits.rate,
+            period_ms: limits.period_ms,
             cost: 0,
             lease_want: 0,
             max_wait_ms: 0,
@@ -428,7 +431,8 @@ impl Engine {
         let Some(rule) = self.plugin.rule(rule_idx) else {
             return;
         };
-        let limit = rule.limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+        let limits = super::limits_of(call);
+        let limit = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
         let flush_ms = rule.usage.as_ref().map_or(1000, |u| u.flush_ms);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         if let Ok(true) = settle::add(host.store(), &self.plugin.ns, &call.key, call.settle, limit)
@@ -437,6 +441,7 @@ impl Engine {
                 now.saturating_add(flush_ms),
                 rule_idx,
                 call.key.clone(),
+                limits,
             )));
         }
     }
@@ -444,7 +449,7 @@ impl Engine {
     /// Flushes the settlements whose time is up and that no call has carried meanwhile (from the
     /// root context; while the breaker is open they wait another round).
     pub(super) fn flush_settlements(&mut self, host: &mut dyn Host, now: u64) {
-        while let Some(Reverse((due, rule_idx, key))) = self.flushes.peek().cloned() {
+        while let Some(Reverse((due, rule_idx, key, limits))) = self.flushes.peek().cloned() {
             if due > now {
                 break;
             }
@@ -455,14 +460,18 @@ impl Engine {
                     .rule(rule_idx)
                     .and_then(|r| r.usage.as_ref())
                     .map_or(1000, |u| u.flush_ms);
-                self.flushes
-                    .push(Reverse((now.saturating_add(flush_ms), rule_idx, key)));
+                self.flushes.push(Reverse((
+                    now.saturating_add(flush_ms),
+                    rule_idx,
+                    key,
+                    limits,
+                )));
                 break;
             }
             let pending = settle::take(host.store(), &self.plugin.ns, &key).unwrap_or(0);
             if pending != 0 {
                 let root = self.root;
-                self.send_settlement(host, rule_idx, &key, pending, root, now);
+                self.send_settlement(host, rule_idx, &key, limits, pending, root, now);
             }
         }
     }
