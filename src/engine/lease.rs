@@ -192,11 +192,12 @@ impl Engine {
             return;
         };
         let rule_idx = q.rule;
+        let unmet = self.unmet.remove(key).unwrap_or(0);
         let demand = q
             .waiters
             .iter()
             .map(|w| w.cost)
-            .fold(0u64, u64::saturating_add);
+            .fold(unmet, u64::saturating_add);
         let Some(rule) = self.plugin.rule(rule_idx) else {
             return;
         };
@@ -212,7 +213,7 @@ impl Engine {
             .saturating_add(50);
         let pool = LeasePool::new(host.store(), &self.plugin.ns);
         match pool.begin_flight(key, demand, now, until, &sizing) {
-            Ok((Flight::Claimed(claim, placed), want)) => {
+            Ok((Flight::Claimed(claim, placed), want, saturated)) => {
                 let m = &self.plugin.metrics;
                 m.count(rule_idx, Counter::LeaseEvicted, placed.evicted);
                 m.count(rule_idx, Counter::LeaseDropped, placed.dropped);
@@ -227,7 +228,7 @@ impl Engine {
                     settle: 0,
                 };
                 self.queues.set_state(key, State::Own);
-                let purpose = Purpose::Lease(claim);
+                let purpose = Purpose::Lease(claim, saturated);
                 if let Err((e, purpose)) =
                     self.send(host, rule_idx, call, purpose, carrier, now, false)
                 {
@@ -236,9 +237,9 @@ impl Engine {
                     self.fail_waiters(host, key, &e, now);
                 }
             }
-            Ok((Flight::Busy, _)) => self.queues.set_state(key, State::Foreign),
+            Ok((Flight::Busy, _, _)) => self.queues.set_state(key, State::Foreign),
             // No slot for this key (or shared data failing): its waiters go to Redis one by one.
-            Ok((Flight::NoSlot, _)) | Err(_) => {
+            Ok((Flight::NoSlot, _, _)) | Err(_) => {
                 self.queues.set_state(key, State::Idle);
                 for w in self.queues.drain(key) {
                     self.send_check(host, w.ctx, w.idx, carrier, now);
@@ -249,7 +250,7 @@ impl Engine {
 
     /// Ends a lease claim that brought no tokens.
     fn end_claim(&self, host: &mut dyn Host, purpose: Purpose, remaining: Option<u64>, now: u64) {
-        if let Purpose::Lease(claim) = purpose {
+        if let Purpose::Lease(claim, _) = purpose {
             let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, remaining, now);
         }
     }
@@ -262,14 +263,13 @@ impl Engine {
         rule_idx: usize,
         claim: Claim,
         asked: &ScriptCall,
-        reply: Result<Reply, BackendError>,
-        sent_ms: u64,
+        (reply, sent_ms, saturated): (Result<Reply, BackendError>, u64, bool),
         carrier: u32,
         now: u64,
     ) {
         let key = claim.key().to_string();
         let Some(rule) = self.plugin.rule(rule_idx) else {
-            self.end_claim(host, Purpose::Lease(claim), None, now);
+            self.end_claim(host, Purpose::Lease(claim, false), None, now);
             return;
         };
         let (sizing, horizon) = (
@@ -291,11 +291,11 @@ impl Engine {
                     m.count(rule_idx, Counter::LeaseDropped, d.dropped);
                     m.count(rule_idx, Counter::LeaseEvicted, d.evicted);
                 }
-                if granted < asked.lease_want || r.remaining < granted {
-                    // The bucket held less than asked for, or we took most of what was left: the
-                    // key is saturated. Spend the grant, then back off instead of asking for each
-                    // token as it refills (they stay in the global bucket meanwhile; the backoff
-                    // is short enough that none is lost).
+                if granted < asked.lease_want || saturated {
+                    // The bucket held less than asked for, or less than this proxy's demand
+                    // allowed it to ask for: the key is saturated. Spend the grant, then back off
+                    // until the bucket is about half full instead of asking for each token as it
+                    // refills (they stay in the global bucket meanwhile, and none overflows).
                     let backoff = sizing.backoff_ms(r.remaining);
                     let _ = deny.remember(&key, 1, sent_ms.saturating_add(backoff));
                 }

@@ -105,8 +105,9 @@ struct Request {
 enum Purpose {
     /// Check `idx` of request `ctx` (exact mode).
     Check { ctx: u32, idx: usize },
-    /// The proxy's lease call for `claim`'s key.
-    Lease(Claim),
+    /// The proxy's lease call for `claim`'s key; true if it asked for less than this proxy's
+    /// demand because the bucket held too little (the key is saturated).
+    Lease(Claim, bool),
     /// One call for several exact checks of one key, one token each, in order.
     Batch(Vec<(u32, usize)>),
     /// Carries a key's pending usage settlement, nothing else (cost 0).
@@ -135,6 +136,10 @@ pub struct Engine {
     calls: HashMap<u32, Call>,
     queues: Queues,
     stashes: stash::Stashes,
+    /// Lease keys: tokens this worker's requests asked for and were denied locally (the deny
+    /// cache) since the key's last lease call; the next call counts them as demand, so a
+    /// saturated key is seen as saturated.
+    unmet: HashMap<String, u64>,
     chains: coalesce::Chains,
     /// Admitted requests held for a reservation, by due time.
     held: BinaryHeap<Reverse<(u64, u32)>>,
@@ -155,6 +160,7 @@ impl Engine {
             calls: HashMap::new(),
             queues: Queues::default(),
             stashes: stash::Stashes::default(),
+            unmet: HashMap::new(),
             chains: coalesce::Chains::default(),
             held: BinaryHeap::new(),
             flushes: BinaryHeap::new(),
@@ -302,9 +308,10 @@ impl Engine {
                     self.chain_next(host, &call.call.key, carrier, now);
                 }
                 Purpose::Settle => {}
-                Purpose::Lease(claim) => {
+                Purpose::Lease(claim, saturated) => {
                     let (rule, sent_ms, asked) = (call.rule, call.sent_ms, call.call);
-                    self.lease_answer(host, rule, claim, &asked, reply, sent_ms, carrier, now);
+                    let answer = (reply, sent_ms, saturated);
+                    self.lease_answer(host, rule, claim, &asked, answer, carrier, now);
                 }
             }
         }
@@ -383,7 +390,7 @@ impl Engine {
                 continue;
             };
             match call.purpose {
-                Purpose::Lease(claim) => {
+                Purpose::Lease(claim, _) => {
                     let key = claim.key().to_string();
                     let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
                     self.queues.flight_lost(&key);
@@ -417,9 +424,17 @@ impl Engine {
                 });
             }
         }
-        DenyCache::new(store, &self.plugin.ns)
+        let denied = DenyCache::new(store, &self.plugin.ns)
             .denied(&call.key, call.cost, now)
-            .map(|retry_ms| Outcome::Denied { retry_ms })
+            .map(|retry_ms| Outcome::Denied { retry_ms });
+        if lease && denied.is_some() {
+            if self.unmet.len() >= stash::MAX_KEYS && !self.unmet.contains_key(&call.key) {
+                self.unmet.clear();
+            }
+            let unmet = self.unmet.entry(call.key.clone()).or_insert(0);
+            *unmet = unmet.saturating_add(call.cost);
+        }
+        denied
     }
 
     fn spend_leased(
@@ -555,7 +570,7 @@ impl Engine {
                 self.chain_next(host, &key, carrier, now);
             }
             Err((_, Purpose::Settle)) => {}
-            Err((e, Purpose::Lease(claim))) => {
+            Err((e, Purpose::Lease(claim, _))) => {
                 let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
                 self.queues.flight_lost(&key);
                 self.fail_waiters(host, &key, &e, now);

@@ -780,7 +780,7 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
         horizon_ms: 200,
     };
     let key = lease_key(&w1, "a");
-    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
+    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _, _)) =
         pool.begin_flight(&key, 1, 0, 100, &sizing)
     else {
         panic!()

@@ -296,7 +296,9 @@ impl Sizing {
     /// How many tokens to ask for: about one horizon of demand plus what is waiting, capped by
     /// `lease_max` and `burst`, and by half of what the global bucket should hold now (its
     /// remaining at the last answer plus the refill since), but never below what the waiters need.
-    pub fn want(&self, lease: &Lease, waiting: u64, now_ms: u64) -> u64 {
+    /// Also says whether that cap bit: this proxy wants more than its fair share of what the bucket
+    /// holds, so the key is saturated.
+    pub fn want(&self, lease: &Lease, waiting: u64, now_ms: u64) -> (u64, bool) {
         let floor = waiting.min(self.burst).max(1);
         let mut want = lease
             .win_demand
@@ -315,9 +317,10 @@ impl Sizing {
                 .global_remaining
                 .saturating_add(refill)
                 .min(self.burst);
-            want = want.min(projected / 2).max(floor);
+            let fair = want.min(projected / 2).max(floor);
+            return (fair, fair < want);
         }
-        want
+        (want, false)
     }
 }
 
@@ -426,22 +429,25 @@ impl<'a> LeasePool<'a> {
         now_ms: u64,
         until_ms: u64,
         sizing: &Sizing,
-    ) -> Result<(Flight, u64), StoreError> {
+    ) -> Result<(Flight, u64, bool), StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
             if set.find(key).is_some_and(|l| l.flight_until_ms > now_ms) {
-                return Change::Keep((Flight::Busy, 0));
+                return Change::Keep((Flight::Busy, 0, false));
             }
             let Some((lease, placed)) = set.place(key, now_ms) else {
-                return Change::Keep((Flight::NoSlot, 0));
+                return Change::Keep((Flight::NoSlot, 0, false));
             };
             lease.roll(now_ms, sizing.horizon_ms);
-            let want = sizing.want(lease, demand, now_ms);
+            let (want, saturated) = sizing.want(lease, demand, now_ms);
             lease.flight_until_ms = until_ms;
             let claim = Claim {
                 key: key.to_string(),
             };
-            Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
+            Change::Write(
+                set.encode(),
+                (Flight::Claimed(claim, placed), want, saturated),
+            )
         })
     }
 
@@ -522,7 +528,7 @@ mod tests {
 
     fn claim(pool: &LeasePool, key: &str, now: u64) -> Claim {
         match pool.begin_flight(key, 1, now, now + 100, &SIZING).unwrap() {
-            (Flight::Claimed(c, _), _) => c,
+            (Flight::Claimed(c, _), _, _) => c,
             other => panic!("{other:?}"),
         }
     }
@@ -705,17 +711,26 @@ mod tests {
     #[test]
     fn lease_size_follows_demand_and_shrinks_near_empty() {
         let mut l = Lease::default();
-        assert_eq!(SIZING.want(&l, 1, 0), 1, "no history: what waits");
+        assert_eq!(SIZING.want(&l, 1, 0), (1, false), "no history: what waits");
         l.win_demand = 30;
-        assert_eq!(SIZING.want(&l, 2, 0), 32);
+        assert_eq!(SIZING.want(&l, 2, 0), (32, false));
         l.prev_demand = 500;
-        assert_eq!(SIZING.want(&l, 2, 0), 50, "lease_max caps");
+        assert_eq!(SIZING.want(&l, 2, 0), (50, false), "lease_max caps");
         l.known = true;
         l.global_remaining = 20;
-        assert_eq!(SIZING.want(&l, 2, 0), 10, "half of what the bucket holds");
-        assert_eq!(SIZING.want(&l, 2, 100), 15, "plus the refill since");
+        let want = SIZING.want(&l, 2, 0);
+        assert_eq!(want, (10, true), "half of what the bucket holds: saturated");
+        assert_eq!(SIZING.want(&l, 2, 100), (15, true), "plus the refill since");
         l.global_remaining = 0;
-        assert_eq!(SIZING.want(&l, 3, 0), 3, "never below what waits");
+        assert_eq!(SIZING.want(&l, 3, 0), (3, true), "never below what waits");
+        l.global_remaining = 100;
+        l.win_demand = 4;
+        l.prev_demand = 0;
+        assert_eq!(
+            SIZING.want(&l, 1, 0),
+            (5, false),
+            "a light key takes what it needs"
+        );
     }
 
     #[test]
