@@ -228,7 +228,11 @@ impl Engine {
                     settle: 0,
                 };
                 self.queues.set_state(key, State::Own);
-                let purpose = Purpose::Lease(claim, saturated);
+                // Saturated: fairness capped the ask while requests are pressing for more than
+                // it (some were denied locally, or more wait than it covers). A light client
+                // whose ask was capped by a low bucket is not: it is served as the bucket allows.
+                let pressing = unmet > 0 || demand.saturating_sub(unmet) > want.max(first);
+                let purpose = Purpose::Lease(claim, saturated && pressing);
                 if let Err((e, purpose)) =
                     self.send(host, rule_idx, call, purpose, carrier, now, false)
                 {

@@ -285,11 +285,14 @@ impl Sizing {
     /// burst. Never longer, so the bucket cannot fill up and overflow meanwhile (a token refilled
     /// past a full bucket is lost to everyone); coming back sooner would only cost calls that each
     /// take a sliver of refill.
+    /// At most ten horizons: a slow key's clients are not told "no" for minutes while its tokens
+    /// refill in Redis.
     pub fn backoff_ms(&self, remaining: u64) -> u64 {
         let missing = (self.burst / 2).saturating_sub(remaining);
         missing
             .saturating_mul(self.period_ms)
             .div_ceil(self.rate.max(1))
+            .min(self.horizon_ms.saturating_mul(10))
             .max(1)
     }
 
@@ -300,7 +303,7 @@ impl Sizing {
     /// holds, so the key is saturated.
     pub fn want(&self, lease: &Lease, waiting: u64, now_ms: u64) -> (u64, bool) {
         let floor = waiting.min(self.burst).max(1);
-        let mut want = lease
+        let want = lease
             .win_demand
             .max(lease.prev_demand)
             .saturating_add(waiting)
@@ -750,6 +753,12 @@ mod tests {
             ..SIZING
         };
         assert_eq!(tiny.backoff_ms(0), 1);
+        let slow = Sizing {
+            rate: 1,
+            period_ms: 60_000,
+            ..SIZING
+        };
+        assert_eq!(slow.backoff_ms(0), 2000, "ten horizons, not 50 minutes");
     }
 
     #[test]
