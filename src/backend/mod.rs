@@ -3,6 +3,7 @@
 //! Invariant: every backend outcome is either a well-formed five-integer `ScriptReply` or a
 //! `BackendError`; nothing in between reaches the decision logic.
 
+pub mod resp;
 pub mod script;
 pub mod webdis;
 

@@ -1,0 +1,396 @@
+//! RESP codec for the Redis-callout transport (Higress' `proxy_redis_call`): a `ScriptCall` as one
+//! RESP command, and Redis' raw RESP answer as a `ScriptReply`.
+//!
+//! Invariant: every argument travels as one length-prefixed bulk string, so no byte of a key or of
+//! the script can add, drop or change an argument (no escaping at all). The decoder accepts exactly
+//! one RESP2 value, no trailing bytes, at most `MAX_REPLY_BYTES`: either a five-integer array in its
+//! canonical form (what Redis writes), which becomes a `ScriptReply`, or an error line; anything else
+//! is `Malformed`. It never panics and never allocates more than the input's size.
+
+use super::webdis::Invoke;
+use super::{BackendError, ScriptCall, ScriptReply};
+
+/// The largest reply decoded. The script's answer is at most 119 bytes (`*5\r\n` and five
+/// 20-digit integers); the rest is room for a Redis error message.
+pub const MAX_REPLY_BYTES: usize = 1024;
+
+/// The callback status Higress reports for a reply (`RedisStatus::Ok`); any other (`NetworkError` = 1)
+/// means no reply: connection refused or closed, connect or operation timeout.
+pub const STATUS_OK: u32 = 0;
+
+/// The RESP command for one script call:
+/// `[EVALSHA|EVAL, <sha|script>, "1", <key>, burst, rate, period_ms, cost, lease_want, max_wait_ms]`
+/// as an array of bulk strings.
+pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
+    let (verb, script): (&[u8], &str) = match invoke {
+        Invoke::Sha(sha) => (b"EVALSHA", sha),
+        Invoke::Source(src) => (b"EVAL", src),
+    };
+    let numbers = [
+        call.burst,
+        call.rate,
+        call.period_ms,
+        call.cost,
+        call.lease_want,
+        call.max_wait_ms,
+    ]
+    .map(|n| n.to_string());
+    let mut out = Vec::with_capacity(script.len() + call.key.len() + 192);
+    out.extend_from_slice(b"*10\r\n");
+    for arg in [verb, script.as_bytes(), b"1", call.key.as_bytes()] {
+        bulk(arg, &mut out);
+    }
+    for n in &numbers {
+        bulk(n.as_bytes(), &mut out);
+    }
+    out
+}
+
+fn bulk(arg: &[u8], out: &mut Vec<u8>) {
+    out.push(b'$');
+    out.extend_from_slice(arg.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Decodes what `proxy_on_redis_call_response(_, _, status, size)` delivered: `status` as Higress
+/// reports it and `reply` the `size` bytes of the Redis-call-response buffer.
+pub fn decode_response(status: u32, reply: &[u8]) -> Result<ScriptReply, BackendError> {
+    if status != STATUS_OK {
+        return Err(BackendError::Reset);
+    }
+    decode_reply(reply)
+}
+
+/// Decodes one raw RESP reply to a script call.
+pub fn decode_reply(reply: &[u8]) -> Result<ScriptReply, BackendError> {
+    if reply.len() > MAX_REPLY_BYTES {
+        return Err(malformed(format!(
+            "reply of {} bytes exceeds {MAX_REPLY_BYTES}",
+            reply.len()
+        )));
+    }
+    let mut r = Reader { rest: reply };
+    let (kind, line) = r.line()?;
+    let out = match kind {
+        b'-' => Err(redis_error(line)),
+        b'*' => {
+            let n = parse_int(line).ok_or_else(|| malformed("bad array length".to_string()))?;
+            if n != 5 {
+                return Err(malformed(format!("expected 5 integers, got {n} items")));
+            }
+            let mut ints = [0i64; 5];
+            for slot in &mut ints {
+                let (kind, line) = r.line()?;
+                if kind != b':' {
+                    return Err(malformed(format!("non-integer item ({})", type_name(kind))));
+                }
+                *slot = parse_int(line).ok_or_else(|| malformed("bad integer".to_string()))?;
+            }
+            script_reply(ints)
+        }
+        other => Err(malformed(format!(
+            "expected an array, got {}",
+            type_name(other)
+        ))),
+    };
+    if !r.rest.is_empty() {
+        return Err(malformed(format!("{} trailing bytes", r.rest.len())));
+    }
+    out
+}
+
+/// The script's five integers `{allowed, remaining, retry_after_ms, reset_after_ms, granted}` as a
+/// `ScriptReply`, with the ranges the script guarantees checked.
+pub fn script_reply(ints: [i64; 5]) -> Result<ScriptReply, BackendError> {
+    let [allowed, remaining, retry_after_ms, reset_after_ms, granted] = ints;
+    let non_negative =
+        |v: i64, what: &str| u64::try_from(v).map_err(|_| malformed(format!("negative {what}")));
+    if !(0..=1).contains(&allowed) || retry_after_ms < -1 {
+        return Err(malformed("field out of range".to_string()));
+    }
+    Ok(ScriptReply {
+        allowed: allowed == 1,
+        remaining: non_negative(remaining, "remaining")?,
+        retry_after_ms,
+        reset_after_ms: non_negative(reset_after_ms, "reset_after_ms")?,
+        granted: non_negative(granted, "granted")?,
+    })
+}
+
+fn malformed(why: String) -> BackendError {
+    BackendError::Malformed(why)
+}
+
+fn redis_error(line: &[u8]) -> BackendError {
+    if line.starts_with(b"NOSCRIPT") {
+        return BackendError::NoScript;
+    }
+    let msg = String::from_utf8_lossy(line);
+    let mut end = msg.len().min(200);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    BackendError::Redis(msg.get(..end).unwrap_or_default().to_string())
+}
+
+fn type_name(kind: u8) -> &'static str {
+    match kind {
+        b'+' => "a status",
+        b'-' => "an error",
+        b':' => "an integer",
+        b'$' => "a bulk string",
+        b'*' => "an array",
+        b'_' | b',' | b'#' | b'!' | b'=' | b'(' | b'%' | b'~' | b'>' | b'|' => "a RESP3 value",
+        _ => "no RESP type",
+    }
+}
+
+/// RESP2 canonical integer: `0`, or an optional `-` then a non-zero digit then digits; fits i64.
+fn parse_int(s: &[u8]) -> Option<i64> {
+    let (neg, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    match digits {
+        [] => return None,
+        [b'0'] if !neg => return Some(0),
+        [b'0', ..] => return None,
+        _ => {}
+    }
+    let mut v: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(d - b'0');
+        v = v.checked_mul(10).and_then(|v| {
+            if neg {
+                v.checked_sub(d)
+            } else {
+                v.checked_add(d)
+            }
+        })?;
+    }
+    Some(v)
+}
+
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// One `<type byte><line>\r\n`; the line holds neither `\r` nor `\n`.
+    fn line(&mut self) -> Result<(u8, &'a [u8]), BackendError> {
+        let (&kind, body) = self
+            .rest
+            .split_first()
+            .ok_or_else(|| malformed("truncated reply".to_string()))?;
+        let end = body
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n')
+            .ok_or_else(|| malformed("truncated reply".to_string()))?;
+        let (line, tail) = body.split_at(end);
+        self.rest = tail
+            .strip_prefix(b"\r\n")
+            .ok_or_else(|| malformed("bare CR or LF in a line".to_string()))?;
+        Ok((kind, line))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(key: &str) -> ScriptCall {
+        ScriptCall {
+            key: key.to_string(),
+            burst: 200,
+            rate: 100,
+            period_ms: 1000,
+            cost: 1,
+            lease_want: 0,
+            max_wait_ms: 0,
+        }
+    }
+
+    fn ok(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -> ScriptReply {
+        ScriptReply {
+            allowed,
+            remaining,
+            retry_after_ms: retry,
+            reset_after_ms: reset,
+            granted,
+        }
+    }
+
+    #[test]
+    fn evalsha_is_an_array_of_bulk_strings() {
+        let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
+        assert_eq!(
+            cmd,
+            b"*10\r\n$7\r\nEVALSHA\r\n$8\r\ndeadbeef\r\n$1\r\n1\r\n$24\r\ntollgate:{per-user:ab12}\r\n\
+              $3\r\n200\r\n$3\r\n100\r\n$4\r\n1000\r\n$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n"
+        );
+    }
+
+    #[test]
+    fn eval_carries_the_script_raw_whatever_its_bytes() {
+        let src = "local x = redis.call('TIME')\r\n-- $5\r\n*3\r\nreturn {1}";
+        let cmd = command(&call("k\r\n$1"), Invoke::Source(src));
+        let mut want = b"*10\r\n$4\r\nEVAL\r\n".to_vec();
+        want.extend_from_slice(format!("${}\r\n{src}\r\n", src.len()).as_bytes());
+        want.extend_from_slice(b"$1\r\n1\r\n$5\r\nk\r\n$1\r\n");
+        assert!(cmd.starts_with(&want), "{}", String::from_utf8_lossy(&cmd));
+    }
+
+    #[test]
+    fn encodes_extreme_numbers() {
+        let mut c = call("");
+        c.burst = u64::MAX;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(cmd
+            .windows(26)
+            .any(|w| w == b"$20\r\n18446744073709551615\r"));
+        assert!(cmd.windows(10).any(|w| w == b"$0\r\n\r\n$20\r"));
+    }
+
+    #[test]
+    fn decodes_the_script_reply() {
+        assert_eq!(
+            decode_reply(b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n"),
+            Ok(ok(true, 99, 0, 10, 1))
+        );
+        assert_eq!(
+            decode_reply(b"*5\r\n:0\r\n:0\r\n:-1\r\n:0\r\n:0\r\n"),
+            Ok(ok(false, 0, -1, 0, 0))
+        );
+        assert_eq!(
+            decode_response(
+                0,
+                b"*5\r\n:0\r\n:0\r\n:250\r\n:9223372036854775807\r\n:0\r\n"
+            ),
+            Ok(ok(false, 0, 250, i64::MAX as u64, 0))
+        );
+    }
+
+    #[test]
+    fn decodes_errors() {
+        assert_eq!(
+            decode_reply(b"-NOSCRIPT No matching script. Please use EVAL.\r\n"),
+            Err(BackendError::NoScript)
+        );
+        assert_eq!(
+            decode_reply(b"-ERR tollgate: bad argument burst\r\n"),
+            Err(BackendError::Redis(
+                "ERR tollgate: bad argument burst".into()
+            ))
+        );
+        assert_eq!(
+            decode_reply(b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"),
+            Err(BackendError::Redis(
+                "WRONGPASS invalid username-password pair or user is disabled.".into()
+            ))
+        );
+        assert_eq!(
+            decode_reply(b"-NOAUTH Authentication required.\r\n"),
+            Err(BackendError::Redis(
+                "NOAUTH Authentication required.".into()
+            ))
+        );
+        // Higress' NetworkError: connection refused, closed, or timed out.
+        assert_eq!(decode_response(1, b""), Err(BackendError::Reset));
+        assert_eq!(
+            decode_response(7, b"*5\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n"),
+            Err(BackendError::Reset)
+        );
+    }
+
+    #[test]
+    fn long_and_binary_error_messages_are_cut_safely() {
+        let mut line = b"-ERR ".to_vec();
+        line.extend_from_slice("é".repeat(300).as_bytes());
+        line.extend_from_slice(b"\r\n");
+        match decode_reply(&line) {
+            Err(BackendError::Redis(m)) => assert!(m.len() <= 200 && m.starts_with("ERR ")),
+            other => panic!("{other:?}"),
+        }
+        match decode_reply(b"-ERR \xff\xfe\r\n") {
+            Err(BackendError::Redis(m)) => assert!(m.starts_with("ERR ")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_everything_else() {
+        let bad: &[&[u8]] = &[
+            b"",
+            b"*",
+            b"*5",
+            b"*5\r",
+            b"*5\n:1\n:1\n:0\n:0\n:1\n",
+            b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n",
+            b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1",
+            b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n+OK\r\n",
+            b"*4\r\n:1\r\n:99\r\n:0\r\n:10\r\n",
+            b"*6\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n:1\r\n",
+            b"*-1\r\n",
+            b"$-1\r\n",
+            b"_\r\n",
+            b"+OK\r\n",
+            b":1\r\n",
+            b"$5\r\nhello\r\n",
+            b"*05\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:01\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:+1\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:-0\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n: 99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:2\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:-2\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:2\r\n:-3\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:99999999999999999999\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:-9223372036854775809\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n$2\r\n99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n*-1\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n_\r\n:0\r\n:10\r\n:1\r\n",
+            b"*99999999999999999999999\r\n",
+            b"-ERR x\r\ntrailing",
+            b"-ERR x\rmore\r\n",
+        ];
+        for b in bad {
+            match decode_reply(b) {
+                Err(BackendError::Malformed(_)) => {}
+                other => panic!("{:?} -> {other:?}", String::from_utf8_lossy(b)),
+            }
+        }
+    }
+
+    #[test]
+    fn replies_over_the_limit_are_refused_before_parsing() {
+        let mut big = b"-ERR ".to_vec();
+        big.resize(MAX_REPLY_BYTES - 2, b'x');
+        big.extend_from_slice(b"\r\n");
+        assert!(matches!(decode_reply(&big), Err(BackendError::Redis(_))));
+        big.insert(1, b'x');
+        match decode_reply(&big) {
+            Err(BackendError::Malformed(m)) => assert!(m.contains("exceeds"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn encoding_of_a_reply_round_trips() {
+        for ints in [
+            [1, 0, 0, 0, 1],
+            [0, 5, -1, 3, 0],
+            [1, i64::MAX, 7, i64::MAX, 9],
+        ] {
+            let mut wire = b"*5\r\n".to_vec();
+            for i in ints {
+                wire.extend_from_slice(format!(":{i}\r\n").as_bytes());
+            }
+            assert_eq!(decode_reply(&wire), script_reply(ints));
+        }
+    }
+}
