@@ -68,7 +68,7 @@ test:
 	@$(MAKE) --no-print-directory validate
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory fuzz-smoke
-	cargo test
+	cargo test --workspace
 
 e2e:
 	@$(MAKE) --no-print-directory setup
