@@ -3,6 +3,7 @@
 #   make setup   install what the tests need (quiet and quick when it is already there)
 #   make build   build target/wasm32-wasip1/release/tollgate.wasm
 #   make lint    rustfmt + clippy (host targets and the wasm library)
+#   make check   the fast loop: rustfmt, clippy, and the unit tests (no Envoy, Redis or Webdis)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
 #   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/)
 #   make e2e     setup, build, then only the end-to-end tests (real Envoy)
@@ -60,6 +61,13 @@ lint: setup-rust
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --release --target $(WASM_TARGET) --lib -- -D warnings
+
+# The fast loop while editing: nothing here starts a server.
+.PHONY: check
+check: setup-rust
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo test --lib
 
 # Serial on purpose: setup must finish before build, build before the tests that load the wasm.
 test:

@@ -5,13 +5,16 @@ KEYS[1]  the bucket key, "<key_prefix>:{<rule>:<digest>}" (one hash-tagged key: 
 ARGV[1]  burst       bucket capacity in tokens                     (integer >= 1)
 ARGV[2]  rate        tokens added every period_ms                  (integer >= 1, <= 1e9)
 ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1, burst*period_ms <= 2^50)
-ARGV[4]  cost        tokens this request needs                     (integer >= 1)
+ARGV[4]  cost        tokens this request needs                     (integer >= 0; 0 only settles)
 ARGV[5]  lease_want  tokens the caller would like to take (lease mode; 0 in exact mode; integer >= 0)
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
          would be within this many ms, RESERVE them (the bucket goes into debt) and answer allowed
          with the delay the caller must hold the request for.
-ARGV[7]  optional: now in microseconds (tests only). Without it the time is Redis' TIME.
-Every ARGV is a plain decimal integer (digits only, at most 2^53).
+ARGV[7]  optional: settle (default 0): tokens to charge (> 0) or refund (< 0) first, for usage
+         measured after earlier admissions; |settle| <= 4 * burst. A charge may take the bucket
+         into debt, down to -4 bursts; a refund never fills it past full.
+ARGV[8]  optional: now in microseconds (tests only). Without it the time is Redis' TIME.
+Every ARGV is a plain decimal integer (digits only, at most 2^53); settle may have a leading '-'.
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
   { allowed (1|0), remaining (whole tokens left, 0 while in debt),
@@ -20,7 +23,7 @@ Returns a FLAT array of integers (Webdis turns nested arrays into null):
     never admissible),
     reset_after_ms (time until the bucket is full again), granted (tokens taken: >= cost when
     allowed, up to max(cost, lease_want) capped by burst and the tokens held, exactly cost for a
-    reservation; 0 when denied) }
+    reservation; 0 when denied; a cost of 0 is always allowed and takes nothing) }
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
 
 Arithmetic is on integers only (Lua numbers are doubles: every value here stays below 2^53).
@@ -87,7 +90,7 @@ if rate == nil or rate > MAX_RATE then return bad('rate') end
 local period_ms = int_arg(ARGV[3], 1)
 if period_ms == nil then return bad('period_ms') end
 if burst > idiv(MAX_FULL, period_ms) then return bad('burst*period_ms') end
-local cost = int_arg(ARGV[4], 1)
+local cost = int_arg(ARGV[4], 0)
 if cost == nil then return bad('cost') end
 local lease_want = int_arg(ARGV[5], 0)
 if lease_want == nil then return bad('lease_want') end
@@ -97,9 +100,22 @@ if ARGV[6] ~= nil then
   if max_wait_ms == nil or max_wait_ms > MAX_WAIT_MS then return bad('max_wait_ms') end
 end
 
-local now
+local settle = 0
 if ARGV[7] ~= nil then
-  now = int_arg(ARGV[7], 0)
+  local magnitude = ARGV[7]
+  local sign = 1
+  if type(magnitude) == 'string' and string.sub(magnitude, 1, 1) == '-' then
+    magnitude = string.sub(magnitude, 2)
+    sign = -1
+  end
+  settle = int_arg(magnitude, 0)
+  if settle == nil or settle > 4 * burst then return bad('settle') end
+  settle = sign * settle
+end
+
+local now
+if ARGV[8] ~= nil then
+  now = int_arg(ARGV[8], 0)
   if now == nil then return bad('now') end
 else
   local tm = redis.call('TIME')
@@ -118,8 +134,9 @@ if u == nil or t == nil or p == nil or t < 0 or p < 1
   t = now
 elseif p ~= period_ms then
   if u < 0 then
-    -- Reserved tokens (debt): rescale by whole tokens, rounding the debt up, never down.
-    u = -(ceil_div(-u, p) * period_ms)
+    -- Debt: rescale by whole tokens, rounding the debt up, never down; at most four bursts deep
+    -- under the new limits, so every value stays exact.
+    u = math.max(-(ceil_div(-u, p) * period_ms), -4 * full)
   elseif u <= idiv(MAX_EXACT, period_ms) then
     u = idiv(u * period_ms, p)
   else
@@ -148,9 +165,19 @@ else
   end
 end
 
+-- 2b. Settle usage measured after earlier admissions: a charge may go into debt (at most 4 bursts
+-- deep, so every value stays exact), a refund never fills the bucket past full.
+if settle > 0 then
+  u = math.max(u - settle * period_ms, -4 * full)
+elseif settle < 0 then
+  u = math.min(u - settle * period_ms, full)
+end
+
 -- 3. Decide.
 local allowed, granted, retry_after_ms
-if cost > burst then
+if cost == 0 then
+  allowed, granted, retry_after_ms = 1, 0, 0
+elseif cost > burst then
   allowed, granted, retry_after_ms = 0, 0, -1
 elseif u >= cost * period_ms then
   local want = math.min(math.max(cost, lease_want), burst)

@@ -2,7 +2,8 @@
 //!
 //! Invariant: for the same sequence of (now, cost, lease_want) calls and the same limits, `take` returns
 //! exactly what the Lua script returns (tests/model.rs checks this against real Redis).
-//! All arithmetic is on integers (u64), so there is no drift over millions of calls.
+//! All arithmetic is on integers (u64 limits, i64 units so a bucket can go into debt), so there is
+//! no drift over millions of calls.
 
 /// A bucket's configured limits: `rate` tokens are added every `period_ms`, up to `burst` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,10 @@ const MAX_EXACT: u64 = 1 << 53;
 
 /// Longest `max_wait_ms` the script accepts (so the deepest debt stays below 2^53).
 pub const MAX_WAIT_MS: u64 = 3_600_000;
+
+/// A settlement is at most this many bursts, and a charge takes the bucket at most this many
+/// bursts into debt (4 × 2^50 units plus the deepest reservation stay below 2^53).
+pub const MAX_SETTLE_BURSTS: u64 = 4;
 
 /// A bucket's stored state (the Redis hash `u`, `t`, `p`). No state at all means a full bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,21 +81,25 @@ impl Limits {
 }
 
 /// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it: refill up to `now_us`,
-/// then take `cost` tokens (and up to `max(cost, lease_want)` when they are there), or reserve them
-/// if they will be there within `max_wait_ms`.
+/// settle `settle` tokens (charge if positive, refund if negative), then take `cost` tokens (and up
+/// to `max(cost, lease_want)` when they are there), or reserve them if they will be there within
+/// `max_wait_ms`. A `cost` of 0 only settles.
 ///
 /// Returns the new stored state (None = key deleted because the bucket is full) and the script's reply.
-/// Limits the script would reject (see [`Limits::is_valid`]), `cost == 0` and `max_wait_ms` above
-/// [`MAX_WAIT_MS`] leave the state as it is and answer "never admissible" (`retry_after_ms == -1`).
+/// Arguments the script would reject with an error (invalid limits, `max_wait_ms` above
+/// [`MAX_WAIT_MS`], a settlement beyond [`MAX_SETTLE_BURSTS`] bursts) leave the state as it is and
+/// answer "never admissible" (`retry_after_ms == -1`).
 pub fn take(
     state: Option<State>,
     limits: &Limits,
     cost: u64,
     lease_want: u64,
     max_wait_ms: u64,
+    settle: i64,
     now_us: u64,
 ) -> (Option<State>, Reply) {
-    if !limits.is_valid() || cost == 0 || max_wait_ms > MAX_WAIT_MS {
+    let settle_ok = settle.unsigned_abs() <= limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+    if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !settle_ok {
         return (state, Reply::REJECT);
     }
     // Every value below stays under 2^53 (valid limits, cost <= burst where it matters), so i64
@@ -107,7 +116,9 @@ pub fn take(
                 s.units
             } else if s.units < 0 {
                 // Debt: rescale by whole tokens, rounding the debt up.
-                -ceil_div_i(-s.units, p).saturating_mul(period)
+                // ... at most MAX_SETTLE_BURSTS bursts deep under the new limits.
+                (-ceil_div_i(-s.units, p).saturating_mul(period))
+                    .max(-full.saturating_mul(int(MAX_SETTLE_BURSTS)))
             } else if s.units <= int(MAX_EXACT) / period {
                 s.units.saturating_mul(period).div_euclid(p)
             } else {
@@ -138,8 +149,19 @@ pub fn take(
         }
     }
 
+    // 2b. Settle: a charge goes at most MAX_SETTLE_BURSTS bursts into debt; a refund stops at full.
+    let floor = -full.saturating_mul(int(MAX_SETTLE_BURSTS));
+    let delta = settle.saturating_mul(period);
+    if settle > 0 {
+        units = units.saturating_sub(delta).max(floor);
+    } else if settle < 0 {
+        units = units.saturating_sub(delta).min(full);
+    }
+
     // 3. Decide. cost * period_ms is only computed once cost <= burst (so it is <= full).
-    let (allowed, granted, retry_after_ms) = if int(cost) > burst {
+    let (allowed, granted, retry_after_ms) = if cost == 0 {
+        (true, 0, 0)
+    } else if int(cost) > burst {
         (false, 0, -1)
     } else {
         let need = int(cost).saturating_mul(period);
@@ -199,7 +221,7 @@ mod tests {
 
     /// Runs `take` and threads the state through.
     fn step(s: &mut Option<State>, l: &Limits, cost: u64, lease: u64, now: u64) -> Reply {
-        let (next, reply) = take(*s, l, cost, lease, 0, now);
+        let (next, reply) = take(*s, l, cost, lease, 0, 0, now);
         *s = next;
         reply
     }
@@ -207,7 +229,7 @@ mod tests {
     #[test]
     fn first_call_on_empty_state_sees_a_full_bucket() {
         let l = lim(10, 5, 1000);
-        let (s, r) = take(None, &l, 1, 0, 0, T0);
+        let (s, r) = take(None, &l, 1, 0, 0, 0, T0);
         assert_eq!(
             r,
             Reply {
@@ -285,7 +307,7 @@ mod tests {
         assert_eq!(r.remaining, 4);
         assert_eq!(r.reset_after_ms, 100);
         // A refill that reaches full with no cost taken: state gone (absent == full).
-        let (next, r) = take(s, &l, 6, 0, 0, T0 + 3_700_000_000);
+        let (next, r) = take(s, &l, 6, 0, 0, 0, T0 + 3_700_000_000);
         assert_eq!(next, None);
         assert_eq!(r.remaining, 5);
         assert_eq!(r.reset_after_ms, 0);
@@ -307,7 +329,7 @@ mod tests {
     #[test]
     fn cost_above_burst_is_never_admissible_and_takes_nothing() {
         let l = lim(10, 1, 1000);
-        let (s, r) = take(None, &l, 11, 0, 0, T0);
+        let (s, r) = take(None, &l, 11, 0, 0, 0, T0);
         assert_eq!(s, None);
         assert_eq!(
             r,
@@ -373,7 +395,7 @@ mod tests {
             period_ms: 3,
         };
         let l = lim(1 << 40, MAX_RATE, 1 << 10);
-        let (_, r) = take(Some(odd), &l, 1, u64::MAX, 0, u64::MAX);
+        let (_, r) = take(Some(odd), &l, 1, u64::MAX, 0, 0, u64::MAX);
         assert!(r.allowed);
         assert_eq!(r.granted, 1 << 40);
         // Invalid limits never panic: "never admissible", state untouched.
@@ -384,12 +406,40 @@ mod tests {
             lim(1, MAX_RATE + 1, 1),
             lim(u64::MAX, 1, u64::MAX),
         ] {
-            let (next, r) = take(Some(odd), &bad, 1, 0, 0, T0);
+            let (next, r) = take(Some(odd), &bad, 1, 0, 0, 0, T0);
             assert_eq!(next, Some(odd));
             assert_eq!(r, Reply::REJECT);
         }
-        let (_, r) = take(None, &lim(1, 1, 1), 0, 0, 0, T0);
-        assert_eq!(r, Reply::REJECT);
+        let (_, r) = take(None, &lim(2, 1, 1), 1, 0, 0, 9, T0);
+        assert_eq!(r, Reply::REJECT, "a settlement beyond 4 bursts");
+    }
+
+    #[test]
+    fn settle_charges_into_debt_and_refunds_up_to_full() {
+        let l = lim(100, 1, 60_000);
+        // Up-front cost 1, then usage 40: 39 to charge, riding on the next call.
+        let (s, r) = take(None, &l, 1, 0, 0, 0, T0);
+        assert_eq!(r.remaining, 99);
+        let (s, r) = take(s, &l, 1, 0, 0, 39, T0);
+        assert_eq!((r.allowed, r.remaining), (true, 59));
+        let (s, r) = take(s, &l, 1, 0, 0, 39, T0);
+        assert_eq!((r.allowed, r.remaining), (true, 19));
+        let (s, r) = take(s, &l, 1, 0, 0, 39, T0);
+        assert!(!r.allowed, "in debt: 19 - 39 = -20 tokens");
+        assert_eq!(r.remaining, 0);
+        assert_eq!(
+            r.retry_after_ms,
+            21 * 60_000,
+            "the debt plus one token refills first"
+        );
+        // Cost 0 only settles: a refund never fills past full.
+        let (s, r) = take(s, &l, 0, 0, 0, -400, T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 0, 100));
+        assert_eq!(s, None, "full: no state");
+        // A charge goes at most four bursts deep.
+        let (s, _) = take(None, &l, 0, 0, 0, 400, T0);
+        let (_, r) = take(s, &l, 0, 0, 0, 400, T0);
+        assert_eq!(r.reset_after_ms, 500 * 60_000);
     }
 
     #[test]
@@ -405,9 +455,9 @@ mod tests {
         // The retry is for cost, not for the lease.
         assert_eq!(r.retry_after_ms, 1000);
         // The lease is capped by burst too, and never below cost.
-        let (_, r) = take(None, &l, 1, 50, 0, T0);
+        let (_, r) = take(None, &l, 1, 50, 0, 0, T0);
         assert_eq!(r.granted, 10);
-        let (_, r) = take(None, &l, 3, 1, 0, T0);
+        let (_, r) = take(None, &l, 3, 1, 0, 0, T0);
         assert_eq!(r.granted, 3);
     }
 
@@ -431,14 +481,14 @@ mod tests {
             ts_us: T0,
             period_ms: 10,
         });
-        let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, 0, T0);
+        let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 6700 - 1000);
         let part = Some(State {
             units: 7,
             ts_us: T0,
             period_ms: 3,
         });
-        let (s, _) = take(part, &lim(10, 1, 2), 1, 0, 0, T0);
+        let (s, _) = take(part, &lim(10, 1, 2), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 4 - 2); // floor(7*2/3) = 4
     }
 
@@ -466,7 +516,7 @@ mod tests {
         let mut s = None;
         let mut delays = Vec::new();
         for _ in 0..14 {
-            let (next, r) = take(s, &l, 1, 0, 1000, T0);
+            let (next, r) = take(s, &l, 1, 0, 1000, 0, T0);
             s = next;
             if !r.allowed {
                 assert_eq!(r.granted, 0);
@@ -485,7 +535,7 @@ mod tests {
         // Nothing was reserved past the horizon: the debt is exactly 10 tokens.
         assert_eq!(s.unwrap().units, -10 * 1000);
         // After 1.1 s the debt is paid and one token is back.
-        let (_, r) = take(s, &l, 1, 0, 0, T0 + 1_100_000);
+        let (_, r) = take(s, &l, 1, 0, 0, 0, T0 + 1_100_000);
         assert!(r.allowed);
         assert_eq!(r.retry_after_ms, 0);
     }
@@ -497,13 +547,13 @@ mod tests {
             rate: 1,
             period_ms: 1000,
         };
-        let (s, _) = take(None, &l, 1, 0, 0, T0);
-        let (s2, r) = take(s, &l, 1, 0, 0, T0);
+        let (s, _) = take(None, &l, 1, 0, 0, 0, T0);
+        let (s2, r) = take(s, &l, 1, 0, 0, 0, T0);
         assert!(!r.allowed);
         assert_eq!(r.retry_after_ms, 1000);
         assert_eq!(s2.unwrap().units, 0, "nothing reserved");
         // A wait shorter than needed reserves nothing either, and says when it would fit.
-        let (s3, r) = take(s2, &l, 1, 0, 400, T0);
+        let (s3, r) = take(s2, &l, 1, 0, 400, 0, T0);
         assert!(!r.allowed);
         assert_eq!(r.retry_after_ms, 600);
         assert_eq!(s3.unwrap().units, 0);
@@ -521,7 +571,7 @@ mod tests {
             rate: 1,
             period_ms: 2000,
         };
-        let (s, r) = take(Some(debt), &l2, 1, 0, 0, T0);
+        let (s, r) = take(Some(debt), &l2, 1, 0, 0, 0, T0);
         assert!(!r.allowed);
         assert_eq!(
             s.unwrap().units,

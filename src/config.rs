@@ -30,6 +30,8 @@ pub struct Backend {
     pub breaker_failures: u64,
     /// How long an open breaker answers with the failure mode before letting one probe through.
     pub breaker_cooloff_ms: u64,
+    /// Most backend calls one worker keeps out at once; beyond it a check gets the failure mode.
+    pub max_inflight: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +53,9 @@ pub enum HeaderStyle {
 pub struct Deny {
     pub status: u32,
     pub body: String,
+    /// A denied gRPC request gets `grpc-status: 8` (RESOURCE_EXHAUSTED) instead of the status
+    /// Envoy derives from the HTTP one (429 -> 14 UNAVAILABLE, which clients retry at once).
+    pub grpc_resource_exhausted: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,13 +186,16 @@ const BACKEND_FIELDS: &[&str] = &[
     "basic_auth",
     "breaker_failures",
     "breaker_cooloff_ms",
+    "max_inflight",
 ];
+pub const DEFAULT_MAX_INFLIGHT: u64 = 256;
+pub const MAX_MAX_INFLIGHT: u64 = 100_000;
 pub const DEFAULT_BREAKER_FAILURES: u64 = 5;
 pub const MAX_BREAKER_FAILURES: u64 = 1000;
 pub const DEFAULT_BREAKER_COOLOFF_MS: u64 = 1000;
 pub const MIN_BREAKER_COOLOFF_MS: u64 = 10;
 pub const MAX_BREAKER_COOLOFF_MS: u64 = 600_000;
-const DENY_FIELDS: &[&str] = &["status", "body"];
+const DENY_FIELDS: &[&str] = &["status", "body", "grpc_resource_exhausted"];
 pub const DEFAULT_LEASE_HORIZON_MS: u64 = 200;
 pub const MIN_LEASE_HORIZON_MS: u64 = 10;
 pub const MAX_LEASE_HORIZON_MS: u64 = 10_000;
@@ -505,7 +513,7 @@ fn parse_config(value: &serde_json::Value) -> Result<Config, ConfigError> {
     };
 
     let failure_mode = match top.opt_str("failure_mode")? {
-        None => FailureMode::Open,
+        None => FailureMode::Local,
         Some(s) => one_of(
             "failure_mode",
             s,
@@ -577,6 +585,7 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
         basic_auth: None,
         breaker_failures: DEFAULT_BREAKER_FAILURES,
         breaker_cooloff_ms: DEFAULT_BREAKER_COOLOFF_MS,
+        max_inflight: DEFAULT_MAX_INFLIGHT,
     };
     let Some(obj) = obj else {
         return Ok(backend);
@@ -602,6 +611,9 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
     )? {
         backend.breaker_cooloff_ms = n;
     }
+    if let Some(n) = obj.opt_int("max_inflight", 1, MAX_MAX_INFLIGHT)? {
+        backend.max_inflight = n;
+    }
     if let Some(s) = obj.opt_str("basic_auth")? {
         // Never echo the value: it is a secret.
         let path = obj.path("basic_auth");
@@ -626,10 +638,14 @@ fn parse_deny(obj: Option<Obj<'_>>) -> Result<Deny, ConfigError> {
     let mut deny = Deny {
         status: DEFAULT_DENY_STATUS,
         body: DEFAULT_DENY_BODY.to_owned(),
+        grpc_resource_exhausted: true,
     };
     let Some(obj) = obj else {
         return Ok(deny);
     };
+    if let Some(b) = obj.opt_bool("grpc_resource_exhausted")? {
+        deny.grpc_resource_exhausted = b;
+    }
     if let Some(n) = obj.opt_int("status", 400, 599)? {
         deny.status =
             u32::try_from(n).map_err(|_| err(obj.path("status"), "must be an integer <= 599"))?;
@@ -931,7 +947,8 @@ fn parse_key_source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
 mod tests {
     use super::*;
 
-    /// The example from DESIGN.md ("Plugin configuration").
+    /// The plugin configuration example of the design reference (shared/DESIGN.md, outside this
+    /// repository), kept here verbatim.
     const DESIGN_EXAMPLE: &str = r#"{
   "backend":  { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 25,
                 "basic_auth": "user:pass" },
@@ -985,6 +1002,7 @@ mod tests {
                 basic_auth: Some("user:pass".into()),
                 breaker_failures: 5,
                 breaker_cooloff_ms: 1000,
+                max_inflight: 256,
             },
             key_prefix: "tollgate".into(),
             failure_mode: FailureMode::Local,
@@ -992,6 +1010,7 @@ mod tests {
             deny: Deny {
                 status: 429,
                 body: "rate limited\n".into(),
+                grpc_resource_exhausted: true,
             },
             rules: vec![Rule {
                 name: "per-user".into(),
@@ -1055,13 +1074,15 @@ mod tests {
                 basic_auth: None,
                 breaker_failures: 5,
                 breaker_cooloff_ms: 1000,
+                max_inflight: 256,
             },
             key_prefix: "tollgate".into(),
-            failure_mode: FailureMode::Open,
+            failure_mode: FailureMode::Local,
             response_headers: HeaderStyle::Ietf,
             deny: Deny {
                 status: 429,
                 body: "rate limited\n".into(),
+                grpc_resource_exhausted: true,
             },
             rules: vec![Rule {
                 name: "all".into(),

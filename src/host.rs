@@ -1,8 +1,10 @@
-//! The one place that calls proxy-wasm host functions: shared data, request headers and
-//! properties, the clock, callouts. Everything else sees the host through small traits.
+//! The one place that calls proxy-wasm host functions: it implements the engine's `Host`, the
+//! shared-data `Store` and the `RequestView` of the current request, and defines the metrics.
 //!
-//! Invariant: every host call goes through `proxy_wasm::hostcalls` and its `Result`; a failing
-//! host call becomes an absent value or an error, never a panic in the VM.
+//! Invariant: no host call here can panic the VM. `proxy_wasm::hostcalls` functions are used only
+//! where Envoy cannot return a status they do not expect; the others (continue, local reply, tick,
+//! effective context, adding a header, the log level) are called through their raw imports, and
+//! every status becomes a logged error or an absent value.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -11,14 +13,70 @@ use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
 use crate::backend::{BackendError, HttpRequest};
 use crate::config::Config;
-use crate::local::{SharedStore, StoreError};
+use crate::engine::{Host, LocalReply};
 use crate::metrics::{self, Counter, Metrics};
 use crate::rule::RequestView;
+use crate::shared::{Store, StoreError};
+
+/// Most bytes of a callout answer read into the VM: a script reply is well under 100 bytes, so a
+/// larger answer is garbage and is refused without copying it.
+pub const MAX_REPLY_BYTES: usize = 4096;
+
+/// The raw imports whose SDK wrappers panic on statuses Envoy may return.
+#[allow(clashing_extern_declarations)]
+mod raw {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        pub fn proxy_continue_stream(stream_type: u32) -> u32;
+        pub fn proxy_send_local_response(
+            status_code: u32,
+            details_data: *const u8,
+            details_size: usize,
+            body_data: *const u8,
+            body_size: usize,
+            headers_data: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> u32;
+        pub fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+        pub fn proxy_set_effective_context(context_id: u32) -> u32;
+        pub fn proxy_add_header_map_value(
+            map_type: u32,
+            key_data: *const u8,
+            key_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> u32;
+        pub fn proxy_get_log_level(return_level: *mut u32) -> u32;
+    }
+}
+
+const OK: u32 = 0;
+const STREAM_REQUEST: u32 = 0;
+const MAP_RESPONSE_HEADERS: u32 = 2;
+
+/// Envoy's log level for wasm as a `log` filter (`off` and anything unknown turn logging off).
+pub fn log_filter() -> log::LevelFilter {
+    let mut level: u32 = 2;
+    // SAFETY: the host writes one u32 through a pointer to a live local.
+    let status = unsafe { raw::proxy_get_log_level(&mut level) };
+    if status != OK {
+        return log::LevelFilter::Info;
+    }
+    match level {
+        0 => log::LevelFilter::Trace,
+        1 => log::LevelFilter::Debug,
+        2 => log::LevelFilter::Info,
+        3 => log::LevelFilter::Warn,
+        4 | 5 => log::LevelFilter::Error,
+        _ => log::LevelFilter::Off,
+    }
+}
 
 /// Proxy-wide shared data (one store per VM id, shared by the proxy's workers).
 pub struct HostStore;
 
-impl SharedStore for HostStore {
+impl Store for HostStore {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), StoreError> {
         hostcalls::get_shared_data(key)
             .map(|(value, cas)| (value, cas.unwrap_or(0)))
@@ -67,33 +125,17 @@ pub fn strip_port(addr: &[u8]) -> &[u8] {
     addr
 }
 
-/// Microseconds since the Unix epoch by the proxy's clock (0 if the host can't tell).
-pub fn now_us() -> u64 {
-    hostcalls::get_current_time()
+/// The plugin configuration bytes.
+pub fn plugin_configuration() -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
         .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .flatten()
+        .unwrap_or_default()
 }
 
-/// Dispatches a callout to `cluster`; the answer arrives in `on_http_call_response(token, ..)`.
-pub fn dispatch(cluster: &str, req: &HttpRequest, timeout_ms: u64) -> Result<u32, BackendError> {
-    let headers: Vec<(&str, &str)> = req
-        .headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    hostcalls::dispatch_http_call(
-        cluster,
-        headers,
-        Some(&req.body),
-        Vec::new(),
-        Duration::from_millis(timeout_ms),
-    )
-    .map_err(|s| BackendError::Dispatch(format!("{s:?} (is cluster \"{cluster}\" defined?)")))
-}
-
-/// Status and body of the callout answer being delivered (status 0 when there are no headers:
-/// the stream was reset or timed out).
+/// Status and body of the callout answer being delivered: status 0 when there are no headers
+/// (reset or timed out); a body over `MAX_REPLY_BYTES` is not read (its status becomes 0x1_0000 +
+/// the HTTP status, which no decoder accepts).
 pub fn call_response(num_headers: usize, body_size: usize) -> (u32, Vec<u8>) {
     if num_headers == 0 {
         return (0, Vec::new());
@@ -103,6 +145,9 @@ pub fn call_response(num_headers: usize, body_size: usize) -> (u32, Vec<u8>) {
         .flatten()
         .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u32>().ok())
         .unwrap_or(0);
+    if body_size > MAX_REPLY_BYTES {
+        return (status.saturating_add(0x1_0000), Vec::new());
+    }
     let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
         .ok()
         .flatten()
@@ -110,58 +155,185 @@ pub fn call_response(num_headers: usize, body_size: usize) -> (u32, Vec<u8>) {
     (status, body)
 }
 
-/// The plugin configuration bytes.
-pub fn plugin_configuration() -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+/// The engine's view of the proxy while one callback of context `current` runs.
+pub struct WasmHost {
+    current: u32,
+    /// The clock, read once per callback.
+    now_ms: std::cell::Cell<Option<u64>>,
 }
 
-/// Continues the paused request of the current context.
-pub fn resume_request() {
-    if let Err(s) = hostcalls::resume_http_request() {
-        log::warn!("tollgate: resume_http_request failed: {s:?}");
+impl WasmHost {
+    pub fn new(current: u32) -> WasmHost {
+        WasmHost {
+            current,
+            now_ms: std::cell::Cell::new(None),
+        }
+    }
+
+    /// Runs `f` with `ctx` as the host's effective context, then switches back to the context of
+    /// the callback (so calls sent later in it are carried by that context).
+    fn in_context(&self, ctx: u32, f: impl FnOnce() -> u32) -> u32 {
+        if ctx == self.current {
+            return f();
+        }
+        // SAFETY: plain integer arguments.
+        if unsafe { raw::proxy_set_effective_context(ctx) } != OK {
+            return u32::MAX;
+        }
+        let status = f();
+        // SAFETY: as above.
+        unsafe { raw::proxy_set_effective_context(self.current) };
+        status
     }
 }
 
-/// Answers the current request locally.
-pub fn send_response(status: u32, headers: &[(String, String)], body: &str) {
-    let headers: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    if let Err(s) = hostcalls::send_http_response(status, headers, Some(body.as_bytes())) {
-        log::warn!("tollgate: send_http_response failed: {s:?}");
+fn serialize_pairs(pairs: &[(String, String)]) -> Vec<u8> {
+    // proxy-wasm map encoding: count, then (key len, value len) pairs, then each key\0value\0.
+    let mut out = Vec::new();
+    let count = u32::try_from(pairs.len()).unwrap_or(0);
+    out.extend_from_slice(&count.to_le_bytes());
+    for (k, v) in pairs.iter().take(count as usize) {
+        out.extend_from_slice(&u32::try_from(k.len()).unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&u32::try_from(v.len()).unwrap_or(0).to_le_bytes());
     }
+    for (k, v) in pairs.iter().take(count as usize) {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
 }
 
-/// Adds headers to the response of the current context.
-pub fn add_response_headers(headers: &[(String, String)]) {
-    for (k, v) in headers {
-        if let Err(s) = hostcalls::add_map_value(MapType::HttpResponseHeaders, k, v) {
-            log::warn!("tollgate: adding response header {k} failed: {s:?}");
+impl Host for WasmHost {
+    fn now_ms(&self) -> u64 {
+        if let Some(now) = self.now_ms.get() {
+            return now;
+        }
+        let now = hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.now_ms.set(Some(now));
+        now
+    }
+
+    fn store(&self) -> &dyn Store {
+        &HostStore
+    }
+
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        req: &HttpRequest,
+        timeout_ms: u64,
+    ) -> Result<u32, BackendError> {
+        let headers: Vec<(&str, &str)> = req
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        // Envoy answers Ok, BadArgument (unknown cluster, missing pseudo-header) or
+        // InternalFailure: the statuses this wrapper expects.
+        hostcalls::dispatch_http_call(
+            cluster,
+            headers,
+            Some(&req.body),
+            Vec::new(),
+            Duration::from_millis(timeout_ms),
+        )
+        .map_err(|s| BackendError::Dispatch(format!("{s:?} (is cluster \"{cluster}\" defined?)")))
+    }
+
+    fn resume(&mut self, ctx: u32) {
+        // SAFETY: plain integer argument.
+        let status = self.in_context(ctx, || unsafe {
+            raw::proxy_continue_stream(STREAM_REQUEST)
+        });
+        if status != OK {
+            log::warn!("tollgate: resuming request {ctx} failed (status {status})");
+        }
+    }
+
+    fn respond(&mut self, ctx: u32, reply: &LocalReply) {
+        let headers = serialize_pairs(&reply.headers);
+        let details = b"tollgate";
+        let grpc = reply
+            .grpc_status
+            .and_then(|s| i32::try_from(s).ok())
+            .unwrap_or(-1);
+        let status = self.in_context(ctx, || {
+            // SAFETY: every pointer/length pair describes a live buffer for the call's duration.
+            unsafe {
+                raw::proxy_send_local_response(
+                    reply.status,
+                    details.as_ptr(),
+                    details.len(),
+                    reply.body.as_ptr(),
+                    reply.body.len(),
+                    headers.as_ptr(),
+                    headers.len(),
+                    grpc,
+                )
+            }
+        });
+        if status != OK {
+            log::warn!("tollgate: local reply to request {ctx} failed (status {status})");
+        }
+    }
+
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]) {
+        for (k, v) in headers {
+            let status = self.in_context(ctx, || {
+                // SAFETY: pointer/length pairs of live strings.
+                unsafe {
+                    raw::proxy_add_header_map_value(
+                        MAP_RESPONSE_HEADERS,
+                        k.as_ptr(),
+                        k.len(),
+                        v.as_ptr(),
+                        v.len(),
+                    )
+                }
+            });
+            if status != OK {
+                log::warn!("tollgate: adding response header {k} failed (status {status})");
+            }
+        }
+    }
+
+    fn set_tick(&mut self, period_ms: u64) {
+        let period = u32::try_from(period_ms).unwrap_or(u32::MAX);
+        // SAFETY: plain integer argument.
+        let status = unsafe { raw::proxy_set_tick_period_milliseconds(period) };
+        if status != OK {
+            log::warn!("tollgate: setting the tick period failed (status {status})");
         }
     }
 }
 
-/// Envoy stats for every rule's counters and latency histogram, defined once per worker at
-/// configure time (workers defining the same name share one stat).
+/// Envoy stats for every rule's counters and latency histogram, and the breaker gauge, defined
+/// once per worker at configure time (workers defining the same name share one stat).
 pub struct HostMetrics {
     /// Per rule, one id per `Counter::ALL` entry (None if the host refused the name).
     counters: Vec<Vec<Option<u32>>>,
     latency: Vec<Option<u32>>,
+    breaker: Option<u32>,
+}
+
+fn define(kind: MetricType, name: &str) -> Option<u32> {
+    // Envoy answers Ok or BadArgument (a name it cannot take) here.
+    match hostcalls::define_metric(kind, name) {
+        Ok(id) => Some(id),
+        Err(s) => {
+            log::error!("tollgate: cannot define metric {name}: {s:?}");
+            None
+        }
+    }
 }
 
 impl HostMetrics {
     pub fn define(config: &Config) -> HostMetrics {
-        let define = |kind: MetricType, name: String| match hostcalls::define_metric(kind, &name) {
-            Ok(id) => Some(id),
-            Err(s) => {
-                log::error!("tollgate: cannot define metric {name}: {s:?}");
-                None
-            }
-        };
         HostMetrics {
             counters: config
                 .rules
@@ -169,7 +341,7 @@ impl HostMetrics {
                 .map(|r| {
                     Counter::ALL
                         .iter()
-                        .map(|c| define(MetricType::Counter, metrics::name(&r.name, c.suffix())))
+                        .map(|c| define(MetricType::Counter, &metrics::name(&r.name, &c.suffix())))
                         .collect()
                 })
                 .collect(),
@@ -179,10 +351,11 @@ impl HostMetrics {
                 .map(|r| {
                     define(
                         MetricType::Histogram,
-                        metrics::name(&r.name, metrics::LATENCY_SUFFIX),
+                        &metrics::name(&r.name, metrics::LATENCY_SUFFIX),
                     )
                 })
                 .collect(),
+            breaker: define(MetricType::Gauge, metrics::BREAKER_GAUGE),
         }
     }
 }
@@ -204,6 +377,12 @@ impl Metrics for HostMetrics {
     fn latency(&self, rule: usize, ms: u64) {
         if let Some(id) = self.latency.get(rule).copied().flatten() {
             let _ = hostcalls::record_metric(id, ms);
+        }
+    }
+
+    fn breaker_open(&self, open: bool) {
+        if let Some(id) = self.breaker {
+            let _ = hostcalls::record_metric(id, u64::from(open));
         }
     }
 }

@@ -2,6 +2,10 @@
 //!
 //! Everything except `host` and `filter` is plain Rust, tested natively with `cargo test`; those two
 //! modules are the only ones that touch proxy-wasm and only build for `wasm32`.
+//!
+//! A request's path: `filter` (Envoy callbacks) -> `engine` (rules from `config` matched by `rule`,
+//! the local stage in `shared`, calls encoded by `backend`, health in `engine::health`) -> `host`
+//! (the proxy-wasm calls that carry out what the engine decided).
 #![cfg_attr(
     test,
     allow(
@@ -15,11 +19,11 @@
 pub mod backend;
 pub mod bucket;
 pub mod config;
-pub mod decision;
+pub mod engine;
 pub mod headers;
-pub mod local;
 pub mod metrics;
 pub mod rule;
+pub mod shared;
 
 #[cfg(target_arch = "wasm32")]
 mod filter;

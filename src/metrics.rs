@@ -5,8 +5,10 @@
 //! `denied` or `shadow_denied`; `local_*` and `failure_mode_allowed` say where that outcome came
 //! from.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+
+use crate::backend::ErrorClass;
 
 /// A per-rule counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,10 +38,16 @@ pub enum Counter {
     Delayed,
     /// Total milliseconds requests were held for reservations.
     DelayMs,
+    /// Lease-table entries of other keys given to this rule's keys (they held no live tokens).
+    LeaseEvicted,
+    /// Checks that got the failure mode at once because the worker had `max_inflight` calls out.
+    InflightRejected,
+    /// Failed calls by class (see `ErrorClass`); each also counts in `BackendErrors`.
+    BackendError(ErrorClass),
 }
 
 impl Counter {
-    pub const ALL: [Counter; 12] = [
+    pub const ALL: [Counter; 19] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -52,9 +60,24 @@ impl Counter {
         Counter::LeaseDropped,
         Counter::Delayed,
         Counter::DelayMs,
+        Counter::LeaseEvicted,
+        Counter::InflightRejected,
+        Counter::BackendError(ErrorClass::Unreachable),
+        Counter::BackendError(ErrorClass::Overloaded),
+        Counter::BackendError(ErrorClass::Auth),
+        Counter::BackendError(ErrorClass::Script),
+        Counter::BackendError(ErrorClass::Malformed),
     ];
 
-    pub fn suffix(self) -> &'static str {
+    /// The metric name after `tollgate.<rule>.`.
+    pub fn suffix(self) -> String {
+        match self {
+            Counter::BackendError(class) => format!("backend_error.{}", class.name()),
+            other => other.simple_suffix().to_string(),
+        }
+    }
+
+    fn simple_suffix(self) -> &'static str {
         match self {
             Counter::Allowed => "allowed",
             Counter::Denied => "denied",
@@ -68,12 +91,18 @@ impl Counter {
             Counter::LeaseDropped => "lease_dropped",
             Counter::Delayed => "delayed",
             Counter::DelayMs => "delay_ms_total",
+            Counter::LeaseEvicted => "lease_evicted",
+            Counter::InflightRejected => "inflight_rejected",
+            Counter::BackendError(_) => "backend_error",
         }
     }
 }
 
 /// The histogram of backend call latency, in milliseconds.
 pub const LATENCY_SUFFIX: &str = "backend_latency_ms";
+
+/// The proxy-wide gauge: 1 while the circuit breaker is open.
+pub const BREAKER_GAUGE: &str = "tollgate.breaker_open";
 
 /// `tollgate.<rule>.<suffix>`.
 pub fn name(rule: &str, suffix: &str) -> String {
@@ -84,6 +113,7 @@ pub fn name(rule: &str, suffix: &str) -> String {
 pub trait Metrics {
     fn count(&self, rule: usize, counter: Counter, n: u64);
     fn latency(&self, rule: usize, ms: u64);
+    fn breaker_open(&self, open: bool);
 }
 
 /// Discards everything.
@@ -92,6 +122,7 @@ pub struct NoMetrics;
 impl Metrics for NoMetrics {
     fn count(&self, _: usize, _: Counter, _: u64) {}
     fn latency(&self, _: usize, _: u64) {}
+    fn breaker_open(&self, _: bool) {}
 }
 
 /// Keeps every count in memory (tests, and anything that wants to read them back).
@@ -99,6 +130,7 @@ impl Metrics for NoMetrics {
 pub struct Recorder {
     counts: RefCell<HashMap<(usize, Counter), u64>>,
     latencies: RefCell<Vec<(usize, u64)>>,
+    pub breaker: Cell<bool>,
 }
 
 impl Recorder {
@@ -124,5 +156,9 @@ impl Metrics for Recorder {
 
     fn latency(&self, rule: usize, ms: u64) {
         self.latencies.borrow_mut().push((rule, ms));
+    }
+
+    fn breaker_open(&self, open: bool) {
+        self.breaker.set(open);
     }
 }

@@ -1,5 +1,5 @@
 //! `lua/token_bucket.lua` on its own, against a real redis-server (one per test), with the explicit-now
-//! ARGV[7] so every result is deterministic.
+//! ARGV[8] so every result is deterministic.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -65,7 +65,7 @@ fn call_wait(
     max_wait: u64,
     now: u64,
 ) -> Out {
-    let args = [l.0, l.1, l.2, cost, lease, max_wait, now].map(|n| n.to_string());
+    let args = [l.0, l.1, l.2, cost, lease, max_wait, 0, now].map(|n| n.to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     eval_raw(conn, KEY, &args).unwrap()
 }
@@ -222,7 +222,7 @@ fn bad_arguments_give_an_error_reply() {
         (1, "1000000001", "rate"),
         (2, "0", "period_ms"),
         (2, "99999999999999999999", "period_ms"),
-        (3, "0", "cost"),
+        (3, "-1", "cost"),
         (3, "nan", "cost"),
         (4, "-1", "lease_want"),
         (4, "0.5", "lease_want"),
@@ -258,7 +258,20 @@ fn bad_arguments_give_an_error_reply() {
         err.to_string().contains("bad argument max_wait_ms"),
         "{err}"
     );
-    let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1", "0", "0", "soon"]).unwrap_err();
+    // A settlement beyond four bursts, or not an integer.
+    for settle in ["41", "-41", "--1", "1.5", "+1", ""] {
+        let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1", "0", "0", settle]).unwrap_err();
+        assert!(
+            err.to_string().contains("bad argument settle"),
+            "{settle}: {err}"
+        );
+    }
+    let err = eval_raw(
+        &mut c,
+        KEY,
+        &["10", "1", "1000", "1", "0", "0", "0", "soon"],
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("bad argument now"), "{err}");
     // None of that touched the key.
     assert!(!exists(&mut c));
@@ -282,9 +295,9 @@ fn replies_are_flat_integers_and_state_has_no_exponents() {
     }
     // Raw check of the reply shape for a deny and an allow.
     for args in [
-        ["1", "1", "1", "1", "0", "0", "5"],
-        ["1", "1", "1", "1", "0", "0", "5"],
-        ["1", "1", "1", "2", "0", "0", "5"],
+        ["1", "1", "1", "1", "0", "0", "0", "5"],
+        ["1", "1", "1", "1", "0", "0", "0", "5"],
+        ["1", "1", "1", "2", "0", "0", "0", "5"],
     ] {
         let v: Value = redis::cmd("EVAL")
             .arg(SCRIPT)
@@ -342,7 +355,7 @@ fn script_load_sha1_matches_and_evalsha_works() {
         .arg(&sha)
         .arg(1)
         .arg(KEY)
-        .arg(&["3", "1", "1000", "1", "0", "0", &T0.to_string()])
+        .arg(&["3", "1", "1000", "1", "0", "0", "0", &T0.to_string()])
         .query(&mut c)
         .unwrap();
     assert_eq!(flat_ints(v), [1, 2, 0, 1000, 1]);
@@ -374,4 +387,21 @@ fn reservations_queue_in_order_up_to_the_horizon() {
     assert_eq!((allowed, retry), (0, 600));
     let [allowed, ..] = call(&mut c, l, 1, 0, T0 + 1_100_000);
     assert_eq!(allowed, 1);
+}
+
+/// Usage settled after admissions: a charge takes the bucket into debt (later calls wait for the
+/// refill to repay it), a refund never fills past full, and cost 0 only settles.
+#[test]
+fn settle_charges_into_debt_and_refunds_up_to_full() {
+    let (_r, mut c) = start("lua-settle");
+    let run = |c: &mut redis::Connection, cost: &str, settle: &str| -> Out {
+        let args = ["100", "1", "60000", cost, "0", "0", settle, &T0.to_string()];
+        eval_raw(c, KEY, &args).unwrap()
+    };
+    assert_eq!(run(&mut c, "1", "0"), [1, 99, 0, 60000, 1]);
+    assert_eq!(run(&mut c, "1", "39"), [1, 59, 0, 41 * 60000, 1]);
+    assert_eq!(run(&mut c, "1", "39"), [1, 19, 0, 81 * 60000, 1]);
+    assert_eq!(run(&mut c, "1", "39"), [0, 0, 21 * 60000, 120 * 60000, 0]);
+    assert_eq!(run(&mut c, "0", "-400"), [1, 100, 0, 0, 0]);
+    assert!(!exists(&mut c), "refunded to full: no key");
 }

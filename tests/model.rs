@@ -74,9 +74,12 @@ impl Harness {
         cost: u64,
         lease: u64,
         wait: u64,
+        settle: i64,
         now: u64,
     ) -> ([i64; 5], i64) {
-        let args = [l.burst, l.rate, l.period_ms, cost, lease, wait, now].map(|n| n.to_string());
+        let mut args =
+            [l.burst, l.rate, l.period_ms, cost, lease, wait, 0, now].map(|n| n.to_string());
+        args[6] = settle.to_string();
         let v: Value = redis::cmd("EVALSHA")
             .arg(&self.sha)
             .arg(1)
@@ -177,11 +180,25 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
             0
         };
 
+        // Usage settlements: sometimes a charge or a refund, up to the four bursts allowed; a cost
+        // of 0 (settle only) now and then.
+        let settle = if rng.chance(25) {
+            let magnitude = i64::try_from(rng.below(l.burst * 4 + 1)).unwrap();
+            if rng.chance(50) {
+                magnitude
+            } else {
+                -magnitude
+            }
+        } else {
+            0
+        };
+        let cost = if rng.chance(5) { 0 } else { cost };
+
         let ctx = format!(
-            "seed {seed} step {step}: {l:?} cost {cost} lease {lease} wait {wait} now {now}"
+            "seed {seed} step {step}: {l:?} cost {cost} lease {lease} wait {wait} settle {settle} now {now}"
         );
-        let (next, reply) = take(state, &l, cost, lease, wait, now);
-        let (got, ttl) = h.script(&l, cost, lease, wait, now);
+        let (next, reply) = take(state, &l, cost, lease, wait, settle, now);
+        let (got, ttl) = h.script(&l, cost, lease, wait, settle, now);
         assert_eq!(
             got,
             as_ints(&reply),

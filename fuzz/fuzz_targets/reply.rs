@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     let got = decode_reply(status, body);
     // Never panics on any outcome's methods either.
     if let Err(e) = &got {
-        let _ = e.is_transient();
+        let _ = e.class();
         let _ = e.to_string();
     }
     match (status, &got) {

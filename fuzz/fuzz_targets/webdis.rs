@@ -20,6 +20,7 @@ struct Input {
     cost: u64,
     lease_want: u64,
     max_wait_ms: u64,
+    settle: i64,
 }
 
 /// Strict percent-decoding: `%XX` (either case of hex) is a byte, any other byte stands for itself.
@@ -78,6 +79,7 @@ fuzz_target!(|input: Input| {
         cost: input.cost,
         lease_want: input.lease_want,
         max_wait_ms: input.max_wait_ms,
+        settle: input.settle,
     };
     let (invoke, verb) = if input.eval {
         (Invoke::Source(&input.script), "EVAL")

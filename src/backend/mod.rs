@@ -1,11 +1,19 @@
 //! The shared bucket's backend: the script call, its reply, and how a call travels (a transport).
 //!
-//! Invariant: every backend outcome is either a well-formed five-integer `ScriptReply` or a
+//! Invariant: every backend outcome is either a well-formed five-integer `Reply` or a
 //! `BackendError`; nothing in between reaches the decision logic.
 
 pub mod resp;
 pub mod script;
 pub mod webdis;
+
+/// How script calls travel: encoded into a request for the host to send, and decoded from the raw
+/// answer it delivers. The HTTP build goes through Webdis; the Higress build sends RESP.
+pub trait Transport {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest;
+    /// `status` is the host's status for the answer (0: no answer, reset or timed out).
+    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError>;
+}
 
 /// One call of `lua/token_bucket.lua` on one bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,19 +28,12 @@ pub struct ScriptCall {
     pub lease_want: u64,
     /// How long the proxy will hold the request for a reservation (0 = none).
     pub max_wait_ms: u64,
+    /// Tokens to charge (> 0) or refund (< 0) first: usage measured after earlier admissions.
+    pub settle: i64,
 }
 
-/// The script's flat reply `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
-/// Allowed with `retry_after_ms > 0` is a reservation: hold the request that long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScriptReply {
-    pub allowed: bool,
-    pub remaining: u64,
-    /// 0 when allowed; -1 when the cost can never be admitted (cost > burst).
-    pub retry_after_ms: i64,
-    pub reset_after_ms: u64,
-    pub granted: u64,
-}
+/// The script's flat reply (the one reply type: `bucket::take` models it exactly).
+pub use crate::bucket::Reply;
 
 /// An HTTP request to the backend cluster, ready to dispatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,27 +60,105 @@ pub enum BackendError {
     Malformed(String),
     /// The circuit breaker is open: no call was made.
     CircuitOpen,
+    /// The worker already has `max_inflight` calls out: no call was made.
+    Overflow,
 }
 
+/// What kind of trouble a failed call means, for the breaker, the logs and one counter each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// No answer: not dispatched, reset, timed out, an HTTP error from the front, or a front that
+    /// cannot reach the Redis node of this key.
+    Unreachable,
+    /// Redis answered but cannot serve now: OOM, BUSY, LOADING, READONLY, MASTERDOWN, CLUSTERDOWN,
+    /// TRYAGAIN, or MOVED/ASK that a cluster-aware front should have followed.
+    Overloaded,
+    /// Redis refused our credentials: NOAUTH, WRONGPASS, NOPERM.
+    Auth,
+    /// The script failed or is missing after EVAL: a bug or a Redis without scripting.
+    Script,
+    /// The answer is not the script's reply.
+    Malformed,
+}
+
+impl ErrorClass {
+    pub const ALL: [ErrorClass; 5] = [
+        ErrorClass::Unreachable,
+        ErrorClass::Overloaded,
+        ErrorClass::Auth,
+        ErrorClass::Script,
+        ErrorClass::Malformed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorClass::Unreachable => "unreachable",
+            ErrorClass::Overloaded => "overloaded",
+            ErrorClass::Auth => "auth",
+            ErrorClass::Script => "script",
+            ErrorClass::Malformed => "malformed",
+        }
+    }
+}
+
+/// Redis error prefixes that mean "this server cannot serve now".
+const OVERLOADED: &[&str] = &[
+    "OOM",
+    "BUSY",
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "MOVED",
+    "ASK",
+];
+const AUTH: &[&str] = &["NOAUTH", "WRONGPASS", "NOPERM"];
+/// What Envoy's redis_proxy answers when the node of a key is gone: that node is unreachable,
+/// the front and the other nodes are not.
+const NODE_UNREACHABLE: &[&str] = &[
+    "ERR no upstream host",
+    "ERR upstream failure",
+    "no upstream host",
+    "upstream failure",
+    "upstream protocol error",
+];
+
 impl BackendError {
-    /// Whether this failure says the backend is unreachable or unhealthy as a whole (it counts
-    /// toward opening the circuit breaker). A Redis error reply does not: the backend answered,
-    /// and on Redis Cluster such an error can concern only the keys of one failed node.
-    pub fn trips_breaker(&self) -> bool {
-        matches!(
-            self,
-            BackendError::Dispatch(_) | BackendError::Reset | BackendError::Status(_)
-        )
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            BackendError::Dispatch(_)
+            | BackendError::Reset
+            | BackendError::Status(_)
+            | BackendError::CircuitOpen
+            | BackendError::Overflow => ErrorClass::Unreachable,
+            BackendError::NoScript => ErrorClass::Script,
+            BackendError::Malformed(_) => ErrorClass::Malformed,
+            BackendError::Redis(msg) => {
+                let word = msg.split(' ').next().unwrap_or_default();
+                if OVERLOADED.contains(&word) {
+                    ErrorClass::Overloaded
+                } else if AUTH.contains(&word) {
+                    ErrorClass::Auth
+                } else if NODE_UNREACHABLE.iter().any(|p| msg.starts_with(p)) {
+                    ErrorClass::Unreachable
+                } else {
+                    ErrorClass::Script
+                }
+            }
+        }
     }
 
-    /// Whether retrying the same call later may succeed without an operator changing anything.
-    pub fn is_transient(&self) -> bool {
+    /// Whether this failure says the backend as a whole cannot serve (it counts toward opening
+    /// the circuit breaker, so the proxy stops hammering it). Not a Redis Cluster front's error
+    /// about one node's keys, a script bug or a garbled reply: those concern some calls only.
+    pub fn trips_breaker(&self) -> bool {
         match self {
-            BackendError::Reset | BackendError::NoScript | BackendError::CircuitOpen => true,
-            BackendError::Status(s) => *s == 429 || *s >= 500,
-            BackendError::Dispatch(_) | BackendError::Redis(_) | BackendError::Malformed(_) => {
-                false
+            BackendError::Redis(_) => {
+                matches!(self.class(), ErrorClass::Overloaded | ErrorClass::Auth)
             }
+            BackendError::CircuitOpen | BackendError::Overflow => false,
+            _ => self.class() == ErrorClass::Unreachable,
         }
     }
 }
@@ -94,6 +173,7 @@ impl std::fmt::Display for BackendError {
             BackendError::Redis(msg) => write!(f, "Redis error: {msg}"),
             BackendError::Malformed(why) => write!(f, "malformed backend reply: {why}"),
             BackendError::CircuitOpen => write!(f, "circuit breaker open: no call made"),
+            BackendError::Overflow => write!(f, "too many calls in flight: no call made"),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Webdis codec: a `ScriptCall` as an HTTP request, and Webdis' JSON answer as a `ScriptReply`.
+//! Webdis codec: a `ScriptCall` as an HTTP request, and Webdis' JSON answer as a `Reply`.
 //!
 //! Invariant: every command argument travels as one percent-encoded segment in which only
 //! `[A-Za-z0-9_~-]` appear raw, so Webdis' traps (`/` splits arguments, `+` becomes a space, `?`
@@ -6,7 +6,7 @@
 //! The command goes in a POST body (Webdis parses it like a path) so the `EVAL` fallback, which
 //! carries the whole script, is not limited by URL length.
 
-use super::{BackendError, HttpRequest, ScriptCall, ScriptReply};
+use super::{BackendError, HttpRequest, Reply, ScriptCall};
 
 /// How the script is named in the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub fn encode_segment(bytes: &[u8], out: &mut String) {
 }
 
 /// The Webdis command text for one script call:
-/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease_want>/<max_wait_ms>`.
+/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease_want>/<max_wait_ms>/<settle>`.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
     let (verb, script) = match invoke {
         Invoke::Sha(sha) => ("EVALSHA", sha),
@@ -61,6 +61,9 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
         out.push('/');
         out.push_str(&n.to_string());
     }
+    // A signed integer: digits and at most a leading '-', which Webdis leaves alone.
+    out.push('/');
+    out.push_str(&call.settle.to_string());
     out
 }
 
@@ -110,11 +113,43 @@ pub fn basic_auth_header(user_pass: &str) -> String {
     out
 }
 
+/// The HTTP transport: script calls as Webdis requests to one authority, with optional basic auth.
+pub struct Webdis {
+    authority: String,
+    auth_header: Option<String>,
+    sha: String,
+}
+
+impl Webdis {
+    pub fn new(authority: &str, basic_auth: Option<&str>) -> Webdis {
+        Webdis {
+            authority: authority.to_string(),
+            auth_header: basic_auth.map(basic_auth_header),
+            sha: super::script::sha1_hex(),
+        }
+    }
+}
+
+impl super::Transport for Webdis {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest {
+        let invoke = if with_source {
+            Invoke::Source(super::script::SOURCE)
+        } else {
+            Invoke::Sha(&self.sha)
+        };
+        request(call, invoke, &self.authority, self.auth_header.as_deref())
+    }
+
+    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError> {
+        decode_reply(status, body)
+    }
+}
+
 /// Decodes Webdis' answer to a script call.
 ///
 /// `status` 0 means Envoy got no headers (reset or timeout). Webdis wraps every reply as
 /// `{"<COMMAND>": <value>}`; errors come back with HTTP 200 as `[false, "ERR ..."]`.
-pub fn decode_reply(status: u32, body: &[u8]) -> Result<ScriptReply, BackendError> {
+pub fn decode_reply(status: u32, body: &[u8]) -> Result<Reply, BackendError> {
     if status == 0 {
         return Err(BackendError::Reset);
     }
@@ -155,7 +190,7 @@ pub fn decode_reply(status: u32, body: &[u8]) -> Result<ScriptReply, BackendErro
     if !(0..=1).contains(allowed) || *retry_after_ms < -1 {
         return Err(BackendError::Malformed("field out of range".to_string()));
     }
-    Ok(ScriptReply {
+    Ok(Reply {
         allowed: *allowed == 1,
         remaining: non_negative(*remaining, "remaining")?,
         retry_after_ms: *retry_after_ms,
@@ -197,6 +232,7 @@ mod tests {
             cost: 1,
             lease_want: 0,
             max_wait_ms: 0,
+            settle: 0,
         }
     }
 
@@ -211,7 +247,7 @@ mod tests {
         let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
         assert_eq!(
             cmd,
-            "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0/0"
+            "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0/0/0"
         );
     }
 
@@ -252,7 +288,10 @@ mod tests {
         let parts: Vec<&str> = cmd.split('/').collect();
         assert_eq!(parts[0], "EVAL");
         assert_eq!(webdis_decode(parts[1]), src.as_bytes());
-        assert_eq!(&parts[2..], ["1", "k", "200", "100", "1000", "1", "0", "0"]);
+        assert_eq!(
+            &parts[2..],
+            ["1", "k", "200", "100", "1000", "1", "0", "0", "0"]
+        );
     }
 
     #[test]
@@ -269,7 +308,7 @@ mod tests {
         assert!(req
             .headers
             .contains(&("authorization".into(), "Basic dXNlcjpwYXNz".into())));
-        assert_eq!(req.body, b"EVALSHA/abc/1/k/200/100/1000/1/0/0");
+        assert_eq!(req.body, b"EVALSHA/abc/1/k/200/100/1000/1/0/0/0");
     }
 
     #[test]
@@ -285,7 +324,7 @@ mod tests {
         let r = decode_reply(200, br#"{"EVALSHA":[1,99,0,10,1]}"#).unwrap();
         assert_eq!(
             r,
-            ScriptReply {
+            Reply {
                 allowed: true,
                 remaining: 99,
                 retry_after_ms: 0,

@@ -1,0 +1,422 @@
+//! Lease waits: lease checks that found no leased token wait per key for the proxy's one lease
+//! call on that key.
+//!
+//! Invariant: a key's waiters are served when something can change their answer — this worker's
+//! call for the key is answered, or (polled each millisecond, read-only) another worker's call
+//! for it ends or its tokens land in the shared pool — in arrival order, never by scanning every
+//! waiter. Every claim taken for a lease call is ended (deposit or release) on every path: answer,
+//! error, failed dispatch or resend, or the carrying context going away.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use super::{Engine, Host, Outcome, Purpose};
+use crate::backend::{BackendError, Reply, ScriptCall};
+use crate::config::Rule;
+use crate::metrics::Counter;
+use crate::shared::deny::DenyCache;
+use crate::shared::lease::{Claim, Flight, LeasePool, Sizing};
+
+/// One waiting check.
+#[derive(Debug, Clone, Copy)]
+struct Waiter {
+    ctx: u32,
+    idx: usize,
+    cost: u64,
+}
+
+/// Where the key's lease call stands, from this worker's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// No call out: the next waiter starts one.
+    Idle,
+    /// This worker's call is out; its answer serves the queue.
+    Own,
+    /// Another worker's call is out; polled until it ends.
+    Foreign,
+    /// The call was lost (its carrier went away): start another at the next tick.
+    Lost,
+}
+
+#[derive(Debug)]
+struct Queue {
+    rule: usize,
+    waiters: VecDeque<Waiter>,
+    state: State,
+}
+
+/// The lease waits of one worker.
+#[derive(Debug, Default)]
+pub(super) struct Queues {
+    by_key: HashMap<String, Queue>,
+    /// Keys in `Foreign` or `Lost` state (polled by the tick).
+    polled: HashSet<String>,
+    /// (deadline, ctx, check) in arrival order; deadlines are arrival + a constant patience, so
+    /// the front is always the nearest.
+    patience: VecDeque<(u64, u32, usize)>,
+}
+
+impl Queues {
+    pub(super) fn waiters(&self) -> usize {
+        self.by_key.values().map(|q| q.waiters.len()).sum()
+    }
+
+    pub(super) fn patience_front(&self) -> Option<(u32, usize)> {
+        self.patience.front().map(|(_, ctx, idx)| (*ctx, *idx))
+    }
+
+    pub(super) fn pop_patience(&mut self) {
+        self.patience.pop_front();
+    }
+
+    /// The nearest time the tick must look at lease waits.
+    pub(super) fn next_due(&self, now: u64) -> Option<u64> {
+        let poll = (!self.polled.is_empty()).then_some(now.saturating_add(1));
+        let patience = self.patience.front().map(|(due, _, _)| *due);
+        match (poll, patience) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn set_state(&mut self, key: &str, state: State) {
+        if let Some(q) = self.by_key.get_mut(key) {
+            q.state = state;
+        }
+        if matches!(state, State::Foreign | State::Lost) {
+            self.polled.insert(key.to_string());
+        } else {
+            self.polled.remove(key);
+        }
+    }
+
+    /// The call for `key` will never be answered here.
+    pub(super) fn flight_lost(&mut self, key: &str) {
+        if self.by_key.contains_key(key) {
+            self.set_state(key, State::Lost);
+        }
+    }
+
+    /// Removes every waiter of `ctx` on `key`.
+    pub(super) fn remove_waiter(&mut self, key: &str, ctx: u32) {
+        if let Some(q) = self.by_key.get_mut(key) {
+            q.waiters.retain(|w| w.ctx != ctx);
+        }
+        self.forget_if_idle(key);
+    }
+
+    fn forget_if_idle(&mut self, key: &str) {
+        if self
+            .by_key
+            .get(key)
+            .is_some_and(|q| q.waiters.is_empty() && q.state == State::Idle)
+        {
+            self.by_key.remove(key);
+            self.polled.remove(key);
+        }
+    }
+
+    fn drain(&mut self, key: &str) -> Vec<Waiter> {
+        let out = self
+            .by_key
+            .get_mut(key)
+            .map(|q| q.waiters.drain(..).collect())
+            .unwrap_or_default();
+        self.forget_if_idle(key);
+        out
+    }
+}
+
+fn sizing(rule: &Rule) -> Sizing {
+    Sizing {
+        burst: rule.limits.burst,
+        rate: rule.limits.rate,
+        period_ms: rule.limits.period_ms,
+        lease_max: rule.lease_max,
+        horizon_ms: rule.lease_horizon_ms,
+    }
+}
+
+impl Engine {
+    /// Lease check `idx` of `ctx` found no leased token: it waits for its key's lease call,
+    /// starting one if none is out. `carrier` is the context that can send it now (None: none
+    /// can, the next tick will).
+    pub(super) fn wait_for_lease(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        idx: usize,
+        carrier: Option<u32>,
+        now: u64,
+    ) {
+        let Some((rule, call)) = self.check_call(ctx, idx) else {
+            return;
+        };
+        let patience = self.plugin.config.backend.timeout_ms.saturating_mul(2);
+        let queues = &mut self.queues;
+        let q = queues.by_key.entry(call.key.clone()).or_insert(Queue {
+            rule,
+            waiters: VecDeque::new(),
+            state: State::Idle,
+        });
+        q.waiters.push_back(Waiter {
+            ctx,
+            idx,
+            cost: call.cost,
+        });
+        let idle = q.state == State::Idle;
+        queues
+            .patience
+            .push_back((now.saturating_add(patience), ctx, idx));
+        if idle {
+            self.kick(host, &call.key, carrier, now);
+        }
+    }
+
+    /// Starts the lease call for `key`'s waiters, if this proxy has none out.
+    fn kick(&mut self, host: &mut dyn Host, key: &str, carrier: Option<u32>, now: u64) {
+        let Some(carrier) = carrier else {
+            self.queues.set_state(key, State::Lost);
+            return;
+        };
+        let Some(q) = self.queues.by_key.get(key) else {
+            return;
+        };
+        let Some(first) = q.waiters.front().map(|w| w.cost) else {
+            self.queues.set_state(key, State::Idle);
+            self.queues.forget_if_idle(key);
+            return;
+        };
+        let rule_idx = q.rule;
+        let demand = q
+            .waiters
+            .iter()
+            .map(|w| w.cost)
+            .fold(0u64, u64::saturating_add);
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            return;
+        };
+        let sizing = sizing(rule);
+        let limits = rule.limits;
+        if !self.backend_allowed(host, now) {
+            self.fail_waiters(host, key, &BackendError::CircuitOpen, now);
+            return;
+        }
+        // The claim outlives the call's own timeout a little, so a lost answer frees it.
+        let until = now
+            .saturating_add(self.plugin.config.backend.timeout_ms)
+            .saturating_add(50);
+        let pool = LeasePool::new(host.store(), &self.plugin.ns);
+        match pool.begin_flight(key, demand, now, until, &sizing) {
+            Ok((Flight::Claimed(claim, placed), want)) => {
+                let m = &self.plugin.metrics;
+                m.count(rule_idx, Counter::LeaseEvicted, placed.evicted);
+                m.count(rule_idx, Counter::LeaseDropped, placed.dropped);
+                let call = ScriptCall {
+                    key: key.to_string(),
+                    burst: limits.burst,
+                    rate: limits.rate,
+                    period_ms: limits.period_ms,
+                    cost: first,
+                    lease_want: want.max(first),
+                    max_wait_ms: 0,
+                    settle: 0,
+                };
+                self.queues.set_state(key, State::Own);
+                let purpose = Purpose::Lease(claim);
+                if let Err((e, purpose)) =
+                    self.send(host, rule_idx, call, purpose, carrier, now, false)
+                {
+                    self.end_claim(host, purpose, None, now);
+                    self.queues.set_state(key, State::Idle);
+                    self.fail_waiters(host, key, &e, now);
+                }
+            }
+            Ok((Flight::Busy, _)) => self.queues.set_state(key, State::Foreign),
+            // No slot for this key (or shared data failing): its waiters go to Redis one by one.
+            Ok((Flight::NoSlot, _)) | Err(_) => {
+                self.queues.set_state(key, State::Idle);
+                for w in self.queues.drain(key) {
+                    self.send_check(host, w.ctx, w.idx, carrier, now);
+                }
+            }
+        }
+    }
+
+    /// Ends a lease claim that brought no tokens.
+    fn end_claim(&self, host: &mut dyn Host, purpose: Purpose, remaining: Option<u64>, now: u64) {
+        if let Purpose::Lease(claim) = purpose {
+            let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, remaining, now);
+        }
+    }
+
+    /// The answer to this worker's lease call on `claim`'s key.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lease_answer(
+        &mut self,
+        host: &mut dyn Host,
+        rule_idx: usize,
+        claim: Claim,
+        asked: &ScriptCall,
+        reply: Result<Reply, BackendError>,
+        sent_ms: u64,
+        carrier: u32,
+        now: u64,
+    ) {
+        let key = claim.key().to_string();
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            self.end_claim(host, Purpose::Lease(claim), None, now);
+            return;
+        };
+        let (sizing, horizon) = (sizing(rule), rule.lease_horizon_ms);
+        let store = host.store();
+        let pool = LeasePool::new(store, &self.plugin.ns);
+        let deny = DenyCache::new(store, &self.plugin.ns);
+        let m = &self.plugin.metrics;
+        match reply {
+            Ok(r) if r.allowed => {
+                // Never more than asked for: a garbled reply must not mint tokens.
+                let granted = r.granted.min(asked.lease_want.max(asked.cost));
+                m.count(rule_idx, Counter::LeaseGranted, granted);
+                if let Ok(d) =
+                    pool.deposit(claim, granted, r.remaining, r.reset_after_ms, now, horizon)
+                {
+                    m.count(rule_idx, Counter::LeaseDropped, d.dropped);
+                    m.count(rule_idx, Counter::LeaseEvicted, d.evicted);
+                }
+                if granted < asked.lease_want || r.remaining < granted {
+                    // The bucket held less than asked for, or we took most of what was left: the
+                    // key is saturated. Spend the grant, then back off instead of asking for each
+                    // token as it refills (they stay in the global bucket meanwhile; the backoff
+                    // is short enough that none is lost).
+                    let backoff = sizing.backoff_ms(r.remaining);
+                    let _ = deny.remember(&key, 1, sent_ms.saturating_add(backoff));
+                }
+            }
+            Ok(r) => {
+                let retry = u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms);
+                let until = sent_ms.saturating_add(retry.max(sizing.backoff_ms(r.remaining)));
+                let _ = deny.remember(&key, asked.cost, until);
+                let _ = pool.release(claim, Some(r.remaining), now);
+            }
+            Err(e) => {
+                let _ = pool.release(claim, None, now);
+                self.queues.set_state(&key, State::Idle);
+                self.fail_waiters(host, &key, &e, now);
+                return;
+            }
+        }
+        self.queues.set_state(&key, State::Idle);
+        self.serve(host, &key, Some(carrier), now);
+    }
+
+    /// Serves `key`'s waiters from the pool and the deny cache, in order; starts another lease
+    /// call for those still waiting.
+    fn serve(&mut self, host: &mut dyn Host, key: &str, carrier: Option<u32>, now: u64) {
+        let Some(q) = self.queues.by_key.get(key) else {
+            return;
+        };
+        let costs: Vec<u64> = q.waiters.iter().map(|w| w.cost).collect();
+        let rule_idx = q.rule;
+        let horizon = self.plugin.rule(rule_idx).map_or(0, |r| r.lease_horizon_ms);
+        let store = host.store();
+        let take = LeasePool::new(store, &self.plugin.ns)
+            .take(key, &costs, now, horizon)
+            .unwrap_or_default();
+        self.plugin
+            .metrics
+            .count(rule_idx, Counter::LeaseDropped, take.dropped);
+        let deny = DenyCache::new(store, &self.plugin.ns);
+        let mut settled = Vec::new();
+        if let Some(q) = self.queues.by_key.get_mut(key) {
+            for s in &take.spent {
+                let Some(w) = q.waiters.pop_front() else {
+                    break;
+                };
+                let outcome = Outcome::Allowed {
+                    remaining: s.remaining,
+                    reset_ms: s.reset_ms,
+                };
+                settled.push((w, outcome));
+            }
+            q.waiters.retain(|w| match deny.denied(key, w.cost, now) {
+                Some(retry_ms) => {
+                    settled.push((*w, Outcome::Denied { retry_ms }));
+                    false
+                }
+                None => true,
+            });
+        }
+        for (w, outcome) in settled {
+            self.settle(host, w.ctx, w.idx, outcome, now);
+        }
+        let still_waiting = self
+            .queues
+            .by_key
+            .get(key)
+            .is_some_and(|q| !q.waiters.is_empty() && q.state == State::Idle);
+        if still_waiting {
+            self.kick(host, key, carrier, now);
+        } else {
+            self.queues.forget_if_idle(key);
+        }
+    }
+
+    /// Every waiter on `key` gets the failure mode for `err`.
+    pub(super) fn fail_waiters(
+        &mut self,
+        host: &mut dyn Host,
+        key: &str,
+        err: &BackendError,
+        now: u64,
+    ) {
+        for w in self.queues.drain(key) {
+            self.fail_check(host, w.ctx, w.idx, err, now);
+        }
+    }
+
+    /// Waiters whose patience ran out get the failure mode (their call was lost somewhere).
+    pub(super) fn expire_waiters(&mut self, host: &mut dyn Host, now: u64) {
+        while let Some(&(due, ctx, idx)) = self.queues.patience.front() {
+            if due > now {
+                break;
+            }
+            self.queues.patience.pop_front();
+            if !self.is_waiting(ctx, idx) {
+                continue;
+            }
+            if let Some((_, call)) = self.check_call(ctx, idx) {
+                self.queues.remove_waiter(&call.key, ctx);
+            }
+            self.fail_check(host, ctx, idx, &BackendError::Reset, now);
+        }
+    }
+
+    /// Keys waiting on another worker's call, or on a lost one: serve them once that call has
+    /// ended or its tokens are in the pool (reads only, unless there is something to take).
+    pub(super) fn poll_leases(&mut self, host: &mut dyn Host, now: u64) {
+        let keys: Vec<String> = self.queues.polled.iter().cloned().collect();
+        for key in keys {
+            let Some(q) = self.queues.by_key.get(&key) else {
+                self.queues.polled.remove(&key);
+                continue;
+            };
+            let ready = match q.state {
+                State::Lost => true,
+                State::Foreign => {
+                    let first = q.waiters.front().map_or(1, |w| w.cost);
+                    LeasePool::new(host.store(), &self.plugin.ns)
+                        .peek(&key)
+                        .map_or(true, |l| {
+                            l.flight_until_ms <= now || l.live_tokens(now) >= first
+                        })
+                }
+                State::Idle | State::Own => false,
+            };
+            if ready {
+                self.queues.set_state(&key, State::Idle);
+                let root = self.root;
+                self.serve(host, &key, Some(root), now);
+            }
+        }
+    }
+}

@@ -1,0 +1,765 @@
+//! The per-worker request engine: Envoy's callbacks come in as events (`request_headers`,
+//! `call_response`, `tick`, `response_headers`, `done`), and the engine answers through the
+//! [`Host`] trait (dispatch, resume, respond, add headers, tick period, shared data).
+//!
+//! Invariant: the engine owns every paused request by context id, and every paused request is
+//! resumed or answered exactly once: each of its checks gets an outcome from the local stage, a
+//! backend answer, a failed or refused call (the failure mode), or its patience running out
+//! (twice the backend timeout, for lease waits whose call was lost). A request whose client went
+//! away (`done`) is forgotten and never touched again.
+//!
+//! Lease checks wait per key ([`lease`]): one call per key per proxy, served when its tokens
+//! arrive, not by polling; the tick runs only while something is due (a held request, a
+//! patience deadline, another worker's lease call on a key waited for here).
+
+mod coalesce;
+pub mod health;
+mod lease;
+pub mod plugin;
+mod stash;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::backend::{BackendError, HttpRequest, Reply, ScriptCall};
+use crate::config::FailureMode;
+use crate::metrics::Counter;
+use crate::rule::RequestView;
+use crate::shared::deny::DenyCache;
+use crate::shared::lease::{Claim, LeasePool};
+use crate::shared::{fallback, Store};
+
+use health::{Event, Health};
+use lease::Queues;
+pub use plugin::{LocalReply, Outcome, Plugin, Source, Verdict};
+
+/// What the engine needs from the proxy. Context ids are Envoy's; calls made while handling an
+/// event are carried by that event's context (their answers come back through it).
+pub trait Host {
+    /// Milliseconds since the Unix epoch by the proxy's clock.
+    fn now_ms(&self) -> u64;
+    fn store(&self) -> &dyn Store;
+    /// Sends a backend call; its answer comes back as [`Engine::call_response`] with this token.
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        req: &HttpRequest,
+        timeout_ms: u64,
+    ) -> Result<u32, BackendError>;
+    /// Lets paused request `ctx` go on.
+    fn resume(&mut self, ctx: u32);
+    /// Answers request `ctx` here.
+    fn respond(&mut self, ctx: u32, reply: &LocalReply);
+    /// Adds headers to the response of `ctx` (called while its response headers are processed).
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]);
+    /// Ticks every `period_ms` (0: stop).
+    fn set_tick(&mut self, period_ms: u64);
+}
+
+/// What Envoy does with the request after `request_headers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    Pause,
+}
+
+/// One matching rule's check of a request.
+#[derive(Debug, Clone)]
+struct Check {
+    rule: usize,
+    call: ScriptCall,
+    outcome: Option<Outcome>,
+    lease: bool,
+}
+
+/// A request the engine is deciding, holding, or keeping response headers for.
+#[derive(Debug)]
+struct Request {
+    checks: Vec<Check>,
+    grpc: bool,
+    /// Still deciding (false once the verdict is applied).
+    deciding: bool,
+    /// Headers for the response, once admitted.
+    headers: Vec<(String, String)>,
+}
+
+/// Why a backend call is out.
+#[derive(Debug)]
+enum Purpose {
+    /// Check `idx` of request `ctx` (exact mode).
+    Check { ctx: u32, idx: usize },
+    /// The proxy's lease call for `claim`'s key.
+    Lease(Claim),
+    /// One call for several exact checks of one key, one token each, in order.
+    Batch(Vec<(u32, usize)>),
+}
+
+#[derive(Debug)]
+struct Call {
+    rule: usize,
+    call: ScriptCall,
+    purpose: Purpose,
+    /// The context whose callback sent it (its answer comes back through that context).
+    carrier: u32,
+    /// When the first attempt was sent (a denial is cached from then, never later).
+    sent_ms: u64,
+    /// Whether this is the EVAL resend after NOSCRIPT.
+    with_source: bool,
+}
+
+/// The engine of one worker (one plugin configuration).
+pub struct Engine {
+    plugin: Plugin,
+    /// The worker's root context: it carries calls made from ticks.
+    root: u32,
+    requests: HashMap<u32, Request>,
+    calls: HashMap<u32, Call>,
+    queues: Queues,
+    stashes: stash::Stashes,
+    chains: coalesce::Chains,
+    /// Admitted requests held for a reservation, by due time.
+    held: BinaryHeap<Reverse<(u64, u32)>>,
+    /// The tick period asked of the host (0: off).
+    tick_ms: u64,
+}
+
+impl Engine {
+    pub fn new(plugin: Plugin, root: u32) -> Engine {
+        Engine {
+            plugin,
+            root,
+            requests: HashMap::new(),
+            calls: HashMap::new(),
+            queues: Queues::default(),
+            stashes: stash::Stashes::default(),
+            chains: coalesce::Chains::default(),
+            held: BinaryHeap::new(),
+            tick_ms: 0,
+        }
+    }
+
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    /// Requests, calls and waiters the engine holds (for tests and the idle check).
+    pub fn load(&self) -> (usize, usize, usize) {
+        (self.requests.len(), self.calls.len(), self.queues.waiters())
+    }
+
+    // ----- events -----
+
+    /// A request's headers: decide what can be decided locally, send what needs the backend.
+    pub fn request_headers(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        req: &dyn RequestView,
+    ) -> Action {
+        let now = host.now_ms();
+        let mut checks = Vec::new();
+        for idx in 0..self.plugin.config.rules.len() {
+            let (call, lease) = match self.plugin.check_for(idx, req) {
+                None => continue,
+                Some(Ok(c)) => c,
+                Some(Err(e)) => return self.apply(host, ctx, plugin::bad_cost(&e), false, true),
+            };
+            let outcome = self.local_outcome(host.store(), idx, &call, lease, now);
+            if let Some(o) = outcome {
+                self.plugin.count(idx, (o, Source::Local));
+            }
+            checks.push(Check {
+                rule: idx,
+                call,
+                outcome,
+                lease,
+            });
+        }
+        let mut request = Request {
+            checks,
+            grpc: false,
+            deciding: true,
+            headers: Vec::new(),
+        };
+        // Whether the client speaks gRPC matters only for a local answer: read it only then.
+        let verdict = match self.verdict_if_done(&request) {
+            Some(Verdict::Respond(_)) => {
+                request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
+                self.verdict_if_done(&request)
+            }
+            other => other,
+        };
+        if let Some(verdict) = verdict {
+            return self.apply(host, ctx, verdict, request.grpc, true);
+        }
+        request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
+        let undecided: Vec<(usize, bool)> = request
+            .checks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.outcome.is_none())
+            .map(|(i, c)| (i, c.lease))
+            .collect();
+        self.requests.insert(ctx, request);
+        let exact_needed = undecided.iter().any(|(_, lease)| !lease);
+        if exact_needed && !self.backend_allowed(host, now) {
+            // The breaker is open: the failure mode answers now, no request waits on a dead backend.
+            for (idx, _) in undecided.iter().filter(|(_, lease)| !lease) {
+                self.fail_check(host, ctx, *idx, &BackendError::CircuitOpen, now);
+            }
+        }
+        for (idx, lease) in undecided {
+            if !self.is_waiting(ctx, idx) {
+                continue;
+            }
+            if lease {
+                self.wait_for_lease(host, ctx, idx, Some(ctx), now);
+            } else {
+                self.send_exact(host, ctx, idx, now);
+            }
+        }
+        let action = match self.requests.get(&ctx) {
+            Some(r) if !r.deciding => Action::Continue,
+            Some(_) => Action::Pause,
+            // Answered locally (a failure mode that refuses).
+            None => Action::Pause,
+        };
+        self.schedule(host, now, false);
+        action
+    }
+
+    /// The answer to call `token`, delivered through context `carrier`: `status` is the host's
+    /// status (0 for no answer) and `body` at most what the host read.
+    pub fn call_response(
+        &mut self,
+        host: &mut dyn Host,
+        carrier: u32,
+        token: u32,
+        status: u32,
+        body: &[u8],
+    ) {
+        let Some(call) = self.calls.remove(&token) else {
+            return;
+        };
+        let now = host.now_ms();
+        self.plugin
+            .metrics
+            .latency(call.rule, now.saturating_sub(call.sent_ms));
+        let reply = self.plugin.transport.decode(status, body);
+        if matches!(reply, Err(BackendError::NoScript)) && !call.with_source {
+            self.resend_with_source(host, call, carrier, now);
+        } else {
+            self.record(host, call.rule, reply.as_ref().map(|_| ()), now);
+            match call.purpose {
+                Purpose::Check { ctx, idx } => {
+                    let outcome = match reply {
+                        Ok(r) => self.reply_outcome(host, &call.call, &r, call.sent_ms),
+                        Err(e) => self.failure_outcome(host, call.rule, &call.call, &e, now),
+                    };
+                    self.settle(host, ctx, idx, outcome, now);
+                    if coalesce::eligible(&call.call) {
+                        self.chain_next(host, &call.call.key, carrier, now);
+                    }
+                }
+                Purpose::Batch(checks) => {
+                    self.batch_answer(host, &call.call, checks, reply, call.sent_ms, now);
+                    self.chain_next(host, &call.call.key, carrier, now);
+                }
+                Purpose::Lease(claim) => {
+                    let (rule, sent_ms, asked) = (call.rule, call.sent_ms, call.call);
+                    self.lease_answer(host, rule, claim, &asked, reply, sent_ms, carrier, now);
+                }
+            }
+        }
+        self.schedule(host, now, false);
+    }
+
+    /// The periodic tick of the worker's root context.
+    pub fn tick(&mut self, host: &mut dyn Host) {
+        let now = host.now_ms();
+        while let Some(Reverse((due, ctx))) = self.held.peek().copied() {
+            if due > now {
+                break;
+            }
+            self.held.pop();
+            if self.requests.contains_key(&ctx) {
+                host.resume(ctx);
+            }
+        }
+        self.expire_waiters(host, now);
+        self.poll_leases(host, now);
+        self.send_pending_chains(host, now);
+        self.schedule(host, now, true);
+    }
+
+    /// The response headers of `ctx`: add the rate-limit headers kept for it.
+    pub fn response_headers(&mut self, host: &mut dyn Host, ctx: u32) {
+        if let Some(r) = self.requests.remove(&ctx) {
+            if !r.headers.is_empty() {
+                host.add_response_headers(ctx, &r.headers);
+            }
+        }
+    }
+
+    /// Context `ctx` is gone (the client went away, or the request ended): forget it. Nothing can
+    /// be sent from here (a call carried by a dying context would never be answered), so lease
+    /// calls it carried are ended and their keys tried again at the next tick.
+    pub fn done(&mut self, host: &mut dyn Host, ctx: u32) {
+        let now = host.now_ms();
+        if let Some(r) = self.requests.remove(&ctx) {
+            for c in r.checks.iter().filter(|c| c.outcome.is_none()) {
+                if c.lease {
+                    self.queues.remove_waiter(&c.call.key, ctx);
+                } else {
+                    self.chains.remove_waiter(&c.call.key, ctx);
+                }
+            }
+        }
+        let carried: Vec<u32> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.carrier == ctx)
+            .map(|(t, _)| *t)
+            .collect();
+        for token in carried {
+            let Some(call) = self.calls.remove(&token) else {
+                continue;
+            };
+            match call.purpose {
+                Purpose::Lease(claim) => {
+                    let key = claim.key().to_string();
+                    let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
+                    self.queues.flight_lost(&key);
+                }
+                Purpose::Check { .. } | Purpose::Batch(_) => self.chains.lost(&call.call.key),
+            }
+        }
+        self.schedule(host, now, false);
+    }
+
+    // ----- checks -----
+
+    /// What the local stage answers for a check: a leased token (from this worker's stash, or a
+    /// batch moved from the proxy's pool) or a cached denial.
+    fn local_outcome(
+        &mut self,
+        store: &dyn Store,
+        idx: usize,
+        call: &ScriptCall,
+        lease: bool,
+        now: u64,
+    ) -> Option<Outcome> {
+        if lease {
+            if let Some(s) = self.spend_leased(store, idx, call, now) {
+                return Some(Outcome::Allowed {
+                    remaining: s.remaining,
+                    reset_ms: s.reset_ms,
+                });
+            }
+        }
+        DenyCache::new(store, &self.plugin.ns)
+            .denied(&call.key, call.cost, now)
+            .map(|retry_ms| Outcome::Denied { retry_ms })
+    }
+
+    fn spend_leased(
+        &mut self,
+        store: &dyn Store,
+        idx: usize,
+        call: &ScriptCall,
+        now: u64,
+    ) -> Option<crate::shared::lease::Spent> {
+        let metrics = &self.plugin.metrics;
+        let spend = self.stashes.spend(&call.key, call.cost, now);
+        metrics.count(idx, Counter::LeaseDropped, spend.dropped);
+        if spend.spent.is_some() {
+            return spend.spent;
+        }
+        let (room, dropped) = self.stashes.room_for(&call.key, now);
+        metrics.count(idx, Counter::LeaseDropped, dropped);
+        let horizon = self.plugin.rule(idx).map_or(0, |r| r.lease_horizon_ms);
+        let batch = LeasePool::new(store, &self.plugin.ns)
+            .take_batch(&call.key, call.cost, now, horizon, !room)
+            .ok()??;
+        Some(self.stashes.keep(&call.key, &batch, call.cost, now))
+    }
+
+    fn is_waiting(&self, ctx: u32, idx: usize) -> bool {
+        self.requests
+            .get(&ctx)
+            .and_then(|r| r.checks.get(idx))
+            .is_some_and(|c| c.outcome.is_none())
+    }
+
+    fn check_call(&self, ctx: u32, idx: usize) -> Option<(usize, ScriptCall)> {
+        let c = self.requests.get(&ctx)?.checks.get(idx)?;
+        Some((c.rule, c.call.clone()))
+    }
+
+    /// Sends exact check `idx`'s call, or queues it behind the call out for its key.
+    fn send_exact(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, now: u64) {
+        let Some((_, call)) = self.check_call(ctx, idx) else {
+            return;
+        };
+        if coalesce::eligible(&call) && self.join_chain(&call.key, ctx, idx) {
+            return;
+        }
+        self.send_check(host, ctx, idx, ctx, now);
+        if !self.is_waiting(ctx, idx) {
+            // The call failed at once: the chain it started is over.
+            self.chain_next(host, &call.key, ctx, now);
+        }
+    }
+
+    /// Sends check `idx`'s own call (exact mode, or a lease check whose key has no lease slot).
+    fn send_check(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, carrier: u32, now: u64) {
+        let Some((rule, mut call)) = self.check_call(ctx, idx) else {
+            return;
+        };
+        call.lease_want = 0;
+        let purpose = Purpose::Check { ctx, idx };
+        if let Err((e, _)) = self.send(host, rule, call, purpose, carrier, now, false) {
+            self.fail_check(host, ctx, idx, &e, now);
+        }
+    }
+
+    /// Sends one script call; gives the purpose back if it did not go out.
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &mut self,
+        host: &mut dyn Host,
+        rule: usize,
+        call: ScriptCall,
+        purpose: Purpose,
+        carrier: u32,
+        sent_ms: u64,
+        with_source: bool,
+    ) -> Result<(), (BackendError, Purpose)> {
+        let backend = &self.plugin.config.backend;
+        if self.calls.len() as u64 >= backend.max_inflight {
+            self.plugin
+                .metrics
+                .count(rule, Counter::InflightRejected, 1);
+            return Err((BackendError::Overflow, purpose));
+        }
+        let req = self.plugin.transport.request(&call, with_source);
+        match host.dispatch(&backend.cluster, &req, backend.timeout_ms) {
+            Ok(token) => {
+                self.plugin.metrics.count(rule, Counter::BackendCalls, 1);
+                self.calls.insert(
+                    token,
+                    Call {
+                        rule,
+                        call,
+                        purpose,
+                        carrier,
+                        sent_ms,
+                        with_source,
+                    },
+                );
+                Ok(())
+            }
+            Err(e) => {
+                let now = host.now_ms();
+                self.record(host, rule, Err(&e), now);
+                Err((e, purpose))
+            }
+        }
+    }
+
+    /// NOSCRIPT: the same call again with the script's source (EVAL), once.
+    fn resend_with_source(&mut self, host: &mut dyn Host, call: Call, carrier: u32, now: u64) {
+        let Call {
+            rule,
+            call: script_call,
+            purpose,
+            sent_ms,
+            ..
+        } = call;
+        let key = script_call.key.clone();
+        match self.send(host, rule, script_call, purpose, carrier, sent_ms, true) {
+            Ok(()) => {}
+            Err((e, Purpose::Check { ctx, idx })) => self.fail_check(host, ctx, idx, &e, now),
+            Err((e, Purpose::Batch(checks))) => {
+                for (ctx, idx) in checks {
+                    self.fail_check(host, ctx, idx, &e, now);
+                }
+                self.chain_next(host, &key, carrier, now);
+            }
+            Err((e, Purpose::Lease(claim))) => {
+                let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
+                self.queues.flight_lost(&key);
+                self.fail_waiters(host, &key, &e, now);
+            }
+        }
+    }
+
+    /// What a script reply means for a check; a denial is remembered in the deny cache.
+    fn reply_outcome(
+        &self,
+        host: &mut dyn Host,
+        call: &ScriptCall,
+        r: &Reply,
+        sent_ms: u64,
+    ) -> Outcome {
+        let outcome = Outcome::of_reply(r);
+        if let Outcome::Denied { retry_ms } = outcome {
+            let until = sent_ms.saturating_add(retry_ms);
+            let _ =
+                DenyCache::new(host.store(), &self.plugin.ns).remember(&call.key, call.cost, until);
+        }
+        outcome
+    }
+
+    /// The failure mode's outcome for a check whose call failed (or was never sent).
+    fn failure_outcome(
+        &self,
+        host: &mut dyn Host,
+        rule_idx: usize,
+        call: &ScriptCall,
+        _err: &BackendError,
+        now: u64,
+    ) -> Outcome {
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            return Outcome::FailClosed;
+        };
+        match self.plugin.config.failure_mode {
+            FailureMode::Open => Outcome::FailOpen,
+            FailureMode::Closed => Outcome::FailClosed,
+            FailureMode::Local => {
+                let limits = rule.fallback.unwrap_or(rule.limits);
+                let table = format!("{}|{}", self.plugin.ns, rule.name);
+                match fallback::take(host.store(), &table, &call.key, &limits, call.cost, now) {
+                    Ok(r) => match Outcome::of_reply(&r) {
+                        Outcome::Reserved { .. } => Outcome::FailClosed,
+                        o => o,
+                    },
+                    // Shared data kept failing: deny rather than admit unaccounted.
+                    Err(_) => Outcome::Denied { retry_ms: 1000 },
+                }
+            }
+        }
+    }
+
+    fn fail_check(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        idx: usize,
+        e: &BackendError,
+        now: u64,
+    ) {
+        let Some((rule, call)) = self.check_call(ctx, idx) else {
+            return;
+        };
+        let outcome = self.failure_outcome(host, rule, &call, e, now);
+        self.settle(host, ctx, idx, outcome, now);
+    }
+
+    /// Records check `idx`'s outcome (once), and applies the verdict when the request has one.
+    fn settle(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, outcome: Outcome, now: u64) {
+        let Some(request) = self.requests.get_mut(&ctx) else {
+            return;
+        };
+        if !request.deciding {
+            return;
+        }
+        let Some(check) = request.checks.get_mut(idx) else {
+            return;
+        };
+        if check.outcome.is_some() {
+            return;
+        }
+        check.outcome = Some(outcome);
+        let source = match outcome {
+            Outcome::FailOpen | Outcome::FailClosed => Source::Failure,
+            _ => Source::Backend,
+        };
+        let rule = check.rule;
+        self.plugin.count(rule, (outcome, source));
+        let Some(request) = self.requests.get(&ctx) else {
+            return;
+        };
+        if let Some(verdict) = self.verdict_if_done(request) {
+            let grpc = request.grpc;
+            self.apply(host, ctx, verdict, grpc, false);
+        }
+        let _ = now;
+    }
+
+    /// The verdict, once every check has an outcome or an enforced rule refused.
+    fn verdict_if_done(&self, request: &Request) -> Option<Verdict> {
+        let cfg = &self.plugin.config;
+        let enforced = |c: &&Check| !cfg.rules.get(c.rule).is_some_and(|r| r.shadow);
+        let refused = request
+            .checks
+            .iter()
+            .filter(enforced)
+            .any(|c| c.outcome.is_some_and(|o| o.refuses()));
+        let complete = request.checks.iter().all(|c| c.outcome.is_some());
+        (refused || complete).then(|| {
+            plugin::verdict(
+                cfg,
+                request
+                    .checks
+                    .iter()
+                    .filter_map(|c| Some((c.rule, c.outcome?))),
+                request.grpc,
+            )
+        })
+    }
+
+    /// Applies a verdict to `ctx`; `inline` when called from its own `request_headers` (then the
+    /// returned action lets it go, rather than a resume).
+    fn apply(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        verdict: Verdict,
+        grpc: bool,
+        inline: bool,
+    ) -> Action {
+        log::debug!("tollgate: {}", describe(&verdict));
+        let request = self.requests.remove(&ctx);
+        if let Some(r) = &request {
+            for c in r.checks.iter().filter(|c| c.lease && c.outcome.is_none()) {
+                self.queues.remove_waiter(&c.call.key, ctx);
+            }
+        }
+        match verdict {
+            Verdict::Respond(reply) => {
+                host.respond(ctx, &reply);
+                Action::Pause
+            }
+            Verdict::Allow { headers, delay_ms } => {
+                let now = host.now_ms();
+                if !headers.is_empty() || delay_ms > 0 {
+                    self.requests.insert(
+                        ctx,
+                        Request {
+                            checks: Vec::new(),
+                            grpc,
+                            deciding: false,
+                            headers,
+                        },
+                    );
+                }
+                if delay_ms > 0 {
+                    self.held.push(Reverse((now.saturating_add(delay_ms), ctx)));
+                    self.schedule(host, now, false);
+                    Action::Pause
+                } else if inline {
+                    Action::Continue
+                } else {
+                    host.resume(ctx);
+                    Action::Continue
+                }
+            }
+        }
+    }
+
+    // ----- backend health -----
+
+    fn backend_allowed(&self, host: &mut dyn Host, now: u64) -> bool {
+        self.health(host.store()).allow(now)
+    }
+
+    fn health<'a>(&self, store: &'a dyn Store) -> Health<'a> {
+        let b = &self.plugin.config.backend;
+        Health::new(
+            store,
+            &self.plugin.ns,
+            b.breaker_failures,
+            b.breaker_cooloff_ms,
+        )
+    }
+
+    /// Feeds one call's result to the proxy's health, counts a failure, and logs a change of state.
+    fn record(
+        &self,
+        host: &mut dyn Host,
+        rule: usize,
+        result: Result<(), &BackendError>,
+        now: u64,
+    ) {
+        if let Err(e) = result {
+            let m = &self.plugin.metrics;
+            m.count(rule, Counter::BackendErrors, 1);
+            m.count(rule, Counter::BackendError(e.class()), 1);
+        }
+        let mode = self.plugin.config.failure_mode;
+        let b = &self.plugin.config.backend;
+        for event in self.health(host.store()).record(result, now) {
+            match event {
+                Event::Opened => {
+                    self.plugin.metrics.breaker_open(true);
+                    log::warn!(
+                        "tollgate: backend failing: circuit open after {} consecutive failures; \
+                         failure_mode {mode:?} answers, one probe every {} ms",
+                        b.breaker_failures,
+                        b.breaker_cooloff_ms
+                    );
+                }
+                Event::Closed => {
+                    self.plugin.metrics.breaker_open(false);
+                    log::info!("tollgate: backend answering again: circuit closed");
+                }
+                Event::Failing(class, msg) => log::warn!(
+                    "tollgate: backend error ({}): {msg}; failure_mode {mode:?} applies to the \
+                     requests it concerns (logged again only after it recovers)",
+                    class.name()
+                ),
+                Event::Recovered(classes) => {
+                    let names: Vec<&str> = classes.iter().map(|c| c.name()).collect();
+                    log::info!("tollgate: backend recovered from: {}", names.join(", "));
+                }
+            }
+        }
+    }
+
+    // ----- the tick -----
+
+    /// Keeps the tick running at the period of the nearest deadline, and off when nothing is due.
+    /// Outside a tick it only ever shortens the period (so a busy worker does not re-arm the
+    /// timer on every request).
+    fn schedule(&mut self, host: &mut dyn Host, now: u64, in_tick: bool) {
+        // Deadlines of checks that were served meanwhile are nothing to watch.
+        while let Some((ctx, idx)) = self.queues.patience_front() {
+            if self.is_waiting(ctx, idx) {
+                break;
+            }
+            self.queues.pop_patience();
+        }
+        let mut next = self.queues.next_due(now);
+        if self.chains.pending() {
+            next = Some(now.saturating_add(1));
+        }
+        if let Some(Reverse((due, _))) = self.held.peek() {
+            next = Some(next.map_or(*due, |n: u64| n.min(*due)));
+        }
+        let want = next.map_or(0, |due| due.saturating_sub(now).max(1));
+        let change = if in_tick {
+            want != self.tick_ms
+        } else {
+            want != 0 && (self.tick_ms == 0 || want < self.tick_ms)
+        };
+        if change {
+            host.set_tick(want);
+            self.tick_ms = want;
+        }
+    }
+}
+
+/// A verdict for a debug log line: status and rate-limit headers (rule names and numbers only,
+/// never request values).
+fn describe(v: &Verdict) -> String {
+    let (what, headers) = match v {
+        Verdict::Allow { headers, delay_ms } => (format!("allow after {delay_ms} ms"), headers),
+        Verdict::Respond(r) => (format!("answer {}", r.status), &r.headers),
+    };
+    let hs: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    format!("{what} [{}]", hs.join("; "))
+}
+
+#[cfg(test)]
+mod tests;

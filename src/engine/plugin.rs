@@ -1,0 +1,320 @@
+//! The configuration plus what is derived from it once per configure, and the pure decisions
+//! about one request: its cost, each rule's outcome, and the verdict that combines them.
+//!
+//! Invariant: a request is admitted only if every enforced (non-shadow) rule that matched admits
+//! it; the cost a rule charges is never below the rule's `cost`.
+
+use crate::backend::{webdis::Webdis, Reply, ScriptCall, Transport};
+use crate::config::{Config, Mode, Rule};
+use crate::headers::{self, Report};
+use crate::metrics::{Counter, Metrics, NoMetrics};
+use crate::rule::RequestView;
+
+/// gRPC status codes used in local replies.
+pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
+pub const GRPC_UNAVAILABLE: u32 = 14;
+
+pub struct Plugin {
+    pub config: Config,
+    pub transport: Box<dyn Transport>,
+    /// Prefix of this plugin's shared-data keys (Istio gives all plugins of a proxy one namespace).
+    pub ns: String,
+    pub metrics: Box<dyn Metrics>,
+}
+
+impl Plugin {
+    pub fn new(config: Config) -> Plugin {
+        Self::with_metrics(config, Box::new(NoMetrics))
+    }
+
+    pub fn with_metrics(config: Config, metrics: Box<dyn Metrics>) -> Plugin {
+        let transport = Box::new(Webdis::new(
+            &config.backend.authority,
+            config.backend.basic_auth.as_deref(),
+        ));
+        let ns = format!("tollgate|{}", config.key_prefix);
+        Plugin {
+            config,
+            transport,
+            ns,
+            metrics,
+        }
+    }
+
+    pub fn rule(&self, idx: usize) -> Option<&Rule> {
+        self.config.rules.get(idx)
+    }
+
+    /// Rule `idx`'s script call for `req` and whether it is a lease rule; None if the rule does
+    /// not apply (its match fails or a key source is missing).
+    pub fn check_for(
+        &self,
+        idx: usize,
+        req: &dyn RequestView,
+    ) -> Option<Result<(ScriptCall, bool), CostError>> {
+        let rule = self.rule(idx)?;
+        let key = crate::rule::applies(&self.config.key_prefix, rule, req)?;
+        let cost = match cost_of(rule, req) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        let call = ScriptCall {
+            key,
+            burst: rule.limits.burst,
+            rate: rule.limits.rate,
+            period_ms: rule.limits.period_ms,
+            cost,
+            lease_want: 0,
+            // A shadow rule never holds a request.
+            max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
+            settle: 0,
+        };
+        Some(Ok((call, rule.mode == Mode::Lease)))
+    }
+
+    /// Counts one check's outcome: exactly one of allowed / denied / shadow_denied, plus where it
+    /// came from.
+    pub fn count(&self, rule_idx: usize, (outcome, source): (Outcome, Source)) {
+        let shadow = self.rule(rule_idx).is_some_and(|r| r.shadow);
+        let m = &self.metrics;
+        match outcome {
+            Outcome::Reserved { delay_ms, .. } => {
+                m.count(rule_idx, Counter::Allowed, 1);
+                m.count(rule_idx, Counter::Delayed, 1);
+                m.count(rule_idx, Counter::DelayMs, delay_ms);
+            }
+            Outcome::Allowed { .. } | Outcome::FailOpen => {
+                m.count(rule_idx, Counter::Allowed, 1);
+                match source {
+                    Source::Local => m.count(rule_idx, Counter::LocalAllowed, 1),
+                    Source::Failure => m.count(rule_idx, Counter::FailureModeAllowed, 1),
+                    Source::Backend => {}
+                }
+            }
+            Outcome::Denied { .. } | Outcome::FailClosed => {
+                let denied = if shadow {
+                    Counter::ShadowDenied
+                } else {
+                    Counter::Denied
+                };
+                m.count(rule_idx, denied, 1);
+                if source == Source::Local {
+                    m.count(rule_idx, Counter::LocalDenied, 1);
+                }
+            }
+        }
+    }
+}
+
+/// How one rule decided (or failed to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed {
+        remaining: u64,
+        reset_ms: u64,
+    },
+    Denied {
+        retry_ms: u64,
+    },
+    /// Admitted on tokens reserved from the future: hold the request `delay_ms` first.
+    Reserved {
+        delay_ms: u64,
+        reset_ms: u64,
+    },
+    /// The backend failed and the failure mode admits / refuses.
+    FailOpen,
+    FailClosed,
+}
+
+impl Outcome {
+    /// What a script reply means for a check (a denial's retry is never negative: -1 only comes
+    /// for a cost above the burst, which the engine refuses before calling).
+    pub fn of_reply(r: &Reply) -> Outcome {
+        match r {
+            r if r.allowed && r.retry_after_ms > 0 => Outcome::Reserved {
+                delay_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
+                reset_ms: r.reset_after_ms,
+            },
+            r if r.allowed => Outcome::Allowed {
+                remaining: r.remaining,
+                reset_ms: r.reset_after_ms,
+            },
+            r => Outcome::Denied {
+                retry_ms: u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms),
+            },
+        }
+    }
+
+    /// Whether this outcome refuses the request (if its rule is enforced).
+    pub fn refuses(&self) -> bool {
+        matches!(self, Outcome::Denied { .. } | Outcome::FailClosed)
+    }
+}
+
+/// Where an outcome came from (for metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// This proxy's lease or deny cache, no call.
+    Local,
+    /// The global bucket in Redis.
+    Backend,
+    /// The failure mode (open/closed) or the per-proxy fallback bucket (local).
+    Failure,
+}
+
+/// A local answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    /// For a gRPC request: the grpc-status to answer with (None: Envoy derives it).
+    pub grpc_status: Option<u32>,
+}
+
+/// What happens to the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let it through (after holding it `delay_ms`, for a reservation); add `headers` to the
+    /// response.
+    Allow {
+        headers: Vec<(String, String)>,
+        delay_ms: u64,
+    },
+    Respond(LocalReply),
+}
+
+/// Why a request's cost is not usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostError {
+    Invalid,
+    OverBurst { rule: String, burst: u64 },
+}
+
+/// Parses a cost header: a plain positive decimal integer, nothing else (no sign, no float, no
+/// spaces, not zero, fits in u64).
+pub fn parse_cost(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value)
+        .ok()?
+        .parse::<u64>()
+        .ok()
+        .filter(|c| *c > 0)
+}
+
+/// What `rule` charges `req`: its `cost`, raised (never lowered) by `cost_header`.
+pub fn cost_of(rule: &Rule, req: &dyn RequestView) -> Result<u64, CostError> {
+    let asked = match rule
+        .cost_header
+        .as_deref()
+        .and_then(|name| req.header(name))
+    {
+        Some(v) => parse_cost(&v).ok_or(CostError::Invalid)?,
+        None => rule.cost,
+    };
+    let cost = asked.max(rule.cost);
+    if cost > rule.limits.burst {
+        return Err(CostError::OverBurst {
+            rule: rule.name.clone(),
+            burst: rule.limits.burst,
+        });
+    }
+    Ok(cost)
+}
+
+pub fn bad_cost(e: &CostError) -> Verdict {
+    let body = match e {
+        CostError::Invalid => "invalid cost header: expected a positive integer\n".to_string(),
+        CostError::OverBurst { rule, burst } => format!(
+            "request cost exceeds the burst of rule \"{rule}\" ({burst}): it can never be admitted\n"
+        ),
+    };
+    Verdict::Respond(LocalReply {
+        status: 400,
+        headers: Vec::new(),
+        body,
+        grpc_status: None,
+    })
+}
+
+/// Combines the outcomes `(rule index, outcome)` of a request: denied if any enforced rule
+/// denies (with the headers of the longest wait); 503 if a `closed` failure mode refused;
+/// otherwise admitted with the headers of the most restrictive rule. `grpc` adapts the answer to a
+/// gRPC client.
+pub fn verdict(
+    cfg: &Config,
+    outcomes: impl Iterator<Item = (usize, Outcome)>,
+    grpc: bool,
+) -> Verdict {
+    let mut denials = Vec::new();
+    let mut admits = Vec::new();
+    let mut closed = false;
+    let mut delay_ms = 0;
+    for (idx, outcome) in outcomes {
+        let Some(rule) = cfg.rules.get(idx).filter(|r| !r.shadow) else {
+            continue;
+        };
+        match outcome {
+            Outcome::Denied { retry_ms } => denials.push(report(rule, 0, retry_ms)),
+            Outcome::Reserved {
+                delay_ms: d,
+                reset_ms,
+            } => {
+                delay_ms = delay_ms.max(d);
+                admits.push(report(rule, 0, reset_ms));
+            }
+            Outcome::Allowed {
+                remaining,
+                reset_ms,
+            } => admits.push(report(rule, remaining, reset_ms)),
+            Outcome::FailClosed => closed = true,
+            Outcome::FailOpen => {}
+        }
+    }
+    let style = cfg.response_headers;
+    if let Some(worst) = denials.iter().max_by_key(|r| r.reset_ms) {
+        let mut hdrs = vec![(
+            "retry-after".to_string(),
+            headers::retry_after_secs(worst.reset_ms).to_string(),
+        )];
+        hdrs.extend(headers::rate_limit_headers(style, worst));
+        return Verdict::Respond(LocalReply {
+            status: cfg.deny.status,
+            headers: hdrs,
+            body: cfg.deny.body.clone(),
+            grpc_status: (grpc && cfg.deny.grpc_resource_exhausted)
+                .then_some(GRPC_RESOURCE_EXHAUSTED),
+        });
+    }
+    if closed {
+        return Verdict::Respond(LocalReply {
+            status: 503,
+            headers: vec![("retry-after".to_string(), "1".to_string())],
+            body: "rate limit backend unavailable\n".to_string(),
+            grpc_status: grpc.then_some(GRPC_UNAVAILABLE),
+        });
+    }
+    let mut headers = headers::most_restrictive(&admits)
+        .map(|r| headers::rate_limit_headers(style, r))
+        .unwrap_or_default();
+    if delay_ms > 0 {
+        headers.push((headers::DELAY.to_string(), delay_ms.to_string()));
+    }
+    Verdict::Allow { headers, delay_ms }
+}
+
+fn report(rule: &Rule, remaining: u64, reset_ms: u64) -> Report<'_> {
+    Report {
+        rule: &rule.name,
+        limits: rule.limits,
+        remaining,
+        reset_ms,
+    }
+}
+
+/// Whether `content-type` names a gRPC request.
+pub fn is_grpc(content_type: Option<&[u8]>) -> bool {
+    content_type.is_some_and(|ct| ct.starts_with(b"application/grpc"))
+}

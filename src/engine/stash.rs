@@ -1,0 +1,163 @@
+//! Per-worker token stashes: leased tokens this worker moved out of the proxy's shared pool in a
+//! batch, so most lease admissions touch no shared data at all.
+//!
+//! Invariant: a stash only holds tokens taken out of the pool (each moved, never copied), spends
+//! each once, and drops them when the lease they came from expires; so the worker's admissions
+//! from it are admissions the global bucket granted. At most `MAX_KEYS` keys are stashed; a
+//! worker that cannot stash a key takes exactly the request's cost from the pool.
+
+use std::collections::HashMap;
+
+use crate::shared::lease::Batch;
+use crate::shared::lease::Spent;
+
+/// Most keys one worker stashes tokens for.
+pub const MAX_KEYS: usize = 1024;
+
+#[derive(Debug, Clone, Copy)]
+struct Stash {
+    tokens: u64,
+    expires_ms: u64,
+    global_remaining: u64,
+    reset_at_ms: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Stashes {
+    by_key: HashMap<String, Stash>,
+}
+
+/// What spending from a stash did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Spend {
+    pub spent: Option<Spent>,
+    /// Tokens of an expired stash dropped on the way.
+    pub dropped: u64,
+}
+
+impl Stashes {
+    /// Spends `cost` from `key`'s stash if it holds enough live tokens.
+    pub fn spend(&mut self, key: &str, cost: u64, now_ms: u64) -> Spend {
+        let Some(s) = self.by_key.get_mut(key) else {
+            return Spend::default();
+        };
+        if now_ms >= s.expires_ms {
+            let dropped = s.tokens;
+            self.by_key.remove(key);
+            return Spend {
+                spent: None,
+                dropped,
+            };
+        }
+        if s.tokens < cost {
+            return Spend::default();
+        }
+        s.tokens -= cost;
+        let spent = Spent {
+            remaining: s.tokens.saturating_add(s.global_remaining),
+            reset_ms: s.reset_at_ms.saturating_sub(now_ms),
+        };
+        if s.tokens == 0 {
+            self.by_key.remove(key);
+        }
+        Spend {
+            spent: Some(spent),
+            dropped: 0,
+        }
+    }
+
+    /// Whether a batch for `key` could be kept (dropping expired or empty stashes to make room).
+    /// Returns the tokens of expired stashes dropped on the way.
+    pub fn room_for(&mut self, key: &str, now_ms: u64) -> (bool, u64) {
+        if self.by_key.len() < MAX_KEYS || self.by_key.contains_key(key) {
+            return (true, 0);
+        }
+        let mut dropped = 0;
+        self.by_key.retain(|_, s| {
+            let live = now_ms < s.expires_ms && s.tokens > 0;
+            if !live {
+                dropped += s.tokens;
+            }
+            live
+        });
+        (self.by_key.len() < MAX_KEYS, dropped)
+    }
+
+    /// Keeps a batch taken from the pool, after spending `cost` of it; what was spent.
+    pub fn keep(&mut self, key: &str, batch: &Batch, cost: u64, now_ms: u64) -> Spent {
+        let s = self.by_key.entry(key.to_string()).or_insert(Stash {
+            tokens: 0,
+            expires_ms: batch.expires_ms,
+            global_remaining: batch.global_remaining,
+            reset_at_ms: batch.reset_at_ms,
+        });
+        s.tokens = s.tokens.saturating_add(batch.tokens.saturating_sub(cost));
+        s.expires_ms = batch.expires_ms;
+        s.global_remaining = batch.global_remaining;
+        s.reset_at_ms = batch.reset_at_ms;
+        let spent = Spent {
+            remaining: s.tokens.saturating_add(s.global_remaining),
+            reset_ms: s.reset_at_ms.saturating_sub(now_ms),
+        };
+        if s.tokens == 0 {
+            self.by_key.remove(key);
+        }
+        spent
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(tokens: u64, expires_ms: u64) -> Batch {
+        Batch {
+            tokens,
+            expires_ms,
+            global_remaining: 10,
+            reset_at_ms: 500,
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn spends_each_token_once_until_the_lease_expires() {
+        let mut s = Stashes::default();
+        assert_eq!(s.spend("k", 1, 0), Spend::default());
+        assert_eq!(s.keep("k", &batch(4, 100), 1, 0).remaining, 3 + 10);
+        assert!(s.spend("k", 2, 1).spent.is_some());
+        assert!(s.spend("k", 2, 1).spent.is_none(), "one left");
+        assert_eq!(
+            s.spend("k", 1, 100).dropped,
+            1,
+            "expired: dropped, not spent"
+        );
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn memory_is_bounded_and_expired_stashes_make_room() {
+        let mut s = Stashes::default();
+        for i in 0..MAX_KEYS {
+            s.keep(&format!("k{i}"), &batch(2, 100), 1, 0);
+        }
+        assert_eq!(s.room_for("new", 50), (false, 0));
+        assert_eq!(
+            s.room_for("k1", 50),
+            (true, 0),
+            "a stashed key always has room"
+        );
+        assert_eq!(s.room_for("new", 100), (true, MAX_KEYS as u64));
+        assert_eq!(s.len(), 0);
+    }
+}

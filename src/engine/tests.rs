@@ -1,0 +1,888 @@
+//! The engine against a fake host that keeps the real host's semantics: shared data with CAS and
+//! no empty values, callout tokens, answers delivered later through the carrying context, a tick
+//! that fires only when asked for.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use super::*;
+use crate::config::Config;
+use crate::metrics::{Metrics, Recorder};
+use crate::shared::lease::LeasePool;
+use crate::shared::mem::MemStore;
+
+impl Metrics for Rc<Recorder> {
+    fn count(&self, rule: usize, counter: Counter, n: u64) {
+        self.as_ref().count(rule, counter, n)
+    }
+    fn latency(&self, rule: usize, ms: u64) {
+        self.as_ref().latency(rule, ms)
+    }
+    fn breaker_open(&self, open: bool) {
+        self.as_ref().breaker_open(open)
+    }
+}
+
+#[derive(Default)]
+struct Fake {
+    now: u64,
+    store: MemStore,
+    next_token: u32,
+    /// Calls out: token -> (carrier at send time, body).
+    out: HashMap<u32, String>,
+    sent: Vec<String>,
+    fail_dispatch: bool,
+    resumed: Vec<u32>,
+    responded: Vec<(u32, LocalReply)>,
+    added: Vec<(u32, Vec<(String, String)>)>,
+    tick: u64,
+    tick_sets: usize,
+}
+
+impl Host for Fake {
+    fn now_ms(&self) -> u64 {
+        self.now
+    }
+    fn store(&self) -> &dyn Store {
+        &self.store
+    }
+    fn dispatch(&mut self, _: &str, req: &HttpRequest, _: u64) -> Result<u32, BackendError> {
+        if self.fail_dispatch {
+            return Err(BackendError::Dispatch("BadArgument".into()));
+        }
+        self.next_token += 1;
+        let body = String::from_utf8(req.body.clone()).unwrap();
+        self.out.insert(self.next_token, body.clone());
+        self.sent.push(body);
+        Ok(self.next_token)
+    }
+    fn resume(&mut self, ctx: u32) {
+        self.resumed.push(ctx);
+    }
+    fn respond(&mut self, ctx: u32, reply: &LocalReply) {
+        self.responded.push((ctx, reply.clone()));
+    }
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]) {
+        self.added.push((ctx, headers.to_vec()));
+    }
+    fn set_tick(&mut self, period_ms: u64) {
+        self.tick = period_ms;
+        self.tick_sets += 1;
+    }
+}
+
+impl Fake {
+    fn tokens(&self) -> Vec<u32> {
+        let mut t: Vec<u32> = self.out.keys().copied().collect();
+        t.sort();
+        t
+    }
+    fn status_of(&self, ctx: u32) -> Option<u32> {
+        self.responded
+            .iter()
+            .find(|(c, _)| *c == ctx)
+            .map(|(_, r)| r.status)
+    }
+}
+
+struct Req(HashMap<String, Vec<u8>>);
+
+impl RequestView for Req {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        self.0.get(name).cloned()
+    }
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        Some(b"10.0.0.1".to_vec())
+    }
+}
+
+fn req(path: &str, headers: &[(&str, &str)]) -> Req {
+    let mut m: HashMap<String, Vec<u8>> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    m.insert(":path".into(), path.as_bytes().to_vec());
+    m.insert(":method".into(), b"GET".to_vec());
+    Req(m)
+}
+
+fn user(u: &str) -> Req {
+    req("/api/x", &[("x-user", u)])
+}
+
+fn engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
+    let json = format!(r#"{{{top} "rules":[{rules}]}}"#);
+    let config = Config::try_from(json.as_bytes()).unwrap();
+    let rec = Rc::new(Recorder::default());
+    let plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
+    (Engine::new(plugin, 1), rec)
+}
+
+const EXACT: &str = r#"{"name":"per-user","key":["header:x-user"],"rate":10,"burst":20,
+    "cost_header":"x-cost"}"#;
+const LEASE: &str = r#"{"name":"hot","key":["header:x-user"],"mode":"lease","rate":100,
+    "burst":50,"lease_max":20}"#;
+
+/// Webdis' answer to a script call.
+fn answer(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -> Vec<u8> {
+    format!(
+        r#"{{"EVALSHA":[{},{remaining},{retry},{reset},{granted}]}}"#,
+        u8::from(allowed)
+    )
+    .into_bytes()
+}
+
+const NOSCRIPT: &[u8] = br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
+
+fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    hs.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// What call `token` asked for: max(cost, lease_want).
+fn asked(h: &Fake, token: u32) -> u64 {
+    let body = &h.out[&token];
+    let mut nums = body
+        .rsplit('/')
+        .skip(1)
+        .take(2)
+        .map(|n| n.parse::<u64>().unwrap());
+    let want = nums.next().unwrap();
+    let cost = nums.next().unwrap();
+    want.max(cost)
+}
+
+/// Grants lease call `token` all it asked for.
+fn grant_all(e: &mut Engine, h: &mut Fake, carrier: u32, token: u32) -> u64 {
+    let n = asked(h, token);
+    deliver(e, h, carrier, token, 200, &answer(true, 40, 0, 300, n));
+    n
+}
+
+/// Delivers the answer to `token` through context `carrier`.
+fn deliver(e: &mut Engine, h: &mut Fake, carrier: u32, token: u32, status: u32, body: &[u8]) {
+    h.out.remove(&token);
+    e.call_response(h, carrier, token, status, body);
+}
+
+// ----- exact mode -----
+
+#[test]
+fn exact_admits_on_the_backend_answer_and_adds_headers_to_the_response() {
+    let (mut e, rec) = engine("", EXACT);
+    let mut h = Fake::default();
+    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
+    let [t] = h.tokens()[..] else { panic!() };
+    assert!(h.sent[0].starts_with("EVALSHA/") && h.sent[0].ends_with("/20/10/1000/1/0/0/0"));
+    deliver(&mut e, &mut h, 10, t, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.resumed, [10]);
+    e.response_headers(&mut h, 10);
+    assert_eq!(
+        header(&h.added[0].1, "ratelimit"),
+        Some("\"per-user\";r=19;t=1")
+    );
+    assert_eq!(rec.get(0, Counter::Allowed), 1);
+    assert_eq!(rec.get(0, Counter::BackendCalls), 1);
+    e.done(&mut h, 10);
+    assert_eq!(e.load(), (0, 0, 0));
+}
+
+#[test]
+fn a_denial_is_cached_and_answers_locally_until_its_retry_time() {
+    let (mut e, rec) = engine("", EXACT);
+    let mut h = Fake {
+        now: 1000,
+        ..Fake::default()
+    };
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 2000, 0));
+    assert_eq!(h.status_of(10), Some(429));
+    h.now = 1299;
+    e.request_headers(&mut h, 11, &user("a"));
+    assert_eq!(h.status_of(11), Some(429));
+    assert_eq!(h.sent.len(), 1, "answered from the deny cache");
+    assert_eq!(rec.get(0, Counter::LocalDenied), 1);
+    h.now = 1300;
+    e.request_headers(&mut h, 12, &user("a"));
+    assert_eq!(h.sent.len(), 2, "expired: asks Redis again");
+}
+
+#[test]
+fn noscript_resends_once_with_eval_on_exact_calls() {
+    let (mut e, rec) = engine(r#""failure_mode":"open","#, EXACT);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, NOSCRIPT);
+    assert!(h.sent[1].starts_with("EVAL/"), "{}", &h.sent[1][..20]);
+    assert_eq!(
+        rec.get(0, Counter::BackendErrors),
+        0,
+        "a NOSCRIPT answered by EVAL is no error"
+    );
+    // A second NOSCRIPT is a failure: failure_mode open admits.
+    deliver(&mut e, &mut h, 10, 2, 200, NOSCRIPT);
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(rec.get(0, Counter::FailureModeAllowed), 1);
+    assert_eq!(rec.get(0, Counter::BackendError(ErrorClass::Script)), 1);
+}
+
+use crate::backend::ErrorClass;
+
+#[test]
+fn failure_modes_answer_a_failed_call() {
+    for (top, want) in [
+        (r#""failure_mode":"open","#, None),
+        (r#""failure_mode":"closed","#, Some(503)),
+    ] {
+        let (mut e, _) = engine(top, EXACT);
+        let mut h = Fake::default();
+        e.request_headers(&mut h, 10, &user("a"));
+        deliver(&mut e, &mut h, 10, 1, 0, b"");
+        assert_eq!(h.status_of(10), want, "{top}");
+        if want.is_some() {
+            assert_eq!(header(&h.responded[0].1.headers, "retry-after"), Some("1"));
+        }
+    }
+    // The default is local: the rule's fallback bucket, per proxy.
+    let (mut e, _) = engine(
+        "",
+        r#"{"name":"r","key":["header:x-user"],"rate":1,"burst":10,
+            "fallback":{"rate":1,"period_ms":1000,"burst":2}}"#,
+    );
+    let mut h = Fake::default();
+    for ctx in 10..13 {
+        e.request_headers(&mut h, ctx, &user("a"));
+        let t = *h.tokens().last().unwrap();
+        deliver(&mut e, &mut h, ctx, t, 503, b"");
+    }
+    assert_eq!(h.resumed, [10, 11]);
+    assert_eq!(h.status_of(12), Some(429));
+}
+
+#[test]
+fn a_failed_dispatch_gets_the_failure_mode_at_once() {
+    let (mut e, rec) = engine(r#""failure_mode":"closed","#, EXACT);
+    let mut h = Fake {
+        fail_dispatch: true,
+        ..Fake::default()
+    };
+    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
+    assert_eq!(h.status_of(10), Some(503));
+    assert_eq!(
+        rec.get(0, Counter::BackendError(ErrorClass::Unreachable)),
+        1
+    );
+    assert_eq!(e.load(), (0, 0, 0));
+}
+
+#[test]
+fn the_cost_header_raises_the_cost_but_never_lowers_it() {
+    let rule = r#"{"name":"c","key":["header:x-user"],"rate":10,"burst":100,"cost":10,
+        "cost_header":"x-cost"}"#;
+    let (mut e, _) = engine("", rule);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &req("/", &[("x-user", "a"), ("x-cost", "1")]));
+    assert!(
+        h.sent[0].ends_with("/100/10/1000/10/0/0/0"),
+        "{}",
+        h.sent[0]
+    );
+    e.request_headers(&mut h, 11, &req("/", &[("x-user", "a"), ("x-cost", "40")]));
+    assert!(
+        h.sent[1].ends_with("/100/10/1000/40/0/0/0"),
+        "{}",
+        h.sent[1]
+    );
+    for (ctx, bad) in [(12, "0"), (13, "-1"), (14, "1.5"), (15, " 1"), (16, "101")] {
+        e.request_headers(&mut h, ctx, &req("/", &[("x-user", "a"), ("x-cost", bad)]));
+        assert_eq!(h.status_of(ctx), Some(400), "{bad:?}");
+    }
+}
+
+#[test]
+fn every_enforced_rule_must_admit_and_the_most_restrictive_is_reported() {
+    let rules = format!(
+        r#"{EXACT}, {{"name":"global","rate":100,"burst":100}}, {{"name":"try","rate":1,"shadow":true}}"#
+    );
+    let (mut e, rec) = engine("", &rules);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    assert_eq!(h.tokens(), [1, 2, 3]);
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 3, 0, 100, 1));
+    deliver(&mut e, &mut h, 10, 3, 200, &answer(false, 0, 900, 900, 0));
+    assert!(h.resumed.is_empty());
+    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 50, 0, 100, 1));
+    assert_eq!(h.resumed, [10], "a shadow denial does not deny");
+    assert_eq!(rec.get(2, Counter::ShadowDenied), 1);
+    e.response_headers(&mut h, 10);
+    assert_eq!(
+        header(&h.added[0].1, "ratelimit"),
+        Some("\"per-user\";r=3;t=1")
+    );
+    // An enforced denial answers at once, whatever is still out.
+    e.request_headers(&mut h, 11, &user("b"));
+    deliver(&mut e, &mut h, 11, 5, 200, &answer(false, 0, 300, 300, 0));
+    assert_eq!(h.status_of(11), Some(429));
+    let ratelimit = header(&h.responded[0].1.headers, "ratelimit");
+    assert_eq!(ratelimit, Some("\"global\";r=0;t=1"));
+    // Late answers for a decided request change nothing.
+    deliver(&mut e, &mut h, 11, 4, 200, &answer(true, 3, 0, 100, 1));
+    deliver(&mut e, &mut h, 11, 99, 200, &answer(true, 3, 0, 100, 1));
+    assert_eq!(h.responded.len(), 1);
+}
+
+#[test]
+fn a_grpc_denial_is_resource_exhausted_and_a_closed_failure_unavailable() {
+    let (mut e, _) = engine(r#""failure_mode":"closed","#, EXACT);
+    let mut h = Fake::default();
+    let grpc = |u: &str| {
+        req(
+            "/svc/M",
+            &[("x-user", u), ("content-type", "application/grpc+proto")],
+        )
+    };
+    e.request_headers(&mut h, 10, &grpc("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 300, 0));
+    e.request_headers(&mut h, 11, &grpc("b"));
+    deliver(&mut e, &mut h, 11, 2, 0, b"");
+    let statuses: Vec<Option<u32>> = h.responded.iter().map(|(_, r)| r.grpc_status).collect();
+    assert_eq!(statuses, [Some(8), Some(14)]);
+    assert!(header(&h.responded[0].1.headers, "ratelimit").is_some());
+    let (mut e, _) = engine(r#""deny":{"grpc_resource_exhausted":false},"#, EXACT);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &grpc("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 300, 0));
+    assert_eq!(h.responded[0].1.grpc_status, None);
+}
+
+#[test]
+fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
+    let rules = r#"{"name":"hooks","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800},
+                   {"name":"try","rate":1,"shadow":true,"max_wait_ms":800}"#;
+    let (mut e, rec) = engine("", rules);
+    let mut h = Fake {
+        now: 1000,
+        ..Fake::default()
+    };
+    e.request_headers(&mut h, 10, &user("a"));
+    assert!(h.sent[0].ends_with("/5/10/1000/1/0/800/0"), "{}", h.sent[0]);
+    assert!(h.sent[1].ends_with("/1/0/0/0"), "a shadow rule never holds");
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 0, 300, 800, 1));
+    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 0, 0, 800, 1));
+    assert!(h.resumed.is_empty());
+    assert_eq!(h.tick, 300);
+    h.now = 1299;
+    e.tick(&mut h);
+    assert!(h.resumed.is_empty());
+    h.now = 1300;
+    e.tick(&mut h);
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(h.tick, 0, "nothing due: the tick stops");
+    e.response_headers(&mut h, 10);
+    assert_eq!(header(&h.added[0].1, "x-ratelimit-delay-ms"), Some("300"));
+    assert_eq!(rec.get(0, Counter::DelayMs), 300);
+}
+
+#[test]
+fn a_held_request_whose_client_left_is_never_resumed() {
+    let (mut e, _) = engine("", r#"{"name":"h","rate":10,"burst":5,"max_wait_ms":800}"#);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 0, 300, 800, 1));
+    e.done(&mut h, 10);
+    h.now = 400;
+    e.tick(&mut h);
+    assert!(h.resumed.is_empty());
+    assert_eq!(h.tick, 0);
+}
+
+#[test]
+fn an_open_breaker_answers_with_the_failure_mode_without_calls_then_probes_once() {
+    let top =
+        r#""failure_mode":"closed","backend":{"breaker_failures":2,"breaker_cooloff_ms":500},"#;
+    let (mut e, rec) = engine(top, &format!("{EXACT}, {LEASE}"));
+    let mut h = Fake {
+        now: 1000,
+        ..Fake::default()
+    };
+    for ctx in [10, 11] {
+        e.request_headers(
+            &mut h,
+            ctx,
+            &req("/x", &[("x-other", "1"), ("x-user", "z")]),
+        );
+    }
+    // Both requests: one exact call and one lease call (the second waits on the same key).
+    let tokens = h.tokens();
+    for t in tokens {
+        deliver(&mut e, &mut h, 10, t, 0, b"");
+    }
+    assert!(rec.breaker.get(), "breaker gauge");
+    let sent = h.sent.len();
+    e.request_headers(&mut h, 12, &user("a"));
+    assert_eq!(h.status_of(12), Some(503));
+    assert_eq!(h.sent.len(), sent, "no call while open");
+    h.now = 1600;
+    e.request_headers(&mut h, 13, &req("/", &[("x-user", "b"), ("x-tier", "1")]));
+    let probes = h.sent.len() - sent;
+    assert!(probes >= 1);
+    e.request_headers(&mut h, 14, &user("c"));
+    assert_eq!(h.status_of(14), Some(503), "only one probe per cool-off");
+    let t = h.tokens()[0];
+    deliver(&mut e, &mut h, 13, t, 200, &answer(true, 5, 0, 100, 1));
+    assert!(!rec.breaker.get());
+}
+
+#[test]
+fn too_many_calls_in_flight_get_the_failure_mode_and_are_counted() {
+    let (mut e, rec) = engine(
+        r#""failure_mode":"closed","backend":{"max_inflight":2},"#,
+        EXACT,
+    );
+    let mut h = Fake::default();
+    for ctx in 10..13 {
+        e.request_headers(&mut h, ctx, &user(&format!("u{ctx}")));
+    }
+    assert_eq!(h.sent.len(), 2);
+    assert_eq!(h.status_of(12), Some(503));
+    assert_eq!(rec.get(0, Counter::InflightRejected), 1);
+}
+
+// ----- lease mode -----
+
+fn lease_key(e: &Engine, u: &str) -> String {
+    crate::rule::applies(
+        &e.plugin.config.key_prefix,
+        &e.plugin.config.rules[0],
+        &user(u),
+    )
+    .unwrap()
+}
+
+#[test]
+fn one_lease_call_per_key_serves_every_waiter_then_admits_locally() {
+    let (mut e, rec) = engine("", LEASE);
+    let mut h = Fake::default();
+    for ctx in 10..13 {
+        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Pause);
+    }
+    assert_eq!(h.sent.len(), 1, "one call for the key");
+    assert_eq!(
+        asked(&h, 1),
+        1,
+        "no history yet: what waited when it was sent"
+    );
+    assert_eq!(h.tick, 100, "only the patience deadline is watched");
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "the two that came meanwhile: one call for both"
+    );
+    let granted = grant_all(&mut e, &mut h, 10, 2);
+    assert!(granted >= 2, "sized for demand: {granted}");
+    assert_eq!(h.resumed, [10, 11, 12], "served in arrival order");
+    let local = granted - 2;
+    for ctx in 13..13 + local as u32 {
+        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Continue);
+    }
+    assert_eq!(h.sent.len(), 2, "leased tokens spent with no call");
+    assert_eq!(rec.get(0, Counter::LocalAllowed), local);
+    assert_eq!(rec.get(0, Counter::LeaseGranted), 1 + granted);
+    e.request_headers(&mut h, 99, &user("a"));
+    assert_eq!(h.sent.len(), 3, "lease spent: the next miss asks again");
+}
+
+#[test]
+fn a_grant_above_what_was_asked_is_clamped() {
+    let (mut e, rec) = engine("", LEASE);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(
+        &mut e,
+        &mut h,
+        10,
+        1,
+        200,
+        &answer(true, 40, 0, 300, 1_000_000),
+    );
+    assert!(rec.get(0, Counter::LeaseGranted) <= 20);
+    let l = LeasePool::new(&h.store, &e.plugin.ns)
+        .peek(&lease_key(&e, "a"))
+        .unwrap();
+    assert!(l.tokens < 20, "{l:?}");
+}
+
+#[test]
+fn a_lease_denial_denies_the_waiters_and_backs_off() {
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake {
+        now: 1000,
+        ..Fake::default()
+    };
+    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 11, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 10, 500, 0));
+    assert_eq!((h.status_of(10), h.status_of(11)), (Some(429), Some(429)));
+    // Backoff: until half the burst (25 of 50) has refilled at 100/s = 250 ms, not 10 ms.
+    h.now = 1249;
+    e.request_headers(&mut h, 12, &user("a"));
+    assert_eq!(h.status_of(12), Some(429));
+    assert_eq!(h.sent.len(), 1);
+    h.now = 1251;
+    e.request_headers(&mut h, 13, &user("a"));
+    assert_eq!(h.sent.len(), 2);
+    assert_eq!(e.load().2, 1);
+}
+
+#[test]
+fn lease_noscript_resends_eval_under_the_same_claim() {
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, NOSCRIPT);
+    assert!(h.sent[1].starts_with("EVAL/"));
+    e.request_headers(&mut h, 11, &user("a"));
+    assert_eq!(h.sent.len(), 2, "the claim is still held: no second call");
+    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 40, 0, 300, 1));
+    assert_eq!(h.resumed, [10]);
+    assert!(
+        h.sent[2].starts_with("EVALSHA/"),
+        "the next call tries EVALSHA again"
+    );
+}
+
+fn claim_free(e: &Engine, h: &Fake, u: &str) -> bool {
+    LeasePool::new(&h.store, &e.plugin.ns)
+        .peek(&lease_key(e, u))
+        .map_or(true, |l| l.flight_until_ms == 0)
+}
+
+#[test]
+fn the_claim_is_released_on_every_failure_path() {
+    let closed = r#""failure_mode":"closed","#;
+    // 1. The call fails to dispatch.
+    let (mut e, _) = engine(closed, LEASE);
+    let mut h = Fake {
+        fail_dispatch: true,
+        ..Fake::default()
+    };
+    e.request_headers(&mut h, 10, &user("a"));
+    assert_eq!(h.status_of(10), Some(503));
+    assert!(claim_free(&e, &h, "a"), "dispatch failure");
+    // 2. The call is answered with an error.
+    let (mut e, _) = engine(closed, LEASE);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 0, b"");
+    assert_eq!(h.status_of(10), Some(503));
+    assert!(claim_free(&e, &h, "a"), "error answer");
+    // 3. The EVAL resend after NOSCRIPT fails to dispatch.
+    let (mut e, _) = engine(closed, LEASE);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    h.fail_dispatch = true;
+    deliver(&mut e, &mut h, 10, 1, 200, NOSCRIPT);
+    assert_eq!(h.status_of(10), Some(503));
+    assert!(claim_free(&e, &h, "a"), "resend failure");
+    // 4. The context carrying the call goes away: its answer will never come.
+    let (mut e, _) = engine(closed, LEASE);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 11, &user("a"));
+    e.done(&mut h, 10);
+    assert!(claim_free(&e, &h, "a"), "carrier gone");
+    assert_eq!(h.tick, 1, "the key is tried again at the next tick");
+    e.tick(&mut h);
+    assert_eq!(h.sent.len(), 2, "a new call, carried by the root context");
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 40, 0, 300, 5));
+    assert_eq!(h.resumed, [11]);
+}
+
+#[test]
+fn a_waiter_whose_call_is_lost_gets_the_failure_mode_after_its_patience() {
+    let (mut e, rec) = engine(
+        r#""failure_mode":"open","backend":{"timeout_ms":50},"#,
+        LEASE,
+    );
+    let mut h = Fake {
+        now: 1000,
+        ..Fake::default()
+    };
+    e.request_headers(&mut h, 10, &user("a"));
+    assert_eq!(h.tick, 100);
+    h.now = 1099;
+    e.tick(&mut h);
+    assert!(h.resumed.is_empty());
+    h.now = 1100;
+    e.tick(&mut h);
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(rec.get(0, Counter::FailureModeAllowed), 1);
+    assert_eq!(h.tick, 0);
+    // The late answer still lands in the pool for later requests.
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 5));
+    assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Continue);
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_wait_is_dropped_from_the_queue() {
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 11, &user("a"));
+    e.done(&mut h, 11);
+    assert_eq!(e.load().2, 1);
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 5));
+    assert_eq!(h.resumed, [10], "the gone context is never touched");
+}
+
+#[test]
+fn a_key_another_worker_is_calling_for_is_polled_without_writes_then_served() {
+    let (mut w1, _) = engine("", LEASE);
+    let (mut w2, _) = engine("", LEASE);
+    let mut h = Fake::default();
+    w1.request_headers(&mut h, 10, &user("a"));
+    w2.request_headers(&mut h, 20, &user("a"));
+    assert_eq!(h.sent.len(), 1, "one call per key per proxy");
+    assert_eq!(h.tick, 1, "worker 2 polls the shared pool");
+    let writes = h.store.writes();
+    w2.tick(&mut h);
+    assert_eq!(h.store.writes(), writes, "polling writes nothing");
+    w1.request_headers(&mut h, 11, &user("a"));
+    // Worker 1's first call asked for one token; its answer serves worker 1's first waiter, and
+    // its second waiter's call carries worker 2's demand too (counted in the shared lease).
+    deliver(&mut w1, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(h.sent.len(), 2);
+    let granted = grant_all(&mut w1, &mut h, 10, 2);
+    assert!(granted >= 2, "{granted}");
+    assert_eq!(h.resumed, [10, 11]);
+    w2.tick(&mut h);
+    assert_eq!(
+        h.resumed,
+        [10, 11, 20],
+        "worker 2 finds the tokens in the pool"
+    );
+    w2.tick(&mut h);
+    assert_eq!(h.tick, 0, "nothing left to watch");
+}
+
+#[test]
+fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
+    let (mut e, _) = engine(r#""backend":{"max_inflight":5000},"#, LEASE);
+    let mut h = Fake::default();
+    for ctx in 100..1100 {
+        e.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
+    }
+    assert_eq!(h.sent.len(), 1000);
+    assert_eq!(h.tick_sets, 1, "the tick is armed once, not per request");
+    for (i, t) in h.tokens().into_iter().enumerate() {
+        deliver(
+            &mut e,
+            &mut h,
+            100 + i as u32,
+            t,
+            200,
+            &answer(true, 40, 0, 300, 1),
+        );
+    }
+    assert_eq!(h.resumed.len(), 1000);
+    for ctx in 100..1100 {
+        e.response_headers(&mut h, ctx);
+        e.done(&mut h, ctx);
+    }
+    assert_eq!(e.load(), (0, 0, 0));
+    h.now = 10_000;
+    e.tick(&mut h);
+    assert_eq!(h.tick, 0);
+}
+
+/// Two requests for `u` at `ctx`, `ctx + 1`: the second call is sized for demand, and leaves
+/// leased tokens unspent in the pool. Returns how many.
+fn lease_with_leftover(e: &mut Engine, h: &mut Fake, u: &str, ctx: u32) -> u64 {
+    e.request_headers(h, ctx, &user(u));
+    e.request_headers(h, ctx + 1, &user(u));
+    let t = *h.tokens().last().unwrap();
+    deliver(e, h, ctx, t, 200, &answer(true, 40, 0, 300, 1));
+    let Some(&t) = h.tokens().last() else {
+        return 0; // went exact: no slot
+    };
+    let granted = grant_all(e, h, ctx, t);
+    e.done(h, ctx);
+    e.done(h, ctx + 1);
+    granted.saturating_sub(1)
+}
+
+#[test]
+fn under_slot_pressure_a_tenants_paid_tokens_survive_and_newcomers_go_exact() {
+    let (mut e, rec) = engine("", LEASE);
+    let mut h = Fake::default();
+    let left = lease_with_leftover(&mut e, &mut h, "tenant", 10);
+    assert!(left >= 1, "{left}");
+    for i in 0..10_000u32 {
+        lease_with_leftover(&mut e, &mut h, &format!("r{i}"), 100 + 2 * i);
+    }
+    let exact = h.sent.iter().filter(|s| s.ends_with("/1/0/0/0")).count();
+    assert!(
+        exact > 0,
+        "some newcomers found their set full and went exact"
+    );
+    assert_eq!(
+        rec.get(0, Counter::LeaseEvicted),
+        0,
+        "no live lease was evicted"
+    );
+    for ctx in 0..left as u32 {
+        assert_eq!(
+            e.request_headers(&mut h, 50_000 + ctx, &user("tenant")),
+            Action::Continue
+        );
+    }
+}
+
+#[test]
+fn an_idle_engine_stops_ticking() {
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
+    e.request_headers(&mut h, 11, &user("a"));
+    grant_all(&mut e, &mut h, 11, 2);
+    h.now = 200;
+    e.tick(&mut h);
+    assert_eq!(h.tick, 0);
+    let sets = h.tick_sets;
+    assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Continue);
+    assert_eq!(h.tick_sets, sets, "a local admission arms nothing");
+}
+
+#[test]
+fn workers_stashing_batches_never_spend_more_than_was_granted() {
+    let (mut w1, rec1) = engine("", LEASE);
+    let (mut w2, rec2) = engine("", LEASE);
+    let mut h = Fake::default();
+    // The proxy's pool holds a lease of 20 tokens for the key.
+    let pool = LeasePool::new(&h.store, &w1.plugin.ns);
+    let sizing = crate::shared::lease::Sizing {
+        burst: 50,
+        rate: 100,
+        period_ms: 1000,
+        lease_max: 20,
+        horizon_ms: 200,
+    };
+    let key = lease_key(&w1, "a");
+    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
+        pool.begin_flight(&key, 1, 0, 100, &sizing)
+    else {
+        panic!()
+    };
+    pool.deposit(claim, 20, 30, 300, 0, 200).unwrap();
+    let leased = 20;
+    // Both workers alternate until each has missed once.
+    let (mut admitted, mut missed1, mut missed2) = (0, false, false);
+    for ctx in 100..1000u32 {
+        let (w, missed) = if ctx % 2 == 0 {
+            (&mut w1, &mut missed1)
+        } else {
+            (&mut w2, &mut missed2)
+        };
+        if *missed {
+            continue;
+        }
+        match w.request_headers(&mut h, ctx, &user("a")) {
+            Action::Continue => admitted += 1,
+            Action::Pause => *missed = true,
+        }
+        if missed1 && missed2 {
+            break;
+        }
+    }
+    assert_eq!(admitted, leased, "every leased token spent once, none more");
+    let local = rec1.get(0, Counter::LocalAllowed) + rec2.get(0, Counter::LocalAllowed);
+    assert_eq!(local, leased);
+}
+
+// ----- exact mode at a hot key -----
+
+#[test]
+fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
+    let (mut e, rec) = engine("", EXACT);
+    let mut h = Fake::default();
+    for ctx in 10..14 {
+        e.request_headers(&mut h, ctx, &user("a"));
+    }
+    assert_eq!(h.sent.len(), 1, "one call out; the others queue behind it");
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 9, 0, 100, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(h.tick, 1, "the shared call goes out from the root context");
+    e.tick(&mut h);
+    assert_eq!(h.sent.len(), 2);
+    assert!(
+        h.sent[1].ends_with("/20/10/1000/1/3/0/0"),
+        "one token each for three: {}",
+        h.sent[1]
+    );
+    // Meanwhile another arrives: it waits for the next call, carried by the root again.
+    e.request_headers(&mut h, 14, &user("a"));
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 6, 0, 100, 3));
+    assert_eq!(h.resumed, [10, 11, 12, 13]);
+    assert!(
+        h.sent[2].ends_with("/1/1/0/0"),
+        "sent at once from the root: {}",
+        h.sent[2]
+    );
+    deliver(&mut e, &mut h, 1, 3, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.resumed, [10, 11, 12, 13, 14]);
+    assert_eq!(rec.get(0, Counter::BackendCalls), 3);
+    assert_eq!(rec.get(0, Counter::Allowed), 5);
+    for ctx in 10..15 {
+        e.response_headers(&mut h, ctx);
+        e.done(&mut h, ctx);
+    }
+    assert_eq!(e.load(), (0, 0, 0));
+}
+
+#[test]
+fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake::default();
+    for ctx in 10..13 {
+        e.request_headers(&mut h, ctx, &user("a"));
+    }
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 2, 0, 100, 1));
+    e.tick(&mut h);
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 0, 0, 1900, 1));
+    assert_eq!(h.resumed, [10, 11]);
+    assert_eq!(h.status_of(12), Some(429));
+    let retry = header(&h.responded[0].1.headers, "retry-after");
+    assert_eq!(retry, Some("1"), "the next token, at 10/s");
+    // A denial of the whole batch denies each.
+    e.request_headers(&mut h, 20, &user("b"));
+    e.request_headers(&mut h, 21, &user("b"));
+    deliver(&mut e, &mut h, 20, 3, 200, &answer(true, 0, 0, 100, 1));
+    e.tick(&mut h);
+    deliver(&mut e, &mut h, 1, 4, 200, &answer(false, 0, 300, 2000, 0));
+    assert_eq!(h.status_of(21), Some(429));
+}
+
+#[test]
+fn a_chain_survives_its_carrier_going_away_and_other_costs_go_alone() {
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 11, &user("a"));
+    e.done(&mut h, 10);
+    assert_eq!(h.tick, 1);
+    e.tick(&mut h);
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "the queue moved on without the lost answer"
+    );
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.resumed, [11]);
+    // A cost of 2 is never coalesced (a grant must cover whole requests).
+    e.request_headers(&mut h, 20, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
+    e.request_headers(&mut h, 21, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
+    assert_eq!(h.sent.len(), 4);
+}

@@ -1,0 +1,93 @@
+//! The per-proxy deny cache: "Redis said this bucket cannot serve this cost before then".
+//!
+//! Invariant: the cache only ever denies, and only for a key, a cost at least as large and a time
+//! before the one Redis gave. Slots are direct-mapped (`SLOTS` per plugin; shared data can never be
+//! deleted, so memory stays bounded); a slot remembers its key, so a clash costs a Redis call and
+//! never denies another key.
+
+use super::{hash, read_u64, write_u64s, Store, StoreError};
+
+/// Slots in the deny cache.
+pub const SLOTS: u64 = 8192;
+
+pub struct DenyCache<'a> {
+    store: &'a dyn Store,
+    ns: &'a str,
+}
+
+impl<'a> DenyCache<'a> {
+    pub fn new(store: &'a dyn Store, ns: &'a str) -> Self {
+        DenyCache { store, ns }
+    }
+
+    fn slot_key(&self, bucket_key: &str) -> String {
+        format!("{}|deny|{}", self.ns, hash(bucket_key) % SLOTS)
+    }
+
+    /// Milliseconds the request must still wait if Redis already said `bucket_key` cannot serve
+    /// `cost` (or less) before then; None if unknown or past.
+    pub fn denied(&self, bucket_key: &str, cost: u64, now_ms: u64) -> Option<u64> {
+        let (value, _) = self.store.get(&self.slot_key(bucket_key)).ok()?;
+        let value = value?;
+        let until = read_u64(&value, 0)?;
+        let denied_cost = read_u64(&value, 8)?;
+        let key = value.get(16..)?;
+        (key == bucket_key.as_bytes() && cost >= denied_cost && until > now_ms)
+            .then(|| until - now_ms)
+    }
+
+    /// Remembers that `bucket_key` cannot serve `cost` before `until_ms`. Last writer wins: every
+    /// entry written here is one Redis gave, so a lost race only costs a Redis call.
+    pub fn remember(&self, bucket_key: &str, cost: u64, until_ms: u64) -> Result<(), StoreError> {
+        let mut value = Vec::with_capacity(16 + bucket_key.len());
+        write_u64s(&mut value, &[until_ms, cost]);
+        value.extend_from_slice(bucket_key.as_bytes());
+        self.store.set(&self.slot_key(bucket_key), &value, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::mem::MemStore;
+
+    #[test]
+    fn answers_until_expiry_for_equal_or_larger_cost() {
+        let s = MemStore::default();
+        let c = DenyCache::new(&s, "tollgate|t");
+        assert_eq!(c.denied("k1", 1, 1000), None);
+        c.remember("k1", 2, 1500).unwrap();
+        assert_eq!(c.denied("k1", 2, 1000), Some(500));
+        assert_eq!(c.denied("k1", 5, 1499), Some(1));
+        assert_eq!(c.denied("k1", 1, 1000), None, "a smaller cost may fit");
+        assert_eq!(c.denied("k1", 2, 1500), None, "expired");
+        assert_eq!(c.denied("k2", 2, 1000), None, "other key");
+    }
+
+    #[test]
+    fn a_slot_clash_never_denies_another_key_and_memory_is_bounded() {
+        let s = MemStore::default();
+        let c = DenyCache::new(&s, "ns");
+        for i in 0..(SLOTS * 3) {
+            c.remember(&format!("key{i}"), 1, 10_000).unwrap();
+        }
+        assert!(s.keys() as u64 <= SLOTS);
+        let mut clash = None;
+        for i in 0..(SLOTS * 3) {
+            let k = format!("key{i}");
+            if c.denied(&k, 1, 0).is_none() {
+                clash = Some(k);
+                break;
+            }
+        }
+        assert!(clash.is_some(), "some key lost its slot to another");
+    }
+
+    #[test]
+    fn garbage_is_ignored() {
+        let s = MemStore::default();
+        let c = DenyCache::new(&s, "ns");
+        s.set(&c.slot_key("k"), b"short", 0).unwrap();
+        assert_eq!(c.denied("k", 1, 0), None);
+    }
+}
