@@ -1,15 +1,18 @@
 //! RESP codec: `resp::decode_reply` never panics on any bytes and accepts exactly the canonical
 //! five-integer array (re-encoding the decoded reply gives the input back byte for byte) or an error
-//! line; `resp::command` for any call and script is an array of exactly ten bulk strings that a strict
-//! RESP reader splits back into the inputs.
+//! line; `resp::command` for any call and script is an array of exactly eleven bulk strings that a
+//! strict RESP reader splits back into the inputs.
 //!
-//! Input: first byte selects the mode: even = decode the rest as a reply (with callback status 0, or
-//! the status in the second byte when the first byte is 2); odd = build a command from the rest.
+//! Input: first byte selects the mode: even = decode the rest as a reply (a read reply, or with the
+//! first byte 2 the Higress callback status in the second byte and the rest as the reply); odd =
+//! build a command from the rest.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use tollgate::backend::resp::{command, decode_reply, decode_response, MAX_REPLY_BYTES};
+use tollgate::backend::resp::{
+    command, decode_reply, decode_response, host_status, MAX_REPLY_BYTES, REPLY,
+};
 use tollgate::backend::webdis::Invoke;
 use tollgate::backend::{BackendError, ScriptCall};
 
@@ -24,6 +27,7 @@ struct Input {
     cost: u64,
     lease_want: u64,
     max_wait_ms: u64,
+    settle: i64,
 }
 
 /// A strict reader of `*N` + N bulk strings, written independently of the codec.
@@ -56,17 +60,22 @@ fuzz_target!(|data: &[u8]| {
     };
     if mode % 2 == 0 {
         let (status, reply) = match (mode, rest.split_first()) {
-            (2, Some((&s, r))) => (u32::from(s), r),
-            _ => (0, rest),
+            (2, Some((&s, r))) => (host_status(u32::from(s), r.len()), r),
+            _ => (REPLY, rest),
         };
         let got = decode_response(status, reply);
-        if status != 0 {
+        if status == 0 {
             assert_eq!(got, Err(BackendError::Reset));
+            return;
+        }
+        if status != REPLY {
+            assert!(reply.len() > MAX_REPLY_BYTES);
+            assert!(matches!(got, Err(BackendError::Malformed(_))), "{got:?}");
             return;
         }
         assert_eq!(got, decode_reply(reply));
         if let Err(e) = &got {
-            let _ = e.is_transient();
+            let _ = (e.trips_breaker(), e.class());
             let _ = e.to_string();
         }
         match &got {
@@ -106,6 +115,7 @@ fuzz_target!(|data: &[u8]| {
         cost: input.cost,
         lease_want: input.lease_want,
         max_wait_ms: input.max_wait_ms,
+        settle: input.settle,
     };
     let (invoke, verb): (Invoke<'_>, &[u8]) = if input.eval {
         (Invoke::Source(&input.script), b"EVAL")
@@ -113,7 +123,7 @@ fuzz_target!(|data: &[u8]| {
         (Invoke::Sha(&input.script), b"EVALSHA")
     };
     let args = split_command(&command(&call, invoke));
-    assert_eq!(args.len(), 10);
+    assert_eq!(args.len(), 11);
     assert_eq!(args[0], verb);
     assert_eq!(args[1], input.script.as_bytes());
     assert_eq!(args[2], b"1");
@@ -126,7 +136,8 @@ fuzz_target!(|data: &[u8]| {
         input.lease_want,
         input.max_wait_ms,
     ];
-    for (arg, n) in args[4..].iter().zip(numbers) {
+    for (arg, n) in args[4..10].iter().zip(numbers) {
         assert_eq!(arg, n.to_string().as_bytes());
     }
+    assert_eq!(args[10], input.settle.to_string().as_bytes());
 });

@@ -1,4 +1,4 @@
-//! Webdis encoding: for any key, script and numbers, `webdis::command` gives exactly 10 '/'-separated
+//! Webdis encoding: for any key, script and numbers, `webdis::command` gives exactly 11 '/'-separated
 //! segments of `[A-Za-z0-9_~%-]`, and decoding each segment gives back the inputs, so no input can
 //! add, drop or change a Webdis argument. `request` carries that command unchanged, and
 //! `basic_auth_header` is base64 that decodes back to its input.
@@ -93,8 +93,8 @@ fuzz_target!(|input: Input| {
         "unsafe byte in {cmd:?}"
     );
     let segs: Vec<&str> = cmd.split('/').collect();
-    // verb / script / 1 / key / burst / rate / period_ms / cost / lease_want / max_wait_ms
-    assert_eq!(segs.len(), 10, "{cmd:?}");
+    // verb / script / 1 / key / burst / rate / period_ms / cost / lease_want / max_wait_ms / settle
+    assert_eq!(segs.len(), 11, "{cmd:?}");
     assert_eq!(segs[0], verb);
     assert_eq!(
         decode(segs[1]),
@@ -111,10 +111,11 @@ fuzz_target!(|input: Input| {
         input.lease_want,
         input.max_wait_ms,
     ];
-    assert_eq!(segs[4..].len(), numbers.len(), "{cmd:?}");
-    for (seg, n) in segs[4..].iter().zip(numbers) {
+    assert_eq!(segs[4..10].len(), numbers.len(), "{cmd:?}");
+    for (seg, n) in segs[4..10].iter().zip(numbers) {
         assert_eq!(decode(seg), n.to_string().as_bytes(), "{cmd:?}");
     }
+    assert_eq!(segs[10], input.settle.to_string(), "{cmd:?}");
 
     let req = request(&call, invoke, "webdis", Some("Basic x"));
     assert_eq!(req.body, cmd.as_bytes());

@@ -8,19 +8,32 @@
 //! is `Malformed`. It never panics and never allocates more than the input's size.
 
 use super::webdis::Invoke;
-use super::{BackendError, ScriptCall, ScriptReply};
+use super::{script_reply, BackendError, HttpRequest, Reply, ScriptCall, Transport};
 
 /// The largest reply decoded. The script's answer is at most 119 bytes (`*5\r\n` and five
 /// 20-digit integers); the rest is room for a Redis error message.
 pub const MAX_REPLY_BYTES: usize = 1024;
 
-/// The callback status Higress reports for a reply (`RedisStatus::Ok`); any other (`NetworkError` = 1)
-/// means no reply: connection refused or closed, connect or operation timeout.
-pub const STATUS_OK: u32 = 0;
+/// The status Higress' callback reports for a reply (`RedisStatus::Ok`); any other
+/// (`NetworkError` = 1) means no reply: connection refused or closed, connect or op timeout.
+pub const REDIS_OK: u32 = 0;
 
-/// The RESP command for one script call:
-/// `[EVALSHA|EVAL, <sha|script>, "1", <key>, burst, rate, period_ms, cost, lease_want, max_wait_ms]`
-/// as an array of bulk strings.
+/// How the Redis glue hands a callback to [`Transport::decode`], in the trait's terms: `REPLY`
+/// when Redis answered and the reply was read, 0 when there was no answer. A reply too large to
+/// read is reported as `REPLY + 0x1_0000` (as host.rs does for HTTP), which decodes as Malformed.
+pub const REPLY: u32 = 200;
+
+/// The `Transport::decode` status for a Higress callback `(status, response_size)`.
+pub fn host_status(redis_status: u32, response_size: usize) -> u32 {
+    match (redis_status, response_size) {
+        (REDIS_OK, n) if n <= MAX_REPLY_BYTES => REPLY,
+        (REDIS_OK, _) => REPLY + 0x1_0000,
+        _ => 0,
+    }
+}
+
+/// The RESP command for one script call: `[EVALSHA|EVAL, <sha|script>, "1", <key>, burst, rate,
+/// period_ms, cost, lease_want, max_wait_ms, settle]` as an array of bulk strings.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     let (verb, script): (&[u8], &str) = match invoke {
         Invoke::Sha(sha) => (b"EVALSHA", sha),
@@ -35,15 +48,54 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
         call.max_wait_ms,
     ]
     .map(|n| n.to_string());
-    let mut out = Vec::with_capacity(script.len() + call.key.len() + 192);
-    out.extend_from_slice(b"*10\r\n");
+    let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
+    out.extend_from_slice(b"*11\r\n");
     for arg in [verb, script.as_bytes(), b"1", call.key.as_bytes()] {
         bulk(arg, &mut out);
     }
     for n in &numbers {
         bulk(n.as_bytes(), &mut out);
     }
+    bulk(call.settle.to_string().as_bytes(), &mut out);
     out
+}
+
+/// The Redis-callout transport: script calls as RESP commands (the request's body; no headers),
+/// answers as raw RESP.
+pub struct Resp {
+    sha: String,
+}
+
+impl Resp {
+    pub fn new() -> Resp {
+        Resp {
+            sha: super::script::sha1_hex(),
+        }
+    }
+}
+
+impl Default for Resp {
+    fn default() -> Resp {
+        Resp::new()
+    }
+}
+
+impl Transport for Resp {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest {
+        let invoke = if with_source {
+            Invoke::Source(super::script::SOURCE)
+        } else {
+            Invoke::Sha(&self.sha)
+        };
+        HttpRequest {
+            headers: Vec::new(),
+            body: command(call, invoke),
+        }
+    }
+
+    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError> {
+        decode_response(status, body)
+    }
 }
 
 fn bulk(arg: &[u8], out: &mut Vec<u8>) {
@@ -54,17 +106,20 @@ fn bulk(arg: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Decodes what `proxy_on_redis_call_response(_, _, status, size)` delivered: `status` as Higress
-/// reports it and `reply` the `size` bytes of the Redis-call-response buffer.
-pub fn decode_response(status: u32, reply: &[u8]) -> Result<ScriptReply, BackendError> {
-    if status != STATUS_OK {
-        return Err(BackendError::Reset);
+/// Decodes a callback as [`host_status`] reports it: 0 is no answer (`Reset`), `REPLY` a reply to
+/// decode, anything else a reply that was not read.
+pub fn decode_response(status: u32, reply: &[u8]) -> Result<Reply, BackendError> {
+    match status {
+        0 => Err(BackendError::Reset),
+        REPLY => decode_reply(reply),
+        _ => Err(malformed(format!(
+            "reply of more than {MAX_REPLY_BYTES} bytes not read"
+        ))),
     }
-    decode_reply(reply)
 }
 
 /// Decodes one raw RESP reply to a script call.
-pub fn decode_reply(reply: &[u8]) -> Result<ScriptReply, BackendError> {
+pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
     if reply.len() > MAX_REPLY_BYTES {
         return Err(malformed(format!(
             "reply of {} bytes exceeds {MAX_REPLY_BYTES}",
@@ -99,24 +154,6 @@ pub fn decode_reply(reply: &[u8]) -> Result<ScriptReply, BackendError> {
         return Err(malformed(format!("{} trailing bytes", r.rest.len())));
     }
     out
-}
-
-/// The script's five integers `{allowed, remaining, retry_after_ms, reset_after_ms, granted}` as a
-/// `ScriptReply`, with the ranges the script guarantees checked.
-pub fn script_reply(ints: [i64; 5]) -> Result<ScriptReply, BackendError> {
-    let [allowed, remaining, retry_after_ms, reset_after_ms, granted] = ints;
-    let non_negative =
-        |v: i64, what: &str| u64::try_from(v).map_err(|_| malformed(format!("negative {what}")));
-    if !(0..=1).contains(&allowed) || retry_after_ms < -1 {
-        return Err(malformed("field out of range".to_string()));
-    }
-    Ok(ScriptReply {
-        allowed: allowed == 1,
-        remaining: non_negative(remaining, "remaining")?,
-        retry_after_ms,
-        reset_after_ms: non_negative(reset_after_ms, "reset_after_ms")?,
-        granted: non_negative(granted, "granted")?,
-    })
 }
 
 fn malformed(why: String) -> BackendError {
@@ -212,11 +249,12 @@ mod tests {
             cost: 1,
             lease_want: 0,
             max_wait_ms: 0,
+            settle: -3,
         }
     }
 
-    fn ok(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -> ScriptReply {
-        ScriptReply {
+    fn ok(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -> Reply {
+        Reply {
             allowed,
             remaining,
             retry_after_ms: retry,
@@ -230,8 +268,8 @@ mod tests {
         let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
         assert_eq!(
             cmd,
-            b"*10\r\n$7\r\nEVALSHA\r\n$8\r\ndeadbeef\r\n$1\r\n1\r\n$24\r\ntollgate:{per-user:ab12}\r\n\
-              $3\r\n200\r\n$3\r\n100\r\n$4\r\n1000\r\n$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n"
+            b"*11\r\n$7\r\nEVALSHA\r\n$8\r\ndeadbeef\r\n$1\r\n1\r\n$24\r\ntollgate:{per-user:ab12}\r\n\
+              $3\r\n200\r\n$3\r\n100\r\n$4\r\n1000\r\n$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n$2\r\n-3\r\n"
         );
     }
 
@@ -239,7 +277,7 @@ mod tests {
     fn eval_carries_the_script_raw_whatever_its_bytes() {
         let src = "local x = redis.call('TIME')\r\n-- $5\r\n*3\r\nreturn {1}";
         let cmd = command(&call("k\r\n$1"), Invoke::Source(src));
-        let mut want = b"*10\r\n$4\r\nEVAL\r\n".to_vec();
+        let mut want = b"*11\r\n$4\r\nEVAL\r\n".to_vec();
         want.extend_from_slice(format!("${}\r\n{src}\r\n", src.len()).as_bytes());
         want.extend_from_slice(b"$1\r\n1\r\n$5\r\nk\r\n$1\r\n");
         assert!(cmd.starts_with(&want), "{}", String::from_utf8_lossy(&cmd));
@@ -268,7 +306,7 @@ mod tests {
         );
         assert_eq!(
             decode_response(
-                0,
+                REPLY,
                 b"*5\r\n:0\r\n:0\r\n:250\r\n:9223372036854775807\r\n:0\r\n"
             ),
             Ok(ok(false, 0, 250, i64::MAX as u64, 0))
@@ -300,11 +338,18 @@ mod tests {
             ))
         );
         // Higress' NetworkError: connection refused, closed, or timed out.
-        assert_eq!(decode_response(1, b""), Err(BackendError::Reset));
+        assert_eq!(host_status(1, 0), 0);
         assert_eq!(
-            decode_response(7, b"*5\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n"),
+            decode_response(host_status(1, 0), b""),
             Err(BackendError::Reset)
         );
+        assert_eq!(host_status(REDIS_OK, 0), REPLY);
+        // A reply over the limit is not read, and does not decode.
+        let big = host_status(REDIS_OK, MAX_REPLY_BYTES + 1);
+        assert!(matches!(
+            decode_response(big, b"*5\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n"),
+            Err(BackendError::Malformed(_))
+        ));
     }
 
     #[test]
