@@ -11,8 +11,9 @@
 
 mod common;
 
+use common::hosted::{assert_clean, loopback};
+
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
 
@@ -66,15 +67,11 @@ impl Target for Proxy {
     }
 }
 
-fn addr(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
 /// The test host with the HTTP build, as envoy/envoy.yaml configures Envoy: cluster
 /// `tollgate_backend` at `backend_port`, 2 workers.
 fn start_host(plugin_config: &str, backend_port: u16) -> Proxy {
     let cfg = ProxyConfig::new(common::wasm_path(), plugin_config)
-        .cluster("tollgate_backend", addr(backend_port));
+        .cluster("tollgate_backend", loopback(backend_port));
     Proxy::start(cfg).unwrap_or_else(|e| panic!("test host did not start: {e}"))
 }
 
@@ -107,21 +104,6 @@ fn both(name: &str, plugin_config: &str) -> Both {
         redis_envoy,
         redis_host,
     }
-}
-
-/// Asserts the host ran clean: no trap, no host call it does not model.
-fn assert_clean(host: &Proxy) {
-    assert!(
-        host.traps().is_empty(),
-        "traps: {:?}\n{}",
-        host.traps(),
-        host.log_text()
-    );
-    assert!(
-        host.unmodelled().is_empty(),
-        "unmodelled host calls: {:?}",
-        host.unmodelled()
-    );
 }
 
 /// A response reduced to what the filter decides: status, body, and the rate-limit headers (names

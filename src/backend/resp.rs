@@ -33,30 +33,39 @@ pub fn host_status(redis_status: u32, response_size: usize) -> u32 {
 }
 
 /// The RESP command for one script call: `[EVALSHA|EVAL, <sha|script>, "1", <key>, burst, rate,
-/// period_ms, cost, lease_want, max_wait_ms, settle]` as an array of bulk strings.
+/// period_ms, cost, lease_want, max_wait_ms, settle]` as an array of bulk strings, without the
+/// optional trailing arguments that are 0 (`settle`, then `max_wait_ms`: the script's defaults).
+///
+/// Why shorter: Redis answers a command of more than 10 arguments from a connection that is not
+/// authenticated with `-ERR Protocol error: unauthenticated multibulk length` and closes it. With a
+/// wrong password (Higress sends `AUTH` itself and drops its reply) the usual call of 9 arguments
+/// gets the clear `-NOAUTH Authentication required.` instead.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     let (verb, script): (&[u8], &str) = match invoke {
         Invoke::Sha(sha) => (b"EVALSHA", sha),
         Invoke::Source(src) => (b"EVAL", src),
     };
-    let numbers = [
-        call.burst,
-        call.rate,
-        call.period_ms,
-        call.cost,
-        call.lease_want,
-        call.max_wait_ms,
-    ]
-    .map(|n| n.to_string());
+    let mut numbers = vec![
+        call.burst.to_string(),
+        call.rate.to_string(),
+        call.period_ms.to_string(),
+        call.cost.to_string(),
+        call.lease_want.to_string(),
+    ];
+    if call.max_wait_ms != 0 || call.settle != 0 {
+        numbers.push(call.max_wait_ms.to_string());
+    }
+    if call.settle != 0 {
+        numbers.push(call.settle.to_string());
+    }
     let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
-    out.extend_from_slice(b"*11\r\n");
+    out.extend_from_slice(format!("*{}\r\n", 4 + numbers.len()).as_bytes());
     for arg in [verb, script.as_bytes(), b"1", call.key.as_bytes()] {
         bulk(arg, &mut out);
     }
     for n in &numbers {
         bulk(n.as_bytes(), &mut out);
     }
-    bulk(call.settle.to_string().as_bytes(), &mut out);
     out
 }
 
@@ -281,6 +290,26 @@ mod tests {
         want.extend_from_slice(format!("${}\r\n{src}\r\n", src.len()).as_bytes());
         want.extend_from_slice(b"$1\r\n1\r\n$5\r\nk\r\n$1\r\n");
         assert!(cmd.starts_with(&want), "{}", String::from_utf8_lossy(&cmd));
+    }
+
+    #[test]
+    fn optional_zero_arguments_are_left_out() {
+        let mut c = call("k");
+        c.settle = 0;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(
+            cmd.starts_with(b"*9\r\n"),
+            "{}",
+            String::from_utf8_lossy(&cmd)
+        );
+        assert!(cmd.ends_with(b"$1\r\n0\r\n"), "lease_want is last");
+        c.max_wait_ms = 250;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(cmd.starts_with(b"*10\r\n") && cmd.ends_with(b"$3\r\n250\r\n"));
+        c.max_wait_ms = 0;
+        c.settle = 7;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(cmd.starts_with(b"*11\r\n") && cmd.ends_with(b"$1\r\n0\r\n$1\r\n7\r\n"));
     }
 
     #[test]

@@ -19,6 +19,9 @@ mod net;
 mod redis;
 mod worker;
 
+/// The length of the one RESP value at the start of a buffer (Ok(None): incomplete; Err: not RESP).
+pub use redis::frame_len as resp_frame_len;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -83,6 +86,20 @@ impl ProxyConfig {
         self.clusters.push((name.to_string(), Some(addr)));
         self
     }
+}
+
+/// The functions a module imports, as `module.name` (e.g. `env.proxy_redis_call`), and the names it
+/// exports.
+pub fn module_interface(wasm: &std::path::Path) -> Result<(Vec<String>, Vec<String>), String> {
+    let bytes = std::fs::read(wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
+    let engine = wasmi::Engine::default();
+    let module = wasmi::Module::new(&engine, bytes).map_err(|e| e.to_string())?;
+    let imports = module
+        .imports()
+        .map(|i| format!("{}.{}", i.module(), i.name()))
+        .collect();
+    let exports = module.exports().map(|e| e.name().to_string()).collect();
+    Ok((imports, exports))
 }
 
 /// A custom metric (Envoy shows it as `wasmcustom.<name>`).

@@ -206,6 +206,7 @@ fn read_reply(c: &mut Conn) -> Result<Vec<u8>, ()> {
 
 /// The length of the one RESP value at the start of `buf`: Ok(None) if incomplete, Err if it is not
 /// RESP.
+#[allow(clippy::result_unit_err)]
 pub fn frame_len(buf: &[u8], depth: usize) -> Result<Option<usize>, ()> {
     if depth > 64 {
         return Err(());

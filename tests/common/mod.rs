@@ -163,6 +163,7 @@ impl Redis {
 
 // Webdis, Envoy, the HTTP client and the whole stack (used by tests/e2e.rs and examples/demo.rs).
 pub mod envoy;
+pub mod hosted;
 pub mod http;
 pub mod stack;
 pub mod webdis;
