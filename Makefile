@@ -6,7 +6,8 @@
 #   make lint    rustfmt + clippy (host targets and the wasm library)
 #   make check   the fast loop: rustfmt, clippy, and the unit tests (no Envoy, Redis or Webdis)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
-#   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/)
+#   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/), and
+#                  `promtool check rules` + `promtool test rules` on deploy/prometheus/
 #   make e2e     setup, build, then only the end-to-end tests (real Envoy)
 #   make demo    setup, build, then run the demo: three users against one Envoy with a global limit
 #   make bench   setup, build, then the benchmark (examples/bench.rs); flags via BENCH_ARGS='--rounds 3'
@@ -25,9 +26,9 @@ HIGRESS_BUILD := cargo build --release --target $(WASM_TARGET) --features redis-
 ENVOY_VERSION := 1.40.0
 VENV          := .venv
 ENVOY         := $(VENV)/bin/envoy
-APT_PACKAGES  := redis-server webdis wrk nghttp2-client
+APT_PACKAGES  := redis-server webdis wrk nghttp2-client prometheus openssl curl
 # Commands that must be on PATH; each comes from one of APT_PACKAGES.
-APT_COMMANDS  := redis-server webdis wrk h2load
+APT_COMMANDS  := redis-server webdis wrk h2load promtool openssl curl
 SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup setup-apt setup-envoy setup-rust build lint test e2e demo bench
@@ -109,10 +110,13 @@ bench: setup
 
 # `envoy --mode validate` on every Envoy bootstrap under envoy/ and deploy/, rendered with dummy ports, the
 # demo plugin config and the real wasm (so the filter's on_configure runs too); see deploy/validate-envoy.sh.
+# Then promtool (Debian package prometheus) on the alert rules and their unit tests.
 .PHONY: validate
-validate: setup-envoy setup-rust
+validate: setup-envoy setup-rust setup-apt
 	@cargo build --quiet --release --target $(WASM_TARGET)
 	@deploy/validate-envoy.sh $(ENVOY) $(WASM)
+	@promtool check rules deploy/prometheus/tollgate-alerts.yaml
+	@cd deploy/prometheus && promtool test rules tollgate-alerts.test.yaml
 
 # Coverage-guided fuzzing with cargo-fuzz (libFuzzer): targets, seeds and dictionaries in fuzz/.
 # cargo-fuzz passes nightly-only rustc flags (-Z sanitizer ...); RUSTC_BOOTSTRAP=1 lets stable accept

@@ -3,6 +3,11 @@
 //! `/api/orders` for a few seconds; the table shows how many of each user's requests got through, next
 //! to the most the global token bucket allows (burst + rate × elapsed).
 //!
+//! A second part puts a stand-in LLM API behind Envoy (cluster "app") and limits tokens, not
+//! requests: each answer reports `usage.total_tokens`, and tollgate charges it to the user's global
+//! bucket after the fact. A user with few but expensive requests is limited; one with many cheap
+//! requests is not.
+//!
 //! Run with `make demo` (installs what is missing and builds the wasm first).
 #![allow(
     clippy::unwrap_used,
@@ -19,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::{brief_log, demo_config, Envoy};
 use common::http::{try_http, Resp};
+use common::upstream::Upstream;
 use common::webdis::{Webdis, WebdisOpts};
 use common::{scratch_dir, Redis};
 
@@ -208,7 +214,8 @@ fn main() -> ExitCode {
     let stats = envoy.stats();
     let ours: Vec<&str> = stats
         .lines()
-        .filter(|l| l.starts_with("tollgate.") && !l.ends_with(": 0"))
+        .filter(|l| l.starts_with("wasmcustom.tollgate.") && !l.ends_with(": 0"))
+        .filter(|l| !l.ends_with("No recorded values"))
         .collect();
     if !ours.is_empty() {
         println!();
@@ -218,8 +225,11 @@ fn main() -> ExitCode {
         }
     }
 
-    // Stop Envoy, then Webdis, then Redis (each killed by its pid).
     drop(envoy);
+    println!();
+    ok &= usage_demo(&dir, webdis.port);
+
+    // Stop Webdis, then Redis (each killed by its pid).
     drop(webdis);
     drop(redis);
     if ok {
@@ -227,4 +237,143 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The token budget of the usage part: tokens per second and burst, per user.
+const TOKENS_PER_SECOND: u64 = 1000;
+const TOKEN_BURST: u64 = 2000;
+/// (user, requests per second, tokens each answer reports)
+const LLM_USERS: [(&str, u32, u64); 2] = [("dana", 2, 1500), ("eli", 10, 40)];
+
+/// A stand-in LLM API: answers `/app/chat?tokens=N` with a completion whose usage is N tokens.
+fn llm_stand_in() -> Upstream {
+    Upstream::start_with(|head| {
+        let tokens: u64 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|target| target.split("tokens=").nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
+        let body = format!(
+            r#"{{"object":"chat.completion","choices":[{{"message":{{"content":"..."}}}}],"usage":{{"prompt_tokens":12,"completion_tokens":{},"total_tokens":{tokens}}}}}"#,
+            tokens.saturating_sub(12)
+        );
+        vec![format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()]
+    })
+}
+
+/// Part two: tokens, not requests. Returns whether it behaved.
+fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
+    let app = llm_stand_in();
+    let config = format!(
+        r#"{{ "backend": {{ "timeout_ms": 500 }},
+        "rules": [ {{ "name": "tokens-per-user", "match": {{ "path_prefix": "/app/" }},
+                     "key": ["header:x-user-id"], "rate": {TOKENS_PER_SECOND}, "burst": {TOKEN_BURST},
+                     "usage": {{ "body_field": "usage.total_tokens" }} }} ] }}"#
+    );
+    let envoy = match Envoy::try_start_with_upstream(dir, &config, webdis_port, app.port) {
+        Ok(e) => e,
+        Err(log) => {
+            eprintln!(
+                "demo: envoy (usage) failed to start; log:\n{}",
+                brief_log(&log)
+            );
+            return false;
+        }
+    };
+    println!(
+        "part two: tokens, not requests. A stand-in LLM API behind Envoy reports usage.total_tokens; \
+         rule tokens-per-user: {TOKENS_PER_SECOND} tokens/s, burst {TOKEN_BURST}, charged after each answer"
+    );
+    let port = envoy.listen_port;
+    let handles: Vec<_> = LLM_USERS
+        .iter()
+        .map(|&(user, per_second, tokens)| {
+            std::thread::spawn(move || {
+                let interval = Duration::from_secs(1) / per_second;
+                let start = Instant::now();
+                let (mut admitted, mut limited, mut used, mut other) = (0u32, 0u32, 0u64, 0u32);
+                for i in 0..per_second * RUN_FOR.as_secs() as u32 {
+                    if let Some(wait) =
+                        (start + interval * i).checked_duration_since(Instant::now())
+                    {
+                        std::thread::sleep(wait); // pacing, not a readiness wait
+                    }
+                    let path = format!("/app/chat?tokens={tokens}");
+                    match try_http(port, "GET", &path, &[("x-user-id", user)]) {
+                        Ok(r) if r.status == 200 => {
+                            admitted += 1;
+                            used += tokens;
+                        }
+                        Ok(r) if r.status == 429 => limited += 1,
+                        _ => other += 1,
+                    }
+                }
+                (
+                    user,
+                    per_second,
+                    tokens,
+                    admitted,
+                    limited,
+                    other,
+                    used,
+                    start.elapsed(),
+                )
+            })
+        })
+        .collect();
+    println!(
+        "{:<6} {:>7} {:>12} {:>9} {:>8} {:>6} {:>12} {:>12}",
+        "user",
+        "req/s",
+        "tokens/req",
+        "admitted",
+        "limited",
+        "other",
+        "tokens used",
+        "token budget"
+    );
+    let mut ok = true;
+    let mut results = Vec::new();
+    for h in handles {
+        let (user, rps, tokens, admitted, limited, other, used, elapsed) =
+            h.join().expect("sender");
+        let budget = TOKEN_BURST as f64 + TOKENS_PER_SECOND as f64 * elapsed.as_secs_f64();
+        println!(
+            "{user:<6} {rps:>7} {tokens:>12} {admitted:>9} {limited:>8} {other:>6} {used:>12} {budget:>12.0}"
+        );
+        ok &= other == 0;
+        results.push((user, limited, used, budget, tokens));
+    }
+    println!(
+        "(token budget = burst + rate × elapsed; an answer's tokens are charged after it, so a user \
+         can overshoot by what one request uses)"
+    );
+    for (user, limited, used, budget, tokens) in &results {
+        // Sequential requests: at most one answer's tokens beyond the budget.
+        if *used as f64 > budget + *tokens as f64 {
+            ok = false;
+            eprintln!("demo: {user} used {used} tokens, over the budget");
+        }
+        if *user == "dana" && *limited == 0 {
+            ok = false;
+            eprintln!("demo: dana was never limited by tokens");
+        }
+        if *user == "eli" && *limited != 0 {
+            ok = false;
+            eprintln!("demo: eli was limited although his tokens fit");
+        }
+    }
+    let stats = envoy.stats();
+    for name in ["usage_charged", "allowed", "denied"] {
+        let full = format!("wasmcustom.tollgate.tokens-per-user.{name}");
+        if let Some(v) = common::envoy::stat_in(&stats, &full) {
+            println!("  {full}: {v}");
+        }
+    }
+    ok
 }

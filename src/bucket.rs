@@ -6,7 +6,7 @@
 //! no drift over millions of calls.
 
 /// A bucket's configured limits: `rate` tokens are added every `period_ms`, up to `burst` tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Limits {
     pub burst: u64,
     pub rate: u64,

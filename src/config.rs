@@ -4,6 +4,8 @@
 //! script's exact integer range, names are unique and safe to put in a Redis key, a header name or a
 //! metric name. Any other input is a `ConfigError` naming the field and the reason, in one line.
 
+use std::collections::BTreeMap;
+
 use crate::bucket::Limits;
 
 /// The validated plugin configuration.
@@ -88,14 +90,49 @@ pub struct Rule {
     pub lease_horizon_ms: u64,
     pub shadow: bool,
     pub fallback: Option<Limits>,
+    /// Where the real cost comes from once the response arrives (exact mode only).
+    pub usage: Option<Usage>,
+    /// Other limits for some key value tuples (in the form `rule::key_values` gives them).
+    pub overrides: BTreeMap<Vec<Vec<u8>>, Override>,
+}
+
+/// What an override gives its key instead of the rule's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Override {
+    Limits(Limits),
+    /// Admitted without a backend call (still counted).
+    Unlimited,
+}
+
+/// A rule's usage source: the response says what the request really cost, and the difference from
+/// what it was charged up front is settled against the same global bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    pub source: UsageSource,
+    /// A key with a pending settlement and no next call is flushed after this long.
+    pub flush_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsageSource {
+    /// A response header (or trailer), lower-cased.
+    Header(String),
+    /// A dotted field of a JSON body, or of the last server-sent event that carries it.
+    BodyField(Vec<String>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Match {
+    /// In normal form (see `rule::path`); matched against every reading of the request's path.
     pub path_prefix: Option<String>,
+    /// Compare `path_prefix` ASCII case-insensitively.
+    pub path_ignore_case: bool,
     /// Upper-cased; empty means any method.
     pub methods: Vec<String>,
     pub headers: Vec<HeaderMatch>,
+    /// Lower-cased host names without port; `*.example.com` matches any name ending in
+    /// `.example.com`. Empty means any host.
+    pub hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +146,55 @@ pub struct HeaderMatch {
 pub enum HeaderValueMatch {
     Exact(String),
     Present,
+    Prefix(String),
+    Absent,
+    Regex(Pattern),
+}
+
+/// A regular expression that must match a whole header value, run by `regex-lite`: matching
+/// takes time linear in the value's length (no backtracking blow-up).
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    /// As configured (without the anchors added to it).
+    pub source: String,
+    regex: regex_lite::Regex,
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for Pattern {}
+
+/// Longest `regex` pattern.
+pub const MAX_PATTERN_LEN: usize = 1024;
+
+impl Pattern {
+    pub fn new(source: &str) -> Result<Pattern, String> {
+        if source.len() > MAX_PATTERN_LEN {
+            return Err(format!("must be at most {MAX_PATTERN_LEN} bytes"));
+        }
+        let regex = regex_lite::RegexBuilder::new(&format!("^(?:{source})$"))
+            .nest_limit(32)
+            .size_limit(256 * 1024)
+            .build()
+            .map_err(|e| {
+                let text = e.to_string();
+                let line = text.lines().last().unwrap_or_default().trim().to_owned();
+                format!("is not a valid regular expression: {line}")
+            })?;
+        Ok(Pattern {
+            source: source.to_owned(),
+            regex,
+        })
+    }
+
+    /// Whether the whole of `value` matches (bytes that are not UTF-8 read as U+FFFD).
+    pub fn is_match(&self, value: &[u8]) -> bool {
+        self.regex.is_match(&String::from_utf8_lossy(value))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,11 +202,74 @@ pub enum KeySource {
     /// Lower-cased header name.
     Header(String),
     Query(String),
-    ClientIp,
+    /// The client's address: IPv4 by its first `v4_prefix` bits, IPv6 by its first `v6_prefix`.
+    ClientIp {
+        v4_prefix: u8,
+        v6_prefix: u8,
+    },
     Path,
     Method,
     Authority,
     Literal(String),
+    /// An Envoy attribute by path (`property:connection.uri_san_peer_certificate`); `spelled` is
+    /// what the configuration wrote, `path` what is asked of the host (an alias resolved).
+    Property {
+        spelled: String,
+        path: Vec<String>,
+    },
+    /// A field of dynamic metadata: `metadata:<namespace>:<field>[.<field>…]`.
+    Metadata {
+        namespace: String,
+        fields: Vec<String>,
+    },
+    /// A cookie by name.
+    Cookie(String),
+}
+
+impl KeySource {
+    /// The plain `client_ip` source: whole IPv4 addresses, IPv6 /64 networks.
+    pub const CLIENT_IP: KeySource = KeySource::ClientIp {
+        v4_prefix: crate::rule::ip::DEFAULT_V4_PREFIX,
+        v6_prefix: crate::rule::ip::DEFAULT_V6_PREFIX,
+    };
+}
+
+/// The canonical spelling of a key source (what the configuration would say, defaults left out,
+/// names lower-cased). It goes into the bucket digest, so changing a rule's sources starts fresh
+/// buckets.
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Header(name) => write!(f, "header:{name}"),
+            KeySource::Query(name) => write!(f, "query:{name}"),
+            KeySource::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => {
+                let mut parts = Vec::new();
+                if *v4_prefix != crate::rule::ip::DEFAULT_V4_PREFIX {
+                    parts.push(format!("v4=/{v4_prefix}"));
+                }
+                if *v6_prefix != crate::rule::ip::DEFAULT_V6_PREFIX {
+                    parts.push(format!("v6=/{v6_prefix}"));
+                }
+                if parts.is_empty() {
+                    f.write_str("client_ip")
+                } else {
+                    write!(f, "client_ip:{}", parts.join(","))
+                }
+            }
+            KeySource::Path => f.write_str("path"),
+            KeySource::Method => f.write_str("method"),
+            KeySource::Authority => f.write_str("authority"),
+            KeySource::Literal(text) => write!(f, "literal:{text}"),
+            KeySource::Property { spelled, .. } => write!(f, "property:{spelled}"),
+            KeySource::Metadata { namespace, fields } => {
+                write!(f, "metadata:{namespace}:{}", fields.join("."))
+            }
+            KeySource::Cookie(name) => write!(f, "cookie:{name}"),
+        }
+    }
 }
 
 /// A configuration error: `field` is a path such as `rules[1].rate`.
@@ -171,8 +320,9 @@ const DEFAULT_DENY_BODY: &str = "rate limited\n";
 const DEFAULT_PERIOD_MS: u64 = 1000;
 const DEFAULT_COST: u64 = 1;
 
-const KEY_SOURCE_HELP: &str =
-    "expected header:NAME, query:NAME, client_ip, path, method, authority or literal:TEXT";
+const KEY_SOURCE_HELP: &str = "expected header:NAME, query:NAME, cookie:NAME, client_ip, \
+     client_ip:v4=/N,v6=/M, path, method, authority, literal:TEXT, property:PATH or \
+     metadata:NAMESPACE:FIELD";
 
 /// The whole-document field name.
 const DOCUMENT: &str = "configuration";
@@ -241,9 +391,51 @@ const RULE_FIELDS: &[&str] = &[
     "mode",
     "shadow",
     "fallback",
+    "usage",
+    "overrides",
 ];
-const MATCH_FIELDS: &[&str] = &["path_prefix", "methods", "headers"];
-const HEADER_MATCH_FIELDS: &[&str] = &["name", "exact", "present"];
+const USAGE_FIELDS: &[&str] = &["header", "body_field", "flush_ms"];
+pub const DEFAULT_USAGE_FLUSH_MS: u64 = 100;
+pub const MAX_USAGE_FLUSH_MS: u64 = 10_000;
+/// Most segments of a `usage.body_field`, and most bytes of one segment.
+pub const MAX_FIELD_SEGMENTS: usize = 8;
+pub const MAX_FIELD_SEGMENT_LEN: usize = 64;
+const MATCH_FIELDS: &[&str] = &[
+    "path_prefix",
+    "path_ignore_case",
+    "methods",
+    "headers",
+    "hosts",
+];
+const HEADER_MATCH_FIELDS: &[&str] = &["name", "exact", "present", "prefix", "absent", "regex"];
+const OVERRIDE_FIELDS: &[&str] = &["key", "rate", "period_ms", "burst", "unlimited"];
+/// Most overrides a rule may have.
+pub const MAX_OVERRIDES: usize = 10_000;
+/// Most hosts a rule's match may list.
+pub const MAX_HOSTS: usize = 256;
+/// Most segments of a `property:` path or fields of a `metadata:` source.
+pub const MAX_PATH_SEGMENTS: usize = 16;
+/// The attributes Envoy documents, by first path segment (`response.*` is not known yet when a
+/// request is checked, so it is not here).
+const PROPERTY_ROOTS: &[&str] = &[
+    "request",
+    "connection",
+    "source",
+    "destination",
+    "upstream",
+    "metadata",
+    "filter_state",
+    "upstream_filter_state",
+    "xds",
+    "node",
+    "plugin_name",
+    "plugin_root_id",
+    "plugin_vm_id",
+];
+/// `property:` spellings that name another attribute: Envoy has no `source.principal` (Istio's
+/// name for the peer's identity); the peer certificate's URI SAN (a SPIFFE ID in a mesh) is it.
+const PROPERTY_ALIASES: &[(&str, &str)] =
+    &[("source.principal", "connection.uri_san_peer_certificate")];
 const LIMITS_FIELDS: &[&str] = &["rate", "period_ms", "burst"];
 
 impl TryFrom<&[u8]> for Config {
@@ -297,6 +489,11 @@ fn rule_summary(r: &Rule) -> String {
     }
     if let Some(f) = &r.fallback {
         s.push_str(&format!(" (fallback {})", limits_summary(f)));
+    }
+    match r.overrides.len() {
+        0 => {}
+        1 => s.push_str(" (1 override)"),
+        n => s.push_str(&format!(" ({n} overrides)")),
     }
     s
 }
@@ -871,6 +1068,22 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         .map(|f| parse_limits(&f))
         .transpose()?;
 
+    let usage = obj
+        .opt_obj("usage", USAGE_FIELDS)?
+        .map(|u| parse_usage(&u))
+        .transpose()?;
+    if usage.is_some() && mode == Mode::Lease {
+        return Err(err(
+            obj.path("usage"),
+            "needs \"mode\": \"exact\" (leased tokens are spent without a call, so a charge \
+             could not be counted before the next admission)",
+        ));
+    }
+    let overrides = match obj.opt_array("overrides")? {
+        None => BTreeMap::new(),
+        Some(items) => parse_overrides(items, &obj.path("overrides"), &key, &limits, cost)?,
+    };
+
     Ok(Rule {
         name: name.to_owned(),
         matcher,
@@ -884,18 +1097,65 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
         lease_horizon_ms,
         shadow,
         fallback,
+        usage,
+        overrides,
     })
+}
+
+fn parse_usage(obj: &Obj<'_>) -> Result<Usage, ConfigError> {
+    let header = obj.opt_str("header")?;
+    let field = obj.opt_str("body_field")?;
+    let source = match (header, field) {
+        (Some(h), None) => UsageSource::Header(header_name(&obj.path("header"), h)?),
+        (None, Some(f)) => {
+            let path = obj.path("body_field");
+            let segments: Vec<String> = f.split('.').map(str::to_owned).collect();
+            let ok_segment = |seg: &String| {
+                !seg.is_empty()
+                    && seg.len() <= MAX_FIELD_SEGMENT_LEN
+                    && seg
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+            };
+            if segments.len() > MAX_FIELD_SEGMENTS || !segments.iter().all(ok_segment) {
+                return Err(err(
+                    path,
+                    format!(
+                        "must be 1 to {MAX_FIELD_SEGMENTS} dot-separated names of [A-Za-z0-9_-] \
+                         (got {})",
+                        quoted(f)
+                    ),
+                ));
+            }
+            UsageSource::BodyField(segments)
+        }
+        _ => {
+            return Err(err(
+                obj.path.clone(),
+                "needs exactly one of \"header\" or \"body_field\"",
+            ))
+        }
+    };
+    let flush_ms = obj
+        .opt_int("flush_ms", 1, MAX_USAGE_FLUSH_MS)?
+        .unwrap_or(DEFAULT_USAGE_FLUSH_MS);
+    Ok(Usage { source, flush_ms })
 }
 
 /// `rate` (required), `period_ms` and `burst` of `obj`, as a rule or its `fallback`.
 fn parse_limits(obj: &Obj<'_>) -> Result<Limits, ConfigError> {
+    parse_limits_with_period(obj, DEFAULT_PERIOD_MS)
+}
+
+/// Like [`parse_limits`], with `period_ms` defaulting to `default_period_ms`.
+fn parse_limits_with_period(obj: &Obj<'_>, default_period_ms: u64) -> Result<Limits, ConfigError> {
     let rate = as_int(obj.required("rate")?, &obj.path("rate"), 1, MAX_TOKENS)?;
     let period_ms = obj
         .opt_int("period_ms", 1, MAX_PERIOD_MS)?
-        .unwrap_or(DEFAULT_PERIOD_MS);
+        .unwrap_or(default_period_ms);
     let burst = obj.opt_int("burst", 1, MAX_TOKENS)?.unwrap_or(rate);
     let product = burst.checked_mul(period_ms);
-    if product.map_or(true, |p| p > MAX_BURST_PERIOD) {
+    if product.is_none_or(|p| p > MAX_BURST_PERIOD) {
         let got = product.map_or_else(|| "overflow".to_owned(), |p| p.to_string());
         return Err(err(
             obj.path("burst"),
@@ -934,9 +1194,22 @@ fn parse_match(obj: &Obj<'_>) -> Result<Match, ConfigError> {
             if has_control(p) {
                 return Err(err(path, "must not contain control characters"));
             }
+            let normal =
+                crate::rule::path::normalize(p.as_bytes(), crate::rule::path::Reading::STRICT);
+            if normal.irregular || normal.path != p.as_bytes() {
+                return Err(err(
+                    path,
+                    format!(
+                        "must be in normal form, as requests are compared in it (got {}, which reads as {})",
+                        quoted(p),
+                        quoted(&String::from_utf8_lossy(&normal.path))
+                    ),
+                ));
+            }
             Some(p.to_owned())
         }
     };
+    let path_ignore_case = obj.opt_bool("path_ignore_case")?.unwrap_or(false);
 
     let methods = match obj.opt_array("methods")? {
         None => Vec::new(),
@@ -972,46 +1245,131 @@ fn parse_match(obj: &Obj<'_>) -> Result<Match, ConfigError> {
             .collect::<Result<Vec<_>, _>>()?,
     };
 
+    let hosts = match obj.opt_array("hosts")? {
+        None => Vec::new(),
+        Some(items) => {
+            if items.len() > MAX_HOSTS {
+                return Err(err(
+                    obj.path("hosts"),
+                    format!("must have at most {MAX_HOSTS} hosts (got {})", items.len()),
+                ));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let p = index(&obj.path("hosts"), i);
+                    parse_host(as_str(v, &p)?, &p)
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+    };
+
     Ok(Match {
         path_prefix,
+        path_ignore_case,
         methods,
         headers,
+        hosts,
     })
 }
 
+/// A `match.hosts` entry: a host name (or IP literal) without port, optionally starting with `*.`;
+/// returned lower-cased, without a trailing dot.
+fn parse_host(s: &str, path: &str) -> Result<String, ConfigError> {
+    let bad = |why: &str| err(path, format!("{why} (got {})", quoted(s)));
+    let host = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+    if host.starts_with('[') {
+        let ok = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
+        return if ok {
+            Ok(host)
+        } else {
+            Err(bad(
+                "must be a host name, an IPv4 address or [IPv6], without port",
+            ))
+        };
+    }
+    let name = host.strip_prefix("*.").unwrap_or(&host);
+    if name.contains(':') {
+        return Err(bad("must not have a port (hosts are compared without it)"));
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(bad(
+            "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\"",
+        ));
+    }
+    Ok(host)
+}
+
 fn parse_header_match(value: &serde_json::Value, path: &str) -> Result<HeaderMatch, ConfigError> {
+    const KINDS: &str = "\"exact\", \"prefix\", \"regex\", \"present\" or \"absent\"";
     let obj = Obj::new(value, path, HEADER_MATCH_FIELDS)?;
     let name_path = obj.path("name");
     let name = header_name(&name_path, as_str(obj.required("name")?, &name_path)?)?;
-    let exact = obj.opt_str("exact")?;
-    let present = obj.opt_bool("present")?;
-    let value = match (exact, present) {
-        (Some(_), Some(_)) => {
+    let given: Vec<&str> = ["exact", "prefix", "regex", "present", "absent"]
+        .into_iter()
+        .filter(|k| obj.get(k).is_some())
+        .collect();
+    let kind = match given.as_slice() {
+        [one] => *one,
+        [] => return Err(err(path, format!("must have exactly one of {KINDS}"))),
+        _ => {
             return Err(err(
                 path,
-                "must have exactly one of \"exact\" or \"present\", not both",
+                format!(
+                    "must have exactly one of {KINDS}, not {}",
+                    given.join(" and ")
+                ),
             ))
         }
-        (None, None) => {
-            return Err(err(
-                path,
-                "must have exactly one of \"exact\" or \"present\"",
-            ))
+    };
+    let flag = |k: &str| -> Result<(), ConfigError> {
+        match obj.opt_bool(k)? {
+            Some(true) => Ok(()),
+            _ => Err(err(obj.path(k), "must be true")),
         }
-        (Some(s), None) => HeaderValueMatch::Exact(s.to_owned()),
-        (None, Some(true)) => HeaderValueMatch::Present,
-        (None, Some(false)) => return Err(err(obj.path("present"), "must be true")),
+    };
+    let text = |k: &str| -> Result<String, ConfigError> {
+        Ok(obj.opt_str(k)?.unwrap_or_default().to_owned())
+    };
+    let value = match kind {
+        "exact" => HeaderValueMatch::Exact(text("exact")?),
+        "prefix" => HeaderValueMatch::Prefix(text("prefix")?),
+        "regex" => {
+            let source = text("regex")?;
+            HeaderValueMatch::Regex(Pattern::new(&source).map_err(|e| err(obj.path("regex"), e))?)
+        }
+        "present" => {
+            flag("present")?;
+            HeaderValueMatch::Present
+        }
+        _ => {
+            flag("absent")?;
+            HeaderValueMatch::Absent
+        }
     };
     Ok(HeaderMatch { name, value })
 }
 
 fn parse_key_source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
     match s {
-        "client_ip" => return Ok(KeySource::ClientIp),
+        "client_ip" => return Ok(KeySource::CLIENT_IP),
         "path" => return Ok(KeySource::Path),
         "method" => return Ok(KeySource::Method),
         "authority" => return Ok(KeySource::Authority),
         _ => {}
+    }
+    if let Some(spec) = s.strip_prefix("client_ip:") {
+        return parse_client_ip(spec, s, path);
     }
     if let Some(name) = s.strip_prefix("header:") {
         if !is_token(name) {
@@ -1034,6 +1392,24 @@ fn parse_key_source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
         }
         return Ok(KeySource::Query(name.to_owned()));
     }
+    if let Some(name) = s.strip_prefix("cookie:") {
+        if !is_token(name) {
+            return Err(err(
+                path,
+                format!(
+                    "cookie:NAME needs a non-empty cookie name of token characters (got {})",
+                    quoted(s)
+                ),
+            ));
+        }
+        return Ok(KeySource::Cookie(name.to_owned()));
+    }
+    if let Some(spelled) = s.strip_prefix("property:") {
+        return parse_property(spelled, s, path);
+    }
+    if let Some(spec) = s.strip_prefix("metadata:") {
+        return parse_metadata(spec, s, path);
+    }
     if let Some(text) = s.strip_prefix("literal:") {
         if text.is_empty() {
             return Err(err(
@@ -1047,6 +1423,206 @@ fn parse_key_source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
         path,
         format!("unknown key source {} ({KEY_SOURCE_HELP})", quoted(s)),
     ))
+}
+
+/// Dot-separated segments, each non-empty and without control characters, at most
+/// `MAX_PATH_SEGMENTS`.
+fn segments(text: &str) -> Option<Vec<String>> {
+    let parts: Vec<String> = text.split('.').map(str::to_owned).collect();
+    let ok = !text.is_empty()
+        && parts.len() <= MAX_PATH_SEGMENTS
+        && parts.iter().all(|p| !p.is_empty() && !has_control(p));
+    ok.then_some(parts)
+}
+
+/// `property:` + an attribute path.
+fn parse_property(spelled: &str, whole: &str, path: &str) -> Result<KeySource, ConfigError> {
+    let resolved = PROPERTY_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == spelled)
+        .map_or(spelled, |(_, to)| to);
+    let Some(segs) = segments(resolved) else {
+        return Err(err(
+            path,
+            format!(
+                "property:PATH needs 1 to {MAX_PATH_SEGMENTS} non-empty dot-separated segments (got {})",
+                quoted(whole)
+            ),
+        ));
+    };
+    let root = segs.first().map(String::as_str).unwrap_or_default();
+    if !PROPERTY_ROOTS.contains(&root) {
+        let why = if root == "response" {
+            "response attributes are not known yet when a request is checked".to_owned()
+        } else {
+            format!(
+                "unknown attribute {} (Envoy's attributes start with {})",
+                quoted(root),
+                PROPERTY_ROOTS.join(", ")
+            )
+        };
+        return Err(err(path, format!("{why} (got {})", quoted(whole))));
+    }
+    Ok(KeySource::Property {
+        spelled: spelled.to_owned(),
+        path: segs,
+    })
+}
+
+/// `metadata:` + `<namespace>:<field>[.<field>…]`.
+fn parse_metadata(spec: &str, whole: &str, path: &str) -> Result<KeySource, ConfigError> {
+    let parsed = spec.split_once(':').and_then(|(ns, fields)| {
+        let ns_ok = !ns.is_empty() && !has_control(ns);
+        ns_ok.then_some(())?;
+        Some((ns.to_owned(), segments(fields)?))
+    });
+    let Some((namespace, fields)) = parsed else {
+        return Err(err(
+            path,
+            format!(
+                "metadata:NAMESPACE:FIELD[.FIELD…] needs a namespace and 1 to {MAX_PATH_SEGMENTS} \
+                 non-empty fields (got {})",
+                quoted(whole)
+            ),
+        ));
+    };
+    Ok(KeySource::Metadata { namespace, fields })
+}
+
+/// The value an override names for `source`, in the form a request's value would take.
+fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
+    match source {
+        KeySource::ClientIp {
+            v4_prefix,
+            v6_prefix,
+        } => crate::rule::ip::canonical(text, *v4_prefix, *v6_prefix).ok_or_else(|| {
+            err(
+                path,
+                format!(
+                    "must be an address or network as {source} gives it: IPv4 /{v4_prefix}, \
+                     IPv6 /{v6_prefix}, host bits zero (got {})",
+                    quoted(text)
+                ),
+            )
+        }),
+        KeySource::Authority => Ok(text.to_ascii_lowercase().into_bytes()),
+        KeySource::Path => Ok(crate::rule::path::key_value(text.as_bytes())),
+        _ => Ok(text.as_bytes().to_vec()),
+    }
+}
+
+/// A rule's `overrides`: key tuples (as requests give them) to their limits.
+fn parse_overrides(
+    items: &[serde_json::Value],
+    path: &str,
+    key: &[KeySource],
+    rule_limits: &Limits,
+    cost: u64,
+) -> Result<BTreeMap<Vec<Vec<u8>>, Override>, ConfigError> {
+    if items.len() > MAX_OVERRIDES {
+        return Err(err(
+            path,
+            format!(
+                "must have at most {MAX_OVERRIDES} overrides (got {})",
+                items.len()
+            ),
+        ));
+    }
+    if key.is_empty() && !items.is_empty() {
+        return Err(err(
+            path,
+            "needs key sources: a rule without a key has one bucket, give it these limits instead",
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let p = index(path, i);
+        let obj = Obj::new(item, &p, OVERRIDE_FIELDS)?;
+        let key_path = obj.path("key");
+        let values = obj
+            .required("key")?
+            .as_array()
+            .ok_or_else(|| err(&key_path, describe("an array")))?;
+        if values.len() != key.len() {
+            return Err(err(
+                &key_path,
+                format!(
+                    "must have one value per key source ({}, got {})",
+                    key.len(),
+                    values.len()
+                ),
+            ));
+        }
+        let tuple = values
+            .iter()
+            .zip(key)
+            .enumerate()
+            .map(|(j, (v, source))| {
+                let vp = index(&key_path, j);
+                override_value(source, as_str(v, &vp)?, &vp)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let unlimited = obj.opt_bool("unlimited")?;
+        let has_limits = ["rate", "period_ms", "burst"]
+            .iter()
+            .any(|f| obj.get(f).is_some());
+        let value = match (unlimited, has_limits) {
+            (Some(true), false) => Override::Unlimited,
+            (Some(true), true) => return Err(err(
+                &p,
+                "must have either \"unlimited\": true or limits (rate, period_ms, burst), not both",
+            )),
+            (Some(false), _) => return Err(err(obj.path("unlimited"), "must be true")),
+            (None, _) => {
+                let limits = parse_limits_with_period(&obj, rule_limits.period_ms)?;
+                if cost > limits.burst {
+                    return Err(err(
+                        obj.path("burst"),
+                        format!("must be at least the rule's cost ({cost})"),
+                    ));
+                }
+                Override::Limits(limits)
+            }
+        };
+        if out.insert(tuple, value).is_some() {
+            return Err(err(&key_path, "names the same key as an earlier override"));
+        }
+    }
+    Ok(out)
+}
+
+/// `v4=/N`, `v6=/M` or both, comma-separated, after `client_ip:`.
+fn parse_client_ip(spec: &str, whole: &str, path: &str) -> Result<KeySource, ConfigError> {
+    let bad = || {
+        err(
+            path,
+            format!(
+                "client_ip takes v4=/N (8-32) and/or v6=/M (8-128), comma-separated (got {})",
+                quoted(whole)
+            ),
+        )
+    };
+    let (mut v4, mut v6) = (None, None);
+    for part in spec.split(',') {
+        let (family, bits) = part.split_once("=/").ok_or_else(bad)?;
+        let bits: u8 = bits
+            .parse()
+            .ok()
+            .filter(|b| bits.bytes().all(|c| c.is_ascii_digit()) && *b >= 8)
+            .ok_or_else(bad)?;
+        let slot = match family {
+            "v4" if bits <= 32 => &mut v4,
+            "v6" if bits <= 128 => &mut v6,
+            _ => return Err(bad()),
+        };
+        if slot.replace(bits).is_some() {
+            return Err(bad());
+        }
+    }
+    Ok(KeySource::ClientIp {
+        v4_prefix: v4.unwrap_or(crate::rule::ip::DEFAULT_V4_PREFIX),
+        v6_prefix: v6.unwrap_or(crate::rule::ip::DEFAULT_V6_PREFIX),
+    })
 }
 
 #[cfg(test)]
@@ -1099,6 +1675,63 @@ mod tests {
     }
 
     #[test]
+    fn usage_sources_and_their_errors() {
+        let r = one_rule(r#""rate":1,"usage":{"header":"X-Usage-Tokens"}"#);
+        let want = Usage {
+            source: UsageSource::Header("x-usage-tokens".into()),
+            flush_ms: DEFAULT_USAGE_FLUSH_MS,
+        };
+        assert_eq!(r.usage, Some(want));
+        let r = one_rule(r#""rate":1,"usage":{"body_field":"usage.total_tokens","flush_ms":50}"#);
+        let want = Usage {
+            source: UsageSource::BodyField(vec!["usage".into(), "total_tokens".into()]),
+            flush_ms: 50,
+        };
+        assert_eq!(r.usage, Some(want));
+        for (rule, message) in [
+            (
+                r#""rate":1,"usage":{}"#,
+                r#"rules[0].usage: needs exactly one of "header" or "body_field""#,
+            ),
+            (
+                r#""rate":1,"usage":{"header":"a","body_field":"b"}"#,
+                r#"rules[0].usage: needs exactly one of "header" or "body_field""#,
+            ),
+            (
+                r#""rate":1,"usage":{"body_field":"usage..total"}"#,
+                r#"rules[0].usage.body_field: must be 1 to 8 dot-separated names of [A-Za-z0-9_-] (got "usage..total")"#,
+            ),
+            (
+                r#""rate":1,"usage":{"body_field":"a.b.c.d.e.f.g.h.i"}"#,
+                r#"rules[0].usage.body_field: must be 1 to 8 dot-separated names of [A-Za-z0-9_-] (got "a.b.c.d.e.f.g.h.i")"#,
+            ),
+            (
+                r#""rate":1,"usage":{"header":"a b"}"#,
+                r#"rules[0].usage.header: must be a header name of token characters (got "a b")"#,
+            ),
+            (
+                r#""rate":1,"usage":{"header":"x","flush_ms":0}"#,
+                "rules[0].usage.flush_ms: must be an integer >= 1",
+            ),
+            (
+                r#""rate":1,"usage":{"header":"x","tokens":1}"#,
+                "rules[0].usage.tokens: unknown field",
+            ),
+            (
+                r#""rate":1,"mode":"lease","usage":{"header":"x"}"#,
+                r#"rules[0].usage: needs "mode": "exact" (leased tokens are spent without a call, so a charge could not be counted before the next admission)"#,
+            ),
+        ] {
+            let got = rule_error(rule);
+            assert!(
+                got.starts_with(message.split(" (got").next().unwrap()),
+                "{rule}: {got}"
+            );
+            assert_eq!(got, message, "{rule}");
+        }
+    }
+
+    #[test]
     #[cfg(not(feature = "redis-callout"))]
     fn design_example_parses() {
         let c = parse(DESIGN_EXAMPLE).unwrap();
@@ -1127,6 +1760,8 @@ mod tests {
                 name: "per-user".into(),
                 matcher: Match {
                     path_prefix: Some("/api/".into()),
+                    path_ignore_case: false,
+                    hosts: vec![],
                     methods: vec!["GET".into(), "POST".into()],
                     headers: vec![HeaderMatch {
                         name: "x-tier".into(),
@@ -1151,6 +1786,8 @@ mod tests {
                     rate: 25,
                     period_ms: 1000,
                 }),
+                usage: None,
+                overrides: BTreeMap::new(),
             }],
         };
         assert_eq!(c, want);
@@ -1215,6 +1852,8 @@ mod tests {
                 lease_horizon_ms: 200,
                 shadow: false,
                 fallback: None,
+                usage: None,
+                overrides: BTreeMap::new(),
             }],
         };
         assert_eq!(c, want);
@@ -1248,7 +1887,7 @@ mod tests {
             vec![
                 KeySource::Header("x-user".into()),
                 KeySource::Query("User Id".into()),
-                KeySource::ClientIp,
+                KeySource::CLIENT_IP,
                 KeySource::Path,
                 KeySource::Method,
                 KeySource::Authority,
@@ -1409,9 +2048,9 @@ mod tests {
     fn unknown_field_header_match() {
         assert_eq!(
             rule_error(
-                r#""rate":1,"match":{"headers":[{"name":"a","present":true},{"name":"b","regex":"x"}]}"#
+                r#""rate":1,"match":{"headers":[{"name":"a","present":true},{"name":"b","suffix":"x"}]}"#
             ),
-            "rules[0].match.headers[1].regex: unknown field"
+            "rules[0].match.headers[1].suffix: unknown field"
         );
     }
 
@@ -1841,7 +2480,8 @@ mod tests {
         assert_eq!(
             rule_error(r#""rate":1,"key":["client_ip","foo"]"#),
             "rules[0].key[1]: unknown key source \"foo\" (expected header:NAME, query:NAME, \
-             client_ip, path, method, authority or literal:TEXT)"
+             cookie:NAME, client_ip, client_ip:v4=/N,v6=/M, path, method, authority, literal:TEXT, \
+             property:PATH or metadata:NAMESPACE:FIELD)"
         );
     }
 
@@ -1879,7 +2519,7 @@ mod tests {
     fn header_match_with_both_exact_and_present() {
         assert_eq!(
             rule_error(r#""rate":1,"match":{"headers":[{"name":"a","exact":"b","present":true}]}"#),
-            r#"rules[0].match.headers[0]: must have exactly one of "exact" or "present", not both"#
+            r#"rules[0].match.headers[0]: must have exactly one of "exact", "prefix", "regex", "present" or "absent", not exact and present"#
         );
     }
 
@@ -1887,8 +2527,305 @@ mod tests {
     fn header_match_with_neither() {
         assert_eq!(
             rule_error(r#""rate":1,"match":{"headers":[{"name":"a"}]}"#),
-            r#"rules[0].match.headers[0]: must have exactly one of "exact" or "present""#
+            r#"rules[0].match.headers[0]: must have exactly one of "exact", "prefix", "regex", "present" or "absent""#
         );
+    }
+
+    #[test]
+    fn header_match_kinds() {
+        let m = |h: &str| {
+            one_rule(&format!(r#""rate":1,"match":{{"headers":[{h}]}}"#))
+                .matcher
+                .headers
+                .remove(0)
+                .value
+        };
+        assert_eq!(
+            m(r#"{"name":"a","prefix":"Bearer "}"#),
+            HeaderValueMatch::Prefix("Bearer ".into())
+        );
+        assert_eq!(m(r#"{"name":"a","absent":true}"#), HeaderValueMatch::Absent);
+        assert_eq!(
+            m(r#"{"name":"a","exact":""}"#),
+            HeaderValueMatch::Exact(String::new())
+        );
+        match m(r#"{"name":"a","regex":"v[0-9]+"}"#) {
+            HeaderValueMatch::Regex(p) => {
+                assert_eq!(p.source, "v[0-9]+");
+                // Anchored: the whole value must match.
+                assert!(p.is_match(b"v12"));
+                assert!(!p.is_match(b"xv12"));
+                assert!(!p.is_match(b"v12x"));
+                // Bytes that are not UTF-8 read as U+FFFD: one character, not a digit.
+                assert!(!p.is_match(&[b'v', 0xff]));
+                assert!(Pattern::new("v.").unwrap().is_match(&[b'v', 0xff]));
+            }
+            other => panic!("{other:?}"),
+        }
+        // An alternation is anchored as a whole.
+        match m(r#"{"name":"a","regex":"a|b"}"#) {
+            HeaderValueMatch::Regex(p) => {
+                assert!(p.is_match(b"a") && p.is_match(b"b"));
+                assert!(!p.is_match(b"ab") && !p.is_match(b"xb"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"headers":[{"name":"a","absent":false}]}"#),
+            "rules[0].match.headers[0].absent: must be true"
+        );
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"headers":[{"name":"a","prefix":"x","absent":true}]}"#),
+            r#"rules[0].match.headers[0]: must have exactly one of "exact", "prefix", "regex", "present" or "absent", not prefix and absent"#
+        );
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"headers":[{"name":"a","prefix":1}]}"#),
+            "rules[0].match.headers[0].prefix: must be a string"
+        );
+        let e = rule_error(r#""rate":1,"match":{"headers":[{"name":"a","regex":"(x"}]}"#);
+        assert!(
+            e.starts_with("rules[0].match.headers[0].regex: is not a valid regular expression: "),
+            "{e}"
+        );
+        // Backreferences and look-around (what makes backtracking engines blow up) do not exist.
+        for pat in [r"(a)\\1", "(?=a)a", "(?<=a)b"] {
+            let e = rule_error(&format!(
+                r#""rate":1,"match":{{"headers":[{{"name":"a","regex":"{pat}"}}]}}"#
+            ));
+            assert!(
+                e.contains("is not a valid regular expression"),
+                "{pat}: {e}"
+            );
+        }
+        let long = "a".repeat(1025);
+        assert_eq!(
+            rule_error(&format!(
+                r#""rate":1,"match":{{"headers":[{{"name":"a","regex":"{long}"}}]}}"#
+            )),
+            "rules[0].match.headers[0].regex: must be at most 1024 bytes"
+        );
+        // Too many repetitions compile to more than the size limit.
+        let e = rule_error(
+            r#""rate":1,"match":{"headers":[{"name":"a","regex":"((a{100}){100}){100}"}]}"#,
+        );
+        assert!(e.contains("is not a valid regular expression"), "{e}");
+    }
+
+    #[test]
+    fn regex_matching_is_linear_on_a_classic_blow_up() {
+        // (a+)+$ against "aaa…b" takes exponential time in a backtracking engine.
+        let p = Pattern::new("(a+)+").unwrap();
+        let value = format!("{}b", "a".repeat(50_000));
+        let start = std::time::Instant::now();
+        assert!(!p.is_match(value.as_bytes()));
+        assert!(p.is_match("a".repeat(50_000).as_bytes()));
+        // Not a timing assertion on a busy machine: this only fails if matching is exponential.
+        assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    }
+
+    #[test]
+    fn hosts() {
+        let hosts = |h: &str| {
+            one_rule(&format!(r#""rate":1,"match":{{"hosts":{h}}}"#))
+                .matcher
+                .hosts
+        };
+        assert_eq!(
+            hosts(
+                r#"["API.Example.com", "*.Tenant.example.com.", "10.0.0.1", "[::1]", "a_b.local"]"#
+            ),
+            [
+                "api.example.com",
+                "*.tenant.example.com",
+                "10.0.0.1",
+                "[::1]",
+                "a_b.local"
+            ]
+        );
+        for (bad, why) in [
+            ("api.example.com:443", "must not have a port (hosts are compared without it)"),
+            ("10.0.0.1:80", "must not have a port (hosts are compared without it)"),
+            ("[::1]:80", "must be a host name, an IPv4 address or [IPv6], without port"),
+            ("[nope]", "must be a host name, an IPv4 address or [IPv6], without port"),
+            ("", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
+            ("a..b", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
+            ("*", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
+            ("a.*.com", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
+            ("*example.com", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
+            ("ex ample.com", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
+        ] {
+            assert_eq!(
+                rule_error(&format!(r#""rate":1,"match":{{"hosts":["ok.com","{bad}"]}}"#)),
+                format!("rules[0].match.hosts[1]: {why} (got {bad:?})")
+            );
+        }
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"hosts":"a.com"}"#),
+            "rules[0].match.hosts: must be an array"
+        );
+    }
+
+    #[test]
+    fn identity_key_sources() {
+        let key = |k: &str| {
+            one_rule(&format!(r#""rate":1,"key":["{k}"]"#))
+                .key
+                .remove(0)
+        };
+        assert_eq!(
+            key("cookie:session_id"),
+            KeySource::Cookie("session_id".into())
+        );
+        assert_eq!(
+            key("property:connection.requested_server_name"),
+            KeySource::Property {
+                spelled: "connection.requested_server_name".into(),
+                path: vec!["connection".into(), "requested_server_name".into()],
+            }
+        );
+        // Envoy has no source.principal: it is the peer certificate's URI SAN.
+        let principal = key("property:source.principal");
+        assert_eq!(
+            principal,
+            KeySource::Property {
+                spelled: "source.principal".into(),
+                path: vec!["connection".into(), "uri_san_peer_certificate".into()],
+            }
+        );
+        assert_eq!(principal.to_string(), "property:source.principal");
+        let jwt = key("metadata:envoy.filters.http.jwt_authn:jwt_payload.sub");
+        assert_eq!(
+            jwt,
+            KeySource::Metadata {
+                namespace: "envoy.filters.http.jwt_authn".into(),
+                fields: vec!["jwt_payload".into(), "sub".into()],
+            }
+        );
+        assert_eq!(
+            jwt.to_string(),
+            "metadata:envoy.filters.http.jwt_authn:jwt_payload.sub"
+        );
+        assert_eq!(
+            key("metadata:lua:tenant"),
+            KeySource::Metadata {
+                namespace: "lua".into(),
+                fields: vec!["tenant".into()],
+            }
+        );
+        for (bad, want) in [
+            (
+                "cookie:",
+                r#"cookie:NAME needs a non-empty cookie name of token characters (got "cookie:")"#,
+            ),
+            (
+                "cookie:a b",
+                r#"cookie:NAME needs a non-empty cookie name of token characters (got "cookie:a b")"#,
+            ),
+            (
+                "property:",
+                r#"property:PATH needs 1 to 16 non-empty dot-separated segments (got "property:")"#,
+            ),
+            (
+                "property:source..address",
+                r#"property:PATH needs 1 to 16 non-empty dot-separated segments (got "property:source..address")"#,
+            ),
+            (
+                "property:response.code",
+                r#"response attributes are not known yet when a request is checked (got "property:response.code")"#,
+            ),
+            (
+                "property:sauce.address",
+                r#"unknown attribute "sauce" (Envoy's attributes start with request, connection, source, destination, upstream, metadata, filter_state, upstream_filter_state, xds, node, plugin_name, plugin_root_id, plugin_vm_id) (got "property:sauce.address")"#,
+            ),
+            (
+                "metadata:ns",
+                r#"metadata:NAMESPACE:FIELD[.FIELD…] needs a namespace and 1 to 16 non-empty fields (got "metadata:ns")"#,
+            ),
+            (
+                "metadata::a",
+                r#"metadata:NAMESPACE:FIELD[.FIELD…] needs a namespace and 1 to 16 non-empty fields (got "metadata::a")"#,
+            ),
+            (
+                "metadata:ns:",
+                r#"metadata:NAMESPACE:FIELD[.FIELD…] needs a namespace and 1 to 16 non-empty fields (got "metadata:ns:")"#,
+            ),
+            (
+                "metadata:ns:a.",
+                r#"metadata:NAMESPACE:FIELD[.FIELD…] needs a namespace and 1 to 16 non-empty fields (got "metadata:ns:a.")"#,
+            ),
+        ] {
+            assert_eq!(
+                rule_error(&format!(r#""rate":1,"key":["{bad}"]"#)),
+                format!("rules[0].key[0]: {want}"),
+            );
+        }
+        let deep = vec!["a"; 17].join(".");
+        assert!(
+            rule_error(&format!(r#""rate":1,"key":["metadata:ns:{deep}"]"#))
+                .contains("1 to 16 non-empty fields")
+        );
+    }
+
+    #[test]
+    fn overrides() {
+        let r = one_rule(
+            r#""rate":10,"period_ms":60000,"key":["header:x-tenant","client_ip:v6=/56","authority"],
+               "overrides":[
+                 {"key":["acme","2001:db8:0:100::/56","API.example.com"],"rate":1000,"burst":2000},
+                 {"key":["internal","10.0.0.1","a"],"unlimited":true},
+                 {"key":["slow","::ffff:10.0.0.2","a"],"rate":1,"period_ms":1000}]"#,
+        );
+        let o = |t: &[&str]| {
+            let k: Vec<Vec<u8>> = t.iter().map(|v| v.as_bytes().to_vec()).collect();
+            r.overrides.get(&k).copied()
+        };
+        assert_eq!(r.overrides.len(), 3);
+        // period_ms defaults to the rule's; burst to the override's rate.
+        assert_eq!(
+            o(&["acme", "2001:db8:0:100::/56", "api.example.com"]),
+            Some(Override::Limits(Limits {
+                rate: 1000,
+                burst: 2000,
+                period_ms: 60000
+            }))
+        );
+        assert_eq!(o(&["internal", "10.0.0.1", "a"]), Some(Override::Unlimited));
+        assert_eq!(
+            o(&["slow", "10.0.0.2", "a"]),
+            Some(Override::Limits(Limits {
+                rate: 1,
+                burst: 1,
+                period_ms: 1000
+            }))
+        );
+        let c = parse(r#"{"rules":[{"name":"t","rate":5,"key":["header:x"],"overrides":[{"key":["a"],"unlimited":true}]}]}"#).unwrap();
+        assert_eq!(c.summary(), "1 rule: t 5/1000ms burst 5 exact (1 override)");
+
+        // A path override is normalised as requests are.
+        let r = one_rule(r#""rate":1,"key":["path"],"overrides":[{"key":["//api/./x"],"rate":9}]"#);
+        assert!(r.overrides.contains_key(&vec![b"/api/x".to_vec()]));
+
+        for (body, want) in [
+            (r#""overrides":[{"key":["a"],"rate":1}]"#, "rules[0].overrides: needs key sources: a rule without a key has one bucket, give it these limits instead"),
+            (r#""key":["header:x"],"overrides":{}"#, "rules[0].overrides: must be an array"),
+            (r#""key":["header:x"],"overrides":[{"rate":1}]"#, "rules[0].overrides[0].key: required"),
+            (r#""key":["header:x"],"overrides":[{"key":"a","rate":1}]"#, "rules[0].overrides[0].key: must be an array"),
+            (r#""key":["header:x"],"overrides":[{"key":["a","b"],"rate":1}]"#, "rules[0].overrides[0].key: must have one value per key source (1, got 2)"),
+            (r#""key":["header:x"],"overrides":[{"key":[1],"rate":1}]"#, "rules[0].overrides[0].key[0]: must be a string"),
+            (r#""key":["header:x"],"overrides":[{"key":["a"]}]"#, "rules[0].overrides[0].rate: required"),
+            (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":0}]"#, "rules[0].overrides[0].rate: must be an integer >= 1"),
+            (r#""key":["header:x"],"overrides":[{"key":["a"],"unlimited":true,"burst":3}]"#, r#"rules[0].overrides[0]: must have either "unlimited": true or limits (rate, period_ms, burst), not both"#),
+            (r#""key":["header:x"],"overrides":[{"key":["a"],"unlimited":false}]"#, "rules[0].overrides[0].unlimited: must be true"),
+            (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1,"cost":2}]"#, "rules[0].overrides[0].cost: unknown field"),
+            (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1},{"key":["b"],"rate":1},{"key":["a"],"unlimited":true}]"#, "rules[0].overrides[2].key: names the same key as an earlier override"),
+            (r#""key":["authority"],"overrides":[{"key":["A.com"],"rate":1},{"key":["a.com"],"rate":2}]"#, "rules[0].overrides[1].key: names the same key as an earlier override"),
+            (r#""key":["client_ip"],"overrides":[{"key":["2001:db8::1"],"rate":1}]"#, r#"rules[0].overrides[0].key[0]: must be an address or network as client_ip gives it: IPv4 /32, IPv6 /64, host bits zero (got "2001:db8::1")"#),
+            (r#""key":["client_ip:v4=/24"],"overrides":[{"key":["10.0.0.7/24"],"rate":1}]"#, r#"rules[0].overrides[0].key[0]: must be an address or network as client_ip:v4=/24 gives it: IPv4 /24, IPv6 /64, host bits zero (got "10.0.0.7/24")"#),
+            (r#""key":["header:x"],"cost":3,"burst":5,"overrides":[{"key":["a"],"rate":2}]"#, "rules[0].overrides[0].burst: must be at least the rule's cost (3)"),
+            (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1,"burst":1000000000,"period_ms":86400000}]"#, "rules[0].overrides[0].burst: burst × period_ms must be at most 2^50 = 1125899906842624 (got 1000000000 × 86400000 = 86400000000000000)"),
+        ] {
+            assert_eq!(rule_error(&format!(r#""rate":5,{body}"#)), want, "{body}");
+        }
     }
 
     #[test]
@@ -1912,6 +2849,87 @@ mod tests {
         assert_eq!(
             rule_error(r#""rate":1,"match":{"headers":[{"exact":"x"}]}"#),
             "rules[0].match.headers[0].name: required"
+        );
+    }
+
+    #[test]
+    fn client_ip_prefixes() {
+        let key = |k: &str| one_rule(&format!(r#""rate":1,"key":["{k}"]"#)).key;
+        let ip = |v4_prefix, v6_prefix| {
+            vec![KeySource::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            }]
+        };
+        assert_eq!(key("client_ip"), ip(32, 64));
+        assert_eq!(key("client_ip:v6=/56"), ip(32, 56));
+        assert_eq!(key("client_ip:v4=/24"), ip(24, 64));
+        assert_eq!(key("client_ip:v4=/24,v6=/48"), ip(24, 48));
+        assert_eq!(key("client_ip:v6=/48,v4=/8"), ip(8, 48));
+        assert_eq!(key("client_ip:v6=/128"), ip(32, 128));
+        assert_eq!(
+            key("client_ip:v6=/64").first().unwrap().to_string(),
+            "client_ip"
+        );
+        assert_eq!(
+            key("client_ip:v6=/56").first().unwrap().to_string(),
+            "client_ip:v6=/56"
+        );
+        for bad in [
+            "client_ip:",
+            "client_ip:v6=56",
+            "client_ip:v6=/7",
+            "client_ip:v6=/129",
+            "client_ip:v4=/33",
+            "client_ip:v4=/+24",
+            "client_ip:v5=/24",
+            "client_ip:v6=/56,v6=/48",
+            "client_ip:v6=/56,",
+        ] {
+            assert_eq!(
+                rule_error(&format!(r#""rate":1,"key":["{bad}"]"#)),
+                format!(
+                    "rules[0].key[0]: client_ip takes v4=/N (8-32) and/or v6=/M (8-128), \
+                     comma-separated (got {bad:?})"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn path_prefix_must_be_normal() {
+        for (bad, reads) in [
+            ("//api/", "/api/"),
+            ("/./api/", "/api/"),
+            ("/%61pi/", "/api/"),
+            ("/x/../api/", "/api/"),
+            ("/api%2f", "/api%2F"),
+        ] {
+            assert_eq!(
+                rule_error(&format!(r#""rate":1,"match":{{"path_prefix":"{bad}"}}"#)),
+                format!(
+                    "rules[0].match.path_prefix: must be in normal form, as requests are compared \
+                     in it (got {bad:?}, which reads as {reads:?})"
+                )
+            );
+        }
+        // Irregular prefixes can never be normal.
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"path_prefix":"/../a"}"#),
+            "rules[0].match.path_prefix: must be in normal form, as requests are compared in it \
+             (got \"/../a\", which reads as \"/a\")"
+        );
+        assert!(rule_error(r#""rate":1,"match":{"path_prefix":"/a%zz"}"#).contains("normal form"));
+        for good in ["/", "/api", "/api/", "/a;b/", "/a%2Fb", "/~u/", "/a%20b"] {
+            let r = one_rule(&format!(r#""rate":1,"match":{{"path_prefix":"{good}"}}"#));
+            assert_eq!(r.matcher.path_prefix.as_deref(), Some(good));
+            assert!(!r.matcher.path_ignore_case);
+        }
+        let r = one_rule(r#""rate":1,"match":{"path_prefix":"/api/","path_ignore_case":true}"#);
+        assert!(r.matcher.path_ignore_case);
+        assert_eq!(
+            rule_error(r#""rate":1,"match":{"path_ignore_case":1}"#),
+            "rules[0].match.path_ignore_case: must be a boolean"
         );
     }
 

@@ -12,7 +12,7 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 
 use crate::config::Config;
 use crate::engine::{self, Engine, Plugin};
-use crate::host::{self, HostMetrics, HostRequest, WasmHost};
+use crate::host::{self, HostMetrics, HostRequest, HostResponse, WasmHost};
 
 type Shared = Rc<RefCell<Option<Engine>>>;
 
@@ -91,6 +91,7 @@ impl RootContext for Root {
             id: context_id,
             engine: self.engine.clone(),
             done: false,
+            watch_body: false,
         }))
     }
 
@@ -103,6 +104,8 @@ struct Request {
     id: u32,
     engine: Shared,
     done: bool,
+    /// The engine reads this response's body (a usage rule's `body_field`).
+    watch_body: bool,
 }
 
 impl Request {
@@ -145,7 +148,31 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        with_engine(&self.engine, self.id, |e, h| e.response_headers(h, self.id));
+        let view = HostResponse::headers();
+        self.watch_body = with_engine(&self.engine, self.id, |e, h| {
+            e.response_headers(h, self.id, &view)
+        })
+        .unwrap_or(false);
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if self.watch_body {
+            // Only looked at: every chunk goes on at once, nothing is buffered.
+            let chunk = host::response_body(size);
+            with_engine(&self.engine, self.id, |e, h| {
+                e.response_body(h, self.id, &chunk, end_of_stream)
+            });
+            self.watch_body = !end_of_stream;
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _: usize) -> Action {
+        let view = HostResponse::trailers();
+        with_engine(&self.engine, self.id, |e, h| {
+            e.response_trailers(h, self.id, &view)
+        });
         Action::Continue
     }
 }

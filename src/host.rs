@@ -96,16 +96,91 @@ impl Store for HostStore {
 pub struct HostRequest;
 
 impl RequestView for HostRequest {
+    /// Through Envoy's `request.headers` attribute, which joins repeated lines with `,`
+    /// (`get_header_map_value` would give only the first line).
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        property(&["request", "headers", name])
     }
 
     fn client_ip(&self) -> Option<Vec<u8>> {
-        let addr = hostcalls::get_property(vec!["source", "address"]).ok()??;
+        let addr = property(&["source", "address"])?;
         Some(strip_port(&addr).to_vec())
     }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        property(path)
+    }
+}
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    // Declared here with a plain u32 status: the SDK's declaration returns its `Status` enum, and a
+    // status the enum does not list (Envoy can answer e.g. InvalidMemoryAccess) would be undefined
+    // behaviour there, and a panic in `hostcalls::get_property`.
+    #[link_name = "proxy_get_property"]
+    fn tollgate_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+}
+
+/// An Envoy attribute by its path segments: Some(bytes) when the host has it (Some(empty) for an
+/// empty value), None when it has not or cannot serialise it. Never panics.
+pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+    const OK: u32 = 0;
+    let mut serialized = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
+    for segment in path {
+        serialized.extend_from_slice(segment.as_bytes());
+        serialized.push(0);
+    }
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the path buffer outlives the call; on success the host hands over a buffer it
+    // allocated with this module's allocator (proxy_on_memory_allocate), which we then own.
+    let status = unsafe {
+        tollgate_get_property(serialized.as_ptr(), serialized.len(), &mut data, &mut size)
+    };
+    if status != OK {
+        return None;
+    }
+    if data.is_null() {
+        return Some(Vec::new());
+    }
+    // SAFETY: see above; `size` is the buffer's length and capacity.
+    Some(unsafe { Vec::from_raw_parts(data, size, size) })
+}
+
+/// The current response's headers or trailers.
+pub struct HostResponse(MapType);
+
+impl HostResponse {
+    pub fn headers() -> HostResponse {
+        HostResponse(MapType::HttpResponseHeaders)
+    }
+
+    pub fn trailers() -> HostResponse {
+        HostResponse(MapType::HttpResponseTrailers)
+    }
+}
+
+impl RequestView for HostResponse {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(self.0, name).ok().flatten()
+    }
+
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept).
+pub fn response_body(size: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// `1.2.3.4:5678` -> `1.2.3.4`, `[::1]:5678` -> `::1`; anything else as it is.

@@ -44,10 +44,19 @@ pub enum Counter {
     InflightRejected,
     /// Failed calls by class (see `ErrorClass`); each also counts in `BackendErrors`.
     BackendError(ErrorClass),
+    /// Usage rules: tokens charged after responses said they used more than was paid up front.
+    UsageCharged,
+    /// Usage rules: tokens given back after responses said they used less.
+    UsageRefunded,
+    /// Usage values above four bursts, counted as four bursts.
+    UsageClamped,
+    /// Responses whose usage was not a non-negative integer or could not be read (body too large,
+    /// not JSON or an event stream): nothing is settled for them.
+    UsageInvalid,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 19] = [
+    pub const ALL: [Counter; 23] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -67,6 +76,10 @@ impl Counter {
         Counter::BackendError(ErrorClass::Auth),
         Counter::BackendError(ErrorClass::Script),
         Counter::BackendError(ErrorClass::Malformed),
+        Counter::UsageCharged,
+        Counter::UsageRefunded,
+        Counter::UsageClamped,
+        Counter::UsageInvalid,
     ];
 
     /// The metric name after `tollgate.<rule>.`.
@@ -94,6 +107,10 @@ impl Counter {
             Counter::LeaseEvicted => "lease_evicted",
             Counter::InflightRejected => "inflight_rejected",
             Counter::BackendError(_) => "backend_error",
+            Counter::UsageCharged => "usage_charged",
+            Counter::UsageRefunded => "usage_refunded",
+            Counter::UsageClamped => "usage_clamped",
+            Counter::UsageInvalid => "usage_invalid",
         }
     }
 }

@@ -1,32 +1,40 @@
 //! Rule matching and bucket-key extraction over a `RequestView` (no host calls here).
 //!
 //! Invariant: the bucket key is `<key_prefix>:{<rule>:<digest>}` where the digest is a SHA-256 of the
-//! rule's key values, each length-prefixed, so no user text reaches Redis or a URL, and two different
-//! value tuples never share a key.
+//! rule's key sources (their canonical spelling) and key values, each length-prefixed, so no user
+//! text reaches Redis or a URL, two different value tuples never share a key, and changing a rule's
+//! key sources starts fresh buckets. A request cannot escape a rule by how it spells its path
+//! (see `path`) or its address (see `ip`). Overrides change a bucket's limits, never its key.
+
+pub mod ip;
+pub mod path;
+pub mod value;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{HeaderValueMatch, KeySource, Match, Rule};
+use crate::bucket::Limits;
+use crate::config::{HeaderValueMatch, KeySource, Match, Override, Rule};
 
 /// What rule matching needs from a request. Names are lower-case; pseudo-headers `:path`, `:method`,
 /// `:authority` are asked for through `header` too.
 pub trait RequestView {
+    /// The value of request header `name`: when the request has several lines of it, all of them
+    /// joined with `,` in the order received (what Envoy's `request.headers` attribute gives, and
+    /// how Envoy itself folds the headers it combines). None when the request has no such line; an
+    /// empty line is an empty value.
     fn header(&self, name: &str) -> Option<Vec<u8>>;
     /// downstream peer IP without port (Envoy's source.address)
     fn client_ip(&self) -> Option<Vec<u8>>;
+    /// An Envoy attribute by path segments (`["connection", "uri_san_peer_certificate"]`), as the
+    /// host serialises it; `["metadata"]` is the whole dynamic metadata (a serialised
+    /// `envoy.config.core.v3.Metadata`). None when the host has no such value.
+    fn property(&self, _path: &[&str]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// Bytes of the digest that go into the key (hex-encoded: twice as many characters).
 const DIGEST_BYTES: usize = 16;
-
-/// `:path` up to the first `?` or `#`.
-fn path_only(full: &[u8]) -> &[u8] {
-    let end = full
-        .iter()
-        .position(|&b| b == b'?' || b == b'#')
-        .unwrap_or(full.len());
-    full.get(..end).unwrap_or(full)
-}
 
 /// The query string of `:path`: after the first `?` (if it comes before any `#`), up to `#`.
 fn query_of(full: &[u8]) -> Option<&[u8]> {
@@ -37,15 +45,6 @@ fn query_of(full: &[u8]) -> Option<&[u8]> {
     let rest = full.get(start + 1..)?;
     let end = rest.iter().position(|&b| b == b'#').unwrap_or(rest.len());
     rest.get(..end)
-}
-
-fn hex_value(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// Form-decoding of one query component: `+` is a space, `%XX` is a byte, an invalid escape is
@@ -60,8 +59,8 @@ pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
                 i += 1;
             }
             b'%' => {
-                let hi = s.get(i + 1).copied().and_then(hex_value);
-                let lo = s.get(i + 2).copied().and_then(hex_value);
+                let hi = s.get(i + 1).copied().and_then(path::hex_value);
+                let lo = s.get(i + 2).copied().and_then(path::hex_value);
                 if let (Some(hi), Some(lo)) = (hi, lo) {
                     out.push(hi << 4 | lo);
                     i += 3;
@@ -99,7 +98,7 @@ fn query_param(full_path: &[u8], name: &str) -> Option<Vec<u8>> {
 pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
     if let Some(prefix) = &m.path_prefix {
         match req.header(":path") {
-            Some(full) if path_only(&full).starts_with(prefix.as_bytes()) => {}
+            Some(full) if path::prefix_matches(&full, prefix.as_bytes(), m.path_ignore_case) => {}
             _ => return false,
         }
     }
@@ -109,27 +108,95 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
             _ => return false,
         }
     }
+    if !m.hosts.is_empty() {
+        match req.header(":authority") {
+            Some(authority) if m.hosts.iter().any(|h| host_matches(h, &authority)) => {}
+            _ => return false,
+        }
+    }
     m.headers
         .iter()
         .all(|h| match (&h.value, req.header(&h.name)) {
+            (HeaderValueMatch::Absent, got) => got.is_none(),
             (_, None) => false,
             (HeaderValueMatch::Present, Some(_)) => true,
             (HeaderValueMatch::Exact(want), Some(got)) => want.as_bytes() == got.as_slice(),
+            (HeaderValueMatch::Prefix(want), Some(got)) => got.starts_with(want.as_bytes()),
+            (HeaderValueMatch::Regex(p), Some(got)) => p.is_match(&got),
         })
+}
+
+/// `:authority` without its port (and userinfo), lower-cased, without a trailing dot:
+/// `API.Example.com.:8443` → `api.example.com`, `[::1]:80` → `[::1]`.
+fn host_of(authority: &[u8]) -> Vec<u8> {
+    let after_user = match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => authority.get(at + 1..).unwrap_or_default(),
+        None => authority,
+    };
+    let host = if after_user.first() == Some(&b'[') {
+        let end = after_user
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(after_user.len(), |e| e + 1);
+        after_user.get(..end).unwrap_or(after_user)
+    } else {
+        match after_user.iter().rposition(|&b| b == b':') {
+            Some(colon) => after_user.get(..colon).unwrap_or(after_user),
+            None => after_user,
+        }
+    };
+    let mut host = host.strip_suffix(b".").unwrap_or(host).to_vec();
+    host.make_ascii_lowercase();
+    host
+}
+
+/// Whether `pattern` (from `match.hosts`) matches the request's `:authority`.
+fn host_matches(pattern: &str, authority: &[u8]) -> bool {
+    let host = host_of(authority);
+    match pattern.strip_prefix('*') {
+        // `*.example.com`: at least one character before `.example.com`.
+        Some(suffix) => host.len() > suffix.len() && host.ends_with(suffix.as_bytes()),
+        None => host == pattern.as_bytes(),
+    }
+}
+
+/// The value of cookie `name`: the first `name=value` pair of the `cookie` header, whose pairs are
+/// separated by `;` (and `,` where Envoy joined several `cookie` lines); spaces around a pair are
+/// not part of it. A value is taken as sent (quotes included, nothing decoded).
+fn cookie(req: &dyn RequestView, name: &str) -> Option<Vec<u8>> {
+    let header = req.header("cookie")?;
+    header.split(|&b| b == b';' || b == b',').find_map(|pair| {
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        let (n, v) = (pair.get(..eq)?, pair.get(eq + 1..)?);
+        (n.trim_ascii() == name.as_bytes()).then(|| v.trim_ascii().to_vec())
+    })
 }
 
 fn key_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
     match source {
         KeySource::Header(name) => req.header(name),
         KeySource::Query(name) => query_param(&req.header(":path")?, name),
-        KeySource::ClientIp => req.client_ip(),
-        KeySource::Path => req.header(":path").map(|p| path_only(&p).to_vec()),
+        KeySource::ClientIp {
+            v4_prefix,
+            v6_prefix,
+        } => Some(ip::key_value(&req.client_ip()?, *v4_prefix, *v6_prefix)),
+        KeySource::Path => req.header(":path").map(|p| path::key_value(&p)),
         KeySource::Method => req.header(":method"),
         KeySource::Authority => req.header(":authority").map(|mut a| {
             a.make_ascii_lowercase();
             a
         }),
         KeySource::Literal(text) => Some(text.as_bytes().to_vec()),
+        KeySource::Cookie(name) => cookie(req, name),
+        KeySource::Property { path, .. } => {
+            let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+            let raw = req.property(&segments)?;
+            Some(value::attribute_text(path, raw))
+        }
+        KeySource::Metadata { namespace, fields } => {
+            let metadata = req.property(&["metadata"])?;
+            value::key_text(&value::metadata_value(&metadata, namespace, fields)?)
+        }
     }
 }
 
@@ -138,17 +205,22 @@ pub fn key_values(sources: &[KeySource], req: &dyn RequestView) -> Option<Vec<Ve
     sources.iter().map(|s| key_value(s, req)).collect()
 }
 
-/// `<prefix>:{<rule>:<digest>}`, digest = lowercase hex of the first 16 bytes of SHA-256 over each
-/// value as (u32 big-endian length ++ bytes).
+/// `<prefix>:{<rule>:<digest>}`, digest = lowercase hex of the first 16 bytes of SHA-256 over, for
+/// each key source in order, (u32 big-endian length ++ the source's canonical spelling ++ u32
+/// big-endian length ++ its value). `values` has one value per source.
 ///
 /// A value longer than `u32::MAX` bytes (impossible for a request header) has its length saturated.
-pub fn bucket_key(prefix: &str, rule: &str, values: &[Vec<u8>]) -> String {
+pub fn bucket_key(prefix: &str, rule: &str, sources: &[KeySource], values: &[Vec<u8>]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hasher = Sha256::new();
-    for v in values {
-        let len = u32::try_from(v.len()).unwrap_or(u32::MAX);
+    let mut field = |bytes: &[u8]| {
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
         hasher.update(len.to_be_bytes());
-        hasher.update(v);
+        hasher.update(bytes);
+    };
+    for (source, value) in sources.iter().zip(values) {
+        field(source.to_string().as_bytes());
+        field(value);
     }
     let digest = hasher.finalize();
     let mut hex = String::with_capacity(DIGEST_BYTES * 2);
@@ -162,26 +234,49 @@ pub fn bucket_key(prefix: &str, rule: &str, values: &[Vec<u8>]) -> String {
     format!("{prefix}:{{{rule}:{hex}}}")
 }
 
-/// The bucket key if the rule's match holds and all key sources are present.
-pub fn applies(prefix: &str, rule: &Rule, req: &dyn RequestView) -> Option<String> {
+/// A rule that applies to a request: its bucket and the limits that hold for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// `<prefix>:{<rule>:<digest>}`: the same whatever override applies.
+    pub key: String,
+    /// The rule's limits, or its override's for this key.
+    pub limits: Limits,
+    /// An override says this key is not limited: admit without a backend call (still count it).
+    /// `limits` are then the rule's, for headers.
+    pub unlimited: bool,
+}
+
+/// The bucket key and effective limits if the rule's match holds and all key sources are present.
+pub fn applies(prefix: &str, rule: &Rule, req: &dyn RequestView) -> Option<Applied> {
     if !matches(&rule.matcher, req) {
         return None;
     }
     let values = key_values(&rule.key, req)?;
-    Some(bucket_key(prefix, &rule.name, &values))
+    let (limits, unlimited) = match rule.overrides.get(&values) {
+        None => (rule.limits, false),
+        Some(Override::Limits(l)) => (*l, false),
+        Some(Override::Unlimited) => (rule.limits, true),
+    };
+    Some(Applied {
+        key: bucket_key(prefix, &rule.name, &rule.key, &values),
+        limits,
+        unlimited,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bucket::Limits;
-    use crate::config::{HeaderMatch, Mode};
+    use crate::config::{HeaderMatch, Mode, Override};
     use std::collections::HashMap;
 
     #[derive(Default)]
     struct Req {
         headers: HashMap<String, Vec<u8>>,
         ip: Option<Vec<u8>>,
+        /// Attributes by dot-joined path.
+        props: HashMap<String, Vec<u8>>,
     }
 
     impl Req {
@@ -206,6 +301,21 @@ mod tests {
         fn client_ip(&self) -> Option<Vec<u8>> {
             self.ip.clone()
         }
+        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+            self.props.get(&path.join(".")).cloned()
+        }
+    }
+
+    impl Req {
+        fn prop(mut self, path: &str, value: impl AsRef<[u8]>) -> Self {
+            self.props.insert(path.to_owned(), value.as_ref().to_vec());
+            self
+        }
+    }
+
+    /// The bucket key `applies` gives, if the rule applies.
+    fn key_of(prefix: &str, rule: &Rule, req: &Req) -> Option<String> {
+        applies(prefix, rule, req).map(|a| a.key)
     }
 
     fn one(source: KeySource, req: &Req) -> Option<Vec<u8>> {
@@ -234,6 +344,8 @@ mod tests {
             lease_horizon_ms: 200,
             shadow: false,
             fallback: None,
+            usage: None,
+            overrides: Default::default(),
         }
     }
 
@@ -331,6 +443,8 @@ mod tests {
     fn all_conditions_must_hold() {
         let m = Match {
             path_prefix: Some("/api/".into()),
+            path_ignore_case: false,
+            hosts: vec![],
             methods: vec!["GET".into()],
             headers: vec![
                 HeaderMatch {
@@ -369,7 +483,7 @@ mod tests {
             Some(b"Alice".to_vec())
         );
         assert_eq!(one(KeySource::Query("x".into()), &req), Some(b"1".to_vec()));
-        assert_eq!(one(KeySource::ClientIp, &req), Some(b"10.0.0.7".to_vec()));
+        assert_eq!(one(KeySource::CLIENT_IP, &req), Some(b"10.0.0.7".to_vec()));
         assert_eq!(one(KeySource::Path, &req), Some(b"/a/b".to_vec()));
         assert_eq!(one(KeySource::Method, &req), Some(b"PATCH".to_vec()));
         assert_eq!(
@@ -395,7 +509,7 @@ mod tests {
         let req = Req::new("GET", "/a?x=1");
         assert_eq!(one(KeySource::Header("x-user-id".into()), &req), None);
         assert_eq!(one(KeySource::Query("y".into()), &req), None);
-        assert_eq!(one(KeySource::ClientIp, &req), None);
+        assert_eq!(one(KeySource::CLIENT_IP, &req), None);
         assert_eq!(one(KeySource::Authority, &req), None);
         assert_eq!(one(KeySource::Path, &Req::default()), None);
         assert_eq!(one(KeySource::Method, &Req::default()), None);
@@ -434,7 +548,7 @@ mod tests {
         // `%61` and `a` are the same user.
         let k = |p: &str| {
             let r = rule(Match::default(), vec![KeySource::Query("u".into())]);
-            applies("tg", &r, &Req::new("GET", p))
+            key_of("tg", &r, &Req::new("GET", p))
         };
         assert_eq!(k("/?u=a"), k("/?u=%61"));
         assert_eq!(k("/?u=a%20b"), k("/?u=a+b"));
@@ -480,43 +594,96 @@ mod tests {
 
     // ---- keys ----
 
+    fn hdr(name: &str) -> KeySource {
+        KeySource::Header(name.into())
+    }
+
     #[test]
     fn known_digest_vectors() {
-        // Computed independently: sha256(b"\x00\x00\x00\x05alice").hexdigest()[:32].
+        // Computed independently (Python hashlib): sha256(be32(16) "header:x-user-id" be32(5)
+        // "alice").hexdigest()[:32].
         assert_eq!(
-            bucket_key("tollgate", "per-user", &[b"alice".to_vec()]),
-            "tollgate:{per-user:e3e40cc57896dcdac6731f60cb1748bd}"
+            bucket_key(
+                "tollgate",
+                "per-user",
+                &[hdr("x-user-id")],
+                &[b"alice".to_vec()]
+            ),
+            "tollgate:{per-user:1ff5268a9b87e2b51262db40cbb6e203}"
         );
-        // No values: SHA-256 of the empty string.
+        // No sources: SHA-256 of the empty string.
         assert_eq!(
-            bucket_key("tollgate", "all", &[]),
+            bucket_key("tollgate", "all", &[], &[]),
             "tollgate:{all:e3b0c44298fc1c149afbf4c8996fb924}"
         );
         assert_eq!(
-            bucket_key("tg", "r", &[b"alice".to_vec(), b"GET".to_vec()]),
-            "tg:{r:62fb5f567646af2e77bd28cb59cfe0f3}"
+            bucket_key(
+                "tg",
+                "r",
+                &[KeySource::Query("u".into()), KeySource::Method],
+                &[b"alice".to_vec(), b"GET".to_vec()]
+            ),
+            "tg:{r:9b0e09c30ea49b9245d57227f92d75bc}"
         );
     }
 
     #[test]
     fn distinct_tuples_give_distinct_keys() {
-        let ab_c = bucket_key("tg", "r", &[b"ab".to_vec(), b"c".to_vec()]);
-        let a_bc = bucket_key("tg", "r", &[b"a".to_vec(), b"bc".to_vec()]);
-        let abc = bucket_key("tg", "r", &[b"abc".to_vec()]);
-        assert_eq!(ab_c, "tg:{r:f2939f903016e5bb29b1e4a61cdbd376}");
-        assert_eq!(a_bc, "tg:{r:b534ce16ac9c8b36823f39a395ce8e0e}");
+        let ab = [hdr("a"), hdr("b")];
+        let ab_c = bucket_key("tg", "r", &ab, &[b"ab".to_vec(), b"c".to_vec()]);
+        let a_bc = bucket_key("tg", "r", &ab, &[b"a".to_vec(), b"bc".to_vec()]);
+        let abc = bucket_key("tg", "r", &[hdr("a")], &[b"abc".to_vec()]);
+        assert_eq!(ab_c, "tg:{r:69963a5f864f080ac1f77e30ea4c8de3}");
+        assert_eq!(a_bc, "tg:{r:d3e0f5e3d3c0ea94d01719c28cc1b4dc}");
         assert_ne!(ab_c, a_bc);
         assert_ne!(ab_c, abc);
         assert_ne!(a_bc, abc);
         // An empty value is a value.
         assert_ne!(
-            bucket_key("tg", "r", &[]),
-            bucket_key("tg", "r", &[Vec::new()])
+            bucket_key("tg", "r", &[], &[]),
+            bucket_key("tg", "r", &[hdr("a")], &[Vec::new()])
         );
         // The rule name separates buckets too.
         assert_ne!(
-            bucket_key("tg", "r1", &[b"a".to_vec()]),
-            bucket_key("tg", "r2", &[b"a".to_vec()])
+            bucket_key("tg", "r1", &[hdr("a")], &[b"a".to_vec()]),
+            bucket_key("tg", "r2", &[hdr("a")], &[b"a".to_vec()])
+        );
+    }
+
+    #[test]
+    fn changing_a_source_starts_fresh_buckets() {
+        let v = [b"alice".to_vec()];
+        let header = bucket_key("tg", "r", &[hdr("x-user-id")], &v);
+        let query = bucket_key("tg", "r", &[KeySource::Query("x-user-id".into())], &v);
+        assert_eq!(query, "tg:{r:edb0ebb3ea7077b9aabd4f21cb174575}");
+        assert_ne!(header, query);
+        assert_ne!(header, bucket_key("tg", "r", &[hdr("x-user")], &v));
+        assert_ne!(
+            header,
+            bucket_key("tg", "r", &[KeySource::Literal("x".into())], &v)
+        );
+        // Another IPv6 prefix is another source (and its values differ anyway).
+        let v6 = [b"::/64".to_vec()];
+        assert_ne!(
+            bucket_key("tg", "r", &[KeySource::CLIENT_IP], &v6),
+            bucket_key(
+                "tg",
+                "r",
+                &[KeySource::ClientIp {
+                    v4_prefix: 32,
+                    v6_prefix: 56
+                }],
+                &v6
+            )
+        );
+        // Spelling a default explicitly is the same source.
+        assert_eq!(
+            KeySource::ClientIp {
+                v4_prefix: 32,
+                v6_prefix: 64
+            }
+            .to_string(),
+            "client_ip"
         );
     }
 
@@ -546,7 +713,7 @@ mod tests {
         let mut keys = Vec::new();
         for v in &hostile {
             let req = Req::new("GET", "/").with("x-user-id", v);
-            let key = applies("tollgate", &r, &req).unwrap();
+            let key = key_of("tollgate", &r, &req).unwrap();
             assert_safe_key(&key, "tollgate", "per-user");
             keys.push(key);
         }
@@ -562,7 +729,7 @@ mod tests {
         );
         let req = Req::new("GET", "/../x.json?u=%00%0D%0A%2F..%3F%25");
         assert_safe_key(
-            &applies("tollgate", &rq, &req).unwrap(),
+            &key_of("tollgate", &rq, &req).unwrap(),
             "tollgate",
             "per-user",
         );
@@ -575,16 +742,17 @@ mod tests {
                 path_prefix: Some("/api/".into()),
                 ..Match::default()
             },
-            vec![KeySource::Header("x-user-id".into()), KeySource::ClientIp],
+            vec![KeySource::Header("x-user-id".into()), KeySource::CLIENT_IP],
         );
         let full = Req::new("GET", "/api/x")
             .with("x-user-id", "alice")
             .ip("10.0.0.1");
         assert_eq!(
-            applies("tg", &r, &full),
+            key_of("tg", &r, &full),
             Some(bucket_key(
                 "tg",
                 "per-user",
+                &r.key,
                 &[b"alice".to_vec(), b"10.0.0.1".to_vec()]
             ))
         );
@@ -592,16 +760,305 @@ mod tests {
         let other_path = Req::new("GET", "/x")
             .with("x-user-id", "alice")
             .ip("10.0.0.1");
-        assert_eq!(applies("tg", &r, &other_path), None);
+        assert_eq!(key_of("tg", &r, &other_path), None);
         // A source is missing.
         let no_ip = Req::new("GET", "/api/x").with("x-user-id", "alice");
-        assert_eq!(applies("tg", &r, &no_ip), None);
+        assert_eq!(key_of("tg", &r, &no_ip), None);
         // Empty key: one bucket for the rule.
         let global = rule(Match::default(), vec![]);
         assert_eq!(
-            applies("tg", &global, &Req::default()),
+            key_of("tg", &global, &Req::default()),
             Some("tg:{per-user:e3b0c44298fc1c149afbf4c8996fb924}".to_owned())
         );
+    }
+
+    #[test]
+    fn path_rules_see_through_spellings() {
+        let r = rule(
+            Match {
+                path_prefix: Some("/api/".into()),
+                ..Match::default()
+            },
+            vec![KeySource::Path],
+        );
+        let want = key_of("tg", &r, &Req::new("GET", "/api/x"));
+        assert!(want.is_some());
+        // The hardening issue's spellings: all match, all share /api/x's bucket.
+        for p in [
+            "//api/x",
+            "/./api/x",
+            "/%61pi/x",
+            "/x/../api/x",
+            "/api%2Fx",
+            "/api;a=1/x",
+        ] {
+            assert_eq!(key_of("tg", &r, &Req::new("GET", p)), want, "{p}");
+        }
+        // Irregular paths match every path rule (keyed by their clamped form).
+        assert!(key_of("tg", &r, &Req::new("GET", "/../other")).is_some());
+        assert!(key_of("tg", &r, &Req::new("GET", "/other/%zz")).is_some());
+        assert_eq!(key_of("tg", &r, &Req::new("GET", "/other")), None);
+        // Case-sensitive unless asked.
+        assert_eq!(key_of("tg", &r, &Req::new("GET", "/API/x")), None);
+        let ci = rule(
+            Match {
+                path_prefix: Some("/api/".into()),
+                path_ignore_case: true,
+                ..Match::default()
+            },
+            vec![],
+        );
+        assert!(key_of("tg", &ci, &Req::new("GET", "/API/x")).is_some());
+        assert!(key_of("tg", &ci, &Req::new("GET", "//Api/x")).is_some());
+        assert_eq!(key_of("tg", &ci, &Req::new("GET", "/APIX")), None);
+    }
+
+    #[test]
+    fn client_ip_keys_by_address_or_network() {
+        let v6_56 = KeySource::ClientIp {
+            v4_prefix: 32,
+            v6_prefix: 56,
+        };
+        let ip = |a: &str, s: &KeySource| one(s.clone(), &Req::default().ip(a));
+        let d = &KeySource::CLIENT_IP;
+        assert_eq!(ip("10.0.0.7", d), Some(b"10.0.0.7".to_vec()));
+        assert_eq!(ip("::ffff:10.0.0.7", d), Some(b"10.0.0.7".to_vec()));
+        assert_eq!(
+            ip("2001:db8:0:1::7", d),
+            Some(b"2001:db8:0:1::/64".to_vec())
+        );
+        assert_eq!(
+            ip("2001:db8:0:1::7", &v6_56),
+            Some(b"2001:db8::/56".to_vec())
+        );
+        assert_eq!(ip("::1", d), Some(b"::/64".to_vec()));
+        // Two addresses of one /64 share a bucket.
+        let r = rule(Match::default(), vec![KeySource::CLIENT_IP]);
+        assert_eq!(
+            key_of("tg", &r, &Req::default().ip("2001:db8:0:1::1")),
+            key_of("tg", &r, &Req::default().ip("2001:db8:0:1:ffff::2"))
+        );
+        assert_ne!(
+            key_of("tg", &r, &Req::default().ip("2001:db8:0:1::1")),
+            key_of("tg", &r, &Req::default().ip("2001:db8:0:2::1"))
+        );
+    }
+
+    fn header_rule(name: &str, value: HeaderValueMatch) -> Match {
+        Match {
+            headers: vec![HeaderMatch {
+                name: name.into(),
+                value,
+            }],
+            ..Match::default()
+        }
+    }
+
+    #[test]
+    fn header_prefix_absent_regex() {
+        let prefix = header_rule("authorization", HeaderValueMatch::Prefix("Bearer ".into()));
+        let get = |h: &[(&str, &str)]| {
+            h.iter()
+                .fold(Req::new("GET", "/"), |r, (n, v)| r.with(n, v))
+        };
+        assert!(matches(&prefix, &get(&[("authorization", "Bearer abc")])));
+        assert!(matches(&prefix, &get(&[("authorization", "Bearer ")])));
+        assert!(!matches(&prefix, &get(&[("authorization", "bearer abc")])));
+        assert!(!matches(&prefix, &get(&[])));
+        let absent = header_rule("x-internal", HeaderValueMatch::Absent);
+        assert!(matches(&absent, &get(&[])));
+        assert!(!matches(&absent, &get(&[("x-internal", "")])));
+        assert!(!matches(&absent, &get(&[("x-internal", "1")])));
+        let re = header_rule(
+            "x-tier",
+            HeaderValueMatch::Regex(crate::config::Pattern::new("free|trial-[0-9]+").unwrap()),
+        );
+        assert!(matches(&re, &get(&[("x-tier", "free")])));
+        assert!(matches(&re, &get(&[("x-tier", "trial-12")])));
+        assert!(!matches(&re, &get(&[("x-tier", "trial-")])));
+        assert!(!matches(&re, &get(&[("x-tier", "freedom")])));
+        assert!(!matches(&re, &get(&[])));
+        // Repeated lines arrive joined: "free,free" is not "free".
+        assert!(!matches(&re, &get(&[("x-tier", "free,free")])));
+    }
+
+    #[test]
+    fn hosts_match_without_port_case_and_wildcard() {
+        let m = Match {
+            hosts: vec![
+                "api.example.com".into(),
+                "*.tenant.example.com".into(),
+                "[::1]".into(),
+            ],
+            ..Match::default()
+        };
+        let host = |a: &str| matches(&m, &Req::new("GET", "/").with(":authority", a));
+        for yes in [
+            "api.example.com",
+            "API.Example.COM",
+            "api.example.com:8443",
+            "api.example.com.",
+            "api.example.com.:80",
+            "user@api.example.com:1",
+            "a.tenant.example.com",
+            "x.y.tenant.example.com:443",
+            "[::1]:8080",
+            "[::1]",
+        ] {
+            assert!(host(yes), "{yes}");
+        }
+        for no in [
+            "tenant.example.com",
+            ".tenant.example.com",
+            "api.example.com.evil",
+            "evilapi.example.com",
+            "example.com",
+            "api.example.co",
+            "[::2]:80",
+            "",
+        ] {
+            assert!(!host(no), "{no}");
+        }
+        assert!(!matches(&m, &Req::new("GET", "/")), "no :authority");
+        assert!(matches(&Match::default(), &Req::new("GET", "/")));
+    }
+
+    #[test]
+    fn cookies() {
+        let c = |header: &str, name: &str| {
+            one(
+                KeySource::Cookie(name.into()),
+                &Req::new("GET", "/").with("cookie", header),
+            )
+            .map(|v| String::from_utf8(v).unwrap())
+        };
+        assert_eq!(c("sid=abc", "sid").as_deref(), Some("abc"));
+        assert_eq!(c("a=1; sid=abc; b=2", "sid").as_deref(), Some("abc"));
+        assert_eq!(c("a=1;sid=abc", "sid").as_deref(), Some("abc"));
+        // Several cookie lines, joined by Envoy with ',' (HTTP/1) or '; ' (HTTP/2).
+        assert_eq!(c("a=1,sid=abc", "sid").as_deref(), Some("abc"));
+        // First wins; names are case-sensitive; values are kept as sent.
+        assert_eq!(c("sid=1; sid=2", "sid").as_deref(), Some("1"));
+        assert_eq!(c("SID=1", "sid"), None);
+        assert_eq!(c("sid=\"q v\"", "sid").as_deref(), Some("\"q v\""));
+        assert_eq!(c("sid=a%20b", "sid").as_deref(), Some("a%20b"));
+        assert_eq!(c("sid=", "sid").as_deref(), Some(""));
+        assert_eq!(c("sid=a=b", "sid").as_deref(), Some("a=b"));
+        assert_eq!(c("sidx=1; xsid=2; sid", "sid"), None);
+        assert_eq!(
+            one(KeySource::Cookie("sid".into()), &Req::new("GET", "/")),
+            None
+        );
+    }
+
+    fn property(path: &str) -> KeySource {
+        let (spelled, resolved) = match path {
+            "source.principal" => (path, "connection.uri_san_peer_certificate"),
+            p => (p, p),
+        };
+        KeySource::Property {
+            spelled: spelled.into(),
+            path: resolved.split('.').map(str::to_owned).collect(),
+        }
+    }
+
+    #[test]
+    fn property_sources() {
+        let req = Req::new("GET", "/")
+            .prop(
+                "connection.uri_san_peer_certificate",
+                "spiffe://td/ns/a/sa/alice",
+            )
+            .prop("source.port", 40000i64.to_le_bytes())
+            .prop("connection.mtls", [1])
+            .prop("connection.requested_server_name", "");
+        let v = |p: &str| one(property(p), &req).map(|v| String::from_utf8(v).unwrap());
+        assert_eq!(
+            v("source.principal").as_deref(),
+            Some("spiffe://td/ns/a/sa/alice")
+        );
+        assert_eq!(
+            v("connection.uri_san_peer_certificate").as_deref(),
+            Some("spiffe://td/ns/a/sa/alice")
+        );
+        assert_eq!(v("source.port").as_deref(), Some("40000"));
+        assert_eq!(v("connection.mtls").as_deref(), Some("true"));
+        // An empty value is a value; a missing one is not.
+        assert_eq!(v("connection.requested_server_name").as_deref(), Some(""));
+        assert_eq!(v("connection.dns_san_peer_certificate"), None);
+        // The alias and the attribute it names are different sources (different buckets).
+        assert_ne!(
+            property("source.principal").to_string(),
+            property("connection.uri_san_peer_certificate").to_string()
+        );
+    }
+
+    #[test]
+    fn metadata_sources() {
+        // `sub: "alice"` and `uid: 42` in namespace `jwt`, field `p` (a struct), serialised as
+        // Envoy's Metadata (filter_metadata entry -> Struct -> Value.struct_value -> fields).
+        fn field(n: u8, b: &[u8]) -> Vec<u8> {
+            let mut out = vec![n << 3 | 2, u8::try_from(b.len()).unwrap()];
+            out.extend_from_slice(b);
+            out
+        }
+        fn entry(k: &str, v: &[u8]) -> Vec<u8> {
+            [field(1, k.as_bytes()), field(2, v)].concat()
+        }
+        let sub = field(3, b"alice");
+        let mut uid = vec![2 << 3 | 1];
+        uid.extend_from_slice(&42f64.to_bits().to_le_bytes());
+        let payload = [field(1, &entry("sub", &sub)), field(1, &entry("uid", &uid))].concat();
+        let ns = field(1, &entry("p", &field(5, &payload)));
+        let md = field(1, &entry("jwt", &ns));
+        let req = Req::new("GET", "/").prop("metadata", md);
+        let src = |f: &str| KeySource::Metadata {
+            namespace: "jwt".into(),
+            fields: f.split('.').map(str::to_owned).collect(),
+        };
+        assert_eq!(one(src("p.sub"), &req), Some(b"alice".to_vec()));
+        assert_eq!(one(src("p.uid"), &req), Some(b"42".to_vec()));
+        assert_eq!(one(src("p.gone"), &req), None);
+        assert_eq!(one(src("p.sub"), &Req::new("GET", "/")), None);
+        // The rule does not apply without the claim.
+        let r = rule(Match::default(), vec![src("p.sub")]);
+        assert!(applies("tg", &r, &req).is_some());
+        assert_eq!(
+            applies("tg", &r, &Req::new("GET", "/").prop("metadata", "")),
+            None
+        );
+    }
+
+    #[test]
+    fn overrides_change_limits_not_keys() {
+        let mut r = rule(Match::default(), vec![KeySource::Header("x-tenant".into())]);
+        let acme = Limits {
+            burst: 2000,
+            rate: 1000,
+            period_ms: 1000,
+        };
+        r.overrides
+            .insert(vec![b"acme".to_vec()], Override::Limits(acme));
+        r.overrides
+            .insert(vec![b"internal".to_vec()], Override::Unlimited);
+        let tenant =
+            |t: &str| applies("tg", &r, &Req::new("GET", "/").with("x-tenant", t)).unwrap();
+        let plain = rule(Match::default(), vec![KeySource::Header("x-tenant".into())]);
+        let plain_key =
+            |t: &str| key_of("tg", &plain, &Req::new("GET", "/").with("x-tenant", t)).unwrap();
+
+        let a = tenant("acme");
+        assert_eq!(a.limits, acme);
+        assert!(!a.unlimited);
+        assert_eq!(a.key, plain_key("acme"), "an override keeps the bucket");
+        let i = tenant("internal");
+        assert!(i.unlimited);
+        assert_eq!(i.limits, r.limits);
+        assert_eq!(i.key, plain_key("internal"));
+        let d = tenant("other");
+        assert_eq!((d.limits, d.unlimited), (r.limits, false));
+        // Matched on the value as requests give it: "ACME" is another tenant.
+        assert_eq!(tenant("ACME").limits, r.limits);
     }
 
     #[test]

@@ -42,7 +42,12 @@ fn config(backend_extra: &str) -> String {
 
 /// The Redis key tollgate uses for `user` under the rule above.
 fn key_of(user: &str) -> String {
-    tollgate::rule::bucket_key("tollgate", "per-user", &[user.as_bytes().to_vec()])
+    tollgate::rule::bucket_key(
+        "tollgate",
+        "per-user",
+        &[tollgate::config::KeySource::Header("x-user-id".into())],
+        &[user.as_bytes().to_vec()],
+    )
 }
 
 /// Each user's requests in order, alternating between the proxies (users run in parallel threads);

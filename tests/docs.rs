@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use tollgate::config::Config;
 
 /// How many ```json blocks README.md has; fewer means examples were lost (or their fence changed).
-const README_JSON_BLOCKS: usize = 8;
+const README_JSON_BLOCKS: usize = 10;
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -456,7 +456,7 @@ fn lease_two_proxies_never_over_the_limit() {
 #[test]
 fn higress_manifest_config_is_accepted_by_the_higress_build() {
     let text = std::fs::read_to_string(repo_root().join("envoy/higress/wasmplugin.yaml")).unwrap();
-    let docs = common::yaml::parse_documents(&text).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
     let plugin = docs
         .iter()
         .find(|d| d["kind"] == "WasmPlugin")

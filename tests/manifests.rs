@@ -20,7 +20,6 @@ use serde_json::{json, Value};
 
 use common::envoy::{brief_log, envoy_file, render_envoy_yaml};
 use common::redis_cluster::render_redis_proxy_yaml;
-use common::yaml;
 use common::{demo_config, envoy_bin, repo_root, scratch_dir, wasm_path};
 
 /// What docker-compose.yaml runs: these ports on the host's loopback, the wasm mounted here.
@@ -36,8 +35,9 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
+/// Every document of a YAML file, as JSON values (duplicate keys are an error).
 fn yaml_file(rel: &str) -> Vec<Value> {
-    yaml::parse_documents(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    serde_saphyr::from_multiple(&read(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// `envoy --mode validate -c <file>`; Err(output) if Envoy rejects it.
@@ -156,52 +156,6 @@ fn envoy_version() -> String {
             (name.trim() == "ENVOY_VERSION").then(|| value.trim().to_string())
         })
         .expect("ENVOY_VERSION in the Makefile")
-}
-
-#[test]
-fn yaml_subset_parser() {
-    let text = r#"
-# comment
-a: 1
-b: "two # not a comment"   # comment
-c: 'it''s'
-d:
-- x
-- y: 1
-  z: [1, "2", {k: v}]
-e:
-  f: true
-  g: ~
-  h: |
-    line 1
-      line 2
-  i: {"json": {"n": 1.5},
-      "more": [true]}
-j: http://host:80/path
-k: "outbound|7379||webdis"
----
-- 1
-"#;
-    let docs = yaml::parse_documents(text).unwrap();
-    assert_eq!(
-        docs[0],
-        json!({"a": 1, "b": "two # not a comment", "c": "it's",
-               "d": ["x", {"y": 1, "z": [1, "2", {"k": "v"}]}],
-               "e": {"f": true, "g": null, "h": "line 1\n  line 2\n",
-                     "i": {"json": {"n": 1.5}, "more": [true]}},
-               "j": "http://host:80/path", "k": "outbound|7379||webdis"})
-    );
-    assert_eq!(docs[1], json!([1]));
-    for text in [
-        "a: &x 1",
-        "a: >\n  folded",
-        "a: b\n  c",
-        "a:\n\t- 1",
-        "a: 1\na: 2",
-        "a: \"open",
-    ] {
-        assert!(yaml::parse(text).is_err(), "{text:?} should be rejected");
-    }
 }
 
 /// Every host path docker-compose.yaml mounts or builds from exists, and the services agree with each
@@ -361,35 +315,122 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
-/// The WasmPlugin's pluginConfig, turned into JSON the way Istio hands it to the filter, is accepted by
-/// tollgate (Config::try_from, then Envoy running the filter's on_configure); its backend.cluster is
-/// the cluster Istio creates for the Webdis Service in backend.yaml, whose ConfigMap points Webdis at
-/// the Redis Service.
+/// Example values for the `${VARIABLES}` of the Istio manifests (what `envsubst` fills in).
+const ISTIO_VARS: &[(&str, &str)] = &[
+    ("REGISTRY", "registry.example.com/platform"),
+    ("VERSION", "0.1.0"),
+    (
+        "DIGEST",
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    ),
+    ("GATEWAY_NAMESPACE", "istio-ingress"),
+    ("GATEWAY_NAME", "public"),
+    ("GATEWAY_SERVICE_ACCOUNT", "istio-ingressgateway"),
+    ("APP_NAMESPACE", "shop"),
+    ("APP", "orders"),
+    ("TRUST_DOMAIN", "cluster.local"),
+];
+
+/// The Istio manifests under envoy/istio/, and which of them run the filter.
+const ISTIO_FILES: &[&str] = &[
+    "backend.yaml",
+    "gateway-api.yaml",
+    "gateway-clusters.yaml",
+    "sidecar.yaml",
+    "stats-tags.yaml",
+    "trafficextension.yaml",
+    "wasmplugin.yaml",
+];
+const ISTIO_PLUGINS: &[&str] = &[
+    "gateway-api.yaml",
+    "sidecar.yaml",
+    "trafficextension.yaml",
+    "wasmplugin.yaml",
+];
+
+/// The documents of envoy/istio/`name` with ISTIO_VARS substituted; panics on a `${VAR}` it does not
+/// know, so a new variable cannot slip past the checks.
+fn istio_file(name: &str) -> Vec<Value> {
+    let rel = format!("envoy/istio/{name}");
+    let mut text = read(&rel);
+    for (var, value) in ISTIO_VARS {
+        text = text.replace(&format!("${{{var}}}"), value);
+    }
+    for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        assert!(!line.contains("${"), "{rel}: unknown variable in {line:?}");
+    }
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The `spec` of the one WasmPlugin or TrafficExtension in `name`, and its Wasm settings (the spec
+/// itself for a WasmPlugin, `spec.wasm` for a TrafficExtension).
+fn plugin_spec(name: &str) -> (Value, Value) {
+    let docs = istio_file(name);
+    assert_eq!(docs.len(), 1, "{name}: one document");
+    let doc = &docs[0];
+    assert_eq!(doc["apiVersion"], "extensions.istio.io/v1alpha1", "{name}");
+    let spec = doc["spec"].clone();
+    let wasm = match doc["kind"].as_str() {
+        Some("WasmPlugin") => spec.clone(),
+        Some("TrafficExtension") => spec["wasm"].clone(),
+        other => panic!("{name}: kind {other:?}"),
+    };
+    (spec, wasm)
+}
+
+/// Every plugin manifest (WasmPlugin, TrafficExtension for a gateway by label, by Gateway-API
+/// targetRefs, and for a sidecar) carries the same pluginConfig, which tollgate accepts
+/// (Config::try_from, then Envoy running the filter's on_configure); its backend.cluster is the
+/// cluster Istio creates for the Webdis Service in backend.yaml, whose ConfigMap points Webdis at the
+/// Redis Service; the placement rules of a production mesh hold (not the root namespace, SERVER only in
+/// a sidecar, targetRefs for Gateway API, a priority, the gateway clusters EnvoyFilter).
 #[test]
 fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
-    let plugin_docs = yaml_file("envoy/istio/wasmplugin.yaml");
-    let plugin = find(&plugin_docs, "WasmPlugin", "tollgate");
-    assert_eq!(plugin["apiVersion"], "extensions.istio.io/v1alpha1");
-    let spec = &plugin["spec"];
-    assert!(spec["url"].as_str().unwrap().starts_with("oci://"), "url");
-    assert!(spec["sha256"].is_string(), "sha256");
-    assert!(
-        ["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"].contains(&spec["phase"].as_str().unwrap()),
-        "phase"
+    let (_, reference) = plugin_spec("wasmplugin.yaml");
+    for name in ISTIO_PLUGINS {
+        let (spec, wasm) = plugin_spec(name);
+        assert_eq!(
+            wasm["pluginConfig"], reference["pluginConfig"],
+            "{name}: pluginConfig differs from wasmplugin.yaml's"
+        );
+        assert!(
+            wasm["url"].as_str().unwrap().starts_with("oci://"),
+            "{name}: url"
+        );
+        assert!(wasm["sha256"].is_string(), "{name}: sha256");
+        assert_eq!(wasm["pluginName"], "tollgate", "{name}");
+        assert_eq!(spec["phase"], "AUTHZ", "{name}");
+        assert!(spec["priority"].is_i64(), "{name}: priority");
+        assert!(
+            ["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"]
+                .contains(&wasm["failStrategy"].as_str().unwrap()),
+            "{name}: failStrategy"
+        );
+        assert_eq!(
+            spec["selector"].is_object() as u8 + spec["targetRefs"].is_array() as u8,
+            1,
+            "{name}: exactly one of selector and targetRefs"
+        );
+        let namespace = istio_file(name)[0]["metadata"]["namespace"].clone();
+        assert_ne!(
+            namespace, "istio-system",
+            "{name}: in the root namespace a selector applies to the whole mesh"
+        );
+    }
+    let (sidecar, _) = plugin_spec("sidecar.yaml");
+    assert_eq!(
+        sidecar["match"],
+        json!([{ "mode": "SERVER" }]),
+        "sidecar.yaml: inbound only, or a mesh-internal request is counted on both sides"
     );
-    assert!(
-        ["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"]
-            .contains(&spec["failStrategy"].as_str().unwrap()),
-        "failStrategy"
+    let (gateway_api, _) = plugin_spec("gateway-api.yaml");
+    assert_eq!(
+        gateway_api["targetRefs"][0]["group"],
+        "gateway.networking.k8s.io"
     );
-    assert!(
-        spec["selector"]["matchLabels"]
-            .as_object()
-            .is_some_and(|m| !m.is_empty()),
-        "selector.matchLabels"
-    );
+    assert_eq!(gateway_api["targetRefs"][0]["kind"], "Gateway");
 
-    let json_config = serde_json::to_string(&spec["pluginConfig"]).unwrap();
+    let json_config = serde_json::to_string(&reference["pluginConfig"]).unwrap();
     let config = tollgate::config::Config::try_from(json_config.as_bytes())
         .unwrap_or_else(|e| panic!("pluginConfig rejected: {e:?}\n{json_config}"));
     eprintln!("pluginConfig accepted: {}", config.summary());
@@ -406,16 +447,19 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
     );
 
     // backend.cluster = outbound|<port>||<service>.<namespace>.svc.cluster.local
-    let cluster = spec["pluginConfig"]["backend"]["cluster"].as_str().unwrap();
+    let cluster = reference["pluginConfig"]["backend"]["cluster"]
+        .as_str()
+        .unwrap();
     let parts: Vec<&str> = cluster.split('|').collect();
     assert_eq!(parts.len(), 4, "{cluster}");
     assert_eq!(parts[0], "outbound", "{cluster}");
     let port: u64 = parts[1].parse().unwrap();
-    let (svc, ns) = parts[3]
+    let webdis_host = parts[3];
+    let (svc, ns) = webdis_host
         .strip_suffix(".svc.cluster.local")
         .and_then(|h| h.split_once('.'))
         .unwrap_or_else(|| panic!("{cluster}: not <svc>.<ns>.svc.cluster.local"));
-    let backend = yaml_file("envoy/istio/backend.yaml");
+    let backend = istio_file("backend.yaml");
     let service = find(&backend, "Service", svc);
     assert_eq!(service["metadata"]["namespace"], ns);
     let svc_port = service["spec"]["ports"]
@@ -430,6 +474,20 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
     );
     let ns_doc = find(&backend, "Namespace", ns);
     assert_eq!(ns_doc["metadata"]["labels"]["istio-injection"], "enabled");
+
+    // Gateways that filter their clusters get Webdis' through the EnvoyFilter's annotation.
+    let clusters = istio_file("gateway-clusters.yaml");
+    let ef = find(&clusters, "EnvoyFilter", "tollgate-webdis-cluster");
+    assert_eq!(
+        ef["metadata"]["annotations"]["envoyfilter.istio.io/referenced-services"],
+        json!(format!("{ns}/{webdis_host}")),
+        "the EnvoyFilter names the Service behind backend.cluster"
+    );
+    assert_eq!(
+        ef["spec"]["workloadSelector"]["labels"],
+        plugin_spec("wasmplugin.yaml").0["selector"]["matchLabels"],
+        "the EnvoyFilter applies to the gateways the plugin runs on"
+    );
 
     // The Webdis Deployment serves the Service's target port with the ConfigMap's config, which
     // points at the Redis Service.
@@ -446,6 +504,11 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
         .expect("the ConfigMap's webdis.json is JSON");
     assert_eq!(webdis["http_port"], svc_port["targetPort"]);
     assert_eq!(webdis["http_host"], "0.0.0.0");
+    assert_eq!(
+        webdis["acl"],
+        json!([{ "disabled": ["*"] }, { "enabled": ["EVALSHA", "EVAL"] }]),
+        "Webdis runs the filter's two commands only"
+    );
     let redis_host = webdis["redis_host"].as_str().unwrap();
     let redis_svc = redis_host
         .strip_suffix(&format!(".{ns}.svc.cluster.local"))
@@ -468,6 +531,194 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
         )],
         "webdis reads the mounted ConfigMap"
     );
+
+    // Only the plugin's proxies may call Webdis, only Webdis may call Redis; no principal is written
+    // for one trust domain or one gateway (they are the documented variables).
+    let principals = |name: &str| {
+        strings(
+            &find(&backend, "AuthorizationPolicy", name)["spec"]["rules"][0]["from"][0]["source"]
+                ["principals"],
+        )
+    };
+    assert_eq!(
+        principals("webdis-callers"),
+        ["cluster.local/ns/istio-ingress/sa/istio-ingressgateway"]
+    );
+    assert_eq!(
+        principals("redis-callers"),
+        [format!("cluster.local/ns/{ns}/sa/webdis")]
+    );
+    let raw = read("envoy/istio/backend.yaml");
+    assert!(
+        raw.contains("- ${TRUST_DOMAIN}/ns/${GATEWAY_NAMESPACE}/sa/${GATEWAY_SERVICE_ACCOUNT}"),
+        "webdis-callers is written with the documented variables"
+    );
+}
+
+/// stats-tags.yaml's custom bootstrap carries the same stats_tags as every Envoy configuration here.
+#[test]
+fn istio_stats_bootstrap_has_the_envoy_stats_tags() {
+    let docs = istio_file("stats-tags.yaml");
+    let cm = find(&docs, "ConfigMap", "tollgate-stats-tags");
+    let bootstrap: Value =
+        serde_json::from_str(cm["data"]["custom_bootstrap.json"].as_str().unwrap())
+            .expect("custom_bootstrap.json is JSON");
+    // The template parses as YAML, stats_config is plain data: compare as JSON values.
+    assert_eq!(
+        bootstrap["stats_config"]["stats_tags"],
+        envoy_template("envoy/envoy.yaml")["stats_config"]["stats_tags"]
+    );
+}
+
+/// The CRDs of Istio 1.30.3 under tests/schemas/ (see its README), by kind and version: the
+/// `openAPIV3Schema`, made strict the way `kubectl apply --validate=strict` is (an object without
+/// `x-kubernetes-preserve-unknown-fields` takes no field its schema does not list), and with the
+/// object's apiVersion, kind and metadata added.
+fn istio_crd_schema(kind: &str, version: &str) -> Value {
+    fn strict(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                let preserve =
+                    map.get("x-kubernetes-preserve-unknown-fields") == Some(&json!(true));
+                let is_object =
+                    map.contains_key("properties") || map.get("type") == Some(&json!("object"));
+                if is_object && !preserve && !map.contains_key("additionalProperties") {
+                    map.insert("additionalProperties".into(), json!(false));
+                }
+                map.values_mut().for_each(strict);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strict),
+            _ => {}
+        }
+    }
+    let dir = repo_root().join("tests/schemas/istio-1.30.3");
+    let mut found = None;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if crd["spec"]["names"]["kind"] != kind {
+            continue;
+        }
+        let v = crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == version)
+            .unwrap_or_else(|| panic!("{kind} has no version {version}"));
+        found = Some(v["schema"]["openAPIV3Schema"].clone());
+    }
+    let mut schema = found.unwrap_or_else(|| panic!("no CRD for {kind} in {}", dir.display()));
+    let props = schema["properties"].as_object_mut().unwrap();
+    props.insert("apiVersion".into(), json!({ "type": "string" }));
+    props.insert("kind".into(), json!({ "type": "string" }));
+    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    props.insert(
+        "metadata".into(),
+        json!({ "type": "object", "required": ["name"], "properties": {
+            "name": { "type": "string" }, "namespace": { "type": "string" },
+            "labels": string_map, "annotations": string_map } }),
+    );
+    schema["required"] = json!(["apiVersion", "kind", "metadata", "spec"]);
+    strict(&mut schema);
+    schema
+}
+
+/// Schema errors of one Istio object, or none for a kind that is not Istio's.
+fn istio_schema_errors(doc: &Value) -> Option<Vec<String>> {
+    let (group, version) = doc["apiVersion"].as_str()?.split_once('/')?;
+    if !group.ends_with(".istio.io") {
+        return None;
+    }
+    let schema = istio_crd_schema(doc["kind"].as_str()?, version);
+    let validator = jsonschema::draft4::new(&schema).expect("CRD schema compiles");
+    Some(
+        validator
+            .iter_errors(doc)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect(),
+    )
+}
+
+/// Every Istio object in envoy/istio/ is valid against Istio 1.30.3's CRD schema with unknown fields
+/// rejected, and the CEL rules of those CRDs that our manifests touch hold. Kubernetes' own kinds
+/// (Namespace, Deployment, Service, ConfigMap, ServiceAccount) are not schema-checked here.
+#[test]
+fn istio_manifests_match_the_istio_crd_schemas() {
+    let mut checked = Vec::new();
+    for name in ISTIO_FILES {
+        for doc in istio_file(name) {
+            let what = format!("{name}: {} {}", doc["kind"], doc["metadata"]["name"]);
+            let Some(errors) = istio_schema_errors(&doc) else {
+                continue;
+            };
+            assert!(errors.is_empty(), "{what}:\n{}", errors.join("\n"));
+            // CEL rules (x-kubernetes-validations) the validator does not run.
+            let spec = &doc["spec"];
+            let has = |k: &str| spec.get(k).is_some() as u8;
+            assert!(
+                has("selector") + has("targetRefs") + has("workloadSelector") <= 1,
+                "{what}"
+            );
+            if doc["kind"] == "TrafficExtension" {
+                assert_eq!(
+                    has("wasm") + has("lua"),
+                    1,
+                    "{what}: exactly one of wasm, lua"
+                );
+            }
+            for r in spec["targetRefs"].as_array().into_iter().flatten() {
+                assert!(
+                    r.get("namespace").is_none(),
+                    "{what}: no cross-namespace targetRefs"
+                );
+            }
+            checked.push(what);
+        }
+    }
+    eprintln!("valid against Istio 1.30.3 CRDs: {checked:#?}");
+    for kind in [
+        "WasmPlugin",
+        "TrafficExtension",
+        "EnvoyFilter",
+        "AuthorizationPolicy",
+        "PeerAuthentication",
+    ] {
+        assert!(
+            checked.iter().any(|c| c.contains(&format!("\"{kind}\""))),
+            "no {kind} checked: {checked:?}"
+        );
+    }
+
+    // The check has teeth: a misspelt or misplaced field, a wrong enum value, a bad digest.
+    let base = istio_file("trafficextension.yaml").remove(0);
+    type Break = fn(&mut Value);
+    let broken: [(&str, Break); 5] = [
+        ("spec.priorty", |d| d["spec"]["priorty"] = json!(1)),
+        ("url under spec", |d| {
+            d["spec"]["url"] = json!("oci://x/y:1")
+        }),
+        ("spec.wasm.failStrategy", |d| {
+            d["spec"]["wasm"]["failStrategy"] = json!("FAIL_SOMETIMES")
+        }),
+        ("spec.wasm.sha256", |d| {
+            d["spec"]["wasm"]["sha256"] = json!("sha256:abc")
+        }),
+        ("spec.match[0].mode", |d| {
+            d["spec"]["match"] = json!([{ "mode": "INBOUND" }])
+        }),
+    ];
+    for (what, breaks) in broken {
+        let mut doc = base.clone();
+        breaks(&mut doc);
+        assert!(
+            !istio_schema_errors(&doc).unwrap().is_empty(),
+            "{what}: the schema check must reject it"
+        );
+    }
 }
 
 /// The Dockerfile is the single-layer Wasm image Istio pulls: `FROM scratch`, `plugin.wasm`, built from
@@ -493,4 +744,360 @@ fn dockerfile_packages_plugin_wasm() {
         context.join("tollgate.wasm").is_file(),
         "tollgate.wasm in the build context (run `make build`)"
     );
+}
+
+/// An Envoy template as YAML: its `{{PLACEHOLDER}}`s (ports, paths) replaced by 0 so it parses.
+fn envoy_template(rel: &str) -> Value {
+    let text = read(rel);
+    let re = regex::Regex::new(r"\{\{[A-Z0-9_]+\}\}").unwrap();
+    let mut docs: Vec<Value> = serde_saphyr::from_multiple(&re.replace_all(&text, "0"))
+        .unwrap_or_else(|e| panic!("{rel}: {e}"));
+    assert_eq!(docs.len(), 1, "{rel} is one document");
+    docs.remove(0)
+}
+
+/// Every Envoy bootstrap the repository ships (a YAML file under envoy/ or deploy/ with a top-level
+/// `static_resources:`, as deploy/validate-envoy.sh finds them), relative to the repository.
+fn envoy_bootstraps() -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in ["envoy", "deploy"] {
+        walk(&repo_root().join(dir), &mut files);
+    }
+    let mut rels: Vec<String> = files
+        .iter()
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .any(|l| l == "static_resources:")
+        })
+        .map(|p| {
+            p.strip_prefix(repo_root())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    rels.sort();
+    rels
+}
+
+/// The `stats_tags` of envoy/envoy.yaml as (tag name, regex).
+fn stats_tags() -> Vec<(String, regex::Regex)> {
+    envoy_template("envoy/envoy.yaml")["stats_config"]["stats_tags"]
+        .as_array()
+        .expect("envoy/envoy.yaml: stats_config.stats_tags")
+        .iter()
+        .map(|t| {
+            (
+                t["tag_name"].as_str().unwrap().to_string(),
+                regex::Regex::new(t["regex"].as_str().unwrap()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Envoy's tag extraction (source/common/stats/tag_producer_impl.cc): every extractor matches the
+/// original name; the first capture group is cut from the name, the second (else the first) is the
+/// tag's value. Returns the tag-extracted name and the tags.
+fn extract_tags(tags: &[(String, regex::Regex)], name: &str) -> (String, Vec<(String, String)>) {
+    let mut cut = vec![false; name.len()];
+    let mut found = Vec::new();
+    for (tag, re) in tags {
+        let Some(caps) = re.captures(name) else {
+            continue;
+        };
+        let Some(removed) = caps.get(1) else { continue };
+        let value = caps.get(2).unwrap_or(removed);
+        found.push((tag.clone(), value.as_str().to_string()));
+        cut[removed.range()].iter_mut().for_each(|c| *c = true);
+    }
+    let kept = name
+        .char_indices()
+        .filter(|(i, _)| !cut[*i])
+        .map(|(_, c)| c)
+        .collect();
+    (kept, found)
+}
+
+/// Every Envoy configuration shipped carries envoy/envoy.yaml's stats_config, so the rule is a
+/// Prometheus label wherever tollgate runs (and the bench templates stay in step with the demo).
+#[test]
+fn every_envoy_config_tags_the_rule() {
+    let files = envoy_bootstraps();
+    for want in [
+        "deploy/compose/envoy.yaml",
+        "envoy/bench/native.yaml",
+        "envoy/envoy.yaml",
+        "envoy/redis-cluster/envoy.yaml",
+    ] {
+        assert!(
+            files.iter().any(|f| f == want),
+            "{want} not found: {files:?}"
+        );
+    }
+    let reference = &envoy_template("envoy/envoy.yaml")["stats_config"];
+    assert!(reference["stats_tags"].is_array(), "envoy/envoy.yaml");
+    for file in &files {
+        assert_eq!(
+            &envoy_template(file)["stats_config"],
+            reference,
+            "{file}: stats_config differs from envoy/envoy.yaml's"
+        );
+    }
+}
+
+/// The tag regexes are right for every rule name the configuration accepts: the rule (and a backend
+/// error's class) become tags, the rest of the name is the same for every rule, and the proxy-wide
+/// breaker gauge gets no tag. Names at the edges of the rule charset ([A-Za-z0-9_-], 1 to 64) and
+/// names equal to metric names are included; a name with a dot is rejected by the configuration,
+/// which is what makes "the first segment is the rule" hold.
+#[test]
+fn stats_tag_regexes_extract_rule_and_class() {
+    let tags = stats_tags();
+    let long = "a-".repeat(32);
+    let rules = [
+        "a",
+        "Z",
+        "0",
+        "-",
+        "_",
+        "per-user",
+        "A-b_9",
+        "tollgate",
+        "breaker_open",
+        "backend_error",
+        "allowed",
+        "shadow_denied",
+        "rbac",
+        "cache",
+        long.as_str(),
+    ];
+    let accepted = |name: &str| {
+        let cfg = json!({ "rules": [ { "name": name, "rate": 1 } ] }).to_string();
+        tollgate::config::Config::try_from(cfg.as_bytes()).is_ok()
+    };
+    for bad in ["a.b", "", "ä", &"a".repeat(65)] {
+        assert!(!accepted(bad), "rule name {bad:?} must be rejected");
+    }
+    let per_rule = [
+        "allowed",
+        "denied",
+        "shadow_denied",
+        "local_allowed",
+        "local_denied",
+        "backend_calls",
+        "backend_errors",
+        "failure_mode_allowed",
+        "lease_granted",
+        "lease_dropped",
+        "delayed",
+        "delay_ms_total",
+        "inflight_rejected",
+        "lease_evicted",
+        "backend_latency_ms",
+    ];
+    let classes = ["unreachable", "overloaded", "auth", "script", "malformed"];
+    let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+    for rule in rules {
+        assert!(accepted(rule), "rule name {rule:?} is valid");
+        for metric in per_rule {
+            assert_eq!(
+                extract_tags(&tags, &format!("wasmcustom.tollgate.{rule}.{metric}")),
+                (
+                    format!("wasmcustom.tollgate.{metric}"),
+                    vec![s("rule", rule)]
+                ),
+                "rule {rule:?}, metric {metric}"
+            );
+        }
+        for class in classes {
+            let (name, mut got) = extract_tags(
+                &tags,
+                &format!("wasmcustom.tollgate.{rule}.backend_error.{class}"),
+            );
+            got.sort();
+            assert_eq!(
+                (name, got),
+                (
+                    "wasmcustom.tollgate.backend_error".to_string(),
+                    vec![s("class", class), s("rule", rule)]
+                ),
+                "rule {rule:?}, class {class}"
+            );
+        }
+    }
+    assert_eq!(
+        extract_tags(&tags, "wasmcustom.tollgate.breaker_open"),
+        ("wasmcustom.tollgate.breaker_open".to_string(), vec![])
+    );
+    // Envoy's own stats are left alone.
+    assert_eq!(
+        extract_tags(&tags, "cluster.tollgate_backend.upstream_rq_total").1,
+        vec![]
+    );
+}
+
+/// docker-compose.yaml starts in the order the tests do (each process ready before the next starts)
+/// and restarts what stops: every service restarts unless stopped, Webdis waits for a healthy Redis,
+/// Envoy for a healthy Webdis.
+#[test]
+fn compose_starts_in_readiness_order_and_restarts() {
+    let doc = compose();
+    let services = doc["services"].as_object().unwrap();
+    for (name, service) in services {
+        assert_eq!(service["restart"], "unless-stopped", "{name}: restart");
+    }
+    let condition = |svc: &str, dep: &str| services[svc]["depends_on"][dep]["condition"].clone();
+    assert_eq!(condition("webdis", "redis"), "service_healthy");
+    assert_eq!(condition("envoy", "webdis"), "service_healthy");
+    assert_eq!(condition("envoy", "app"), "service_started");
+    for name in ["redis", "webdis", "envoy"] {
+        let test = strings(&services[name]["healthcheck"]["test"]);
+        assert_eq!(
+            test[0], "CMD",
+            "{name}: exec form, no shell needed but the probe's own"
+        );
+    }
+}
+
+/// The compose health probes work against the real processes the tests run (the same Redis, Webdis
+/// with the compose ACL, and Envoy with the demo configuration), with the ports swapped for the test's,
+/// and fail when nothing answers.
+#[test]
+fn compose_healthchecks_probe_real_processes() {
+    let doc = compose();
+    let probe = |service: &str, from: u16, to: u16| -> bool {
+        let test = strings(&doc["services"][service]["healthcheck"]["test"]);
+        let args: Vec<String> = test[1..]
+            .iter()
+            .map(|a| a.replace(&from.to_string(), &to.to_string()))
+            .collect();
+        Command::new(&args[0])
+            .args(&args[1..])
+            .output()
+            .unwrap_or_else(|e| panic!("{service} probe {args:?}: {e}"))
+            .status
+            .success()
+    };
+    let acl = json!([{ "disabled": ["*"] }, { "enabled": ["EVALSHA", "EVAL"] }]);
+    let dir = scratch_dir("compose-health");
+    let redis = common::Redis::start(&dir);
+    let webdis = common::Webdis::start_with(
+        &dir,
+        redis.port,
+        &common::WebdisOpts {
+            acl: Some(acl),
+            ..Default::default()
+        },
+    );
+    let envoy = common::Envoy::start(&dir, &demo_config(), webdis.port);
+    assert!(probe("redis", 6379, redis.port), "redis probe");
+    assert!(
+        probe("webdis", 7379, webdis.port),
+        "webdis probe (EVAL through the ACL)"
+    );
+    assert!(
+        probe("envoy", 9901, envoy.admin_port),
+        "envoy probe (/ready)"
+    );
+    let nothing = common::free_port();
+    for (service, port) in [("redis", 6379), ("webdis", 7379), ("envoy", 9901)] {
+        assert!(
+            !probe(service, port, nothing),
+            "{service} probe with nothing listening"
+        );
+    }
+}
+
+/// Every Envoy bootstrap the repository ships (templates under envoy/ and deploy/) is edge-safe: each
+/// HTTP connection manager takes the client address from the TCP peer (`use_remote_address`), and
+/// normalises paths before filters and routes see them (README: "Edge settings"). A configuration
+/// without an HTTP connection manager (the Redis Cluster front) has nothing to set.
+#[test]
+fn shipped_envoy_configs_are_edge_safe() {
+    fn hcms<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+        match v {
+            Value::Object(m) => {
+                if m.get("@type").and_then(Value::as_str).is_some_and(|t| {
+                    t.ends_with("http_connection_manager.v3.HttpConnectionManager")
+                }) {
+                    out.push(v);
+                }
+                m.values().for_each(|x| hcms(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| hcms(x, out)),
+            _ => {}
+        }
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![repo_root().join("envoy"), repo_root().join("deploy")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut checked = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if !text.lines().any(|l| l == "static_resources:") {
+            continue;
+        }
+        let rel = path
+            .strip_prefix(repo_root())
+            .unwrap()
+            .display()
+            .to_string();
+        // Placeholders ({{PORT}}) would read as flow mappings: give them a plain value.
+        let mut plain = String::new();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("{{") {
+            let end = rest[start..].find("}}").unwrap() + start;
+            plain.push_str(&rest[..start]);
+            plain.push('1');
+            rest = &rest[end + 2..];
+        }
+        plain.push_str(rest);
+        let doc: Value = serde_saphyr::from_str(&plain).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        let mut found = Vec::new();
+        hcms(&doc, &mut found);
+        for hcm in &found {
+            for (field, want) in [
+                ("use_remote_address", json!(true)),
+                ("normalize_path", json!(true)),
+                ("merge_slashes", json!(true)),
+                ("path_with_escaped_slashes_action", json!("REJECT_REQUEST")),
+            ] {
+                assert_eq!(hcm[field], want, "{rel}: {field}");
+            }
+        }
+        checked.push(format!("{rel}: {}", found.len()));
+    }
+    eprintln!("HTTP connection managers checked: {checked:?}");
+    for want in [
+        "envoy/envoy.yaml: 1",
+        "deploy/compose/envoy.yaml: 1",
+        "envoy/bench/plain.yaml: 1",
+        "envoy/bench/native.yaml: 1",
+        "envoy/bench/wasm-floor.yaml: 1",
+        "envoy/redis-cluster/envoy.yaml: 0",
+    ] {
+        assert!(checked.iter().any(|c| c == want), "{want} in {checked:?}");
+    }
 }

@@ -1,5 +1,5 @@
 //! Metrics end to end: after a known sequence of requests through a real Envoy, `/stats` and
-//! `/stats/prometheus` show exactly the expected per-rule counters.
+//! `/stats/prometheus` show exactly the expected per-rule counters, the rule as a Prometheus label.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -83,27 +83,41 @@ fn counters_after_a_known_sequence() {
             ("backend_calls", 2),
         ],
     );
+    // The stats_tags of envoy/envoy.yaml make the rule a label: one metric per counter.
     let prom = stack.envoy.admin("/stats/prometheus").body;
-    for l in prom
-        .lines()
-        .filter(|l| l.contains("tollgate_per_user_allowed"))
-    {
-        eprintln!("prometheus: {l}");
-    }
-    for needle in [
-        "tollgate_per_user_allowed",
-        "tollgate_try_shadow_denied",
-        "tollgate_per_user_backend_latency_ms_bucket",
+    let ours = || {
+        prom.lines()
+            .filter(|l| l.contains("tollgate"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for line in [
+        "tollgate_allowed{rule=\"per-user\"} 2",
+        "tollgate_allowed{rule=\"try\"} 1",
+        "tollgate_denied{rule=\"per-user\"} 2",
+        "tollgate_shadow_denied{rule=\"try\"} 3",
+        "tollgate_local_denied{rule=\"try\"} 2",
     ] {
         assert!(
-            prom.lines().any(|l| l.contains(needle)),
-            "{needle} missing from /stats/prometheus:\n{}",
-            prom.lines()
-                .filter(|l| l.contains("tollgate"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            prom.lines().any(|l| l == line),
+            "{line} missing from /stats/prometheus:\n{}",
+            ours()
         );
     }
+    // Histogram values appear only at the next stats flush (5 s); the series are there at once.
+    assert!(
+        prom.lines()
+            .any(|l| l.starts_with("tollgate_backend_latency_ms_bucket{rule=\"per-user\",le=")),
+        "latency histogram buckets:\n{}",
+        ours()
+    );
+    assert!(
+        !prom
+            .lines()
+            .any(|l| l.starts_with("tollgate_per_user") || l.starts_with("tollgate_try")),
+        "no metric name carries the rule:\n{}",
+        ours()
+    );
 }
 
 /// A backend that cannot be reached: the first five calls fail (backend errors), then the

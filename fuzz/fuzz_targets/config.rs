@@ -111,8 +111,22 @@ fn check_valid(c: &Config) {
                 }
                 KeySource::Query(q) => assert!(!q.is_empty(), "{n}: empty query name"),
                 KeySource::Literal(t) => assert!(!t.is_empty(), "{n}: empty literal"),
-                KeySource::ClientIp
-                | KeySource::Path
+                KeySource::ClientIp {
+                    v4_prefix,
+                    v6_prefix,
+                } => assert!(
+                    (8..=32).contains(v4_prefix) && (8..=128).contains(v6_prefix),
+                    "{n}: client_ip prefixes"
+                ),
+                KeySource::Cookie(c) => assert!(is_token(c), "{n}: cookie {c:?}"),
+                KeySource::Property { path, .. } => {
+                    assert!(!path.is_empty() && path.iter().all(|p| !p.is_empty()), "{n}: property")
+                }
+                KeySource::Metadata { namespace, fields } => assert!(
+                    !namespace.is_empty() && !fields.is_empty() && fields.iter().all(|f| !f.is_empty()),
+                    "{n}: metadata"
+                ),
+                KeySource::Path
                 | KeySource::Method
                 | KeySource::Authority => {}
             }
@@ -128,6 +142,14 @@ fn check_valid(c: &Config) {
                 pp.starts_with('/') && !pp.contains(['?', '#']),
                 "{n}: path_prefix {pp:?}"
             );
+            let normal = tollgate::rule::path::normalize(
+                pp.as_bytes(),
+                tollgate::rule::path::Reading::STRICT,
+            );
+            assert!(
+                !normal.irregular && normal.path == pp.as_bytes(),
+                "{n}: path_prefix {pp:?} is not in normal form"
+            );
         }
         for m in &r.matcher.methods {
             assert!(
@@ -138,7 +160,20 @@ fn check_valid(c: &Config) {
         for h in &r.matcher.headers {
             assert!(is_token(&h.name) && h.name == h.name.to_ascii_lowercase());
         }
-        if let Some(key) = applies(p, r, &FixedRequest) {
+        for host in &r.matcher.hosts {
+            assert!(
+                !host.is_empty() && *host == host.to_ascii_lowercase() && !host.ends_with('.'),
+                "{n}: host {host:?}"
+            );
+        }
+        for (values, o) in &r.overrides {
+            assert_eq!(values.len(), r.key.len(), "{n}: override key length");
+            if let tollgate::config::Override::Limits(l) = o {
+                check_limits(l, n);
+                assert!(r.cost <= l.burst, "{n}: override burst below cost");
+            }
+        }
+        if let Some(key) = applies(p, r, &FixedRequest).map(|a| a.key) {
             let head = format!("{p}:{{{n}:");
             let digest = key
                 .strip_prefix(&head)

@@ -1,16 +1,19 @@
 //! Key extraction: over any request (arbitrary header bytes, path, method, authority, client IP) and
 //! a fixed valid configuration, `rule::applies` / `key_values` / `bucket_key` never panic, and every
 //! key is `<prefix>:{<rule>:<32 lowercase hex>}` — no request byte reaches it. Also: `applies` is
-//! exactly "match holds and every source is present", key values are the request's own bytes, and
-//! a different user id (or a different split of the same bytes between two values) gives a different
-//! bucket.
+//! exactly "match holds and every source is present", key values are the request's own bytes (the
+//! path and client address in their normal forms), and a different user id (or a different split
+//! of the same bytes between two values) gives a different bucket. Path normalisation is a fixed
+//! point, and respelling a path (`/x/..` in front, a doubled slash, an escaped letter) never changes
+//! its normal form, so never lets it out of a path rule.
 #![no_main]
 
 use std::sync::OnceLock;
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use tollgate::config::{Config, KeySource};
+use tollgate::config::{Config, KeySource, Override};
+use tollgate::rule::path::{self, Reading};
 use tollgate::rule::{applies, bucket_key, key_values, matches, RequestView};
 
 const CONFIG: &str = r#"{
@@ -22,11 +25,21 @@ const CONFIG: &str = r#"{
       "key": ["header:x-user-id"], "rate": 100, "burst": 200 },
     { "name": "pair", "key": ["header:x-user-id", "header:x-api-key"], "rate": 10 },
     { "name": "per-ip-path", "match": { "methods": ["PUT"] },
-      "key": ["client_ip", "path", "method"], "rate": 10 },
-    { "name": "by_query", "match": { "path_prefix": "/q" },
+      "key": ["client_ip:v4=/24,v6=/56", "path", "method"], "rate": 10 },
+    { "name": "by_query", "match": { "path_prefix": "/q", "path_ignore_case": true },
       "key": ["query:user", "query:a b", "authority"], "rate": 10 },
     { "name": "authed", "match": { "headers": [ { "name": "authorization", "present": true } ] },
       "key": ["header:authorization", "literal:all"], "rate": 10 },
+    { "name": "ident", "key": ["cookie:sid", "metadata:jwt:p.sub", "property:source.port"],
+      "rate": 10 },
+    { "name": "tenant",
+      "match": { "hosts": ["api.example.com", "*.t.example.com"],
+                 "headers": [ { "name": "x-api-key", "absent": true },
+                              { "name": "authorization", "prefix": "Bearer " },
+                              { "name": "x-tier", "regex": "(free|trial)-[0-9]{1,3}" } ] },
+      "key": ["header:x-user-id"], "rate": 10,
+      "overrides": [ { "key": ["acme"], "rate": 100, "burst": 300 },
+                     { "key": ["free"], "unlimited": true } ] },
     { "name": "global", "rate": 1000 }
   ]
 }"#;
@@ -42,6 +55,7 @@ enum Name {
     ApiKey,
     Tier,
     Authorization,
+    Cookie,
 }
 
 impl Name {
@@ -51,6 +65,7 @@ impl Name {
             Name::ApiKey => "x-api-key",
             Name::Tier => "x-tier",
             Name::Authorization => "authorization",
+            Name::Cookie => "cookie",
         }
     }
 }
@@ -161,6 +176,10 @@ struct Input {
     headers: Vec<(Name, Value)>,
     /// Any other headers, by arbitrary name.
     others: Vec<(String, Vec<u8>)>,
+    /// The `metadata` attribute (a serialised Metadata message, or any bytes).
+    metadata: Option<Vec<u8>>,
+    /// Every other attribute.
+    property: Option<Vec<u8>>,
 }
 
 struct Req(Input);
@@ -195,6 +214,13 @@ impl RequestView for Req {
     fn client_ip(&self) -> Option<Vec<u8>> {
         self.0.ip.clone()
     }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        if path == ["metadata"] {
+            self.0.metadata.clone()
+        } else {
+            self.0.property.clone()
+        }
+    }
 }
 
 fn assert_key_shape(key: &str, prefix: &str, rule: &str) {
@@ -212,23 +238,52 @@ fn assert_key_shape(key: &str, prefix: &str, rule: &str) {
     );
 }
 
-fn path_only(p: &[u8]) -> &[u8] {
-    let end = p
-        .iter()
-        .position(|&b| b == b'?' || b == b'#')
-        .unwrap_or(p.len());
-    &p[..end]
+/// The normalisation invariants for one path (without query).
+fn check_normal_forms(p: &[u8]) {
+    for r in Reading::ALL {
+        let n = path::normalize(p, r);
+        assert!(n.path.starts_with(b"/"), "{p:?} {r:?}: {:?}", n.path);
+        let again = path::normalize(&n.path, r);
+        assert_eq!(again.path, n.path, "{p:?} {r:?}: not a fixed point");
+        if p.first() == Some(&b'/') {
+            let mut dotted = b"/x/..".to_vec();
+            dotted.extend_from_slice(p);
+            assert_eq!(path::normalize(&dotted, r), n, "{p:?} {r:?}: /x/.. in front");
+            let mut doubled = b"/".to_vec();
+            doubled.extend_from_slice(p);
+            assert_eq!(path::normalize(&doubled, r), n, "{p:?} {r:?}: // in front");
+        }
+        if !p.contains(&b'%') {
+            let escaped: Vec<u8> = p
+                .iter()
+                .flat_map(|&b| {
+                    if b.is_ascii_alphabetic() {
+                        format!("%{b:02x}").into_bytes()
+                    } else {
+                        vec![b]
+                    }
+                })
+                .collect();
+            assert_eq!(path::normalize(&escaped, r), n, "{p:?} {r:?}: escaped letters");
+        }
+    }
 }
 
 fuzz_target!(|input: Input| {
+    if let Some(p) = input.path.as_ref().map(Path::bytes) {
+        check_normal_forms(path::path_only(&p));
+    }
     let cfg = config();
     let prefix = cfg.key_prefix.as_str();
     let req = Req(input.clone());
     for rule in &cfg.rules {
-        let key = applies(prefix, rule, &req);
+        let applied = applies(prefix, rule, &req);
+        let key = applied.as_ref().map(|a| a.key.clone());
         let values = key_values(&rule.key, &req);
         let want = if matches(&rule.matcher, &req) {
-            values.as_ref().map(|v| bucket_key(prefix, &rule.name, v))
+            values
+                .as_ref()
+                .map(|v| bucket_key(prefix, &rule.name, &rule.key, v))
         } else {
             None
         };
@@ -237,17 +292,39 @@ fuzz_target!(|input: Input| {
             assert_key_shape(k, prefix, &rule.name);
         }
         let Some(values) = values else { continue };
-        assert_key_shape(&bucket_key(prefix, &rule.name, &values), prefix, &rule.name);
+        // The limits are the override's for these values, else the rule's; the key is the same.
+        if let Some(a) = &applied {
+            match rule.overrides.get(&values) {
+                None => assert!(a.limits == rule.limits && !a.unlimited),
+                Some(Override::Unlimited) => assert!(a.unlimited),
+                Some(Override::Limits(l)) => assert!(a.limits == *l && !a.unlimited),
+            }
+        }
+        assert_key_shape(
+            &bucket_key(prefix, &rule.name, &rule.key, &values),
+            prefix,
+            &rule.name,
+        );
         assert_eq!(values.len(), rule.key.len());
         for (source, v) in rule.key.iter().zip(&values) {
             match source {
                 KeySource::Header(h) => assert_eq!(Some(v), req.header(h).as_ref()),
                 KeySource::Literal(t) => assert_eq!(v, t.as_bytes()),
-                KeySource::ClientIp => assert_eq!(Some(v), input.ip.as_ref()),
+                KeySource::ClientIp {
+                    v4_prefix,
+                    v6_prefix,
+                } => assert_eq!(
+                    Some(v),
+                    input
+                        .ip
+                        .as_ref()
+                        .map(|ip| tollgate::rule::ip::key_value(ip, *v4_prefix, *v6_prefix))
+                        .as_ref()
+                ),
                 KeySource::Method => assert_eq!(Some(v), req.header(":method").as_ref()),
                 KeySource::Path => assert_eq!(
-                    Some(v.as_slice()),
-                    req.header(":path").as_deref().map(path_only)
+                    Some(v),
+                    req.header(":path").as_deref().map(path::key_value).as_ref()
                 ),
                 KeySource::Authority => assert_eq!(
                     Some(v),
@@ -257,7 +334,15 @@ fuzz_target!(|input: Input| {
                         .map(|a| a.to_ascii_lowercase())
                         .as_ref()
                 ),
-                KeySource::Query(_) => {}
+                KeySource::Query(_) | KeySource::Cookie(_) | KeySource::Metadata { .. } => {}
+                KeySource::Property { path, .. } => assert_eq!(
+                    Some(v),
+                    input
+                        .property
+                        .clone()
+                        .map(|raw| tollgate::rule::value::attribute_text(path, raw))
+                        .as_ref()
+                ),
             }
         }
         // Another tuple of values is another bucket: change the last byte split between the first
@@ -272,14 +357,14 @@ fuzz_target!(|input: Input| {
             [] => continue,
         }
         assert_ne!(
-            bucket_key(prefix, &rule.name, &values),
-            bucket_key(prefix, &rule.name, &other),
+            bucket_key(prefix, &rule.name, &rule.key, &values),
+            bucket_key(prefix, &rule.name, &rule.key, &other),
             "{values:?} and {other:?} share a bucket"
         );
     }
     // One user's id never lands in another user's bucket.
     let per_user = &cfg.rules[0];
-    if let Some(k) = applies(prefix, per_user, &req) {
+    if let Some(k) = applies(prefix, per_user, &req).map(|a| a.key) {
         let mut changed = input.clone();
         let uid = match changed.headers.iter_mut().find(|(n, _)| *n == Name::UserId) {
             Some((_, v)) => v.bytes_mut(),
@@ -291,7 +376,9 @@ fuzz_target!(|input: Input| {
                 .expect("per-user applied without x-user-id"),
         };
         uid.push(b'!');
-        let k2 = applies(prefix, per_user, &Req(changed)).expect("per-user still applies");
+        let k2 = applies(prefix, per_user, &Req(changed))
+            .expect("per-user still applies")
+            .key;
         assert_ne!(k, k2);
     }
 });

@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::{Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
+use crate::bucket::Limits;
 use crate::config::Rule;
 use crate::metrics::Counter;
 use crate::shared::deny::DenyCache;
@@ -40,6 +41,8 @@ enum State {
 #[derive(Debug)]
 struct Queue {
     rule: usize,
+    /// The key's effective limits.
+    limits: Limits,
     waiters: VecDeque<Waiter>,
     state: State,
 }
@@ -126,12 +129,13 @@ impl Queues {
     }
 }
 
-fn sizing(rule: &Rule) -> Sizing {
+/// Lease sizing for `rule` on a key with `limits` (the rule's, or an override's).
+fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
     Sizing {
-        burst: rule.limits.burst,
-        rate: rule.limits.rate,
-        period_ms: rule.limits.period_ms,
-        lease_max: rule.lease_max,
+        burst: limits.burst,
+        rate: limits.rate,
+        period_ms: limits.period_ms,
+        lease_max: rule.lease_max.min(limits.burst),
         horizon_ms: rule.lease_horizon_ms,
     }
 }
@@ -155,6 +159,7 @@ impl Engine {
         let queues = &mut self.queues;
         let q = queues.by_key.entry(call.key.clone()).or_insert(Queue {
             rule,
+            limits: super::limits_of(&call),
             waiters: VecDeque::new(),
             state: State::Idle,
         });
@@ -195,8 +200,8 @@ impl Engine {
         let Some(rule) = self.plugin.rule(rule_idx) else {
             return;
         };
-        let sizing = sizing(rule);
-        let limits = rule.limits;
+        let limits = q.limits;
+        let sizing = sizing(rule, &limits);
         if !self.backend_allowed(host, now) {
             self.fail_waiters(host, key, &BackendError::CircuitOpen, now);
             return;
@@ -267,7 +272,10 @@ impl Engine {
             self.end_claim(host, Purpose::Lease(claim), None, now);
             return;
         };
-        let (sizing, horizon) = (sizing(rule), rule.lease_horizon_ms);
+        let (sizing, horizon) = (
+            sizing(rule, &super::limits_of(asked)),
+            rule.lease_horizon_ms,
+        );
         let store = host.store();
         let pool = LeasePool::new(store, &self.plugin.ns);
         let deny = DenyCache::new(store, &self.plugin.ns);
@@ -406,9 +414,7 @@ impl Engine {
                     let first = q.waiters.front().map_or(1, |w| w.cost);
                     LeasePool::new(host.store(), &self.plugin.ns)
                         .peek(&key)
-                        .map_or(true, |l| {
-                            l.flight_until_ms <= now || l.live_tokens(now) >= first
-                        })
+                        .is_none_or(|l| l.flight_until_ms <= now || l.live_tokens(now) >= first)
                 }
                 State::Idle | State::Own => false,
             };

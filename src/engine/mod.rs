@@ -17,6 +17,7 @@ pub mod health;
 mod lease;
 pub mod plugin;
 mod stash;
+pub mod usage;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -27,7 +28,7 @@ use crate::metrics::Counter;
 use crate::rule::RequestView;
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Claim, LeasePool};
-use crate::shared::{fallback, Store};
+use crate::shared::{fallback, settle, Store};
 
 use health::{Event, Health};
 use lease::Queues;
@@ -70,6 +71,20 @@ struct Check {
     call: ScriptCall,
     outcome: Option<Outcome>,
     lease: bool,
+    /// The outcome came from a script call (so the global bucket charged the up-front cost).
+    backend: bool,
+}
+
+/// An admission of a usage rule, waiting for the response to say what it used.
+#[derive(Debug)]
+struct Admitted {
+    rule: usize,
+    key: String,
+    /// The key's effective limits (a settlement must not change them).
+    limits: crate::bucket::Limits,
+    upfront: u64,
+    /// Following the body, for a `body_field` source.
+    reader: Option<usage::BodyReader>,
 }
 
 /// A request the engine is deciding, holding, or keeping response headers for.
@@ -81,6 +96,8 @@ struct Request {
     deciding: bool,
     /// Headers for the response, once admitted.
     headers: Vec<(String, String)>,
+    /// Usage rules that admitted it, until the response says what it used.
+    usage: Vec<Admitted>,
 }
 
 /// Why a backend call is out.
@@ -92,6 +109,8 @@ enum Purpose {
     Lease(Claim),
     /// One call for several exact checks of one key, one token each, in order.
     Batch(Vec<(u32, usize)>),
+    /// Carries a key's pending usage settlement, nothing else (cost 0).
+    Settle,
 }
 
 #[derive(Debug)]
@@ -119,8 +138,12 @@ pub struct Engine {
     chains: coalesce::Chains,
     /// Admitted requests held for a reservation, by due time.
     held: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Keys with a usage settlement to flush if no call has carried it by then.
+    flushes: BinaryHeap<Reverse<(u64, usize, String, crate::bucket::Limits)>>,
     /// The tick period asked of the host (0: off).
     tick_ms: u64,
+    /// Whether an unreadable usage was logged already (once per worker).
+    usage_logged: bool,
 }
 
 impl Engine {
@@ -134,7 +157,9 @@ impl Engine {
             stashes: stash::Stashes::default(),
             chains: coalesce::Chains::default(),
             held: BinaryHeap::new(),
+            flushes: BinaryHeap::new(),
             tick_ms: 0,
+            usage_logged: false,
         }
     }
 
@@ -160,9 +185,15 @@ impl Engine {
         let mut checks = Vec::new();
         for idx in 0..self.plugin.config.rules.len() {
             let (call, lease) = match self.plugin.check_for(idx, req) {
-                None => continue,
-                Some(Ok(c)) => c,
-                Some(Err(e)) => return self.apply(host, ctx, plugin::bad_cost(&e), false, true),
+                plugin::Plan::Skip => continue,
+                plugin::Plan::Unlimited => {
+                    self.plugin.metrics.count(idx, Counter::Allowed, 1);
+                    continue;
+                }
+                plugin::Plan::BadCost(e) => {
+                    return self.apply(host, ctx, plugin::bad_cost(&e), false, true)
+                }
+                plugin::Plan::Check(call, lease) => (call, lease),
             };
             let outcome = self.local_outcome(host.store(), idx, &call, lease, now);
             if let Some(o) = outcome {
@@ -173,6 +204,7 @@ impl Engine {
                 call,
                 outcome,
                 lease,
+                backend: false,
             });
         }
         let mut request = Request {
@@ -180,6 +212,7 @@ impl Engine {
             grpc: false,
             deciding: true,
             headers: Vec::new(),
+            usage: Vec::new(),
         };
         // Whether the client speaks gRPC matters only for a local answer: read it only then.
         let verdict = match self.verdict_if_done(&request) {
@@ -250,6 +283,9 @@ impl Engine {
             self.resend_with_source(host, call, carrier, now);
         } else {
             self.record(host, call.rule, reply.as_ref().map(|_| ()), now);
+            if reply.is_err() {
+                self.settlement_failed(host, call.rule, &call.call, now);
+            }
             match call.purpose {
                 Purpose::Check { ctx, idx } => {
                     let outcome = match reply {
@@ -265,6 +301,7 @@ impl Engine {
                     self.batch_answer(host, &call.call, checks, reply, call.sent_ms, now);
                     self.chain_next(host, &call.call.key, carrier, now);
                 }
+                Purpose::Settle => {}
                 Purpose::Lease(claim) => {
                     let (rule, sent_ms, asked) = (call.rule, call.sent_ms, call.call);
                     self.lease_answer(host, rule, claim, &asked, reply, sent_ms, carrier, now);
@@ -289,16 +326,36 @@ impl Engine {
         self.expire_waiters(host, now);
         self.poll_leases(host, now);
         self.send_pending_chains(host, now);
+        self.flush_settlements(host, now);
         self.schedule(host, now, true);
     }
 
-    /// The response headers of `ctx`: add the rate-limit headers kept for it.
-    pub fn response_headers(&mut self, host: &mut dyn Host, ctx: u32) {
-        if let Some(r) = self.requests.remove(&ctx) {
-            if !r.headers.is_empty() {
-                host.add_response_headers(ctx, &r.headers);
-            }
+    /// The response headers of `ctx` (read through `response`): add the rate-limit headers kept
+    /// for it, and read usage from a header. True if the engine wants to see the body.
+    pub fn response_headers(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        response: &dyn RequestView,
+    ) -> bool {
+        let Some(r) = self.requests.get_mut(&ctx) else {
+            return false;
+        };
+        let headers = std::mem::take(&mut r.headers);
+        if !headers.is_empty() {
+            host.add_response_headers(ctx, &headers);
         }
+        self.usage_from_headers(host, ctx, response, false)
+    }
+
+    /// A chunk of the response body of `ctx` (`end`: the last one). Only looked at.
+    pub fn response_body(&mut self, host: &mut dyn Host, ctx: u32, chunk: &[u8], end: bool) {
+        self.usage_from_body(host, ctx, chunk, end);
+    }
+
+    /// The response trailers of `ctx`: a usage header may come there.
+    pub fn response_trailers(&mut self, host: &mut dyn Host, ctx: u32, trailers: &dyn RequestView) {
+        self.usage_from_headers(host, ctx, trailers, true);
     }
 
     /// Context `ctx` is gone (the client went away, or the request ended): forget it. Nothing can
@@ -332,6 +389,9 @@ impl Engine {
                     self.queues.flight_lost(&key);
                 }
                 Purpose::Check { .. } | Purpose::Batch(_) => self.chains.lost(&call.call.key),
+                // Most likely applied: the request had been sent. Not added back (never charge
+                // twice); at worst this proxy's difference is not settled.
+                Purpose::Settle => {}
             }
         }
         self.schedule(host, now, false);
@@ -442,6 +502,13 @@ impl Engine {
                 .count(rule, Counter::InflightRejected, 1);
             return Err((BackendError::Overflow, purpose));
         }
+        let mut call = call;
+        if call.settle == 0 && self.plugin.rule(rule).is_some_and(|r| r.usage.is_some()) {
+            // This proxy's pending usage for the key rides on the call: Redis settles it first,
+            // so this very check sees every charge this proxy knows of.
+            call.settle = settle::take(host.store(), &self.plugin.ns, &call.key).unwrap_or(0);
+        }
+        let backend = &self.plugin.config.backend;
         let req = self.plugin.transport.request(&call, with_source);
         match host.dispatch(&backend.cluster, &req, backend.timeout_ms) {
             Ok(token) => {
@@ -462,6 +529,7 @@ impl Engine {
             Err(e) => {
                 let now = host.now_ms();
                 self.record(host, rule, Err(&e), now);
+                self.settlement_failed(host, rule, &call, now);
                 Err((e, purpose))
             }
         }
@@ -486,6 +554,7 @@ impl Engine {
                 }
                 self.chain_next(host, &key, carrier, now);
             }
+            Err((_, Purpose::Settle)) => {}
             Err((e, Purpose::Lease(claim))) => {
                 let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
                 self.queues.flight_lost(&key);
@@ -527,7 +596,7 @@ impl Engine {
             FailureMode::Open => Outcome::FailOpen,
             FailureMode::Closed => Outcome::FailClosed,
             FailureMode::Local => {
-                let limits = rule.fallback.unwrap_or(rule.limits);
+                let limits = rule.fallback.unwrap_or(limits_of(call));
                 let table = format!("{}|{}", self.plugin.ns, rule.name);
                 match fallback::take(host.store(), &table, &call.key, &limits, call.cost, now) {
                     Ok(r) => match Outcome::of_reply(&r) {
@@ -575,6 +644,7 @@ impl Engine {
             Outcome::FailOpen | Outcome::FailClosed => Source::Failure,
             _ => Source::Backend,
         };
+        check.backend = source == Source::Backend;
         let rule = check.rule;
         self.plugin.count(rule, (outcome, source));
         let Some(request) = self.requests.get(&ctx) else {
@@ -603,7 +673,7 @@ impl Engine {
                 request
                     .checks
                     .iter()
-                    .filter_map(|c| Some((c.rule, c.outcome?))),
+                    .filter_map(|c| Some((c.rule, c.outcome?, limits_of(&c.call)))),
                 request.grpc,
             )
         })
@@ -626,6 +696,9 @@ impl Engine {
                 self.queues.remove_waiter(&c.call.key, ctx);
             }
         }
+        let usage = request
+            .map(|r| self.usage_admissions(&r))
+            .unwrap_or_default();
         match verdict {
             Verdict::Respond(reply) => {
                 host.respond(ctx, &reply);
@@ -633,7 +706,7 @@ impl Engine {
             }
             Verdict::Allow { headers, delay_ms } => {
                 let now = host.now_ms();
-                if !headers.is_empty() || delay_ms > 0 {
+                if !headers.is_empty() || delay_ms > 0 || !usage.is_empty() {
                     self.requests.insert(
                         ctx,
                         Request {
@@ -641,6 +714,7 @@ impl Engine {
                             grpc,
                             deciding: false,
                             headers,
+                            usage,
                         },
                     );
                 }
@@ -731,6 +805,9 @@ impl Engine {
             self.queues.pop_patience();
         }
         let mut next = self.queues.next_due(now);
+        if let Some(Reverse((due, _, _, _))) = self.flushes.peek() {
+            next = Some(next.map_or(*due, |n: u64| n.min(*due)));
+        }
         if self.chains.pending() {
             next = Some(now.saturating_add(1));
         }
@@ -747,6 +824,15 @@ impl Engine {
             host.set_tick(want);
             self.tick_ms = want;
         }
+    }
+}
+
+/// The effective limits a call carries (the rule's, or an override's for its key).
+fn limits_of(call: &ScriptCall) -> crate::bucket::Limits {
+    crate::bucket::Limits {
+        burst: call.burst,
+        rate: call.rate,
+        period_ms: call.period_ms,
     }
 }
 

@@ -5,6 +5,7 @@
 //! it; the cost a rule charges is never below the rule's `cost`.
 
 use crate::backend::{Reply, ScriptCall, Transport};
+use crate::bucket::Limits;
 use crate::config::{Config, Mode, Rule};
 use crate::headers::{self, Report};
 use crate::metrics::{Counter, Metrics, NoMetrics};
@@ -42,7 +43,9 @@ impl Plugin {
 
     pub fn with_metrics(config: Config, metrics: Box<dyn Metrics>) -> Plugin {
         let transport = transport(&config);
-        let ns = format!("tollgate|{}", config.key_prefix);
+        // "v2": the shared-data layout of engine v2 (set-associative leases, one health value);
+        // a module upgrade in place starts with fresh tables instead of misreading old ones.
+        let ns = format!("tollgate|v2|{}", config.key_prefix);
         Plugin {
             config,
             transport,
@@ -55,31 +58,34 @@ impl Plugin {
         self.config.rules.get(idx)
     }
 
-    /// Rule `idx`'s script call for `req` and whether it is a lease rule; None if the rule does
-    /// not apply (its match fails or a key source is missing).
-    pub fn check_for(
-        &self,
-        idx: usize,
-        req: &dyn RequestView,
-    ) -> Option<Result<(ScriptCall, bool), CostError>> {
-        let rule = self.rule(idx)?;
-        let key = crate::rule::applies(&self.config.key_prefix, rule, req)?;
-        let cost = match cost_of(rule, req) {
+    /// What rule `idx` means for `req`.
+    pub fn check_for(&self, idx: usize, req: &dyn RequestView) -> Plan {
+        let Some(rule) = self.rule(idx) else {
+            return Plan::Skip;
+        };
+        let Some(applied) = crate::rule::applies(&self.config.key_prefix, rule, req) else {
+            return Plan::Skip;
+        };
+        if applied.unlimited {
+            return Plan::Unlimited;
+        }
+        let limits = applied.limits;
+        let cost = match cost_of(rule, &limits, req) {
             Ok(c) => c,
-            Err(e) => return Some(Err(e)),
+            Err(e) => return Plan::BadCost(e),
         };
         let call = ScriptCall {
-            key,
-            burst: rule.limits.burst,
-            rate: rule.limits.rate,
-            period_ms: rule.limits.period_ms,
+            key: applied.key,
+            burst: limits.burst,
+            rate: limits.rate,
+            period_ms: limits.period_ms,
             cost,
             lease_want: 0,
             // A shadow rule never holds a request.
             max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
             settle: 0,
         };
-        Some(Ok((call, rule.mode == Mode::Lease)))
+        Plan::Check(call, rule.mode == Mode::Lease)
     }
 
     /// Counts one check's outcome: exactly one of allowed / denied / shadow_denied, plus where it
@@ -114,6 +120,20 @@ impl Plugin {
             }
         }
     }
+}
+
+/// What one rule means for a request.
+#[derive(Debug)]
+pub enum Plan {
+    /// Its match fails or a key source is missing.
+    Skip,
+    /// An override says this key is not limited: admitted without a call, still counted.
+    Unlimited,
+    /// Its cost is unusable: the request is refused.
+    BadCost(CostError),
+    /// Check this script call (a lease rule when the flag is set). The call carries the key's
+    /// effective limits (the rule's, or an override's).
+    Check(ScriptCall, bool),
 }
 
 /// How one rule decided (or failed to).
@@ -214,8 +234,8 @@ pub fn parse_cost(value: &[u8]) -> Option<u64> {
         .filter(|c| *c > 0)
 }
 
-/// What `rule` charges `req`: its `cost`, raised (never lowered) by `cost_header`.
-pub fn cost_of(rule: &Rule, req: &dyn RequestView) -> Result<u64, CostError> {
+/// What `rule` charges `req` under `limits`: its `cost`, raised (never lowered) by `cost_header`.
+pub fn cost_of(rule: &Rule, limits: &Limits, req: &dyn RequestView) -> Result<u64, CostError> {
     let asked = match rule
         .cost_header
         .as_deref()
@@ -225,10 +245,10 @@ pub fn cost_of(rule: &Rule, req: &dyn RequestView) -> Result<u64, CostError> {
         None => rule.cost,
     };
     let cost = asked.max(rule.cost);
-    if cost > rule.limits.burst {
+    if cost > limits.burst {
         return Err(CostError::OverBurst {
             rule: rule.name.clone(),
-            burst: rule.limits.burst,
+            burst: limits.burst,
         });
     }
     Ok(cost)
@@ -249,36 +269,42 @@ pub fn bad_cost(e: &CostError) -> Verdict {
     })
 }
 
-/// Combines the outcomes `(rule index, outcome)` of a request: denied if any enforced rule
+/// Combines the outcomes `(rule index, outcome, effective limits)` of a request: denied if any enforced rule
 /// denies (with the headers of the longest wait); 503 if a `closed` failure mode refused;
 /// otherwise admitted with the headers of the most restrictive rule. `grpc` adapts the answer to a
 /// gRPC client.
 pub fn verdict(
     cfg: &Config,
-    outcomes: impl Iterator<Item = (usize, Outcome)>,
+    outcomes: impl Iterator<Item = (usize, Outcome, Limits)>,
     grpc: bool,
 ) -> Verdict {
     let mut denials = Vec::new();
     let mut admits = Vec::new();
     let mut closed = false;
     let mut delay_ms = 0;
-    for (idx, outcome) in outcomes {
+    for (idx, outcome, limits) in outcomes {
         let Some(rule) = cfg.rules.get(idx).filter(|r| !r.shadow) else {
             continue;
         };
+        let report = |remaining, reset_ms| Report {
+            rule: &rule.name,
+            limits,
+            remaining,
+            reset_ms,
+        };
         match outcome {
-            Outcome::Denied { retry_ms } => denials.push(report(rule, 0, retry_ms)),
+            Outcome::Denied { retry_ms } => denials.push(report(0, retry_ms)),
             Outcome::Reserved {
                 delay_ms: d,
                 reset_ms,
             } => {
                 delay_ms = delay_ms.max(d);
-                admits.push(report(rule, 0, reset_ms));
+                admits.push(report(0, reset_ms));
             }
             Outcome::Allowed {
                 remaining,
                 reset_ms,
-            } => admits.push(report(rule, remaining, reset_ms)),
+            } => admits.push(report(remaining, reset_ms)),
             Outcome::FailClosed => closed = true,
             Outcome::FailOpen => {}
         }
@@ -313,15 +339,6 @@ pub fn verdict(
         headers.push((headers::DELAY.to_string(), delay_ms.to_string()));
     }
     Verdict::Allow { headers, delay_ms }
-}
-
-fn report(rule: &Rule, remaining: u64, reset_ms: u64) -> Report<'_> {
-    Report {
-        rule: &rule.name,
-        limits: rule.limits,
-        remaining,
-        reset_ms,
-    }
 }
 
 /// Whether `content-type` names a gRPC request.

@@ -106,6 +106,14 @@ fn req(path: &str, headers: &[(&str, &str)]) -> Req {
     Req(m)
 }
 
+/// Response headers (or trailers).
+fn resp(headers: &[(&str, &str)]) -> Req {
+    Req(headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect())
+}
+
 fn user(u: &str) -> Req {
     req("/api/x", &[("x-user", u)])
 }
@@ -175,7 +183,7 @@ fn exact_admits_on_the_backend_answer_and_adds_headers_to_the_response() {
     assert!(h.sent[0].starts_with("EVALSHA/") && h.sent[0].ends_with("/20/10/1000/1/0/0/0"));
     deliver(&mut e, &mut h, 10, t, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
-    e.response_headers(&mut h, 10);
+    e.response_headers(&mut h, 10, &resp(&[]));
     assert_eq!(
         header(&h.added[0].1, "ratelimit"),
         Some("\"per-user\";r=19;t=1")
@@ -313,7 +321,7 @@ fn every_enforced_rule_must_admit_and_the_most_restrictive_is_reported() {
     deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 50, 0, 100, 1));
     assert_eq!(h.resumed, [10], "a shadow denial does not deny");
     assert_eq!(rec.get(2, Counter::ShadowDenied), 1);
-    e.response_headers(&mut h, 10);
+    e.response_headers(&mut h, 10, &resp(&[]));
     assert_eq!(
         header(&h.added[0].1, "ratelimit"),
         Some("\"per-user\";r=3;t=1")
@@ -377,7 +385,7 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     e.tick(&mut h);
     assert_eq!(h.resumed, [10]);
     assert_eq!(h.tick, 0, "nothing due: the tick stops");
-    e.response_headers(&mut h, 10);
+    e.response_headers(&mut h, 10, &resp(&[]));
     assert_eq!(header(&h.added[0].1, "x-ratelimit-delay-ms"), Some("300"));
     assert_eq!(rec.get(0, Counter::DelayMs), 300);
 }
@@ -456,6 +464,7 @@ fn lease_key(e: &Engine, u: &str) -> String {
         &user(u),
     )
     .unwrap()
+    .key
 }
 
 #[test]
@@ -555,7 +564,7 @@ fn lease_noscript_resends_eval_under_the_same_claim() {
 fn claim_free(e: &Engine, h: &Fake, u: &str) -> bool {
     LeasePool::new(&h.store, &e.plugin.ns)
         .peek(&lease_key(e, u))
-        .map_or(true, |l| l.flight_until_ms == 0)
+        .is_none_or(|l| l.flight_until_ms == 0)
 }
 
 #[test]
@@ -688,7 +697,7 @@ fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
     }
     assert_eq!(h.resumed.len(), 1000);
     for ctx in 100..1100 {
-        e.response_headers(&mut h, ctx);
+        e.response_headers(&mut h, ctx, &resp(&[]));
         e.done(&mut h, ctx);
     }
     assert_eq!(e.load(), (0, 0, 0));
@@ -836,7 +845,7 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
     assert_eq!(rec.get(0, Counter::BackendCalls), 3);
     assert_eq!(rec.get(0, Counter::Allowed), 5);
     for ctx in 10..15 {
-        e.response_headers(&mut h, ctx);
+        e.response_headers(&mut h, ctx, &resp(&[]));
         e.done(&mut h, ctx);
     }
     assert_eq!(e.load(), (0, 0, 0));
@@ -885,4 +894,106 @@ fn a_chain_survives_its_carrier_going_away_and_other_costs_go_alone() {
     e.request_headers(&mut h, 20, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
     e.request_headers(&mut h, 21, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
     assert_eq!(h.sent.len(), 4);
+}
+
+// ----- usage-based limits -----
+
+const LLM: &str = r#"{"name":"llm","key":["header:x-user"],"rate":1,"period_ms":60000,"burst":100,
+    "usage":{"header":"x-usage-tokens"}}"#;
+
+/// The settlement a call carried (its last argument).
+fn settle_arg(body: &str) -> i64 {
+    body.rsplit('/').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn usage_rides_on_the_next_call_of_the_key() {
+    let (mut e, rec) = engine("", LLM);
+    let mut h = Fake::default();
+    for (i, ctx) in (10..13u32).enumerate() {
+        e.request_headers(&mut h, ctx, &user("a"));
+        let t = *h.tokens().last().unwrap();
+        assert_eq!(settle_arg(&h.out[&t]), if i == 0 { 0 } else { 39 });
+        deliver(&mut e, &mut h, ctx, t, 200, &answer(true, 59, 0, 100, 1));
+        assert!(!e.response_headers(&mut h, ctx, &resp(&[("x-usage-tokens", "40")])));
+        e.done(&mut h, ctx);
+    }
+    assert_eq!(rec.get(0, Counter::UsageCharged), 3 * 39);
+    assert_eq!(
+        h.tick, 100,
+        "the last charge waits for a call at most flush_ms"
+    );
+    h.now = 100;
+    e.tick(&mut h);
+    let flush = h.sent.last().unwrap();
+    assert!(flush.ends_with("/0/0/0/39"), "settle only, cost 0: {flush}");
+    deliver(&mut e, &mut h, 1, 4, 200, &answer(true, 0, 0, 100, 0));
+    // Nothing pending any more: the next call carries nothing, and no flush is due.
+    e.request_headers(&mut h, 20, &user("a"));
+    assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
+}
+
+#[test]
+fn a_failed_call_puts_its_settlement_back() {
+    let (mut e, _) = engine(r#""failure_mode":"open","#, LLM);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 59, 0, 100, 1));
+    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "11")]));
+    e.request_headers(&mut h, 11, &user("a"));
+    assert_eq!(settle_arg(&h.out[&2]), 10);
+    deliver(&mut e, &mut h, 11, 2, 0, b"");
+    assert_eq!(h.resumed, [10, 11], "failure mode open");
+    e.request_headers(&mut h, 12, &user("a"));
+    assert_eq!(settle_arg(&h.out[&3]), 10, "carried again");
+}
+
+#[test]
+fn refunds_trailers_bodies_and_bad_values() {
+    let rules = r#"{"name":"h","key":["header:x-user"],"rate":1,"burst":100,"cost":5,
+            "usage":{"header":"x-used"}},
+        {"name":"b","key":["header:x-user"],"rate":1,"burst":100,
+            "usage":{"body_field":"usage.total_tokens"}}"#;
+    let (mut e, rec) = engine("", rules);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 50, 0, 100, 5));
+    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 50, 0, 100, 1));
+    let sse = resp(&[("content-type", "text/event-stream")]);
+    assert!(e.response_headers(&mut h, 10, &sse), "the body is watched");
+    e.response_body(&mut h, 10, b"data: {\"usage\":{\"total_", false);
+    e.response_body(&mut h, 10, b"tokens\":30}}\n\ndata: [DONE]\n\n", true);
+    assert_eq!(rec.get(1, Counter::UsageCharged), 29);
+    e.response_trailers(&mut h, 10, &resp(&[("x-used", "2")]));
+    assert_eq!(
+        rec.get(0, Counter::UsageRefunded),
+        3,
+        "used 2 of the 5 paid"
+    );
+    e.done(&mut h, 10);
+    // Bad values settle nothing and are counted.
+    e.request_headers(&mut h, 11, &user("b"));
+    deliver(&mut e, &mut h, 11, 3, 200, &answer(true, 50, 0, 100, 5));
+    deliver(&mut e, &mut h, 11, 4, 200, &answer(true, 50, 0, 100, 1));
+    let html = resp(&[("x-used", "-4"), ("content-type", "text/html")]);
+    assert!(!e.response_headers(&mut h, 11, &html));
+    assert_eq!(rec.get(0, Counter::UsageInvalid), 1);
+    assert_eq!(rec.get(1, Counter::UsageInvalid), 1);
+    // Absurd usage is clamped to four bursts.
+    e.request_headers(&mut h, 12, &user("c"));
+    deliver(&mut e, &mut h, 12, 5, 200, &answer(true, 50, 0, 100, 5));
+    deliver(&mut e, &mut h, 12, 6, 200, &answer(true, 50, 0, 100, 1));
+    e.response_headers(&mut h, 12, &resp(&[("x-used", "999999999999")]));
+    assert_eq!(rec.get(0, Counter::UsageClamped), 1);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 395);
+}
+
+#[test]
+fn a_failure_mode_admission_settles_nothing() {
+    let (mut e, rec) = engine(r#""failure_mode":"open","#, LLM);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 0, b"");
+    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    assert_eq!(rec.get(0, Counter::UsageCharged), 0);
 }

@@ -8,6 +8,7 @@
 pub mod deny;
 pub mod fallback;
 pub mod lease;
+pub mod settle;
 
 #[cfg(test)]
 pub mod mem;

@@ -145,6 +145,48 @@ fn header_map(h: &mut Host, map_type: i32) -> Option<&mut Vec<(String, String)>>
     }
 }
 
+/// Envoy's attributes (source/extensions/filters/common/expr/context.cc) for the effective
+/// context's request: `request.headers.<name>` joins a repeated header's values with `,` and
+/// ignores the name's case.
+fn attribute(h: &Host, path: &[&str]) -> Option<String> {
+    let cfg = &h.shared.config;
+    let stream = h.streams.get(&h.context());
+    let header = |name: &str| -> Option<String> {
+        let name = name.to_ascii_lowercase();
+        let values: Vec<&str> = stream?
+            .attributes
+            .iter()
+            .filter(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        (!values.is_empty()).then(|| values.join(","))
+    };
+    match path {
+        ["source", "address"] => stream.map(|s| s.peer.to_string()),
+        ["source", "port"] => stream.map(|s| s.peer.port().to_string()),
+        ["request", "headers", name] => header(name),
+        ["request", "path"] => header(":path"),
+        ["request", "url_path"] => {
+            header(":path").map(|p| p.split('?').next().unwrap_or("").to_string())
+        }
+        ["request", "host"] => header(":authority"),
+        ["request", "method"] => header(":method"),
+        ["request", "scheme"] => header(":scheme"),
+        ["request", "id"] => header("x-request-id"),
+        ["request", "protocol"] => stream.map(|_| "HTTP/1.1".to_string()),
+        ["plugin_name"] => Some(cfg.plugin_name.clone()),
+        ["plugin_root_id"] => Some(cfg.root_id.clone()),
+        ["plugin_vm_id"] => Some(cfg.vm_id.clone()),
+        _ => None,
+    }
+}
+
+/// An absent request header is NotFound in Envoy too, so not a gap of this host; any other
+/// attribute this host has no value for is recorded as unmodelled.
+fn known_absent(path: &[&str]) -> bool {
+    matches!(path, ["request", "headers", _])
+}
+
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -375,19 +417,18 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
             let Some(path) = read(&c, pp, pl) else {
                 return Ok(INVALID_MEMORY_ACCESS);
             };
-            let path = text(path).replace('\0', ".");
+            // Envoy splits the path at NULs; a trailing NUL ends the last segment.
+            let path = text(path);
+            let mut segments: Vec<&str> = path.split('\0').collect();
+            if segments.last() == Some(&"") {
+                segments.pop();
+            }
             let h = c.data();
-            let cfg = &h.shared.config;
-            let value = match path.as_str() {
-                "source.address" => h.streams.get(&h.context()).map(|s| s.peer.to_string()),
-                "plugin_name" => Some(cfg.plugin_name.clone()),
-                "plugin_root_id" => Some(cfg.root_id.clone()),
-                "plugin_vm_id" => Some(cfg.vm_id.clone()),
-                other => {
-                    h.shared.unmodelled(&format!("proxy_get_property {other}"));
-                    None
-                }
-            };
+            let value = attribute(h, &segments);
+            if value.is_none() && !known_absent(&segments) {
+                h.shared
+                    .unmodelled(&format!("proxy_get_property {}", segments.join(".")));
+            }
             match value {
                 Some(v) => copy_out(&mut c, v.as_bytes(), ptr_ptr, size_ptr),
                 None => Ok(NOT_FOUND),

@@ -73,6 +73,9 @@ pub struct Stream {
     pub phase: Phase,
     /// Available until the request continues (Envoy nulls it on Continue / continueStream).
     pub request_headers: Option<Vec<(String, String)>>,
+    /// The request headers as Envoy's attributes (`request.headers`, `request.path`, ...) see them:
+    /// for the whole stream.
+    pub attributes: Vec<(String, String)>,
     /// Available during `proxy_on_response_headers` only.
     pub response_headers: Option<Vec<(String, String)>>,
     /// Available during `proxy_on_response_body` only.
@@ -463,6 +466,7 @@ impl Worker {
             ctx,
             Stream {
                 phase: Phase::RequestHeaders,
+                attributes: req.headers.clone(),
                 request_headers: Some(req.headers),
                 response_headers: None,
                 response_body: None,

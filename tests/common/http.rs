@@ -92,6 +92,14 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Resp {
     http(port, "GET", path, headers)
 }
 
+/// Base64url without padding (RFC 4648 §5), as JWTs and JWKS use it.
+pub fn base64url(input: &[u8]) -> String {
+    base64(input)
+        .trim_end_matches('=')
+        .replace('+', "-")
+        .replace('/', "_")
+}
+
 /// Standard base64 (with padding), for `Authorization: Basic`.
 pub fn base64(input: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -117,4 +125,99 @@ pub fn base64(input: &[u8]) -> String {
 /// The `Authorization` header value for HTTP Basic auth with `user:pass`.
 pub fn basic_auth_header(user_pass: &str) -> String {
     format!("Basic {}", base64(user_pass.as_bytes()))
+}
+
+/// Sends `method target` over HTTP/1.1 to `addr` exactly as written (no URL parsing or path clean-up,
+/// so `//api/x` or `/x/../y` reach Envoy byte for byte), with `headers` in order (a name may repeat:
+/// each pair is one header line; `host` defaults to `localhost`). Reads the head and `content-length` bytes of body (Envoy waits
+/// for the client to close first, so reading to the end would cost its `delayed_close_timeout`).
+pub fn raw_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+) -> Result<Resp, String> {
+    use std::io::{Read, Write};
+    let mut head = format!("{method} {target} HTTP/1.1\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        head.push_str("host: localhost\r\n");
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("connection: close\r\n\r\n");
+    let what = || format!("{method} {addr}{target}");
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .map_err(|e| format!("{}: connect: {e}", what()))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| format!("{}: {e}", what()))?;
+    conn.write_all(head.as_bytes())
+        .map_err(|e| format!("{}: write: {e}", what()))?;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut head: Option<RawHead> = None;
+    loop {
+        if head.is_none() {
+            if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                let h = RawHead::parse(&String::from_utf8_lossy(&raw[..end]), end + 4)
+                    .ok_or_else(|| format!("{}: bad response head in {raw:?}", what()))?;
+                head = Some(h);
+            }
+        }
+        if let Some(RawHead {
+            body_start,
+            length: Some(length),
+            ..
+        }) = &head
+        {
+            if raw.len() >= body_start + length {
+                raw.truncate(body_start + length);
+                break;
+            }
+        }
+        let n = conn
+            .read(&mut buf)
+            .map_err(|e| format!("{}: read: {e}", what()))?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let head = head.ok_or_else(|| format!("{}: no response head in {raw:?}", what()))?;
+    Ok(Resp {
+        status: head.status,
+        body: String::from_utf8_lossy(&raw[head.body_start..]).into_owned(),
+        headers: head.headers,
+    })
+}
+
+/// A response head read by [`raw_request`].
+struct RawHead {
+    status: u16,
+    headers: Vec<(String, String)>,
+    /// Where the body starts in the bytes read.
+    body_start: usize,
+    /// `content-length`, if given.
+    length: Option<usize>,
+}
+
+impl RawHead {
+    fn parse(text: &str, body_start: usize) -> Option<RawHead> {
+        let mut lines = text.split("\r\n");
+        let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let length = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .and_then(|(_, v)| v.parse().ok());
+        Some(RawHead {
+            status,
+            headers,
+            body_start,
+            length,
+        })
+    }
 }

@@ -153,6 +153,15 @@ impl Redis {
         script_calls(&mut self.conn())
     }
 
+    /// Whether Redis holds `key` (a bucket exists only while it is not full).
+    pub fn exists(&self, key: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<i64>(&mut self.conn())
+            .expect("EXISTS")
+            == 1
+    }
+
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())
             .expect("redis url")
@@ -178,7 +187,6 @@ pub use stack::Stack;
 pub use webdis::{Webdis, WebdisOpts};
 pub mod redis_cluster;
 pub mod upstream;
-pub mod yaml;
 
 /// Script calls a Redis node has run so far, (EVALSHA, EVAL), from `INFO commandstats`.
 pub fn script_calls(conn: &mut redis::Connection) -> (u64, u64) {

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::envoy::{brief_log, Envoy};
+use super::envoy::{brief_log, render_envoy_yaml, wasm_path, Envoy, NO_UPSTREAM};
 use super::http::Resp;
 use super::webdis::{Webdis, WebdisOpts};
 use super::{scratch_dir, Redis};
@@ -34,6 +34,37 @@ impl Stack {
         let redis = Redis::start_with(&dir, redis_args);
         let webdis = Webdis::start_with(&dir, redis.port, webdis_opts);
         let envoy = Envoy::start(&dir, plugin_config_json, webdis.port);
+        Stack {
+            envoy,
+            webdis,
+            redis,
+            dir,
+        }
+    }
+
+    /// Like [`Stack::start`], with the rendered Envoy bootstrap passed through `edit(yaml,
+    /// listen_port)` first (e.g. to drop a setting, or to listen on another address).
+    pub fn start_edited(
+        name: &str,
+        plugin_config_json: &str,
+        edit: impl Fn(String, u16) -> String,
+    ) -> Stack {
+        let dir = scratch_dir(name);
+        let redis = Redis::start(&dir);
+        let webdis = Webdis::start(&dir, redis.port);
+        let wasm = wasm_path();
+        let envoy = Envoy::try_start_yaml(&dir, |listen_port, admin_port| {
+            let yaml = render_envoy_yaml(
+                plugin_config_json,
+                webdis.port,
+                listen_port,
+                admin_port,
+                &wasm,
+                NO_UPSTREAM,
+            );
+            edit(yaml, listen_port)
+        })
+        .unwrap_or_else(|log| panic!("envoy did not start; log:\n{}", brief_log(&log)));
         Stack {
             envoy,
             webdis,

@@ -15,6 +15,21 @@ impl Upstream {
     /// Listens on a free loopback port; one thread serves each connection, one request at a time,
     /// with `Connection: close`. The threads end with the test process.
     pub fn start() -> Upstream {
+        Self::start_answering(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\napp\n".to_vec(),
+        ])
+    }
+
+    /// Like [`Upstream::start`], answering every request with `reply`: the raw response, written
+    /// piece by piece (each piece flushed on its own, e.g. the chunks of a stream).
+    pub fn start_answering(reply: Vec<Vec<u8>>) -> Upstream {
+        Self::start_with(move |_| reply.clone())
+    }
+
+    /// Like [`Upstream::start_answering`], with the reply made from the request head (request line
+    /// and headers).
+    pub fn start_with(reply: impl Fn(&str) -> Vec<Vec<u8>> + Send + Sync + 'static) -> Upstream {
+        let reply = Arc::new(reply);
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
         let port = listener.local_addr().expect("upstream addr").port();
         let hits = Arc::new(AtomicU64::new(0));
@@ -22,23 +37,27 @@ impl Upstream {
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 let counter = counter.clone();
+                let reply = reply.clone();
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(&conn);
                     let mut line = String::new();
+                    let mut head = String::new();
                     // Read the request head up to the blank line (the tests send no bodies).
                     loop {
                         line.clear();
                         match reader.read_line(&mut line) {
                             Ok(0) | Err(_) => return,
                             Ok(_) if line == "\r\n" => break,
-                            Ok(_) => {}
+                            Ok(_) => head.push_str(&line),
                         }
                     }
                     counter.fetch_add(1, Ordering::SeqCst);
                     let mut out = &conn;
-                    let _ = out.write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\napp\n",
-                    );
+                    for piece in reply(&head) {
+                        if out.write_all(&piece).and_then(|()| out.flush()).is_err() {
+                            return;
+                        }
+                    }
                 });
             }
         });

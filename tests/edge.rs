@@ -1,0 +1,242 @@
+//! Edge hardening through a real Envoy: a client cannot escape a rule by how it spells the path, by
+//! writing its own `x-forwarded-for`, by hopping inside its IPv6 /64, or by repeating a key header.
+//! Each path test runs twice: with the edge settings envoy/envoy.yaml ships (`normalize_path`,
+//! `merge_slashes`, `path_with_escaped_slashes_action`, `use_remote_address`) and with Envoy's
+//! defaults, where the filter sees every spelling as sent and must normalise it itself.
+//! Needs `make setup` and `make build`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use common::http::raw_request;
+use common::{Resp, Stack};
+use tollgate::config::KeySource;
+use tollgate::rule::bucket_key;
+
+/// The four lines of envoy/envoy.yaml that make it edge-safe.
+const EDGE_SETTINGS: [&str; 4] = [
+    "use_remote_address:",
+    "normalize_path:",
+    "merge_slashes:",
+    "path_with_escaped_slashes_action:",
+];
+
+/// The rendered bootstrap as shipped.
+fn shipped(yaml: String, _listen_port: u16) -> String {
+    for setting in EDGE_SETTINGS {
+        assert!(
+            yaml.lines().any(|l| l.trim_start().starts_with(setting)),
+            "envoy/envoy.yaml sets {setting}"
+        );
+    }
+    yaml
+}
+
+/// The rendered bootstrap with Envoy's defaults for the edge settings (the lines removed).
+fn envoy_defaults(yaml: String, _listen_port: u16) -> String {
+    yaml.lines()
+        .filter(|l| !EDGE_SETTINGS.iter().any(|s| l.trim_start().starts_with(s)))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+fn config(rule: &str) -> String {
+    format!(
+        r#"{{ "backend": {{ "timeout_ms": 2000 }},
+             "rules": [ {{ "name": "r", "rate": 1, "period_ms": 60000, {rule} }} ] }}"#
+    )
+}
+
+fn send(stack: &Stack, ip: IpAddr, path: &str, headers: &[(&str, &str)]) -> Resp {
+    raw_request(SocketAddr::new(ip, stack.port()), "GET", path, headers)
+        .unwrap_or_else(|e| panic!("{e}\n{}", stack.logs()))
+}
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// Statuses of `n` requests for `path` as user `user`.
+fn statuses(stack: &Stack, path: &str, user: &str, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|_| send(stack, LOCALHOST, path, &[("x-user-id", user)]).status)
+        .collect()
+}
+
+/// The hardening issue's attack: `path_prefix: /api/`, burst 3. Every spelling of /api/x is limited
+/// after 3, and all spellings of one path share one `path` bucket.
+fn path_spellings_are_limited(stack: &Stack, spellings: &[&str]) {
+    let limited = [200, 200, 200, 429, 429, 429, 429, 429];
+    for (i, spelling) in spellings.iter().enumerate() {
+        let got = statuses(stack, spelling, &format!("u{i}"), 8);
+        eprintln!("{spelling:<16} {got:?}");
+        assert_eq!(got, limited, "{spelling}\n{}", stack.logs());
+    }
+    // One user cycling through the spellings: 3 admitted in all, the bucket is /api/x's.
+    let mut admitted = 0;
+    for round in 0..2 {
+        for spelling in spellings {
+            let r = send(stack, LOCALHOST, spelling, &[("x-user-id", "mix")]);
+            assert!(
+                r.status == 200 || r.status == 429,
+                "{round} {spelling}: {r:?}"
+            );
+            admitted += usize::from(r.status == 200);
+        }
+    }
+    assert_eq!(admitted, 3, "{}", stack.logs());
+    assert_eq!(statuses(stack, "/api/x", "mix", 1), [429]);
+    // Not under /api/: not limited.
+    assert_eq!(statuses(stack, "/other/x", "u0", 5), [200; 5]);
+}
+
+const PATH_RULE: &str = r#""match": { "path_prefix": "/api/" }, "key": ["header:x-user-id", "path"],
+                          "burst": 3"#;
+
+#[test]
+fn path_spellings_with_shipped_settings() {
+    let stack = Stack::start_edited("edge-paths-shipped", &config(PATH_RULE), shipped);
+    path_spellings_are_limited(
+        &stack,
+        &["/api/x", "//api/x", "/./api/x", "/%61pi/x", "/x/../api/x"],
+    );
+    // path_with_escaped_slashes_action: REJECT_REQUEST: Envoy refuses an encoded slash itself.
+    let r = send(&stack, LOCALHOST, "/api%2Fx", &[("x-user-id", "u9")]);
+    assert_eq!(r.status, 400, "{r:?}");
+    // normalize_path clamps `..` at the root, so the filter sees /other: not under /api/.
+    assert_eq!(statuses(&stack, "/../other", "u9", 5), [200; 5]);
+}
+
+#[test]
+fn path_spellings_with_envoy_defaults() {
+    let stack = Stack::start_edited("edge-paths-default", &config(PATH_RULE), envoy_defaults);
+    path_spellings_are_limited(
+        &stack,
+        &[
+            "/api/x",
+            "//api/x",
+            "/./api/x",
+            "/%61pi/x",
+            "/x/../api/x",
+            "/api%2Fx",
+            "/api%2fx",
+            "/api\\x",
+            "/api;jsessionid=1/x",
+            "/x/..;/api/x",
+        ],
+    );
+    // An irregular path (`..` above the root, a bad escape) counts against every path rule.
+    assert_eq!(
+        statuses(&stack, "/../other", "u-irregular", 5),
+        [200, 200, 200, 429, 429]
+    );
+    assert_eq!(
+        statuses(&stack, "/other/%zz", "u-bad-escape", 5),
+        [200, 200, 200, 429, 429]
+    );
+    // Case is kept: /API/ is another path (README: path_ignore_case).
+    assert_eq!(statuses(&stack, "/API/x", "u-case", 5), [200; 5]);
+}
+
+const IP_RULE: &str = r#""key": ["client_ip"], "burst": 2"#;
+
+/// Five requests, each with another x-forwarded-for, from one client.
+fn xff_statuses(stack: &Stack) -> Vec<u16> {
+    (1..=5)
+        .map(|i| {
+            let xff = format!("{i}.{i}.{i}.{i}");
+            send(stack, LOCALHOST, "/x", &[("x-forwarded-for", &xff)]).status
+        })
+        .collect()
+}
+
+#[test]
+fn forged_x_forwarded_for_does_not_change_client_ip() {
+    let stack = Stack::start_edited("edge-xff-shipped", &config(IP_RULE), shipped);
+    assert_eq!(
+        xff_statuses(&stack),
+        [200, 200, 429, 429, 429],
+        "{}",
+        stack.logs()
+    );
+}
+
+/// What the README warns about: without `use_remote_address`, Envoy takes the client address from
+/// x-forwarded-for, and a client picks a fresh bucket with every request.
+#[test]
+fn without_use_remote_address_x_forwarded_for_picks_the_bucket() {
+    let stack = Stack::start_edited("edge-xff-default", &config(IP_RULE), envoy_defaults);
+    assert_eq!(xff_statuses(&stack), [200; 5], "{}", stack.logs());
+}
+
+/// Envoy listening on ::1: the client's key is its /64 (`::/64`), found in Redis under the digest
+/// computed here, and the limit holds.
+#[test]
+fn ipv6_client_is_keyed_by_its_64() {
+    let listen_on_v6 = |yaml: String, listen_port: u16| {
+        let from = format!("address: 127.0.0.1\n        port_value: {listen_port}\n");
+        assert_eq!(yaml.matches(&from).count(), 1, "one listener address");
+        shipped(
+            yaml.replace(
+                &from,
+                &format!("address: \"::1\"\n        port_value: {listen_port}\n"),
+            ),
+            listen_port,
+        )
+    };
+    let stack = Stack::start_edited("edge-ipv6", &config(IP_RULE), listen_on_v6);
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let key = bucket_key(
+        "tollgate",
+        "r",
+        &[KeySource::CLIENT_IP],
+        &[b"::/64".to_vec()],
+    );
+    let exists = |k: &str| stack.redis.exists(k);
+    assert!(!exists(&key));
+    let got: Vec<u16> = (0..3).map(|_| send(&stack, v6, "/x", &[]).status).collect();
+    assert_eq!(got, [200, 200, 429], "{}", stack.logs());
+    assert!(exists(&key), "bucket {key} (client_ip ::/64) is in Redis");
+}
+
+/// A key header sent on several lines is keyed by all of them joined with `,` (what Envoy's
+/// `request.headers` attribute gives): the same bucket as one line with the joined value, not the
+/// bucket of the first line (which is all `get_header_map_value` returns).
+#[test]
+fn repeated_key_header_is_keyed_by_all_its_lines() {
+    let stack = Stack::start_edited(
+        "edge-dup-header",
+        &config(r#""key": ["header:x-user-id"], "burst": 2"#),
+        shipped,
+    );
+    let two_lines = [("x-user-id", "alice"), ("x-user-id", "bob")];
+    let key = |v: &[u8]| {
+        bucket_key(
+            "tollgate",
+            "r",
+            &[KeySource::Header("x-user-id".into())],
+            &[v.to_vec()],
+        )
+    };
+    let exists = |k: &str| stack.redis.exists(k);
+    assert_eq!(send(&stack, LOCALHOST, "/x", &two_lines).status, 200);
+    assert!(exists(&key(b"alice,bob")), "{}", stack.logs());
+    assert!(!exists(&key(b"alice")));
+    assert_eq!(send(&stack, LOCALHOST, "/x", &two_lines).status, 200);
+    assert_eq!(
+        send(&stack, LOCALHOST, "/x", &[("x-user-id", "alice,bob")]).status,
+        429,
+        "one line with the joined value is the same bucket"
+    );
+    assert_eq!(send(&stack, LOCALHOST, "/x", &two_lines).status, 429);
+    assert_eq!(
+        send(&stack, LOCALHOST, "/x", &[("x-user-id", "alice")]).status,
+        200,
+        "the first line alone is another bucket"
+    );
+}
