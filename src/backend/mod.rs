@@ -157,7 +157,9 @@ impl BackendError {
                 let word = msg.split(' ').next().unwrap_or_default();
                 if OVERLOADED.contains(&word) {
                     ErrorClass::Overloaded
-                } else if AUTH.contains(&word) {
+                } else if AUTH.contains(&word) || msg.contains("unauthenticated") {
+                    // Redis 7 closes on an unauthenticated client's large command with
+                    // "ERR Protocol error: unauthenticated multibulk length".
                     ErrorClass::Auth
                 } else if NODE_UNREACHABLE.iter().any(|p| msg.starts_with(p)) {
                     ErrorClass::Unreachable
