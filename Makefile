@@ -1,7 +1,8 @@
 # tollgate — build, lint and test a proxy-wasm rate-limit filter against real Envoy, Webdis and Redis.
 #
 #   make setup   install what the tests need (quiet and quick when it is already there)
-#   make build   build target/wasm32-wasip1/release/tollgate.wasm
+#   make build   build target/wasm32-wasip1/release/tollgate.wasm (HTTP/Webdis) and tollgate-higress.wasm
+#                (Higress' Redis callouts; built in target/higress, then copied beside the first)
 #   make lint    rustfmt + clippy (host targets and the wasm library)
 #   make check   the fast loop: rustfmt, clippy, and the unit tests (no Envoy, Redis or Webdis)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
@@ -18,6 +19,10 @@ SHELL := /bin/bash
 
 WASM_TARGET   := wasm32-wasip1
 WASM          := target/$(WASM_TARGET)/release/tollgate.wasm
+HIGRESS_WASM  := target/$(WASM_TARGET)/release/tollgate-higress.wasm
+# The Higress build has its own target dir: same crate, other features, so the two cdylibs never
+# overwrite each other.
+HIGRESS_BUILD := cargo build --release --target $(WASM_TARGET) --features redis-callout --target-dir target/higress
 ENVOY_VERSION := 1.40.0
 VENV          := .venv
 ENVOY         := $(VENV)/bin/envoy
@@ -57,11 +62,15 @@ setup-rust:
 
 build: setup-rust
 	cargo build --release --target $(WASM_TARGET)
+	$(HIGRESS_BUILD)
+	cp target/higress/$(WASM_TARGET)/release/tollgate.wasm $(HIGRESS_WASM)
 
 lint: setup-rust
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --release --target $(WASM_TARGET) --lib -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) --lib --features redis-callout --target-dir target/higress -- -D warnings
+	cargo clippy --lib --tests --features redis-callout -- -D warnings
 
 # The fast loop while editing: nothing here starts a server.
 .PHONY: check
@@ -69,6 +78,7 @@ check: setup-rust
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo test --lib
+	cargo test --lib --features redis-callout -- config:: backend::
 
 # Serial on purpose: setup must finish before build, build before the tests that load the wasm.
 test:
@@ -77,7 +87,10 @@ test:
 	@$(MAKE) --no-print-directory validate
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory fuzz-smoke
-	cargo test
+	cargo test --workspace
+	@# The unit tests that differ in the Higress build (config fields, codecs); the engine's unit tests
+	@# feed it Webdis answers, and tests/higress.rs runs the Higress build end to end.
+	cargo test --lib --features redis-callout -- config:: backend::
 
 e2e:
 	@$(MAKE) --no-print-directory setup
@@ -109,7 +122,7 @@ validate: setup-envoy setup-rust setup-apt
 # cargo-fuzz passes nightly-only rustc flags (-Z sanitizer ...); RUSTC_BOOTSTRAP=1 lets stable accept
 # them. New corpus entries go to fuzz/corpus/ and crashes to fuzz/artifacts/ (both git-ignored); each
 # run's libFuzzer log is fuzz/target/fuzz-logs/TARGET.log, printed in part only when a target fails.
-FUZZ_TARGETS       := config reply webdis rule
+FUZZ_TARGETS       := config reply webdis rule resp
 FUZZ_SECONDS       ?= 60
 FUZZ_SMOKE_SECONDS ?= 10
 CARGO_FUZZ_VERSION := 0.13.2

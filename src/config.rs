@@ -21,13 +21,19 @@ pub struct Config {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backend {
-    /// Envoy cluster name of the Webdis front.
+    /// Envoy cluster name of the Webdis front (HTTP build) or of Redis (Higress build; from
+    /// `service_name` and `service_port` as Higress names it: `outbound|<port>||<service>`).
     pub cluster: String,
-    /// `:authority` of the callout.
+    /// `:authority` of the callout (HTTP build).
     pub authority: String,
     pub timeout_ms: u64,
-    /// `user:pass` for Webdis' HTTP basic-auth ACL.
+    /// `user:pass` for Webdis' HTTP basic-auth ACL (HTTP build).
     pub basic_auth: Option<String>,
+    /// Redis ACL user and password, sent by Higress as `AUTH` on each connection (Higress build).
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Redis database (`SELECT`), 0 by default (Higress build).
+    pub database: u64,
     /// Consecutive failed calls (proxy-wide) that open the circuit breaker.
     pub breaker_failures: u64,
     /// How long an open breaker answers with the failure mode before letting one probe through.
@@ -337,7 +343,27 @@ const BACKEND_FIELDS: &[&str] = &[
     "breaker_failures",
     "breaker_cooloff_ms",
     "max_inflight",
+    "service_name",
+    "service_port",
+    "username",
+    "password",
+    "database",
 ];
+/// `backend` fields of one transport only: the other build refuses them.
+const WEBDIS_ONLY_FIELDS: &[&str] = &["authority", "basic_auth"];
+const REDIS_ONLY_FIELDS: &[&str] = &[
+    "service_name",
+    "service_port",
+    "username",
+    "password",
+    "database",
+];
+/// Whether this build calls Redis through Higress' Redis callouts (else Webdis over HTTP).
+pub const REDIS_CALLOUT: bool = cfg!(feature = "redis-callout");
+/// Largest `backend.database`.
+pub const MAX_DATABASE: u64 = i32::MAX as u64;
+/// Longest `backend.username` / `backend.password`.
+pub const MAX_REDIS_SECRET_LEN: usize = 512;
 pub const DEFAULT_MAX_INFLIGHT: u64 = 256;
 pub const MAX_MAX_INFLIGHT: u64 = 100_000;
 pub const DEFAULT_BREAKER_FAILURES: u64 = 5;
@@ -685,6 +711,14 @@ fn one_of<T: Copy>(path: &str, s: &str, choices: &[(&str, T)]) -> Result<T, Conf
 // The document.
 
 fn parse_config(value: &serde_json::Value) -> Result<Config, ConfigError> {
+    if value.get("_rules_").is_some() {
+        // Higress turns a WasmPlugin's matchRules into this field (pkg/ingress/config).
+        return Err(err(
+            "_rules_",
+            "per-route matchRules are not supported: give the plugin config as defaultConfig and \
+             select requests with each rule's match",
+        ));
+    }
     let top = Obj::new(value, "", TOP_FIELDS)?;
 
     let backend = parse_backend(top.opt_obj("backend", BACKEND_FIELDS)?)?;
@@ -780,6 +814,9 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
         authority: DEFAULT_AUTHORITY.to_owned(),
         timeout_ms: DEFAULT_TIMEOUT_MS,
         basic_auth: None,
+        username: None,
+        password: None,
+        database: 0,
         breaker_failures: DEFAULT_BREAKER_FAILURES,
         breaker_cooloff_ms: DEFAULT_BREAKER_COOLOFF_MS,
         max_inflight: DEFAULT_MAX_INFLIGHT,
@@ -787,6 +824,21 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
     let Some(obj) = obj else {
         return Ok(backend);
     };
+    let (other, reason) = if REDIS_CALLOUT {
+        (
+            WEBDIS_ONLY_FIELDS,
+            "only in the HTTP build (Webdis); this Higress build calls Redis directly",
+        )
+    } else {
+        (
+            REDIS_ONLY_FIELDS,
+            "only in the Higress build (tollgate-higress.wasm, Redis callouts); this build reaches Redis through Webdis",
+        )
+    };
+    if let Some(name) = other.iter().find(|n| obj.get(n).is_some()) {
+        return Err(err(obj.path(name), reason));
+    }
+    parse_redis_fields(&obj, &mut backend)?;
     if let Some(s) = obj.opt_str("cluster")? {
         check_text(&obj.path("cluster"), s, MAX_BACKEND_NAME_LEN)?;
         s.clone_into(&mut backend.cluster);
@@ -829,6 +881,60 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
         backend.basic_auth = Some(s.to_owned());
     }
     Ok(backend)
+}
+
+/// The Higress build's Redis fields: `service_name` and `service_port` name the cluster the way
+/// Higress does (`outbound|<port>||<service>`; port 6379, or 80 for a `.static` service), as its own
+/// Redis plugins take them; `username`, `password` (never echoed) and `database`.
+fn parse_redis_fields(obj: &Obj<'_>, backend: &mut Backend) -> Result<(), ConfigError> {
+    let service = obj.opt_str("service_name")?;
+    let port = obj.opt_int("service_port", 1, 65_535)?;
+    match (service, obj.get("cluster")) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                obj.path("service_name"),
+                "give either cluster or service_name, not both",
+            ))
+        }
+        (None, None) if port.is_some() => {
+            return Err(err(obj.path("service_port"), "needs service_name"))
+        }
+        (Some(name), None) => {
+            check_text(&obj.path("service_name"), name, MAX_BACKEND_NAME_LEN - 16)?;
+            let default_port = if name.ends_with(".static") { 80 } else { 6379 };
+            backend.cluster = format!("outbound|{}||{name}", port.unwrap_or(default_port));
+        }
+        _ => {}
+    }
+    for (name, slot) in [
+        ("username", &mut backend.username),
+        ("password", &mut backend.password),
+    ] {
+        if let Some(s) = obj.opt_str(name)? {
+            // Never echo the value: it is a secret.
+            let path = obj.path(name);
+            if s.is_empty() {
+                return Err(err(path, "must not be empty"));
+            }
+            if s.len() > MAX_REDIS_SECRET_LEN {
+                return Err(err(
+                    path,
+                    format!("must be at most {MAX_REDIS_SECRET_LEN} bytes"),
+                ));
+            }
+            if has_control(s) {
+                return Err(err(path, "must not contain control characters"));
+            }
+            *slot = Some(s.to_owned());
+        }
+    }
+    if backend.username.is_some() && backend.password.is_none() {
+        return Err(err(obj.path("username"), "needs password"));
+    }
+    if let Some(n) = obj.opt_int("database", 0, MAX_DATABASE)? {
+        backend.database = n;
+    }
+    Ok(())
 }
 
 fn parse_deny(obj: Option<Obj<'_>>) -> Result<Deny, ConfigError> {
@@ -1525,6 +1631,7 @@ mod tests {
 
     /// The plugin configuration example of the design reference (shared/DESIGN.md, outside this
     /// repository), kept here verbatim.
+    #[cfg(not(feature = "redis-callout"))]
     const DESIGN_EXAMPLE: &str = r#"{
   "backend":  { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 25,
                 "basic_auth": "user:pass" },
@@ -1625,6 +1732,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "redis-callout"))]
     fn design_example_parses() {
         let c = parse(DESIGN_EXAMPLE).unwrap();
         let want = Config {
@@ -1633,6 +1741,9 @@ mod tests {
                 authority: "webdis".into(),
                 timeout_ms: 25,
                 basic_auth: Some("user:pass".into()),
+                username: None,
+                password: None,
+                database: 0,
                 breaker_failures: 5,
                 breaker_cooloff_ms: 1000,
                 max_inflight: 256,
@@ -1709,6 +1820,9 @@ mod tests {
                 authority: "webdis".into(),
                 timeout_ms: 50,
                 basic_auth: None,
+                username: None,
+                password: None,
+                database: 0,
                 breaker_failures: 5,
                 breaker_cooloff_ms: 1000,
                 max_inflight: 256,
@@ -2156,6 +2270,7 @@ mod tests {
     // ---- strings ----
 
     #[test]
+    #[cfg(not(feature = "redis-callout"))]
     fn backend_strings() {
         assert_eq!(
             error(r#"{"backend":{"cluster":""},"rules":[{"name":"a","rate":1}]}"#),
@@ -2175,10 +2290,122 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "redis-callout"))]
     fn basic_auth_without_colon() {
         assert_eq!(
             error(r#"{"backend":{"basic_auth":"secret"},"rules":[{"name":"a","rate":1}]}"#),
             "backend.basic_auth: must have the form user:pass"
+        );
+    }
+
+    // ---- transport fields: each build refuses the other's ----
+
+    #[test]
+    fn higress_match_rules_are_refused_plainly() {
+        assert_eq!(
+            error(r#"{"rules":[{"name":"a","rate":1}],"_rules_":[{"_match_route_":["r"]}]}"#),
+            "_rules_: per-route matchRules are not supported: give the plugin config as \
+             defaultConfig and select requests with each rule's match"
+        );
+    }
+
+    #[test]
+    #[cfg(not(feature = "redis-callout"))]
+    fn http_build_refuses_redis_fields() {
+        for field in [
+            r#""service_name":"redis.default.svc.cluster.local""#,
+            r#""service_port":6379"#,
+            r#""username":"u""#,
+            r#""password":"p""#,
+            r#""database":1"#,
+        ] {
+            let name = field.split('"').nth(1).unwrap();
+            assert_eq!(
+                error(&format!(
+                    r#"{{"backend":{{{field}}},"rules":[{{"name":"a","rate":1}}]}}"#
+                )),
+                format!(
+                    "backend.{name}: only in the Higress build (tollgate-higress.wasm, Redis callouts); \
+                     this build reaches Redis through Webdis"
+                )
+            );
+        }
+    }
+
+    #[test]
+    #[cfg(feature = "redis-callout")]
+    fn higress_build_refuses_webdis_fields() {
+        for field in [r#""authority":"webdis""#, r#""basic_auth":"u:p""#] {
+            let name = field.split('"').nth(1).unwrap();
+            assert_eq!(
+                error(&format!(
+                    r#"{{"backend":{{{field}}},"rules":[{{"name":"a","rate":1}}]}}"#
+                )),
+                format!(
+                    "backend.{name}: only in the HTTP build (Webdis); this Higress build calls Redis directly"
+                )
+            );
+        }
+    }
+
+    #[test]
+    #[cfg(feature = "redis-callout")]
+    fn higress_build_redis_fields() {
+        let backend = |json: &str| {
+            parse(&format!(
+                r#"{{"backend":{json},"rules":[{{"name":"a","rate":1}}]}}"#
+            ))
+            .map(|c| c.backend)
+        };
+        let b = backend(
+            r#"{"service_name":"redis.default.svc.cluster.local","username":"tg","password":"s3cret",
+                "database":2,"timeout_ms":30}"#,
+        )
+        .unwrap();
+        assert_eq!(b.cluster, "outbound|6379||redis.default.svc.cluster.local");
+        assert_eq!(b.username.as_deref(), Some("tg"));
+        assert_eq!(b.password.as_deref(), Some("s3cret"));
+        assert_eq!((b.database, b.timeout_ms), (2, 30));
+        // Higress' static services listen on logical port 80.
+        let b = backend(r#"{"service_name":"redis.static"}"#).unwrap();
+        assert_eq!(b.cluster, "outbound|80||redis.static");
+        let b = backend(r#"{"service_name":"redis.dns","service_port":6380}"#).unwrap();
+        assert_eq!(b.cluster, "outbound|6380||redis.dns");
+        // A cluster named as it is (plain Envoy with Higress' patches, or the test host).
+        let b = backend(r#"{"cluster":"redis_cluster","password":"p"}"#).unwrap();
+        assert_eq!(
+            (b.cluster.as_str(), b.username.as_deref()),
+            ("redis_cluster", None)
+        );
+        let e = |json: &str| backend(json).unwrap_err().to_string();
+        assert_eq!(
+            e(r#"{"cluster":"c","service_name":"s"}"#),
+            "backend.service_name: give either cluster or service_name, not both"
+        );
+        assert_eq!(
+            e(r#"{"service_port":6379}"#),
+            "backend.service_port: needs service_name"
+        );
+        assert_eq!(e(r#"{"username":"u"}"#), "backend.username: needs password");
+        assert_eq!(
+            e(r#"{"password":""}"#),
+            "backend.password: must not be empty"
+        );
+        assert_eq!(
+            e(r#"{"password":"a\u000ab"}"#),
+            "backend.password: must not contain control characters"
+        );
+        assert!(
+            !e(r#"{"password":"a\u000ab"}"#).contains("a\nb"),
+            "secrets are never echoed"
+        );
+        assert_eq!(
+            e(r#"{"service_name":"r","service_port":0}"#),
+            "backend.service_port: must be an integer >= 1"
+        );
+        assert_eq!(
+            e(r#"{"database":-1}"#),
+            "backend.database: must be an integer >= 0"
         );
     }
 

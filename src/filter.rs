@@ -22,10 +22,10 @@ pub fn start() {
     // someone asked for them.
     proxy_wasm::set_log_level(LogLevel::Trace);
     proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
-        Box::new(Root {
-            id,
-            engine: Rc::new(RefCell::new(None)),
-        })
+        let engine: Shared = Rc::new(RefCell::new(None));
+        #[cfg(feature = "redis-callout")]
+        redis_callout::register(id, &engine);
+        Box::new(Root { id, engine })
     });
 }
 
@@ -63,6 +63,8 @@ impl RootContext for Root {
         match Config::try_from(host::plugin_configuration().as_slice()) {
             Ok(config) => {
                 log::info!("tollgate: configured: {}", config.summary());
+                #[cfg(feature = "redis-callout")]
+                host::configure_redis(&config.backend);
                 let metrics = HostMetrics::define(&config);
                 let plugin = Plugin::with_metrics(config, Box::new(metrics));
                 match self.engine.try_borrow_mut() {
@@ -172,5 +174,52 @@ impl HttpContext for Request {
             e.response_trailers(h, self.id, &view)
         });
         Action::Continue
+    }
+}
+
+/// The Higress build's callback for Redis callouts. The proxy-wasm SDK does not know it, so the
+/// module exports it here: Higress calls it on the root context that made the call (Redis calls
+/// are root-level), and it goes to that root's engine like an HTTP callout's answer.
+#[cfg(feature = "redis-callout")]
+mod redis_callout {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use super::{with_engine, Shared};
+    use crate::backend::resp;
+    use crate::host;
+
+    thread_local! {
+        /// This VM's root contexts and their engines.
+        static ROOTS: RefCell<HashMap<u32, Shared>> = RefCell::new(HashMap::new());
+    }
+
+    pub fn register(id: u32, engine: &Shared) {
+        ROOTS.with(|r| r.borrow_mut().insert(id, engine.clone()));
+    }
+
+    /// `proxy_on_redis_call_response(context_id, token, status, response_size)`: status 0 is a
+    /// reply (possibly a Redis error) of `response_size` bytes in buffer 9; any other status
+    /// (NetworkError) means no reply.
+    #[no_mangle]
+    pub extern "C" fn proxy_on_redis_call_response(
+        context_id: u32,
+        token: u32,
+        status: u32,
+        response_size: u32,
+    ) {
+        let size = usize::try_from(response_size).unwrap_or(usize::MAX);
+        let status = resp::host_status(status, size);
+        let bytes = if status == resp::REPLY {
+            host::redis_reply(size)
+        } else {
+            Vec::new()
+        };
+        let Some(engine) = ROOTS.with(|r| r.borrow().get(&context_id).cloned()) else {
+            return;
+        };
+        with_engine(&engine, context_id, |e, h| {
+            e.call_response(h, context_id, token, status, &bytes)
+        });
     }
 }

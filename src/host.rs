@@ -303,6 +303,10 @@ impl Host for WasmHost {
         req: &HttpRequest,
         timeout_ms: u64,
     ) -> Result<u32, BackendError> {
+        if cfg!(feature = "redis-callout") {
+            // The Redis client's op timeout was set once, at configure time.
+            return redis_call(cluster, &req.body);
+        }
         let headers: Vec<(&str, &str)> = req
             .headers
             .iter()
@@ -459,5 +463,178 @@ impl Metrics for HostMetrics {
         if let Some(id) = self.breaker {
             let _ = hostcalls::record_metric(id, u64::from(open));
         }
+    }
+}
+
+#[cfg(not(feature = "redis-callout"))]
+fn redis_call(_cluster: &str, _query: &[u8]) -> Result<u32, BackendError> {
+    Err(BackendError::Dispatch(
+        "Redis callouts are only in the Higress build".to_string(),
+    ))
+}
+
+#[cfg(feature = "redis-callout")]
+pub use redis::{configure_redis, redis_call, redis_reply};
+
+/// Higress' Redis callouts (envoy/higress/ABI.md), in the Higress build only: the HTTP build must not
+/// import them (stock Envoy refuses a module with imports it does not have).
+#[cfg(feature = "redis-callout")]
+mod redis {
+    use std::cell::RefCell;
+
+    use crate::backend::resp::MAX_REPLY_BYTES;
+    use crate::backend::BackendError;
+    use crate::config::Backend;
+
+    #[allow(clashing_extern_declarations)]
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        fn proxy_redis_init(
+            cluster_data: *const u8,
+            cluster_size: usize,
+            username_data: *const u8,
+            username_size: usize,
+            password_data: *const u8,
+            password_size: usize,
+            timeout_ms: u32,
+        ) -> u32;
+        fn proxy_redis_call(
+            cluster_data: *const u8,
+            cluster_size: usize,
+            query_data: *const u8,
+            query_size: usize,
+            token: *mut u32,
+        ) -> u32;
+        fn proxy_get_buffer_bytes(
+            buffer_type: u32,
+            start: usize,
+            max_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
+    }
+
+    const OK: u32 = 0;
+    const BAD_ARGUMENT: u32 = 2;
+    const INTERNAL_FAILURE: u32 = 10;
+    /// Higress' `WasmBufferType::RedisCallResponse`.
+    const REDIS_CALL_RESPONSE: u32 = 9;
+
+    /// This worker's `proxy_redis_init` arguments, and whether the host took them.
+    struct Init {
+        /// The cluster with Higress' parameters: `?buffer_flush_timeout=0` (send each command at
+        /// once instead of batching for 3 ms) and `db=N` (`SELECT N`; Higress ignores parameters
+        /// it does not know).
+        target: String,
+        username: String,
+        password: String,
+        timeout_ms: u32,
+        ready: bool,
+    }
+
+    thread_local! {
+        static INIT: RefCell<Option<Init>> = const { RefCell::new(None) };
+    }
+
+    fn init(i: &Init) -> u32 {
+        // SAFETY: pointer/length pairs of live strings; the host copies them.
+        unsafe {
+            proxy_redis_init(
+                i.target.as_ptr(),
+                i.target.len(),
+                i.username.as_ptr(),
+                i.username.len(),
+                i.password.as_ptr(),
+                i.password.len(),
+                i.timeout_ms,
+            )
+        }
+    }
+
+    /// Configures this worker's Redis client (each worker has its own). Higress answers
+    /// BadArgument while the cluster is unknown to this worker (not yet pushed, or misspelt):
+    /// then it is tried again before each call, and calls fail (the failure mode) until it works.
+    pub fn configure_redis(backend: &Backend) {
+        let mut target = format!("{}?buffer_flush_timeout=0", backend.cluster);
+        if backend.database != 0 {
+            target.push_str(&format!("&db={}", backend.database));
+        }
+        let mut i = Init {
+            target,
+            username: backend.username.clone().unwrap_or_default(),
+            password: backend.password.clone().unwrap_or_default(),
+            timeout_ms: u32::try_from(backend.timeout_ms).unwrap_or(u32::MAX),
+            ready: false,
+        };
+        let status = init(&i);
+        i.ready = status == OK;
+        if !i.ready {
+            log::warn!(
+                "tollgate: proxy_redis_init for cluster \"{}\" answered status {status}; retrying before each call",
+                backend.cluster
+            );
+        }
+        INIT.with(|slot| *slot.borrow_mut() = Some(i));
+    }
+
+    /// Sends one RESP command on this worker's connection to `cluster`; the answer comes back as
+    /// `proxy_on_redis_call_response` on the root context.
+    pub fn redis_call(cluster: &str, query: &[u8]) -> Result<u32, BackendError> {
+        let ready = INIT.with(|slot| match slot.borrow_mut().as_mut() {
+            Some(i) if i.ready => Ok(()),
+            Some(i) => match init(i) {
+                OK => {
+                    i.ready = true;
+                    log::info!("tollgate: proxy_redis_init for cluster \"{cluster}\" succeeded");
+                    Ok(())
+                }
+                s => Err(BackendError::Dispatch(format!(
+                    "proxy_redis_init answered status {s} (is cluster \"{cluster}\" known?)"
+                ))),
+            },
+            None => Err(BackendError::Dispatch("not configured".to_string())),
+        });
+        ready?;
+        let mut token: u32 = 0;
+        // SAFETY: pointer/length pairs of live buffers; the host writes one u32 to `token`.
+        let status = unsafe {
+            proxy_redis_call(
+                cluster.as_ptr(),
+                cluster.len(),
+                query.as_ptr(),
+                query.len(),
+                &mut token,
+            )
+        };
+        match status {
+            OK => Ok(token),
+            BAD_ARGUMENT => Err(BackendError::Dispatch(format!(
+                "BadArgument (is cluster \"{cluster}\" defined?)"
+            ))),
+            INTERNAL_FAILURE => Err(BackendError::Dispatch(
+                "InternalFailure (no Redis host to send to)".to_string(),
+            )),
+            s => Err(BackendError::Dispatch(format!("status {s}"))),
+        }
+    }
+
+    /// The Redis reply being delivered (`response_size` bytes of buffer 9); empty if there is none
+    /// or it is larger than any script reply (the caller decodes that as malformed).
+    pub fn redis_reply(response_size: usize) -> Vec<u8> {
+        if response_size == 0 || response_size > MAX_REPLY_BYTES {
+            return Vec::new();
+        }
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host writes a pointer and a size through pointers to live locals.
+        let status = unsafe {
+            proxy_get_buffer_bytes(REDIS_CALL_RESPONSE, 0, response_size, &mut data, &mut size)
+        };
+        if status != OK || data.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: as the SDK's get_buffer: the host allocated `size` bytes with the module's
+        // proxy_on_memory_allocate (a Vec of that capacity) and filled them.
+        unsafe { Vec::from_raw_parts(data, size, size) }
     }
 }

@@ -11,7 +11,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{wait_until, Envoy, Stack, WebdisOpts};
@@ -119,14 +119,7 @@ fn unknown_cluster_follows_failure_mode() {
 /// stop waiting for it at all.
 #[test]
 fn silent_backend_times_out_and_opens_the_breaker() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for conn in listener.incoming().flatten() {
-            held.push(conn); // accept, read nothing, answer nothing
-        }
-    });
+    let port = common::silent_backend();
     let dir = common::scratch_dir("fail-silent");
     let cfg = config("open", "").replace(
         "\"breaker_cooloff_ms\": 200",

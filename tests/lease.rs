@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::{Envoy, Stack};
 
@@ -21,32 +21,6 @@ fn lease_config(rate: u64, period_ms: u64, burst: u64) -> String {
                            "key": ["header:x-user-id"], "mode": "lease",
                            "rate": {rate}, "period_ms": {period_ms}, "burst": {burst} }} ] }}"#
     )
-}
-
-/// Drives `threads` clients per port at `user` for `secs`; returns (admitted, limited, other).
-fn drive(ports: &[u16], threads: usize, user: &'static str, secs: f64) -> (u64, u64, u64) {
-    let handles: Vec<_> = ports
-        .iter()
-        .flat_map(|&port| (0..threads).map(move |_| port))
-        .map(|port| {
-            std::thread::spawn(move || {
-                let (mut ok, mut limited, mut other) = (0u64, 0u64, 0u64);
-                let t0 = Instant::now();
-                while t0.elapsed() < Duration::from_secs_f64(secs) {
-                    match common::get(port, "/api/x", &[("x-user-id", user)]).status {
-                        200 => ok += 1,
-                        429 => limited += 1,
-                        _ => other += 1,
-                    }
-                }
-                (ok, limited, other)
-            })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
 }
 
 /// With a slow refill the counts are exact: leasing never admits more than the burst, and the
@@ -81,7 +55,7 @@ fn two_proxies_never_exceed_the_global_bucket() {
     let (sha, eval) = stack.redis.script_calls();
     let calls_before = sha + eval;
     let start = Instant::now();
-    let (ok, limited, other) = drive(&[stack.port(), second.listen_port], 3, "hot", 2.0);
+    let (ok, limited, other) = common::drive(&[stack.port(), second.listen_port], 3, "hot", 2.0);
     let elapsed = start.elapsed().as_secs_f64();
     let (sha, eval) = stack.redis.script_calls();
     let calls = sha + eval - calls_before;
@@ -122,7 +96,7 @@ fn keys_are_independent_under_lease() {
         .iter()
         .map(|&u| {
             let ports = [stack.port(), second.listen_port];
-            std::thread::spawn(move || drive(&ports, 1, u, 1.5))
+            std::thread::spawn(move || common::drive(&ports, 1, u, 1.5))
         })
         .collect();
     let results: Vec<(u64, u64, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();

@@ -3,6 +3,7 @@
 //! Invariant: every backend outcome is either a well-formed five-integer `Reply` or a
 //! `BackendError`; nothing in between reaches the decision logic.
 
+pub mod resp;
 pub mod script;
 pub mod webdis;
 
@@ -33,6 +34,25 @@ pub struct ScriptCall {
 
 /// The script's flat reply (the one reply type: `bucket::take` models it exactly).
 pub use crate::bucket::Reply;
+
+/// The script's five integers `{allowed, remaining, retry_after_ms, reset_after_ms, granted}` as a
+/// `Reply`, with the ranges the script guarantees checked (both transports' decoders end here).
+pub fn script_reply(ints: [i64; 5]) -> Result<Reply, BackendError> {
+    let [allowed, remaining, retry_after_ms, reset_after_ms, granted] = ints;
+    let non_negative = |v: i64, what: &str| {
+        u64::try_from(v).map_err(|_| BackendError::Malformed(format!("negative {what}")))
+    };
+    if !(0..=1).contains(&allowed) || retry_after_ms < -1 {
+        return Err(BackendError::Malformed("field out of range".to_string()));
+    }
+    Ok(Reply {
+        allowed: allowed == 1,
+        remaining: non_negative(remaining, "remaining")?,
+        retry_after_ms,
+        reset_after_ms: non_negative(reset_after_ms, "reset_after_ms")?,
+        granted: non_negative(granted, "granted")?,
+    })
+}
 
 /// An HTTP request to the backend cluster, ready to dispatch.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -184,19 +184,13 @@ pub fn decode_reply(status: u32, body: &[u8]) -> Result<Reply, BackendError> {
     if ints.len() != items.len() {
         return Err(BackendError::Malformed("non-integer item".to_string()));
     }
-    let non_negative = |v: i64, what: &str| {
-        u64::try_from(v).map_err(|_| BackendError::Malformed(format!("negative {what}")))
-    };
-    if !(0..=1).contains(allowed) || *retry_after_ms < -1 {
-        return Err(BackendError::Malformed("field out of range".to_string()));
-    }
-    Ok(Reply {
-        allowed: *allowed == 1,
-        remaining: non_negative(*remaining, "remaining")?,
-        retry_after_ms: *retry_after_ms,
-        reset_after_ms: non_negative(*reset_after_ms, "reset_after_ms")?,
-        granted: non_negative(*granted, "granted")?,
-    })
+    super::script_reply([
+        *allowed,
+        *remaining,
+        *retry_after_ms,
+        *reset_after_ms,
+        *granted,
+    ])
 }
 
 fn kind(v: &serde_json::Value) -> &'static str {

@@ -4,7 +4,7 @@
 //! Invariant: a request is admitted only if every enforced (non-shadow) rule that matched admits
 //! it; the cost a rule charges is never below the rule's `cost`.
 
-use crate::backend::{webdis::Webdis, Reply, ScriptCall, Transport};
+use crate::backend::{Reply, ScriptCall, Transport};
 use crate::bucket::Limits;
 use crate::config::{Config, Mode, Rule};
 use crate::headers::{self, Report};
@@ -23,16 +23,26 @@ pub struct Plugin {
     pub metrics: Box<dyn Metrics>,
 }
 
+/// How this build's script calls travel: Webdis over HTTP, or RESP through Higress' Redis
+/// callouts (`redis-callout`).
+fn transport(config: &Config) -> Box<dyn Transport> {
+    if cfg!(feature = "redis-callout") {
+        Box::new(crate::backend::resp::Resp::new())
+    } else {
+        Box::new(crate::backend::webdis::Webdis::new(
+            &config.backend.authority,
+            config.backend.basic_auth.as_deref(),
+        ))
+    }
+}
+
 impl Plugin {
     pub fn new(config: Config) -> Plugin {
         Self::with_metrics(config, Box::new(NoMetrics))
     }
 
     pub fn with_metrics(config: Config, metrics: Box<dyn Metrics>) -> Plugin {
-        let transport = Box::new(Webdis::new(
-            &config.backend.authority,
-            config.backend.basic_auth.as_deref(),
-        ));
+        let transport = transport(&config);
         // "v2": the shared-data layout of engine v2 (set-associative leases, one health value);
         // a module upgrade in place starts with fresh tables instead of misreading old ones.
         let ns = format!("tollgate|v2|{}", config.key_prefix);

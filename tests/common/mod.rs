@@ -172,6 +172,7 @@ impl Redis {
 
 // Webdis, Envoy, the HTTP client and the whole stack (used by tests/e2e.rs and examples/demo.rs).
 pub mod envoy;
+pub mod hosted;
 pub mod http;
 pub mod stack;
 pub mod webdis;
@@ -200,4 +201,44 @@ pub fn script_calls(conn: &mut redis::Connection) -> (u64, u64) {
             .map_or(0, |n| n.parse::<u64>().expect("a call count"))
     };
     (calls("evalsha"), calls("eval"))
+}
+
+/// Drives `threads` clients per port, each sending `GET /api/x` as `x-user-id: user` one after the
+/// other for `secs`; returns (admitted, limited, other) over all of them.
+pub fn drive(ports: &[u16], threads: usize, user: &'static str, secs: f64) -> (u64, u64, u64) {
+    let handles: Vec<_> = ports
+        .iter()
+        .flat_map(|&port| (0..threads).map(move |_| port))
+        .map(|port| {
+            std::thread::spawn(move || {
+                let (mut ok, mut limited, mut other) = (0u64, 0u64, 0u64);
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_secs_f64(secs) {
+                    match get(port, "/api/x", &[("x-user-id", user)]).status {
+                        200 => ok += 1,
+                        429 => limited += 1,
+                        _ => other += 1,
+                    }
+                }
+                (ok, limited, other)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("client thread"))
+        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+}
+
+/// A loopback port that accepts connections and never answers (nor closes them) while the test runs.
+pub fn silent_backend() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("local addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn); // accept, read nothing, answer nothing
+        }
+    });
+    port
 }

@@ -1,0 +1,155 @@
+//! RESP codec: `resp::decode_reply` never panics on any bytes and accepts exactly the canonical
+//! five-integer array (re-encoding the decoded reply gives the input back byte for byte) or an error
+//! line; `resp::command` for any call and script is an array of 9 to 11 bulk strings (the optional
+//! trailing `max_wait_ms` and `settle` left out when 0) that a strict RESP reader splits back into
+//! the inputs.
+//!
+//! Input: first byte selects the mode: even = decode the rest as a reply (a read reply, or with the
+//! first byte 2 the Higress callback status in the second byte and the rest as the reply); odd =
+//! build a command from the rest.
+#![no_main]
+
+use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use tollgate::backend::resp::{
+    command, decode_reply, decode_response, host_status, MAX_REPLY_BYTES, REPLY,
+};
+use tollgate::backend::webdis::Invoke;
+use tollgate::backend::{BackendError, ScriptCall};
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    key: String,
+    script: String,
+    eval: bool,
+    burst: u64,
+    rate: u64,
+    period_ms: u64,
+    cost: u64,
+    lease_want: u64,
+    max_wait_ms: u64,
+    settle: i64,
+}
+
+/// A strict reader of `*N` + N bulk strings, written independently of the codec.
+fn split_command(mut b: &[u8]) -> Vec<Vec<u8>> {
+    fn line<'a>(b: &mut &'a [u8]) -> &'a [u8] {
+        let end = b.windows(2).position(|w| w == b"\r\n").expect("no CRLF");
+        let (l, rest) = b.split_at(end);
+        *b = &rest[2..];
+        l
+    }
+    let head = line(&mut b);
+    assert_eq!(head[0], b'*', "not an array");
+    let n: usize = std::str::from_utf8(&head[1..]).unwrap().parse().unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let h = line(&mut b);
+        assert_eq!(h[0], b'$', "not a bulk string");
+        let len: usize = std::str::from_utf8(&h[1..]).unwrap().parse().unwrap();
+        assert_eq!(&b[len..len + 2], b"\r\n", "bulk string not terminated");
+        out.push(b[..len].to_vec());
+        b = &b[len + 2..];
+    }
+    assert!(b.is_empty(), "{} trailing bytes", b.len());
+    out
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 0 {
+        let (status, reply) = match (mode, rest.split_first()) {
+            (2, Some((&s, r))) => (host_status(u32::from(s), r.len()), r),
+            _ => (REPLY, rest),
+        };
+        let got = decode_response(status, reply);
+        if status == 0 {
+            assert_eq!(got, Err(BackendError::Reset));
+            return;
+        }
+        if status != REPLY {
+            assert!(reply.len() > MAX_REPLY_BYTES);
+            assert!(matches!(got, Err(BackendError::Malformed(_))), "{got:?}");
+            return;
+        }
+        assert_eq!(got, decode_reply(reply));
+        if let Err(e) = &got {
+            let _ = (e.trips_breaker(), e.class());
+            let _ = e.to_string();
+        }
+        match &got {
+            Ok(r) => {
+                assert!(r.retry_after_ms >= -1, "{r:?}");
+                let canonical = format!(
+                    "*5\r\n:{}\r\n:{}\r\n:{}\r\n:{}\r\n:{}\r\n",
+                    u8::from(r.allowed),
+                    r.remaining,
+                    r.retry_after_ms,
+                    r.reset_after_ms,
+                    r.granted
+                );
+                assert_eq!(canonical.as_bytes(), reply, "accepted a non-canonical reply");
+            }
+            Err(BackendError::Redis(msg)) => {
+                assert!(msg.len() <= 200, "{} bytes", msg.len());
+                assert_eq!(reply.first(), Some(&b'-'), "Redis error from a non-error reply");
+            }
+            Err(BackendError::NoScript) => assert!(reply.starts_with(b"-NOSCRIPT")),
+            Err(BackendError::Malformed(_)) => {}
+            Err(other) => panic!("unexpected error kind {other:?}"),
+        }
+        if reply.len() > MAX_REPLY_BYTES {
+            assert!(matches!(got, Err(BackendError::Malformed(_))));
+        }
+        return;
+    }
+    let Ok(input) = Input::arbitrary(&mut Unstructured::new(rest)) else {
+        return;
+    };
+    let call = ScriptCall {
+        key: input.key.clone(),
+        burst: input.burst,
+        rate: input.rate,
+        period_ms: input.period_ms,
+        cost: input.cost,
+        lease_want: input.lease_want,
+        max_wait_ms: input.max_wait_ms,
+        settle: input.settle,
+    };
+    let (invoke, verb): (Invoke<'_>, &[u8]) = if input.eval {
+        (Invoke::Source(&input.script), b"EVAL")
+    } else {
+        (Invoke::Sha(&input.script), b"EVALSHA")
+    };
+    let args = split_command(&command(&call, invoke));
+    let want_len = if input.settle != 0 {
+        11
+    } else if input.max_wait_ms != 0 {
+        10
+    } else {
+        9
+    };
+    assert_eq!(args.len(), want_len);
+    assert_eq!(args[0], verb);
+    assert_eq!(args[1], input.script.as_bytes());
+    assert_eq!(args[2], b"1");
+    assert_eq!(args[3], input.key.as_bytes());
+    let numbers = [
+        input.burst,
+        input.rate,
+        input.period_ms,
+        input.cost,
+        input.lease_want,
+        input.max_wait_ms,
+    ];
+    for (arg, n) in args[4..].iter().zip(numbers) {
+        assert_eq!(arg, n.to_string().as_bytes());
+    }
+    // Left out means 0, the script's default.
+    let max_wait = args.get(9).map_or("0".to_string(), |a| String::from_utf8_lossy(a).into_owned());
+    assert_eq!(max_wait, input.max_wait_ms.to_string());
+    let settle = args.get(10).map_or("0".to_string(), |a| String::from_utf8_lossy(a).into_owned());
+    assert_eq!(settle, input.settle.to_string());
+});

@@ -1,0 +1,470 @@
+//! RESP codec for the Redis-callout transport (Higress' `proxy_redis_call`): a `ScriptCall` as one
+//! RESP command, and Redis' raw RESP answer as a `ScriptReply`.
+//!
+//! Invariant: every argument travels as one length-prefixed bulk string, so no byte of a key or of
+//! the script can add, drop or change an argument (no escaping at all). The decoder accepts exactly
+//! one RESP2 value, no trailing bytes, at most `MAX_REPLY_BYTES`: either a five-integer array in its
+//! canonical form (what Redis writes), which becomes a `ScriptReply`, or an error line; anything else
+//! is `Malformed`. It never panics and never allocates more than the input's size.
+
+use super::webdis::Invoke;
+use super::{script_reply, BackendError, HttpRequest, Reply, ScriptCall, Transport};
+
+/// The largest reply decoded. The script's answer is at most 119 bytes (`*5\r\n` and five
+/// 20-digit integers); the rest is room for a Redis error message.
+pub const MAX_REPLY_BYTES: usize = 1024;
+
+/// The status Higress' callback reports for a reply (`RedisStatus::Ok`); any other
+/// (`NetworkError` = 1) means no reply: connection refused or closed, connect or op timeout.
+pub const REDIS_OK: u32 = 0;
+
+/// How the Redis glue hands a callback to [`Transport::decode`], in the trait's terms: `REPLY`
+/// when Redis answered and the reply was read, 0 when there was no answer. A reply too large to
+/// read is reported as `REPLY + 0x1_0000` (as host.rs does for HTTP), which decodes as Malformed.
+pub const REPLY: u32 = 200;
+
+/// The `Transport::decode` status for a Higress callback `(status, response_size)`.
+pub fn host_status(redis_status: u32, response_size: usize) -> u32 {
+    match (redis_status, response_size) {
+        (REDIS_OK, n) if n <= MAX_REPLY_BYTES => REPLY,
+        (REDIS_OK, _) => REPLY + 0x1_0000,
+        _ => 0,
+    }
+}
+
+/// The RESP command for one script call: `[EVALSHA|EVAL, <sha|script>, "1", <key>, burst, rate,
+/// period_ms, cost, lease_want, max_wait_ms, settle]` as an array of bulk strings, without the
+/// optional trailing arguments that are 0 (`settle`, then `max_wait_ms`: the script's defaults).
+///
+/// Why shorter: Redis answers a command of more than 10 arguments from a connection that is not
+/// authenticated with `-ERR Protocol error: unauthenticated multibulk length` and closes it. With a
+/// wrong password (Higress sends `AUTH` itself and drops its reply) the usual call of 9 arguments
+/// gets the clear `-NOAUTH Authentication required.` instead.
+pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
+    let (verb, script): (&[u8], &str) = match invoke {
+        Invoke::Sha(sha) => (b"EVALSHA", sha),
+        Invoke::Source(src) => (b"EVAL", src),
+    };
+    let mut numbers = vec![
+        call.burst.to_string(),
+        call.rate.to_string(),
+        call.period_ms.to_string(),
+        call.cost.to_string(),
+        call.lease_want.to_string(),
+    ];
+    if call.max_wait_ms != 0 || call.settle != 0 {
+        numbers.push(call.max_wait_ms.to_string());
+    }
+    if call.settle != 0 {
+        numbers.push(call.settle.to_string());
+    }
+    let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
+    out.extend_from_slice(format!("*{}\r\n", 4 + numbers.len()).as_bytes());
+    for arg in [verb, script.as_bytes(), b"1", call.key.as_bytes()] {
+        bulk(arg, &mut out);
+    }
+    for n in &numbers {
+        bulk(n.as_bytes(), &mut out);
+    }
+    out
+}
+
+/// The Redis-callout transport: script calls as RESP commands (the request's body; no headers),
+/// answers as raw RESP.
+pub struct Resp {
+    sha: String,
+}
+
+impl Resp {
+    pub fn new() -> Resp {
+        Resp {
+            sha: super::script::sha1_hex(),
+        }
+    }
+}
+
+impl Default for Resp {
+    fn default() -> Resp {
+        Resp::new()
+    }
+}
+
+impl Transport for Resp {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest {
+        let invoke = if with_source {
+            Invoke::Source(super::script::SOURCE)
+        } else {
+            Invoke::Sha(&self.sha)
+        };
+        HttpRequest {
+            headers: Vec::new(),
+            body: command(call, invoke),
+        }
+    }
+
+    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError> {
+        decode_response(status, body)
+    }
+}
+
+fn bulk(arg: &[u8], out: &mut Vec<u8>) {
+    out.push(b'$');
+    out.extend_from_slice(arg.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Decodes a callback as [`host_status`] reports it: 0 is no answer (`Reset`), `REPLY` a reply to
+/// decode, anything else a reply that was not read.
+pub fn decode_response(status: u32, reply: &[u8]) -> Result<Reply, BackendError> {
+    match status {
+        0 => Err(BackendError::Reset),
+        REPLY => decode_reply(reply),
+        _ => Err(malformed(format!(
+            "reply of more than {MAX_REPLY_BYTES} bytes not read"
+        ))),
+    }
+}
+
+/// Decodes one raw RESP reply to a script call.
+pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
+    if reply.len() > MAX_REPLY_BYTES {
+        return Err(malformed(format!(
+            "reply of {} bytes exceeds {MAX_REPLY_BYTES}",
+            reply.len()
+        )));
+    }
+    let mut r = Reader { rest: reply };
+    let (kind, line) = r.line()?;
+    let out = match kind {
+        b'-' => Err(redis_error(line)),
+        b'*' => {
+            let n = parse_int(line).ok_or_else(|| malformed("bad array length".to_string()))?;
+            if n != 5 {
+                return Err(malformed(format!("expected 5 integers, got {n} items")));
+            }
+            let mut ints = [0i64; 5];
+            for slot in &mut ints {
+                let (kind, line) = r.line()?;
+                if kind != b':' {
+                    return Err(malformed(format!("non-integer item ({})", type_name(kind))));
+                }
+                *slot = parse_int(line).ok_or_else(|| malformed("bad integer".to_string()))?;
+            }
+            script_reply(ints)
+        }
+        other => Err(malformed(format!(
+            "expected an array, got {}",
+            type_name(other)
+        ))),
+    };
+    if !r.rest.is_empty() {
+        return Err(malformed(format!("{} trailing bytes", r.rest.len())));
+    }
+    out
+}
+
+fn malformed(why: String) -> BackendError {
+    BackendError::Malformed(why)
+}
+
+fn redis_error(line: &[u8]) -> BackendError {
+    if line.starts_with(b"NOSCRIPT") {
+        return BackendError::NoScript;
+    }
+    let msg = String::from_utf8_lossy(line);
+    let mut end = msg.len().min(200);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    BackendError::Redis(msg.get(..end).unwrap_or_default().to_string())
+}
+
+fn type_name(kind: u8) -> &'static str {
+    match kind {
+        b'+' => "a status",
+        b'-' => "an error",
+        b':' => "an integer",
+        b'$' => "a bulk string",
+        b'*' => "an array",
+        b'_' | b',' | b'#' | b'!' | b'=' | b'(' | b'%' | b'~' | b'>' | b'|' => "a RESP3 value",
+        _ => "no RESP type",
+    }
+}
+
+/// RESP2 canonical integer: `0`, or an optional `-` then a non-zero digit then digits; fits i64.
+fn parse_int(s: &[u8]) -> Option<i64> {
+    let (neg, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    match digits {
+        [] => return None,
+        [b'0'] if !neg => return Some(0),
+        [b'0', ..] => return None,
+        _ => {}
+    }
+    let mut v: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(d - b'0');
+        v = v.checked_mul(10).and_then(|v| {
+            if neg {
+                v.checked_sub(d)
+            } else {
+                v.checked_add(d)
+            }
+        })?;
+    }
+    Some(v)
+}
+
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// One `<type byte><line>\r\n`; the line holds neither `\r` nor `\n`.
+    fn line(&mut self) -> Result<(u8, &'a [u8]), BackendError> {
+        let (&kind, body) = self
+            .rest
+            .split_first()
+            .ok_or_else(|| malformed("truncated reply".to_string()))?;
+        let end = body
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n')
+            .ok_or_else(|| malformed("truncated reply".to_string()))?;
+        let (line, tail) = body.split_at(end);
+        self.rest = tail
+            .strip_prefix(b"\r\n")
+            .ok_or_else(|| malformed("bare CR or LF in a line".to_string()))?;
+        Ok((kind, line))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(key: &str) -> ScriptCall {
+        ScriptCall {
+            key: key.to_string(),
+            burst: 200,
+            rate: 100,
+            period_ms: 1000,
+            cost: 1,
+            lease_want: 0,
+            max_wait_ms: 0,
+            settle: -3,
+        }
+    }
+
+    fn ok(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -> Reply {
+        Reply {
+            allowed,
+            remaining,
+            retry_after_ms: retry,
+            reset_after_ms: reset,
+            granted,
+        }
+    }
+
+    #[test]
+    fn evalsha_is_an_array_of_bulk_strings() {
+        let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
+        assert_eq!(
+            cmd,
+            b"*11\r\n$7\r\nEVALSHA\r\n$8\r\ndeadbeef\r\n$1\r\n1\r\n$24\r\ntollgate:{per-user:ab12}\r\n\
+              $3\r\n200\r\n$3\r\n100\r\n$4\r\n1000\r\n$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n$2\r\n-3\r\n"
+        );
+    }
+
+    #[test]
+    fn eval_carries_the_script_raw_whatever_its_bytes() {
+        let src = "local x = redis.call('TIME')\r\n-- $5\r\n*3\r\nreturn {1}";
+        let cmd = command(&call("k\r\n$1"), Invoke::Source(src));
+        let mut want = b"*11\r\n$4\r\nEVAL\r\n".to_vec();
+        want.extend_from_slice(format!("${}\r\n{src}\r\n", src.len()).as_bytes());
+        want.extend_from_slice(b"$1\r\n1\r\n$5\r\nk\r\n$1\r\n");
+        assert!(cmd.starts_with(&want), "{}", String::from_utf8_lossy(&cmd));
+    }
+
+    #[test]
+    fn optional_zero_arguments_are_left_out() {
+        let mut c = call("k");
+        c.settle = 0;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(
+            cmd.starts_with(b"*9\r\n"),
+            "{}",
+            String::from_utf8_lossy(&cmd)
+        );
+        assert!(cmd.ends_with(b"$1\r\n0\r\n"), "lease_want is last");
+        c.max_wait_ms = 250;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(cmd.starts_with(b"*10\r\n") && cmd.ends_with(b"$3\r\n250\r\n"));
+        c.max_wait_ms = 0;
+        c.settle = 7;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(cmd.starts_with(b"*11\r\n") && cmd.ends_with(b"$1\r\n0\r\n$1\r\n7\r\n"));
+    }
+
+    #[test]
+    fn encodes_extreme_numbers() {
+        let mut c = call("");
+        c.burst = u64::MAX;
+        let cmd = command(&c, Invoke::Sha("s"));
+        assert!(cmd
+            .windows(26)
+            .any(|w| w == b"$20\r\n18446744073709551615\r"));
+        assert!(cmd.windows(10).any(|w| w == b"$0\r\n\r\n$20\r"));
+    }
+
+    #[test]
+    fn decodes_the_script_reply() {
+        assert_eq!(
+            decode_reply(b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n"),
+            Ok(ok(true, 99, 0, 10, 1))
+        );
+        assert_eq!(
+            decode_reply(b"*5\r\n:0\r\n:0\r\n:-1\r\n:0\r\n:0\r\n"),
+            Ok(ok(false, 0, -1, 0, 0))
+        );
+        assert_eq!(
+            decode_response(
+                REPLY,
+                b"*5\r\n:0\r\n:0\r\n:250\r\n:9223372036854775807\r\n:0\r\n"
+            ),
+            Ok(ok(false, 0, 250, i64::MAX as u64, 0))
+        );
+    }
+
+    #[test]
+    fn decodes_errors() {
+        assert_eq!(
+            decode_reply(b"-NOSCRIPT No matching script. Please use EVAL.\r\n"),
+            Err(BackendError::NoScript)
+        );
+        assert_eq!(
+            decode_reply(b"-ERR tollgate: bad argument burst\r\n"),
+            Err(BackendError::Redis(
+                "ERR tollgate: bad argument burst".into()
+            ))
+        );
+        assert_eq!(
+            decode_reply(b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"),
+            Err(BackendError::Redis(
+                "WRONGPASS invalid username-password pair or user is disabled.".into()
+            ))
+        );
+        assert_eq!(
+            decode_reply(b"-NOAUTH Authentication required.\r\n"),
+            Err(BackendError::Redis(
+                "NOAUTH Authentication required.".into()
+            ))
+        );
+        // Higress' NetworkError: connection refused, closed, or timed out.
+        assert_eq!(host_status(1, 0), 0);
+        assert_eq!(
+            decode_response(host_status(1, 0), b""),
+            Err(BackendError::Reset)
+        );
+        assert_eq!(host_status(REDIS_OK, 0), REPLY);
+        // A reply over the limit is not read, and does not decode.
+        let big = host_status(REDIS_OK, MAX_REPLY_BYTES + 1);
+        assert!(matches!(
+            decode_response(big, b"*5\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n"),
+            Err(BackendError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn long_and_binary_error_messages_are_cut_safely() {
+        let mut line = b"-ERR ".to_vec();
+        line.extend_from_slice("é".repeat(300).as_bytes());
+        line.extend_from_slice(b"\r\n");
+        match decode_reply(&line) {
+            Err(BackendError::Redis(m)) => assert!(m.len() <= 200 && m.starts_with("ERR ")),
+            other => panic!("{other:?}"),
+        }
+        match decode_reply(b"-ERR \xff\xfe\r\n") {
+            Err(BackendError::Redis(m)) => assert!(m.starts_with("ERR ")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_everything_else() {
+        let bad: &[&[u8]] = &[
+            b"",
+            b"*",
+            b"*5",
+            b"*5\r",
+            b"*5\n:1\n:1\n:0\n:0\n:1\n",
+            b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n",
+            b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1",
+            b"*5\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n+OK\r\n",
+            b"*4\r\n:1\r\n:99\r\n:0\r\n:10\r\n",
+            b"*6\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n:1\r\n",
+            b"*-1\r\n",
+            b"$-1\r\n",
+            b"_\r\n",
+            b"+OK\r\n",
+            b":1\r\n",
+            b"$5\r\nhello\r\n",
+            b"*05\r\n:1\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:01\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:+1\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:-0\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n: 99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:2\r\n:99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:-2\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:2\r\n:-3\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:99999999999999999999\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n:-9223372036854775809\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n$2\r\n99\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n*-1\r\n:0\r\n:10\r\n:1\r\n",
+            b"*5\r\n:1\r\n_\r\n:0\r\n:10\r\n:1\r\n",
+            b"*99999999999999999999999\r\n",
+            b"-ERR x\r\ntrailing",
+            b"-ERR x\rmore\r\n",
+        ];
+        for b in bad {
+            match decode_reply(b) {
+                Err(BackendError::Malformed(_)) => {}
+                other => panic!("{:?} -> {other:?}", String::from_utf8_lossy(b)),
+            }
+        }
+    }
+
+    #[test]
+    fn replies_over_the_limit_are_refused_before_parsing() {
+        let mut big = b"-ERR ".to_vec();
+        big.resize(MAX_REPLY_BYTES - 2, b'x');
+        big.extend_from_slice(b"\r\n");
+        assert!(matches!(decode_reply(&big), Err(BackendError::Redis(_))));
+        big.insert(1, b'x');
+        match decode_reply(&big) {
+            Err(BackendError::Malformed(m)) => assert!(m.contains("exceeds"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn encoding_of_a_reply_round_trips() {
+        for ints in [
+            [1, 0, 0, 0, 1],
+            [0, 5, -1, 3, 0],
+            [1, i64::MAX, 7, i64::MAX, 9],
+        ] {
+            let mut wire = b"*5\r\n".to_vec();
+            for i in ints {
+                wire.extend_from_slice(format!(":{i}\r\n").as_bytes());
+            }
+            assert_eq!(decode_reply(&wire), script_reply(ints));
+        }
+    }
+}

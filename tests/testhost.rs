@@ -1,0 +1,422 @@
+//! Fidelity of the proxy-wasm test host (testhost/): the same scenarios, with the same HTTP build of
+//! tollgate, run through real Envoy (V8) and through the test host, against real Redis and Webdis;
+//! their outcomes must agree. A difference between the host and Envoy shows up as a failing test here,
+//! before it can hide in tests that use the host alone (tests/higress.rs).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::hosted::{assert_clean, loopback};
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Instant;
+
+use common::{Envoy, Redis, Resp, Webdis};
+use tollgate_testhost::{Proxy, ProxyConfig};
+
+/// One proxy under test: Envoy or the test host, reached the same way.
+trait Target {
+    fn port(&self) -> u16;
+    fn stat(&self, name: &str) -> Option<u64>;
+    fn log(&self) -> String;
+    /// The module's log messages (after `wasm log <plugin> <root id>: `), each once.
+    fn messages(&self) -> BTreeSet<String> {
+        self.log()
+            .lines()
+            .filter_map(|l| {
+                Some(
+                    l.split_once("wasm log ")?
+                        .1
+                        .split_once(": ")?
+                        .1
+                        .trim()
+                        .to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Target for Envoy {
+    fn port(&self) -> u16 {
+        self.listen_port
+    }
+    fn stat(&self, name: &str) -> Option<u64> {
+        self.stat_value(name)
+    }
+    fn log(&self) -> String {
+        self.log_text()
+    }
+}
+
+impl Target for Proxy {
+    fn port(&self) -> u16 {
+        Proxy::port(self)
+    }
+    fn stat(&self, name: &str) -> Option<u64> {
+        self.stat_value(name)
+    }
+    fn log(&self) -> String {
+        self.log_text()
+    }
+}
+
+/// The test host with the HTTP build, as envoy/envoy.yaml configures Envoy: cluster
+/// `tollgate_backend` at `backend_port`, 2 workers.
+fn start_host(plugin_config: &str, backend_port: u16) -> Proxy {
+    let cfg = ProxyConfig::new(common::wasm_path(), plugin_config)
+        .cluster("tollgate_backend", loopback(backend_port));
+    Proxy::start(cfg).unwrap_or_else(|e| panic!("test host did not start: {e}"))
+}
+
+fn start_envoy(dir: &Path, plugin_config: &str, backend_port: u16) -> Envoy {
+    Envoy::start(dir, plugin_config, backend_port)
+}
+
+/// Envoy and the test host with the same plugin configuration, each with a Redis and a Webdis of
+/// its own. Fields drop in order: the proxies first, then Webdis, then Redis.
+struct Both {
+    envoy: Envoy,
+    host: Proxy,
+    _webdis: (Webdis, Webdis),
+    redis_envoy: Redis,
+    redis_host: Redis,
+}
+
+fn both(name: &str, plugin_config: &str) -> Both {
+    let dir = common::scratch_dir(name);
+    let redis_envoy = Redis::start(&dir);
+    let redis_host = Redis::start(&dir);
+    let webdis = (
+        Webdis::start(&dir, redis_envoy.port),
+        Webdis::start(&dir, redis_host.port),
+    );
+    Both {
+        envoy: start_envoy(&dir, plugin_config, webdis.0.port),
+        host: start_host(plugin_config, webdis.1.port),
+        _webdis: webdis,
+        redis_envoy,
+        redis_host,
+    }
+}
+
+/// A response reduced to what the filter decides: status, body, and the rate-limit headers (names
+/// and values; the seconds in `retry-after` and `t=` may differ by one between two runs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    status: u16,
+    body: String,
+    headers: Vec<(String, String)>,
+}
+
+/// Header names whose values depend on the proxy, not on the filter.
+const PROXY_HEADERS: [&str; 5] = [
+    "date",
+    "server",
+    "content-length",
+    "connection",
+    "x-envoy-upstream-service-time",
+];
+
+fn seen(r: &Resp) -> Seen {
+    let mut headers: Vec<(String, String)> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| !PROXY_HEADERS.contains(&k.as_str()))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+        .collect();
+    headers.sort();
+    Seen {
+        status: r.status,
+        body: r.body.clone(),
+        headers,
+    }
+}
+
+/// The numbers in a header value, for comparing values that carry whole seconds.
+fn numbers(v: &str) -> Vec<i64> {
+    v.split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect()
+}
+
+/// Envoy's and the host's responses agree: same status, body, header names, and header values
+/// equal, except that seconds (`retry-after`, `t=`) may be one apart.
+fn assert_same(what: &str, envoy: &[Seen], host: &[Seen]) {
+    assert_eq!(envoy.len(), host.len(), "{what}: lengths");
+    for (i, (e, h)) in envoy.iter().zip(host).enumerate() {
+        assert_eq!(
+            (e.status, &e.body),
+            (h.status, &h.body),
+            "{what} #{i}:\nenvoy {e:?}\nhost  {h:?}"
+        );
+        let names = |s: &Seen| s.headers.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(e),
+            names(h),
+            "{what} #{i}: header names\nenvoy {e:?}\nhost  {h:?}"
+        );
+        for ((k, ev), (_, hv)) in e.headers.iter().zip(&h.headers) {
+            if k == "retry-after" || k == "ratelimit" || k == "x-ratelimit-reset" {
+                let (en, hn) = (numbers(ev), numbers(hv));
+                let close =
+                    en.len() == hn.len() && en.iter().zip(&hn).all(|(a, b)| (a - b).abs() <= 1);
+                assert!(close, "{what} #{i}: {k}: envoy {ev:?} host {hv:?}");
+            } else {
+                assert_eq!(ev, hv, "{what} #{i}: {k}");
+            }
+        }
+    }
+}
+
+fn get(t: &dyn Target, path: &str, user: &str) -> Resp {
+    common::get(t.port(), path, &[("x-user-id", user)])
+}
+
+const METRICS: [&str; 7] = [
+    "allowed",
+    "denied",
+    "local_allowed",
+    "local_denied",
+    "backend_calls",
+    "backend_errors",
+    "failure_mode_allowed",
+];
+
+fn metrics(t: &dyn Target, rule: &str) -> Vec<(String, Option<u64>)> {
+    METRICS
+        .iter()
+        .map(|m| {
+            let name = format!("wasmcustom.tollgate.{rule}.{m}");
+            let v = t.stat(&name);
+            (m.to_string(), v)
+        })
+        .collect()
+}
+
+fn exact_config(extra: &str, burst: u64) -> String {
+    format!(
+        r#"{{ "backend": {{ "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 2000 }},
+             {extra}
+             "rules": [ {{ "name": "per-user", "match": {{ "path_prefix": "/api/" }},
+                           "key": ["header:x-user-id"], "cost_header": "x-cost",
+                           "rate": 1, "period_ms": 60000, "burst": {burst} }} ] }}"#
+    )
+}
+
+/// Burst, then 429: for two users and a request no rule matches, the same statuses, bodies and
+/// headers (IETF and legacy) through Envoy and the host, and the same metrics after.
+#[test]
+fn burst_then_429_with_the_same_headers() {
+    let cfg = exact_config(
+        r#""response_headers": "both", "deny": {"status": 429, "body": "slow down\n"},"#,
+        4,
+    );
+    let scenario = |t: &dyn Target| -> Vec<Seen> {
+        let mut out = Vec::new();
+        for user in ["alice", "bob"] {
+            for _ in 0..6 {
+                out.push(seen(&get(t, "/api/orders", user)));
+            }
+        }
+        out.push(seen(&get(t, "/other", "alice")));
+        out
+    };
+    let b = both("th-burst", &cfg);
+    let (envoy, host) = (&b.envoy, &b.host);
+    let on_envoy = scenario(envoy);
+    let on_host = scenario(host);
+
+    assert_eq!(
+        on_envoy[4].status,
+        429,
+        "{:?}\n{}",
+        on_envoy,
+        envoy.log_text()
+    );
+    assert_same("burst", &on_envoy, &on_host);
+    assert_eq!(metrics(envoy, "per-user"), metrics(host, "per-user"));
+    assert_eq!(
+        b.redis_envoy.script_calls(),
+        b.redis_host.script_calls(),
+        "Redis script calls (EVALSHA, EVAL)"
+    );
+    assert_eq!(envoy.messages(), host.messages());
+    assert_clean(host);
+}
+
+/// After `SCRIPT FLUSH`, EVALSHA answers NOSCRIPT: both send EVAL once and go on limiting exactly.
+#[test]
+fn noscript_recovery_after_script_flush() {
+    let cfg = exact_config("", 3);
+    let scenario = |t: &dyn Target, redis: &Redis| -> (Vec<u16>, (u64, u64)) {
+        let mut statuses = vec![get(t, "/api/x", "u").status];
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut redis.conn())
+            .unwrap();
+        let before = redis.script_calls();
+        statuses.extend((0..3).map(|_| get(t, "/api/x", "u").status));
+        let after = redis.script_calls();
+        (statuses, (after.0 - before.0, after.1 - before.1))
+    };
+    let b = both("th-noscript", &cfg);
+    let (envoy, host) = (&b.envoy, &b.host);
+    let on_envoy = scenario(envoy, &b.redis_envoy);
+    let on_host = scenario(host, &b.redis_host);
+
+    assert_eq!(on_envoy.0, [200, 200, 200, 429], "{}", envoy.log_text());
+    // Three calls after the flush: the first EVALSHA answers NOSCRIPT, then one EVAL.
+    assert_eq!(on_envoy.1, (3, 1));
+    assert_eq!(on_envoy, on_host);
+    assert_eq!(metrics(envoy, "per-user"), metrics(host, "per-user"));
+    assert_clean(host);
+}
+
+fn failure_config(mode: &str) -> String {
+    format!(
+        r#"{{ "backend": {{ "cluster": "tollgate_backend", "timeout_ms": 300,
+                            "breaker_failures": 3, "breaker_cooloff_ms": 200 }},
+             "failure_mode": "{mode}",
+             "rules": [ {{ "name": "per-user", "key": ["header:x-user-id"],
+                           "rate": 1, "period_ms": 60000, "burst": 3,
+                           "fallback": {{ "rate": 1, "period_ms": 60000, "burst": 2 }} }} ] }}"#
+    )
+}
+
+/// Webdis down (connection refused): each failure mode gives the same answers and headers, the
+/// same metrics and the same log lines through Envoy (which answers the callout itself with a 503)
+/// and the host.
+#[test]
+fn failure_modes_with_webdis_down() {
+    for mode in ["open", "closed", "local"] {
+        let cfg = failure_config(mode);
+        let scenario =
+            |t: &dyn Target| -> Vec<Seen> { (0..5).map(|_| seen(&get(t, "/x", "a"))).collect() };
+        let dir = common::scratch_dir(&format!("th-down-{mode}"));
+        let nothing = common::free_port(); // nothing listens there
+        let envoy = start_envoy(&dir, &cfg, nothing);
+        let on_envoy = scenario(&envoy);
+        let host = start_host(&cfg, nothing);
+        let on_host = scenario(&host);
+        let want: Vec<u16> = match mode {
+            "open" => vec![200; 5],
+            "closed" => vec![503; 5],
+            _ => vec![200, 200, 429, 429, 429],
+        };
+        let got: Vec<u16> = on_envoy.iter().map(|s| s.status).collect();
+        assert_eq!(got, want, "{mode}\n{}", envoy.log_text());
+        assert_same(mode, &on_envoy, &on_host);
+        assert_eq!(
+            metrics(&envoy, "per-user"),
+            metrics(&host, "per-user"),
+            "{mode}"
+        );
+        assert_eq!(envoy.messages(), host.messages(), "{mode}");
+        assert_clean(&host);
+    }
+}
+
+/// A backend that accepts and never answers: the callout times out (Envoy's router answers 504
+/// itself), the failure mode applies, the breaker opens after 3 failures, and both log it once.
+#[test]
+fn callout_timeouts_and_breaker() {
+    let port = common::silent_backend();
+    let cfg = failure_config("open").replace(
+        "\"breaker_cooloff_ms\": 200",
+        "\"breaker_cooloff_ms\": 600000",
+    );
+    let scenario =
+        |t: &dyn Target| -> Vec<u16> { (0..6).map(|_| get(t, "/x", "a").status).collect() };
+    let dir = common::scratch_dir("th-silent");
+    let envoy = start_envoy(&dir, &cfg, port);
+    let on_envoy = scenario(&envoy);
+    let host = start_host(&cfg, port);
+    let on_host = scenario(&host);
+    assert_eq!(on_envoy, vec![200; 6], "{}", envoy.log_text());
+    assert_eq!(on_envoy, on_host);
+    let m = metrics(&envoy, "per-user");
+    assert_eq!(m, metrics(&host, "per-user"));
+    assert!(m.contains(&("backend_calls".to_string(), Some(3))), "{m:?}");
+    assert_eq!(envoy.messages(), host.messages());
+    assert_clean(&host);
+}
+
+fn lease_config(rate: u64, burst: u64) -> String {
+    format!(
+        r#"{{ "backend": {{ "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 2000 }},
+             "rules": [ {{ "name": "per-user", "match": {{ "path_prefix": "/api/" }},
+                           "key": ["header:x-user-id"], "mode": "lease",
+                           "rate": {rate}, "period_ms": 1000, "burst": {burst} }} ] }}"#
+    )
+}
+
+/// Lease mode with a slow refill: exactly the burst is admitted, through both.
+#[test]
+fn lease_admits_exactly_the_burst_on_both() {
+    let cfg = lease_config(1, 8).replace("\"period_ms\": 1000", "\"period_ms\": 60000");
+    let scenario = |t: &dyn Target| -> Vec<u16> {
+        (0..12).map(|_| get(t, "/api/x", "alice").status).collect()
+    };
+    let b = both("th-lease-burst", &cfg);
+    let (envoy, host) = (&b.envoy, &b.host);
+    let on_envoy = scenario(envoy);
+    let on_host = scenario(host);
+    let mut want = vec![200; 8];
+    want.extend([429; 4]);
+    assert_eq!(on_envoy, want, "{}", envoy.log_text());
+    assert_eq!(on_envoy, on_host, "{}", host.log_text());
+    assert_clean(host);
+}
+
+/// Lease mode, two proxies with two workers each, one hot key far over its limit: through Envoy and
+/// through two test hosts, the fleet never admits more than burst + rate × elapsed, admits at least
+/// the burst, and answers most admissions from leases. Prints both sides' figures.
+#[test]
+fn lease_two_proxies_never_over_the_limit_on_both() {
+    let (rate, burst) = (200u64, 100u64);
+    let cfg = lease_config(rate, burst);
+    let run = |name: &str, ports: &[u16], redis: &Redis| -> (u64, u64, f64, u64) {
+        let (sha, eval) = redis.script_calls();
+        let start = Instant::now();
+        let (ok, limited, other) = common::drive(ports, 3, "hot", 2.0);
+        let elapsed = start.elapsed().as_secs_f64();
+        let (sha2, eval2) = redis.script_calls();
+        let calls = sha2 + eval2 - sha - eval;
+        let ideal = burst as f64 + rate as f64 * elapsed;
+        eprintln!(
+            "{name}: admitted {ok}, limited {limited}, other {other}, ideal {ideal:.1} ({:.3} of it), script calls {calls}",
+            ok as f64 / ideal
+        );
+        assert_eq!(other, 0, "{name}: no errors");
+        (ok, limited, ideal, calls)
+    };
+    let dir = common::scratch_dir("th-lease-fleet");
+    let redis_e = Redis::start(&dir);
+    let webdis_e = Webdis::start(&dir, redis_e.port);
+    let e1 = start_envoy(&dir, &cfg, webdis_e.port);
+    let e2 = start_envoy(&dir, &cfg, webdis_e.port);
+    let on_envoy = run("envoy", &[e1.listen_port, e2.listen_port], &redis_e);
+    drop((e1, e2));
+
+    let redis_h = Redis::start(&dir);
+    let webdis_h = Webdis::start(&dir, redis_h.port);
+    let h1 = start_host(&cfg, webdis_h.port);
+    let h2 = start_host(&cfg, webdis_h.port);
+    let on_host = run("host", &[h1.port(), h2.port()], &redis_h);
+    for (name, (ok, limited, ideal, calls)) in [("envoy", on_envoy), ("host", on_host)] {
+        assert!(limited > 0, "{name}: the load must exceed the limit");
+        assert!(ok >= burst, "{name}: at least the burst ({ok})");
+        assert!(ok as f64 <= ideal, "{name}: admitted {ok} > {ideal:.1}");
+        assert!(calls * 2 <= ok, "{name}: {calls} calls for {ok} admitted");
+    }
+    assert_clean(&h1);
+    assert_clean(&h2);
+}
