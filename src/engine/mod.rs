@@ -149,6 +149,9 @@ pub struct Engine {
     tick_ms: u64,
     /// Whether an unreadable usage was logged already (once per worker).
     usage_logged: bool,
+    /// The request whose `request_headers` is running, and what its verdict says Envoy should do
+    /// when that callback returns (a verdict reached inside it is returned, never resumed).
+    in_headers: Option<(u32, Option<Action>)>,
 }
 
 impl Engine {
@@ -166,6 +169,7 @@ impl Engine {
             flushes: BinaryHeap::new(),
             tick_ms: 0,
             usage_logged: false,
+            in_headers: None,
         }
     }
 
@@ -187,6 +191,15 @@ impl Engine {
         ctx: u32,
         req: &dyn RequestView,
     ) -> Action {
+        self.in_headers = Some((ctx, None));
+        self.decide_headers(host, ctx, req);
+        let decided = self.in_headers.take().and_then(|(_, action)| action);
+        let now = host.now_ms();
+        self.schedule(host, now, false);
+        decided.unwrap_or(Action::Pause)
+    }
+
+    fn decide_headers(&mut self, host: &mut dyn Host, ctx: u32, req: &dyn RequestView) {
         let now = host.now_ms();
         let mut checks = Vec::new();
         for idx in 0..self.plugin.config.rules.len() {
@@ -197,7 +210,7 @@ impl Engine {
                     continue;
                 }
                 plugin::Plan::BadCost(e) => {
-                    return self.apply(host, ctx, plugin::bad_cost(&e), false, true)
+                    return self.apply(host, ctx, plugin::bad_cost(&e), false);
                 }
                 plugin::Plan::Check(call, lease) => (call, lease),
             };
@@ -229,7 +242,7 @@ impl Engine {
             other => other,
         };
         if let Some(verdict) = verdict {
-            return self.apply(host, ctx, verdict, request.grpc, true);
+            return self.apply(host, ctx, verdict, request.grpc);
         }
         request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
         let undecided: Vec<(usize, bool)> = request
@@ -257,14 +270,6 @@ impl Engine {
                 self.send_exact(host, ctx, idx, now);
             }
         }
-        let action = match self.requests.get(&ctx) {
-            Some(r) if !r.deciding => Action::Continue,
-            Some(_) => Action::Pause,
-            // Answered locally (a failure mode that refuses).
-            None => Action::Pause,
-        };
-        self.schedule(host, now, false);
-        action
     }
 
     /// The answer to call `token`, delivered through context `carrier`: `status` is the host's
@@ -667,7 +672,7 @@ impl Engine {
         };
         if let Some(verdict) = self.verdict_if_done(request) {
             let grpc = request.grpc;
-            self.apply(host, ctx, verdict, grpc, false);
+            self.apply(host, ctx, verdict, grpc);
         }
         let _ = now;
     }
@@ -694,16 +699,9 @@ impl Engine {
         })
     }
 
-    /// Applies a verdict to `ctx`; `inline` when called from its own `request_headers` (then the
-    /// returned action lets it go, rather than a resume).
-    fn apply(
-        &mut self,
-        host: &mut dyn Host,
-        ctx: u32,
-        verdict: Verdict,
-        grpc: bool,
-        inline: bool,
-    ) -> Action {
+    /// Applies a verdict to `ctx`. Inside its own `request_headers` the action is returned to
+    /// Envoy from there; otherwise the paused request is resumed or answered here.
+    fn apply(&mut self, host: &mut dyn Host, ctx: u32, verdict: Verdict, grpc: bool) {
         log::debug!("tollgate: {}", describe(&verdict));
         let request = self.requests.remove(&ctx);
         if let Some(r) = &request {
@@ -717,7 +715,7 @@ impl Engine {
         match verdict {
             Verdict::Respond(reply) => {
                 host.respond(ctx, &reply);
-                Action::Pause
+                self.decided_in_headers(ctx, Action::Pause);
             }
             Verdict::Allow { headers, delay_ms } => {
                 let now = host.now_ms();
@@ -736,14 +734,23 @@ impl Engine {
                 if delay_ms > 0 {
                     self.held.push(Reverse((now.saturating_add(delay_ms), ctx)));
                     self.schedule(host, now, false);
-                    Action::Pause
-                } else if inline {
-                    Action::Continue
-                } else {
+                    self.decided_in_headers(ctx, Action::Pause);
+                } else if !self.decided_in_headers(ctx, Action::Continue) {
                     host.resume(ctx);
-                    Action::Continue
                 }
             }
+        }
+    }
+
+    /// Records `action` as the answer of `ctx`'s running `request_headers`; false if `ctx` is not
+    /// the request whose headers are being handled (it is paused, and must be resumed).
+    fn decided_in_headers(&mut self, ctx: u32, action: Action) -> bool {
+        match &mut self.in_headers {
+            Some((current, decided)) if *current == ctx => {
+                *decided = Some(action);
+                true
+            }
+            _ => false,
         }
     }
 

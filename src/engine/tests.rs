@@ -997,3 +997,25 @@ fn a_failure_mode_admission_settles_nothing() {
     e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
     assert_eq!(rec.get(0, Counter::UsageCharged), 0);
 }
+
+#[test]
+fn a_verdict_reached_inside_request_headers_is_returned_not_resumed() {
+    // failure_mode local with a failed dispatch: admitted by the fallback bucket, with headers.
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake {
+        fail_dispatch: true,
+        ..Fake::default()
+    };
+    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Continue);
+    assert!(h.resumed.is_empty(), "never resumed from its own callback");
+    e.response_headers(&mut h, 10, &resp(&[]));
+    assert!(header(&h.added[0].1, "ratelimit").is_some());
+    // The breaker open, failure_mode open: the same.
+    let top = r#""failure_mode":"open","backend":{"breaker_failures":1},"#;
+    let (mut e, _) = engine(top, EXACT);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 0, b"");
+    assert_eq!(e.request_headers(&mut h, 11, &user("b")), Action::Continue);
+    assert_eq!(h.resumed, [10]);
+}
