@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Engine, Host, Outcome, Purpose};
+use super::{Call, Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::shared::deny::DenyCache;
 
@@ -94,9 +94,10 @@ impl Engine {
         call.cost = 1;
         call.lease_want = checks.len() as u64;
         let root = self.root;
-        if let Err((e, purpose)) =
-            self.send(host, rule, call, Purpose::Batch(checks), root, now, false)
-        {
+        if let Err((e, purpose)) = self.send(
+            host,
+            Call::new(rule, call, Purpose::Batch(checks), root, now),
+        ) {
             if let Purpose::Batch(checks) = purpose {
                 for (ctx, idx) in checks {
                     self.fail_check(host, ctx, idx, &e, now);

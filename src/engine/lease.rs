@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::{Engine, Host, Outcome, Purpose};
+use super::{Call, Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::bucket::Limits;
 use crate::config::Rule;
@@ -234,7 +234,7 @@ impl Engine {
                 let pressing = unmet > 0 || demand.saturating_sub(unmet) > want.max(first);
                 let purpose = Purpose::Lease(claim, saturated && pressing);
                 if let Err((e, purpose)) =
-                    self.send(host, rule_idx, call, purpose, carrier, now, false)
+                    self.send(host, Call::new(rule_idx, call, purpose, carrier, now))
                 {
                     self.end_claim(host, purpose, None, now);
                     self.queues.set_state(key, State::Idle);

@@ -127,6 +127,20 @@ struct Call {
     with_source: bool,
 }
 
+impl Call {
+    /// A first attempt (EVALSHA), sent now.
+    fn new(rule: usize, call: ScriptCall, purpose: Purpose, carrier: u32, now: u64) -> Call {
+        Call {
+            rule,
+            call,
+            purpose,
+            carrier,
+            sent_ms: now,
+            with_source: false,
+        }
+    }
+}
+
 /// The engine of one worker (one plugin configuration).
 pub struct Engine {
     plugin: Plugin,
@@ -498,23 +512,20 @@ impl Engine {
         };
         call.lease_want = 0;
         let purpose = Purpose::Check { ctx, idx };
-        if let Err((e, _)) = self.send(host, rule, call, purpose, carrier, now, false) {
+        if let Err((e, _)) = self.send(host, Call::new(rule, call, purpose, carrier, now)) {
             self.fail_check(host, ctx, idx, &e, now);
         }
     }
 
     /// Sends one script call; gives the purpose back if it did not go out.
-    #[allow(clippy::too_many_arguments)]
-    fn send(
-        &mut self,
-        host: &mut dyn Host,
-        rule: usize,
-        call: ScriptCall,
-        purpose: Purpose,
-        carrier: u32,
-        sent_ms: u64,
-        with_source: bool,
-    ) -> Result<(), (BackendError, Purpose)> {
+    fn send(&mut self, host: &mut dyn Host, out: Call) -> Result<(), (BackendError, Purpose)> {
+        let Call {
+            rule,
+            mut call,
+            purpose,
+            with_source,
+            ..
+        } = out;
         let backend = &self.plugin.config.backend;
         if self.calls.len() as u64 >= backend.max_inflight {
             self.plugin
@@ -522,7 +533,6 @@ impl Engine {
                 .count(rule, Counter::InflightRejected, 1);
             return Err((BackendError::Overflow, purpose));
         }
-        let mut call = call;
         if call.settle == 0 && self.plugin.rule(rule).is_some_and(|r| r.usage.is_some()) {
             // This proxy's pending usage for the key rides on the call: Redis settles it first,
             // so this very check sees every charge this proxy knows of.
@@ -536,12 +546,9 @@ impl Engine {
                 self.calls.insert(
                     token,
                     Call {
-                        rule,
                         call,
                         purpose,
-                        carrier,
-                        sent_ms,
-                        with_source,
+                        ..out
                     },
                 );
                 Ok(())
@@ -557,15 +564,13 @@ impl Engine {
 
     /// NOSCRIPT: the same call again with the script's source (EVAL), once.
     fn resend_with_source(&mut self, host: &mut dyn Host, call: Call, carrier: u32, now: u64) {
-        let Call {
-            rule,
-            call: script_call,
-            purpose,
-            sent_ms,
-            ..
-        } = call;
-        let key = script_call.key.clone();
-        match self.send(host, rule, script_call, purpose, carrier, sent_ms, true) {
+        let key = call.call.key.clone();
+        let again = Call {
+            carrier,
+            with_source: true,
+            ..call
+        };
+        match self.send(host, again) {
             Ok(()) => {}
             Err((e, Purpose::Check { ctx, idx })) => self.fail_check(host, ctx, idx, &e, now),
             Err((e, Purpose::Batch(checks))) => {

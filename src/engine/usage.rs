@@ -7,7 +7,7 @@
 
 use std::cmp::Reverse;
 
-use super::{Admitted, Engine, Host, Purpose, Request};
+use super::{Admitted, Call, Engine, Host, Purpose, Request};
 use crate::backend::ScriptCall;
 use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
 use crate::config::UsageSource;
@@ -414,7 +414,10 @@ impl Engine {
             settle: delta,
         };
         // A failure to send puts it back (`settlement_failed`, called by `send`).
-        let _ = self.send(host, rule_idx, call, Purpose::Settle, carrier, now, false);
+        let _ = self.send(
+            host,
+            Call::new(rule_idx, call, Purpose::Settle, carrier, now),
+        );
     }
 
     /// A call that carried a settlement failed: the settlement is pending again.
