@@ -159,7 +159,7 @@ impl Engine {
             } else {
                 Outcome::Denied { retry_ms }
             };
-            self.settle(host, ctx, idx, outcome, now);
+            self.settle(host, ctx, idx, outcome);
         }
     }
 }

@@ -359,7 +359,7 @@ impl Engine {
             });
         }
         for (w, outcome) in settled {
-            self.settle(host, w.ctx, w.idx, outcome, now);
+            self.settle(host, w.ctx, w.idx, outcome);
         }
         let still_waiting = self
             .queues

@@ -317,7 +317,7 @@ impl Engine {
                         Ok(r) => self.reply_outcome(host, &call.call, &r, call.sent_ms),
                         Err(e) => self.failure_outcome(host, call.rule, &call.call, &e, now),
                     };
-                    self.settle(host, ctx, idx, outcome, now);
+                    self.settle(host, ctx, idx, outcome);
                     if coalesce::eligible(&call.call) {
                         self.chain_next(host, &call.call.key, carrier, now);
                     }
@@ -647,11 +647,11 @@ impl Engine {
             return;
         };
         let outcome = self.failure_outcome(host, rule, &call, e, now);
-        self.settle(host, ctx, idx, outcome, now);
+        self.settle(host, ctx, idx, outcome);
     }
 
     /// Records check `idx`'s outcome (once), and applies the verdict when the request has one.
-    fn settle(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, outcome: Outcome, now: u64) {
+    fn settle(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, outcome: Outcome) {
         let Some(request) = self.requests.get_mut(&ctx) else {
             return;
         };
@@ -679,7 +679,6 @@ impl Engine {
             let grpc = request.grpc;
             self.apply(host, ctx, verdict, grpc);
         }
-        let _ = now;
     }
 
     /// The verdict, once every check has an outcome or an enforced rule refused.
