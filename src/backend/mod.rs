@@ -32,6 +32,31 @@ pub struct ScriptCall {
     pub settle: i64,
 }
 
+impl ScriptCall {
+    /// A call taking `cost` from `key`'s bucket under `limits`: no lease, no wait, nothing to settle.
+    pub fn new(key: String, limits: &crate::bucket::Limits, cost: u64) -> ScriptCall {
+        ScriptCall {
+            key,
+            burst: limits.burst,
+            rate: limits.rate,
+            period_ms: limits.period_ms,
+            cost,
+            lease_want: 0,
+            max_wait_ms: 0,
+            settle: 0,
+        }
+    }
+
+    /// The limits the call carries (the rule's, or an override's for its key).
+    pub fn limits(&self) -> crate::bucket::Limits {
+        crate::bucket::Limits {
+            burst: self.burst,
+            rate: self.rate,
+            period_ms: self.period_ms,
+        }
+    }
+}
+
 /// The script's flat reply (the one reply type: `bucket::take` models it exactly).
 pub use crate::bucket::Reply;
 

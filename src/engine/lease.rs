@@ -159,7 +159,7 @@ impl Engine {
         let queues = &mut self.queues;
         let q = queues.by_key.entry(call.key.clone()).or_insert(Queue {
             rule,
-            limits: super::limits_of(&call),
+            limits: call.limits(),
             waiters: VecDeque::new(),
             state: State::Idle,
         });
@@ -218,14 +218,8 @@ impl Engine {
                 m.count(rule_idx, Counter::LeaseEvicted, placed.evicted);
                 m.count(rule_idx, Counter::LeaseDropped, placed.dropped);
                 let call = ScriptCall {
-                    key: key.to_string(),
-                    burst: limits.burst,
-                    rate: limits.rate,
-                    period_ms: limits.period_ms,
-                    cost: first,
                     lease_want: want.max(first),
-                    max_wait_ms: 0,
-                    settle: 0,
+                    ..ScriptCall::new(key.to_string(), &limits, first)
                 };
                 self.queues.set_state(key, State::Own);
                 // Saturated: fairness capped the ask while requests are pressing for more than
@@ -276,10 +270,7 @@ impl Engine {
             self.end_claim(host, Purpose::Lease(claim, false), None, now);
             return;
         };
-        let (sizing, horizon) = (
-            sizing(rule, &super::limits_of(asked)),
-            rule.lease_horizon_ms,
-        );
+        let (sizing, horizon) = (sizing(rule, &asked.limits()), rule.lease_horizon_ms);
         let store = host.store();
         let pool = LeasePool::new(store, &self.plugin.ns);
         let deny = DenyCache::new(store, &self.plugin.ns);

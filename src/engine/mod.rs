@@ -621,7 +621,7 @@ impl Engine {
             FailureMode::Open => Outcome::FailOpen,
             FailureMode::Closed => Outcome::FailClosed,
             FailureMode::Local => {
-                let limits = rule.fallback.unwrap_or(limits_of(call));
+                let limits = rule.fallback.unwrap_or(call.limits());
                 let table = format!("{}|{}", self.plugin.ns, rule.name);
                 match fallback::take(host.store(), &table, &call.key, &limits, call.cost, now) {
                     Ok(r) => match Outcome::of_reply(&r) {
@@ -697,7 +697,7 @@ impl Engine {
                 request
                     .checks
                     .iter()
-                    .filter_map(|c| Some((c.rule, c.outcome?, limits_of(&c.call)))),
+                    .filter_map(|c| Some((c.rule, c.outcome?, c.call.limits()))),
                 request.grpc,
             )
         })
@@ -850,15 +850,6 @@ impl Engine {
             host.set_tick(want);
             self.tick_ms = want;
         }
-    }
-}
-
-/// The effective limits a call carries (the rule's, or an override's for its key).
-fn limits_of(call: &ScriptCall) -> crate::bucket::Limits {
-    crate::bucket::Limits {
-        burst: call.burst,
-        rate: call.rate,
-        period_ms: call.period_ms,
     }
 }
 

@@ -75,15 +75,9 @@ impl Plugin {
             Err(e) => return Plan::BadCost(e),
         };
         let call = ScriptCall {
-            key: applied.key,
-            burst: limits.burst,
-            rate: limits.rate,
-            period_ms: limits.period_ms,
-            cost,
-            lease_want: 0,
             // A shadow rule never holds a request.
             max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
-            settle: 0,
+            ..ScriptCall::new(applied.key, &limits, cost)
         };
         Plan::Check(call, rule.mode == Mode::Lease)
     }

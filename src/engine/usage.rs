@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use super::{Admitted, Call, Engine, Host, Purpose, Request};
 use crate::backend::ScriptCall;
 use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
-use crate::config::UsageSource;
+use crate::config::{UsageSource, DEFAULT_USAGE_FLUSH_MS};
 use crate::metrics::Counter;
 use crate::rule::RequestView;
 use crate::shared::settle;
@@ -231,7 +231,7 @@ impl Engine {
             .map(|c| Admitted {
                 rule: c.rule,
                 key: c.call.key.clone(),
-                limits: super::limits_of(&c.call),
+                limits: c.call.limits(),
                 upfront: c.call.cost,
                 reader: None,
             })
@@ -349,10 +349,7 @@ impl Engine {
         let Some(rule) = self.plugin.rule(rule_idx) else {
             return;
         };
-        let (cap, flush_ms) = (
-            limits.burst.saturating_mul(MAX_SETTLE_BURSTS),
-            rule.usage.as_ref().map_or(0, |u| u.flush_ms),
-        );
+        let cap = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
         let m = &self.plugin.metrics;
         let used = match result {
             None => return,
@@ -379,17 +376,46 @@ impl Engine {
             d if d > 0 => m.count(rule_idx, Counter::UsageCharged, d.unsigned_abs()),
             d => m.count(rule_idx, Counter::UsageRefunded, d.unsigned_abs()),
         }
-        let limit = i64::try_from(cap).unwrap_or(i64::MAX);
-        match settle::add(host.store(), &self.plugin.ns, key, delta, limit) {
-            Ok(true) => self.flushes.push(Reverse((
-                now.saturating_add(flush_ms),
-                rule_idx,
-                key.to_string(),
-                limits,
-            ))),
+        if !self.keep_pending(host, rule_idx, key, limits, delta, now) {
             // No room in the shared table: settle this one now.
-            _ => self.send_settlement(host, rule_idx, key, limits, delta, carrier, now),
+            self.send_settlement(host, rule_idx, key, limits, delta, carrier, now);
         }
+    }
+
+    /// Adds `delta` to `key`'s pending settlement and schedules its flush; false if the shared
+    /// table has no room for the key.
+    fn keep_pending(
+        &mut self,
+        host: &mut dyn Host,
+        rule_idx: usize,
+        key: &str,
+        limits: Limits,
+        delta: i64,
+        now: u64,
+    ) -> bool {
+        let limit = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let kept = settle::add(host.store(), &self.plugin.ns, key, delta, limit) == Ok(true);
+        if kept {
+            self.schedule_flush(rule_idx, key.to_string(), limits, now);
+        }
+        kept
+    }
+
+    /// Flushes `key`'s pending settlement after the rule's `usage.flush_ms`, unless a call
+    /// carries it first.
+    fn schedule_flush(&mut self, rule_idx: usize, key: String, limits: Limits, now: u64) {
+        let flush_ms = self
+            .plugin
+            .rule(rule_idx)
+            .and_then(|r| r.usage.as_ref())
+            .map_or(DEFAULT_USAGE_FLUSH_MS, |u| u.flush_ms);
+        self.flushes.push(Reverse((
+            now.saturating_add(flush_ms),
+            rule_idx,
+            key,
+            limits,
+        )));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -404,14 +430,8 @@ impl Engine {
         now: u64,
     ) {
         let call = ScriptCall {
-            key: key.to_string(),
-            burst: limits.burst,
-            rate: limits.rate,
-            period_ms: limits.period_ms,
-            cost: 0,
-            lease_want: 0,
-            max_wait_ms: 0,
             settle: delta,
+            ..ScriptCall::new(key.to_string(), &limits, 0)
         };
         // A failure to send puts it back (`settlement_failed`, called by `send`).
         let _ = self.send(
@@ -428,24 +448,8 @@ impl Engine {
         call: &ScriptCall,
         now: u64,
     ) {
-        if call.settle == 0 {
-            return;
-        }
-        let Some(rule) = self.plugin.rule(rule_idx) else {
-            return;
-        };
-        let limits = super::limits_of(call);
-        let limit = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
-        let flush_ms = rule.usage.as_ref().map_or(1000, |u| u.flush_ms);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        if let Ok(true) = settle::add(host.store(), &self.plugin.ns, &call.key, call.settle, limit)
-        {
-            self.flushes.push(Reverse((
-                now.saturating_add(flush_ms),
-                rule_idx,
-                call.key.clone(),
-                limits,
-            )));
+        if call.settle != 0 {
+            self.keep_pending(host, rule_idx, &call.key, call.limits(), call.settle, now);
         }
     }
 
@@ -458,17 +462,7 @@ impl Engine {
             }
             self.flushes.pop();
             if !self.backend_allowed(host, now) {
-                let flush_ms = self
-                    .plugin
-                    .rule(rule_idx)
-                    .and_then(|r| r.usage.as_ref())
-                    .map_or(1000, |u| u.flush_ms);
-                self.flushes.push(Reverse((
-                    now.saturating_add(flush_ms),
-                    rule_idx,
-                    key,
-                    limits,
-                )));
+                self.schedule_flush(rule_idx, key, limits, now);
                 break;
             }
             let pending = settle::take(host.store(), &self.plugin.ns, &key).unwrap_or(0);
