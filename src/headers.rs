@@ -49,31 +49,63 @@ pub fn most_restrictive<'a, 'b>(reports: &'b [Report<'a>]) -> Option<&'b Report<
     })
 }
 
-/// The rate-limit headers for one report in the configured style.
+/// The rate-limit headers for one report in the configured style. Built without `core::fmt`:
+/// they go on every admitted response, and formatting machinery costs more in wasm than the rest
+/// of the local path.
 pub fn rate_limit_headers(style: HeaderStyle, r: &Report<'_>) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(5);
     let reset = ceil_secs(r.reset_ms);
     if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        out.push((
-            "ratelimit-policy".to_string(),
-            format!(
-                "\"{}\";q={};w={}",
-                r.rule,
-                r.limits.burst,
-                window_secs(&r.limits)
-            ),
-        ));
-        out.push((
-            "ratelimit".to_string(),
-            format!("\"{}\";r={};t={}", r.rule, r.remaining, reset),
-        ));
+        let quoted_rule = |extra: usize| {
+            let mut v = String::with_capacity(r.rule.len() + 2 + extra);
+            v.push('"');
+            v.push_str(r.rule);
+            v.push('"');
+            v
+        };
+        let mut policy = quoted_rule(48);
+        policy.push_str(";q=");
+        push_decimal(&mut policy, r.limits.burst);
+        policy.push_str(";w=");
+        push_decimal(&mut policy, window_secs(&r.limits));
+        out.push(("ratelimit-policy".to_string(), policy));
+        let mut now = quoted_rule(48);
+        now.push_str(";r=");
+        push_decimal(&mut now, r.remaining);
+        now.push_str(";t=");
+        push_decimal(&mut now, reset);
+        out.push(("ratelimit".to_string(), now));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push(("x-ratelimit-limit".to_string(), r.limits.burst.to_string()));
-        out.push(("x-ratelimit-remaining".to_string(), r.remaining.to_string()));
-        out.push(("x-ratelimit-reset".to_string(), reset.to_string()));
+        let decimal = |n: u64| {
+            let mut v = String::with_capacity(20);
+            push_decimal(&mut v, n);
+            v
+        };
+        out.push(("x-ratelimit-limit".to_string(), decimal(r.limits.burst)));
+        out.push(("x-ratelimit-remaining".to_string(), decimal(r.remaining)));
+        out.push(("x-ratelimit-reset".to_string(), decimal(reset)));
     }
     out
+}
+
+/// Appends `n` in decimal.
+pub fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        if let Some(d) = digits.get_mut(start) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || start == 0 {
+            break;
+        }
+    }
+    if let Ok(text) = std::str::from_utf8(digits.get(start..).unwrap_or_default()) {
+        out.push_str(text);
+    }
 }
 
 #[cfg(test)]
@@ -166,5 +198,14 @@ mod tests {
         ];
         assert_eq!(most_restrictive(&rs), Some(&rs[2]));
         assert_eq!(most_restrictive(&[]), None);
+    }
+
+    #[test]
+    fn decimals() {
+        for n in [0, 7, 10, 99, 1000, 123_456_789, u64::MAX] {
+            let mut s = String::from("x");
+            push_decimal(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
     }
 }

@@ -97,8 +97,16 @@ pub struct HostRequest;
 
 impl RequestView for HostRequest {
     /// Through Envoy's `request.headers` attribute, which joins repeated lines with `,`
-    /// (`get_header_map_value` would give only the first line).
+    /// (`get_header_map_value` would give only the first line). A pseudo-header (`:path`,
+    /// `:method`, `:authority`) has one line by construction (Envoy's codecs reject a repeated
+    /// one), so it is read from the header map directly, which costs Envoy far less than an
+    /// attribute lookup.
     fn header(&self, name: &str) -> Option<Vec<u8>> {
+        if name.starts_with(':') {
+            return hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+                .ok()
+                .flatten();
+        }
         property(&["request", "headers", name])
     }
 

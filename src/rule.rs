@@ -211,27 +211,83 @@ pub fn key_values(sources: &[KeySource], req: &dyn RequestView) -> Option<Vec<Ve
 ///
 /// A value longer than `u32::MAX` bytes (impossible for a request header) has its length saturated.
 pub fn bucket_key(prefix: &str, rule: &str, sources: &[KeySource], values: &[Vec<u8>]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut hasher = Sha256::new();
+    key_of_input(prefix, rule, &digest_input(sources, values))
+}
+
+/// What the digest is taken over (see [`bucket_key`]).
+fn digest_input(sources: &[KeySource], values: &[Vec<u8>]) -> Vec<u8> {
+    let mut input = Vec::with_capacity(values.iter().map(|v| v.len() + 40).sum());
     let mut field = |bytes: &[u8]| {
         let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-        hasher.update(len.to_be_bytes());
-        hasher.update(bytes);
+        input.extend_from_slice(&len.to_be_bytes());
+        input.extend_from_slice(bytes);
     };
     for (source, value) in sources.iter().zip(values) {
         field(source.to_string().as_bytes());
         field(value);
     }
-    let digest = hasher.finalize();
-    let mut hex = String::with_capacity(DIGEST_BYTES * 2);
+    input
+}
+
+fn key_of_input(prefix: &str, rule: &str, input: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(input);
+    let mut key = String::with_capacity(prefix.len() + rule.len() + 4 + DIGEST_BYTES * 2);
+    key.push_str(prefix);
+    key.push_str(":{");
+    key.push_str(rule);
+    key.push(':');
     for &b in digest.iter().take(DIGEST_BYTES) {
         for nibble in [b >> 4, b & 0x0f] {
             if let Some(&c) = HEX.get(usize::from(nibble)) {
-                hex.push(char::from(c));
+                key.push(char::from(c));
             }
         }
     }
-    format!("{prefix}:{{{rule}:{hex}}}")
+    key.push('}');
+    key
+}
+
+/// The bucket keys of recently seen key values, per worker and rule: a hot key's requests skip
+/// SHA-256 and its formatting, which in wasm cost more than the rest of the local path.
+///
+/// Invariant: a cached key is exactly what [`bucket_key`] gives for the rule's prefix, name and
+/// sources and the same values. It is looked up by rule index and values only, so one cache
+/// serves one configuration (the engine's, rebuilt with it). It holds at most [`KeyCache::MAX`]
+/// keys and starts over when full, so a flood of new keys costs memory once, not without bound.
+#[derive(Debug, Default)]
+pub struct KeyCache {
+    keys: std::collections::HashMap<Vec<u8>, String>,
+}
+
+impl KeyCache {
+    pub const MAX: usize = 1024;
+
+    /// [`bucket_key`] of rule `idx` (`prefix`, `rule` its name, `sources` its key), from the cache
+    /// when the same values were seen lately.
+    pub fn bucket_key(
+        &mut self,
+        idx: usize,
+        (prefix, rule, sources): (&str, &str, &[KeySource]),
+        values: &[Vec<u8>],
+    ) -> String {
+        let mut lookup = Vec::with_capacity(8 + values.iter().map(|v| v.len() + 4).sum::<usize>());
+        lookup.extend_from_slice(&u32::try_from(idx).unwrap_or(u32::MAX).to_be_bytes());
+        for value in values {
+            let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
+            lookup.extend_from_slice(&len.to_be_bytes());
+            lookup.extend_from_slice(value);
+        }
+        if let Some(key) = self.keys.get(&lookup) {
+            return key.clone();
+        }
+        let key = bucket_key(prefix, rule, sources, values);
+        if self.keys.len() >= Self::MAX {
+            self.keys.clear();
+        }
+        self.keys.insert(lookup, key.clone());
+        key
+    }
 }
 
 /// A rule that applies to a request: its bucket and the limits that hold for it.
@@ -247,7 +303,13 @@ pub struct Applied {
 }
 
 /// The bucket key and effective limits if the rule's match holds and all key sources are present.
-pub fn applies(prefix: &str, rule: &Rule, req: &dyn RequestView) -> Option<Applied> {
+/// `idx` is the rule's index in its configuration (for `keys`).
+pub fn applies(
+    prefix: &str,
+    (idx, rule): (usize, &Rule),
+    req: &dyn RequestView,
+    keys: &mut KeyCache,
+) -> Option<Applied> {
     if !matches(&rule.matcher, req) {
         return None;
     }
@@ -258,7 +320,7 @@ pub fn applies(prefix: &str, rule: &Rule, req: &dyn RequestView) -> Option<Appli
         Some(Override::Unlimited) => (rule.limits, true),
     };
     Some(Applied {
-        key: bucket_key(prefix, &rule.name, &rule.key, &values),
+        key: keys.bucket_key(idx, (prefix, &rule.name, &rule.key), &values),
         limits,
         unlimited,
     })
@@ -315,7 +377,7 @@ mod tests {
 
     /// The bucket key `applies` gives, if the rule applies.
     fn key_of(prefix: &str, rule: &Rule, req: &Req) -> Option<String> {
-        applies(prefix, rule, req).map(|a| a.key)
+        applies(prefix, (0, rule), req, &mut KeyCache::default()).map(|a| a.key)
     }
 
     fn one(source: KeySource, req: &Req) -> Option<Vec<u8>> {
@@ -1022,9 +1084,14 @@ mod tests {
         assert_eq!(one(src("p.sub"), &Req::new("GET", "/")), None);
         // The rule does not apply without the claim.
         let r = rule(Match::default(), vec![src("p.sub")]);
-        assert!(applies("tg", &r, &req).is_some());
+        assert!(applies("tg", (0, &r), &req, &mut KeyCache::default()).is_some());
         assert_eq!(
-            applies("tg", &r, &Req::new("GET", "/").prop("metadata", "")),
+            applies(
+                "tg",
+                (0, &r),
+                &Req::new("GET", "/").prop("metadata", ""),
+                &mut KeyCache::default()
+            ),
             None
         );
     }
@@ -1041,8 +1108,15 @@ mod tests {
             .insert(vec![b"acme".to_vec()], Override::Limits(acme));
         r.overrides
             .insert(vec![b"internal".to_vec()], Override::Unlimited);
-        let tenant =
-            |t: &str| applies("tg", &r, &Req::new("GET", "/").with("x-tenant", t)).unwrap();
+        let tenant = |t: &str| {
+            applies(
+                "tg",
+                (0, &r),
+                &Req::new("GET", "/").with("x-tenant", t),
+                &mut KeyCache::default(),
+            )
+            .unwrap()
+        };
         let plain = rule(Match::default(), vec![KeySource::Header("x-tenant".into())]);
         let plain_key =
             |t: &str| key_of("tg", &plain, &Req::new("GET", "/").with("x-tenant", t)).unwrap();
@@ -1066,15 +1140,52 @@ mod tests {
         let r = rule(Match::default(), vec![KeySource::Authority]);
         let a = applies(
             "tg",
-            &r,
+            (0, &r),
             &Req::default().with(":authority", "API.example.com"),
+            &mut KeyCache::default(),
         );
         let b = applies(
             "tg",
-            &r,
+            (0, &r),
             &Req::default().with(":authority", "api.EXAMPLE.com"),
+            &mut KeyCache::default(),
         );
         assert!(a.is_some());
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn the_key_cache_gives_exactly_the_bucket_key() {
+        let mut cache = KeyCache::default();
+        let sources = [hdr("x-user-id"), KeySource::Query("k".into())];
+        let other = [hdr("x-tenant")];
+        let v = |a: &str, b: &str| vec![a.as_bytes().to_vec(), b.as_bytes().to_vec()];
+        for (idx, rule, sources, values) in [
+            (0, "r", &sources[..], v("alice", "1")),
+            (0, "r", &sources[..], v("alice", "1")),
+            (1, "r2", &sources[..], v("alice", "1")),
+            (0, "r", &sources[..], v("alic", "e1")),
+            (2, "t", &other[..], vec![b"alice1".to_vec()]),
+            (0, "r", &sources[..], v("alice", "1")),
+        ] {
+            assert_eq!(
+                cache.bucket_key(idx, ("tg", rule, sources), &values),
+                bucket_key("tg", rule, sources, &values)
+            );
+        }
+    }
+
+    #[test]
+    fn the_key_cache_is_bounded() {
+        let mut cache = KeyCache::default();
+        let sources = [hdr("x-user-id")];
+        for i in 0..KeyCache::MAX * 3 + 1 {
+            let values = [i.to_string().into_bytes()];
+            assert_eq!(
+                cache.bucket_key(0, ("tg", "r", &sources), &values),
+                bucket_key("tg", "r", &sources, &values)
+            );
+            assert!(cache.keys.len() <= KeyCache::MAX);
+        }
     }
 }

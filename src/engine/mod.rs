@@ -146,8 +146,10 @@ pub struct Engine {
     plugin: Plugin,
     /// The worker's root context: it carries calls made from ticks.
     root: u32,
-    requests: HashMap<u32, Request>,
-    calls: HashMap<u32, Call>,
+    requests: HashMap<u32, Request, ById>,
+    calls: HashMap<u32, Call, ById>,
+    /// Bucket keys of recently seen key values (a hot key's requests skip the digest).
+    keys: crate::rule::KeyCache,
     queues: Queues,
     stashes: stash::Stashes,
     /// Lease keys: tokens this worker's requests asked for and were denied locally (the deny
@@ -168,13 +170,38 @@ pub struct Engine {
     in_headers: Option<(u32, Option<Action>)>,
 }
 
+/// Hashes the host's context ids and callout tokens, which the host hands out (a client cannot
+/// choose them), with one multiplication instead of SipHash: the request map is touched several
+/// times per request.
+type ById = std::hash::BuildHasherDefault<IdHasher>;
+
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 impl Engine {
     pub fn new(plugin: Plugin, root: u32) -> Engine {
         Engine {
             plugin,
             root,
-            requests: HashMap::new(),
-            calls: HashMap::new(),
+            requests: HashMap::default(),
+            calls: HashMap::default(),
+            keys: crate::rule::KeyCache::default(),
             queues: Queues::default(),
             stashes: stash::Stashes::default(),
             unmet: HashMap::new(),
@@ -217,7 +244,7 @@ impl Engine {
         let now = host.now_ms();
         let mut checks = Vec::new();
         for idx in 0..self.plugin.config.rules.len() {
-            let (call, lease) = match self.plugin.check_for(idx, req) {
+            let (call, lease) = match self.plugin.check_for(idx, req, &mut self.keys) {
                 plugin::Plan::Skip => continue,
                 plugin::Plan::Unlimited => {
                     self.plugin.metrics.count(idx, Counter::Allowed, 1);
@@ -388,9 +415,10 @@ impl Engine {
     /// be sent from here (a call carried by a dying context would never be answered), so lease
     /// calls it carried are ended and their keys tried again at the next tick.
     pub fn done(&mut self, host: &mut dyn Host, ctx: u32) {
-        let now = host.now_ms();
+        let mut waited = false;
         if let Some(r) = self.requests.remove(&ctx) {
             for c in r.checks.iter().filter(|c| c.outcome.is_none()) {
+                waited = true;
                 if c.lease {
                     self.queues.remove_waiter(&c.call.key, ctx);
                 } else {
@@ -404,6 +432,11 @@ impl Engine {
             .filter(|(_, c)| c.carrier == ctx)
             .map(|(t, _)| *t)
             .collect();
+        if !waited && carried.is_empty() {
+            // A request decided long ago: nothing of it is left to end or reschedule.
+            return;
+        }
+        let now = host.now_ms();
         for token in carried {
             let Some(call) = self.calls.remove(&token) else {
                 continue;

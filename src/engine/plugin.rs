@@ -9,7 +9,7 @@ use crate::bucket::Limits;
 use crate::config::{Config, Mode, Rule};
 use crate::headers::{self, Report};
 use crate::metrics::{Counter, Metrics, NoMetrics};
-use crate::rule::RequestView;
+use crate::rule::{KeyCache, RequestView};
 
 /// gRPC status codes used in local replies.
 pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
@@ -58,12 +58,13 @@ impl Plugin {
         self.config.rules.get(idx)
     }
 
-    /// What rule `idx` means for `req`.
-    pub fn check_for(&self, idx: usize, req: &dyn RequestView) -> Plan {
+    /// What rule `idx` means for `req` (`keys`: this worker's cache of bucket keys).
+    pub fn check_for(&self, idx: usize, req: &dyn RequestView, keys: &mut KeyCache) -> Plan {
         let Some(rule) = self.rule(idx) else {
             return Plan::Skip;
         };
-        let Some(applied) = crate::rule::applies(&self.config.key_prefix, rule, req) else {
+        let Some(applied) = crate::rule::applies(&self.config.key_prefix, (idx, rule), req, keys)
+        else {
             return Plan::Skip;
         };
         if applied.unlimited {

@@ -460,8 +460,9 @@ fn too_many_calls_in_flight_get_the_failure_mode_and_are_counted() {
 fn lease_key(e: &Engine, u: &str) -> String {
     crate::rule::applies(
         &e.plugin.config.key_prefix,
-        &e.plugin.config.rules[0],
+        (0, &e.plugin.config.rules[0]),
         &user(u),
+        &mut crate::rule::KeyCache::default(),
     )
     .unwrap()
     .key

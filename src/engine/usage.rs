@@ -248,7 +248,7 @@ impl Engine {
         trailers: bool,
     ) -> bool {
         let rules = &self.plugin.config.rules;
-        let Some(r) = self.requests.get_mut(&ctx) else {
+        let Some(r) = self.requests.get_mut(&ctx).filter(|r| !r.usage.is_empty()) else {
             return false;
         };
         let content_type = if trailers {
