@@ -402,37 +402,6 @@ fn template_drift() -> Vec<String> {
         .collect()
 }
 
-/// Builds bench/wasm-floor and returns the path of its .wasm.
-fn build_wasm_floor() -> Result<PathBuf, String> {
-    let root = repo_root();
-    let target_dir = root.join("target/wasm-floor");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(&root)
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "--target",
-            "wasm32-wasip1",
-            "--manifest-path",
-            "bench/wasm-floor/Cargo.toml",
-            "--target-dir",
-        ])
-        .arg(&target_dir)
-        .status()
-        .map_err(|e| format!("run cargo: {e}"))?;
-    if !status.success() {
-        return Err(format!("building bench/wasm-floor failed ({status})"));
-    }
-    let wasm = target_dir.join("wasm32-wasip1/release/wasm_floor.wasm");
-    if wasm.is_file() {
-        Ok(wasm)
-    } else {
-        Err(format!("{} missing after the build", wasm.display()))
-    }
-}
-
 /// One scenario's running proxies.
 struct Running {
     def: Def,
@@ -1587,7 +1556,7 @@ fn run(settings: &Settings) -> Result<(), String> {
         .any(|d| d.setup == Setup::Template("wasm-floor.yaml"))
     {
         eprintln!("bench: building bench/wasm-floor");
-        build_wasm_floor()?
+        common::build_wasm_floor()?
     } else {
         PathBuf::new()
     };

@@ -420,3 +420,94 @@ fn lease_two_proxies_never_over_the_limit_on_both() {
     assert_clean(&h1);
     assert_clean(&h2);
 }
+
+/// A plugin configuration like `make bench`'s tollgate-lease: one lease rule keyed on x-user-id,
+/// a limit never reached, IETF headers.
+fn bench_lease_config() -> String {
+    r#"{ "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 2000 },
+         "response_headers": "ietf",
+         "rules": [ { "name": "per-user", "match": { "path_prefix": "/api/" },
+                      "key": ["header:x-user-id"], "mode": "lease",
+                      "rate": 1000000, "period_ms": 1000, "burst": 1000000 } ] }"#
+        .to_string()
+}
+
+/// `n` requests from one user through `host`, all admitted.
+fn bench_requests(host: &Proxy, n: u64) {
+    for _ in 0..n {
+        assert_eq!(get(host, "/api/bench", "bench-user").status, 200);
+    }
+}
+
+/// What `n` requests from one user cost `host`: wasm instructions and host calls.
+fn cost_of_requests(host: &Proxy, n: u64) -> tollgate_testhost::Cost {
+    let before = host.cost();
+    bench_requests(host, n);
+    host.cost().since(&before)
+}
+
+/// The local path's cost measured without a clock: wasm instructions executed (the test host's
+/// fuel) and host calls per request that tollgate answers from leased tokens, next to the wasm
+/// floor (bench/wasm-floor: one header read, nothing else) on the same host. CPU time in `make
+/// bench` is the real figure; this one does not move with the machine's load, so it shows what a
+/// change to the hot path does. Asserts the host calls per locally answered request.
+#[test]
+fn local_path_cost_next_to_the_wasm_floor() {
+    const N: u64 = 400;
+    let dir = common::scratch_dir("th-cost");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let floor_wasm = common::build_wasm_floor().unwrap();
+    let floor = Proxy::start(ProxyConfig::new(floor_wasm, "")).unwrap();
+    let tollgate = start_host(&bench_lease_config(), webdis.port);
+    let local = |t: &Proxy| {
+        t.stat_value("wasmcustom.tollgate.per-user.local_allowed")
+            .unwrap_or(0)
+    };
+
+    bench_requests(&floor, N);
+    let floor_cost = cost_of_requests(&floor, N);
+    bench_requests(&tollgate, N);
+    let local_before = local(&tollgate);
+    let cost = cost_of_requests(&tollgate, N);
+    let answered_locally = local(&tollgate) - local_before;
+    let per = |c: &tollgate_testhost::Cost| {
+        let calls: Vec<String> = c
+            .host_calls
+            .iter()
+            .map(|(k, v)| format!("{k} {:.2}", *v as f64 / N as f64))
+            .collect();
+        let fuel: Vec<String> = c
+            .fuel_by_callback
+            .iter()
+            .map(|(k, v)| format!("{k} {:.0}", *v as f64 / N as f64))
+            .collect();
+        format!(
+            "{:.0} wasm instructions ({}), {:.2} host calls per request ({})",
+            c.fuel as f64 / N as f64,
+            fuel.join(", "),
+            c.calls() as f64 / N as f64,
+            calls.join(", ")
+        )
+    };
+    eprintln!("local path cost: wasm floor: {}", per(&floor_cost));
+    eprintln!(
+        "local path cost: tollgate lease ({answered_locally} of {N} answered locally): {}",
+        per(&cost)
+    );
+    assert!(
+        answered_locally * 20 >= N * 19,
+        "nearly every measured request answered locally"
+    );
+    // The local path's host calls: the clock, :path, the key header, two counters, two response
+    // headers; a few requests also move a batch of tokens through shared data.
+    let calls = cost.calls() as f64 / N as f64;
+    assert!(calls < 7.5, "{calls:.2} host calls per request");
+    let times_floor = cost.fuel as f64 / floor_cost.fuel as f64;
+    eprintln!("local path cost: tollgate lease = {times_floor:.2}x the floor's wasm instructions");
+    assert!(
+        times_floor < 12.0,
+        "{times_floor:.2}x the floor's wasm instructions"
+    );
+    assert_clean(&tollgate);
+}

@@ -76,6 +76,10 @@ fn copy_out(c: &mut C, bytes: &[u8], ptr_ptr: i32, size_ptr: i32) -> Result<i32,
 /// No proxy_* call is allowed while the module initializes (cpp-host's restricted callbacks):
 /// Envoy fails the module load.
 fn guard(c: &C, name: &str) -> Result<(), Error> {
+    c.data().shared.host_call(name);
+    if std::env::var_os("TESTHOST_TRACE").is_some() {
+        eprintln!("TRACE {name} {}", c.get_fuel().unwrap_or(0));
+    }
     if c.data().initializing {
         return Err(Error::new(format!(
             "restricted_callback: {name} during _initialize"

@@ -114,6 +114,44 @@ pub enum Stat {
     },
 }
 
+/// What the module has cost so far, summed over every worker: wasm instructions executed (wasmi's
+/// fuel, one unit per instruction and a little more for memory and calls) and host calls made, by
+/// import name. Deterministic for a given module and sequence of requests, unlike CPU time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub fuel: u64,
+    /// The same fuel by the callback (export) the host called.
+    pub fuel_by_callback: BTreeMap<String, u64>,
+    pub host_calls: BTreeMap<String, u64>,
+}
+
+impl Cost {
+    /// What was spent since `before`.
+    pub fn since(&self, before: &Cost) -> Cost {
+        let since = |now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>| {
+            now.iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.saturating_sub(then.get(k).copied().unwrap_or(0)),
+                    )
+                })
+                .filter(|(_, v)| *v > 0)
+                .collect()
+        };
+        Cost {
+            fuel: self.fuel.saturating_sub(before.fuel),
+            fuel_by_callback: since(&self.fuel_by_callback, &before.fuel_by_callback),
+            host_calls: since(&self.host_calls, &before.host_calls),
+        }
+    }
+
+    /// Host calls of every kind.
+    pub fn calls(&self) -> u64 {
+        self.host_calls.values().sum()
+    }
+}
+
 /// What every worker of one proxy shares (Envoy: the process).
 pub(crate) struct Shared {
     pub config: ProxyConfig,
@@ -123,6 +161,7 @@ pub(crate) struct Shared {
     pub clusters: Mutex<HashMap<String, Option<SocketAddr>>>,
     pub traps: Mutex<Vec<String>>,
     pub unmodelled: Mutex<BTreeSet<String>>,
+    pub cost: Mutex<Cost>,
 }
 
 impl Shared {
@@ -132,6 +171,19 @@ impl Shared {
         }
         if let Ok(mut log) = self.log.lock() {
             log.push(line);
+        }
+    }
+
+    pub fn host_call(&self, name: &str) {
+        if let Ok(mut c) = self.cost.lock() {
+            *c.host_calls.entry(name.to_string()).or_insert(0) += 1;
+        }
+    }
+
+    pub fn fuel(&self, callback: &str, spent: u64) {
+        if let Ok(mut c) = self.cost.lock() {
+            c.fuel = c.fuel.saturating_add(spent);
+            *c.fuel_by_callback.entry(callback.to_string()).or_insert(0) += spent;
         }
     }
 
@@ -220,6 +272,7 @@ impl Proxy {
             log: Mutex::new(Vec::new()),
             traps: Mutex::new(Vec::new()),
             unmodelled: Mutex::new(BTreeSet::new()),
+            cost: Mutex::new(Cost::default()),
         });
         let mut workers = Vec::new();
         let mut threads = Vec::new();
@@ -315,6 +368,15 @@ impl Proxy {
             .traps
             .lock()
             .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    /// What the module has cost so far (see [`Cost`]).
+    pub fn cost(&self) -> Cost {
+        self.shared
+            .cost
+            .lock()
+            .map(|c| c.clone())
             .unwrap_or_default()
     }
 

@@ -188,7 +188,9 @@ impl Worker {
         wasm: &[u8],
         events: mpsc::Sender<Event>,
     ) -> Result<Worker, String> {
-        let engine = Engine::default();
+        let mut engine_config = wasmi::Config::default();
+        engine_config.consume_fuel(true);
+        let engine = Engine::new(&engine_config);
         let module = Module::new(&engine, wasm).map_err(|e| format!("bad module: {e}"))?;
         let higress = shared.config.higress;
         let exports: Vec<String> = module.exports().map(|e| e.name().to_string()).collect();
@@ -227,6 +229,7 @@ impl Worker {
             metrics: HashMap::new(),
         };
         let mut store = Store::new(&engine, host);
+        store.set_fuel(u64::MAX).map_err(|e| format!("fuel: {e}"))?;
         let mut linker = Linker::new(&engine);
         crate::abi::define(&mut linker, with_redis).map_err(|e| format!("linker: {e}"))?;
         // Like Envoy, a module importing a function the host does not have fails to load.
@@ -271,8 +274,14 @@ impl Worker {
         let saved = (h.current, h.effective);
         h.current = ctx;
         h.effective = 0;
+        let fuel = self.store.get_fuel().unwrap_or(0);
+        if std::env::var_os("TESTHOST_TRACE").is_some() {
+            eprintln!("TRACE >{name} {fuel}");
+        }
         let out = f.call(&mut self.store, params);
+        let spent = fuel.saturating_sub(self.store.get_fuel().unwrap_or(0));
         let h = self.host();
+        h.shared.fuel(name, spent);
         h.current = saved.0;
         h.effective = saved.1;
         match out {
