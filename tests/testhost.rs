@@ -450,7 +450,8 @@ fn cost_of_requests(host: &Proxy, n: u64) -> tollgate_testhost::Cost {
 /// fuel) and host calls per request that tollgate answers from leased tokens, next to the wasm
 /// floor (bench/wasm-floor: one header read, nothing else) on the same host. CPU time in `make
 /// bench` is the real figure; this one does not move with the machine's load, so it shows what a
-/// change to the hot path does. Asserts the host calls per locally answered request.
+/// change to the hot path does. Asserts the host calls per locally answered request and a bound
+/// on its instructions.
 #[test]
 fn local_path_cost_next_to_the_wasm_floor() {
     const N: u64 = 400;
@@ -500,13 +501,25 @@ fn local_path_cost_next_to_the_wasm_floor() {
         "nearly every measured request answered locally"
     );
     // The local path's host calls: the clock, :path, the key header, two counters, two response
-    // headers; a few requests also move a batch of tokens through shared data.
-    let calls = cost.calls() as f64 / N as f64;
-    assert!(calls < 7.5, "{calls:.2} host calls per request");
+    // headers (7). Moving a batch of tokens through shared data, and lease calls when the machine
+    // is slow enough for a lease to run out, come on top and are not counted here.
+    let local_kinds = [
+        "proxy_get_current_time_nanoseconds",
+        "proxy_get_header_map_value",
+        "proxy_get_property",
+        "proxy_increment_metric",
+        "proxy_add_header_map_value",
+    ];
+    let calls: u64 = local_kinds
+        .iter()
+        .filter_map(|k| cost.host_calls.get(*k))
+        .sum();
+    let calls = calls as f64 / N as f64;
+    assert!(calls < 7.5, "{calls:.2} local-path host calls per request");
     let times_floor = cost.fuel as f64 / floor_cost.fuel as f64;
     eprintln!("local path cost: tollgate lease = {times_floor:.2}x the floor's wasm instructions");
     assert!(
-        times_floor < 12.0,
+        times_floor < 9.0,
         "{times_floor:.2}x the floor's wasm instructions"
     );
     assert_clean(&tollgate);
