@@ -196,6 +196,12 @@ impl Engine {
         (self.requests.len(), self.calls.len(), self.queues.waiters())
     }
 
+    /// Leased tokens this worker holds in its stash for bucket `key`, and when they expire (for
+    /// `examples/lease_sim.rs`' account of where tokens went).
+    pub fn stashed(&self, key: &str) -> Option<(u64, u64)> {
+        self.stashes.held(key)
+    }
+
     // ----- events -----
 
     /// A request's headers: decide what can be decided locally, send what needs the backend.
