@@ -358,7 +358,12 @@ impl Engine {
             .get(key)
             .is_some_and(|q| !q.waiters.is_empty() && q.state == State::Idle);
         if still_waiting {
-            self.kick(host, key, carrier, now);
+            // A carrier that has its answer ends right after this callback, and Envoy cancels the
+            // calls it carries (Redis may still run one: its tokens would be lost). The next tick
+            // sends the call from the root context instead.
+            let alive =
+                |c: &u32| *c == self.root || self.requests.get(c).is_some_and(|r| r.deciding);
+            self.kick(host, key, carrier.filter(alive), now);
         } else {
             self.queues.forget_if_idle(key);
         }
