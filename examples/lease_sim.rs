@@ -62,6 +62,8 @@ usage: cargo run --release --example lease_sim -- [options]
   --sweep            run the standard shapes (bench, burst 10x, 2x and 20x overload, 4 proxies,
                      latency 5 ms, one proxy, a light key) and print one line each";
 
+/// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
+const EPOCH_US: u64 = 1_700_000_000_000_000;
 /// The bench's header key and its value.
 const USER_HEADER: &str = "x-user-id";
 const ROOT: u32 = 1;
@@ -321,11 +323,14 @@ struct CallRec {
     limits: Limits,
     cost: u64,
     want: u64,
+    max_wait_ms: u64,
+    settle: i64,
     sent_us: u64,
     lat_us: u64,
     cancelled: bool,
     /// The bucket's answer, once Redis ran it; and the tokens it held just before.
     reply: Option<(bucket::Reply, u64)>,
+    exec_us: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -352,6 +357,8 @@ struct Run {
     /// root context (a tick: another worker's call ended, or a lost call retried).
     lease_full: u64,
     lease_partial: u64,
+    /// Lease calls granted a reservation (part of the grant refills later).
+    lease_reserved: u64,
     lease_denied: u64,
     exact: u64,
     from_root: u64,
@@ -363,14 +370,18 @@ struct Run {
     at_full: u64,
     granted: u64,
     overflow: f64,
-    in_bucket_end: u64,
+    /// Tokens in the global bucket at the end; negative: reserved ahead of its refill.
+    in_bucket_end: f64,
     dropped: u64,
     held_end: u64,
+    /// Of `held_end`, those the bucket had refilled by the end.
+    held_end_refilled: f64,
     /// Admitted by the engine after the load's last counted completion.
     spent_after: u64,
     /// 429s answered while the global bucket held at least one token.
     limited_with_tokens: u64,
-    /// Mean tokens in the global bucket, and held live in pools and stashes, over the load.
+    /// Mean tokens in the global bucket, and held live in pools and stashes (refilled or not),
+    /// over the load.
     mean_bucket: f64,
     mean_held: f64,
     /// Admitted per proxy.
@@ -378,6 +389,8 @@ struct Run {
     calls_per_proxy: Vec<u64>,
     /// 429s answered from the deny cache.
     local_denied: u64,
+    /// How long after the load's last completion the last tick fired (idle CPU: ticks stop).
+    ticks_after_ms: f64,
 }
 
 impl Run {
@@ -409,6 +422,9 @@ struct Sim<'o> {
     held_samples: f64,
     limits: Limits,
     key: Option<String>,
+    end_state: Option<State>,
+    end_held: u64,
+    last_tick: u64,
 }
 
 fn config_json(o: &Opts) -> String {
@@ -522,6 +538,9 @@ impl<'o> Sim<'o> {
                 period_ms: 1000,
             },
             key: None,
+            end_state: None,
+            end_held: 0,
+            last_tick: 0,
         };
         // One h2load process per proxy, started in turn by the bench (a few ms apart, at a random
         // phase of the period); its clients connect one after another.
@@ -541,7 +560,7 @@ impl<'o> Sim<'o> {
                     busy: false,
                     sent_at: 0,
                 });
-                starts.push(1000 + offset + c as u64 * CONNECT_STAGGER_US);
+                starts.push(EPOCH_US + offset + c as u64 * CONNECT_STAGGER_US);
             }
         }
         sim.clients = clients;
@@ -607,15 +626,16 @@ impl<'o> Sim<'o> {
         );
         for c in &self.calls {
             let t = c.sent_us.saturating_sub(first) as f64 / 1000.0;
-            let (granted, before, remaining, allowed) = match c.reply {
-                Some((r, b)) => (r.granted, b, r.remaining, r.allowed),
-                None => (0, 0, 0, false),
+            let (granted, before, remaining, allowed, retry) = match c.reply {
+                Some((r, b)) => (r.granted, b, r.remaining, r.allowed, r.retry_after_ms),
+                None => (0, 0, 0, false, 0),
             };
             let note = match (c.cancelled, c.reply.is_some(), allowed) {
-                (true, true, _) => "cancelled (answer lost)",
-                (true, false, _) => "cancelled before Redis",
-                (_, _, false) => "denied",
-                _ => "",
+                (true, true, _) => "cancelled (answer lost)".to_string(),
+                (true, false, _) => "cancelled before Redis".to_string(),
+                (_, _, false) => format!("denied, retry in {retry} ms"),
+                _ if retry > 0 => format!("reserved: refilled in {retry} ms"),
+                _ => String::new(),
             };
             println!(
                 "  {t:8.1}  {}.{}        {:<7} {:5} {:5} {:7} {:12} {:9}  {note}",
@@ -640,6 +660,15 @@ impl<'o> Sim<'o> {
         bucket::take(state, &self.limits, 0, 0, 0, 0, t_us)
             .1
             .remaining
+    }
+
+    /// Tokens in the global bucket at `t_us` (the last counted completion), negative while it is
+    /// in debt (reservations).
+    fn signed_level(&self, t_us: u64) -> f64 {
+        match bucket::take(self.end_state, &self.limits, 0, 0, 0, 0, t_us).0 {
+            Some(st) => st.units as f64 / st.period_ms as f64,
+            None => self.o.burst as f64,
+        }
     }
 
     /// Live leased tokens in every pool and stash at `t_us`.
@@ -731,10 +760,13 @@ impl<'o> Sim<'o> {
                 limits,
                 cost: num(7),
                 want: num(8),
+                max_wait_ms: num(9),
+                settle: parts[10].parse().unwrap(),
                 sent_us: now,
                 lat_us: lat,
                 cancelled: false,
                 reply: None,
+                exec_us: 0,
             });
             self.key.get_or_insert(key);
             self.workers[p][w].calls.insert(token, idx);
@@ -766,11 +798,19 @@ impl<'o> Sim<'o> {
         let before = bucket::take(state, &call.limits, 0, 0, 0, 0, self.now_us)
             .1
             .remaining;
-        let (state, reply) =
-            bucket::take(state, &call.limits, call.cost, call.want, 0, 0, self.now_us);
+        let (state, reply) = bucket::take(
+            state,
+            &call.limits,
+            call.cost,
+            call.want,
+            call.max_wait_ms,
+            call.settle,
+            self.now_us,
+        );
         self.bucket.insert(call.key.clone(), state);
         let lat = call.lat_us;
         self.calls[i].reply = Some((reply, before));
+        self.calls[i].exec_us = self.now_us;
         self.at(self.now_us + lat - lat / 2, Ev::Answer(i));
     }
 
@@ -814,6 +854,7 @@ impl<'o> Sim<'o> {
         wk.host.now_us = now;
         wk.host.current = ROOT;
         wk.engine.tick(&mut wk.host);
+        self.last_tick = now;
         self.after(p, w);
         let wk = &self.workers[p][w];
         if wk.tick_gen == gen && wk.tick_ms > 0 {
@@ -853,21 +894,26 @@ impl<'o> Sim<'o> {
     }
 
     fn receive(&mut self, c: usize, status: u32) {
-        let cl = &mut self.clients[c];
-        cl.busy = false;
+        self.clients[c].busy = false;
         if self.now_us > self.end_us {
             return; // h2load stopped: not counted
         }
         self.last_end = self.last_end.max(self.now_us);
+        // The global bucket and the leased tokens as they were then (the ledger's end).
+        self.end_state = self
+            .key
+            .as_ref()
+            .and_then(|k| self.bucket.get(k).copied().flatten());
+        self.end_held = self.held(self.now_us);
         match status {
             200 => {
                 self.run.admitted += 1;
-                self.run.per_proxy[cl.proxy] += 1;
+                self.run.per_proxy[self.clients[c].proxy] += 1;
             }
             429 => self.run.limited += 1,
             _ => self.run.other += 1,
         }
-        if cl.pending > 0 {
+        if self.clients[c].pending > 0 {
             self.send(c);
         }
     }
@@ -879,7 +925,7 @@ impl<'o> Sim<'o> {
         let mut r = std::mem::take(&mut self.run);
         let secs = (t_end - first) as f64 / 1e6;
         r.ideal = o.burst as f64 + o.rate as f64 * secs;
-        r.in_bucket_end = self.level(t_end);
+        r.in_bucket_end = self.signed_level(t_end);
         r.mean_bucket = self.bucket_samples.0 / self.bucket_samples.1.max(1) as f64;
         r.mean_held = self.held_samples / self.bucket_samples.1.max(1) as f64;
         for ws in &self.workers {
@@ -901,7 +947,7 @@ impl<'o> Sim<'o> {
             let Some((reply, before)) = c.reply else {
                 continue;
             };
-            if c.sent_us > t_end {
+            if c.exec_us > t_end {
                 continue;
             }
             r.calls += 1;
@@ -921,26 +967,20 @@ impl<'o> Sim<'o> {
                 r.exact += 1;
             } else if !reply.allowed {
                 r.lease_denied += 1;
+            } else if reply.retry_after_ms > 0 {
+                r.lease_reserved += 1;
             } else if reply.granted < c.want.max(c.cost) {
                 r.lease_partial += 1;
             } else {
                 r.lease_full += 1;
             }
         }
-        if let Some(key) = &self.key {
-            for (p, ws) in self.workers.iter().enumerate() {
-                let ns = ws[0].engine.plugin().ns.clone();
-                if let Some(l) = LeasePool::new(&*self.stores[p], &ns).peek(key) {
-                    r.held_end += l.tokens;
-                }
-                for wk in ws {
-                    if let Some((tokens, _)) = wk.engine.stashed(key) {
-                        r.held_end += tokens;
-                    }
-                }
-            }
-        }
-        r.overflow = r.ideal - r.granted as f64 - r.in_bucket_end as f64;
+        r.held_end = self.end_held;
+        r.ticks_after_ms = self.last_tick.saturating_sub(t_end) as f64 / 1000.0;
+        // Tokens granted ahead of the refill (reserved) are not part of the ideal yet.
+        let ahead = (-r.in_bucket_end).max(0.0);
+        r.held_end_refilled = r.held_end as f64 - ahead;
+        r.overflow = r.ideal - (r.granted as f64 - ahead) - r.in_bucket_end.max(0.0);
         r
     }
 }
@@ -1014,22 +1054,23 @@ fn report(o: &Opts, runs: &[Run]) {
     );
     println!(
         "where the ideal's tokens went (means): admitted {:.1} | overflowed the full bucket {:.1} | \
-         in the bucket at the end {:.1} | leased and dropped (expired/evicted) {:.1} | held in \
-         pools/stashes at the end {:.1} | granted to cancelled calls {:.1} | admitted after the \
-         load's end {:.1}",
+         in the bucket at the end {:.1} (negative: reserved ahead of the refill) | leased and \
+         dropped (expired/evicted) {:.1} | held in pools/stashes at the end, refilled already \
+         {:.1} | granted to cancelled calls {:.1} | admitted after the load's end {:.1}",
         m(|r| r.admitted as f64),
         m(|r| r.overflow),
-        m(|r| r.in_bucket_end as f64),
+        m(|r| r.in_bucket_end),
         m(|r| r.dropped as f64),
-        m(|r| r.held_end as f64),
+        m(|r| r.held_end_refilled),
         m(|r| r.cancelled_tokens as f64),
         m(|r| r.spent_after as f64),
     );
     println!(
-        "calls by kind (means): lease granted in full {:.1}, in part {:.1}, denied {:.1}, exact {:.1}; \
+        "calls by kind (means): lease granted in full {:.1}, in part {:.1}, reserved {:.1}, denied {:.1}, exact {:.1}; \
          carried by a tick {:.1}; cancelled {:.1}; found the bucket full {:.1}",
         m(|r| r.lease_full as f64),
         m(|r| r.lease_partial as f64),
+        m(|r| r.lease_reserved as f64),
         m(|r| r.lease_denied as f64),
         m(|r| r.exact as f64),
         m(|r| r.from_root as f64),
@@ -1043,12 +1084,14 @@ fn report(o: &Opts, runs: &[Run]) {
     };
     println!(
         "mean tokens in the global bucket {:.1}, in pools and stashes {:.1}; 429s while it held a token {:.1}; local 429s {:.1}; \
-         smallest proxy share x proxies {:.3}",
+         smallest proxy share x proxies {:.3}; last tick {:.1} ms after the load (max {:.1})",
         m(|r| r.mean_bucket),
         m(|r| r.mean_held),
         m(|r| r.limited_with_tokens as f64),
         m(|r| r.local_denied as f64),
         m(share),
+        m(|r| r.ticks_after_ms),
+        runs.iter().map(|r| r.ticks_after_ms).fold(0.0, f64::max),
     );
 }
 
@@ -1162,17 +1205,18 @@ fn main() {
             median(runs.iter().map(Run::per_1k).collect()),
             runs.iter().map(Run::per_1k).fold(0.0, f64::max),
             m(|r| r.overflow),
-            m(|r| r.in_bucket_end as f64),
+            m(|r| r.in_bucket_end),
             m(|r| r.dropped as f64),
-            m(|r| r.held_end as f64),
+            m(|r| r.held_end_refilled),
             m(|r| r.cancelled_tokens as f64),
             m(share),
         );
     }
     println!(
         "adm/req: admitted / requests (mean); adm/id: admitted / ideal, median and min over runs; calls/1k: median and max; then means per \
-         load, in tokens: refill that overflowed the full bucket, left in the bucket, leased and \
-         dropped, held in pools/stashes at the end, granted to cancelled calls; share: the smallest \
+         load, in tokens: refill that overflowed the full bucket, left in the bucket (negative: \
+         reserved ahead), leased and dropped, held in pools/stashes at the end (refilled already), \
+         granted to cancelled calls; share: the smallest \
          proxy's admitted x proxies / all admitted"
     );
 }
