@@ -1,6 +1,13 @@
 //! Lease waits: lease checks that found no leased token wait per key for the proxy's one lease
 //! call on that key.
 //!
+//! A lease call asks for its whole lease as the script's cost, with a wait (`max_wait_ms`): when
+//! the global bucket holds less, the script reserves the rest from its refill, and the proxy
+//! spends those tokens as they refill (see `shared::lease`). While its reservation refills, the
+//! proxy makes no other call for the key: requests it cannot serve yet get a 429 at once. So a
+//! saturated key's proxies take turns in the order they asked, each call bringing a whole
+//! reservation, and no refill waits in the bucket for a call to fetch it.
+//!
 //! Invariant: a key's waiters are served when something can change their answer — this worker's
 //! call for the key is answered, or (polled each millisecond, read-only) another worker's call
 //! for it ends or its tokens land in the shared pool — in arrival order, never by scanning every
@@ -130,7 +137,7 @@ impl Queues {
 }
 
 /// Lease sizing for `rule` on a key with `limits` (the rule's, or an override's).
-fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
+pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
     Sizing {
         burst: limits.burst,
         rate: limits.rate,
@@ -193,11 +200,11 @@ impl Engine {
         };
         let rule_idx = q.rule;
         let unmet = self.unmet.remove(key).unwrap_or(0);
-        let demand = q
+        let waiting = q
             .waiters
             .iter()
             .map(|w| w.cost)
-            .fold(unmet, u64::saturating_add);
+            .fold(0, u64::saturating_add);
         let Some(rule) = self.plugin.rule(rule_idx) else {
             return;
         };
@@ -212,32 +219,39 @@ impl Engine {
             .saturating_add(self.plugin.config.backend.timeout_ms)
             .saturating_add(50);
         let pool = LeasePool::new(host.store(), &self.plugin.ns);
-        match pool.begin_flight(key, demand, now, until, &sizing) {
-            Ok((Flight::Claimed(claim, placed), want, saturated)) => {
+        match pool.begin_flight(key, waiting, unmet, now, until, &sizing) {
+            Ok((Flight::Claimed(claim, placed), want)) => {
                 let m = &self.plugin.metrics;
                 m.count(rule_idx, Counter::LeaseEvicted, placed.evicted);
                 m.count(rule_idx, Counter::LeaseDropped, placed.dropped);
+                // The whole ask is the call's cost, with a wait: what the bucket lacks of it is
+                // reserved from its refill (and becomes spendable as it refills).
                 let call = ScriptCall {
-                    lease_want: want.max(first),
-                    ..ScriptCall::new(key.to_string(), &limits, first)
+                    lease_want: want,
+                    max_wait_ms: sizing.max_wait_ms(),
+                    ..ScriptCall::new(key.to_string(), &limits, want.max(first))
                 };
                 self.queues.set_state(key, State::Own);
-                // Saturated: fairness capped the ask while requests are pressing for more than
-                // it (some were denied locally, or more wait than it covers). A light client
-                // whose ask was capped by a low bucket is not: it is served as the bucket allows.
-                let pressing = unmet > 0 || demand.saturating_sub(unmet) > want.max(first);
-                let purpose = Purpose::Lease(claim, saturated && pressing);
+                let purpose = Purpose::Lease(claim);
                 if let Err((e, purpose)) =
                     self.send(host, Call::new(rule_idx, call, purpose, carrier, now))
                 {
-                    self.end_claim(host, purpose, None, now);
+                    self.end_claim(host, purpose, now);
                     self.queues.set_state(key, State::Idle);
                     self.fail_waiters(host, key, &e, now);
                 }
             }
-            Ok((Flight::Busy, _, _)) => self.queues.set_state(key, State::Foreign),
+            Ok((Flight::Busy, _)) => {
+                self.unmet.insert(key.to_string(), unmet);
+                self.queues.set_state(key, State::Foreign);
+            }
+            Ok((Flight::Refilling(retry_ms), _)) => {
+                self.unmet.insert(key.to_string(), unmet);
+                self.queues.set_state(key, State::Idle);
+                self.deny_waiters(host, key, retry_ms);
+            }
             // No slot for this key (or shared data failing): its waiters go to Redis one by one.
-            Ok((Flight::NoSlot, _, _)) | Err(_) => {
+            Ok((Flight::NoSlot, _)) | Err(_) => {
                 self.queues.set_state(key, State::Idle);
                 for w in self.queues.drain(key) {
                     self.send_check(host, w.ctx, w.idx, carrier, now);
@@ -246,10 +260,17 @@ impl Engine {
         }
     }
 
+    /// Every waiter on `key` gets a 429: this proxy's reservation covers them only later.
+    fn deny_waiters(&mut self, host: &mut dyn Host, key: &str, retry_ms: u64) {
+        for w in self.queues.drain(key) {
+            self.settle(host, w.ctx, w.idx, Outcome::Denied { retry_ms });
+        }
+    }
+
     /// Ends a lease claim that brought no tokens.
-    fn end_claim(&self, host: &mut dyn Host, purpose: Purpose, remaining: Option<u64>, now: u64) {
-        if let Purpose::Lease(claim, _) = purpose {
-            let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, remaining, now);
+    fn end_claim(&self, host: &mut dyn Host, purpose: Purpose, now: u64) {
+        if let Purpose::Lease(claim) = purpose {
+            let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
         }
     }
 
@@ -261,44 +282,47 @@ impl Engine {
         rule_idx: usize,
         claim: Claim,
         asked: &ScriptCall,
-        (reply, sent_ms, saturated): (Result<Reply, BackendError>, u64, bool),
+        (reply, sent_ms): (Result<Reply, BackendError>, u64),
         carrier: u32,
         now: u64,
     ) {
         let key = claim.key().to_string();
         let Some(rule) = self.plugin.rule(rule_idx) else {
-            self.end_claim(host, Purpose::Lease(claim, false), None, now);
+            self.end_claim(host, Purpose::Lease(claim), now);
             return;
         };
-        let (sizing, horizon) = (sizing(rule, &asked.limits()), rule.lease_horizon_ms);
+        let horizon = rule.lease_horizon_ms;
         let store = host.store();
         let pool = LeasePool::new(store, &self.plugin.ns);
-        let deny = DenyCache::new(store, &self.plugin.ns);
         let m = &self.plugin.metrics;
         match reply {
             Ok(r) if r.allowed => {
                 // Never more than asked for: a garbled reply must not mint tokens.
                 let granted = r.granted.min(asked.lease_want.max(asked.cost));
                 m.count(rule_idx, Counter::LeaseGranted, granted);
-                if let Ok(d) =
-                    pool.deposit(claim, granted, r.remaining, r.reset_after_ms, now, horizon)
-                {
+                // A wait means a reservation: the bucket is refilling part of the grant until
+                // then (the key is saturated); those tokens are spent as they refill.
+                let refill_ms = u64::try_from(r.retry_after_ms).unwrap_or(0);
+                let deposited = pool.deposit(
+                    claim,
+                    granted,
+                    r.remaining,
+                    r.reset_after_ms,
+                    refill_ms,
+                    now,
+                    horizon,
+                );
+                if let Ok(d) = deposited {
                     m.count(rule_idx, Counter::LeaseDropped, d.dropped);
                     m.count(rule_idx, Counter::LeaseEvicted, d.evicted);
                 }
-                if granted < asked.lease_want || saturated {
-                    // The bucket held less than asked for, or less than this proxy's demand
-                    // allowed it to ask for: the key is saturated. Spend the grant, then back off
-                    // until the bucket is about half full instead of asking for each token as it
-                    // refills (they stay in the global bucket meanwhile, and none overflows).
-                    let backoff = sizing.backoff_ms(r.remaining);
-                    let _ = deny.remember(&key, 1, sent_ms.saturating_add(backoff));
-                }
             }
             Ok(r) => {
+                // Not even a reservation within the wait: the key is denied here until one could
+                // be made.
                 let retry = u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms);
-                let until = sent_ms.saturating_add(retry.max(sizing.backoff_ms(r.remaining)));
-                let _ = deny.remember(&key, asked.cost, until);
+                let until = sent_ms.saturating_add(retry.max(1));
+                let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until);
                 let _ = pool.release(claim, Some(r.remaining), now);
             }
             Err(e) => {
@@ -320,11 +344,12 @@ impl Engine {
         };
         let costs: Vec<u64> = q.waiters.iter().map(|w| w.cost).collect();
         let rule_idx = q.rule;
-        let horizon = self.plugin.rule(rule_idx).map_or(0, |r| r.lease_horizon_ms);
+        let Some(sizing) = self.plugin.rule(rule_idx).map(|r| sizing(r, &q.limits)) else {
+            return;
+        };
         let store = host.store();
-        let take = LeasePool::new(store, &self.plugin.ns)
-            .take(key, &costs, now, horizon)
-            .unwrap_or_default();
+        let pool = LeasePool::new(store, &self.plugin.ns);
+        let take = pool.take(key, &costs, now, &sizing).unwrap_or_default();
         self.plugin
             .metrics
             .count(rule_idx, Counter::LeaseDropped, take.dropped);
@@ -357,13 +382,23 @@ impl Engine {
             .by_key
             .get(key)
             .is_some_and(|q| !q.waiters.is_empty() && q.state == State::Idle);
-        if still_waiting {
-            self.kick(host, key, carrier, now);
-        } else {
+        if !still_waiting {
             self.queues.forget_if_idle(key);
+            return;
+        }
+        let pool = LeasePool::new(host.store(), &self.plugin.ns);
+        if let Some(retry_ms) = pool.refilling(key, now, &sizing) {
+            // This proxy's reservation covers them only later: no second call meanwhile.
+            self.deny_waiters(host, key, retry_ms);
+        } else {
+            // A carrier that has its answer ends right after this callback, and Envoy cancels the
+            // calls it carries (Redis may still run one: its tokens would be lost). The next tick
+            // sends the call from the root context instead.
+            let alive =
+                |c: &u32| *c == self.root || self.requests.get(c).is_some_and(|r| r.deciding);
+            self.kick(host, key, carrier.filter(alive), now);
         }
     }
-
     /// Every waiter on `key` gets the failure mode for `err`.
     pub(super) fn fail_waiters(
         &mut self,
@@ -407,9 +442,13 @@ impl Engine {
                 State::Lost => true,
                 State::Foreign => {
                     let first = q.waiters.front().map_or(1, |w| w.cost);
+                    let sizing = self.plugin.rule(q.rule).map(|r| sizing(r, &q.limits));
                     LeasePool::new(host.store(), &self.plugin.ns)
                         .peek(&key)
-                        .is_none_or(|l| l.flight_until_ms <= now || l.live_tokens(now) >= first)
+                        .is_none_or(|l| {
+                            l.flight_until_ms <= now
+                                || sizing.is_some_and(|s| l.spendable(now, &s) >= first)
+                        })
                 }
                 State::Idle | State::Own => false,
             };

@@ -27,7 +27,7 @@ use crate::config::FailureMode;
 use crate::metrics::Counter;
 use crate::rule::RequestView;
 use crate::shared::deny::DenyCache;
-use crate::shared::lease::{Claim, LeasePool};
+use crate::shared::lease::{Claim, LeasePool, Taken};
 use crate::shared::{fallback, settle, Store};
 
 use health::{Event, Health};
@@ -105,9 +105,8 @@ struct Request {
 enum Purpose {
     /// Check `idx` of request `ctx` (exact mode).
     Check { ctx: u32, idx: usize },
-    /// The proxy's lease call for `claim`'s key; true if it asked for less than this proxy's
-    /// demand because the bucket held too little (the key is saturated).
-    Lease(Claim, bool),
+    /// The proxy's lease call for `claim`'s key.
+    Lease(Claim),
     /// One call for several exact checks of one key, one token each, in order.
     Batch(Vec<(u32, usize)>),
     /// Carries a key's pending usage settlement, nothing else (cost 0).
@@ -153,8 +152,8 @@ pub struct Engine {
     queues: Queues,
     stashes: stash::Stashes,
     /// Lease keys: tokens this worker's requests asked for and were denied locally (the deny
-    /// cache) since the key's last lease call; the next call counts them as demand, so a
-    /// saturated key is seen as saturated.
+    /// cache, or a reservation still refilling) since the key's last lease call; the next call
+    /// counts them as demand, so a saturated key asks for what its clients want.
     unmet: HashMap<String, u64>,
     chains: coalesce::Chains,
     /// Admitted requests held for a reservation, by due time.
@@ -221,6 +220,12 @@ impl Engine {
     /// Requests, calls and waiters the engine holds (for tests and the idle check).
     pub fn load(&self) -> (usize, usize, usize) {
         (self.requests.len(), self.calls.len(), self.queues.waiters())
+    }
+
+    /// Leased tokens this worker holds in its stash for bucket `key`, and when they expire (for
+    /// `examples/lease_sim.rs`' account of where tokens went).
+    pub fn stashed(&self, key: &str) -> Option<(u64, u64)> {
+        self.stashes.held(key)
     }
 
     // ----- events -----
@@ -354,9 +359,9 @@ impl Engine {
                     self.chain_next(host, &call.call.key, carrier, now);
                 }
                 Purpose::Settle => {}
-                Purpose::Lease(claim, saturated) => {
+                Purpose::Lease(claim) => {
                     let (rule, sent_ms, asked) = (call.rule, call.sent_ms, call.call);
-                    let answer = (reply, sent_ms, saturated);
+                    let answer = (reply, sent_ms);
                     self.lease_answer(host, rule, claim, &asked, answer, carrier, now);
                 }
             }
@@ -442,7 +447,7 @@ impl Engine {
                 continue;
             };
             match call.purpose {
-                Purpose::Lease(claim, _) => {
+                Purpose::Lease(claim) => {
                     let key = claim.key().to_string();
                     let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
                     self.queues.flight_lost(&key);
@@ -468,16 +473,21 @@ impl Engine {
         lease: bool,
         now: u64,
     ) -> Option<Outcome> {
+        let mut refilling = None;
         if lease {
-            if let Some(s) = self.spend_leased(store, idx, call, now) {
-                return Some(Outcome::Allowed {
-                    remaining: s.remaining,
-                    reset_ms: s.reset_ms,
-                });
+            match self.spend_leased(store, idx, call, now) {
+                Ok(s) => {
+                    return Some(Outcome::Allowed {
+                        remaining: s.remaining,
+                        reset_ms: s.reset_ms,
+                    })
+                }
+                Err(later) => refilling = later,
             }
         }
         let denied = DenyCache::new(store, &self.plugin.ns)
             .denied(&call.key, call.cost, now)
+            .or(refilling)
             .map(|retry_ms| Outcome::Denied { retry_ms });
         if lease && denied.is_some() {
             if self.unmet.len() >= stash::MAX_KEYS && !self.unmet.contains_key(&call.key) {
@@ -489,26 +499,37 @@ impl Engine {
         denied
     }
 
+    /// Spends `call`'s cost from this worker's stash, or from a batch moved out of the proxy's
+    /// pool. When neither can, says whether the proxy's reservation covers it later (in ms).
     fn spend_leased(
         &mut self,
         store: &dyn Store,
         idx: usize,
         call: &ScriptCall,
         now: u64,
-    ) -> Option<crate::shared::lease::Spent> {
+    ) -> Result<crate::shared::lease::Spent, Option<u64>> {
         let metrics = &self.plugin.metrics;
         let spend = self.stashes.spend(&call.key, call.cost, now);
         metrics.count(idx, Counter::LeaseDropped, spend.dropped);
-        if spend.spent.is_some() {
-            return spend.spent;
+        if let Some(spent) = spend.spent {
+            return Ok(spent);
         }
         let (room, dropped) = self.stashes.room_for(&call.key, now);
         metrics.count(idx, Counter::LeaseDropped, dropped);
-        let horizon = self.plugin.rule(idx).map_or(0, |r| r.lease_horizon_ms);
-        let batch = LeasePool::new(store, &self.plugin.ns)
-            .take_batch(&call.key, call.cost, now, horizon, !room)
-            .ok()??;
-        Some(self.stashes.keep(&call.key, &batch, call.cost, now))
+        let Some(sizing) = self
+            .plugin
+            .rule(idx)
+            .map(|r| lease::sizing(r, &call.limits()))
+        else {
+            return Err(None);
+        };
+        match LeasePool::new(store, &self.plugin.ns)
+            .take_batch(&call.key, call.cost, now, &sizing, !room)
+        {
+            Ok(Taken::Batch(batch)) => Ok(self.stashes.keep(&call.key, &batch, call.cost, now)),
+            Ok(Taken::Refilling(ms)) => Err(Some(ms)),
+            Ok(Taken::Miss) | Err(_) => Err(None),
+        }
     }
 
     fn is_waiting(&self, ctx: u32, idx: usize) -> bool {
@@ -613,7 +634,7 @@ impl Engine {
                 self.chain_next(host, &key, carrier, now);
             }
             Err((_, Purpose::Settle)) => {}
-            Err((e, Purpose::Lease(claim, _))) => {
+            Err((e, Purpose::Lease(claim))) => {
                 let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
                 self.queues.flight_lost(&key);
                 self.fail_waiters(host, &key, &e, now);

@@ -43,9 +43,9 @@ impl Plugin {
 
     pub fn with_metrics(config: Config, metrics: Box<dyn Metrics>) -> Plugin {
         let transport = transport(&config);
-        // "v2": the shared-data layout of engine v2 (set-associative leases, one health value);
+        // "v3": the shared-data layout (set-associative leases of 12 fields, one health value);
         // a module upgrade in place starts with fresh tables instead of misreading old ones.
-        let ns = format!("tollgate|v2|{}", config.key_prefix);
+        let ns = format!("tollgate|v3|{}", config.key_prefix);
         Plugin {
             config,
             transport,

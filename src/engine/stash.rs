@@ -105,6 +105,11 @@ impl Stashes {
         spent
     }
 
+    /// The tokens stashed for `key` and when they expire.
+    pub fn held(&self, key: &str) -> Option<(u64, u64)> {
+        self.by_key.get(key).map(|s| (s.tokens, s.expires_ms))
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_key.len()

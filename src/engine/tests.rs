@@ -71,6 +71,14 @@ impl Host for Fake {
     }
 }
 
+/// A fake host whose clock reads `now`.
+fn fake_at(now: u64) -> Fake {
+    Fake {
+        now,
+        ..Fake::default()
+    }
+}
+
 impl Fake {
     fn tokens(&self) -> Vec<u32> {
         let mut t: Vec<u32> = self.out.keys().copied().collect();
@@ -149,9 +157,10 @@ fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// What call `token` asked for: max(cost, lease_want).
 fn asked(h: &Fake, token: u32) -> u64 {
     let body = &h.out[&token];
+    // .../<cost>/<lease_want>/<max_wait_ms>/<settle>
     let mut nums = body
         .rsplit('/')
-        .skip(1)
+        .skip(2)
         .take(2)
         .map(|n| n.parse::<u64>().unwrap());
     let want = nums.next().unwrap();
@@ -197,10 +206,7 @@ fn exact_admits_on_the_backend_answer_and_adds_headers_to_the_response() {
 #[test]
 fn a_denial_is_cached_and_answers_locally_until_its_retry_time() {
     let (mut e, rec) = engine("", EXACT);
-    let mut h = Fake {
-        now: 1000,
-        ..Fake::default()
-    };
+    let mut h = fake_at(1000);
     e.request_headers(&mut h, 10, &user("a"));
     deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 2000, 0));
     assert_eq!(h.status_of(10), Some(429));
@@ -367,10 +373,7 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     let rules = r#"{"name":"hooks","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800},
                    {"name":"try","rate":1,"shadow":true,"max_wait_ms":800}"#;
     let (mut e, rec) = engine("", rules);
-    let mut h = Fake {
-        now: 1000,
-        ..Fake::default()
-    };
+    let mut h = fake_at(1000);
     e.request_headers(&mut h, 10, &user("a"));
     assert!(h.sent[0].ends_with("/5/10/1000/1/0/800/0"), "{}", h.sent[0]);
     assert!(h.sent[1].ends_with("/1/0/0/0"), "a shadow rule never holds");
@@ -408,10 +411,7 @@ fn an_open_breaker_answers_with_the_failure_mode_without_calls_then_probes_once(
     let top =
         r#""failure_mode":"closed","backend":{"breaker_failures":2,"breaker_cooloff_ms":500},"#;
     let (mut e, rec) = engine(top, &format!("{EXACT}, {LEASE}"));
-    let mut h = Fake {
-        now: 1000,
-        ..Fake::default()
-    };
+    let mut h = fake_at(1000);
     for ctx in [10, 11] {
         e.request_headers(
             &mut h,
@@ -484,12 +484,13 @@ fn one_lease_call_per_key_serves_every_waiter_then_admits_locally() {
     assert_eq!(h.tick, 100, "only the patience deadline is watched");
     deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
-    assert_eq!(
-        h.sent.len(),
-        2,
-        "the two that came meanwhile: one call for both"
-    );
-    let granted = grant_all(&mut e, &mut h, 10, 2);
+    // 10 ends now, and Envoy would cancel a call it carried (Redis might still take its tokens):
+    // the call for the two that came meanwhile goes from the root context at the next tick.
+    assert_eq!((h.sent.len(), h.tick), (1, 1), "no call carried by 10");
+    h.now += 1;
+    e.tick(&mut h);
+    assert_eq!(h.sent.len(), 2, "one call for both");
+    let granted = grant_all(&mut e, &mut h, 1, 2);
     assert!(granted >= 2, "sized for demand: {granted}");
     assert_eq!(h.resumed, [10, 11, 12], "served in arrival order");
     let local = granted - 2;
@@ -524,25 +525,53 @@ fn a_grant_above_what_was_asked_is_clamped() {
 }
 
 #[test]
-fn a_lease_denial_denies_the_waiters_and_backs_off() {
+fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
     let (mut e, _) = engine("", LEASE);
-    let mut h = Fake {
-        now: 1000,
-        ..Fake::default()
-    };
+    let mut h = fake_at(1000);
     e.request_headers(&mut h, 10, &user("a"));
     e.request_headers(&mut h, 11, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 10, 500, 0));
+    assert!(
+        h.sent[0].ends_with("/1/1/2000/0"),
+        "cost 1, lease 1, waits up to ten horizons: {}",
+        h.sent[0]
+    );
+    // Denied: not even a reservation within the wait, for another 300 ms.
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 5000, 0));
     assert_eq!((h.status_of(10), h.status_of(11)), (Some(429), Some(429)));
-    // Backoff: until half the burst (25 of 50) has refilled at 100/s = 250 ms, not 10 ms.
-    h.now = 1249;
+    h.now = 1299;
     e.request_headers(&mut h, 12, &user("a"));
     assert_eq!(h.status_of(12), Some(429));
-    assert_eq!(h.sent.len(), 1);
-    h.now = 1251;
+    assert_eq!(h.sent.len(), 1, "answered here until then");
+    h.now = 1300;
     e.request_headers(&mut h, 13, &user("a"));
     assert_eq!(h.sent.len(), 2);
     assert_eq!(e.load().2, 1);
+}
+
+#[test]
+fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
+    let (mut e, rec) = engine("", LEASE);
+    let mut h = fake_at(1000);
+    e.request_headers(&mut h, 10, &user("a"));
+    // The bucket held nothing: the script reserved the token, refilled in 10 ms (100/s).
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 0, 10, 510, 1));
+    assert_eq!(h.status_of(10), Some(429), "not refilled yet");
+    assert_eq!(rec.get(0, Counter::LeaseGranted), 1);
+    h.now = 1009;
+    assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Pause);
+    assert_eq!(h.status_of(11), Some(429));
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "no second call while the reservation refills"
+    );
+    h.now = 1010;
+    assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Continue);
+    assert_eq!(h.sent.len(), 1, "spent from the pool, no call");
+    assert_eq!(rec.get(0, Counter::LocalAllowed), 1);
+    e.request_headers(&mut h, 13, &user("a"));
+    assert_eq!(h.sent.len(), 2, "spent: the next miss asks again");
+    assert!(e.load().2 == 1 && h.tick > 0);
 }
 
 #[test]
@@ -556,6 +585,8 @@ fn lease_noscript_resends_eval_under_the_same_claim() {
     assert_eq!(h.sent.len(), 2, "the claim is still held: no second call");
     deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
+    h.now += 1;
+    e.tick(&mut h);
     assert!(
         h.sent[2].starts_with("EVALSHA/"),
         "the next call tries EVALSHA again"
@@ -615,10 +646,7 @@ fn a_waiter_whose_call_is_lost_gets_the_failure_mode_after_its_patience() {
         r#""failure_mode":"open","backend":{"timeout_ms":50},"#,
         LEASE,
     );
-    let mut h = Fake {
-        now: 1000,
-        ..Fake::default()
-    };
+    let mut h = fake_at(1000);
     e.request_headers(&mut h, 10, &user("a"));
     assert_eq!(h.tick, 100);
     h.now = 1099;
@@ -660,11 +688,14 @@ fn a_key_another_worker_is_calling_for_is_polled_without_writes_then_served() {
     assert_eq!(h.store.writes(), writes, "polling writes nothing");
     w1.request_headers(&mut h, 11, &user("a"));
     // Worker 1's first call asked for one token; its answer serves worker 1's first waiter, and
-    // its second waiter's call carries worker 2's demand too (counted in the shared lease).
+    // its second waiter's call (from the tick) carries worker 2's demand too (counted in the
+    // shared lease).
     deliver(&mut w1, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
+    h.now += 1;
+    w1.tick(&mut h);
     assert_eq!(h.sent.len(), 2);
-    let granted = grant_all(&mut w1, &mut h, 10, 2);
+    let granted = grant_all(&mut w1, &mut h, 1, 2);
     assert!(granted >= 2, "{granted}");
     assert_eq!(h.resumed, [10, 11]);
     w2.tick(&mut h);
@@ -714,10 +745,13 @@ fn lease_with_leftover(e: &mut Engine, h: &mut Fake, u: &str, ctx: u32) -> u64 {
     e.request_headers(h, ctx + 1, &user(u));
     let t = *h.tokens().last().unwrap();
     deliver(e, h, ctx, t, 200, &answer(true, 40, 0, 300, 1));
+    // The second waiter's call goes from the root context at the next tick (the clock stands
+    // still here, so that no lease expires while the table fills).
+    e.tick(h);
     let Some(&t) = h.tokens().last() else {
         return 0; // went exact: no slot
     };
-    let granted = grant_all(e, h, ctx, t);
+    let granted = grant_all(e, h, 1, t);
     e.done(h, ctx);
     e.done(h, ctx + 1);
     granted.saturating_sub(1)
@@ -781,12 +815,12 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
         horizon_ms: 200,
     };
     let key = lease_key(&w1, "a");
-    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _, _)) =
-        pool.begin_flight(&key, 1, 0, 100, &sizing)
+    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
+        pool.begin_flight(&key, 1, 0, 0, 100, &sizing)
     else {
         panic!()
     };
-    pool.deposit(claim, 20, 30, 300, 0, 200).unwrap();
+    pool.deposit(claim, 20, 30, 300, 0, 0, 200).unwrap();
     let leased = 20;
     // Both workers alternate until each has missed once.
     let (mut admitted, mut missed1, mut missed2) = (0, false, false);
@@ -810,6 +844,47 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
     assert_eq!(admitted, leased, "every leased token spent once, none more");
     let local = rec1.get(0, Counter::LocalAllowed) + rec2.get(0, Counter::LocalAllowed);
     assert_eq!(local, leased);
+}
+
+#[test]
+fn two_workers_spend_a_reservation_no_faster_than_the_bucket_refills_it() {
+    let (mut w1, _) = engine("", LEASE);
+    let (mut w2, _) = engine("", LEASE);
+    let mut h = Fake::default();
+    let key = lease_key(&w1, "a");
+    let pool = LeasePool::new(&h.store, &w1.plugin.ns);
+    let sizing = crate::shared::lease::Sizing {
+        burst: 50,
+        rate: 100,
+        period_ms: 1000,
+        lease_max: 20,
+        horizon_ms: 200,
+    };
+    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
+        pool.begin_flight(&key, 1, 0, 0, 100, &sizing)
+    else {
+        panic!()
+    };
+    // 20 tokens: 5 the bucket held, 15 it refills at 100/s over the next 150 ms.
+    pool.deposit(claim, 20, 0, 650, 150, 0, 200).unwrap();
+    let mut admitted = 0u64;
+    let mut ctx = 100;
+    for now in 0..=200 {
+        h.now = now;
+        for w in [&mut w1, &mut w2] {
+            for _ in 0..2 {
+                ctx += 1;
+                if w.request_headers(&mut h, ctx, &user("a")) == Action::Continue {
+                    admitted += 1;
+                }
+            }
+        }
+        assert!(
+            admitted <= 5 + now / 10,
+            "{admitted} admitted by {now} ms: ahead of the refill"
+        );
+    }
+    assert_eq!(admitted, 20, "all of it once refilled");
 }
 
 // ----- exact mode at a hot key -----

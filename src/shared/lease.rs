@@ -3,8 +3,12 @@
 //!
 //! Invariant: a lease's `tokens` only grow by [`LeasePool::deposit`] of what the script granted,
 //! and only shrink by [`LeasePool::take`] under compare-and-swap, so two workers never spend the
-//! same token and the fleet never admits more than the global bucket granted. Unspent tokens are
-//! dropped (never lent to another key) when the lease expires, two horizons after the grant.
+//! same token and the fleet never admits more than the global bucket granted. A grant that is
+//! partly a reservation (the script put the bucket into debt for it, to be paid back by its
+//! refill until `vest_until_ms`) is spendable only as the refill pays it: never more than the
+//! refill the script counted on, so the fleet never admits ahead of the bucket either. Unspent
+//! tokens are dropped (never lent to another key) when the lease expires, two horizons after the
+//! grant has refilled.
 //!
 //! Memory is bounded: `SETS` shared-data values per plugin, each holding up to `WAYS` keys. A key
 //! that holds unspent tokens or has a lease call out is never evicted; a newcomer takes an empty
@@ -41,9 +45,12 @@ pub struct Lease {
     pub reply_ms: u64,
     /// Last time anything touched this entry (for eviction).
     pub touched_ms: u64,
+    /// Some of `tokens` are a reservation the global bucket is still refilling: they become
+    /// spendable one by one, at the bucket's rate, until this time (0: all are spendable).
+    pub vest_until_ms: u64,
 }
 
-const FIELDS: usize = 11;
+const FIELDS: usize = 12;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -60,6 +67,7 @@ impl Lease {
             u64::from(self.known),
             self.reply_ms,
             self.touched_ms,
+            self.vest_until_ms,
         ]
     }
 
@@ -77,16 +85,44 @@ impl Lease {
             known: f(8)? != 0,
             reply_ms: f(9)?,
             touched_ms: f(10)?,
+            vest_until_ms: f(11)?,
         })
     }
 
-    /// Tokens that can still be spent now.
+    /// Tokens not expired yet (refilled or not).
     pub fn live_tokens(&self, now_ms: u64) -> u64 {
         if now_ms < self.expires_ms {
             self.tokens
         } else {
             0
         }
+    }
+
+    /// Tokens that can be spent now: not expired, and refilled already.
+    pub fn spendable(&self, now_ms: u64, sizing: &Sizing) -> u64 {
+        let refilling = sizing.refill_in(self.vest_until_ms.saturating_sub(now_ms));
+        self.live_tokens(now_ms).saturating_sub(refilling)
+    }
+
+    /// In how many ms (at least 1) the lease's reservation, still refilling, lets it spend `cost`;
+    /// None when no reservation is refilling or the lease will never hold `cost` (a new call is
+    /// needed then).
+    fn covered_in(&self, cost: u64, now_ms: u64, sizing: &Sizing) -> Option<u64> {
+        let live = self.live_tokens(now_ms);
+        if self.vest_until_ms <= now_ms || live < cost {
+            return None;
+        }
+        // Spendable from when at most `live - cost` tokens are still refilling.
+        let spare_ms = (live - cost)
+            .saturating_mul(sizing.period_ms)
+            .checked_div(sizing.rate)
+            .unwrap_or(0);
+        Some(
+            self.vest_until_ms
+                .saturating_sub(spare_ms)
+                .saturating_sub(now_ms)
+                .max(1),
+        )
     }
 
     /// Drops the tokens of an expired lease; returns how many.
@@ -225,6 +261,17 @@ pub struct Take {
     pub dropped: u64,
 }
 
+/// What [`LeasePool::take_batch`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// Tokens moved out of the pool.
+    Batch(Batch),
+    /// Too few spendable tokens now; the lease's reservation covers the cost in this many ms.
+    Refilling(u64),
+    /// Too few tokens, now and later.
+    Miss,
+}
+
 /// Leased tokens moved out of the pool into one worker's stash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batch {
@@ -259,6 +306,9 @@ pub enum Flight {
     Busy,
     /// The key has no slot (every way pinned by other keys): call Redis exactly instead.
     NoSlot,
+    /// This proxy's reservation for the key is still refilling: no call until it has (one
+    /// reservation at a time); the waiters' tokens are there in this many ms at the earliest.
+    Refilling(u64),
 }
 
 /// What a grant did to the pool.
@@ -269,7 +319,7 @@ pub struct Deposit {
     pub evicted: u64,
 }
 
-/// How big a lease to ask for and how long to back off.
+/// How big a lease to ask for, and how fast a reservation refills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizing {
     pub burst: u64,
@@ -280,50 +330,68 @@ pub struct Sizing {
 }
 
 impl Sizing {
-    /// How long a proxy that found the global bucket short (it held `remaining` after the answer)
-    /// waits before asking again: until the refill has brought the bucket back to about half its
-    /// burst. Never longer, so the bucket cannot fill up and overflow meanwhile (a token refilled
-    /// past a full bucket is lost to everyone); coming back sooner would only cost calls that each
-    /// take a sliver of refill.
-    /// At most ten horizons: a slow key's clients are not told "no" for minutes while its tokens
-    /// refill in Redis.
-    pub fn backoff_ms(&self, remaining: u64) -> u64 {
-        let missing = (self.burst / 2).saturating_sub(remaining);
-        missing
-            .saturating_mul(self.period_ms)
-            .div_ceil(self.rate.max(1))
-            .min(self.horizon_ms.saturating_mul(10))
+    /// What the bucket refills over a lease's lifetime, two horizons (at least one token, at most
+    /// `lease_max`): the most a proxy reserves when the bucket holds less than it wants. The
+    /// proxies of a saturated key so take turns of at most two horizons each, in the order they
+    /// asked, and the key costs the fleet one call per reservation.
+    pub fn reservation(&self) -> u64 {
+        self.refill_in(self.horizon_ms.saturating_mul(2))
+            .min(self.lease_max)
+            .min(self.burst)
             .max(1)
     }
 
-    /// How many tokens to ask for: about one horizon of demand plus what is waiting, capped by
-    /// `lease_max` and `burst`, and by half of what the global bucket should hold now (its
-    /// remaining at the last answer plus the refill since), but never below what the waiters need.
-    /// Also says whether that cap bit: this proxy wants more than its fair share of what the bucket
-    /// holds, so the key is saturated.
-    pub fn want(&self, lease: &Lease, waiting: u64, now_ms: u64) -> (u64, bool) {
+    /// Tokens the bucket refills in `ms` (rounded up: what a reservation due in `ms` still waits
+    /// for).
+    pub fn refill_in(&self, ms: u64) -> u64 {
+        ms.saturating_mul(self.rate).div_ceil(self.period_ms.max(1))
+    }
+
+    /// How long a lease call may wait for its reservation: ten horizons. A proxy whose ask cannot
+    /// be refilled within that (a slow key, or many proxies queued on one) is denied instead, and
+    /// asks again when it could.
+    pub fn max_wait_ms(&self) -> u64 {
+        self.horizon_ms.saturating_mul(10)
+    }
+
+    /// How many tokens to ask for: about one horizon of this proxy's demand. That is the tokens
+    /// asked for here in the previous horizon, or in the current one so far (`waiting`: what the
+    /// waiting requests need; `unmet`: what requests denied here since the last call asked for),
+    /// extrapolated to a whole horizon once the window is a tenth of a horizon old (by at most
+    /// four times, and at most one [`Sizing::reservation`] more: a hot key's first calls take
+    /// what the next horizon needs instead of each following the last burst of requests, while a
+    /// burst that came at once, say a light key's, is taken as it is). Capped by `lease_max` and
+    /// `burst`, and by this proxy's fair share: half of what the global bucket should hold now
+    /// (as of the last answer, plus the refill since, less any debt), or one reservation when
+    /// that is more (what the bucket lacks is then reserved from its refill). Never below what
+    /// the waiters need.
+    pub fn want(&self, lease: &Lease, waiting: u64, unmet: u64, now_ms: u64) -> u64 {
         let floor = waiting.min(self.burst).max(1);
-        let want = lease
+        let seen = lease
             .win_demand
-            .max(lease.prev_demand)
             .saturating_add(waiting)
+            .saturating_add(unmet);
+        let age = now_ms.saturating_sub(lease.win_start_ms);
+        let ahead = if age >= self.horizon_ms / 10 {
+            seen.saturating_mul(self.horizon_ms)
+                .checked_div(age.max(self.horizon_ms / 4))
+                .unwrap_or(seen)
+                .min(seen.saturating_add(self.reservation()))
+        } else {
+            seen
+        };
+        let want = ahead
+            .max(lease.prev_demand.saturating_add(waiting))
             .min(self.lease_max)
-            .min(self.burst)
-            .max(floor);
-        if lease.known {
-            let refill = now_ms
-                .saturating_sub(lease.reply_ms)
-                .saturating_mul(self.rate)
-                .checked_div(self.period_ms)
-                .unwrap_or(0);
-            let projected = lease
-                .global_remaining
-                .saturating_add(refill)
-                .min(self.burst);
-            let fair = want.min(projected / 2).max(floor);
-            return (fair, fair < want);
-        }
-        (want, false)
+            .min(self.burst);
+        let holds = if lease.known {
+            // The bucket is full at reset_at_ms; until then it lacks the refill of the time left.
+            let missing = self.refill_in(lease.reset_at_ms.saturating_sub(now_ms));
+            self.burst.saturating_sub(missing)
+        } else {
+            self.burst
+        };
+        want.min((holds / 2).max(self.reservation())).max(floor)
     }
 }
 
@@ -342,73 +410,90 @@ impl<'a> LeasePool<'a> {
         format!("{}|lease|{}", self.ns, hash(key) % SETS)
     }
 
+    /// If this proxy's reservation for `key` is still refilling: when its next token is.
+    pub fn refilling(&self, key: &str, now_ms: u64, sizing: &Sizing) -> Option<u64> {
+        self.peek(key)?.covered_in(1, now_ms, sizing)
+    }
+
     /// The lease of `key` as stored now, if it has a slot.
     pub fn peek(&self, key: &str) -> Option<Lease> {
         let (value, _) = self.store.get(&self.set_key(key)).ok()?;
         Set::decode(value.as_deref()).find(key).copied()
     }
 
-    /// Spends leased tokens for as many of `costs`, in order, as the lease covers (stopping at the
-    /// first that does not fit). Writes only when something was spent or dropped.
+    /// Spends leased tokens for as many of `costs`, in order, as the lease can spend now
+    /// (stopping at the first that does not fit). Writes only when something was spent or
+    /// dropped.
     pub fn take(
         &self,
         key: &str,
         costs: &[u64],
         now_ms: u64,
-        horizon_ms: u64,
+        sizing: &Sizing,
     ) -> Result<Take, StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
             let Some(lease) = set.find(key) else {
                 return Change::Keep(Take::default());
             };
-            if lease.live_tokens(now_ms) < costs.first().copied().unwrap_or(u64::MAX) {
+            let first = costs.first().copied().unwrap_or(u64::MAX);
+            let mut spendable = lease.spendable(now_ms, sizing);
+            if spendable < first && lease.live_tokens(now_ms) > 0 {
                 return Change::Keep(Take::default());
             }
-            lease.roll(now_ms, horizon_ms);
+            lease.roll(now_ms, sizing.horizon_ms);
             let mut take = Take {
                 dropped: lease.expire(now_ms),
                 spent: Vec::new(),
             };
             for &cost in costs {
-                if lease.tokens < cost {
+                if spendable < cost {
                     break;
                 }
+                spendable -= cost;
                 lease.tokens -= cost;
                 lease.win_demand = lease.win_demand.saturating_add(cost);
                 take.spent.push(Spent {
-                    remaining: lease.tokens.saturating_add(lease.global_remaining),
+                    remaining: spendable.saturating_add(lease.global_remaining),
                     reset_ms: lease.reset_at_ms.saturating_sub(now_ms),
                 });
+            }
+            if take.spent.is_empty() && take.dropped == 0 {
+                return Change::Keep(take);
             }
             lease.touched_ms = now_ms;
             Change::Write(set.encode(), take)
         })
     }
 
-    /// Moves a batch of at least `cost` live tokens out of `key`'s lease: a quarter of what it holds
-    /// (so the proxy's other workers find tokens too), all of it if that is less than `cost`, or
-    /// exactly `cost` when `exact` (the worker cannot stash the rest). None if the lease holds less
-    /// than `cost`; writes nothing then.
+    /// Moves a batch of at least `cost` spendable tokens out of `key`'s lease: a quarter of what
+    /// it can spend (so the proxy's other workers find tokens too), all of it if that is less
+    /// than `cost`, or exactly `cost` when `exact` (the worker cannot stash the rest). Writes
+    /// nothing when it cannot; it then says whether the lease's reservation covers `cost` later.
     pub fn take_batch(
         &self,
         key: &str,
         cost: u64,
         now_ms: u64,
-        horizon_ms: u64,
+        sizing: &Sizing,
         exact: bool,
-    ) -> Result<Option<Batch>, StoreError> {
+    ) -> Result<Taken, StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
             let Some(lease) = set.find(key) else {
-                return Change::Keep(None);
+                return Change::Keep(Taken::Miss);
             };
-            let live = lease.live_tokens(now_ms);
-            if live < cost || cost == 0 {
-                return Change::Keep(None);
+            let spendable = lease.spendable(now_ms, sizing);
+            if spendable < cost || cost == 0 {
+                let later = lease.covered_in(cost, now_ms, sizing);
+                return Change::Keep(later.map_or(Taken::Miss, Taken::Refilling));
             }
-            lease.roll(now_ms, horizon_ms);
-            let tokens = if exact { cost } else { (live / 4).max(cost) };
+            lease.roll(now_ms, sizing.horizon_ms);
+            let tokens = if exact {
+                cost
+            } else {
+                (spendable / 4).max(cost)
+            };
             lease.tokens -= tokens;
             lease.win_demand = lease.win_demand.saturating_add(tokens);
             lease.touched_ms = now_ms;
@@ -419,42 +504,49 @@ impl<'a> LeasePool<'a> {
                 reset_at_ms: lease.reset_at_ms,
                 dropped: 0,
             };
-            Change::Write(set.encode(), Some(batch))
+            Change::Write(set.encode(), Taken::Batch(batch))
         })
     }
 
     /// Claims the single lease call for `key` on this proxy until `until_ms`; says how big a lease
-    /// to ask for, given the `demand` waiting for it (counted in the demand window once spent).
+    /// to ask for ([`Sizing::want`]), given the tokens `waiting` for it and those `unmet` here
+    /// since the last call.
+    #[allow(clippy::too_many_arguments)]
     pub fn begin_flight(
         &self,
         key: &str,
-        demand: u64,
+        waiting: u64,
+        unmet: u64,
         now_ms: u64,
         until_ms: u64,
         sizing: &Sizing,
-    ) -> Result<(Flight, u64, bool), StoreError> {
+    ) -> Result<(Flight, u64), StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
-            if set.find(key).is_some_and(|l| l.flight_until_ms > now_ms) {
-                return Change::Keep((Flight::Busy, 0, false));
+            if let Some(lease) = set.find(key) {
+                if lease.flight_until_ms > now_ms {
+                    return Change::Keep((Flight::Busy, 0));
+                }
+                if let Some(ms) = lease.covered_in(1, now_ms, sizing) {
+                    return Change::Keep((Flight::Refilling(ms), 0));
+                }
             }
             let Some((lease, placed)) = set.place(key, now_ms) else {
-                return Change::Keep((Flight::NoSlot, 0, false));
+                return Change::Keep((Flight::NoSlot, 0));
             };
             lease.roll(now_ms, sizing.horizon_ms);
-            let (want, saturated) = sizing.want(lease, demand, now_ms);
+            let want = sizing.want(lease, waiting, unmet, now_ms);
             lease.flight_until_ms = until_ms;
             let claim = Claim {
                 key: key.to_string(),
             };
-            Change::Write(
-                set.encode(),
-                (Flight::Claimed(claim, placed), want, saturated),
-            )
+            Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
         })
     }
 
-    /// Ends a flight with a grant: `granted` tokens join the lease, which lasts two horizons.
+    /// Ends a flight with a grant: `granted` tokens join the lease. Of them, those the global
+    /// bucket reserved (`refill_ms` > 0: it is refilling them until `now_ms + refill_ms`) become
+    /// spendable as they refill. The lease lasts two horizons beyond that.
     #[allow(clippy::too_many_arguments)]
     pub fn deposit(
         &self,
@@ -462,6 +554,7 @@ impl<'a> LeasePool<'a> {
         granted: u64,
         global_remaining: u64,
         reset_after_ms: u64,
+        refill_ms: u64,
         now_ms: u64,
         horizon_ms: u64,
     ) -> Result<Deposit, StoreError> {
@@ -478,7 +571,12 @@ impl<'a> LeasePool<'a> {
             };
             let dropped = placed.dropped.saturating_add(lease.expire(now_ms));
             lease.tokens = lease.tokens.saturating_add(granted);
-            lease.expires_ms = now_ms.saturating_add(horizon_ms.saturating_mul(2));
+            // Never earlier than a reservation still refilling (one at a time, but a later end
+            // only holds tokens back longer: never spent ahead of the refill).
+            lease.vest_until_ms = lease.vest_until_ms.max(now_ms.saturating_add(refill_ms));
+            lease.expires_ms = lease
+                .vest_until_ms
+                .saturating_add(horizon_ms.saturating_mul(2));
             lease.global_remaining = global_remaining;
             lease.reset_at_ms = now_ms.saturating_add(reset_after_ms);
             lease.flight_until_ms = 0;
@@ -530,8 +628,11 @@ mod tests {
     };
 
     fn claim(pool: &LeasePool, key: &str, now: u64) -> Claim {
-        match pool.begin_flight(key, 1, now, now + 100, &SIZING).unwrap() {
-            (Flight::Claimed(c, _), _, _) => c,
+        match pool
+            .begin_flight(key, 1, 0, now, now + 100, &SIZING)
+            .unwrap()
+        {
+            (Flight::Claimed(c, _), _) => c,
             other => panic!("{other:?}"),
         }
     }
@@ -544,51 +645,43 @@ mod tests {
     fn tokens_are_spent_once_then_missed() {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
-        assert_eq!(spent(&pool.take("k", &[1], 0, 200).unwrap()), 0);
+        assert_eq!(spent(&pool.take("k", &[1], 0, &SIZING).unwrap()), 0);
         let c = claim(&pool, "k", 0);
         assert_eq!(
-            pool.begin_flight("k", 1, 1, 50, &SIZING).unwrap().0,
+            pool.begin_flight("k", 1, 0, 1, 50, &SIZING).unwrap().0,
             Flight::Busy,
             "one call per key"
         );
-        pool.deposit(c, 3, 10, 500, 1, 200).unwrap();
-        let t = pool.take("k", &[1, 1, 5], 2, 200).unwrap();
+        pool.deposit(c, 3, 10, 500, 0, 1, 200).unwrap();
+        let t = pool.take("k", &[1, 1, 5], 2, &SIZING).unwrap();
         assert_eq!(spent(&t), 2, "stops at the first cost that does not fit");
         assert_eq!(t.spent[1].remaining, 1 + 10);
-        assert_eq!(spent(&pool.take("k", &[1], 3, 200).unwrap()), 1);
+        assert_eq!(spent(&pool.take("k", &[1], 3, &SIZING).unwrap()), 1);
         let writes = s.writes();
-        assert_eq!(spent(&pool.take("k", &[1], 4, 200).unwrap()), 0);
+        assert_eq!(spent(&pool.take("k", &[1], 4, &SIZING).unwrap()), 0);
         assert_eq!(s.writes(), writes, "a miss writes nothing");
+    }
+
+    /// A batch moved out of `k`'s lease at `now`, if any.
+    fn batch(pool: &LeasePool, cost: u64, now: u64, exact: bool) -> Option<Batch> {
+        match pool.take_batch("k", cost, now, &SIZING, exact).unwrap() {
+            Taken::Batch(b) => Some(b),
+            Taken::Refilling(_) | Taken::Miss => None,
+        }
     }
 
     #[test]
     fn batches_move_a_quarter_and_never_more_than_is_there() {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
-        assert_eq!(pool.take_batch("k", 1, 0, 200, false).unwrap(), None);
+        assert_eq!(batch(&pool, 1, 0, false), None);
         let c = claim(&pool, "k", 0);
-        pool.deposit(c, 10, 7, 500, 0, 200).unwrap();
-        let b = pool.take_batch("k", 1, 1, 200, false).unwrap().unwrap();
+        pool.deposit(c, 10, 7, 500, 0, 0, 200).unwrap();
+        let b = batch(&pool, 1, 1, false).unwrap();
         assert_eq!((b.tokens, b.expires_ms, b.global_remaining), (2, 400, 7));
-        assert_eq!(
-            pool.take_batch("k", 3, 1, 200, true)
-                .unwrap()
-                .unwrap()
-                .tokens,
-            3
-        );
-        assert_eq!(
-            pool.take_batch("k", 6, 1, 200, false).unwrap(),
-            None,
-            "5 left"
-        );
-        assert_eq!(
-            pool.take_batch("k", 5, 1, 200, false)
-                .unwrap()
-                .unwrap()
-                .tokens,
-            5
-        );
+        assert_eq!(batch(&pool, 3, 1, true).unwrap().tokens, 3);
+        assert_eq!(batch(&pool, 6, 1, false), None, "5 left");
+        assert_eq!(batch(&pool, 5, 1, false).unwrap().tokens, 5);
         assert_eq!(pool.peek("k").unwrap().tokens, 0);
     }
 
@@ -597,12 +690,20 @@ mod tests {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
         let c = claim(&pool, "k", 0);
-        pool.deposit(c, 5, 10, 500, 0, 200).unwrap();
-        assert_eq!(spent(&pool.take("k", &[1], 399, 200).unwrap()), 1);
-        assert_eq!(spent(&pool.take("k", &[1], 400, 200).unwrap()), 0);
+        pool.deposit(c, 5, 10, 500, 0, 0, 200).unwrap();
+        assert_eq!(spent(&pool.take("k", &[1], 399, &SIZING).unwrap()), 1);
+        let t = pool.take("k", &[1], 400, &SIZING).unwrap();
+        assert_eq!(
+            (spent(&t), t.dropped),
+            (0, 4),
+            "the expired tokens are counted when dropped"
+        );
         let c = claim(&pool, "k", 401);
-        let d = pool.deposit(c, 1, 10, 500, 402, 200).unwrap();
-        assert_eq!(d.dropped, 4, "the expired tokens are counted when dropped");
+        pool.deposit(c, 5, 10, 500, 0, 402, 200).unwrap();
+        assert_eq!(pool.peek("k").unwrap().expires_ms, 802);
+        let c = claim(&pool, "k", 900);
+        let d = pool.deposit(c, 1, 10, 500, 0, 901, 200).unwrap();
+        assert_eq!(d.dropped, 5, "or when the next grant lands");
     }
 
     #[test]
@@ -638,22 +739,28 @@ mod tests {
         let keys = same_set_keys(&pool, WAYS + 2);
         for k in keys.iter().take(WAYS) {
             let c = claim(&pool, k, 0);
-            pool.deposit(c, 5, 10, 500, 1, 200).unwrap();
+            pool.deposit(c, 5, 10, 500, 0, 1, 200).unwrap();
         }
         let newcomer = &keys[WAYS];
         assert_eq!(
-            pool.begin_flight(newcomer, 1, 2, 100, &SIZING).unwrap().0,
+            pool.begin_flight(newcomer, 1, 0, 2, 100, &SIZING)
+                .unwrap()
+                .0,
             Flight::NoSlot
         );
         for k in keys.iter().take(WAYS) {
             assert_eq!(
-                spent(&pool.take(k, &[5], 3, 200).unwrap()),
+                spent(&pool.take(k, &[5], 3, &SIZING).unwrap()),
                 1,
                 "{k} kept its lease"
             );
         }
         // Spent out, the ways are free again: the least recently touched one goes.
-        match pool.begin_flight(newcomer, 1, 4, 100, &SIZING).unwrap().0 {
+        match pool
+            .begin_flight(newcomer, 1, 0, 4, 100, &SIZING)
+            .unwrap()
+            .0
+        {
             Flight::Claimed(c, placed) => {
                 assert_eq!(
                     placed,
@@ -675,10 +782,10 @@ mod tests {
         let keys = same_set_keys(&pool, WAYS + 1);
         for k in keys.iter().take(WAYS) {
             let c = claim(&pool, k, 0);
-            pool.deposit(c, 2, 10, 500, 0, 200).unwrap();
+            pool.deposit(c, 2, 10, 500, 0, 0, 200).unwrap();
         }
         match pool
-            .begin_flight(&keys[WAYS], 1, 500, 600, &SIZING)
+            .begin_flight(&keys[WAYS], 1, 0, 500, 600, &SIZING)
             .unwrap()
             .0
         {
@@ -690,7 +797,7 @@ mod tests {
                         dropped: 2
                     }
                 );
-                let d = pool.deposit(c, 3, 10, 500, 501, 200).unwrap();
+                let d = pool.deposit(c, 3, 10, 500, 0, 501, 200).unwrap();
                 assert_eq!(d.dropped, 0);
             }
             other => panic!("{other:?}"),
@@ -702,63 +809,109 @@ mod tests {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
         let c = claim(&pool, "k", 0);
-        pool.deposit(c, 10, 0, 500, 0, 200).unwrap();
+        pool.deposit(c, 10, 0, 500, 0, 0, 200).unwrap();
         let mut admitted = 0;
         for i in 0..40 {
             s.inject_conflicts.set(i % 3);
-            admitted += spent(&pool.take("k", &[1], 1, 200).unwrap_or_default());
+            admitted += spent(&pool.take("k", &[1], 1, &SIZING).unwrap_or_default());
         }
         assert_eq!(admitted, 10);
     }
 
     #[test]
-    fn lease_size_follows_demand_and_shrinks_near_empty() {
+    fn lease_size_follows_demand_and_is_capped_by_a_fair_share() {
+        assert_eq!(SIZING.reservation(), 40, "two horizons of refill at 100/s");
         let mut l = Lease::default();
-        assert_eq!(SIZING.want(&l, 1, 0), (1, false), "no history: what waits");
+        assert_eq!(SIZING.want(&l, 1, 0, 0), 1, "no history: what waits");
         l.win_demand = 30;
-        assert_eq!(SIZING.want(&l, 2, 0), (32, false));
+        assert_eq!(SIZING.want(&l, 2, 0, 0), 32);
+        assert_eq!(SIZING.want(&l, 2, 9, 0), 41, "requests denied here count");
         l.prev_demand = 500;
-        assert_eq!(SIZING.want(&l, 2, 0), (50, false), "lease_max caps");
+        assert_eq!(SIZING.want(&l, 2, 0, 0), 50, "lease_max caps");
         l.known = true;
-        l.global_remaining = 20;
-        let want = SIZING.want(&l, 2, 0);
-        assert_eq!(want, (10, true), "half of what the bucket holds: saturated");
-        assert_eq!(SIZING.want(&l, 2, 100), (15, true), "plus the refill since");
-        l.global_remaining = 0;
-        assert_eq!(SIZING.want(&l, 3, 0), (3, true), "never below what waits");
-        l.global_remaining = 100;
+        l.reset_at_ms = 800; // the bucket lacks 80 of its 100 at 0
+        assert_eq!(
+            SIZING.want(&l, 2, 0, 0),
+            40,
+            "a low bucket: one reservation (the bucket's 20 and 20 of its refill)"
+        );
+        l.reset_at_ms = 1500;
+        assert_eq!(SIZING.want(&l, 2, 0, 0), 40, "in debt: one reservation");
+        assert_eq!(SIZING.want(&l, 60, 0, 0), 60, "never below what waits");
+        l.reset_at_ms = 0;
         l.win_demand = 4;
         l.prev_demand = 0;
         assert_eq!(
-            SIZING.want(&l, 1, 0),
-            (5, false),
+            SIZING.want(&l, 1, 0, 0),
+            5,
             "a light key takes what it needs"
+        );
+        let big = Sizing {
+            lease_max: 100,
+            ..SIZING
+        };
+        l.prev_demand = 500;
+        assert_eq!(big.want(&l, 1, 0, 0), 50, "a full bucket: half of it");
+    }
+
+    #[test]
+    fn a_young_window_is_extrapolated_once_it_has_seen_a_tenth_of_a_horizon() {
+        let l = Lease {
+            win_demand: 10,
+            ..Lease::default()
+        };
+        assert_eq!(SIZING.want(&l, 0, 0, 19), 10, "a burst at once: as it is");
+        assert_eq!(SIZING.want(&l, 0, 0, 20), 40, "four times at most");
+        assert_eq!(SIZING.want(&l, 0, 0, 100), 20, "10 in 100 ms: 20 in 200");
+        assert_eq!(SIZING.want(&l, 0, 0, 200), 10);
+        let more = Lease {
+            win_demand: 40,
+            ..Lease::default()
+        };
+        assert_eq!(
+            SIZING.want(&more, 0, 0, 50),
+            50,
+            "by one reservation at most, then lease_max"
         );
     }
 
     #[test]
-    fn backoff_comes_back_when_the_bucket_is_about_half_full() {
-        assert_eq!(SIZING.backoff_ms(0), 500, "half of 100 at 100/s");
-        assert_eq!(SIZING.backoff_ms(30), 200);
-        assert_eq!(SIZING.backoff_ms(80), 1, "already half full: at once");
-        let fast = Sizing {
-            burst: 10,
-            rate: 1000,
-            ..SIZING
-        };
-        assert_eq!(fast.backoff_ms(0), 5);
-        let tiny = Sizing {
-            burst: 1,
-            rate: 1_000_000,
-            ..SIZING
-        };
-        assert_eq!(tiny.backoff_ms(0), 1);
-        let slow = Sizing {
-            rate: 1,
-            period_ms: 60_000,
-            ..SIZING
-        };
-        assert_eq!(slow.backoff_ms(0), 2000, "ten horizons, not 50 minutes");
+    fn a_reservation_is_spent_only_as_the_bucket_refills_it() {
+        let s = MemStore::default();
+        let pool = LeasePool::new(&s, "ns");
+        let c = claim(&pool, "k", 0);
+        // 30 granted: the 10 the bucket held, and 20 it refills over the next 200 ms.
+        pool.deposit(c, 30, 0, 1200, 200, 0, 200).unwrap();
+        let l = pool.peek("k").unwrap();
+        assert_eq!((l.vest_until_ms, l.expires_ms), (200, 600));
+        assert_eq!(l.spendable(0, &SIZING), 10);
+        assert_eq!(l.spendable(100, &SIZING), 20);
+        assert_eq!(l.spendable(200, &SIZING), 30);
+        let mut taken = 0;
+        for now in 0..=200 {
+            taken += spent(&pool.take("k", &[1, 1, 1, 1, 1, 1], now, &SIZING).unwrap());
+            assert!(
+                taken as u64 <= 10 + now / 10,
+                "{taken} spent by {now} ms: more than held + refilled"
+            );
+            if now == 0 {
+                assert_eq!(taken, 6);
+                assert_eq!(batch(&pool, 5, 0, false), None, "4 left now");
+                assert_eq!(
+                    pool.take_batch("k", 5, 0, &SIZING, false).unwrap(),
+                    Taken::Refilling(10),
+                    "the fifth in 10 ms"
+                );
+                assert_eq!(
+                    pool.begin_flight("k", 1, 0, 0, 100, &SIZING).unwrap().0,
+                    Flight::Refilling(1),
+                    "no second call while it refills"
+                );
+            }
+        }
+        assert_eq!(taken, 30, "all of it by the time it has refilled");
+        let c = claim(&pool, "k", 201);
+        pool.release(c, None, 202).unwrap();
     }
 
     #[test]

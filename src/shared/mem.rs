@@ -1,4 +1,4 @@
-//! An in-memory [`Store`] with the host's semantics, for tests: CAS tokens from a counter that
+//! An in-memory [`Store`] with the host's semantics, for tests and the lease simulator: CAS tokens from a counter that
 //! skips 0, a non-zero token checked only against an existing value, an empty value read back as
 //! no value, plus hooks to inject conflicts and another worker's write.
 
@@ -68,6 +68,7 @@ impl Store for MemStore {
     }
 }
 
+#[cfg(test)]
 #[test]
 fn mem_store_has_host_cas_semantics() {
     let s = MemStore::default();

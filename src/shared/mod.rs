@@ -10,7 +10,7 @@ pub mod fallback;
 pub mod lease;
 pub mod settle;
 
-#[cfg(test)]
+/// An in-memory store for tests and `examples/lease_sim.rs` (no host needed).
 pub mod mem;
 
 /// Bounded compare-and-swap retries before giving up on an update.
