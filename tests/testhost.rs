@@ -524,3 +524,61 @@ fn local_path_cost_next_to_the_wasm_floor() {
     );
     assert_clean(&tollgate);
 }
+
+/// A flood of new keys: what one request costs in lease mode next to exact mode, on the test host
+/// (wasm instructions, host calls by kind; every request is a script call either way). Lease mode
+/// pays for the lease table in shared data on top; this prints how much and bounds it.
+#[test]
+fn a_new_key_costs_lease_mode_about_what_it_costs_exact_mode() {
+    const N: u64 = 200;
+    let dir = common::scratch_dir("th-flood-cost");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let config = |mode: &str| {
+        bench_lease_config()
+            .replace("\"header:x-user-id\"", "\"query:k\"")
+            .replace("\"lease\"", &format!("\"{mode}\""))
+    };
+    let mut costs = Vec::new();
+    for mode in ["exact", "lease"] {
+        let host = start_host(&config(mode), webdis.port);
+        let send = |i: u64| {
+            let path = format!("/api/flood?k={mode}-{i}");
+            assert_eq!(get(&host, &path, "u").status, 200);
+        };
+        (0..N).for_each(send);
+        let before = host.cost();
+        (N..2 * N).for_each(send);
+        let cost = host.cost().since(&before);
+        let per = |kind: &str| cost.host_calls.get(kind).copied().unwrap_or(0) as f64 / N as f64;
+        eprintln!(
+            "new-key cost, {mode}: {:.0} wasm instructions, {:.2} host calls per request \
+             (shared data: {:.2} reads, {:.2} writes; {:.2} callouts)",
+            cost.fuel as f64 / N as f64,
+            cost.calls() as f64 / N as f64,
+            per("proxy_get_shared_data"),
+            per("proxy_set_shared_data"),
+            per("proxy_http_call"),
+        );
+        assert_clean(&host);
+        costs.push(cost);
+    }
+    let (exact, lease) = (&costs[0], &costs[1]);
+    let writes = |c: &tollgate_testhost::Cost| {
+        c.host_calls
+            .get("proxy_set_shared_data")
+            .copied()
+            .unwrap_or(0) as f64
+            / N as f64
+    };
+    eprintln!(
+        "new-key cost: lease = {:.2}x exact's wasm instructions, {:.2}x its host calls",
+        lease.fuel as f64 / exact.fuel as f64,
+        lease.calls() as f64 / exact.calls() as f64
+    );
+    assert!(
+        writes(lease) <= 3.0,
+        "{:.2} shared-data writes",
+        writes(lease)
+    );
+}

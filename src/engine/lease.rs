@@ -22,7 +22,7 @@ use crate::bucket::Limits;
 use crate::config::Rule;
 use crate::metrics::Counter;
 use crate::shared::deny::DenyCache;
-use crate::shared::lease::{Claim, Flight, LeasePool, Sizing};
+use crate::shared::lease::{Claim, Flight, Grant, LeasePool, Sizing, Take};
 
 /// One waiting check.
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +123,14 @@ impl Queues {
             self.by_key.remove(key);
             self.polled.remove(key);
         }
+    }
+
+    /// What `key`'s waiters need, in order.
+    fn costs(&self, key: &str) -> Vec<u64> {
+        self.by_key
+            .get(key)
+            .map(|q| q.waiters.iter().map(|w| w.cost).collect())
+            .unwrap_or_default()
     }
 
     fn drain(&mut self, key: &str) -> Vec<Waiter> {
@@ -291,10 +299,12 @@ impl Engine {
             self.end_claim(host, Purpose::Lease(claim), now);
             return;
         };
-        let horizon = rule.lease_horizon_ms;
+        let sizing = sizing(rule, &asked.limits());
+        let costs = self.queues.costs(&key);
         let store = host.store();
         let pool = LeasePool::new(store, &self.plugin.ns);
         let m = &self.plugin.metrics;
+        let mut taken = None;
         match reply {
             Ok(r) if r.allowed => {
                 // Never more than asked for: a garbled reply must not mint tokens.
@@ -302,19 +312,16 @@ impl Engine {
                 m.count(rule_idx, Counter::LeaseGranted, granted);
                 // A wait means a reservation: the bucket is refilling part of the grant until
                 // then (the key is saturated); those tokens are spent as they refill.
-                let refill_ms = u64::try_from(r.retry_after_ms).unwrap_or(0);
-                let deposited = pool.deposit(
-                    claim,
-                    granted,
-                    r.remaining,
-                    r.reset_after_ms,
-                    refill_ms,
-                    now,
-                    horizon,
-                );
-                if let Ok(d) = deposited {
+                let grant = Grant {
+                    tokens: granted,
+                    global_remaining: r.remaining,
+                    reset_after_ms: r.reset_after_ms,
+                    refill_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
+                };
+                if let Ok((d, take)) = pool.deposit(claim, &grant, &costs, now, &sizing) {
                     m.count(rule_idx, Counter::LeaseDropped, d.dropped);
                     m.count(rule_idx, Counter::LeaseEvicted, d.evicted);
+                    taken = Some(take);
                 }
             }
             Ok(r) => {
@@ -333,23 +340,33 @@ impl Engine {
             }
         }
         self.queues.set_state(&key, State::Idle);
-        self.serve(host, &key, Some(carrier), now);
+        self.serve(host, &key, (Some(carrier), taken), now);
     }
 
     /// Serves `key`'s waiters from the pool and the deny cache, in order; starts another lease
-    /// call for those still waiting.
-    fn serve(&mut self, host: &mut dyn Host, key: &str, carrier: Option<u32>, now: u64) {
+    /// call for those still waiting. `taken`: what the waiters already spent, in order (when
+    /// the answer's deposit did it); None takes from the pool here.
+    fn serve(
+        &mut self,
+        host: &mut dyn Host,
+        key: &str,
+        (carrier, taken): (Option<u32>, Option<Take>),
+        now: u64,
+    ) {
         let Some(q) = self.queues.by_key.get(key) else {
             return;
         };
-        let costs: Vec<u64> = q.waiters.iter().map(|w| w.cost).collect();
         let rule_idx = q.rule;
         let Some(sizing) = self.plugin.rule(rule_idx).map(|r| sizing(r, &q.limits)) else {
             return;
         };
         let store = host.store();
-        let pool = LeasePool::new(store, &self.plugin.ns);
-        let take = pool.take(key, &costs, now, &sizing).unwrap_or_default();
+        let take = taken.unwrap_or_else(|| {
+            let costs = self.queues.costs(key);
+            LeasePool::new(store, &self.plugin.ns)
+                .take(key, &costs, now, &sizing)
+                .unwrap_or_default()
+        });
         self.plugin
             .metrics
             .count(rule_idx, Counter::LeaseDropped, take.dropped);
@@ -455,7 +472,7 @@ impl Engine {
             if ready {
                 self.queues.set_state(&key, State::Idle);
                 let root = self.root;
-                self.serve(host, &key, Some(root), now);
+                self.serve(host, &key, (Some(root), None), now);
             }
         }
     }

@@ -820,7 +820,13 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
     else {
         panic!()
     };
-    pool.deposit(claim, 20, 30, 300, 0, 0, 200).unwrap();
+    let grant = crate::shared::lease::Grant {
+        tokens: 20,
+        global_remaining: 30,
+        reset_after_ms: 300,
+        refill_ms: 0,
+    };
+    pool.deposit(claim, &grant, &[], 0, &sizing).unwrap();
     let leased = 20;
     // Both workers alternate until each has missed once.
     let (mut admitted, mut missed1, mut missed2) = (0, false, false);
@@ -866,7 +872,13 @@ fn two_workers_spend_a_reservation_no_faster_than_the_bucket_refills_it() {
         panic!()
     };
     // 20 tokens: 5 the bucket held, 15 it refills at 100/s over the next 150 ms.
-    pool.deposit(claim, 20, 0, 650, 150, 0, 200).unwrap();
+    let grant = crate::shared::lease::Grant {
+        tokens: 20,
+        global_remaining: 0,
+        reset_after_ms: 650,
+        refill_ms: 150,
+    };
+    pool.deposit(claim, &grant, &[], 0, &sizing).unwrap();
     let mut admitted = 0u64;
     let mut ctx = 100;
     for now in 0..=200 {

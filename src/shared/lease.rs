@@ -125,6 +125,31 @@ impl Lease {
         )
     }
 
+    /// Spends tokens for as many of `costs`, in order, as the lease can spend now (stopping at
+    /// the first that does not fit); drops its tokens first if it expired.
+    fn spend(&mut self, costs: &[u64], now_ms: u64, sizing: &Sizing) -> Take {
+        let mut spendable = self.spendable(now_ms, sizing);
+        self.roll(now_ms, sizing.horizon_ms);
+        let mut take = Take {
+            dropped: self.expire(now_ms),
+            spent: Vec::new(),
+        };
+        for &cost in costs {
+            if spendable < cost {
+                break;
+            }
+            spendable -= cost;
+            self.tokens -= cost;
+            self.win_demand = self.win_demand.saturating_add(cost);
+            take.spent.push(Spent {
+                remaining: spendable.saturating_add(self.global_remaining),
+                reset_ms: self.reset_at_ms.saturating_sub(now_ms),
+            });
+        }
+        self.touched_ms = now_ms;
+        take
+    }
+
     /// Drops the tokens of an expired lease; returns how many.
     fn expire(&mut self, now_ms: u64) -> u64 {
         if now_ms < self.expires_ms {
@@ -311,6 +336,18 @@ pub enum Flight {
     Refilling(u64),
 }
 
+/// A lease call's grant, as the script answered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Grant {
+    pub tokens: u64,
+    /// The global bucket's remaining tokens after it.
+    pub global_remaining: u64,
+    /// When the global bucket will be full again.
+    pub reset_after_ms: u64,
+    /// How long the bucket refills the part of `tokens` it reserved (0: none reserved).
+    pub refill_ms: u64,
+}
+
 /// What a grant did to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Deposit {
@@ -437,31 +474,13 @@ impl<'a> LeasePool<'a> {
                 return Change::Keep(Take::default());
             };
             let first = costs.first().copied().unwrap_or(u64::MAX);
-            let mut spendable = lease.spendable(now_ms, sizing);
-            if spendable < first && lease.live_tokens(now_ms) > 0 {
+            if lease.spendable(now_ms, sizing) < first && lease.live_tokens(now_ms) > 0 {
                 return Change::Keep(Take::default());
             }
-            lease.roll(now_ms, sizing.horizon_ms);
-            let mut take = Take {
-                dropped: lease.expire(now_ms),
-                spent: Vec::new(),
-            };
-            for &cost in costs {
-                if spendable < cost {
-                    break;
-                }
-                spendable -= cost;
-                lease.tokens -= cost;
-                lease.win_demand = lease.win_demand.saturating_add(cost);
-                take.spent.push(Spent {
-                    remaining: spendable.saturating_add(lease.global_remaining),
-                    reset_ms: lease.reset_at_ms.saturating_sub(now_ms),
-                });
-            }
+            let take = lease.spend(costs, now_ms, sizing);
             if take.spent.is_empty() && take.dropped == 0 {
                 return Change::Keep(take);
             }
-            lease.touched_ms = now_ms;
             Change::Write(set.encode(), take)
         })
     }
@@ -544,49 +563,52 @@ impl<'a> LeasePool<'a> {
         })
     }
 
-    /// Ends a flight with a grant: `granted` tokens join the lease. Of them, those the global
-    /// bucket reserved (`refill_ms` > 0: it is refilling them until `now_ms + refill_ms`) become
-    /// spendable as they refill. The lease lasts two horizons beyond that.
-    #[allow(clippy::too_many_arguments)]
+    /// Ends a flight with a grant: `granted` tokens join the lease, and the requests waiting for
+    /// it spend theirs from it at once (`costs`, in order, as far as it can spend now: one shared
+    /// write for both). Of the grant, what the global bucket reserved (`refill_ms` > 0: it is
+    /// refilling it until `now_ms + refill_ms`) becomes spendable as it refills. The lease lasts
+    /// two horizons beyond that.
     pub fn deposit(
         &self,
         claim: Claim,
-        granted: u64,
-        global_remaining: u64,
-        reset_after_ms: u64,
-        refill_ms: u64,
+        grant: &Grant,
+        costs: &[u64],
         now_ms: u64,
-        horizon_ms: u64,
-    ) -> Result<Deposit, StoreError> {
+        sizing: &Sizing,
+    ) -> Result<(Deposit, Take), StoreError> {
         let key = claim.key;
         update(self.store, &self.set_key(&key), |bytes| {
             let mut set = Set::decode(bytes);
             let Some((lease, placed)) = set.place(&key, now_ms) else {
                 // Every way got pinned by others while the call was out: the grant has nowhere
                 // to go and is dropped (fewer admissions, never more).
-                return Change::Keep(Deposit {
-                    dropped: granted,
+                let lost = Deposit {
+                    dropped: grant.tokens,
                     evicted: 0,
-                });
+                };
+                return Change::Keep((lost, Take::default()));
             };
             let dropped = placed.dropped.saturating_add(lease.expire(now_ms));
-            lease.tokens = lease.tokens.saturating_add(granted);
+            lease.tokens = lease.tokens.saturating_add(grant.tokens);
             // Never earlier than a reservation still refilling (one at a time, but a later end
             // only holds tokens back longer: never spent ahead of the refill).
-            lease.vest_until_ms = lease.vest_until_ms.max(now_ms.saturating_add(refill_ms));
+            lease.vest_until_ms = lease
+                .vest_until_ms
+                .max(now_ms.saturating_add(grant.refill_ms));
             lease.expires_ms = lease
                 .vest_until_ms
-                .saturating_add(horizon_ms.saturating_mul(2));
-            lease.global_remaining = global_remaining;
-            lease.reset_at_ms = now_ms.saturating_add(reset_after_ms);
+                .saturating_add(sizing.horizon_ms.saturating_mul(2));
+            lease.global_remaining = grant.global_remaining;
+            lease.reset_at_ms = now_ms.saturating_add(grant.reset_after_ms);
             lease.flight_until_ms = 0;
             lease.known = true;
             lease.reply_ms = now_ms;
+            let take = lease.spend(costs, now_ms, sizing);
             let out = Deposit {
                 dropped,
                 evicted: placed.evicted,
             };
-            Change::Write(set.encode(), out)
+            Change::Write(set.encode(), (out, take))
         })
     }
 
@@ -627,6 +649,22 @@ mod tests {
         horizon_ms: 200,
     };
 
+    /// A deposit of `tokens` with no waiter spending from it.
+    fn deposit(
+        pool: &LeasePool,
+        c: Claim,
+        (tokens, global_remaining, reset_after_ms, refill_ms): (u64, u64, u64, u64),
+        now: u64,
+    ) -> Deposit {
+        let grant = Grant {
+            tokens,
+            global_remaining,
+            reset_after_ms,
+            refill_ms,
+        };
+        pool.deposit(c, &grant, &[], now, &SIZING).unwrap().0
+    }
+
     fn claim(pool: &LeasePool, key: &str, now: u64) -> Claim {
         match pool
             .begin_flight(key, 1, 0, now, now + 100, &SIZING)
@@ -652,7 +690,7 @@ mod tests {
             Flight::Busy,
             "one call per key"
         );
-        pool.deposit(c, 3, 10, 500, 0, 1, 200).unwrap();
+        deposit(&pool, c, (3, 10, 500, 0), 1);
         let t = pool.take("k", &[1, 1, 5], 2, &SIZING).unwrap();
         assert_eq!(spent(&t), 2, "stops at the first cost that does not fit");
         assert_eq!(t.spent[1].remaining, 1 + 10);
@@ -660,6 +698,43 @@ mod tests {
         let writes = s.writes();
         assert_eq!(spent(&pool.take("k", &[1], 4, &SIZING).unwrap()), 0);
         assert_eq!(s.writes(), writes, "a miss writes nothing");
+    }
+
+    #[test]
+    fn a_deposit_serves_the_waiters_in_the_same_write() {
+        let s = MemStore::default();
+        let pool = LeasePool::new(&s, "ns");
+        let c = claim(&pool, "k", 0);
+        let writes = s.writes();
+        let grant = Grant {
+            tokens: 5,
+            global_remaining: 10,
+            reset_after_ms: 500,
+            refill_ms: 0,
+        };
+        let (_, t) = pool.deposit(c, &grant, &[2, 2, 2], 1, &SIZING).unwrap();
+        assert_eq!(
+            s.writes(),
+            writes + 1,
+            "one write for the grant and the waiters"
+        );
+        assert_eq!(spent(&t), 2, "stops at the first cost that does not fit");
+        assert_eq!(t.spent[1].remaining, 1 + 10);
+        assert_eq!(
+            spent(&pool.take("k", &[1, 1], 2, &SIZING).unwrap()),
+            1,
+            "one left"
+        );
+        // A reservation's tokens are not there for the waiters before they refill.
+        let c = claim(&pool, "k", 3);
+        let reserved = Grant {
+            tokens: 20,
+            global_remaining: 0,
+            reset_after_ms: 1200,
+            refill_ms: 200,
+        };
+        let (_, t) = pool.deposit(c, &reserved, &[1], 3, &SIZING).unwrap();
+        assert_eq!(spent(&t), 0, "20 tokens still refilling at 100/s");
     }
 
     /// A batch moved out of `k`'s lease at `now`, if any.
@@ -676,7 +751,7 @@ mod tests {
         let pool = LeasePool::new(&s, "ns");
         assert_eq!(batch(&pool, 1, 0, false), None);
         let c = claim(&pool, "k", 0);
-        pool.deposit(c, 10, 7, 500, 0, 0, 200).unwrap();
+        deposit(&pool, c, (10, 7, 500, 0), 0);
         let b = batch(&pool, 1, 1, false).unwrap();
         assert_eq!((b.tokens, b.expires_ms, b.global_remaining), (2, 400, 7));
         assert_eq!(batch(&pool, 3, 1, true).unwrap().tokens, 3);
@@ -690,7 +765,7 @@ mod tests {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
         let c = claim(&pool, "k", 0);
-        pool.deposit(c, 5, 10, 500, 0, 0, 200).unwrap();
+        deposit(&pool, c, (5, 10, 500, 0), 0);
         assert_eq!(spent(&pool.take("k", &[1], 399, &SIZING).unwrap()), 1);
         let t = pool.take("k", &[1], 400, &SIZING).unwrap();
         assert_eq!(
@@ -699,10 +774,10 @@ mod tests {
             "the expired tokens are counted when dropped"
         );
         let c = claim(&pool, "k", 401);
-        pool.deposit(c, 5, 10, 500, 0, 402, 200).unwrap();
+        deposit(&pool, c, (5, 10, 500, 0), 402);
         assert_eq!(pool.peek("k").unwrap().expires_ms, 802);
         let c = claim(&pool, "k", 900);
-        let d = pool.deposit(c, 1, 10, 500, 0, 901, 200).unwrap();
+        let d = deposit(&pool, c, (1, 10, 500, 0), 901);
         assert_eq!(d.dropped, 5, "or when the next grant lands");
     }
 
@@ -739,7 +814,7 @@ mod tests {
         let keys = same_set_keys(&pool, WAYS + 2);
         for k in keys.iter().take(WAYS) {
             let c = claim(&pool, k, 0);
-            pool.deposit(c, 5, 10, 500, 0, 1, 200).unwrap();
+            deposit(&pool, c, (5, 10, 500, 0), 1);
         }
         let newcomer = &keys[WAYS];
         assert_eq!(
@@ -782,7 +857,7 @@ mod tests {
         let keys = same_set_keys(&pool, WAYS + 1);
         for k in keys.iter().take(WAYS) {
             let c = claim(&pool, k, 0);
-            pool.deposit(c, 2, 10, 500, 0, 0, 200).unwrap();
+            deposit(&pool, c, (2, 10, 500, 0), 0);
         }
         match pool
             .begin_flight(&keys[WAYS], 1, 0, 500, 600, &SIZING)
@@ -797,7 +872,7 @@ mod tests {
                         dropped: 2
                     }
                 );
-                let d = pool.deposit(c, 3, 10, 500, 0, 501, 200).unwrap();
+                let d = deposit(&pool, c, (3, 10, 500, 0), 501);
                 assert_eq!(d.dropped, 0);
             }
             other => panic!("{other:?}"),
@@ -809,7 +884,7 @@ mod tests {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
         let c = claim(&pool, "k", 0);
-        pool.deposit(c, 10, 0, 500, 0, 0, 200).unwrap();
+        deposit(&pool, c, (10, 0, 500, 0), 0);
         let mut admitted = 0;
         for i in 0..40 {
             s.inject_conflicts.set(i % 3);
@@ -881,7 +956,7 @@ mod tests {
         let pool = LeasePool::new(&s, "ns");
         let c = claim(&pool, "k", 0);
         // 30 granted: the 10 the bucket held, and 20 it refills over the next 200 ms.
-        pool.deposit(c, 30, 0, 1200, 200, 0, 200).unwrap();
+        deposit(&pool, c, (30, 0, 1200, 200), 0);
         let l = pool.peek("k").unwrap();
         assert_eq!((l.vest_until_ms, l.expires_ms), (200, 600));
         assert_eq!(l.spendable(0, &SIZING), 10);
