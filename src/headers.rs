@@ -90,8 +90,21 @@ pub fn rate_limit_headers(style: HeaderStyle, r: &Report<'_>) -> Vec<(String, St
 }
 
 /// Appends `n` in decimal.
-pub fn push_decimal(out: &mut String, mut n: u64) {
+pub fn push_decimal(out: &mut String, n: u64) {
     let mut digits = [0u8; 20];
+    if let Ok(text) = std::str::from_utf8(decimal(&mut digits, n)) {
+        out.push_str(text);
+    }
+}
+
+/// Appends `n` in decimal, as bytes.
+pub fn push_decimal_bytes(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    out.extend_from_slice(decimal(&mut digits, n));
+}
+
+/// `n`'s decimal digits, written at the end of `digits`.
+fn decimal(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
     let mut start = digits.len();
     loop {
         start -= 1;
@@ -103,9 +116,7 @@ pub fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    if let Ok(text) = std::str::from_utf8(digits.get(start..).unwrap_or_default()) {
-        out.push_str(text);
-    }
+    digits.get(start..).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -206,6 +217,9 @@ mod tests {
             let mut s = String::from("x");
             push_decimal(&mut s, n);
             assert_eq!(s, format!("x{n}"));
+            let mut b = b"x".to_vec();
+            push_decimal_bytes(&mut b, n);
+            assert_eq!(b, format!("x{n}").into_bytes());
         }
     }
 }

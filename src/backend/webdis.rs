@@ -18,32 +18,28 @@ pub enum Invoke<'a> {
 }
 
 /// Percent-encodes `bytes` as one Webdis argument.
-pub fn encode_segment(bytes: &[u8], out: &mut String) {
+pub fn encode_segment(bytes: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in bytes {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
-            out.push(char::from(b));
+            out.push(b);
         } else {
-            out.push('%');
-            for nibble in [b >> 4, b & 0x0f] {
-                out.push(
-                    char::from_digit(u32::from(nibble), 16)
-                        .map(|c| c.to_ascii_uppercase())
-                        .unwrap_or('0'),
-                );
-            }
+            let hex = |n: u8| HEX.get(usize::from(n)).copied().unwrap_or(b'0');
+            out.extend_from_slice(&[b'%', hex(b >> 4), hex(b & 0x0f)]);
         }
     }
 }
 
 /// The Webdis command text for one script call:
 /// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease_want>/<max_wait_ms>/<settle>`.
-pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
+/// Built byte by byte (no `core::fmt`): one goes out for every call.
+pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     let (verb, script) = match invoke {
         Invoke::Sha(sha) => ("EVALSHA", sha),
         Invoke::Source(src) => ("EVAL", src),
     };
-    let mut out = String::with_capacity(script.len() * 3 + call.key.len() * 3 + 96);
-    out.push_str(verb);
+    let mut out = Vec::with_capacity(script.len() * 3 + call.key.len() * 3 + 160);
+    out.extend_from_slice(verb.as_bytes());
     let numbers = [
         call.burst,
         call.rate,
@@ -54,16 +50,19 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> String {
     ];
     let args = [script.as_bytes(), b"1", call.key.as_bytes()];
     for arg in args {
-        out.push('/');
+        out.push(b'/');
         encode_segment(arg, &mut out);
     }
     for n in numbers {
-        out.push('/');
-        out.push_str(&n.to_string());
+        out.push(b'/');
+        crate::headers::push_decimal_bytes(&mut out, n);
     }
     // A signed integer: digits and at most a leading '-', which Webdis leaves alone.
-    out.push('/');
-    out.push_str(&call.settle.to_string());
+    out.push(b'/');
+    if call.settle < 0 {
+        out.push(b'-');
+    }
+    crate::headers::push_decimal_bytes(&mut out, call.settle.unsigned_abs());
     out
 }
 
@@ -86,7 +85,7 @@ pub fn request(
     }
     HttpRequest {
         headers,
-        body: command(call, invoke).into_bytes(),
+        body: command(call, invoke),
     }
 }
 
@@ -156,6 +155,9 @@ pub fn decode_reply(status: u32, body: &[u8]) -> Result<Reply, BackendError> {
     if status != 200 {
         return Err(BackendError::Status(status));
     }
+    if let Some(ints) = five_integers(body) {
+        return super::script_reply(ints);
+    }
     let doc: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| BackendError::Malformed(format!("not JSON ({e})")))?;
     let value = match doc.as_object() {
@@ -191,6 +193,39 @@ pub fn decode_reply(status: u32, body: &[u8]) -> Result<Reply, BackendError> {
         *reset_after_ms,
         *granted,
     ])
+}
+
+/// The script's normal answer as Webdis writes it, `{"EVALSHA":[1,199,0,1000,5]}` (any upper-case
+/// command name, no spaces, five integers), read without building a JSON tree: one comes back for
+/// every call. Anything else is None and goes through serde_json, which decides what it means.
+fn five_integers(body: &[u8]) -> Option<[i64; 5]> {
+    let rest = body.strip_prefix(b"{\"")?;
+    let name_len = rest.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    let mut rest = rest.get(name_len..)?.strip_prefix(b"\":[")?;
+    let mut out = [0i64; 5];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let (negative, digits_at) = match rest.first() {
+            Some(b'-') => (true, 1),
+            _ => (false, 0),
+        };
+        let digits = rest
+            .get(digits_at..)?
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits == 0 || digits > 18 {
+            return None;
+        }
+        let mut n: i64 = 0;
+        for &d in rest.get(digits_at..digits_at + digits)? {
+            n = n * 10 + i64::from(d - b'0');
+        }
+        *slot = if negative { -n } else { n };
+        rest = rest.get(digits_at + digits..)?;
+        let sep: &[u8] = if i < 4 { b"," } else { b"]}" };
+        rest = rest.strip_prefix(sep)?;
+    }
+    (name_len > 0 && rest.is_empty()).then_some(out)
 }
 
 fn kind(v: &serde_json::Value) -> &'static str {
@@ -238,7 +273,11 @@ mod tests {
 
     #[test]
     fn evalsha_command_layout() {
-        let cmd = command(&call("tollgate:{per-user:ab12}"), Invoke::Sha("deadbeef"));
+        let cmd = String::from_utf8(command(
+            &call("tollgate:{per-user:ab12}"),
+            Invoke::Sha("deadbeef"),
+        ))
+        .unwrap();
         assert_eq!(
             cmd,
             "EVALSHA/deadbeef/1/tollgate%3A%7Bper-user%3Aab12%7D/200/100/1000/1/0/0/0"
@@ -263,8 +302,9 @@ mod tests {
             b" ",
         ];
         for h in hostile {
-            let mut seg = String::new();
+            let mut seg = Vec::new();
             encode_segment(h, &mut seg);
+            let seg = String::from_utf8(seg).unwrap();
             assert!(
                 seg.bytes()
                     .all(|c| c.is_ascii_alphanumeric() || b"-_~%".contains(&c)),
@@ -278,7 +318,7 @@ mod tests {
     #[test]
     fn eval_carries_the_script_encoded() {
         let src = "local x = redis.call('TIME') -- a/b+c?d\nreturn {1}";
-        let cmd = command(&call("k"), Invoke::Source(src));
+        let cmd = String::from_utf8(command(&call("k"), Invoke::Source(src))).unwrap();
         let parts: Vec<&str> = cmd.split('/').collect();
         assert_eq!(parts[0], "EVAL");
         assert_eq!(webdis_decode(parts[1]), src.as_bytes());
@@ -403,5 +443,35 @@ mod tests {
             Err(BackendError::Redis(m)) => assert!(m.len() <= 200 && m.starts_with("ERR ")),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_usual_answer_is_read_without_json_and_agrees_with_it() {
+        let usual = br#"{"EVALSHA":[1,199,-1,1000,5]}"#;
+        assert_eq!(five_integers(usual), Some([1, 199, -1, 1000, 5]));
+        // Anything unusual is left to serde_json, which reads the same numbers or refuses.
+        for body in [
+            &br#"{"EVALSHA": [1,199,0,1000,5]}"#[..],
+            br#"{"EVALSHA":[1,199,0,1000]}"#,
+            br#"{"EVALSHA":[1,199,0,1000,5,6]}"#,
+            br#"{"EVALSHA":[1,199,0,1000,5]} "#,
+            br#"{"evalsha":[1,199,0,1000,5]}"#,
+            br#"{"":[1,199,0,1000,5]}"#,
+            br#"{"EVALSHA":[1,199,0,1000,99999999999999999999]}"#,
+            br#"{"EVALSHA":[1,+199,0,1000,5]}"#,
+            br#"{"EVALSHA":[1,1.5,0,1000,5]}"#,
+            br#"{"EVALSHA":[false,"NOSCRIPT No matching script."]}"#,
+        ] {
+            assert_eq!(
+                five_integers(body),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(
+            decode_reply(200, br#"{"EVALSHA": [1,199,0,1000,5]}"#).unwrap(),
+            decode_reply(200, br#"{"EVALSHA":[1,199,0,1000,5]}"#).unwrap()
+        );
     }
 }
