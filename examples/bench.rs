@@ -69,6 +69,11 @@ const IDLE_WINDOW: Duration = Duration::from_secs(3);
 const IDLE_CHECKED: [&str; 2] = ["tollgate-lease", "tollgate-flood-lease"];
 /// Issue 17's baseline for tollgate-exact: Envoy + Webdis + Redis CPU µs per request (78.1 + 51.1).
 const EXACT_SYSTEM_BASELINE_US: f64 = 78.1 + 51.1;
+/// The plain Envoy's CPU µs per request in the run that measured that baseline: µs do not carry
+/// over between runs on a shared machine, multiples of the same run's plain Envoy do.
+const BASELINE_PLAIN_US: f64 = 17.6;
+/// Half the baseline's whole-system cost, in multiples of that run's plain Envoy.
+const EXACT_SYSTEM_LIMIT_X: f64 = 0.5 * EXACT_SYSTEM_BASELINE_US / BASELINE_PLAIN_US;
 
 const USAGE: &str = "\
 usage: cargo run --release --example bench -- [options]      (make bench BENCH_ARGS='[options]')
@@ -1405,6 +1410,28 @@ fn goals(rows: &[Row], idle: &[Idle]) -> Vec<Goal> {
             part(|s| s.webdis_cpu_us_per_req),
             part(|s| s.redis_cpu_us_per_req)
         ),
+    );
+    let plain = row("plain");
+    let system_x = match (exact, plain) {
+        (Some(e), Some(p)) => {
+            let mut v: Vec<f64> = e
+                .samples
+                .iter()
+                .zip(&p.samples)
+                .filter_map(|(e, p)| Some(e.system_cpu()? / p.cpu().filter(|x| *x > 0.0)?))
+                .collect();
+            median(&mut v)
+        }
+        _ => None,
+    };
+    goal(
+        format!(
+            "the same in multiples of the run's plain Envoy CPU/request (the baseline's plain: \
+             {BASELINE_PLAIN_US} µs) ≤ {EXACT_SYSTEM_LIMIT_X:.2}"
+        ),
+        system_x,
+        |x| x <= EXACT_SYSTEM_LIMIT_X,
+        "per-round ratio, median".into(),
     );
     goal(
         "tollgate-flood-exact (random keys) Redis calls/request ≤ 1.01".into(),
