@@ -254,7 +254,8 @@ fn key_of_input(prefix: &str, rule: &str, input: &[u8]) -> String {
 /// Invariant: a cached key is exactly what [`bucket_key`] gives for the rule's prefix, name and
 /// sources and the same values. It is looked up by rule index and values only, so one cache
 /// serves one configuration (the engine's, rebuilt with it). It holds at most [`KeyCache::MAX`]
-/// keys and starts over when full, so a flood of new keys costs memory once, not without bound.
+/// keys of values at most [`KeyCache::MAX_VALUES_LEN`] bytes long, and starts over when full: a
+/// flood of new keys, however long their values, holds at most about 0.5 MiB per worker.
 #[derive(Debug, Default)]
 pub struct KeyCache {
     keys: std::collections::HashMap<Vec<u8>, String>,
@@ -262,6 +263,8 @@ pub struct KeyCache {
 
 impl KeyCache {
     pub const MAX: usize = 1024;
+    /// Values longer than this together are digested each time, never cached.
+    pub const MAX_VALUES_LEN: usize = 256;
 
     /// [`bucket_key`] of rule `idx` (`prefix`, `rule` its name, `sources` its key), from the cache
     /// when the same values were seen lately.
@@ -271,6 +274,9 @@ impl KeyCache {
         (prefix, rule, sources): (&str, &str, &[KeySource]),
         values: &[Vec<u8>],
     ) -> String {
+        if values.iter().map(Vec::len).sum::<usize>() > Self::MAX_VALUES_LEN {
+            return bucket_key(prefix, rule, sources, values);
+        }
         let mut lookup = Vec::with_capacity(8 + values.iter().map(|v| v.len() + 4).sum::<usize>());
         lookup.extend_from_slice(&u32::try_from(idx).unwrap_or(u32::MAX).to_be_bytes());
         for value in values {
@@ -1181,11 +1187,20 @@ mod tests {
         let sources = [hdr("x-user-id")];
         for i in 0..KeyCache::MAX * 3 + 1 {
             let values = [i.to_string().into_bytes()];
+            let long = [vec![b'x'; KeyCache::MAX_VALUES_LEN + 1 + i % 7]];
+            assert_eq!(
+                cache.bucket_key(0, ("tg", "r", &sources), &long),
+                bucket_key("tg", "r", &sources, &long)
+            );
             assert_eq!(
                 cache.bucket_key(0, ("tg", "r", &sources), &values),
                 bucket_key("tg", "r", &sources, &values)
             );
             assert!(cache.keys.len() <= KeyCache::MAX);
+            assert!(cache
+                .keys
+                .keys()
+                .all(|k| k.len() <= 4 + 4 + KeyCache::MAX_VALUES_LEN));
         }
     }
 }
