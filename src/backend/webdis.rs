@@ -213,7 +213,9 @@ fn five_integers(body: &[u8]) -> Option<[i64; 5]> {
             .iter()
             .take_while(|b| b.is_ascii_digit())
             .count();
-        if digits == 0 || digits > 18 {
+        // JSON has no leading zeros: "0" alone, or a first digit 1-9.
+        let leading_zero = digits > 1 && rest.get(digits_at) == Some(&b'0');
+        if digits == 0 || digits > 18 || leading_zero {
             return None;
         }
         let mut n: i64 = 0;
@@ -459,6 +461,8 @@ mod tests {
             br#"{"":[1,199,0,1000,5]}"#,
             br#"{"EVALSHA":[1,199,0,1000,99999999999999999999]}"#,
             br#"{"EVALSHA":[1,+199,0,1000,5]}"#,
+            br#"{"EVALSHA":[1,0199,0,1000,5]}"#,
+            br#"{"EVALSHA":[1,-0199,0,1000,5]}"#,
             br#"{"EVALSHA":[1,1.5,0,1000,5]}"#,
             br#"{"EVALSHA":[false,"NOSCRIPT No matching script."]}"#,
         ] {
