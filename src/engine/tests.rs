@@ -175,6 +175,26 @@ fn grant_all(e: &mut Engine, h: &mut Fake, carrier: u32, token: u32) -> u64 {
     n
 }
 
+/// Puts `grant` into user "a"'s lease in the proxy pool of `e` at time 0, as a lease call of
+/// its own would (a key at 100/s, burst 50, leases of at most 20).
+fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
+    let pool = LeasePool::new(&h.store, &e.plugin.ns);
+    let sizing = crate::shared::lease::Sizing {
+        burst: 50,
+        rate: 100,
+        period_ms: 1000,
+        lease_max: 20,
+        horizon_ms: 200,
+    };
+    let key = lease_key(e, "a");
+    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
+        pool.begin_flight(&key, 1, 0, 0, 100, &sizing)
+    else {
+        panic!()
+    };
+    pool.deposit(claim, &grant, &[], 0, &sizing).unwrap();
+}
+
 /// Delivers the answer to `token` through context `carrier`.
 fn deliver(e: &mut Engine, h: &mut Fake, carrier: u32, token: u32, status: u32, body: &[u8]) {
     h.out.remove(&token);
@@ -806,27 +826,16 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
     let (mut w2, rec2) = engine("", LEASE);
     let mut h = Fake::default();
     // The proxy's pool holds a lease of 20 tokens for the key.
-    let pool = LeasePool::new(&h.store, &w1.plugin.ns);
-    let sizing = crate::shared::lease::Sizing {
-        burst: 50,
-        rate: 100,
-        period_ms: 1000,
-        lease_max: 20,
-        horizon_ms: 200,
-    };
-    let key = lease_key(&w1, "a");
-    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
-        pool.begin_flight(&key, 1, 0, 0, 100, &sizing)
-    else {
-        panic!()
-    };
-    let grant = crate::shared::lease::Grant {
-        tokens: 20,
-        global_remaining: 30,
-        reset_after_ms: 300,
-        refill_ms: 0,
-    };
-    pool.deposit(claim, &grant, &[], 0, &sizing).unwrap();
+    deposit_at_0(
+        &h,
+        &w1,
+        crate::shared::lease::Grant {
+            tokens: 20,
+            global_remaining: 30,
+            reset_after_ms: 300,
+            refill_ms: 0,
+        },
+    );
     let leased = 20;
     // Both workers alternate until each has missed once.
     let (mut admitted, mut missed1, mut missed2) = (0, false, false);
@@ -857,28 +866,17 @@ fn two_workers_spend_a_reservation_no_faster_than_the_bucket_refills_it() {
     let (mut w1, _) = engine("", LEASE);
     let (mut w2, _) = engine("", LEASE);
     let mut h = Fake::default();
-    let key = lease_key(&w1, "a");
-    let pool = LeasePool::new(&h.store, &w1.plugin.ns);
-    let sizing = crate::shared::lease::Sizing {
-        burst: 50,
-        rate: 100,
-        period_ms: 1000,
-        lease_max: 20,
-        horizon_ms: 200,
-    };
-    let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
-        pool.begin_flight(&key, 1, 0, 0, 100, &sizing)
-    else {
-        panic!()
-    };
     // 20 tokens: 5 the bucket held, 15 it refills at 100/s over the next 150 ms.
-    let grant = crate::shared::lease::Grant {
-        tokens: 20,
-        global_remaining: 0,
-        reset_after_ms: 650,
-        refill_ms: 150,
-    };
-    pool.deposit(claim, &grant, &[], 0, &sizing).unwrap();
+    deposit_at_0(
+        &h,
+        &w1,
+        crate::shared::lease::Grant {
+            tokens: 20,
+            global_remaining: 0,
+            reset_after_ms: 650,
+            refill_ms: 150,
+        },
+    );
     let mut admitted = 0u64;
     let mut ctx = 100;
     for now in 0..=200 {
