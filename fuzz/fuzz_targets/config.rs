@@ -11,7 +11,7 @@ use tollgate::config::{
     Config, KeySource, MAX_BURST_PERIOD, MAX_KEY_PREFIX_LEN, MAX_KEY_SOURCES, MAX_PERIOD_MS,
     MAX_RULES, MAX_RULE_NAME_LEN, MAX_TOKENS,
 };
-use tollgate::rule::{applies, RequestView};
+use tollgate::rule::{applies, KeyCache, RequestView};
 
 struct FixedRequest;
 
@@ -120,15 +120,18 @@ fn check_valid(c: &Config) {
                 ),
                 KeySource::Cookie(c) => assert!(is_token(c), "{n}: cookie {c:?}"),
                 KeySource::Property { path, .. } => {
-                    assert!(!path.is_empty() && path.iter().all(|p| !p.is_empty()), "{n}: property")
+                    assert!(
+                        !path.is_empty() && path.iter().all(|p| !p.is_empty()),
+                        "{n}: property"
+                    )
                 }
                 KeySource::Metadata { namespace, fields } => assert!(
-                    !namespace.is_empty() && !fields.is_empty() && fields.iter().all(|f| !f.is_empty()),
+                    !namespace.is_empty()
+                        && !fields.is_empty()
+                        && fields.iter().all(|f| !f.is_empty()),
                     "{n}: metadata"
                 ),
-                KeySource::Path
-                | KeySource::Method
-                | KeySource::Authority => {}
+                KeySource::Path | KeySource::Method | KeySource::Authority => {}
             }
         }
         if let Some(h) = &r.cost_header {
@@ -173,7 +176,9 @@ fn check_valid(c: &Config) {
                 assert!(r.cost <= l.burst, "{n}: override burst below cost");
             }
         }
-        if let Some(key) = applies(p, r, &FixedRequest).map(|a| a.key) {
+        if let Some(key) =
+            applies(p, (i, r), &FixedRequest, &mut KeyCache::default()).map(|a| a.key)
+        {
             let head = format!("{p}:{{{n}:");
             let digest = key
                 .strip_prefix(&head)

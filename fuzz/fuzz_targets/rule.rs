@@ -14,7 +14,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tollgate::config::{Config, KeySource, Override};
 use tollgate::rule::path::{self, Reading};
-use tollgate::rule::{applies, bucket_key, key_values, matches, RequestView};
+use tollgate::rule::{applies, bucket_key, key_values, matches, KeyCache, RequestView};
 
 const CONFIG: &str = r#"{
   "key_prefix": "tg.fuzz:1-x_",
@@ -248,7 +248,11 @@ fn check_normal_forms(p: &[u8]) {
         if p.first() == Some(&b'/') {
             let mut dotted = b"/x/..".to_vec();
             dotted.extend_from_slice(p);
-            assert_eq!(path::normalize(&dotted, r), n, "{p:?} {r:?}: /x/.. in front");
+            assert_eq!(
+                path::normalize(&dotted, r),
+                n,
+                "{p:?} {r:?}: /x/.. in front"
+            );
             let mut doubled = b"/".to_vec();
             doubled.extend_from_slice(p);
             assert_eq!(path::normalize(&doubled, r), n, "{p:?} {r:?}: // in front");
@@ -264,9 +268,17 @@ fn check_normal_forms(p: &[u8]) {
                     }
                 })
                 .collect();
-            assert_eq!(path::normalize(&escaped, r), n, "{p:?} {r:?}: escaped letters");
+            assert_eq!(
+                path::normalize(&escaped, r),
+                n,
+                "{p:?} {r:?}: escaped letters"
+            );
         }
     }
+}
+
+thread_local! {
+    static KEYS: std::cell::RefCell<KeyCache> = std::cell::RefCell::new(KeyCache::default());
 }
 
 fuzz_target!(|input: Input| {
@@ -276,8 +288,10 @@ fuzz_target!(|input: Input| {
     let cfg = config();
     let prefix = cfg.key_prefix.as_str();
     let req = Req(input.clone());
-    for rule in &cfg.rules {
-        let applied = applies(prefix, rule, &req);
+    for (idx, rule) in cfg.rules.iter().enumerate() {
+        // One cache across inputs, like a worker's across requests: a cached key must be exactly
+        // the digest of these values.
+        let applied = KEYS.with(|k| applies(prefix, (idx, rule), &req, &mut k.borrow_mut()));
         let key = applied.as_ref().map(|a| a.key.clone());
         let values = key_values(&rule.key, &req);
         let want = if matches(&rule.matcher, &req) {
@@ -364,7 +378,8 @@ fuzz_target!(|input: Input| {
     }
     // One user's id never lands in another user's bucket.
     let per_user = &cfg.rules[0];
-    if let Some(k) = applies(prefix, per_user, &req).map(|a| a.key) {
+    let fresh = KeyCache::default;
+    if let Some(k) = applies(prefix, (0, per_user), &req, &mut fresh()).map(|a| a.key) {
         let mut changed = input.clone();
         let uid = match changed.headers.iter_mut().find(|(n, _)| *n == Name::UserId) {
             Some((_, v)) => v.bytes_mut(),
@@ -376,7 +391,7 @@ fuzz_target!(|input: Input| {
                 .expect("per-user applied without x-user-id"),
         };
         uid.push(b'!');
-        let k2 = applies(prefix, per_user, &Req(changed))
+        let k2 = applies(prefix, (0, per_user), &Req(changed), &mut fresh())
             .expect("per-user still applies")
             .key;
         assert_ne!(k, k2);

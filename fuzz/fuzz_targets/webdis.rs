@@ -115,7 +115,11 @@ fuzz_target!(|input: Input| {
     for (seg, n) in segs[4..10].iter().zip(numbers) {
         assert_eq!(decode(seg), n.to_string().as_bytes(), "{cmd:?}");
     }
-    assert_eq!(decode(segs[10]), input.settle.to_string().as_bytes(), "{cmd:?}");
+    assert_eq!(
+        decode(segs[10]),
+        input.settle.to_string().as_bytes(),
+        "{cmd:?}"
+    );
 
     let req = request(&call, invoke, "webdis", Some("Basic x"));
     assert_eq!(req.body, cmd.as_bytes());

@@ -213,8 +213,9 @@ fn five_integers(body: &[u8]) -> Option<[i64; 5]> {
             .iter()
             .take_while(|b| b.is_ascii_digit())
             .count();
-        // JSON has no leading zeros: "0" alone, or a first digit 1-9.
-        let leading_zero = digits > 1 && rest.get(digits_at) == Some(&b'0');
+        // JSON has no leading zeros ("0" alone, or a first digit 1-9), and serde_json reads
+        // "-0" as a float: both are left to it.
+        let leading_zero = rest.get(digits_at) == Some(&b'0') && (digits > 1 || negative);
         if digits == 0 || digits > 18 || leading_zero {
             return None;
         }
@@ -463,6 +464,7 @@ mod tests {
             br#"{"EVALSHA":[1,+199,0,1000,5]}"#,
             br#"{"EVALSHA":[1,0199,0,1000,5]}"#,
             br#"{"EVALSHA":[1,-0199,0,1000,5]}"#,
+            br#"{"EVALSHA":[1,-0,0,1000,5]}"#,
             br#"{"EVALSHA":[1,1.5,0,1000,5]}"#,
             br#"{"EVALSHA":[false,"NOSCRIPT No matching script."]}"#,
         ] {
