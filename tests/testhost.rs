@@ -501,8 +501,9 @@ fn local_path_cost_next_to_the_wasm_floor() {
         "nearly every measured request answered locally"
     );
     // The local path's host calls: the clock, :path, the key header, two counters, two response
-    // headers (7). Moving a batch of tokens through shared data, and lease calls when the machine
-    // is slow enough for a lease to run out, come on top and are not counted here.
+    // headers (7). Moving a batch of tokens through shared data and lease calls are not counted;
+    // the few lease renewals a slow machine needs add a clock read or two each, hence the slack
+    // (one more host call on every request would still fail this).
     let local_kinds = [
         "proxy_get_current_time_nanoseconds",
         "proxy_get_header_map_value",
@@ -515,7 +516,7 @@ fn local_path_cost_next_to_the_wasm_floor() {
         .filter_map(|k| cost.host_calls.get(*k))
         .sum();
     let calls = calls as f64 / N as f64;
-    assert!(calls < 7.5, "{calls:.2} local-path host calls per request");
+    assert!(calls < 8.0, "{calls:.2} local-path host calls per request");
     let times_floor = cost.fuel as f64 / floor_cost.fuel as f64;
     eprintln!("local path cost: tollgate lease = {times_floor:.2}x the floor's wasm instructions");
     assert!(
