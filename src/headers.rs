@@ -49,7 +49,8 @@ pub fn most_restrictive<'a, 'b>(reports: &'b [Report<'a>]) -> Option<&'b Report<
     })
 }
 
-/// The rate-limit headers for one report in the configured style. Built without `core::fmt`:
+/// The rate-limit headers for one report in the configured style. Built without `core::fmt`
+/// ([`crate::decimal`]):
 /// they go on every admitted response, and formatting machinery costs more in wasm than the rest
 /// of the local path.
 pub fn rate_limit_headers(style: HeaderStyle, r: &Report<'_>) -> Vec<(String, String)> {
@@ -65,21 +66,21 @@ pub fn rate_limit_headers(style: HeaderStyle, r: &Report<'_>) -> Vec<(String, St
         };
         let mut policy = quoted_rule(48);
         policy.push_str(";q=");
-        push_decimal(&mut policy, r.limits.burst);
+        crate::decimal::push(&mut policy, r.limits.burst);
         policy.push_str(";w=");
-        push_decimal(&mut policy, window_secs(&r.limits));
+        crate::decimal::push(&mut policy, window_secs(&r.limits));
         out.push(("ratelimit-policy".to_string(), policy));
         let mut now = quoted_rule(48);
         now.push_str(";r=");
-        push_decimal(&mut now, r.remaining);
+        crate::decimal::push(&mut now, r.remaining);
         now.push_str(";t=");
-        push_decimal(&mut now, reset);
+        crate::decimal::push(&mut now, reset);
         out.push(("ratelimit".to_string(), now));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let decimal = |n: u64| {
             let mut v = String::with_capacity(20);
-            push_decimal(&mut v, n);
+            crate::decimal::push(&mut v, n);
             v
         };
         out.push(("x-ratelimit-limit".to_string(), decimal(r.limits.burst)));
@@ -87,36 +88,6 @@ pub fn rate_limit_headers(style: HeaderStyle, r: &Report<'_>) -> Vec<(String, St
         out.push(("x-ratelimit-reset".to_string(), decimal(reset)));
     }
     out
-}
-
-/// Appends `n` in decimal.
-pub fn push_decimal(out: &mut String, n: u64) {
-    let mut digits = [0u8; 20];
-    if let Ok(text) = std::str::from_utf8(decimal(&mut digits, n)) {
-        out.push_str(text);
-    }
-}
-
-/// Appends `n` in decimal, as bytes.
-pub fn push_decimal_bytes(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    out.extend_from_slice(decimal(&mut digits, n));
-}
-
-/// `n`'s decimal digits, written at the end of `digits`.
-fn decimal(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        if let Some(d) = digits.get_mut(start) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || start == 0 {
-            break;
-        }
-    }
-    digits.get(start..).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -209,17 +180,5 @@ mod tests {
         ];
         assert_eq!(most_restrictive(&rs), Some(&rs[2]));
         assert_eq!(most_restrictive(&[]), None);
-    }
-
-    #[test]
-    fn decimals() {
-        for n in [0, 7, 10, 99, 1000, 123_456_789, u64::MAX] {
-            let mut s = String::from("x");
-            push_decimal(&mut s, n);
-            assert_eq!(s, format!("x{n}"));
-            let mut b = b"x".to_vec();
-            push_decimal_bytes(&mut b, n);
-            assert_eq!(b, format!("x{n}").into_bytes());
-        }
     }
 }

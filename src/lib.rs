@@ -19,6 +19,7 @@
 pub mod backend;
 pub mod bucket;
 pub mod config;
+pub mod decimal;
 pub mod engine;
 pub mod headers;
 pub mod metrics;

@@ -45,26 +45,38 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
         Invoke::Sha(sha) => (b"EVALSHA", sha),
         Invoke::Source(src) => (b"EVAL", src),
     };
-    let mut numbers = vec![
-        call.burst.to_string(),
-        call.rate.to_string(),
-        call.period_ms.to_string(),
-        call.cost.to_string(),
-        call.lease_want.to_string(),
+    // Left out when 0 (the script's defaults): settle, then max_wait_ms.
+    let with_settle = call.settle != 0;
+    let with_wait = with_settle || call.max_wait_ms != 0;
+    let unsigned = [
+        call.burst,
+        call.rate,
+        call.period_ms,
+        call.cost,
+        call.lease_want,
+        call.max_wait_ms,
     ];
-    if call.max_wait_ms != 0 || call.settle != 0 {
-        numbers.push(call.max_wait_ms.to_string());
-    }
-    if call.settle != 0 {
-        numbers.push(call.settle.to_string());
-    }
+    let unsigned = unsigned
+        .get(..5 + usize::from(with_wait))
+        .unwrap_or_default();
+    let count = 4 + unsigned.len() + usize::from(with_settle);
     let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
-    out.extend_from_slice(format!("*{}\r\n", 4 + numbers.len()).as_bytes());
+    out.push(b'*');
+    crate::decimal::push_bytes(&mut out, count as u64);
+    out.extend_from_slice(b"\r\n");
     for arg in [verb, script.as_bytes(), b"1", call.key.as_bytes()] {
         bulk(arg, &mut out);
     }
-    for n in &numbers {
-        bulk(n.as_bytes(), &mut out);
+    let mut number = Vec::with_capacity(20);
+    for &n in unsigned {
+        number.clear();
+        crate::decimal::push_bytes(&mut number, n);
+        bulk(&number, &mut out);
+    }
+    if with_settle {
+        number.clear();
+        crate::decimal::push_signed_bytes(&mut number, call.settle);
+        bulk(&number, &mut out);
     }
     out
 }
@@ -109,7 +121,7 @@ impl Transport for Resp {
 
 fn bulk(arg: &[u8], out: &mut Vec<u8>) {
     out.push(b'$');
-    out.extend_from_slice(arg.len().to_string().as_bytes());
+    crate::decimal::push_bytes(out, arg.len() as u64);
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(arg);
     out.extend_from_slice(b"\r\n");

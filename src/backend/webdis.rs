@@ -55,14 +55,11 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     }
     for n in numbers {
         out.push(b'/');
-        crate::headers::push_decimal_bytes(&mut out, n);
+        crate::decimal::push_bytes(&mut out, n);
     }
     // A signed integer: digits and at most a leading '-', which Webdis leaves alone.
     out.push(b'/');
-    if call.settle < 0 {
-        out.push(b'-');
-    }
-    crate::headers::push_decimal_bytes(&mut out, call.settle.unsigned_abs());
+    crate::decimal::push_signed_bytes(&mut out, call.settle);
     out
 }
 

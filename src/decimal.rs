@@ -1,0 +1,63 @@
+//! Integers as decimal text without `core::fmt`, for what goes out on every request or call (the
+//! RateLimit headers, the Webdis and RESP commands): the formatting machinery costs more in wasm
+//! than the rest of the local path.
+
+/// Appends `n` in decimal.
+pub fn push(out: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    if let Ok(text) = std::str::from_utf8(digits_of(&mut digits, n)) {
+        out.push_str(text);
+    }
+}
+
+/// Appends `n` in decimal, as bytes.
+pub fn push_bytes(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    out.extend_from_slice(digits_of(&mut digits, n));
+}
+
+/// Appends `n` in decimal, as bytes, with a leading `-` when negative.
+pub fn push_signed_bytes(out: &mut Vec<u8>, n: i64) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    push_bytes(out, n.unsigned_abs());
+}
+
+/// `n`'s decimal digits, written at the end of `digits`.
+fn digits_of(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        if let Some(d) = digits.get_mut(start) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || start == 0 {
+            break;
+        }
+    }
+    digits.get(start..).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_text_as_display() {
+        for n in [0, 7, 10, 99, 1000, 123_456_789, u64::MAX] {
+            let mut s = String::from("x");
+            push(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+            let mut b = b"x".to_vec();
+            push_bytes(&mut b, n);
+            assert_eq!(b, format!("x{n}").into_bytes());
+        }
+        for n in [0, -1, 5, -3_000, i64::MIN, i64::MAX] {
+            let mut b = Vec::new();
+            push_signed_bytes(&mut b, n);
+            assert_eq!(b, n.to_string().into_bytes());
+        }
+    }
+}
