@@ -300,7 +300,6 @@ impl Engine {
             return;
         };
         let sizing = sizing(rule, &asked.limits());
-        let costs = self.queues.costs(&key);
         let store = host.store();
         let pool = LeasePool::new(store, &self.plugin.ns);
         let m = &self.plugin.metrics;
@@ -318,6 +317,7 @@ impl Engine {
                     reset_after_ms: r.reset_after_ms,
                     refill_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
                 };
+                let costs = self.queues.costs(&key);
                 if let Ok((d, take)) = pool.deposit(claim, &grant, &costs, now, &sizing) {
                     m.count(rule_idx, Counter::LeaseDropped, d.dropped);
                     m.count(rule_idx, Counter::LeaseEvicted, d.evicted);
