@@ -77,7 +77,7 @@ fn copy_out(c: &mut C, bytes: &[u8], ptr_ptr: i32, size_ptr: i32) -> Result<i32,
 /// Envoy fails the module load.
 fn guard(c: &C, name: &str) -> Result<(), Error> {
     c.data().shared.host_call(name);
-    if std::env::var_os("TESTHOST_TRACE").is_some() {
+    if c.data().shared.config.trace {
         eprintln!("TRACE {name} {}", c.get_fuel().unwrap_or(0));
     }
     if c.data().initializing {

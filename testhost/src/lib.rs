@@ -56,6 +56,8 @@ pub struct ProxyConfig {
     pub connect_timeout: Duration,
     /// Copy the module's log lines to stderr as they come.
     pub echo_log: bool,
+    /// Print every callback and host call with the fuel left (`TESTHOST_TRACE`).
+    pub trace: bool,
     /// Higress' Envoy: also offer `proxy_redis_init` / `proxy_redis_call` and call
     /// `proxy_on_redis_call_response`. Stock Envoy (false) has neither, so a module importing them
     /// fails to load.
@@ -77,6 +79,7 @@ impl ProxyConfig {
             log_level: 2,
             connect_timeout: Duration::from_millis(250),
             echo_log: std::env::var_os("TESTHOST_LOG").is_some(),
+            trace: std::env::var_os("TESTHOST_TRACE").is_some(),
             higress: false,
         }
     }

@@ -275,7 +275,7 @@ impl Worker {
         h.current = ctx;
         h.effective = 0;
         let fuel = self.store.get_fuel().unwrap_or(0);
-        if std::env::var_os("TESTHOST_TRACE").is_some() {
+        if self.host().shared.config.trace {
             eprintln!("TRACE >{name} {fuel}");
         }
         let out = f.call(&mut self.store, params);
