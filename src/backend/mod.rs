@@ -47,6 +47,19 @@ impl ScriptCall {
         }
     }
 
+    /// The script's unsigned arguments after the key, in order: burst, rate, period_ms, cost,
+    /// lease_want, max_wait_ms (ARGV[1..=6]; settle, ARGV[7], is signed).
+    pub fn unsigned_args(&self) -> [u64; 6] {
+        [
+            self.burst,
+            self.rate,
+            self.period_ms,
+            self.cost,
+            self.lease_want,
+            self.max_wait_ms,
+        ]
+    }
+
     /// The limits the call carries (the rule's, or an override's for its key).
     pub fn limits(&self) -> crate::bucket::Limits {
         crate::bucket::Limits {

@@ -48,14 +48,7 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     // Left out when 0 (the script's defaults): settle, then max_wait_ms.
     let with_settle = call.settle != 0;
     let with_wait = with_settle || call.max_wait_ms != 0;
-    let unsigned = [
-        call.burst,
-        call.rate,
-        call.period_ms,
-        call.cost,
-        call.lease_want,
-        call.max_wait_ms,
-    ];
+    let unsigned = call.unsigned_args();
     let unsigned = unsigned
         .get(..5 + usize::from(with_wait))
         .unwrap_or_default();

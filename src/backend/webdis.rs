@@ -40,20 +40,12 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     };
     let mut out = Vec::with_capacity(script.len() * 3 + call.key.len() * 3 + 160);
     out.extend_from_slice(verb.as_bytes());
-    let numbers = [
-        call.burst,
-        call.rate,
-        call.period_ms,
-        call.cost,
-        call.lease_want,
-        call.max_wait_ms,
-    ];
     let args = [script.as_bytes(), b"1", call.key.as_bytes()];
     for arg in args {
         out.push(b'/');
         encode_segment(arg, &mut out);
     }
-    for n in numbers {
+    for n in call.unsigned_args() {
         out.push(b'/');
         crate::decimal::push_bytes(&mut out, n);
     }
