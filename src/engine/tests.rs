@@ -1105,3 +1105,32 @@ fn a_verdict_reached_inside_request_headers_is_returned_not_resumed() {
     assert_eq!(e.request_headers(&mut h, 11, &user("b")), Action::Continue);
     assert_eq!(h.resumed, [10]);
 }
+
+/// Not a check: a loop over the lease path's local admissions for a profiler
+/// (`valgrind --tool=callgrind <test binary> profile_local_path --ignored --exact`).
+#[test]
+#[ignore]
+fn profile_local_path() {
+    let (mut e, _) = engine(
+        r#""response_headers":"ietf","#,
+        r#"{"name":"per-user","match":{"path_prefix":"/api/"},"key":["header:x-user"],
+            "mode":"lease","rate":1000000,"burst":1000000}"#,
+    );
+    let mut h = Fake::default();
+    let r = user("bench-user");
+    let none = resp(&[]);
+    for ctx in 10..200_010u32 {
+        h.now = u64::from(ctx) / 100;
+        e.request_headers(&mut h, ctx, &r);
+        for token in h.tokens() {
+            grant_all(&mut e, &mut h, ctx, token);
+        }
+        e.response_headers(&mut h, ctx, &none);
+        e.done(&mut h, ctx);
+        if h.now % 50 == 0 {
+            e.tick(&mut h);
+        }
+        h.resumed.clear();
+        h.added.clear();
+    }
+}
