@@ -260,6 +260,13 @@ impl Host for SimHost {
     fn set_tick(&mut self, period_ms: u64) {
         self.tick = Some(period_ms);
     }
+    // Lease mode only: no worker shares exact calls through a queue here.
+    fn enqueue(&mut self, _: u32, _: &[u8]) -> bool {
+        false
+    }
+    fn dequeue(&mut self, _: u32) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 struct Req;

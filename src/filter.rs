@@ -67,9 +67,14 @@ impl RootContext for Root {
                 host::configure_redis(&config.backend);
                 let metrics = HostMetrics::define(&config);
                 let plugin = Plugin::with_metrics(config, Box::new(metrics));
+                let queue = host::register_queue(&plugin.ns);
                 match self.engine.try_borrow_mut() {
                     Ok(mut slot) => {
-                        *slot = Some(Engine::new(plugin, self.id));
+                        let mut engine = Engine::new(plugin, self.id);
+                        if let Some(q) = queue {
+                            engine.set_queue(q);
+                        }
+                        *slot = Some(engine);
                         true
                     }
                     Err(_) => false,
@@ -84,6 +89,10 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         with_engine(&self.engine, self.id, |e, h| e.tick(h));
+    }
+
+    fn on_queue_ready(&mut self, _queue_id: u32) {
+        with_engine(&self.engine, self.id, |e, h| e.queue_ready(h));
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

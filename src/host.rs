@@ -48,6 +48,21 @@ mod raw {
             value_size: usize,
         ) -> u32;
         pub fn proxy_get_log_level(return_level: *mut u32) -> u32;
+        pub fn proxy_register_shared_queue(
+            name_data: *const u8,
+            name_size: usize,
+            return_id: *mut u32,
+        ) -> u32;
+        pub fn proxy_enqueue_shared_queue(
+            queue_id: u32,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> u32;
+        pub fn proxy_dequeue_shared_queue(
+            queue_id: u32,
+            return_value_data: *mut *mut u8,
+            return_value_size: *mut usize,
+        ) -> u32;
     }
 }
 
@@ -90,6 +105,18 @@ impl Store for HostStore {
             other => StoreError::Host(format!("{other:?}")),
         })
     }
+}
+
+/// Registers this worker's shared queue: its number comes from shared data, so each worker's
+/// name is its own (a name registered twice would move the queue to the later worker). None if
+/// the host has no shared queues (the engine then shares calls within a worker only).
+pub fn register_queue(ns: &str) -> Option<u32> {
+    let n = crate::shared::lead::worker_number(&HostStore, ns).ok()?;
+    let name = format!("{ns}|queue|{n}");
+    let mut id = 0u32;
+    // SAFETY: the name outlives the call; the host writes one u32 to `id`.
+    let status = unsafe { raw::proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) };
+    (status == OK).then_some(id)
 }
 
 /// The current request, read lazily from the host.
@@ -386,6 +413,25 @@ impl Host for WasmHost {
             if status != OK {
                 log::warn!("tollgate: adding response header {k} failed (status {status})");
             }
+        }
+    }
+
+    fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
+        // SAFETY: the message outlives the call. Envoy answers Ok or NotFound.
+        unsafe { raw::proxy_enqueue_shared_queue(queue, message.as_ptr(), message.len()) == OK }
+    }
+
+    fn dequeue(&mut self, queue: u32) -> Option<Vec<u8>> {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host allocates the value through proxy_on_memory_allocate (this module's
+        // allocator) and hands it over; it is taken back as a Vec of exactly that size.
+        unsafe {
+            if raw::proxy_dequeue_shared_queue(queue, &mut data, &mut size) != OK || data.is_null()
+            {
+                return None;
+            }
+            Some(Vec::from_raw_parts(data, size, size))
         }
     }
 

@@ -42,6 +42,8 @@ pub enum Counter {
     LeaseEvicted,
     /// Checks that got the failure mode at once because the worker had `max_inflight` calls out.
     InflightRejected,
+    /// Exact checks this worker sent to the worker leading their key, to share its call.
+    Forwarded,
     /// Failed calls by class (see `ErrorClass`); each also counts in `BackendErrors`.
     BackendError(ErrorClass),
     /// Usage rules: tokens charged after responses said they used more than was paid up front.
@@ -56,7 +58,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 23] = [
+    pub const ALL: [Counter; 24] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -71,6 +73,7 @@ impl Counter {
         Counter::DelayMs,
         Counter::LeaseEvicted,
         Counter::InflightRejected,
+        Counter::Forwarded,
         Counter::BackendError(ErrorClass::Unreachable),
         Counter::BackendError(ErrorClass::Overloaded),
         Counter::BackendError(ErrorClass::Auth),
@@ -106,6 +109,7 @@ impl Counter {
             Counter::DelayMs => "delay_ms_total",
             Counter::LeaseEvicted => "lease_evicted",
             Counter::InflightRejected => "inflight_rejected",
+            Counter::Forwarded => "forwarded",
             Counter::BackendError(_) => "backend_error",
             Counter::UsageCharged => "usage_charged",
             Counter::UsageRefunded => "usage_refunded",

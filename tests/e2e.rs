@@ -299,3 +299,39 @@ fn limits_traffic_to_a_real_upstream() {
     assert_eq!(statuses, [200, 200, 200, 429, 429], "{}", envoy.log_text());
     assert_eq!(app.hits(), 3, "only admitted requests reached the app");
 }
+
+/// Exact mode at one hot key on a two-worker Envoy: concurrent checks share calls, across workers
+/// too (one worker leads the key, the other sends its checks to it through a shared queue), and
+/// every request is still decided by the global bucket: exactly the burst is admitted.
+#[test]
+fn a_hot_exact_key_shares_calls_across_workers_and_admits_exactly_the_bucket() {
+    // One token a minute after the burst: the run admits the burst and at most one refill.
+    let burst = 300u64;
+    let stack = Stack::start("e2e-shared-exact", &config("", 1, 60_000, burst));
+    let (ok, limited, other) = common::drive(&[stack.port()], 16, "hot", 2.0);
+    assert_eq!(other, 0, "no errors\n{}", stack.logs());
+    assert!(limited > 0, "the load must exceed the bucket");
+    assert!(
+        (burst..=burst + 1).contains(&ok),
+        "admitted {ok} of a bucket of {burst}"
+    );
+    let stat = |name: &str| {
+        stack
+            .envoy
+            .stat_value(&format!("wasmcustom.tollgate.per-user.{name}"))
+    };
+    let calls = stat("backend_calls").unwrap_or(0);
+    let forwarded = stat("forwarded").unwrap_or(0);
+    let (evalsha, eval) = stack.redis.script_calls();
+    eprintln!(
+        "shared exact: admitted {ok}, limited {limited}, backend calls {calls}, forwarded {forwarded}"
+    );
+    assert_eq!(evalsha + eval, calls, "every call reached Redis once");
+    assert!(forwarded > 0, "the second worker sent checks to the leader");
+    // Denials are cached per proxy, so most of the limited requests never call; the admitted
+    // ones share calls.
+    assert!(
+        calls < ok,
+        "{calls} calls for {ok} admissions: calls were shared"
+    );
+}

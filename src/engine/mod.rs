@@ -55,6 +55,10 @@ pub trait Host {
     fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]);
     /// Ticks every `period_ms` (0: stop).
     fn set_tick(&mut self, period_ms: u64);
+    /// Puts `message` on another worker's shared queue `queue` (false: no such queue).
+    fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool;
+    /// Takes the next message off this worker's shared queue `queue`.
+    fn dequeue(&mut self, queue: u32) -> Option<Vec<u8>>;
 }
 
 /// What Envoy does with the request after `request_headers`.
@@ -107,8 +111,9 @@ enum Purpose {
     Check { ctx: u32, idx: usize },
     /// The proxy's lease call for `claim`'s key.
     Lease(Claim),
-    /// One call for several exact checks of one key, one token each, in order.
-    Batch(Vec<(u32, usize)>),
+    /// One call for several exact checks of one key (of this worker or sent by others), one
+    /// token each, in order.
+    Batch(Vec<coalesce::Waiter>),
     /// Carries a key's pending usage settlement, nothing else (cost 0).
     Settle,
 }
@@ -382,6 +387,7 @@ impl Engine {
             }
         }
         self.expire_waiters(host, now);
+        self.expire_forwarded(host, now);
         self.poll_leases(host, now);
         self.send_pending_chains(host, now);
         self.flush_settlements(host, now);
@@ -549,7 +555,7 @@ impl Engine {
         let Some((_, call)) = self.check_call(ctx, idx) else {
             return;
         };
-        if coalesce::eligible(&call) && self.join_chain(&call.key, ctx, idx) {
+        if coalesce::eligible(&call) && self.join_chain(host, &call, ctx, idx, now) {
             return;
         }
         self.send_check(host, ctx, idx, ctx, now);
@@ -628,9 +634,7 @@ impl Engine {
             Ok(()) => {}
             Err((e, Purpose::Check { ctx, idx })) => self.fail_check(host, ctx, idx, &e, now),
             Err((e, Purpose::Batch(checks))) => {
-                for (ctx, idx) in checks {
-                    self.fail_check(host, ctx, idx, &e, now);
-                }
+                self.fail_chained(host, &checks, &e, now);
                 self.chain_next(host, &key, carrier, now);
             }
             Err((_, Purpose::Settle)) => {}
@@ -887,6 +891,9 @@ impl Engine {
         let mut next = self.queues.next_due(now);
         if let Some(Reverse((due, _, _, _))) = self.flushes.peek() {
             next = Some(next.map_or(*due, |n: u64| n.min(*due)));
+        }
+        if let Some(due) = self.chains.next_deadline() {
+            next = Some(next.map_or(due, |n: u64| n.min(due)));
         }
         if self.chains.pending() {
             next = Some(now.saturating_add(1));

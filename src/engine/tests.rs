@@ -37,6 +37,8 @@ struct Fake {
     added: Vec<(u32, Vec<(String, String)>)>,
     tick: u64,
     tick_sets: usize,
+    /// The workers' shared queues, by token.
+    queues: HashMap<u32, std::collections::VecDeque<Vec<u8>>>,
 }
 
 impl Host for Fake {
@@ -68,6 +70,18 @@ impl Host for Fake {
     fn set_tick(&mut self, period_ms: u64) {
         self.tick = period_ms;
         self.tick_sets += 1;
+    }
+    fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
+        match self.queues.get_mut(&queue) {
+            Some(q) => {
+                q.push_back(message.to_vec());
+                true
+            }
+            None => false,
+        }
+    }
+    fn dequeue(&mut self, queue: u32) -> Option<Vec<u8>> {
+        self.queues.get_mut(&queue)?.pop_front()
     }
 }
 
@@ -980,6 +994,166 @@ fn a_chain_survives_its_carrier_going_away_and_other_costs_go_alone() {
     e.request_headers(&mut h, 20, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
     e.request_headers(&mut h, 21, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
     assert_eq!(h.sent.len(), 4);
+}
+
+type Worker = (Engine, Rc<Recorder>);
+
+/// Two workers of one proxy (queues 1 and 2) on one fake host, exact mode.
+fn two_workers() -> (Worker, Worker, Fake) {
+    let (mut w1, mut w2) = (engine("", EXACT), engine("", EXACT));
+    let mut h = Fake::default();
+    for (q, w) in [(1, &mut w1.0), (2, &mut w2.0)] {
+        h.queues.insert(q, Default::default());
+        w.set_queue(q);
+    }
+    (w1, w2, h)
+}
+
+/// Worker `w` (queue 1) gets hot on user "a": a call out (token 1, answered) and a second check
+/// that goes in the chain's next call (token 2, out), so it claims the key.
+fn lead_a(w: &mut Engine, h: &mut Fake) {
+    w.request_headers(h, 10, &user("a"));
+    w.request_headers(h, 11, &user("a"));
+    deliver(w, h, 10, 1, 200, &answer(true, 9, 0, 100, 1));
+    w.tick(h);
+    assert_eq!(h.sent.len(), 2);
+    assert_eq!(
+        crate::shared::lead::Leaders::new(&h.store, &w.plugin.ns).leader(&lease_key(w, "a")),
+        Some(1)
+    );
+}
+
+#[test]
+fn a_hot_key_shares_one_call_across_the_proxys_workers() {
+    let ((mut w1, rec1), (mut w2, rec2), mut h) = two_workers();
+    lead_a(&mut w1, &mut h);
+    w2.request_headers(&mut h, 20, &user("a"));
+    w2.request_headers(&mut h, 21, &user("a"));
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "worker 2 sent its checks to the leader, no call"
+    );
+    assert_eq!(rec2.get(0, Counter::Forwarded), 2);
+    w1.queue_ready(&mut h);
+    w1.request_headers(&mut h, 12, &user("a"));
+    deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 8, 0, 100, 1));
+    assert_eq!(h.sent.len(), 3, "one call for the three waiting");
+    assert!(h.sent[2].ends_with("/1/3/0/0"), "{}", h.sent[2]);
+    // Two tokens left: the first two in arrival order (worker 2's) are admitted.
+    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 0, 0, 100, 2));
+    assert_eq!(h.status_of(12), Some(429));
+    assert_eq!(h.resumed, [10, 11]);
+    w2.queue_ready(&mut h);
+    assert_eq!(h.resumed, [10, 11, 20, 21]);
+    assert_eq!(rec1.get(0, Counter::BackendCalls), 3);
+    assert_eq!(rec2.get(0, Counter::BackendCalls), 0);
+    assert_eq!(rec2.get(0, Counter::Allowed), 2);
+    for ctx in [20, 21] {
+        w2.response_headers(&mut h, ctx, &resp(&[]));
+        w2.done(&mut h, ctx);
+    }
+    let sent: Vec<_> = h
+        .added
+        .iter()
+        .map(|(_, hs)| header(hs, "ratelimit"))
+        .collect();
+    let remaining = ["\"per-user\";r=1;t=1", "\"per-user\";r=0;t=1"];
+    assert_eq!(sent, remaining.map(Some), "what the leader's answer said");
+    // The leader's chain ends with nothing waiting: the key is free again.
+    assert_eq!(w1.load().1, 0);
+    let leaders = crate::shared::lead::Leaders::new(&h.store, &w1.plugin.ns);
+    assert_eq!(leaders.leader(&lease_key(&w1, "a")), None);
+    assert_eq!(w2.load(), (0, 0, 0));
+}
+
+#[test]
+fn a_worker_whose_chain_goes_on_while_another_leads_hands_its_checks_over() {
+    let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
+    w2.request_headers(&mut h, 20, &user("a"));
+    w2.request_headers(&mut h, 21, &user("a"));
+    assert_eq!(h.sent.len(), 1, "nobody leads yet: worker 2 calls");
+    w1.request_headers(&mut h, 10, &user("a"));
+    w1.request_headers(&mut h, 11, &user("a"));
+    deliver(&mut w1, &mut h, 10, 2, 200, &answer(true, 9, 0, 100, 1));
+    w1.tick(&mut h);
+    assert_eq!(
+        h.sent.len(),
+        3,
+        "worker 1 claimed the key with its second call"
+    );
+    deliver(&mut w2, &mut h, 20, 1, 200, &answer(true, 9, 0, 100, 1));
+    w2.tick(&mut h);
+    assert_eq!(h.sent.len(), 3, "worker 2's next check went to the leader");
+    assert_eq!(rec2.get(0, Counter::Forwarded), 1);
+    w1.queue_ready(&mut h);
+    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 8, 0, 100, 1));
+    deliver(&mut w1, &mut h, 1, 4, 200, &answer(true, 7, 0, 100, 1));
+    w2.queue_ready(&mut h);
+    assert_eq!(h.resumed, [10, 20, 11, 21]);
+}
+
+#[test]
+fn a_failed_shared_call_gives_the_asking_worker_its_failure_mode() {
+    let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
+    lead_a(&mut w1, &mut h);
+    w2.request_headers(&mut h, 20, &user("a"));
+    w1.queue_ready(&mut h);
+    deliver(&mut w1, &mut h, 1, 2, 503, b"");
+    assert_eq!(h.sent.len(), 3, "worker 2's check rides the next call");
+    deliver(&mut w1, &mut h, 1, 3, 503, b"");
+    w2.queue_ready(&mut h);
+    // Worker 2's own failure mode decides: the local fallback bucket (the default) admits.
+    assert_eq!(h.resumed, [10, 11, 20]);
+    assert_eq!(rec2.get(0, Counter::Allowed), 1);
+    assert_eq!(rec2.get(0, Counter::BackendCalls), 0);
+}
+
+#[test]
+fn a_check_sent_to_a_silent_leader_goes_again_from_its_worker() {
+    let ((mut w1, _), (mut w2, _), mut h) = two_workers();
+    lead_a(&mut w1, &mut h);
+    w2.request_headers(&mut h, 20, &user("a"));
+    assert_eq!(h.sent.len(), 2);
+    let patience = 2 * w2.plugin.config.backend.timeout_ms;
+    assert_eq!(h.tick, patience, "the tick watches the leader's answer");
+    h.now += patience;
+    w2.tick(&mut h);
+    assert_eq!(h.sent.len(), 3, "worker 2 calls itself");
+    let leaders = crate::shared::lead::Leaders::new(&h.store, &w2.plugin.ns);
+    assert_eq!(
+        leaders.leader(&lease_key(&w2, "a")),
+        None,
+        "the leader is forgotten"
+    );
+    deliver(&mut w2, &mut h, 2, 3, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.resumed, [10, 20]);
+    // The leader's late answer finds nothing waiting.
+    w1.queue_ready(&mut h);
+    deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut w1, &mut h, 1, 4, 200, &answer(true, 5, 0, 100, 1));
+    w2.queue_ready(&mut h);
+    assert_eq!(h.resumed, [10, 20, 11]);
+    assert!(h.responded.is_empty());
+}
+
+#[test]
+fn a_check_sent_to_a_worker_with_no_call_out_goes_at_once() {
+    let ((mut w1, _), (mut w2, _), mut h) = two_workers();
+    let key = lease_key(&w1, "a");
+    let leaders = crate::shared::lead::Leaders::new(&h.store, &w1.plugin.ns);
+    assert!(leaders.claim(&key, 1).unwrap(), "a record left behind");
+    w2.request_headers(&mut h, 20, &user("a"));
+    assert!(h.sent.is_empty());
+    w1.queue_ready(&mut h);
+    assert_eq!(h.sent.len(), 1, "sent from worker 1's root context");
+    deliver(&mut w1, &mut h, 1, 1, 200, &answer(true, 5, 0, 100, 1));
+    w2.queue_ready(&mut h);
+    assert_eq!(h.resumed, [20]);
+    // Garbage on a queue is dropped.
+    h.enqueue(1, b"r x\nhello");
+    w1.queue_ready(&mut h);
+    assert_eq!(w1.load(), (0, 0, 0));
 }
 
 // ----- usage-based limits -----

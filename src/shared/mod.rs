@@ -7,6 +7,7 @@
 
 pub mod deny;
 pub mod fallback;
+pub mod lead;
 pub mod lease;
 pub mod settle;
 

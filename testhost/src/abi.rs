@@ -19,6 +19,7 @@ const OK: i32 = 0;
 const NOT_FOUND: i32 = 1;
 const BAD_ARGUMENT: i32 = 2;
 const INVALID_MEMORY_ACCESS: i32 = 6;
+const EMPTY: i32 = 7;
 const CAS_MISMATCH: i32 = 8;
 const INTERNAL_FAILURE: i32 = 10;
 const UNIMPLEMENTED: i32 = 12;
@@ -502,7 +503,27 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
     linker.func_wrap(
         "env",
         "proxy_register_shared_queue",
-        |c: C, _: i32, _: i32, _: i32| unmodelled(&c, "proxy_register_shared_queue"),
+        |mut c: C, np: i32, nl: i32, id_ptr: i32| -> Result<i32, Error> {
+            guard(&c, "proxy_register_shared_queue")?;
+            let Some(name) = read(&c, np, nl) else {
+                return Ok(INVALID_MEMORY_ACCESS);
+            };
+            let name = String::from_utf8_lossy(&name).into_owned();
+            let h = c.data();
+            // Envoy: a stream context's queue calls back its root context.
+            let (owner, root) = (h.events.clone(), h.root);
+            let token = h
+                .shared
+                .queues
+                .lock()
+                .map_err(|_| Error::new("poisoned"))?
+                .register(&name, owner, root);
+            Ok(if write_u32(&mut c, id_ptr, token) {
+                OK
+            } else {
+                INVALID_MEMORY_ACCESS
+            })
+        },
     )?;
     linker.func_wrap(
         "env",
@@ -512,12 +533,42 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
     linker.func_wrap(
         "env",
         "proxy_dequeue_shared_queue",
-        |c: C, _: i32, _: i32, _: i32| unmodelled(&c, "proxy_dequeue_shared_queue"),
+        |mut c: C, token: i32, ptr_ptr: i32, size_ptr: i32| -> Result<i32, Error> {
+            guard(&c, "proxy_dequeue_shared_queue")?;
+            let item = c
+                .data()
+                .shared
+                .queues
+                .lock()
+                .map_err(|_| Error::new("poisoned"))?
+                .dequeue(token as u32);
+            match item {
+                None => Ok(NOT_FOUND),
+                Some(None) => Ok(EMPTY),
+                Some(Some(value)) => copy_out(&mut c, &value, ptr_ptr, size_ptr),
+            }
+        },
     )?;
     linker.func_wrap(
         "env",
         "proxy_enqueue_shared_queue",
-        |c: C, _: i32, _: i32, _: i32| unmodelled(&c, "proxy_enqueue_shared_queue"),
+        |c: C, token: i32, vp: i32, vl: i32| -> Result<i32, Error> {
+            guard(&c, "proxy_enqueue_shared_queue")?;
+            let Some(value) = read(&c, vp, vl) else {
+                return Ok(INVALID_MEMORY_ACCESS);
+            };
+            let mut queues = c
+                .data()
+                .shared
+                .queues
+                .lock()
+                .map_err(|_| Error::new("poisoned"))?;
+            Ok(if queues.enqueue(token as u32, value) {
+                OK
+            } else {
+                NOT_FOUND
+            })
+        },
     )?;
     linker.func_wrap(
         "env",

@@ -165,6 +165,7 @@ pub(crate) struct Shared {
     pub traps: Mutex<Vec<String>>,
     pub unmodelled: Mutex<BTreeSet<String>>,
     pub cost: Mutex<Cost>,
+    pub queues: Mutex<SharedQueues>,
 }
 
 impl Shared {
@@ -204,6 +205,60 @@ impl Shared {
 /// proxy-wasm-cpp-host src/shared_data.cc: one map per VM id under one mutex; a set with a non-zero
 /// CAS that does not match fails with CasMismatch; a set of an absent key always succeeds; every set
 /// takes the next CAS (starting at 1, skipping 0).
+/// Shared queues as Envoy keeps them: a name (per VM id; one VM id per proxy here) gets one
+/// token for the process's life; registering it again moves its callbacks to the later
+/// registrant's worker. Each enqueue posts one `proxy_on_queue_ready` to the owner's worker.
+#[derive(Default)]
+pub(crate) struct SharedQueues {
+    by_name: HashMap<String, u32>,
+    queues: HashMap<u32, SharedQueue>,
+}
+
+pub(crate) struct SharedQueue {
+    /// The registering worker's events and root context.
+    owner: std::sync::mpsc::Sender<worker::Event>,
+    root: u32,
+    items: std::collections::VecDeque<Vec<u8>>,
+}
+
+impl SharedQueues {
+    pub fn register(
+        &mut self,
+        name: &str,
+        owner: std::sync::mpsc::Sender<worker::Event>,
+        root: u32,
+    ) -> u32 {
+        let next = self.by_name.len() as u32 + 1;
+        let token = *self.by_name.entry(name.to_string()).or_insert(next);
+        let items = self
+            .queues
+            .remove(&token)
+            .map(|q| q.items)
+            .unwrap_or_default();
+        self.queues
+            .insert(token, SharedQueue { owner, root, items });
+        token
+    }
+
+    /// False if no queue has this token.
+    pub fn enqueue(&mut self, token: u32, value: Vec<u8>) -> bool {
+        let Some(q) = self.queues.get_mut(&token) else {
+            return false;
+        };
+        q.items.push_back(value);
+        let _ = q.owner.send(worker::Event::QueueReady {
+            root: q.root,
+            token,
+        });
+        true
+    }
+
+    /// None if no queue has this token; Some(None) if it is empty.
+    pub fn dequeue(&mut self, token: u32) -> Option<Option<Vec<u8>>> {
+        Some(self.queues.get_mut(&token)?.items.pop_front())
+    }
+}
+
 pub(crate) struct SharedData {
     map: HashMap<String, (Vec<u8>, u32)>,
     cas: u32,
@@ -276,6 +331,7 @@ impl Proxy {
             traps: Mutex::new(Vec::new()),
             unmodelled: Mutex::new(BTreeSet::new()),
             cost: Mutex::new(Cost::default()),
+            queues: Mutex::new(SharedQueues::default()),
         });
         let mut workers = Vec::new();
         let mut threads = Vec::new();

@@ -10,6 +10,8 @@
 //! - callouts are answered on the root context: `proxy_on_http_call_response(root, token, headers,
 //!   body_size, trailers)`, `proxy_on_redis_call_response(root, token, status, size)`;
 //! - `proxy_on_tick(root)` every tick period, re-armed after each tick and whenever the period is set.
+//! - `proxy_on_queue_ready(root, token)` on the worker that registered a shared queue, once per
+//!   message put on it (from any worker).
 //!
 //! After every VM call the deferred actions run in order (Envoy's `DeferAfterCallActions`): resuming a
 //! request and sending a local reply never happen inside the call that asked for them.
@@ -55,6 +57,11 @@ pub enum Event {
         token: u32,
         status: u32,
         reply: Vec<u8>,
+    },
+    /// A message was put on shared queue `token`, registered by root context `root` here.
+    QueueReady {
+        root: u32,
+        token: u32,
     },
     Stop,
 }
@@ -363,6 +370,15 @@ impl Worker {
                     status,
                     reply,
                 }) => self.on_redis_done(token, status, reply),
+                Some(Event::QueueReady { root, token }) if !self.failed => {
+                    self.call::<(i32, i32), ()>(
+                        root,
+                        "proxy_on_queue_ready",
+                        (root as i32, token as i32),
+                    );
+                    self.after();
+                }
+                Some(Event::QueueReady { .. }) => {}
                 None => {}
             }
             self.fire_timers();
