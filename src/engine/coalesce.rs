@@ -66,6 +66,9 @@ pub(super) struct Chains {
     /// This worker's shared queue (None: the host gave none, chains stay per worker).
     lane: Option<u32>,
     forwarded: HashMap<u64, Forwarded>,
+    /// Leaders this worker sent checks to, by key (a copy of the table's records, so a hot key's
+    /// checks skip the shared-data read; at most `KNOWN_LEADERS`).
+    leaders: HashMap<String, u32>,
     /// When each forwarded check stops waiting for its leader.
     deadlines: BinaryHeap<Reverse<(u64, u64)>>,
     next_ask: u64,
@@ -191,8 +194,8 @@ fn parse_answer(line: &[u8]) -> Option<(u64, Option<Outcome>)> {
     Some((ask, outcome))
 }
 
-/// At most this many messages are taken off the queue per callback (the rest wait for the next).
-const DRAIN_MAX: usize = 4096;
+/// Leaders remembered per worker before the copy starts over.
+const KNOWN_LEADERS: usize = 1024;
 
 impl Engine {
     /// This worker's shared queue: hot exact keys are shared with the proxy's other workers.
@@ -232,15 +235,22 @@ impl Engine {
         let Some((rule, call)) = self.check_call(ctx, idx) else {
             return false;
         };
-        let leader = Leaders::new(host.store(), &self.plugin.ns).leader(&call.key);
+        let leader = match self.chains.leaders.get(&call.key) {
+            Some(q) => Some(*q),
+            None => Leaders::new(host.store(), &self.plugin.ns).leader(&call.key),
+        };
         let Some(leader) = leader.filter(|q| *q != me) else {
             return false;
         };
         let ask = self.chains.next_ask;
         if !host.enqueue(leader, &wire::ask(me, ask, rule, &call)) {
-            let _ = Leaders::new(host.store(), &self.plugin.ns).release(&call.key, leader);
+            self.forget_leader(host, &call.key, leader);
             return false;
         }
+        if self.chains.leaders.len() >= KNOWN_LEADERS {
+            self.chains.leaders.clear();
+        }
+        self.chains.leaders.insert(call.key.clone(), leader);
         self.chains.next_ask += 1;
         let patience = self.plugin.config.backend.timeout_ms.saturating_mul(2);
         self.chains
@@ -338,6 +348,12 @@ impl Engine {
         }
     }
 
+    /// `leader` no longer takes `key`'s checks: dropped here and from the table.
+    fn forget_leader(&mut self, host: &mut dyn Host, key: &str, leader: u32) {
+        self.chains.leaders.remove(key);
+        let _ = Leaders::new(host.store(), &self.plugin.ns).release(key, leader);
+    }
+
     /// Sends the chains that wait for the root context (from the tick).
     pub(super) fn send_pending_chains(&mut self, host: &mut dyn Host, now: u64) {
         let pending: Vec<String> = self.chains.pending.iter().cloned().collect();
@@ -415,25 +431,20 @@ impl Engine {
         answers.send(host);
     }
 
-    /// Messages on this worker's queue: checks other workers sent here, answers to checks sent
-    /// from here.
+    /// A message on this worker's queue: a check another worker sent here, or answers to checks
+    /// sent from here. The host calls this once per message put on the queue, so one is taken.
     pub fn queue_ready(&mut self, host: &mut dyn Host) {
-        let Some(me) = self.chains.lane else {
+        let Some(message) = self.chains.lane.and_then(|me| host.dequeue(me)) else {
             return;
         };
         let now = host.now_ms();
-        for _ in 0..DRAIN_MAX {
-            let Some(message) = host.dequeue(me) else {
-                break;
-            };
-            if let Some((queue, ask, rule, call)) = wire::parse_ask(&message) {
-                self.take_ask(host, (queue, ask), rule, call, now);
-            } else {
-                for line in message.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                    match parse_answer(line) {
-                        Some((ask, outcome)) => self.answered(host, ask, outcome, now),
-                        None => log::warn!("tollgate: unreadable message between workers"),
-                    }
+        if let Some((queue, ask, rule, call)) = wire::parse_ask(&message) {
+            self.take_ask(host, (queue, ask), rule, call, now);
+        } else {
+            for line in message.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                match parse_answer(line) {
+                    Some((ask, outcome)) => self.answered(host, ask, outcome, now),
+                    None => log::warn!("tollgate: unreadable message between workers"),
                 }
             }
         }
@@ -499,7 +510,7 @@ impl Engine {
             let Some(f) = self.chains.forwarded.remove(&ask) else {
                 continue;
             };
-            let _ = Leaders::new(host.store(), &self.plugin.ns).release(&f.key, f.leader);
+            self.forget_leader(host, &f.key, f.leader);
             if self.is_waiting(f.ctx, f.idx) {
                 self.send_exact(host, f.ctx, f.idx, now);
             }

@@ -1009,6 +1009,13 @@ fn two_workers() -> (Worker, Worker, Fake) {
     (w1, w2, h)
 }
 
+/// What the host does for the messages on queue `q`: one `queue_ready` of its worker `w` each.
+fn ready(w: &mut Engine, h: &mut Fake, q: u32) {
+    for _ in 0..h.queues[&q].len() {
+        w.queue_ready(h);
+    }
+}
+
 /// Worker `w` (queue 1) gets hot on user "a": a call out (token 1, answered) and a second check
 /// that goes in the chain's next call (token 2, out), so it claims the key.
 fn lead_a(w: &mut Engine, h: &mut Fake) {
@@ -1035,7 +1042,7 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
         "worker 2 sent its checks to the leader, no call"
     );
     assert_eq!(rec2.get(0, Counter::Forwarded), 2);
-    w1.queue_ready(&mut h);
+    ready(&mut w1, &mut h, 1);
     w1.request_headers(&mut h, 12, &user("a"));
     deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 8, 0, 100, 1));
     assert_eq!(h.sent.len(), 3, "one call for the three waiting");
@@ -1044,7 +1051,7 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 0, 0, 100, 2));
     assert_eq!(h.status_of(12), Some(429));
     assert_eq!(h.resumed, [10, 11]);
-    w2.queue_ready(&mut h);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [10, 11, 20, 21]);
     assert_eq!(rec1.get(0, Counter::BackendCalls), 3);
     assert_eq!(rec2.get(0, Counter::BackendCalls), 0);
@@ -1086,10 +1093,10 @@ fn a_worker_whose_chain_goes_on_while_another_leads_hands_its_checks_over() {
     w2.tick(&mut h);
     assert_eq!(h.sent.len(), 3, "worker 2's next check went to the leader");
     assert_eq!(rec2.get(0, Counter::Forwarded), 1);
-    w1.queue_ready(&mut h);
+    ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 8, 0, 100, 1));
     deliver(&mut w1, &mut h, 1, 4, 200, &answer(true, 7, 0, 100, 1));
-    w2.queue_ready(&mut h);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [10, 20, 11, 21]);
 }
 
@@ -1098,11 +1105,11 @@ fn a_failed_shared_call_gives_the_asking_worker_its_failure_mode() {
     let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
     lead_a(&mut w1, &mut h);
     w2.request_headers(&mut h, 20, &user("a"));
-    w1.queue_ready(&mut h);
+    ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 1, 2, 503, b"");
     assert_eq!(h.sent.len(), 3, "worker 2's check rides the next call");
     deliver(&mut w1, &mut h, 1, 3, 503, b"");
-    w2.queue_ready(&mut h);
+    ready(&mut w2, &mut h, 2);
     // Worker 2's own failure mode decides: the local fallback bucket (the default) admits.
     assert_eq!(h.resumed, [10, 11, 20]);
     assert_eq!(rec2.get(0, Counter::Allowed), 1);
@@ -1129,10 +1136,10 @@ fn a_check_sent_to_a_silent_leader_goes_again_from_its_worker() {
     deliver(&mut w2, &mut h, 2, 3, 200, &answer(true, 5, 0, 100, 1));
     assert_eq!(h.resumed, [10, 20]);
     // The leader's late answer finds nothing waiting.
-    w1.queue_ready(&mut h);
+    ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
     deliver(&mut w1, &mut h, 1, 4, 200, &answer(true, 5, 0, 100, 1));
-    w2.queue_ready(&mut h);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [10, 20, 11]);
     assert!(h.responded.is_empty());
 }
@@ -1145,14 +1152,14 @@ fn a_check_sent_to_a_worker_with_no_call_out_goes_at_once() {
     assert!(leaders.claim(&key, 1).unwrap(), "a record left behind");
     w2.request_headers(&mut h, 20, &user("a"));
     assert!(h.sent.is_empty());
-    w1.queue_ready(&mut h);
+    ready(&mut w1, &mut h, 1);
     assert_eq!(h.sent.len(), 1, "sent from worker 1's root context");
     deliver(&mut w1, &mut h, 1, 1, 200, &answer(true, 5, 0, 100, 1));
-    w2.queue_ready(&mut h);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [20]);
     // Garbage on a queue is dropped.
     h.enqueue(1, b"r x\nhello");
-    w1.queue_ready(&mut h);
+    ready(&mut w1, &mut h, 1);
     assert_eq!(w1.load(), (0, 0, 0));
 }
 
