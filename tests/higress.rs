@@ -138,6 +138,27 @@ fn stock_envoy_refuses_the_higress_build() {
     assert!(err.contains("proxy_redis"), "{err}");
 }
 
+/// One hot exact key from 16 clients on two workers, through Redis callouts: exactly the burst is
+/// admitted, the workers share calls through shared queues, and Redis ran every call once.
+#[test]
+fn a_hot_exact_key_shares_redis_calls_across_workers() {
+    let dir = scratch_dir("higress-shared-exact");
+    let redis = Redis::start(&dir);
+    let burst = 200u64;
+    let host = start(&exact_config("", "", burst), redis.port);
+    let (ok, limited, other) = common::drive(&[host.port()], 16, "hot", 2.0);
+    let (calls, forwarded) = (stat(&host, "backend_calls"), stat(&host, "forwarded"));
+    eprintln!("higress: admitted {ok}, limited {limited}, calls {calls}, forwarded {forwarded}");
+    assert_eq!(other, 0, "no errors\n{}", host.log_text());
+    assert!(limited > 0, "the load must exceed the bucket");
+    assert!((burst..=burst + 1).contains(&ok), "admitted {ok}");
+    let (evalsha, eval) = redis.script_calls();
+    assert_eq!(evalsha + eval, calls, "each call ran once");
+    assert!(calls < ok, "{calls} calls for {ok} admissions");
+    assert!(forwarded > 0, "no check went to the leader");
+    assert_clean(&host);
+}
+
 /// Burst then 429 with the rate-limit headers, like the HTTP build; other keys are independent; a
 /// request no rule matches passes untouched.
 #[test]

@@ -421,6 +421,36 @@ fn lease_two_proxies_never_over_the_limit_on_both() {
     assert_clean(&h2);
 }
 
+/// One hot exact key from 16 clients on two workers: on both hosts exactly the burst is admitted,
+/// with fewer calls than admissions, checks forwarded between the workers through shared queues,
+/// and every call run by Redis once.
+#[test]
+fn a_hot_exact_key_shares_calls_across_workers_on_both() {
+    let burst = 200u64;
+    let b = both("th-shared-exact", &exact_config("", burst));
+    let targets: [(&str, &dyn Target, &Redis); 2] = [
+        ("envoy", &b.envoy, &b.redis_envoy),
+        ("host", &b.host, &b.redis_host),
+    ];
+    for (name, t, redis) in targets {
+        let (ok, limited, other) = common::drive(&[t.port()], 16, "hot", 2.0);
+        let stat = |m: &str| {
+            t.stat(&format!("wasmcustom.tollgate.per-user.{m}"))
+                .unwrap_or(0)
+        };
+        let (calls, forwarded) = (stat("backend_calls"), stat("forwarded"));
+        let (evalsha, eval) = redis.script_calls();
+        eprintln!("{name}: admitted {ok}, limited {limited}, calls {calls}, forwarded {forwarded}");
+        assert_eq!(other, 0, "{name}: no errors");
+        assert!(limited > 0, "{name}: the load must exceed the bucket");
+        assert!((burst..=burst + 1).contains(&ok), "{name}: admitted {ok}");
+        assert_eq!(evalsha + eval, calls, "{name}: each call ran once");
+        assert!(calls < ok, "{name}: {calls} calls for {ok} admissions");
+        assert!(forwarded > 0, "{name}: no check went to the leader");
+    }
+    assert_clean(&b.host);
+}
+
 /// A plugin configuration like `make bench`'s tollgate-lease: one lease rule keyed on x-user-id,
 /// a limit never reached, IETF headers.
 fn bench_lease_config() -> String {
