@@ -12,6 +12,7 @@
 //! | plain | router only (envoy/bench/plain.yaml) | closed loop, `--connections` |
 //! | native | local_ratelimit, bucket never empties (envoy/bench/native.yaml) | closed loop |
 //! | wasm-floor | bench/wasm-floor: reads one header, continues (envoy/bench/wasm-floor.yaml) | closed loop |
+//! | wasm-floor-calls | bench/wasm-floor making tollgate-lease's host calls and nothing else (envoy/bench/wasm-floor-calls.yaml) | closed loop |
 //! | tollgate-exact / -lease | envoy/envoy.yaml, one rule on `header:x-user-id`, one key, limit never reached | closed loop |
 //! | tollgate-flood-exact / -lease | one rule on `query:k`, every request a new key, limit never reached | closed loop, one h2load per connection, unique URIs (`-i`) |
 //! | tollgate-limited-exact / -lease | two Envoys, one hot key far over its limit (5x by default) | paced, split across both |
@@ -250,7 +251,7 @@ struct Def {
     what: &'static str,
 }
 
-const SCENARIOS: [Def; 11] = [
+const SCENARIOS: [Def; 12] = [
     Def {
         name: "plain",
         setup: Setup::Template("plain.yaml"),
@@ -265,6 +266,11 @@ const SCENARIOS: [Def; 11] = [
         name: "wasm-floor",
         setup: Setup::Template("wasm-floor.yaml"),
         what: "empty proxy-wasm filter: reads one header, continues",
+    },
+    Def {
+        name: "wasm-floor-calls",
+        setup: Setup::Template("wasm-floor-calls.yaml"),
+        what: "the wasm floor making tollgate-lease's host calls per request, with no logic",
     },
     Def {
         name: "tollgate-exact",
@@ -1293,6 +1299,27 @@ struct Idle {
     plain: Option<(u64, u64)>,
 }
 
+/// tollgate-lease's Envoy CPU over the floor, split: (what its host calls cost, what its wasm
+/// code costs), each the median of per-round differences.
+fn lease_cost_split(rows: &[Row]) -> Option<(f64, f64)> {
+    let row = |name: &str| rows.iter().find(|r| r.def.name == name);
+    let diff = |a: &Row, b: &Row| {
+        let mut v: Vec<f64> = a
+            .samples
+            .iter()
+            .zip(&b.samples)
+            .filter_map(|(a, b)| Some(a.cpu()? - b.cpu()?))
+            .collect();
+        median(&mut v)
+    };
+    let (floor, calls, lease) = (
+        row("wasm-floor")?,
+        row("wasm-floor-calls")?,
+        row("tollgate-lease")?,
+    );
+    Some((diff(calls, floor)?, diff(lease, calls)?))
+}
+
 fn goals(rows: &[Row], idle: &[Idle]) -> Vec<Goal> {
     let row = |name: &str| rows.iter().find(|r| r.def.name == name);
     // The median over rounds of a's figure ÷ b's in the same round.
@@ -1580,7 +1607,7 @@ fn run(settings: &Settings) -> Result<(), String> {
     }
     let floor_wasm = if defs
         .iter()
-        .any(|d| d.setup == Setup::Template("wasm-floor.yaml"))
+        .any(|d| matches!(d.setup, Setup::Template(t) if t.starts_with("wasm-floor")))
     {
         eprintln!("bench: building bench/wasm-floor");
         common::build_wasm_floor()?
@@ -1669,6 +1696,7 @@ fn run(settings: &Settings) -> Result<(), String> {
         .map(|(sc, s)| summarize(sc.def, s, &plain))
         .collect();
     let goals = goals(&rows, &idle);
+    let lease_split = lease_cost_split(&rows);
 
     // --- stdout: machine, table, goals, notes
     let paced = paced_rps_per_client(settings.limited_load);
@@ -1731,6 +1759,13 @@ fn run(settings: &Settings) -> Result<(), String> {
     }
     println!();
     println!("Notes:");
+    if let Some((calls, wasm)) = lease_split {
+        println!(
+            "- where tollgate-lease's Envoy CPU over wasm-floor goes (medians of per-round \
+             differences): its host calls {calls:.1} µs/request (wasm-floor-calls − wasm-floor), \
+             tollgate's own wasm code {wasm:.1} µs/request (tollgate-lease − wasm-floor-calls)."
+        );
+    }
     println!(
         "- Envoy CPU = utime+stime of the scenario's Envoy process(es) from /proc/<pid>/stat over the load, \
          ÷ requests answered; Webdis+Redis CPU likewise for the shared backend."

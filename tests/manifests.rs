@@ -1096,6 +1096,7 @@ fn shipped_envoy_configs_are_edge_safe() {
         "envoy/bench/plain.yaml: 1",
         "envoy/bench/native.yaml: 1",
         "envoy/bench/wasm-floor.yaml: 1",
+        "envoy/bench/wasm-floor-calls.yaml: 1",
         "envoy/redis-cluster/envoy.yaml: 0",
     ] {
         assert!(checked.iter().any(|c| c == want), "{want} in {checked:?}");
