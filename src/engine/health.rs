@@ -66,7 +66,7 @@ impl<'a> Health<'a> {
     pub fn new(store: &'a dyn Store, ns: &str, threshold: u64, cooloff_ms: u64) -> Self {
         Health {
             store,
-            key: format!("{ns}|health"),
+            key: [ns, "|health"].concat(),
             threshold,
             cooloff_ms,
         }

@@ -1315,3 +1315,41 @@ fn profile_local_path() {
         h.added.clear();
     }
 }
+
+/// Not a check: exact mode at a hot key on two workers, eight checks per shared call (half of them
+/// sent by the other worker), for a profiler (see `profile_local_path`).
+#[test]
+#[ignore]
+fn profile_hot_exact() {
+    let ((mut w1, _), (mut w2, _), mut h) = two_workers();
+    lead_a(&mut w1, &mut h);
+    let a = user("a");
+    let mut ctx = 100u32;
+    for round in 0..20_000u32 {
+        for _ in 0..4 {
+            w1.request_headers(&mut h, ctx, &a);
+            w2.request_headers(&mut h, ctx + 1, &a);
+            ctx += 2;
+        }
+        ready(&mut w1, &mut h, 1);
+        let token = h.tokens()[0];
+        deliver(
+            &mut w1,
+            &mut h,
+            1,
+            token,
+            200,
+            &answer(true, 1000, 0, 100, 8),
+        );
+        ready(&mut w2, &mut h, 2);
+        for c in ctx - 8..ctx {
+            let w = if c % 2 == 0 { &mut w1 } else { &mut w2 };
+            w.response_headers(&mut h, c, &resp(&[]));
+            w.done(&mut h, c);
+        }
+        h.now = u64::from(round);
+        h.resumed.clear();
+        h.added.clear();
+        h.sent.clear();
+    }
+}

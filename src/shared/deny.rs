@@ -21,7 +21,7 @@ impl<'a> DenyCache<'a> {
     }
 
     fn slot_key(&self, bucket_key: &str) -> String {
-        format!("{}|deny|{}", self.ns, hash(bucket_key) % SLOTS)
+        super::slot_key(self.ns, "deny", hash(bucket_key) % SLOTS)
     }
 
     /// Milliseconds the request must still wait if Redis already said `bucket_key` cannot serve

@@ -19,7 +19,7 @@ pub fn take(
     cost: u64,
     now_ms: u64,
 ) -> Result<bucket::Reply, StoreError> {
-    let key = format!("{table}|fb|{}", hash(bucket_key) % SLOTS);
+    let key = super::slot_key(table, "fb", hash(bucket_key) % SLOTS);
     let now_us = now_ms.saturating_mul(1000);
     update(store, &key, |bytes| {
         let state = bytes.and_then(decode_state);

@@ -37,7 +37,7 @@ impl<'a> Leaders<'a> {
     }
 
     fn slot_key(&self, bucket_key: &str) -> String {
-        format!("{}|lead|{}", self.ns, hash(bucket_key) % SLOTS)
+        super::slot_key(self.ns, "lead", hash(bucket_key) % SLOTS)
     }
 
     /// The queue of the worker leading `bucket_key`, if one does.

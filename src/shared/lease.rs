@@ -444,7 +444,7 @@ impl<'a> LeasePool<'a> {
     }
 
     fn set_key(&self, key: &str) -> String {
-        format!("{}|lease|{}", self.ns, hash(key) % SETS)
+        super::slot_key(self.ns, "lease", hash(key) % SETS)
     }
 
     /// If this proxy's reservation for `key` is still refilling: when its next token is.

@@ -50,6 +50,18 @@ pub enum Change<T> {
     Write(Vec<u8>, T),
 }
 
+/// `<prefix>|<table>|<slot>`, the shared-data key of a table's slot, written without `core::fmt`
+/// (every exact check reads a deny slot: formatting was a thousand wasm instructions of it).
+pub fn slot_key(prefix: &str, table: &str, slot: u64) -> String {
+    let mut key = String::with_capacity(prefix.len() + table.len() + 22);
+    key.push_str(prefix);
+    key.push('|');
+    key.push_str(table);
+    key.push('|');
+    crate::decimal::push(&mut key, slot);
+    key
+}
+
 /// Reads `key`, lets `f` decide from the current value (None if absent), and writes what it
 /// returns by compare-and-swap, retrying on a lost race up to [`CAS_TRIES`] times. A value that does
 /// not exist yet is created with a token no live value has, so two workers creating the same key
@@ -107,6 +119,15 @@ pub fn write_u64s(out: &mut Vec<u8>, values: &[u64]) {
 mod tests {
     use super::mem::MemStore;
     use super::*;
+
+    #[test]
+    fn slot_keys_read_as_the_tables_always_named_them() {
+        assert_eq!(
+            slot_key("tollgate|v3|p", "deny", 8191),
+            "tollgate|v3|p|deny|8191"
+        );
+        assert_eq!(slot_key("t|r", "fb", 0), "t|r|fb|0");
+    }
 
     #[test]
     fn update_retries_a_lost_race_and_gives_up_boundedly() {

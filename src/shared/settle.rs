@@ -13,7 +13,7 @@ pub const SETS: u64 = 2048;
 pub const WAYS: usize = 4;
 
 fn set_key(ns: &str, key: &str) -> String {
-    format!("{ns}|settle|{}", hash(key) % SETS)
+    super::slot_key(ns, "settle", hash(key) % SETS)
 }
 
 fn decode(bytes: Option<&[u8]>) -> Vec<(String, i64)> {
