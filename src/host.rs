@@ -268,6 +268,10 @@ pub fn call_response(num_headers: usize, body_size: usize) -> (u32, Vec<u8>) {
 /// The engine's view of the proxy while one callback of context `current` runs.
 pub struct WasmHost {
     current: u32,
+    /// The context the host's calls act for: `set_effective_context` is called only when it
+    /// changes (resuming a batch of requests switches once per request, not twice), and Envoy
+    /// resets it when the callback returns.
+    effective: std::cell::Cell<u32>,
     /// The clock, read once per callback.
     now_ms: std::cell::Cell<Option<u64>>,
 }
@@ -276,24 +280,31 @@ impl WasmHost {
     pub fn new(current: u32) -> WasmHost {
         WasmHost {
             current,
+            effective: std::cell::Cell::new(current),
             now_ms: std::cell::Cell::new(None),
         }
     }
 
-    /// Runs `f` with `ctx` as the host's effective context, then switches back to the context of
-    /// the callback (so calls sent later in it are carried by that context).
-    fn in_context(&self, ctx: u32, f: impl FnOnce() -> u32) -> u32 {
-        if ctx == self.current {
-            return f();
+    /// Makes `ctx` the context the host's calls act for; false if the host refused (gone).
+    fn act_for(&self, ctx: u32) -> bool {
+        if self.effective.get() == ctx {
+            return true;
         }
-        // SAFETY: plain integer arguments.
+        // SAFETY: plain integer argument.
         if unsafe { raw::proxy_set_effective_context(ctx) } != OK {
+            return false;
+        }
+        self.effective.set(ctx);
+        true
+    }
+
+    /// Runs `f` with `ctx` as the host's effective context (it stays so until another context
+    /// is needed: calls sent by this callback switch back to its own first).
+    fn in_context(&self, ctx: u32, f: impl FnOnce() -> u32) -> u32 {
+        if !self.act_for(ctx) {
             return u32::MAX;
         }
-        let status = f();
-        // SAFETY: as above.
-        unsafe { raw::proxy_set_effective_context(self.current) };
-        status
+        f()
     }
 }
 
@@ -338,6 +349,12 @@ impl Host for WasmHost {
         req: &HttpRequest,
         timeout_ms: u64,
     ) -> Result<u32, BackendError> {
+        // The call is carried by (and answered through) the context whose callback this is.
+        if !self.act_for(self.current) {
+            return Err(BackendError::Dispatch(
+                "set_effective_context refused".into(),
+            ));
+        }
         if cfg!(feature = "redis-callout") {
             // The Redis client's op timeout was set once, at configure time.
             return redis_call(cluster, &req.body);
@@ -437,6 +454,7 @@ impl Host for WasmHost {
 
     fn set_tick(&mut self, period_ms: u64) {
         let period = u32::try_from(period_ms).unwrap_or(u32::MAX);
+        let _ = self.act_for(self.current);
         // SAFETY: plain integer argument.
         let status = unsafe { raw::proxy_set_tick_period_milliseconds(period) };
         if status != OK {
