@@ -65,7 +65,7 @@ pub(super) struct Chains {
     pending: HashSet<String>,
     /// This worker's shared queue (None: the host gave none, chains stay per worker).
     lane: Option<u32>,
-    forwarded: HashMap<u64, Forwarded>,
+    forwarded: HashMap<u64, Forwarded, super::ById>,
     /// Leaders this worker sent checks to, by key (a copy of the table's records, so a hot key's
     /// checks skip the shared-data read; at most `KNOWN_LEADERS`).
     leaders: HashMap<String, u32>,

@@ -175,9 +175,9 @@ pub struct Engine {
 }
 
 /// Hashes the host's context ids and callout tokens, which the host hands out (a client cannot
-/// choose them), with one multiplication instead of SipHash: the request map is touched several
-/// times per request.
-type ById = std::hash::BuildHasherDefault<IdHasher>;
+/// choose them), and the numbers of checks sent to other workers, with one multiplication instead
+/// of SipHash: the request map is touched several times per request.
+pub(super) type ById = std::hash::BuildHasherDefault<IdHasher>;
 
 #[derive(Default)]
 struct IdHasher(u64);
@@ -195,6 +195,10 @@ impl std::hash::Hasher for IdHasher {
 
     fn write_u32(&mut self, n: u32) {
         self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
