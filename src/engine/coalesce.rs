@@ -5,8 +5,8 @@
 //! Across workers: a worker whose chain for a key goes on past its first call claims the key in
 //! the proxy's leader table ([`Leaders`]); the other workers then send their checks of that key to
 //! the leader's shared queue instead of calling Redis themselves, and get each answer back on
-//! their own queue. A worker whose own chain goes on while another leads hands its queued checks
-//! to the leader, so the proxy converges on one call out per hot key.
+//! their own queue. A worker whose own chain goes on while another leads ends it with the call its
+//! queued checks were promised, so the proxy converges on one call out per hot key.
 //!
 //! Invariant: every request is still decided by the global bucket, and no token is ever held
 //! locally: only checks of cost 1 (no reservation) are coalesced, so a grant of `g` tokens
@@ -278,7 +278,7 @@ impl Engine {
 
     /// A call of `key`'s chain was answered (or failed) through `carrier`: send the queued checks
     /// as one call, from here if the root context carries it, else at the next tick. A chain that
-    /// goes on claims its key for this worker, or hands its checks to the worker that leads it.
+    /// goes on claims its key for this worker, or, if another worker leads it, ends with this call.
     pub(super) fn chain_next(&mut self, host: &mut dyn Host, key: &str, carrier: u32, now: u64) {
         self.chains.pending.remove(key);
         let queued = match self.chains.by_key.get_mut(key) {
@@ -308,10 +308,10 @@ impl Engine {
             if let Some(me) = self.chains.lane {
                 let leaders = Leaders::new(host.store(), &self.plugin.ns);
                 chain.leads = leaders.claim(key, me).unwrap_or(false);
-                let all_local = checks.iter().all(|w| matches!(w, Waiter::Local(..)));
-                if !chain.leads && all_local && leaders.leader(key).is_some_and(|q| q != me) {
-                    self.hand_over(host, key, checks, now);
-                    return;
+                if !chain.leads && leaders.leader(key).is_some_and(|q| q != me) {
+                    // Another worker leads the key: this call, which these checks were promised,
+                    // is the chain's last; later checks go to the leader.
+                    self.chains.by_key.remove(key);
                 }
             }
         }
@@ -326,17 +326,6 @@ impl Engine {
                 self.fail_chained(host, &checks, &e, now);
             }
             self.chain_next(host, key, root, now);
-        }
-    }
-
-    /// Another worker leads `key`: this worker's chain ends, and its checks (all local) go to
-    /// the leader, or send their own call again if the leader cannot take them.
-    fn hand_over(&mut self, host: &mut dyn Host, key: &str, checks: Vec<Waiter>, now: u64) {
-        self.end_chain(host, key);
-        for w in checks {
-            if let Waiter::Local(ctx, idx) = w {
-                self.send_exact(host, ctx, idx, now);
-            }
         }
     }
 

@@ -1075,7 +1075,7 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
 }
 
 #[test]
-fn a_worker_whose_chain_goes_on_while_another_leads_hands_its_checks_over() {
+fn a_worker_whose_chain_goes_on_while_another_leads_ends_it_with_one_last_call() {
     let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
     w2.request_headers(&mut h, 20, &user("a"));
     w2.request_headers(&mut h, 21, &user("a"));
@@ -1091,13 +1091,20 @@ fn a_worker_whose_chain_goes_on_while_another_leads_hands_its_checks_over() {
     );
     deliver(&mut w2, &mut h, 20, 1, 200, &answer(true, 9, 0, 100, 1));
     w2.tick(&mut h);
-    assert_eq!(h.sent.len(), 3, "worker 2's next check went to the leader");
+    // 21 waited for worker 2's call out: it goes in worker 2's next call, its own (sending it to
+    // the leader would make it wait for the leader's call out too). That call is the chain's last.
+    assert_eq!(h.sent.len(), 4);
+    assert_eq!(rec2.get(0, Counter::Forwarded), 0);
+    w2.request_headers(&mut h, 22, &user("a"));
+    assert_eq!(h.sent.len(), 4, "worker 2's next check went to the leader");
     assert_eq!(rec2.get(0, Counter::Forwarded), 1);
+    deliver(&mut w2, &mut h, 2, 4, 200, &answer(true, 8, 0, 100, 1));
+    assert_eq!(h.sent.len(), 4, "no chain left on worker 2");
     ready(&mut w1, &mut h, 1);
-    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 8, 0, 100, 1));
-    deliver(&mut w1, &mut h, 1, 4, 200, &answer(true, 7, 0, 100, 1));
+    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 7, 0, 100, 1));
+    deliver(&mut w1, &mut h, 1, 5, 200, &answer(true, 6, 0, 100, 1));
     ready(&mut w2, &mut h, 2);
-    assert_eq!(h.resumed, [10, 20, 11, 21]);
+    assert_eq!(h.resumed, [10, 20, 21, 11, 22]);
 }
 
 #[test]
