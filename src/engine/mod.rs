@@ -177,7 +177,7 @@ pub struct Engine {
 /// Hashes the host's context ids and callout tokens, which the host hands out (a client cannot
 /// choose them), and the numbers of checks sent to other workers, with one multiplication instead
 /// of SipHash: the request map is touched several times per request.
-pub(super) type ById = std::hash::BuildHasherDefault<IdHasher>;
+type ById = std::hash::BuildHasherDefault<IdHasher>;
 
 #[derive(Default)]
 struct IdHasher(u64);
