@@ -369,7 +369,7 @@ impl Host for WasmHost {
         }
     }
 
-    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]) {
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]) {
         for (k, v) in headers {
             let status = self.in_context(ctx, || {
                 // SAFETY: pointer/length pairs of live strings.

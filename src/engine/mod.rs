@@ -32,7 +32,7 @@ use crate::shared::{fallback, settle, Store};
 
 use health::{Event, Health};
 use lease::Queues;
-pub use plugin::{LocalReply, Outcome, Plugin, Source, Verdict};
+pub use plugin::{LocalReply, Outcome, Plugin, Shown, Source, Verdict};
 
 /// What the engine needs from the proxy. Context ids are Envoy's; calls made while handling an
 /// event are carried by that event's context (their answers come back through it).
@@ -52,7 +52,7 @@ pub trait Host {
     /// Answers request `ctx` here.
     fn respond(&mut self, ctx: u32, reply: &LocalReply);
     /// Adds headers to the response of `ctx` (called while its response headers are processed).
-    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]);
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]);
     /// Ticks every `period_ms` (0: stop).
     fn set_tick(&mut self, period_ms: u64);
 }
@@ -94,8 +94,8 @@ struct Request {
     grpc: bool,
     /// Still deciding (false once the verdict is applied).
     deciding: bool,
-    /// Headers for the response, once admitted.
-    headers: Vec<(String, String)>,
+    /// What the response's headers say, once admitted (until they are added).
+    headers: Option<Shown>,
     /// Usage rules that admitted it, until the response says what it used.
     usage: Vec<Admitted>,
 }
@@ -167,6 +167,8 @@ pub struct Engine {
     /// The request whose `request_headers` is running, and what its verdict says Envoy should do
     /// when that callback returns (a verdict reached inside it is returned, never resumed).
     in_headers: Option<(u32, Option<Action>)>,
+    /// Where response headers are written (kept: its capacity is reused).
+    header_buf: String,
 }
 
 /// Hashes the host's context ids and callout tokens, which the host hands out (a client cannot
@@ -210,6 +212,7 @@ impl Engine {
             tick_ms: 0,
             usage_logged: false,
             in_headers: None,
+            header_buf: String::new(),
         }
     }
 
@@ -276,7 +279,7 @@ impl Engine {
             checks,
             grpc: false,
             deciding: true,
-            headers: Vec::new(),
+            headers: None,
             usage: Vec::new(),
         };
         // Whether the client speaks gRPC matters only for a local answer: read it only then.
@@ -399,9 +402,12 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&ctx) else {
             return false;
         };
-        let headers = std::mem::take(&mut r.headers);
-        if !headers.is_empty() {
-            host.add_response_headers(ctx, &headers);
+        if let Some(shown) = r.headers.take() {
+            let written = self.plugin.write_headers(&shown, &mut self.header_buf);
+            if !written.is_empty() {
+                let pairs = written.pairs(&self.header_buf);
+                host.add_response_headers(ctx, written.headers(&pairs));
+            }
         }
         self.usage_from_headers(host, ctx, response, false)
     }
@@ -775,16 +781,18 @@ impl Engine {
                 host.respond(ctx, &reply);
                 self.decided_in_headers(ctx, Action::Pause);
             }
-            Verdict::Allow { headers, delay_ms } => {
+            Verdict::Allow(shown) => {
                 let now = host.now_ms();
-                if !headers.is_empty() || delay_ms > 0 || !usage.is_empty() {
+                let delay_ms = shown.delay_ms;
+                let style = self.plugin.config.response_headers;
+                if shown.any(style) || !usage.is_empty() {
                     self.requests.insert(
                         ctx,
                         Request {
                             checks: Vec::new(),
                             grpc,
                             deciding: false,
-                            headers,
+                            headers: Some(shown),
                             usage,
                         },
                     );
@@ -910,12 +918,13 @@ impl Engine {
 /// A verdict for a debug log line: status and rate-limit headers (rule names and numbers only,
 /// never request values).
 fn describe(v: &Verdict) -> String {
-    let (what, headers) = match v {
-        Verdict::Allow { headers, delay_ms } => (format!("allow after {delay_ms} ms"), headers),
-        Verdict::Respond(r) => (format!("answer {}", r.status), &r.headers),
-    };
-    let hs: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    format!("{what} [{}]", hs.join("; "))
+    match v {
+        Verdict::Allow(shown) => format!("allow after {} ms [{:?}]", shown.delay_ms, shown.admit),
+        Verdict::Respond(r) => {
+            let hs: Vec<String> = r.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            format!("answer {} [{}]", r.status, hs.join("; "))
+        }
+    }
 }
 
 #[cfg(test)]
