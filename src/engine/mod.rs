@@ -516,7 +516,9 @@ impl Engine {
     ) -> Result<crate::shared::lease::Spent, Option<u64>> {
         let metrics = &self.plugin.metrics;
         let spend = self.stashes.spend(&call.key, call.cost, now);
-        metrics.count(idx, Counter::LeaseDropped, spend.dropped);
+        if spend.dropped > 0 {
+            metrics.count(idx, Counter::LeaseDropped, spend.dropped);
+        }
         if let Some(spent) = spend.spent {
             return Ok(spent);
         }
