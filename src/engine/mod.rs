@@ -169,6 +169,9 @@ pub struct Engine {
     in_headers: Option<(u32, Option<Action>)>,
     /// Where response headers are written (kept: its capacity is reused).
     header_buf: String,
+    /// An empty Vec for the next request's checks: one decided inside its `request_headers`
+    /// gives its own back, so the local path allocates none.
+    spare_checks: Vec<Check>,
 }
 
 /// Hashes the host's context ids and callout tokens, which the host hands out (a client cannot
@@ -213,6 +216,7 @@ impl Engine {
             usage_logged: false,
             in_headers: None,
             header_buf: String::new(),
+            spare_checks: Vec::new(),
         }
     }
 
@@ -250,7 +254,7 @@ impl Engine {
 
     fn decide_headers(&mut self, host: &mut dyn Host, ctx: u32, req: &dyn RequestView) {
         let now = host.now_ms();
-        let mut checks = Vec::new();
+        let mut checks = std::mem::take(&mut self.spare_checks);
         for idx in 0..self.plugin.config.rules.len() {
             let (call, lease) = match self.plugin.check_for(idx, req, &mut self.keys) {
                 plugin::Plan::Skip => continue,
@@ -291,7 +295,10 @@ impl Engine {
             other => other,
         };
         if let Some(verdict) = verdict {
-            return self.apply(host, ctx, verdict, request.grpc);
+            let grpc = request.grpc;
+            self.spare_checks = request.checks;
+            self.spare_checks.clear();
+            return self.apply(host, ctx, verdict, grpc);
         }
         request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
         let undecided: Vec<(usize, bool)> = request
