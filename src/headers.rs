@@ -85,8 +85,11 @@ impl Written {
     /// The headers, their values taken from `buf`, the buffer they were written into; the first
     /// `len` entries of the array (the slice `headers` gives).
     pub fn pairs<'a>(&self, buf: &'a str) -> [(&'static str, &'a str); MAX] {
-        self.spans
-            .map(|(name, start, end)| (name, buf.get(start..end).unwrap_or_default()))
+        let mut pairs = [("", ""); MAX];
+        for (pair, &(name, start, end)) in pairs.iter_mut().zip(&self.spans).take(self.len) {
+            *pair = (name, buf.get(start..end).unwrap_or_default());
+        }
+        pairs
     }
 
     /// The written headers out of [`Written::pairs`].
