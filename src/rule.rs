@@ -265,6 +265,9 @@ pub struct KeyCache {
     /// `MAX / WAYS` sets of `WAYS` entries, most recently used first (empty until first used).
     entries: Vec<Option<Cached>>,
     seed: u64,
+    /// Key Strings given back ([`KeyCache::recycle`]): a hit is copied into one of these rather
+    /// than into a new allocation.
+    spare: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -279,6 +282,7 @@ impl Default for KeyCache {
         KeyCache {
             entries: Vec::new(),
             seed: hash::random_seed(),
+            spare: Vec::new(),
         }
     }
 }
@@ -289,6 +293,16 @@ impl KeyCache {
     pub const WAYS: usize = 4;
     /// Values longer than this together are digested each time, never cached.
     pub const MAX_VALUES_LEN: usize = 256;
+    /// Most key Strings kept for reuse.
+    const MAX_SPARE: usize = 8;
+
+    /// Takes back a key this cache gave out, once its request is done with it, to reuse its
+    /// allocation for a later hit.
+    pub fn recycle(&mut self, key: String) {
+        if self.spare.len() < Self::MAX_SPARE {
+            self.spare.push(key);
+        }
+    }
 
     /// [`bucket_key`] of rule `idx` (`prefix`, `rule` its name, `sources` its key), from the cache
     /// when the same values were seen lately.
@@ -321,7 +335,12 @@ impl KeyCache {
             return bucket_key(prefix, rule, sources, values);
         };
         match first {
-            Some(e) if hit.is_some() => e.key.clone(),
+            Some(e) if hit.is_some() => {
+                let mut key = self.spare.pop().unwrap_or_default();
+                key.clear();
+                key.push_str(&e.key);
+                key
+            }
             _ => {
                 let key = bucket_key(prefix, rule, sources, values);
                 *first = Some(Cached {
@@ -1277,6 +1296,23 @@ mod tests {
             "the least recently used went"
         );
         assert_eq!(cache.entries.iter().flatten().count(), KeyCache::WAYS);
+    }
+
+    #[test]
+    fn a_recycled_key_string_carries_the_next_hit() {
+        let mut cache = KeyCache::default();
+        let sources = [hdr("x-user-id")];
+        let (a, b) = ([b"alice".to_vec()], [b"bob".to_vec()]);
+        let key_a = cache.bucket_key(0, ("tg", "r", &sources), &a);
+        cache.bucket_key(0, ("tg", "r", &sources), &b);
+        cache.recycle(key_a);
+        let key_b = cache.bucket_key(0, ("tg", "r", &sources), &b);
+        assert_eq!(key_b, bucket_key("tg", "r", &sources, &b));
+        assert!(cache.spare.is_empty(), "the hit took the recycled String");
+        for _ in 0..2 * KeyCache::MAX_SPARE {
+            cache.recycle(String::new());
+        }
+        assert_eq!(cache.spare.len(), KeyCache::MAX_SPARE);
     }
 
     #[test]

@@ -296,8 +296,10 @@ impl Engine {
         };
         if let Some(verdict) = verdict {
             let grpc = request.grpc;
+            for c in request.checks.drain(..) {
+                self.keys.recycle(c.call.key);
+            }
             self.spare_checks = request.checks;
-            self.spare_checks.clear();
             return self.apply(host, ctx, verdict, grpc);
         }
         request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
