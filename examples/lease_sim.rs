@@ -256,7 +256,7 @@ impl Host for SimHost {
     fn respond(&mut self, ctx: u32, reply: &LocalReply) {
         self.responded.push((ctx, reply.status));
     }
-    fn add_response_headers(&mut self, _: u32, _: &[(String, String)]) {}
+    fn add_response_headers(&mut self, _: u32, _: &[(&str, &str)]) {}
     fn set_tick(&mut self, period_ms: u64) {
         self.tick = Some(period_ms);
     }

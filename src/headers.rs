@@ -40,54 +40,140 @@ pub fn window_secs(limits: &Limits) -> u64 {
     ceil_secs(refill_ms).max(1)
 }
 
-/// The most restrictive of several reports: fewest tokens left, then the longest wait.
-pub fn most_restrictive<'a, 'b>(reports: &'b [Report<'a>]) -> Option<&'b Report<'a>> {
-    reports.iter().min_by(|a, b| {
-        a.remaining
-            .cmp(&b.remaining)
-            .then(b.reset_ms.cmp(&a.reset_ms))
-    })
+/// Whether report `a` is more restrictive than `b`: fewer tokens left, or as few and a longer
+/// wait. (Of equally restrictive reports the first one seen is kept.)
+pub fn more_restrictive(a: &Report<'_>, b: &Report<'_>) -> bool {
+    a.remaining
+        .cmp(&b.remaining)
+        .then(b.reset_ms.cmp(&a.reset_ms))
+        .is_lt()
 }
 
-/// The rate-limit headers for one report in the configured style. Built without `core::fmt`
-/// ([`crate::decimal`]):
-/// they go on every admitted response, and formatting machinery costs more in wasm than the rest
-/// of the local path.
+/// The `RateLimit-Policy` value of a rule under `limits`: `"<rule>";q=<burst>;w=<window>`. It
+/// depends on nothing else, so a rule's is built once per configuration.
+pub fn policy(rule: &str, limits: &Limits) -> String {
+    let mut v = String::with_capacity(rule.len() + 48);
+    push_policy(&mut v, rule, limits);
+    v
+}
+
+fn push_policy(out: &mut String, rule: &str, limits: &Limits) {
+    out.push('"');
+    out.push_str(rule);
+    out.push_str("\";q=");
+    crate::decimal::push(out, limits.burst);
+    out.push_str(";w=");
+    crate::decimal::push(out, window_secs(limits));
+}
+
+/// Most headers one response gets: five rate-limit headers and the delay.
+pub const MAX: usize = 6;
+
+/// Response headers written into one buffer (see [`write`]): their names, and where each value
+/// lies in the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    spans: [(&'static str, usize, usize); MAX],
+    len: usize,
+}
+
+impl Written {
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The headers, their values taken from `buf`, the buffer they were written into; the first
+    /// `len` entries of the array (the slice `headers` gives).
+    pub fn pairs<'a>(&self, buf: &'a str) -> [(&'static str, &'a str); MAX] {
+        let mut pairs = [("", ""); MAX];
+        for (pair, &(name, start, end)) in pairs.iter_mut().zip(&self.spans).take(self.len) {
+            *pair = (name, buf.get(start..end).unwrap_or_default());
+        }
+        pairs
+    }
+
+    /// The written headers out of [`Written::pairs`].
+    pub fn headers<'p, 'a>(
+        &self,
+        pairs: &'p [(&'static str, &'a str); MAX],
+    ) -> &'p [(&'static str, &'a str)] {
+        pairs.get(..self.len).unwrap_or_default()
+    }
+
+    fn push(&mut self, name: &'static str, start: usize, end: usize) {
+        if let Some(span) = self.spans.get_mut(self.len) {
+            *span = (name, start, end);
+            self.len += 1;
+        }
+    }
+}
+
+/// Writes into `buf` (cleared first) the rate-limit headers of `r` in `style`, if there is a
+/// report, and [`DELAY`] if `delay_ms > 0`. `policy`: the report's `RateLimit-Policy` value when
+/// it was built already ([`policy`]). Built without `core::fmt` ([`crate::decimal`]) and, once the
+/// buffer has grown, without allocating: they go on every admitted response, and formatting and
+/// allocation cost more in wasm than the rest of the local path.
+pub fn write(
+    style: HeaderStyle,
+    r: Option<&Report<'_>>,
+    policy: Option<&str>,
+    delay_ms: u64,
+    buf: &mut String,
+) -> Written {
+    buf.clear();
+    let mut w = Written {
+        spans: [("", 0, 0); MAX],
+        len: 0,
+    };
+    if let Some(r) = r {
+        let reset = ceil_secs(r.reset_ms);
+        if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+            let start = buf.len();
+            match policy {
+                Some(p) => buf.push_str(p),
+                None => push_policy(buf, r.rule, &r.limits),
+            }
+            w.push("ratelimit-policy", start, buf.len());
+            let start = buf.len();
+            buf.push('"');
+            buf.push_str(r.rule);
+            buf.push_str("\";r=");
+            crate::decimal::push(buf, r.remaining);
+            buf.push_str(";t=");
+            crate::decimal::push(buf, reset);
+            w.push("ratelimit", start, buf.len());
+        }
+        if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+            for (name, n) in [
+                ("x-ratelimit-limit", r.limits.burst),
+                ("x-ratelimit-remaining", r.remaining),
+                ("x-ratelimit-reset", reset),
+            ] {
+                let start = buf.len();
+                crate::decimal::push(buf, n);
+                w.push(name, start, buf.len());
+            }
+        }
+    }
+    if delay_ms > 0 {
+        let start = buf.len();
+        crate::decimal::push(buf, delay_ms);
+        w.push(DELAY, start, buf.len());
+    }
+    w
+}
+
+/// The rate-limit headers for one report in the configured style, as owned pairs (for a local
+/// reply).
 pub fn rate_limit_headers(style: HeaderStyle, r: &Report<'_>) -> Vec<(String, String)> {
-    let mut out = Vec::with_capacity(5);
-    let reset = ceil_secs(r.reset_ms);
-    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        let quoted_rule = |extra: usize| {
-            let mut v = String::with_capacity(r.rule.len() + 2 + extra);
-            v.push('"');
-            v.push_str(r.rule);
-            v.push('"');
-            v
-        };
-        let mut policy = quoted_rule(48);
-        policy.push_str(";q=");
-        crate::decimal::push(&mut policy, r.limits.burst);
-        policy.push_str(";w=");
-        crate::decimal::push(&mut policy, window_secs(&r.limits));
-        out.push(("ratelimit-policy".to_string(), policy));
-        let mut now = quoted_rule(48);
-        now.push_str(";r=");
-        crate::decimal::push(&mut now, r.remaining);
-        now.push_str(";t=");
-        crate::decimal::push(&mut now, reset);
-        out.push(("ratelimit".to_string(), now));
-    }
-    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        let decimal = |n: u64| {
-            let mut v = String::with_capacity(20);
-            crate::decimal::push(&mut v, n);
-            v
-        };
-        out.push(("x-ratelimit-limit".to_string(), decimal(r.limits.burst)));
-        out.push(("x-ratelimit-remaining".to_string(), decimal(r.remaining)));
-        out.push(("x-ratelimit-reset".to_string(), decimal(reset)));
-    }
-    out
+    let mut buf = String::new();
+    let written = write(style, Some(r), None, 0, &mut buf);
+    let pairs = written.pairs(&buf);
+    written
+        .headers(&pairs)
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -171,14 +257,39 @@ mod tests {
     }
 
     #[test]
-    fn most_restrictive_is_fewest_left_then_longest_wait() {
-        let rs = [
-            report(5, 100),
-            report(2, 100),
-            report(2, 900),
-            report(9, 5000),
-        ];
-        assert_eq!(most_restrictive(&rs), Some(&rs[2]));
-        assert_eq!(most_restrictive(&[]), None);
+    fn more_restrictive_is_fewer_left_then_longer_wait() {
+        assert!(more_restrictive(&report(2, 100), &report(5, 100)));
+        assert!(more_restrictive(&report(2, 900), &report(2, 100)));
+        assert!(
+            !more_restrictive(&report(2, 100), &report(2, 100)),
+            "a tie keeps the first"
+        );
+        assert!(!more_restrictive(&report(9, 5000), &report(2, 100)));
+    }
+
+    #[test]
+    fn written_headers_reuse_the_buffer_and_a_built_policy() {
+        let mut buf = String::new();
+        let r = report(57, 1430);
+        let policy = policy(r.rule, &r.limits);
+        assert_eq!(policy, "\"per-user\";q=200;w=2");
+        let w = write(HeaderStyle::Both, Some(&r), Some(&policy), 25, &mut buf);
+        let pairs = w.pairs(&buf);
+        assert_eq!(
+            w.headers(&pairs),
+            [
+                ("ratelimit-policy", "\"per-user\";q=200;w=2"),
+                ("ratelimit", "\"per-user\";r=57;t=2"),
+                ("x-ratelimit-limit", "200"),
+                ("x-ratelimit-remaining", "57"),
+                ("x-ratelimit-reset", "2"),
+                (DELAY, "25"),
+            ]
+        );
+        let w = write(HeaderStyle::None, Some(&r), None, 7, &mut buf);
+        let pairs = w.pairs(&buf);
+        assert_eq!(w.headers(&pairs), [(DELAY, "7")], "the buffer starts over");
+        let w = write(HeaderStyle::Ietf, None, None, 0, &mut buf);
+        assert!(w.is_empty());
     }
 }

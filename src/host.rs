@@ -165,11 +165,33 @@ extern "C" {
 /// empty value), None when it has not or cannot serialise it. Never panics.
 pub fn property(path: &[&str]) -> Option<Vec<u8>> {
     const OK: u32 = 0;
-    let mut serialized = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
-    for segment in path {
-        serialized.extend_from_slice(segment.as_bytes());
-        serialized.push(0);
-    }
+    // On the stack when short (a header's path is): a heap buffer costs the local path more than
+    // the rest of this call's work in the VM.
+    let mut short = [0u8; 128];
+    let mut long = Vec::new();
+    let len: usize = path.iter().map(|p| p.len() + 1).sum();
+    let serialized: &[u8] = match short.get_mut(..len) {
+        Some(buf) => {
+            // Each segment, then a NUL (the buffer is zeroed).
+            let mut at = 0;
+            for segment in path {
+                let end = at + segment.len();
+                if let Some(text) = buf.get_mut(at..end) {
+                    text.copy_from_slice(segment.as_bytes());
+                }
+                at = end + 1;
+            }
+            buf
+        }
+        None => {
+            long.reserve_exact(len);
+            for segment in path {
+                long.extend_from_slice(segment.as_bytes());
+                long.push(0);
+            }
+            &long
+        }
+    };
     let mut data: *mut u8 = std::ptr::null_mut();
     let mut size: usize = 0;
     // SAFETY: the path buffer outlives the call; on success the host hands over a buffer it
@@ -413,7 +435,7 @@ impl Host for WasmHost {
         }
     }
 
-    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]) {
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]) {
         for (k, v) in headers {
             let status = self.in_context(ctx, || {
                 // SAFETY: pointer/length pairs of live strings.

@@ -6,6 +6,7 @@
 //! key sources starts fresh buckets. A request cannot escape a rule by how it spells its path
 //! (see `path`) or its address (see `ip`). Overrides change a bucket's limits, never its key.
 
+pub mod hash;
 pub mod ip;
 pub mod path;
 pub mod value;
@@ -253,18 +254,55 @@ fn key_of_input(prefix: &str, rule: &str, input: &[u8]) -> String {
 ///
 /// Invariant: a cached key is exactly what [`bucket_key`] gives for the rule's prefix, name and
 /// sources and the same values. It is looked up by rule index and values only, so one cache
-/// serves one configuration (the engine's, rebuilt with it). It holds at most [`KeyCache::MAX`]
-/// keys of values at most [`KeyCache::MAX_VALUES_LEN`] bytes long, and starts over when full: a
-/// flood of new keys, however long their values, holds at most about 0.5 MiB per worker.
-#[derive(Debug, Default)]
+/// serves one configuration (the engine's, rebuilt with it). It is a set-associative array of
+/// [`KeyCache::MAX`] entries of values at most [`KeyCache::MAX_VALUES_LEN`] bytes long: a flood of
+/// new keys, however long their values, holds at most about 0.5 MiB per worker, and a lookup
+/// compares at most [`KeyCache::WAYS`] entries whatever the values (crafted values that share a
+/// set only evict each other: a miss, what a new key costs anyway). The set is picked by a fast
+/// hash under a seed random per worker ([`hash`]).
+#[derive(Debug)]
 pub struct KeyCache {
-    keys: std::collections::HashMap<Vec<u8>, String>,
+    /// `MAX / WAYS` sets of `WAYS` entries, most recently used first (empty until first used).
+    entries: Vec<Option<Cached>>,
+    seed: u64,
+    /// Key Strings given back ([`KeyCache::recycle`]): a hit is copied into one of these rather
+    /// than into a new allocation.
+    spare: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Cached {
+    rule: usize,
+    values: Vec<Vec<u8>>,
+    key: String,
+}
+
+impl Default for KeyCache {
+    fn default() -> KeyCache {
+        KeyCache {
+            entries: Vec::new(),
+            seed: hash::random_seed(),
+            spare: Vec::new(),
+        }
+    }
 }
 
 impl KeyCache {
     pub const MAX: usize = 1024;
+    /// Entries per set.
+    pub const WAYS: usize = 4;
     /// Values longer than this together are digested each time, never cached.
     pub const MAX_VALUES_LEN: usize = 256;
+    /// Most key Strings kept for reuse.
+    const MAX_SPARE: usize = 8;
+
+    /// Takes back a key this cache gave out, once its request is done with it, to reuse its
+    /// allocation for a later hit.
+    pub fn recycle(&mut self, key: String) {
+        if self.spare.len() < Self::MAX_SPARE {
+            self.spare.push(key);
+        }
+    }
 
     /// [`bucket_key`] of rule `idx` (`prefix`, `rule` its name, `sources` its key), from the cache
     /// when the same values were seen lately.
@@ -277,22 +315,55 @@ impl KeyCache {
         if values.iter().map(Vec::len).sum::<usize>() > Self::MAX_VALUES_LEN {
             return bucket_key(prefix, rule, sources, values);
         }
-        let mut lookup = Vec::with_capacity(8 + values.iter().map(|v| v.len() + 4).sum::<usize>());
-        lookup.extend_from_slice(&u32::try_from(idx).unwrap_or(u32::MAX).to_be_bytes());
-        for value in values {
-            let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
-            lookup.extend_from_slice(&len.to_be_bytes());
-            lookup.extend_from_slice(value);
+        if self.entries.is_empty() {
+            self.entries.resize_with(Self::MAX, || None);
         }
-        if let Some(key) = self.keys.get(&lookup) {
-            return key.clone();
+        let set = self.set_of(idx, values);
+        let Some(set) = self.entries.get_mut(set..set + Self::WAYS) else {
+            return bucket_key(prefix, rule, sources, values);
+        };
+        let hit = set.iter().position(|e| {
+            e.as_ref()
+                .is_some_and(|e| e.rule == idx && e.values == values)
+        });
+        // Hit or miss, the entry ends up first: a miss takes the least recently used one's place.
+        let used = hit.unwrap_or(Self::WAYS - 1);
+        if let Some(recent) = set.get_mut(..=used) {
+            recent.rotate_right(1);
         }
-        let key = bucket_key(prefix, rule, sources, values);
-        if self.keys.len() >= Self::MAX {
-            self.keys.clear();
+        let Some(first) = set.first_mut() else {
+            return bucket_key(prefix, rule, sources, values);
+        };
+        match first {
+            Some(e) if hit.is_some() => {
+                let mut key = self.spare.pop().unwrap_or_default();
+                key.clear();
+                key.push_str(&e.key);
+                key
+            }
+            _ => {
+                let key = bucket_key(prefix, rule, sources, values);
+                *first = Some(Cached {
+                    rule: idx,
+                    values: values.to_vec(),
+                    key: key.clone(),
+                });
+                key
+            }
         }
-        self.keys.insert(lookup, key.clone());
-        key
+    }
+
+    /// The first entry of the set for rule `idx`'s `values`.
+    fn set_of(&self, idx: usize, values: &[Vec<u8>]) -> usize {
+        use std::hash::Hasher;
+        let mut h = hash::FastHasher::new(self.seed);
+        h.write_usize(idx);
+        for v in values {
+            h.write_usize(v.len());
+            h.write(v);
+        }
+        let sets = Self::MAX / Self::WAYS;
+        (h.finish() % sets as u64) as usize * Self::WAYS
     }
 }
 
@@ -319,14 +390,25 @@ pub fn applies(
     if !matches(&rule.matcher, req) {
         return None;
     }
-    let values = key_values(&rule.key, req)?;
-    let (limits, unlimited) = match rule.overrides.get(&values) {
+    // One source (the usual rule) needs no Vec of values.
+    let (one, many);
+    let values: &[Vec<u8>] = match rule.key.as_slice() {
+        [source] => {
+            one = key_value(source, req)?;
+            std::slice::from_ref(&one)
+        }
+        sources => {
+            many = key_values(sources, req)?;
+            &many
+        }
+    };
+    let (limits, unlimited) = match rule.overrides.get(values) {
         None => (rule.limits, false),
         Some(Override::Limits(l)) => (*l, false),
         Some(Override::Unlimited) => (rule.limits, true),
     };
     Some(Applied {
-        key: keys.bucket_key(idx, (prefix, &rule.name, &rule.key), &values),
+        key: keys.bucket_key(idx, (prefix, &rule.name, &rule.key), values),
         limits,
         unlimited,
     })
@@ -1181,6 +1263,58 @@ mod tests {
         }
     }
 
+    /// Values crafted into one set only evict each other; the set keeps its most recently used.
+    #[test]
+    fn a_key_cache_set_keeps_its_recently_used_entries() {
+        let mut cache = KeyCache::default();
+        let sources = [hdr("x-user-id")];
+        let value = |i: usize| vec![i.to_string().into_bytes()];
+        let hot = value(0);
+        let set = cache.set_of(0, &hot);
+        let same_set: Vec<_> = (1..)
+            .map(value)
+            .filter(|v| cache.set_of(0, v) == set)
+            .take(3 * KeyCache::WAYS)
+            .collect();
+        let cached = |c: &KeyCache, v: &[Vec<u8>]| {
+            c.entries[set..set + KeyCache::WAYS]
+                .iter()
+                .flatten()
+                .any(|e| e.values == v)
+        };
+        for v in &same_set {
+            for values in [&hot, v] {
+                assert_eq!(
+                    cache.bucket_key(0, ("tg", "r", &sources), values),
+                    bucket_key("tg", "r", &sources, values)
+                );
+            }
+            assert!(cached(&cache, &hot) && cached(&cache, v));
+        }
+        assert!(
+            !cached(&cache, &same_set[0]),
+            "the least recently used went"
+        );
+        assert_eq!(cache.entries.iter().flatten().count(), KeyCache::WAYS);
+    }
+
+    #[test]
+    fn a_recycled_key_string_carries_the_next_hit() {
+        let mut cache = KeyCache::default();
+        let sources = [hdr("x-user-id")];
+        let (a, b) = ([b"alice".to_vec()], [b"bob".to_vec()]);
+        let key_a = cache.bucket_key(0, ("tg", "r", &sources), &a);
+        cache.bucket_key(0, ("tg", "r", &sources), &b);
+        cache.recycle(key_a);
+        let key_b = cache.bucket_key(0, ("tg", "r", &sources), &b);
+        assert_eq!(key_b, bucket_key("tg", "r", &sources, &b));
+        assert!(cache.spare.is_empty(), "the hit took the recycled String");
+        for _ in 0..2 * KeyCache::MAX_SPARE {
+            cache.recycle(String::new());
+        }
+        assert_eq!(cache.spare.len(), KeyCache::MAX_SPARE);
+    }
+
     #[test]
     fn the_key_cache_is_bounded() {
         let mut cache = KeyCache::default();
@@ -1196,11 +1330,13 @@ mod tests {
                 cache.bucket_key(0, ("tg", "r", &sources), &values),
                 bucket_key("tg", "r", &sources, &values)
             );
-            assert!(cache.keys.len() <= KeyCache::MAX);
-            assert!(cache
-                .keys
-                .keys()
-                .all(|k| k.len() <= 4 + 4 + KeyCache::MAX_VALUES_LEN));
+            assert_eq!(cache.entries.len(), KeyCache::MAX);
+            assert!(cache.entries.iter().flatten().all(|e| e
+                .values
+                .iter()
+                .map(Vec::len)
+                .sum::<usize>()
+                <= KeyCache::MAX_VALUES_LEN));
         }
     }
 }

@@ -549,8 +549,10 @@ fn local_path_cost_next_to_the_wasm_floor() {
     assert!(calls < 8.0, "{calls:.2} local-path host calls per request");
     let times_floor = cost.fuel as f64 / floor_cost.fuel as f64;
     eprintln!("local path cost: tollgate lease = {times_floor:.2}x the floor's wasm instructions");
+    // About 3.7x (20230 / 5511) after the local path stopped allocating its headers, checks and
+    // key, and hashing with SipHash; the bound leaves ~15% for lease refills landing in the window.
     assert!(
-        times_floor < 9.0,
+        times_floor < 4.3,
         "{times_floor:.2}x the floor's wasm instructions"
     );
     assert_clean(&tollgate);

@@ -32,7 +32,7 @@ use crate::shared::{fallback, settle, Store};
 
 use health::{Event, Health};
 use lease::Queues;
-pub use plugin::{LocalReply, Outcome, Plugin, Source, Verdict};
+pub use plugin::{LocalReply, Outcome, Plugin, Shown, Source, Verdict};
 
 /// What the engine needs from the proxy. Context ids are Envoy's; calls made while handling an
 /// event are carried by that event's context (their answers come back through it).
@@ -52,7 +52,7 @@ pub trait Host {
     /// Answers request `ctx` here.
     fn respond(&mut self, ctx: u32, reply: &LocalReply);
     /// Adds headers to the response of `ctx` (called while its response headers are processed).
-    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]);
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]);
     /// Ticks every `period_ms` (0: stop).
     fn set_tick(&mut self, period_ms: u64);
     /// Puts `message` on another worker's shared queue `queue` (false: no such queue).
@@ -98,8 +98,8 @@ struct Request {
     grpc: bool,
     /// Still deciding (false once the verdict is applied).
     deciding: bool,
-    /// Headers for the response, once admitted.
-    headers: Vec<(String, String)>,
+    /// What the response's headers say, once admitted (until they are added).
+    headers: Option<Shown>,
     /// Usage rules that admitted it, until the response says what it used.
     usage: Vec<Admitted>,
 }
@@ -172,6 +172,11 @@ pub struct Engine {
     /// The request whose `request_headers` is running, and what its verdict says Envoy should do
     /// when that callback returns (a verdict reached inside it is returned, never resumed).
     in_headers: Option<(u32, Option<Action>)>,
+    /// Where response headers are written (kept: its capacity is reused).
+    header_buf: String,
+    /// An empty Vec for the next request's checks: one decided inside its `request_headers`
+    /// gives its own back, so the local path allocates none.
+    spare_checks: Vec<Check>,
 }
 
 /// Hashes the host's context ids and callout tokens, which the host hands out (a client cannot
@@ -219,6 +224,8 @@ impl Engine {
             tick_ms: 0,
             usage_logged: false,
             in_headers: None,
+            header_buf: String::new(),
+            spare_checks: Vec::new(),
         }
     }
 
@@ -256,7 +263,7 @@ impl Engine {
 
     fn decide_headers(&mut self, host: &mut dyn Host, ctx: u32, req: &dyn RequestView) {
         let now = host.now_ms();
-        let mut checks = Vec::new();
+        let mut checks = std::mem::take(&mut self.spare_checks);
         for idx in 0..self.plugin.config.rules.len() {
             let (call, lease) = match self.plugin.check_for(idx, req, &mut self.keys) {
                 plugin::Plan::Skip => continue,
@@ -285,7 +292,7 @@ impl Engine {
             checks,
             grpc: false,
             deciding: true,
-            headers: Vec::new(),
+            headers: None,
             usage: Vec::new(),
         };
         // Whether the client speaks gRPC matters only for a local answer: read it only then.
@@ -297,7 +304,12 @@ impl Engine {
             other => other,
         };
         if let Some(verdict) = verdict {
-            return self.apply(host, ctx, verdict, request.grpc);
+            let grpc = request.grpc;
+            for c in request.checks.drain(..) {
+                self.keys.recycle(c.call.key);
+            }
+            self.spare_checks = request.checks;
+            return self.apply(host, ctx, verdict, grpc);
         }
         request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
         let undecided: Vec<(usize, bool)> = request
@@ -409,9 +421,12 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&ctx) else {
             return false;
         };
-        let headers = std::mem::take(&mut r.headers);
-        if !headers.is_empty() {
-            host.add_response_headers(ctx, &headers);
+        if let Some(shown) = r.headers.take() {
+            let written = self.plugin.write_headers(&shown, &mut self.header_buf);
+            if !written.is_empty() {
+                let pairs = written.pairs(&self.header_buf);
+                host.add_response_headers(ctx, written.headers(&pairs));
+            }
         }
         self.usage_from_headers(host, ctx, response, false)
     }
@@ -520,7 +535,9 @@ impl Engine {
     ) -> Result<crate::shared::lease::Spent, Option<u64>> {
         let metrics = &self.plugin.metrics;
         let spend = self.stashes.spend(&call.key, call.cost, now);
-        metrics.count(idx, Counter::LeaseDropped, spend.dropped);
+        if spend.dropped > 0 {
+            metrics.count(idx, Counter::LeaseDropped, spend.dropped);
+        }
         if let Some(spent) = spend.spent {
             return Ok(spent);
         }
@@ -783,16 +800,18 @@ impl Engine {
                 host.respond(ctx, &reply);
                 self.decided_in_headers(ctx, Action::Pause);
             }
-            Verdict::Allow { headers, delay_ms } => {
+            Verdict::Allow(shown) => {
                 let now = host.now_ms();
-                if !headers.is_empty() || delay_ms > 0 || !usage.is_empty() {
+                let delay_ms = shown.delay_ms;
+                let style = self.plugin.config.response_headers;
+                if shown.any(style) || !usage.is_empty() {
                     self.requests.insert(
                         ctx,
                         Request {
                             checks: Vec::new(),
                             grpc,
                             deciding: false,
-                            headers,
+                            headers: Some(shown),
                             usage,
                         },
                     );
@@ -921,12 +940,13 @@ impl Engine {
 /// A verdict for a debug log line: status and rate-limit headers (rule names and numbers only,
 /// never request values).
 fn describe(v: &Verdict) -> String {
-    let (what, headers) = match v {
-        Verdict::Allow { headers, delay_ms } => (format!("allow after {delay_ms} ms"), headers),
-        Verdict::Respond(r) => (format!("answer {}", r.status), &r.headers),
-    };
-    let hs: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    format!("{what} [{}]", hs.join("; "))
+    match v {
+        Verdict::Allow(shown) => format!("allow after {} ms [{:?}]", shown.delay_ms, shown.admit),
+        Verdict::Respond(r) => {
+            let hs: Vec<String> = r.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            format!("answer {} [{}]", r.status, hs.join("; "))
+        }
+    }
 }
 
 #[cfg(test)]

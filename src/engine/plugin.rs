@@ -6,7 +6,7 @@
 
 use crate::backend::{Reply, ScriptCall, Transport};
 use crate::bucket::Limits;
-use crate::config::{Config, Mode, Rule};
+use crate::config::{Config, HeaderStyle, Mode, Rule};
 use crate::headers::{self, Report};
 use crate::metrics::{Counter, Metrics, NoMetrics};
 use crate::rule::{KeyCache, RequestView};
@@ -21,6 +21,8 @@ pub struct Plugin {
     /// Prefix of this plugin's shared-data keys (Istio gives all plugins of a proxy one namespace).
     pub ns: String,
     pub metrics: Box<dyn Metrics>,
+    /// Each rule's `RateLimit-Policy` value under its own limits (constant per configuration).
+    policies: Vec<String>,
 }
 
 /// How this build's script calls travel: Webdis over HTTP, or RESP through Higress' Redis
@@ -46,11 +48,17 @@ impl Plugin {
         // "v3": the shared-data layout (set-associative leases of 12 fields, one health value);
         // a module upgrade in place starts with fresh tables instead of misreading old ones.
         let ns = format!("tollgate|v3|{}", config.key_prefix);
+        let policies = config
+            .rules
+            .iter()
+            .map(|r| headers::policy(&r.name, &r.limits))
+            .collect();
         Plugin {
             config,
             transport,
             ns,
             metrics,
+            policies,
         }
     }
 
@@ -81,6 +89,25 @@ impl Plugin {
             ..ScriptCall::new(applied.key, &limits, cost)
         };
         Plan::Check(call, rule.mode == Mode::Lease)
+    }
+
+    /// Writes the headers of an admitted request's response into `buf` (the rule's policy value
+    /// comes from the configuration's, unless an override changed its limits).
+    pub fn write_headers(&self, shown: &Shown, buf: &mut String) -> headers::Written {
+        let admit = shown
+            .admit
+            .and_then(|a| Some((a, self.rule(a.rule)?, self.policies.get(a.rule)?)));
+        let report = admit.map(|(a, rule, _)| Report {
+            rule: &rule.name,
+            limits: a.limits,
+            remaining: a.remaining,
+            reset_ms: a.reset_ms,
+        });
+        let policy = admit
+            .filter(|(a, rule, _)| a.limits == rule.limits)
+            .map(|(_, _, p)| p.as_str());
+        let style = self.config.response_headers;
+        headers::write(style, report.as_ref(), policy, shown.delay_ms, buf)
     }
 
     /// Counts one check's outcome: exactly one of allowed / denied / shadow_denied, plus where it
@@ -200,13 +227,37 @@ pub struct LocalReply {
 /// What happens to the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// Let it through (after holding it `delay_ms`, for a reservation); add `headers` to the
+    /// Let it through (after holding it `shown.delay_ms`, for a reservation), and say so on the
     /// response.
-    Allow {
-        headers: Vec<(String, String)>,
-        delay_ms: u64,
-    },
+    Allow(Shown),
     Respond(LocalReply),
+}
+
+/// What an admitted request's response headers say (written only when the response comes, see
+/// [`Plugin::write_headers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shown {
+    /// The most restrictive enforced rule that admitted it with numbers to tell.
+    pub admit: Option<Admit>,
+    /// How long it was held for a reservation.
+    pub delay_ms: u64,
+}
+
+impl Shown {
+    /// Whether the response gets any header in `style`.
+    pub fn any(&self, style: HeaderStyle) -> bool {
+        self.delay_ms > 0 || (self.admit.is_some() && style != HeaderStyle::None)
+    }
+}
+
+/// One enforced rule's admission, for the response headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admit {
+    pub rule: usize,
+    /// The key's effective limits.
+    pub limits: Limits,
+    pub remaining: u64,
+    pub reset_ms: u64,
 }
 
 /// Why a request's cost is not usable.
@@ -273,8 +324,9 @@ pub fn verdict(
     outcomes: impl Iterator<Item = (usize, Outcome, Limits)>,
     grpc: bool,
 ) -> Verdict {
-    let mut denials = Vec::new();
-    let mut admits = Vec::new();
+    // Folded as they come, nothing collected: this runs on every request.
+    let mut worst_denial: Option<Report> = None;
+    let mut admit: Option<(Admit, Report)> = None;
     let mut closed = false;
     let mut delay_ms = 0;
     for (idx, outcome, limits) in outcomes {
@@ -287,30 +339,52 @@ pub fn verdict(
             remaining,
             reset_ms,
         };
-        match outcome {
-            Outcome::Denied { retry_ms } => denials.push(report(0, retry_ms)),
+        let (remaining, reset_ms) = match outcome {
+            Outcome::Denied { retry_ms } => {
+                // The longest wait (the last of equal ones).
+                if worst_denial.as_ref().is_none_or(|w| retry_ms >= w.reset_ms) {
+                    worst_denial = Some(report(0, retry_ms));
+                }
+                continue;
+            }
             Outcome::Reserved {
                 delay_ms: d,
                 reset_ms,
             } => {
                 delay_ms = delay_ms.max(d);
-                admits.push(report(0, reset_ms));
+                (0, reset_ms)
             }
             Outcome::Allowed {
                 remaining,
                 reset_ms,
-            } => admits.push(report(remaining, reset_ms)),
-            Outcome::FailClosed => closed = true,
-            Outcome::FailOpen => {}
+            } => (remaining, reset_ms),
+            Outcome::FailClosed => {
+                closed = true;
+                continue;
+            }
+            Outcome::FailOpen => continue,
+        };
+        let r = report(remaining, reset_ms);
+        if admit
+            .as_ref()
+            .is_none_or(|(_, a)| headers::more_restrictive(&r, a))
+        {
+            let a = Admit {
+                rule: idx,
+                limits,
+                remaining,
+                reset_ms,
+            };
+            admit = Some((a, r));
         }
     }
     let style = cfg.response_headers;
-    if let Some(worst) = denials.iter().max_by_key(|r| r.reset_ms) {
+    if let Some(worst) = worst_denial {
         let mut hdrs = vec![(
             "retry-after".to_string(),
             headers::retry_after_secs(worst.reset_ms).to_string(),
         )];
-        hdrs.extend(headers::rate_limit_headers(style, worst));
+        hdrs.extend(headers::rate_limit_headers(style, &worst));
         return Verdict::Respond(LocalReply {
             status: cfg.deny.status,
             headers: hdrs,
@@ -327,13 +401,10 @@ pub fn verdict(
             grpc_status: grpc.then_some(GRPC_UNAVAILABLE),
         });
     }
-    let mut headers = headers::most_restrictive(&admits)
-        .map(|r| headers::rate_limit_headers(style, r))
-        .unwrap_or_default();
-    if delay_ms > 0 {
-        headers.push((headers::DELAY.to_string(), delay_ms.to_string()));
-    }
-    Verdict::Allow { headers, delay_ms }
+    Verdict::Allow(Shown {
+        admit: admit.map(|(a, _)| a),
+        delay_ms,
+    })
 }
 
 /// Whether `content-type` names a gRPC request.

@@ -24,7 +24,9 @@ struct Stash {
 
 #[derive(Debug, Default)]
 pub struct Stashes {
-    by_key: HashMap<String, Stash>,
+    /// By bucket key, under a fast hash with a random seed ([`crate::rule::hash`]): every lease
+    /// admission looks its key up here.
+    by_key: HashMap<String, Stash, crate::rule::hash::Seeded>,
 }
 
 /// What spending from a stash did.

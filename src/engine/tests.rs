@@ -64,8 +64,9 @@ impl Host for Fake {
     fn respond(&mut self, ctx: u32, reply: &LocalReply) {
         self.responded.push((ctx, reply.clone()));
     }
-    fn add_response_headers(&mut self, ctx: u32, headers: &[(String, String)]) {
-        self.added.push((ctx, headers.to_vec()));
+    fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]) {
+        let owned = headers.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        self.added.push((ctx, owned.collect()));
     }
     fn set_tick(&mut self, period_ms: u64) {
         self.tick = period_ms;
@@ -1358,5 +1359,31 @@ fn profile_hot_exact() {
         h.resumed.clear();
         h.added.clear();
         h.sent.clear();
+    }
+}
+
+/// The policy header of a rule is built once per configuration; a key whose override changes its
+/// limits gets its own.
+#[test]
+fn the_policy_header_follows_an_overrides_limits() {
+    let (mut e, _) = engine(
+        "",
+        r#"{"name":"per-user","key":["header:x-user"],"rate":10,"burst":20,
+            "overrides":[{"key":["vip"],"rate":100,"burst":400}]}"#,
+    );
+    let mut h = Fake::default();
+    for (ctx, who, policy) in [
+        (10, "a", "\"per-user\";q=20;w=2"),
+        (11, "vip", "\"per-user\";q=400;w=4"),
+        (12, "b", "\"per-user\";q=20;w=2"),
+    ] {
+        e.request_headers(&mut h, ctx, &user(who));
+        let [t] = h.tokens()[..] else { panic!() };
+        deliver(&mut e, &mut h, ctx, t, 200, &answer(true, 3, 0, 100, 1));
+        e.response_headers(&mut h, ctx, &resp(&[]));
+        let added = &h.added.last().unwrap().1;
+        assert_eq!(header(added, "ratelimit-policy"), Some(policy), "{who}");
+        assert_eq!(header(added, "ratelimit"), Some("\"per-user\";r=3;t=1"));
+        e.done(&mut h, ctx);
     }
 }
