@@ -23,6 +23,7 @@ use super::{Call, Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::decimal;
 use crate::metrics::Counter;
+use crate::rule::hash::Seeded;
 use crate::shared::deny::DenyCache;
 use crate::shared::lead::Leaders;
 
@@ -60,15 +61,16 @@ struct Forwarded {
 /// and the checks this worker sent to other workers.
 #[derive(Debug, Default)]
 pub(super) struct Chains {
-    by_key: HashMap<String, Chain>,
+    /// By bucket key (a digest no client chooses bits of: the fast seeded hash is safe here).
+    by_key: HashMap<String, Chain, Seeded>,
     /// Keys whose next call must be sent from the root context (at the next tick).
-    pending: HashSet<String>,
+    pending: HashSet<String, Seeded>,
     /// This worker's shared queue (None: the host gave none, chains stay per worker).
     lane: Option<u32>,
     forwarded: HashMap<u64, Forwarded, super::ById>,
     /// Leaders this worker sent checks to, by key (a copy of the table's records, so a hot key's
     /// checks skip the shared-data read; at most `KNOWN_LEADERS`).
-    leaders: HashMap<String, u32>,
+    leaders: HashMap<String, u32, Seeded>,
     /// When each forwarded check stops waiting for its leader.
     deadlines: BinaryHeap<Reverse<(u64, u64)>>,
     next_ask: u64,
