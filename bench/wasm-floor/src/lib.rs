@@ -38,9 +38,12 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Floor {
-            counters: self.counters,
-        }))
+        // The floor's context is a zero-sized type, so boxing it allocates nothing: the floor
+        // stays what it was before the host-calls variant existed.
+        Some(match self.counters {
+            None => Box::new(Floor),
+            Some((a, b)) => Box::new(HostCalls { a, b }),
+        })
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -48,40 +51,47 @@ impl RootContext for Root {
     }
 }
 
-struct Floor {
-    counters: Option<(u32, u32)>,
-}
+struct Floor;
 
 impl Context for Floor {}
 
 impl HttpContext for Floor {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some((a, b)) = self.counters else {
-            // The hostcall directly (Result, never a panic), as tollgate does; the value is not used.
-            let _ = hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-user-id");
-            return Action::Continue;
-        };
+        // The hostcall directly (Result, never a panic), as tollgate does; the value is not used.
+        let _ = hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-user-id");
+        Action::Continue
+    }
+}
+
+/// The host-calls variant: tollgate-lease's host calls for a locally answered request.
+struct HostCalls {
+    a: u32,
+    b: u32,
+}
+
+impl Context for HostCalls {}
+
+impl HttpContext for HostCalls {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let _ = hostcalls::get_current_time();
         let _ = hostcalls::get_map_value(MapType::HttpRequestHeaders, ":path");
         let _ = hostcalls::get_property(vec!["request", "headers", "x-user-id"]);
-        let _ = hostcalls::increment_metric(a, 1);
-        let _ = hostcalls::increment_metric(b, 1);
+        let _ = hostcalls::increment_metric(self.a, 1);
+        let _ = hostcalls::increment_metric(self.b, 1);
         Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.counters.is_some() {
-            let _ = hostcalls::add_map_value(
-                MapType::HttpResponseHeaders,
-                "ratelimit-policy",
-                "\"per-user\";q=1000000;w=1",
-            );
-            let _ = hostcalls::add_map_value(
-                MapType::HttpResponseHeaders,
-                "ratelimit",
-                "\"per-user\";r=999999;t=1",
-            );
-        }
+        let _ = hostcalls::add_map_value(
+            MapType::HttpResponseHeaders,
+            "ratelimit-policy",
+            "\"per-user\";q=1000000;w=1",
+        );
+        let _ = hostcalls::add_map_value(
+            MapType::HttpResponseHeaders,
+            "ratelimit",
+            "\"per-user\";r=999999;t=1",
+        );
         Action::Continue
     }
 }
