@@ -57,9 +57,10 @@ struct Queue {
 /// The lease waits of one worker.
 #[derive(Debug, Default)]
 pub(super) struct Queues {
-    by_key: HashMap<String, Queue>,
+    /// By bucket key (a digest no client chooses bits of: the fast seeded hash is safe here).
+    by_key: HashMap<String, Queue, crate::rule::hash::Seeded>,
     /// Keys in `Foreign` or `Lost` state (polled by the tick).
-    polled: HashSet<String>,
+    polled: HashSet<String, crate::rule::hash::Seeded>,
     /// (deadline, ctx, check) in arrival order; deadlines are arrival + a constant patience, so
     /// the front is always the nearest.
     patience: VecDeque<(u64, u32, usize)>,

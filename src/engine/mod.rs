@@ -159,7 +159,7 @@ pub struct Engine {
     /// Lease keys: tokens this worker's requests asked for and were denied locally (the deny
     /// cache, or a reservation still refilling) since the key's last lease call; the next call
     /// counts them as demand, so a saturated key asks for what its clients want.
-    unmet: HashMap<String, u64>,
+    unmet: HashMap<String, u64, crate::rule::hash::Seeded>,
     chains: coalesce::Chains,
     /// Admitted requests held for a reservation, by due time.
     held: BinaryHeap<Reverse<(u64, u32)>>,
@@ -217,7 +217,7 @@ impl Engine {
             keys: crate::rule::KeyCache::default(),
             queues: Queues::default(),
             stashes: stash::Stashes::default(),
-            unmet: HashMap::new(),
+            unmet: HashMap::default(),
             chains: coalesce::Chains::default(),
             held: BinaryHeap::new(),
             flushes: BinaryHeap::new(),

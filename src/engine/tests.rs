@@ -1387,3 +1387,31 @@ fn the_policy_header_follows_an_overrides_limits() {
         e.done(&mut h, ctx);
     }
 }
+
+/// Not a check: lease mode with every request a new key (one lease call each), for a profiler
+/// (see `profile_local_path`).
+#[test]
+#[ignore]
+fn profile_lease_new_keys() {
+    let (mut e, _) = engine(
+        r#""response_headers":"ietf","#,
+        r#"{"name":"per-user","match":{"path_prefix":"/api/"},"key":["header:x-user"],
+            "mode":"lease","rate":1000000,"burst":1000000}"#,
+    );
+    let mut h = Fake::default();
+    let none = resp(&[]);
+    for ctx in 10..40_010u32 {
+        h.now = u64::from(ctx) / 10;
+        let r = user(&format!("user-{ctx}"));
+        e.request_headers(&mut h, ctx, &r);
+        for token in h.tokens() {
+            grant_all(&mut e, &mut h, ctx, token);
+        }
+        e.response_headers(&mut h, ctx, &none);
+        e.done(&mut h, ctx);
+        e.tick(&mut h);
+        h.resumed.clear();
+        h.added.clear();
+        h.sent.clear();
+    }
+}
