@@ -91,8 +91,8 @@ impl RootContext for Root {
         with_engine(&self.engine, self.id, |e, h| e.tick(h));
     }
 
-    fn on_queue_ready(&mut self, _queue_id: u32) {
-        with_engine(&self.engine, self.id, |e, h| e.queue_ready(h));
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        with_engine(&self.engine, self.id, |e, h| e.queue_ready(h, queue_id));
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

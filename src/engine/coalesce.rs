@@ -422,10 +422,13 @@ impl Engine {
         answers.send(host);
     }
 
-    /// A message on this worker's queue: a check another worker sent here, or answers to checks
-    /// sent from here. The host calls this once per message put on the queue, so one is taken.
-    pub fn queue_ready(&mut self, host: &mut dyn Host) {
-        let Some(message) = self.chains.lane.and_then(|me| host.dequeue(me)) else {
+    /// A message on queue `queue`, one this worker's root registered: a check another worker sent
+    /// here, or answers to checks sent from here. The host calls this once per message put on the
+    /// queue, so one is taken. `queue` is the host's word, not `lane`: after a reconfiguration
+    /// in the same VM (a new engine, a new queue) messages sent to the old queue still come here,
+    /// and are served (an answer meant for the old engine finds no check and is dropped).
+    pub fn queue_ready(&mut self, host: &mut dyn Host, queue: u32) {
+        let Some(message) = host.dequeue(queue) else {
             return;
         };
         let now = host.now_ms();

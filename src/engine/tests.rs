@@ -1013,7 +1013,7 @@ fn two_workers() -> (Worker, Worker, Fake) {
 /// What the host does for the messages on queue `q`: one `queue_ready` of its worker `w` each.
 fn ready(w: &mut Engine, h: &mut Fake, q: u32) {
     for _ in 0..h.queues[&q].len() {
-        w.queue_ready(h);
+        w.queue_ready(h, q);
     }
 }
 
@@ -1169,6 +1169,21 @@ fn a_check_sent_to_a_worker_with_no_call_out_goes_at_once() {
     h.enqueue(1, b"r x\nhello");
     ready(&mut w1, &mut h, 1);
     assert_eq!(w1.load(), (0, 0, 0));
+}
+
+#[test]
+fn a_check_sent_to_a_workers_older_queue_is_served() {
+    let ((mut w1, _), (mut w2, _), mut h) = two_workers();
+    lead_a(&mut w1, &mut h);
+    // Worker 1 is configured again in the same VM: a new queue; the table still names the old.
+    h.queues.insert(3, Default::default());
+    w1.set_queue(3);
+    w2.request_headers(&mut h, 20, &user("a"));
+    ready(&mut w1, &mut h, 1);
+    deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 4, 0, 100, 1));
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(h.resumed, [10, 11, 20]);
 }
 
 // ----- usage-based limits -----
