@@ -260,6 +260,9 @@ impl Host for SimHost {
     fn set_tick(&mut self, period_ms: u64) {
         self.tick = Some(period_ms);
     }
+    fn request_header(&mut self, _: u32, _: &str) -> Option<Vec<u8>> {
+        None
+    }
     // Lease mode only: no worker shares exact calls through a queue here.
     fn enqueue(&mut self, _: u32, _: &[u8]) -> bool {
         false

@@ -455,6 +455,14 @@ impl Host for WasmHost {
         }
     }
 
+    fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>> {
+        // The attribute, as `HostRequest::header` reads it, in the request's own context.
+        if !self.act_for(ctx) {
+            return None;
+        }
+        property(&["request", "headers", name])
+    }
+
     fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
         // SAFETY: the message outlives the call. Envoy answers Ok or NotFound.
         unsafe { raw::proxy_enqueue_shared_queue(queue, message.as_ptr(), message.len()) == OK }

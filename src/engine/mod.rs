@@ -51,6 +51,9 @@ pub trait Host {
     fn resume(&mut self, ctx: u32);
     /// Answers request `ctx` here.
     fn respond(&mut self, ctx: u32, reply: &LocalReply);
+    /// A header of paused request `ctx` (every line, joined with `,`), read after its
+    /// `request_headers` callback.
+    fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>>;
     /// Adds headers to the response of `ctx` (called while its response headers are processed).
     fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]);
     /// Ticks every `period_ms` (0: stop).
@@ -95,7 +98,8 @@ struct Admitted {
 #[derive(Debug)]
 struct Request {
     checks: Vec<Check>,
-    grpc: bool,
+    /// Whether the client speaks gRPC: read only for a local answer (None until then).
+    grpc: Option<bool>,
     /// Still deciding (false once the verdict is applied).
     deciding: bool,
     /// What the response's headers say, once admitted (until they are added).
@@ -290,7 +294,7 @@ impl Engine {
         }
         let mut request = Request {
             checks,
-            grpc: false,
+            grpc: None,
             deciding: true,
             headers: None,
             usage: Vec::new(),
@@ -298,20 +302,19 @@ impl Engine {
         // Whether the client speaks gRPC matters only for a local answer: read it only then.
         let verdict = match self.verdict_if_done(&request) {
             Some(Verdict::Respond(_)) => {
-                request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
+                request.grpc = Some(plugin::is_grpc(req.header("content-type").as_deref()));
                 self.verdict_if_done(&request)
             }
             other => other,
         };
         if let Some(verdict) = verdict {
-            let grpc = request.grpc;
+            let grpc = request.grpc.unwrap_or(false);
             for c in request.checks.drain(..) {
                 self.keys.recycle(c.call.key);
             }
             self.spare_checks = request.checks;
             return self.apply(host, ctx, verdict, grpc);
         }
-        request.grpc = plugin::is_grpc(req.header("content-type").as_deref());
         let undecided: Vec<(usize, bool)> = request
             .checks
             .iter()
@@ -754,9 +757,23 @@ impl Engine {
         let Some(request) = self.requests.get(&ctx) else {
             return;
         };
-        if let Some(verdict) = self.verdict_if_done(request) {
-            let grpc = request.grpc;
-            self.apply(host, ctx, verdict, grpc);
+        let mut verdict = self.verdict_if_done(request);
+        let mut grpc = request.grpc;
+        if matches!(verdict, Some(Verdict::Respond(_))) && grpc.is_none() {
+            // A local answer after all: its shape depends on whether the client speaks gRPC.
+            grpc = Some(plugin::is_grpc(
+                host.request_header(ctx, "content-type").as_deref(),
+            ));
+            if let Some(request) = self.requests.get_mut(&ctx) {
+                request.grpc = grpc;
+            }
+            verdict = self
+                .requests
+                .get(&ctx)
+                .and_then(|r| self.verdict_if_done(r));
+        }
+        if let Some(verdict) = verdict {
+            self.apply(host, ctx, verdict, grpc.unwrap_or(false));
         }
     }
 
@@ -777,7 +794,7 @@ impl Engine {
                     .checks
                     .iter()
                     .filter_map(|c| Some((c.rule, c.outcome?, c.call.limits()))),
-                request.grpc,
+                request.grpc.unwrap_or(false),
             )
         })
     }
@@ -809,7 +826,7 @@ impl Engine {
                         ctx,
                         Request {
                             checks: Vec::new(),
-                            grpc,
+                            grpc: Some(grpc),
                             deciding: false,
                             headers: Some(shown),
                             usage,

@@ -39,6 +39,8 @@ struct Fake {
     tick_sets: usize,
     /// The workers' shared queues, by token.
     queues: HashMap<u32, std::collections::VecDeque<Vec<u8>>>,
+    /// Request headers the host keeps readable after `request_headers` (see [`send`]).
+    request_headers: HashMap<u32, HashMap<String, Vec<u8>>>,
 }
 
 impl Host for Fake {
@@ -72,6 +74,9 @@ impl Host for Fake {
         self.tick = period_ms;
         self.tick_sets += 1;
     }
+    fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>> {
+        self.request_headers.get(&ctx)?.get(name).cloned()
+    }
     fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
         match self.queues.get_mut(&queue) {
             Some(q) => {
@@ -84,6 +89,13 @@ impl Host for Fake {
     fn dequeue(&mut self, queue: u32) -> Option<Vec<u8>> {
         self.queues.get_mut(&queue)?.pop_front()
     }
+}
+
+/// `request_headers` of `r` as `ctx`, with `r`'s headers kept readable later, as the host keeps
+/// a paused request's.
+fn send(e: &mut Engine, h: &mut Fake, ctx: u32, r: &Req) -> Action {
+    h.request_headers.insert(ctx, r.0.clone());
+    e.request_headers(h, ctx, r)
 }
 
 /// A fake host whose clock reads `now`.
@@ -389,18 +401,46 @@ fn a_grpc_denial_is_resource_exhausted_and_a_closed_failure_unavailable() {
             &[("x-user", u), ("content-type", "application/grpc+proto")],
         )
     };
-    e.request_headers(&mut h, 10, &grpc("a"));
+    // Denied by the backend's answer: the content type is read then, not in request_headers.
+    send(&mut e, &mut h, 10, &grpc("a"));
     deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 300, 0));
-    e.request_headers(&mut h, 11, &grpc("b"));
+    send(&mut e, &mut h, 11, &grpc("b"));
     deliver(&mut e, &mut h, 11, 2, 0, b"");
     let statuses: Vec<Option<u32>> = h.responded.iter().map(|(_, r)| r.grpc_status).collect();
     assert_eq!(statuses, [Some(8), Some(14)]);
     assert!(header(&h.responded[0].1.headers, "ratelimit").is_some());
     let (mut e, _) = engine(r#""deny":{"grpc_resource_exhausted":false},"#, EXACT);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &grpc("a"));
+    send(&mut e, &mut h, 10, &grpc("a"));
     deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 300, 0));
     assert_eq!(h.responded[0].1.grpc_status, None);
+}
+
+/// A request view that counts the reads of one header.
+struct Counting<'a>(&'a Req, &'a str, std::cell::Cell<u32>);
+
+impl RequestView for Counting<'_> {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        if name == self.1 {
+            self.2.set(self.2.get() + 1);
+        }
+        self.0.header(name)
+    }
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        self.0.client_ip()
+    }
+}
+
+#[test]
+fn the_content_type_is_read_only_for_a_local_answer() {
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake::default();
+    let r = user("a");
+    let counted = Counting(&r, "content-type", std::cell::Cell::new(0));
+    assert_eq!(e.request_headers(&mut h, 10, &counted), Action::Pause);
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(counted.2.get(), 0, "admitted: never read");
 }
 
 #[test]
