@@ -1350,16 +1350,22 @@ fn a_verdict_reached_inside_request_headers_is_returned_not_resumed() {
     assert_eq!(h.resumed, [10]);
 }
 
+/// An engine with `make bench`'s tollgate-lease rule (IETF headers, a limit never reached).
+fn bench_lease_engine() -> Engine {
+    engine(
+        r#""response_headers":"ietf","#,
+        r#"{"name":"per-user","match":{"path_prefix":"/api/"},"key":["header:x-user"],
+            "mode":"lease","rate":1000000,"burst":1000000}"#,
+    )
+    .0
+}
+
 /// Not a check: a loop over the lease path's local admissions for a profiler
 /// (`valgrind --tool=callgrind <test binary> profile_local_path --ignored --exact`).
 #[test]
 #[ignore]
 fn profile_local_path() {
-    let (mut e, _) = engine(
-        r#""response_headers":"ietf","#,
-        r#"{"name":"per-user","match":{"path_prefix":"/api/"},"key":["header:x-user"],
-            "mode":"lease","rate":1000000,"burst":1000000}"#,
-    );
+    let mut e = bench_lease_engine();
     let mut h = Fake::default();
     let r = user("bench-user");
     let none = resp(&[]);
@@ -1448,11 +1454,7 @@ fn the_policy_header_follows_an_overrides_limits() {
 #[test]
 #[ignore]
 fn profile_lease_new_keys() {
-    let (mut e, _) = engine(
-        r#""response_headers":"ietf","#,
-        r#"{"name":"per-user","match":{"path_prefix":"/api/"},"key":["header:x-user"],
-            "mode":"lease","rate":1000000,"burst":1000000}"#,
-    );
+    let mut e = bench_lease_engine();
     let mut h = Fake::default();
     let none = resp(&[]);
     for ctx in 10..40_010u32 {
