@@ -211,7 +211,7 @@ impl Engine {
     pub(super) fn join_chain(
         &mut self,
         host: &mut dyn Host,
-        call: &ScriptCall,
+        (rule, call): (usize, &ScriptCall),
         ctx: u32,
         idx: usize,
         now: u64,
@@ -220,7 +220,7 @@ impl Engine {
             chain.waiting.push(Waiter::Local(ctx, idx));
             return true;
         }
-        if self.forward(host, ctx, idx, now) {
+        if self.forward(host, (rule, call), ctx, idx, now) {
             return true;
         }
         self.chains
@@ -229,30 +229,36 @@ impl Engine {
         false
     }
 
-    /// Sends check `idx` of `ctx` to the worker leading its key, if another one does.
-    fn forward(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, now: u64) -> bool {
+    /// Sends check `idx` of `ctx` (rule `rule`, call `call`) to the worker leading its key, if
+    /// another one does.
+    fn forward(
+        &mut self,
+        host: &mut dyn Host,
+        (rule, call): (usize, &ScriptCall),
+        ctx: u32,
+        idx: usize,
+        now: u64,
+    ) -> bool {
         let Some(me) = self.chains.lane else {
             return false;
         };
-        let Some((rule, call)) = self.check_call(ctx, idx) else {
-            return false;
-        };
-        let leader = match self.chains.leaders.get(&call.key) {
-            Some(q) => Some(*q),
-            None => Leaders::new(host.store(), &self.plugin.ns).leader(&call.key),
-        };
+        let known = self.chains.leaders.get(&call.key).copied();
+        let leader =
+            known.or_else(|| Leaders::new(host.store(), &self.plugin.ns).leader(&call.key));
         let Some(leader) = leader.filter(|q| *q != me) else {
             return false;
         };
         let ask = self.chains.next_ask;
-        if !host.enqueue(leader, &wire::ask(me, ask, rule, &call)) {
+        if !host.enqueue(leader, &wire::ask(me, ask, rule, call)) {
             self.forget_leader(host, &call.key, leader);
             return false;
         }
-        if self.chains.leaders.len() >= KNOWN_LEADERS {
-            self.chains.leaders.clear();
+        if known.is_none() {
+            if self.chains.leaders.len() >= KNOWN_LEADERS {
+                self.chains.leaders.clear();
+            }
+            self.chains.leaders.insert(call.key.clone(), leader);
         }
-        self.chains.leaders.insert(call.key.clone(), leader);
         self.chains.next_ask += 1;
         let patience = self.plugin.config.backend.timeout_ms.saturating_mul(2);
         self.chains
@@ -264,7 +270,7 @@ impl Engine {
                 ctx,
                 idx,
                 leader,
-                key: call.key,
+                key: call.key.clone(),
             },
         );
         self.plugin.metrics.count(rule, Counter::Forwarded, 1);
@@ -308,9 +314,10 @@ impl Engine {
         }
         if !chain.leads {
             if let Some(me) = self.chains.lane {
-                let leaders = Leaders::new(host.store(), &self.plugin.ns);
-                chain.leads = leaders.claim(key, me).unwrap_or(false);
-                if !chain.leads && leaders.leader(key).is_some_and(|q| q != me) {
+                let leader = Leaders::new(host.store(), &self.plugin.ns).claim(key, me);
+                let leader = leader.ok().flatten();
+                chain.leads = leader == Some(me);
+                if leader.is_some_and(|q| q != me) {
                     // Another worker leads the key: this call, which these checks were promised,
                     // is the chain's last; later checks go to the leader.
                     self.chains.by_key.remove(key);
@@ -457,9 +464,9 @@ impl Engine {
     ) {
         let waiter = Waiter::Remote { queue, ask };
         if self.plugin.rule(rule).is_none() {
-            let mut answer = Vec::new();
-            push_answer(&mut answer, ask, None);
-            host.enqueue(queue, &answer);
+            let mut answers = Answers::default();
+            answers.add(queue, ask, None);
+            answers.send(host);
             return;
         }
         let key = call.key.clone();

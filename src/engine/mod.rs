@@ -576,10 +576,10 @@ impl Engine {
 
     /// Sends exact check `idx`'s call, or queues it behind the call out for its key.
     fn send_exact(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, now: u64) {
-        let Some((_, call)) = self.check_call(ctx, idx) else {
+        let Some((rule, call)) = self.check_call(ctx, idx) else {
             return;
         };
-        if coalesce::eligible(&call) && self.join_chain(host, &call, ctx, idx, now) {
+        if coalesce::eligible(&call) && self.join_chain(host, (rule, &call), ctx, idx, now) {
             return;
         }
         self.send_check(host, ctx, idx, ctx, now);

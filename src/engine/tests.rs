@@ -1197,7 +1197,11 @@ fn a_check_sent_to_a_worker_with_no_call_out_goes_at_once() {
     let ((mut w1, _), (mut w2, _), mut h) = two_workers();
     let key = lease_key(&w1, "a");
     let leaders = crate::shared::lead::Leaders::new(&h.store, &w1.plugin.ns);
-    assert!(leaders.claim(&key, 1).unwrap(), "a record left behind");
+    assert_eq!(
+        leaders.claim(&key, 1).unwrap(),
+        Some(1),
+        "a record left behind"
+    );
     w2.request_headers(&mut h, 20, &user("a"));
     assert!(h.sent.is_empty());
     ready(&mut w1, &mut h, 1);

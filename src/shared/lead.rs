@@ -46,14 +46,15 @@ impl<'a> Leaders<'a> {
         leader_in(value.as_deref(), bucket_key)
     }
 
-    /// Makes `queue` the leader of `bucket_key` if its slot is free; true if it now is.
-    pub fn claim(&self, bucket_key: &str, queue: u32) -> Result<bool, StoreError> {
+    /// Makes `queue` the leader of `bucket_key` if its slot is free; says who leads the key
+    /// then (`queue`, or the worker that already did; None if the slot holds another key).
+    pub fn claim(&self, bucket_key: &str, queue: u32) -> Result<Option<u32>, StoreError> {
         update(
             self.store,
             &self.slot_key(bucket_key),
             |value| match value.filter(|v| !v.is_empty()) {
-                None => Change::Write(record(queue, bucket_key), true),
-                Some(v) => Change::Keep(leader_in(Some(v), bucket_key) == Some(queue)),
+                None => Change::Write(record(queue, bucket_key), Some(queue)),
+                Some(v) => Change::Keep(leader_in(Some(v), bucket_key)),
             },
         )
     }
@@ -90,15 +91,15 @@ mod tests {
         let s = MemStore::default();
         let l = Leaders::new(&s, "tollgate|t");
         assert_eq!(l.leader("k"), None);
-        assert!(l.claim("k", 7).unwrap());
-        assert!(l.claim("k", 7).unwrap(), "claiming again keeps it");
-        assert!(!l.claim("k", 8).unwrap(), "taken");
+        assert_eq!(l.claim("k", 7).unwrap(), Some(7));
+        assert_eq!(l.claim("k", 7).unwrap(), Some(7), "claiming again keeps it");
+        assert_eq!(l.claim("k", 8).unwrap(), Some(7), "taken");
         assert_eq!(l.leader("k"), Some(7));
         l.release("k", 8).unwrap();
         assert_eq!(l.leader("k"), Some(7), "only the leader lets go");
         l.release("k", 7).unwrap();
         assert_eq!(l.leader("k"), None);
-        assert!(l.claim("k", 8).unwrap());
+        assert_eq!(l.claim("k", 8).unwrap(), Some(8));
         assert_eq!(l.leader("k"), Some(8));
     }
 
@@ -111,9 +112,9 @@ mod tests {
             .map(|i| format!("key-{i}"))
             .find(|k| *k != a && hash(k) % SLOTS == hash(&a) % SLOTS)
             .unwrap();
-        assert!(l.claim(&a, 1).unwrap());
+        assert_eq!(l.claim(&a, 1).unwrap(), Some(1));
         assert_eq!(l.leader(&b), None);
-        assert!(!l.claim(&b, 2).unwrap());
+        assert_eq!(l.claim(&b, 2).unwrap(), None, "the slot holds another key");
         l.release(&b, 1).unwrap();
         assert_eq!(l.leader(&a), Some(1));
     }
