@@ -320,3 +320,73 @@ fn hostile_key_values_are_just_keys() {
     }
     assert_filter_healthy(&stack.envoy);
 }
+
+/// Statuses of `GET /x` as `x-user-id: user` from 16 clients at once for `secs`, counted by status
+/// (0: no answer within the client's 10 s).
+fn hammer(port: u16, user: &'static str, secs: f64) -> std::collections::BTreeMap<u16, u64> {
+    let handles: Vec<_> = (0..16)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_secs_f64(secs) {
+                    seen.push(common::get(port, "/x", &[("x-user-id", user)]).status);
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut counts = std::collections::BTreeMap::new();
+    for h in handles {
+        for s in h.join().unwrap() {
+            *counts.entry(s).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// One hot exact key shared across Envoy's two workers while Redis dies under it and comes back:
+/// every request is answered (503 from `closed` while Redis is away, never a hang), nothing traps,
+/// and shared calls resume once Redis is back.
+#[test]
+fn a_hot_exact_key_shared_across_workers_rides_out_redis_dying() {
+    let cfg = config("closed", "").replace("\"burst\": 3", "\"burst\": 1000000");
+    let mut stack = Stack::start("fail-shared-exact", &cfg);
+    let port = stack.port();
+    let before = hammer(port, "hot", 1.0);
+    assert_eq!(
+        before.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "{before:?}"
+    );
+    let redis_port = stack.redis.port;
+    stack.redis.proc.stop();
+    let during = hammer(port, "hot", 1.0);
+    assert!(
+        during.keys().all(|s| [200, 503].contains(s)),
+        "only admissions still in flight and the failure mode: {during:?}\n{}",
+        stack.logs()
+    );
+    assert!(during.get(&503).is_some_and(|n| *n > 0), "{during:?}");
+    stack.redis = common::Redis::start_on(&stack.dir, redis_port, &[]);
+    let resumed = wait_until(Duration::from_secs(10), || {
+        common::get(port, "/x", &[("x-user-id", "hot")]).status == 200
+    });
+    assert!(resumed, "limiting did not resume\n{}", stack.logs());
+    let after = hammer(port, "hot", 1.0);
+    assert_eq!(
+        after.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "{after:?}"
+    );
+    let forwarded = stack
+        .envoy
+        .stat_value("wasmcustom.tollgate.per-user.forwarded")
+        .unwrap_or(0);
+    eprintln!("shared exact, Redis dying: before {before:?}, during {during:?}, after {after:?}, forwarded {forwarded}");
+    assert!(forwarded > 0, "the workers shared calls");
+    let log = stack.envoy.log_text();
+    for bad in ["panicked", "wasm trap", "Function: proxy_on_"] {
+        assert!(!log.contains(bad), "{bad} in the Envoy log:\n{log}");
+    }
+}
