@@ -875,22 +875,23 @@ fn an_idle_engine_stops_ticking() {
     assert_eq!(h.tick_sets, sets, "a local admission arms nothing");
 }
 
+/// Two workers of one proxy in lease mode, with `grant` in the proxy's pool for user "a" at 0.
+fn two_lease_workers(grant: crate::shared::lease::Grant) -> (Worker, Worker, Fake) {
+    let (w1, w2) = (engine("", LEASE), engine("", LEASE));
+    let h = Fake::default();
+    deposit_at_0(&h, &w1.0, grant);
+    (w1, w2, h)
+}
+
 #[test]
 fn workers_stashing_batches_never_spend_more_than_was_granted() {
-    let (mut w1, rec1) = engine("", LEASE);
-    let (mut w2, rec2) = engine("", LEASE);
-    let mut h = Fake::default();
     // The proxy's pool holds a lease of 20 tokens for the key.
-    deposit_at_0(
-        &h,
-        &w1,
-        crate::shared::lease::Grant {
-            tokens: 20,
-            global_remaining: 30,
-            reset_after_ms: 300,
-            refill_ms: 0,
-        },
-    );
+    let ((mut w1, rec1), (mut w2, rec2), mut h) = two_lease_workers(crate::shared::lease::Grant {
+        tokens: 20,
+        global_remaining: 30,
+        reset_after_ms: 300,
+        refill_ms: 0,
+    });
     let leased = 20;
     // Both workers alternate until each has missed once.
     let (mut admitted, mut missed1, mut missed2) = (0, false, false);
@@ -918,20 +919,13 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
 
 #[test]
 fn two_workers_spend_a_reservation_no_faster_than_the_bucket_refills_it() {
-    let (mut w1, _) = engine("", LEASE);
-    let (mut w2, _) = engine("", LEASE);
-    let mut h = Fake::default();
     // 20 tokens: 5 the bucket held, 15 it refills at 100/s over the next 150 ms.
-    deposit_at_0(
-        &h,
-        &w1,
-        crate::shared::lease::Grant {
-            tokens: 20,
-            global_remaining: 0,
-            reset_after_ms: 650,
-            refill_ms: 150,
-        },
-    );
+    let ((mut w1, _), (mut w2, _), mut h) = two_lease_workers(crate::shared::lease::Grant {
+        tokens: 20,
+        global_remaining: 0,
+        reset_after_ms: 650,
+        refill_ms: 150,
+    });
     let mut admitted = 0u64;
     let mut ctx = 100;
     for now in 0..=200 {
