@@ -1,40 +1,63 @@
-//! proxy-wasm glue: maps Envoy's callbacks to engine events, nothing else.
+//! The module's exported callbacks: maps the host's events to engine events, nothing else.
 //!
-//! Invariant: each worker's root context owns one `Engine`; its HTTP contexts hold only their id
-//! and a handle to it, so all request state lives in the engine. Every callback that concerns a
-//! request reaches the engine (headers, call answers, response headers, the end of the stream).
+//! Only the callbacks tollgate uses are exported (see `abi`): context creation, configuration,
+//! ticks, queue messages, callout answers, request and response headers, response body and
+//! trailers (usage rules), and deletion. A request's end is its context's deletion: Envoy calls
+//! `proxy_on_delete` right after `proxy_on_done` (`Context::onDestroy`), so the done and log
+//! events, which would cost a crossing each, are not exported.
+//!
+//! Invariant: each worker's root context owns one `Engine`; an HTTP context is only its id, the
+//! root it belongs to and whether its response body is watched, so all request state lives in the
+//! engine. Every callback that concerns a request reaches the engine (headers, call answers,
+//! response headers, body, trailers, the end of the stream).
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel};
-
+use crate::abi;
 use crate::config::Config;
 use crate::engine::{self, Engine, Plugin};
 use crate::host::{self, HostMetrics, HostRequest, HostResponse, WasmHost};
 
 type Shared = Rc<RefCell<Option<Engine>>>;
 
-pub fn start() {
-    // No host calls are allowed while the module initializes: start at Trace and narrow to
-    // Envoy's wasm log level at configure time, so debug lines are not even formatted unless
-    // someone asked for them.
-    proxy_wasm::set_log_level(LogLevel::Trace);
-    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
-        let engine: Shared = Rc::new(RefCell::new(None));
-        #[cfg(feature = "redis-callout")]
-        redis_callout::register(id, &engine);
-        Box::new(Root { id, engine })
-    });
+/// An HTTP context: the engine of the root it was created under.
+struct Stream {
+    engine: Shared,
+    /// The engine reads this response's body (a usage rule's `body_field`).
+    watch_body: bool,
 }
 
-/// Runs `f` on the engine with a host for context `ctx` (nothing if unconfigured or busy).
-fn with_engine<T>(
-    engine: &Shared,
-    ctx: u32,
-    f: impl FnOnce(&mut Engine, &mut WasmHost) -> T,
-) -> Option<T> {
+#[derive(Default)]
+struct Contexts {
+    /// Root contexts (one per plugin configuration in this VM; usually one) and their engines.
+    roots: Vec<(u32, Shared)>,
+    streams: HashMap<u32, Stream, engine::ById>,
+}
+
+thread_local! {
+    static CONTEXTS: RefCell<Contexts> = RefCell::new(Contexts::default());
+}
+
+/// The engine context `ctx` (a root or an HTTP context) belongs to.
+fn engine_of(ctx: u32) -> Option<Shared> {
+    CONTEXTS.with(|c| {
+        let c = c.try_borrow().ok()?;
+        if let Some(s) = c.streams.get(&ctx) {
+            return Some(s.engine.clone());
+        }
+        c.roots
+            .iter()
+            .find(|(id, _)| *id == ctx)
+            .map(|(_, e)| e.clone())
+    })
+}
+
+/// Runs `f` on the engine of `ctx` with a host for that context (nothing if unknown,
+/// unconfigured or busy).
+fn with_engine<T>(ctx: u32, f: impl FnOnce(&mut Engine, &mut WasmHost) -> T) -> Option<T> {
+    let engine = engine_of(ctx)?;
     let Ok(mut slot) = engine.try_borrow_mut() else {
         log::error!("tollgate: engine busy in a re-entrant callback (context {ctx})");
         return None;
@@ -43,192 +66,167 @@ fn with_engine<T>(
     Some(f(e, &mut WasmHost::new(ctx)))
 }
 
-struct Root {
-    id: u32,
-    engine: Shared,
-}
-
-impl Context for Root {
-    fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, _: usize) {
-        let (status, bytes) = host::call_response(headers, body);
-        with_engine(&self.engine, self.id, |e, h| {
-            e.call_response(h, self.id, token, status, &bytes)
-        });
-    }
-}
-
-impl RootContext for Root {
-    fn on_configure(&mut self, _size: usize) -> bool {
-        log::set_max_level(host::log_filter());
-        match Config::try_from(host::plugin_configuration().as_slice()) {
-            Ok(config) => {
-                log::info!("tollgate: configured: {}", config.summary());
-                #[cfg(feature = "redis-callout")]
-                host::configure_redis(&config.backend);
-                let metrics = HostMetrics::define(&config);
-                let plugin = Plugin::with_metrics(config, Box::new(metrics));
-                let queue = host::register_queue(&plugin.ns);
-                match self.engine.try_borrow_mut() {
-                    Ok(mut slot) => {
-                        let mut engine = Engine::new(plugin, self.id);
-                        if let Some(q) = queue {
-                            engine.set_queue(q);
-                        }
-                        *slot = Some(engine);
-                        true
-                    }
-                    Err(_) => false,
-                }
+#[no_mangle]
+pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
+    let _ = CONTEXTS.with(|c| {
+        let mut c = c.try_borrow_mut().ok()?;
+        if parent == 0 {
+            if c.roots.is_empty() {
+                abi::install_logger();
+                log::set_max_level(host::log_filter());
             }
-            Err(e) => {
-                log::error!("tollgate: bad configuration: {e}");
-                false
-            }
-        }
-    }
-
-    fn on_tick(&mut self) {
-        with_engine(&self.engine, self.id, |e, h| e.tick(h));
-    }
-
-    fn on_queue_ready(&mut self, queue_id: u32) {
-        with_engine(&self.engine, self.id, |e, h| e.queue_ready(h, queue_id));
-    }
-
-    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Request {
-            id: context_id,
-            engine: self.engine.clone(),
-            done: false,
-            watch_body: false,
-        }))
-    }
-
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
-    }
-}
-
-struct Request {
-    id: u32,
-    engine: Shared,
-    done: bool,
-    /// The engine reads this response's body (a usage rule's `body_field`).
-    watch_body: bool,
-}
-
-impl Request {
-    fn finish(&mut self) {
-        if !std::mem::replace(&mut self.done, true) {
-            with_engine(&self.engine, self.id, |e, h| e.done(h, self.id));
-        }
-    }
-}
-
-impl Context for Request {
-    fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, _: usize) {
-        let (status, bytes) = host::call_response(headers, body);
-        with_engine(&self.engine, self.id, |e, h| {
-            e.call_response(h, self.id, token, status, &bytes)
-        });
-    }
-
-    fn on_done(&mut self) -> bool {
-        self.finish();
-        true
-    }
-}
-
-impl Drop for Request {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-impl HttpContext for Request {
-    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        let action = with_engine(&self.engine, self.id, |e, h| {
-            e.request_headers(h, self.id, &HostRequest)
-        });
-        match action {
-            Some(engine::Action::Pause) => Action::Pause,
-            Some(engine::Action::Continue) | None => Action::Continue,
-        }
-    }
-
-    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        let view = HostResponse::headers();
-        self.watch_body = with_engine(&self.engine, self.id, |e, h| {
-            e.response_headers(h, self.id, &view)
-        })
-        .unwrap_or(false);
-        Action::Continue
-    }
-
-    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        if self.watch_body {
-            // Only looked at: every chunk goes on at once, nothing is buffered.
-            let chunk = host::response_body(size);
-            with_engine(&self.engine, self.id, |e, h| {
-                e.response_body(h, self.id, &chunk, end_of_stream)
-            });
-            self.watch_body = !end_of_stream;
-        }
-        Action::Continue
-    }
-
-    fn on_http_response_trailers(&mut self, _: usize) -> Action {
-        let view = HostResponse::trailers();
-        with_engine(&self.engine, self.id, |e, h| {
-            e.response_trailers(h, self.id, &view)
-        });
-        Action::Continue
-    }
-}
-
-/// The Higress build's callback for Redis callouts. The proxy-wasm SDK does not know it, so the
-/// module exports it here: Higress calls it on the root context that made the call (Redis calls
-/// are root-level), and it goes to that root's engine like an HTTP callout's answer.
-#[cfg(feature = "redis-callout")]
-mod redis_callout {
-    use std::cell::RefCell;
-    use std::collections::HashMap;
-
-    use super::{with_engine, Shared};
-    use crate::backend::resp;
-    use crate::host;
-
-    thread_local! {
-        /// This VM's root contexts and their engines.
-        static ROOTS: RefCell<HashMap<u32, Shared>> = RefCell::new(HashMap::new());
-    }
-
-    pub fn register(id: u32, engine: &Shared) {
-        ROOTS.with(|r| r.borrow_mut().insert(id, engine.clone()));
-    }
-
-    /// `proxy_on_redis_call_response(context_id, token, status, response_size)`: status 0 is a
-    /// reply (possibly a Redis error) of `response_size` bytes in buffer 9; any other status
-    /// (NetworkError) means no reply.
-    #[no_mangle]
-    pub extern "C" fn proxy_on_redis_call_response(
-        context_id: u32,
-        token: u32,
-        status: u32,
-        response_size: u32,
-    ) {
-        let size = usize::try_from(response_size).unwrap_or(usize::MAX);
-        let status = resp::host_status(status, size);
-        let bytes = if status == resp::REPLY {
-            host::redis_reply(size)
+            c.roots.push((ctx, Rc::new(RefCell::new(None))));
         } else {
-            Vec::new()
-        };
-        let Some(engine) = ROOTS.with(|r| r.borrow().get(&context_id).cloned()) else {
-            return;
-        };
-        with_engine(&engine, context_id, |e, h| {
-            e.call_response(h, context_id, token, status, &bytes)
-        });
+            let engine = c.roots.iter().find(|(id, _)| *id == parent)?.1.clone();
+            c.streams.insert(
+                ctx,
+                Stream {
+                    engine,
+                    watch_body: false,
+                },
+            );
+        }
+        Some(())
+    });
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
+    log::set_max_level(host::log_filter());
+    let Some(shared) = engine_of(ctx) else {
+        return 0;
+    };
+    let config = match Config::try_from(host::plugin_configuration().as_slice()) {
+        Ok(config) => config,
+        Err(e) => {
+            log::error!("tollgate: bad configuration: {e}");
+            return 0;
+        }
+    };
+    log::info!("tollgate: configured: {}", config.summary());
+    #[cfg(feature = "redis-callout")]
+    host::configure_redis(&config.backend);
+    let metrics = HostMetrics::define(&config);
+    let plugin = Plugin::with_metrics(config, Box::new(metrics));
+    let queue = host::register_queue(&plugin.ns);
+    let Ok(mut slot) = shared.try_borrow_mut() else {
+        return 0;
+    };
+    let mut engine = Engine::new(plugin, ctx);
+    if let Some(q) = queue {
+        engine.set_queue(q);
     }
+    *slot = Some(engine);
+    1
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_tick(ctx: u32) {
+    with_engine(ctx, |e, h| e.tick(h));
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_queue_ready(ctx: u32, queue: u32) {
+    with_engine(ctx, |e, h| e.queue_ready(h, queue));
+}
+
+/// A callout's answer, on the context that sent it (a request's, or the root's for a tick's).
+#[no_mangle]
+pub extern "C" fn proxy_on_http_call_response(
+    ctx: u32,
+    token: u32,
+    headers: usize,
+    body: usize,
+    _trailers: usize,
+) {
+    let (status, bytes) = host::call_response(headers, body);
+    with_engine(ctx, |e, h| e.call_response(h, ctx, token, status, &bytes));
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32) -> u32 {
+    match with_engine(ctx, |e, h| e.request_headers(h, ctx, &HostRequest)) {
+        Some(engine::Action::Pause) => abi::ACTION_PAUSE,
+        Some(engine::Action::Continue) | None => abi::ACTION_CONTINUE,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, _end: u32) -> u32 {
+    let view = HostResponse::headers();
+    if with_engine(ctx, |e, h| e.response_headers(h, ctx, &view)) == Some(true) {
+        with_stream(ctx, |s| s.watch_body = true);
+    }
+    abi::ACTION_CONTINUE
+}
+
+/// Runs `f` on HTTP context `ctx`'s entry, if there is one.
+fn with_stream<T>(ctx: u32, f: impl FnOnce(&mut Stream) -> T) -> Option<T> {
+    CONTEXTS.with(|c| c.try_borrow_mut().ok()?.streams.get_mut(&ctx).map(f))
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> u32 {
+    let end = end != 0;
+    let watched = with_stream(ctx, |s| {
+        let was = s.watch_body;
+        s.watch_body = was && !end;
+        was
+    });
+    // Only looked at: every chunk goes on at once, nothing is buffered.
+    if watched == Some(true) {
+        let chunk = host::response_body(size);
+        with_engine(ctx, |e, h| e.response_body(h, ctx, &chunk, end));
+    }
+    abi::ACTION_CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> u32 {
+    let view = HostResponse::trailers();
+    with_engine(ctx, |e, h| e.response_trailers(h, ctx, &view));
+    abi::ACTION_CONTINUE
+}
+
+/// A context is gone: a request's end (the engine forgets it), or a root's.
+#[no_mangle]
+pub extern "C" fn proxy_on_delete(ctx: u32) {
+    let stream = CONTEXTS.with(|c| {
+        let mut c = c.try_borrow_mut().ok()?;
+        if let Some(s) = c.streams.remove(&ctx) {
+            return Some(s);
+        }
+        c.roots.retain(|(id, _)| *id != ctx);
+        None
+    });
+    if let Some(s) = stream {
+        if let Ok(mut slot) = s.engine.try_borrow_mut() {
+            if let Some(e) = slot.as_mut() {
+                e.done(&mut WasmHost::new(ctx), ctx);
+            }
+        }
+    }
+}
+
+/// The Higress build's callback for Redis callouts: Higress calls it on the root context that
+/// made the call (Redis calls are root-level), and it goes to that root's engine like an HTTP
+/// callout's answer. `status` 0 is a reply (possibly a Redis error) of `response_size` bytes in
+/// buffer 9; any other status (NetworkError) means no reply.
+#[cfg(feature = "redis-callout")]
+#[no_mangle]
+pub extern "C" fn proxy_on_redis_call_response(
+    ctx: u32,
+    token: u32,
+    status: u32,
+    response_size: u32,
+) {
+    use crate::backend::resp;
+    let size = usize::try_from(response_size).unwrap_or(usize::MAX);
+    let status = resp::host_status(status, size);
+    let bytes = if status == resp::REPLY {
+        host::redis_reply(size)
+    } else {
+        Vec::new()
+    };
+    with_engine(ctx, |e, h| e.call_response(h, ctx, token, status, &bytes));
 }

@@ -1,15 +1,10 @@
 //! The one place that calls proxy-wasm host functions: it implements the engine's `Host`, the
 //! shared-data `Store` and the `RequestView` of the current request, and defines the metrics.
 //!
-//! Invariant: no host call here can panic the VM. `proxy_wasm::hostcalls` functions are used only
-//! where Envoy cannot return a status they do not expect; the others (continue, local reply, tick,
-//! effective context, adding a header, the log level) are called through their raw imports, and
-//! every status becomes a logged error or an absent value.
+//! Invariant: no host call here can panic the VM: every call goes through `abi`, whose statuses
+//! are plain numbers, and every status becomes a logged error or an absent value.
 
-use std::time::{Duration, UNIX_EPOCH};
-
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
+use crate::abi;
 
 use crate::backend::{BackendError, HttpRequest};
 use crate::config::Config;
@@ -22,62 +17,11 @@ use crate::shared::{Store, StoreError};
 /// larger answer is garbage and is refused without copying it.
 pub const MAX_REPLY_BYTES: usize = 4096;
 
-/// The raw imports whose SDK wrappers panic on statuses Envoy may return.
-#[allow(clashing_extern_declarations)]
-mod raw {
-    #[link(wasm_import_module = "env")]
-    extern "C" {
-        pub fn proxy_continue_stream(stream_type: u32) -> u32;
-        pub fn proxy_send_local_response(
-            status_code: u32,
-            details_data: *const u8,
-            details_size: usize,
-            body_data: *const u8,
-            body_size: usize,
-            headers_data: *const u8,
-            headers_size: usize,
-            grpc_status: i32,
-        ) -> u32;
-        pub fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
-        pub fn proxy_set_effective_context(context_id: u32) -> u32;
-        pub fn proxy_add_header_map_value(
-            map_type: u32,
-            key_data: *const u8,
-            key_size: usize,
-            value_data: *const u8,
-            value_size: usize,
-        ) -> u32;
-        pub fn proxy_get_log_level(return_level: *mut u32) -> u32;
-        pub fn proxy_register_shared_queue(
-            name_data: *const u8,
-            name_size: usize,
-            return_id: *mut u32,
-        ) -> u32;
-        pub fn proxy_enqueue_shared_queue(
-            queue_id: u32,
-            value_data: *const u8,
-            value_size: usize,
-        ) -> u32;
-        pub fn proxy_dequeue_shared_queue(
-            queue_id: u32,
-            return_value_data: *mut *mut u8,
-            return_value_size: *mut usize,
-        ) -> u32;
-    }
-}
-
-const OK: u32 = 0;
-const STREAM_REQUEST: u32 = 0;
-const MAP_RESPONSE_HEADERS: u32 = 2;
-
 /// Envoy's log level for wasm as a `log` filter (`off` and anything unknown turn logging off).
 pub fn log_filter() -> log::LevelFilter {
-    let mut level: u32 = 2;
-    // SAFETY: the host writes one u32 through a pointer to a live local.
-    let status = unsafe { raw::proxy_get_log_level(&mut level) };
-    if status != OK {
+    let Some(level) = abi::log_level() else {
         return log::LevelFilter::Info;
-    }
+    };
     match level {
         0 => log::LevelFilter::Trace,
         1 => log::LevelFilter::Debug,
@@ -93,17 +37,15 @@ pub struct HostStore;
 
 impl Store for HostStore {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), StoreError> {
-        hostcalls::get_shared_data(key)
-            .map(|(value, cas)| (value, cas.unwrap_or(0)))
-            .map_err(|s| StoreError::Host(format!("{s:?}")))
+        abi::shared_data(key).map_err(|s| StoreError::Host(format!("status {s}")))
     }
 
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        let cas = (cas != 0).then_some(cas);
-        hostcalls::set_shared_data(key, Some(value), cas).map_err(|s| match s {
-            Status::CasMismatch => StoreError::CasMismatch,
-            other => StoreError::Host(format!("{other:?}")),
-        })
+        match abi::set_shared_data(key, value, cas) {
+            abi::OK => Ok(()),
+            abi::CAS_MISMATCH => Err(StoreError::CasMismatch),
+            other => Err(StoreError::Host(format!("status {other}"))),
+        }
     }
 }
 
@@ -113,10 +55,7 @@ impl Store for HostStore {
 pub fn register_queue(ns: &str) -> Option<u32> {
     let n = crate::shared::lead::worker_number(&HostStore, ns).ok()?;
     let name = format!("{ns}|queue|{n}");
-    let mut id = 0u32;
-    // SAFETY: the name outlives the call; the host writes one u32 to `id`.
-    let status = unsafe { raw::proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) };
-    (status == OK).then_some(id)
+    abi::register_queue(&name)
 }
 
 /// The current request, read lazily from the host.
@@ -130,9 +69,7 @@ impl RequestView for HostRequest {
     /// attribute lookup.
     fn header(&self, name: &str) -> Option<Vec<u8>> {
         if name.starts_with(':') {
-            return hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-                .ok()
-                .flatten();
+            return abi::header(abi::MAP_REQUEST_HEADERS, name);
         }
         property(&["request", "headers", name])
     }
@@ -147,24 +84,9 @@ impl RequestView for HostRequest {
     }
 }
 
-#[link(wasm_import_module = "env")]
-extern "C" {
-    // Declared here with a plain u32 status: the SDK's declaration returns its `Status` enum, and a
-    // status the enum does not list (Envoy can answer e.g. InvalidMemoryAccess) would be undefined
-    // behaviour there, and a panic in `hostcalls::get_property`.
-    #[link_name = "proxy_get_property"]
-    fn tollgate_get_property(
-        path_data: *const u8,
-        path_size: usize,
-        return_value_data: *mut *mut u8,
-        return_value_size: *mut usize,
-    ) -> u32;
-}
-
 /// An Envoy attribute by its path segments: Some(bytes) when the host has it (Some(empty) for an
 /// empty value), None when it has not or cannot serialise it. Never panics.
 pub fn property(path: &[&str]) -> Option<Vec<u8>> {
-    const OK: u32 = 0;
     // On the stack when short (a header's path is): a heap buffer costs the local path more than
     // the rest of this call's work in the VM.
     let mut short = [0u8; 128];
@@ -192,39 +114,25 @@ pub fn property(path: &[&str]) -> Option<Vec<u8>> {
             &long
         }
     };
-    let mut data: *mut u8 = std::ptr::null_mut();
-    let mut size: usize = 0;
-    // SAFETY: the path buffer outlives the call; on success the host hands over a buffer it
-    // allocated with this module's allocator (proxy_on_memory_allocate), which we then own.
-    let status = unsafe {
-        tollgate_get_property(serialized.as_ptr(), serialized.len(), &mut data, &mut size)
-    };
-    if status != OK {
-        return None;
-    }
-    if data.is_null() {
-        return Some(Vec::new());
-    }
-    // SAFETY: see above; `size` is the buffer's length and capacity.
-    Some(unsafe { Vec::from_raw_parts(data, size, size) })
+    abi::property(serialized)
 }
 
 /// The current response's headers or trailers.
-pub struct HostResponse(MapType);
+pub struct HostResponse(u32);
 
 impl HostResponse {
     pub fn headers() -> HostResponse {
-        HostResponse(MapType::HttpResponseHeaders)
+        HostResponse(abi::MAP_RESPONSE_HEADERS)
     }
 
     pub fn trailers() -> HostResponse {
-        HostResponse(MapType::HttpResponseTrailers)
+        HostResponse(abi::MAP_RESPONSE_TRAILERS)
     }
 }
 
 impl RequestView for HostResponse {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(self.0, name).ok().flatten()
+        abi::header(self.0, name)
     }
 
     fn client_ip(&self) -> Option<Vec<u8>> {
@@ -234,10 +142,7 @@ impl RequestView for HostResponse {
 
 /// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept).
 pub fn response_body(size: usize) -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+    abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, size).unwrap_or_default()
 }
 
 /// `1.2.3.4:5678` -> `1.2.3.4`, `[::1]:5678` -> `::1`; anything else as it is.
@@ -259,10 +164,7 @@ pub fn strip_port(addr: &[u8]) -> &[u8] {
 
 /// The plugin configuration bytes.
 pub fn plugin_configuration() -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+    abi::buffer(abi::BUFFER_PLUGIN_CONFIGURATION, 0, usize::MAX).unwrap_or_default()
 }
 
 /// Status and body of the callout answer being delivered: status 0 when there are no headers
@@ -272,18 +174,13 @@ pub fn call_response(num_headers: usize, body_size: usize) -> (u32, Vec<u8>) {
     if num_headers == 0 {
         return (0, Vec::new());
     }
-    let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
-        .ok()
-        .flatten()
+    let status = abi::header(abi::MAP_CALL_RESPONSE_HEADERS, ":status")
         .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u32>().ok())
         .unwrap_or(0);
     if body_size > MAX_REPLY_BYTES {
         return (status.saturating_add(0x1_0000), Vec::new());
     }
-    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+    let body = abi::buffer(abi::BUFFER_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
     (status, body)
 }
 
@@ -312,8 +209,7 @@ impl WasmHost {
         if self.effective.get() == ctx {
             return true;
         }
-        // SAFETY: plain integer argument.
-        if unsafe { raw::proxy_set_effective_context(ctx) } != OK {
+        if abi::set_effective_context(ctx) != abi::OK {
             return false;
         }
         self.effective.set(ctx);
@@ -330,33 +226,12 @@ impl WasmHost {
     }
 }
 
-fn serialize_pairs(pairs: &[(String, String)]) -> Vec<u8> {
-    // proxy-wasm map encoding: count, then (key len, value len) pairs, then each key\0value\0.
-    let mut out = Vec::new();
-    let count = u32::try_from(pairs.len()).unwrap_or(0);
-    out.extend_from_slice(&count.to_le_bytes());
-    for (k, v) in pairs.iter().take(count as usize) {
-        out.extend_from_slice(&u32::try_from(k.len()).unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(&u32::try_from(v.len()).unwrap_or(0).to_le_bytes());
-    }
-    for (k, v) in pairs.iter().take(count as usize) {
-        out.extend_from_slice(k.as_bytes());
-        out.push(0);
-        out.extend_from_slice(v.as_bytes());
-        out.push(0);
-    }
-    out
-}
-
 impl Host for WasmHost {
     fn now_ms(&self) -> u64 {
         if let Some(now) = self.now_ms.get() {
             return now;
         }
-        let now = hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now = abi::now_ns().map_or(0, |ns| ns / 1_000_000);
         self.now_ms.set(Some(now));
         now
     }
@@ -381,75 +256,39 @@ impl Host for WasmHost {
             // The Redis client's op timeout was set once, at configure time.
             return redis_call(cluster, &req.body);
         }
-        let headers: Vec<(&str, &str)> = req
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        // Envoy answers Ok, BadArgument (unknown cluster, missing pseudo-header) or
-        // InternalFailure: the statuses this wrapper expects.
-        hostcalls::dispatch_http_call(
-            cluster,
-            headers,
-            Some(&req.body),
-            Vec::new(),
-            Duration::from_millis(timeout_ms),
-        )
-        .map_err(|s| BackendError::Dispatch(format!("{s:?} (is cluster \"{cluster}\" defined?)")))
+        let headers = abi::encode_pairs(&req.headers);
+        let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
+        abi::http_call(cluster, &headers, &req.body, timeout).map_err(|s| {
+            BackendError::Dispatch(format!("status {s} (is cluster \"{cluster}\" defined?)"))
+        })
     }
 
     fn resume(&mut self, ctx: u32) {
-        // SAFETY: plain integer argument.
-        let status = self.in_context(ctx, || unsafe {
-            raw::proxy_continue_stream(STREAM_REQUEST)
-        });
-        if status != OK {
+        let status = self.in_context(ctx, abi::continue_request);
+        if status != abi::OK {
             log::warn!("tollgate: resuming request {ctx} failed (status {status})");
         }
     }
 
     fn respond(&mut self, ctx: u32, reply: &LocalReply) {
-        let headers = serialize_pairs(&reply.headers);
+        let headers = abi::encode_pairs(&reply.headers);
         let details = b"tollgate";
         let grpc = reply
             .grpc_status
             .and_then(|s| i32::try_from(s).ok())
             .unwrap_or(-1);
         let status = self.in_context(ctx, || {
-            // SAFETY: every pointer/length pair describes a live buffer for the call's duration.
-            unsafe {
-                raw::proxy_send_local_response(
-                    reply.status,
-                    details.as_ptr(),
-                    details.len(),
-                    reply.body.as_ptr(),
-                    reply.body.len(),
-                    headers.as_ptr(),
-                    headers.len(),
-                    grpc,
-                )
-            }
+            abi::send_local_response(reply.status, details, reply.body.as_bytes(), &headers, grpc)
         });
-        if status != OK {
+        if status != abi::OK {
             log::warn!("tollgate: local reply to request {ctx} failed (status {status})");
         }
     }
 
     fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]) {
         for (k, v) in headers {
-            let status = self.in_context(ctx, || {
-                // SAFETY: pointer/length pairs of live strings.
-                unsafe {
-                    raw::proxy_add_header_map_value(
-                        MAP_RESPONSE_HEADERS,
-                        k.as_ptr(),
-                        k.len(),
-                        v.as_ptr(),
-                        v.len(),
-                    )
-                }
-            });
-            if status != OK {
+            let status = self.in_context(ctx, || abi::add_header(abi::MAP_RESPONSE_HEADERS, k, v));
+            if status != abi::OK {
                 log::warn!("tollgate: adding response header {k} failed (status {status})");
             }
         }
@@ -464,30 +303,18 @@ impl Host for WasmHost {
     }
 
     fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
-        // SAFETY: the message outlives the call. Envoy answers Ok or NotFound.
-        unsafe { raw::proxy_enqueue_shared_queue(queue, message.as_ptr(), message.len()) == OK }
+        abi::enqueue(queue, message) == abi::OK
     }
 
     fn dequeue(&mut self, queue: u32) -> Option<Vec<u8>> {
-        let mut data: *mut u8 = std::ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: the host allocates the value through proxy_on_memory_allocate (this module's
-        // allocator) and hands it over; it is taken back as a Vec of exactly that size.
-        unsafe {
-            if raw::proxy_dequeue_shared_queue(queue, &mut data, &mut size) != OK || data.is_null()
-            {
-                return None;
-            }
-            Some(Vec::from_raw_parts(data, size, size))
-        }
+        abi::dequeue(queue)
     }
 
     fn set_tick(&mut self, period_ms: u64) {
         let period = u32::try_from(period_ms).unwrap_or(u32::MAX);
         let _ = self.act_for(self.current);
-        // SAFETY: plain integer argument.
-        let status = unsafe { raw::proxy_set_tick_period_milliseconds(period) };
-        if status != OK {
+        let status = abi::set_tick_period_ms(period);
+        if status != abi::OK {
             log::warn!("tollgate: setting the tick period failed (status {status})");
         }
     }
@@ -502,12 +329,11 @@ pub struct HostMetrics {
     breaker: Option<u32>,
 }
 
-fn define(kind: MetricType, name: &str) -> Option<u32> {
-    // Envoy answers Ok or BadArgument (a name it cannot take) here.
-    match hostcalls::define_metric(kind, name) {
+fn define(kind: u32, name: &str) -> Option<u32> {
+    match abi::define_metric(kind, name) {
         Ok(id) => Some(id),
         Err(s) => {
-            log::error!("tollgate: cannot define metric {name}: {s:?}");
+            log::error!("tollgate: cannot define metric {name}: status {s}");
             None
         }
     }
@@ -522,7 +348,7 @@ impl HostMetrics {
                 .map(|r| {
                     Counter::ALL
                         .iter()
-                        .map(|c| define(MetricType::Counter, &metrics::name(&r.name, &c.suffix())))
+                        .map(|c| define(abi::METRIC_COUNTER, &metrics::name(&r.name, &c.suffix())))
                         .collect()
                 })
                 .collect(),
@@ -531,12 +357,12 @@ impl HostMetrics {
                 .iter()
                 .map(|r| {
                     define(
-                        MetricType::Histogram,
+                        abi::METRIC_HISTOGRAM,
                         &metrics::name(&r.name, metrics::LATENCY_SUFFIX),
                     )
                 })
                 .collect(),
-            breaker: define(MetricType::Gauge, metrics::BREAKER_GAUGE),
+            breaker: define(abi::METRIC_GAUGE, metrics::BREAKER_GAUGE),
         }
     }
 }
@@ -551,19 +377,19 @@ impl Metrics for HostMetrics {
             .get(rule)
             .and_then(|ids| ids.get(pos).copied().flatten());
         if let (Some(id), Ok(n @ 1..)) = (id, i64::try_from(n)) {
-            let _ = hostcalls::increment_metric(id, n);
+            let _ = abi::increment_metric(id, n);
         }
     }
 
     fn latency(&self, rule: usize, ms: u64) {
         if let Some(id) = self.latency.get(rule).copied().flatten() {
-            let _ = hostcalls::record_metric(id, ms);
+            let _ = abi::record_metric(id, ms);
         }
     }
 
     fn breaker_open(&self, open: bool) {
         if let Some(id) = self.breaker {
-            let _ = hostcalls::record_metric(id, u64::from(open));
+            let _ = abi::record_metric(id, u64::from(open));
         }
     }
 }
@@ -588,7 +414,6 @@ mod redis {
     use crate::backend::BackendError;
     use crate::config::Backend;
 
-    #[allow(clashing_extern_declarations)]
     #[link(wasm_import_module = "env")]
     extern "C" {
         fn proxy_redis_init(
@@ -607,16 +432,10 @@ mod redis {
             query_size: usize,
             token: *mut u32,
         ) -> u32;
-        fn proxy_get_buffer_bytes(
-            buffer_type: u32,
-            start: usize,
-            max_size: usize,
-            data: *mut *mut u8,
-            size: *mut usize,
-        ) -> u32;
     }
 
-    const OK: u32 = 0;
+    use crate::abi::{self, OK};
+
     const BAD_ARGUMENT: u32 = 2;
     const INTERNAL_FAILURE: u32 = 10;
     /// Higress' `WasmBufferType::RedisCallResponse`.
@@ -726,17 +545,6 @@ mod redis {
         if response_size == 0 || response_size > MAX_REPLY_BYTES {
             return Vec::new();
         }
-        let mut data: *mut u8 = std::ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: the host writes a pointer and a size through pointers to live locals.
-        let status = unsafe {
-            proxy_get_buffer_bytes(REDIS_CALL_RESPONSE, 0, response_size, &mut data, &mut size)
-        };
-        if status != OK || data.is_null() {
-            return Vec::new();
-        }
-        // SAFETY: as the SDK's get_buffer: the host allocated `size` bytes with the module's
-        // proxy_on_memory_allocate (a Vec of that capacity) and filled them.
-        unsafe { Vec::from_raw_parts(data, size, size) }
+        abi::buffer(REDIS_CALL_RESPONSE, 0, response_size).unwrap_or_default()
     }
 }

@@ -1,7 +1,7 @@
 //! tollgate: global token-bucket rate limiting for Envoy / Istio.
 //!
-//! Everything except `host` and `filter` is plain Rust, tested natively with `cargo test`; those two
-//! modules are the only ones that touch proxy-wasm and only build for `wasm32`.
+//! Everything except `abi`, `host` and `filter` is plain Rust, tested natively with `cargo test`;
+//! those three are the only ones that touch the proxy-wasm ABI and only build for `wasm32`.
 //!
 //! A request's path: `filter` (Envoy callbacks) -> `engine` (rules from `config` matched by `rule`,
 //! the local stage in `shared`, calls encoded by `backend`, health in `engine::health`) -> `host`
@@ -27,14 +27,11 @@ pub mod rule;
 pub mod shared;
 
 #[cfg(target_arch = "wasm32")]
+mod abi;
+#[cfg(target_arch = "wasm32")]
 mod filter;
 #[cfg(target_arch = "wasm32")]
 mod host;
-
-#[cfg(target_arch = "wasm32")]
-proxy_wasm::main! {{
-    filter::start();
-}}
 
 /// The module's allocator: talc instead of the standard library's dlmalloc. The local path
 /// allocates a few dozen small buffers per request (header values, the key, the response
