@@ -64,6 +64,11 @@ mod imports {
             return_data: *mut *mut u8,
             return_size: *mut usize,
         ) -> u32;
+        pub fn proxy_get_header_map_pairs(
+            map_type: u32,
+            return_data: *mut *mut u8,
+            return_size: *mut usize,
+        ) -> u32;
         pub fn proxy_add_header_map_value(
             map_type: u32,
             key_data: *const u8,
@@ -239,6 +244,16 @@ pub fn header(map: u32, name: &str) -> Option<Vec<u8>> {
     }
 }
 
+/// Every header of map `map`, in the proxy-wasm map encoding (`crate::pairs`).
+pub fn header_pairs(map: u32) -> Option<Vec<u8>> {
+    let (mut data, mut size) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: as `buffer`.
+    unsafe {
+        let status = imports::proxy_get_header_map_pairs(map, &mut data, &mut size);
+        take(status, data, size)
+    }
+}
+
 pub fn add_header(map: u32, name: &str, value: &str) -> u32 {
     // SAFETY: pointer/length pairs of live strings.
     unsafe {
@@ -344,7 +359,7 @@ pub fn dequeue(queue: u32) -> Option<Vec<u8>> {
 /// An HTTP callout to `cluster`; `headers` in the proxy-wasm map encoding. The token, or the
 /// host's status.
 pub fn http_call(cluster: &str, headers: &[u8], body: &[u8], timeout_ms: u32) -> Result<u32, u32> {
-    let empty = encode_pairs::<&str, &str>(&[]);
+    let empty = crate::pairs::encode::<&str, &str>(&[]);
     let mut token = 0u32;
     // SAFETY: every pointer/length pair describes a live buffer; the host writes one u32.
     let status = unsafe {
@@ -387,24 +402,6 @@ pub fn increment_metric(id: u32, by: i64) -> u32 {
 pub fn record_metric(id: u32, value: u64) -> u32 {
     // SAFETY: plain integer arguments.
     unsafe { imports::proxy_record_metric(id, value) }
-}
-
-/// The proxy-wasm map encoding: count, then (key len, value len) pairs, then each key\0value\0.
-pub fn encode_pairs<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Vec<u8> {
-    let count = u32::try_from(pairs.len()).unwrap_or(0);
-    let mut out = Vec::new();
-    out.extend_from_slice(&count.to_le_bytes());
-    for (k, v) in pairs.iter().take(count as usize) {
-        out.extend_from_slice(&u32::try_from(k.as_ref().len()).unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(&u32::try_from(v.as_ref().len()).unwrap_or(0).to_le_bytes());
-    }
-    for (k, v) in pairs.iter().take(count as usize) {
-        out.extend_from_slice(k.as_ref().as_bytes());
-        out.push(0);
-        out.extend_from_slice(v.as_ref().as_bytes());
-        out.push(0);
-    }
-    out
 }
 
 /// The `log` crate's records go to the host's log (nothing is formatted above `log`'s max level).

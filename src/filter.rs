@@ -145,7 +145,9 @@ pub extern "C" fn proxy_on_http_call_response(
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32) -> u32 {
-    match with_engine(ctx, |e, h| e.request_headers(h, ctx, &HostRequest)) {
+    match with_engine(ctx, |e, h| {
+        e.request_headers(h, ctx, &HostRequest::default())
+    }) {
         Some(engine::Action::Pause) => abi::ACTION_PAUSE,
         Some(engine::Action::Continue) | None => abi::ACTION_CONTINUE,
     }

@@ -58,20 +58,22 @@ pub fn register_queue(ns: &str) -> Option<u32> {
     abi::register_queue(&name)
 }
 
-/// The current request, read lazily from the host.
-pub struct HostRequest;
+/// The current request, read lazily from the host: all its headers in one call, the first time
+/// a rule needs one (each header read on its own would cost Envoy a call and an allocation
+/// callback into the VM).
+#[derive(Default)]
+pub struct HostRequest {
+    headers: std::cell::OnceCell<Option<Vec<u8>>>,
+}
 
 impl RequestView for HostRequest {
-    /// Through Envoy's `request.headers` attribute, which joins repeated lines with `,`
-    /// (`get_header_map_value` would give only the first line). A pseudo-header (`:path`,
-    /// `:method`, `:authority`) has one line by construction (Envoy's codecs reject a repeated
-    /// one), so it is read from the header map directly, which costs Envoy far less than an
-    /// attribute lookup.
+    /// Every line of a repeated header, joined with `,` as Envoy's `request.headers` attribute
+    /// joins them (`get_header_map_value` would give only the first line).
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        if name.starts_with(':') {
-            return abi::header(abi::MAP_REQUEST_HEADERS, name);
-        }
-        property(&["request", "headers", name])
+        let pairs = self
+            .headers
+            .get_or_init(|| abi::header_pairs(abi::MAP_REQUEST_HEADERS));
+        crate::pairs::lookup(pairs.as_deref()?, name)
     }
 
     fn client_ip(&self) -> Option<Vec<u8>> {
@@ -256,7 +258,7 @@ impl Host for WasmHost {
             // The Redis client's op timeout was set once, at configure time.
             return redis_call(cluster, &req.body);
         }
-        let headers = abi::encode_pairs(&req.headers);
+        let headers = crate::pairs::encode(&req.headers);
         let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
         abi::http_call(cluster, &headers, &req.body, timeout).map_err(|s| {
             BackendError::Dispatch(format!("status {s} (is cluster \"{cluster}\" defined?)"))
@@ -271,7 +273,7 @@ impl Host for WasmHost {
     }
 
     fn respond(&mut self, ctx: u32, reply: &LocalReply) {
-        let headers = abi::encode_pairs(&reply.headers);
+        let headers = crate::pairs::encode(&reply.headers);
         let details = b"tollgate";
         let grpc = reply
             .grpc_status

@@ -23,6 +23,7 @@ pub mod decimal;
 pub mod engine;
 pub mod headers;
 pub mod metrics;
+pub mod pairs;
 pub mod rule;
 pub mod shared;
 

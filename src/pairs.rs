@@ -1,0 +1,108 @@
+//! The proxy-wasm map encoding of header pairs: a little-endian u32 count, then a (name length,
+//! value length) u32 pair per entry, then each name and value followed by a NUL.
+//!
+//! `lookup` reads a header from a map the host handed over (`proxy_get_header_map_pairs`): one
+//! host call gives every header a request's rules need, where reading them one by one costs a
+//! call (and an allocation callback into the VM) each. The buffer comes from the host, but its
+//! sizes are checked like any other input: a malformed map reads as no header, never a panic.
+
+/// Encodes `pairs` (as `proxy_http_call` and `proxy_send_local_response` take them).
+pub fn encode<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Vec<u8> {
+    let count = u32::try_from(pairs.len()).unwrap_or(0);
+    let mut out = Vec::new();
+    out.extend_from_slice(&count.to_le_bytes());
+    for (k, v) in pairs.iter().take(count as usize) {
+        out.extend_from_slice(&u32::try_from(k.as_ref().len()).unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&u32::try_from(v.as_ref().len()).unwrap_or(0).to_le_bytes());
+    }
+    for (k, v) in pairs.iter().take(count as usize) {
+        out.extend_from_slice(k.as_ref().as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_ref().as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
+    let bytes = buf.get(at..)?.first_chunk::<4>()?;
+    usize::try_from(u32::from_le_bytes(*bytes)).ok()
+}
+
+/// Every value of header `name` (ASCII case-insensitive) in encoded map `buf`, repeated lines
+/// joined with `,` as Envoy's `request.headers` attribute joins them; None if it has none or
+/// `buf` is malformed.
+pub fn lookup(buf: &[u8], name: &str) -> Option<Vec<u8>> {
+    let count = u32_at(buf, 0)?;
+    let mut sizes_at = 4usize;
+    let mut data_at = count.checked_mul(8)?.checked_add(4)?;
+    if data_at > buf.len() {
+        return None;
+    }
+    let mut found: Option<Vec<u8>> = None;
+    for _ in 0..count {
+        let key_len = u32_at(buf, sizes_at)?;
+        let value_len = u32_at(buf, sizes_at + 4)?;
+        sizes_at += 8;
+        let key_end = data_at.checked_add(key_len)?;
+        let value_end = key_end.checked_add(1)?.checked_add(value_len)?;
+        // Only a name of the right length is read (the NULs are skipped, not checked).
+        if key_len == name.len()
+            && buf
+                .get(data_at..key_end)?
+                .eq_ignore_ascii_case(name.as_bytes())
+        {
+            let value = buf.get(key_end + 1..value_end)?;
+            match found.as_mut() {
+                Some(v) => {
+                    v.push(b',');
+                    v.extend_from_slice(value);
+                }
+                None => found = Some(value.to_vec()),
+            }
+        }
+        data_at = value_end.checked_add(1)?;
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_what_was_encoded_and_joins_repeated_lines() {
+        let buf = encode(&[
+            (":path", "/api/x"),
+            ("x-user-id", "a"),
+            ("empty", ""),
+            ("X-User-Id", "b"),
+        ]);
+        assert_eq!(lookup(&buf, ":path").as_deref(), Some(&b"/api/x"[..]));
+        assert_eq!(lookup(&buf, "x-user-id").as_deref(), Some(&b"a,b"[..]));
+        assert_eq!(lookup(&buf, "empty").as_deref(), Some(&b""[..]));
+        assert_eq!(lookup(&buf, "missing"), None);
+        assert_eq!(lookup(&encode::<&str, &str>(&[]), ":path"), None);
+    }
+
+    #[test]
+    fn a_malformed_map_reads_as_no_header() {
+        let good = encode(&[("a", "1"), ("b", "2")]);
+        for cut in 0..good.len() - 1 {
+            // Never a panic; a header whose bytes are missing is not found.
+            let _ = lookup(good.get(..cut).unwrap(), "a");
+            assert_eq!(lookup(good.get(..cut).unwrap(), "b"), None, "cut at {cut}");
+        }
+        let mut huge = good.clone();
+        huge.get_mut(..4)
+            .unwrap()
+            .copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(lookup(&huge, "a"), None);
+        let mut long_key = good;
+        long_key
+            .get_mut(4..8)
+            .unwrap()
+            .copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(lookup(&long_key, "a"), None);
+    }
+}
