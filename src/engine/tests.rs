@@ -1262,6 +1262,25 @@ fn usage_rides_on_the_next_call_of_the_key() {
 }
 
 #[test]
+fn a_settlement_kept_pending_on_an_idle_worker_gets_its_tick() {
+    let (mut e, _) = engine("", LLM);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 59, 0, 100, 1));
+    assert_eq!(h.tick, 0, "idle");
+    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    e.done(&mut h, 10);
+    assert_eq!(h.tick, 100, "the settlement's flush_ms");
+    h.now = 100;
+    e.tick(&mut h);
+    let flush = h.sent.last().unwrap();
+    assert!(
+        flush.ends_with("/0/0/0/39"),
+        "settled with no other request: {flush}"
+    );
+}
+
+#[test]
 fn a_failed_call_puts_its_settlement_back() {
     let (mut e, _) = engine(r#""failure_mode":"open","#, LLM);
     let mut h = Fake::default();

@@ -296,6 +296,8 @@ impl Engine {
         for (rule, key, limits, upfront, result) in known {
             self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
         }
+        // A settlement kept pending needs the tick for its flush.
+        self.schedule(host, now, false);
         watch
     }
 
@@ -330,6 +332,8 @@ impl Engine {
         for (rule, key, limits, upfront, result) in known {
             self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
         }
+        // A settlement kept pending needs the tick for its flush.
+        self.schedule(host, now, false);
     }
 
     /// Records what one admission used: the difference from its up-front cost becomes pending
