@@ -582,6 +582,21 @@ fn filter_stats(envoy: &Envoy) -> BTreeMap<String, i64> {
         .collect()
 }
 
+/// The checks decided in a `filter_stats` map: each counts once in `allowed`, `denied` or
+/// `shadow_denied`.
+fn decided(stats: &BTreeMap<String, i64>) -> i64 {
+    stats
+        .iter()
+        .filter(|(k, _)| k.starts_with("tollgate."))
+        .filter(|(k, _)| {
+            [".allowed", ".denied", ".shadow_denied"]
+                .iter()
+                .any(|c| k.ends_with(c))
+        })
+        .map(|(_, v)| *v)
+        .sum()
+}
+
 fn stats_delta(
     before: &BTreeMap<String, i64>,
     after: &BTreeMap<String, i64>,
@@ -984,9 +999,29 @@ impl Bench<'_> {
         let webdis_after = ticks(&webdis_pid);
         let redis_after = ticks(&redis_pid);
         let (calls_after, failed_after) = redis_script_calls(&mut self.conn);
+        // tollgate pushes its counters to Envoy up to a second after counting them: read them once
+        // every answered request's decision is in (each request meets the one rule; a 503 of
+        // `failure_mode: closed` counts too, hence at least).
+        let answered: u64 = results
+            .iter()
+            .flat_map(|(r, _)| [200, 429].map(|s| r.statuses.get(&s).copied().unwrap_or(0)))
+            .sum();
+        let read = || sc.envoys.iter().map(filter_stats).collect::<Vec<_>>();
+        let stats_after = if sc.def.tollgate_mode().is_some() {
+            common::eventually(read, |after| {
+                let new: i64 = after
+                    .iter()
+                    .zip(&stats_before)
+                    .map(|(a, b)| decided(a) - decided(b))
+                    .sum();
+                new >= i64::try_from(answered).unwrap_or(i64::MAX)
+            })
+        } else {
+            read()
+        };
         let mut stats = BTreeMap::new();
-        for (e, before) in sc.envoys.iter().zip(&stats_before) {
-            for (k, v) in stats_delta(before, &filter_stats(e)) {
+        for (after, before) in stats_after.iter().zip(&stats_before) {
+            for (k, v) in stats_delta(before, after) {
                 *stats.entry(k).or_insert(0) += v;
             }
         }

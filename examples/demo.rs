@@ -211,7 +211,13 @@ fn main() -> ExitCode {
         }
     }
 
-    let stats = envoy.stats();
+    // The filter pushes its counts up to a second after counting them: wait until every answered
+    // request's decision is in.
+    let answered: u64 = tallies
+        .iter()
+        .map(|t| u64::from(t.admitted + t.limited))
+        .sum();
+    let stats = envoy.stats_when(|s| common::envoy::decided_in(s, "per-user") >= answered);
     let ours: Vec<&str> = stats
         .lines()
         .filter(|l| l.starts_with("wasmcustom.tollgate.") && !l.ends_with(": 0"))
@@ -339,9 +345,13 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
     );
     let mut ok = true;
     let mut results = Vec::new();
+    let (mut answered, mut charged) = (0u64, 0u64);
     for h in handles {
         let (user, rps, tokens, admitted, limited, other, used, elapsed) =
             h.join().expect("sender");
+        answered += u64::from(admitted + limited);
+        // Each admission paid 1 token up front; its answer's usage charged the rest.
+        charged += used - u64::from(admitted);
         let budget = TOKEN_BURST as f64 + TOKENS_PER_SECOND as f64 * elapsed.as_secs_f64();
         println!(
             "{user:<6} {rps:>7} {tokens:>12} {admitted:>9} {limited:>8} {other:>6} {used:>12} {budget:>12.0}"
@@ -368,7 +378,14 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
             eprintln!("demo: eli was limited although his tokens fit");
         }
     }
-    let stats = envoy.stats();
+    // Every answered request's decision and usage in (the filter pushes its counts up to a second
+    // after counting them).
+    let stats = envoy.stats_when(|s| {
+        let charged_in =
+            common::envoy::stat_in(s, "wasmcustom.tollgate.tokens-per-user.usage_charged");
+        common::envoy::decided_in(s, "tokens-per-user") >= answered
+            && charged_in.unwrap_or(0) >= charged
+    });
     for name in ["usage_charged", "allowed", "denied"] {
         let full = format!("wasmcustom.tollgate.tokens-per-user.{name}");
         if let Some(v) = common::envoy::stat_in(&stats, &full) {

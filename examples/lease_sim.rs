@@ -33,7 +33,7 @@ use tollgate::backend::{BackendError, HttpRequest};
 use tollgate::bucket::{self, Limits, State};
 use tollgate::config::Config;
 use tollgate::engine::{Action, Engine, Host, LocalReply, Plugin};
-use tollgate::metrics::{Counter, Metrics, Recorder};
+use tollgate::metrics::{Counter, Recorder};
 use tollgate::rule::RequestView;
 use tollgate::shared::lease::LeasePool;
 use tollgate::shared::mem::MemStore;
@@ -208,20 +208,6 @@ impl Rng {
 
 // ---------------------------------------------------------------------------------------------
 // The host of one worker.
-
-struct Tally(Rc<Recorder>);
-
-impl Metrics for Tally {
-    fn count(&self, rule: usize, counter: Counter, n: u64) {
-        self.0.count(rule, counter, n)
-    }
-    fn latency(&self, rule: usize, ms: u64) {
-        self.0.latency(rule, ms)
-    }
-    fn breaker_open(&self, open: bool) {
-        self.0.breaker_open(open)
-    }
-}
 
 struct SimHost {
     now_us: u64,
@@ -493,7 +479,7 @@ impl<'o> Sim<'o> {
             for _ in 0..o.workers {
                 let config = Config::try_from(json.as_bytes()).unwrap();
                 let rec = Rc::new(Recorder::default());
-                let plugin = Plugin::with_metrics(config, Box::new(Tally(rec.clone())));
+                let plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
                 ws.push(Worker {
                     engine: Engine::new(plugin, ROOT),
                     host: SimHost {
@@ -940,6 +926,8 @@ impl<'o> Sim<'o> {
         r.mean_held = self.held_samples / self.bucket_samples.1.max(1) as f64;
         for ws in &self.workers {
             for wk in ws {
+                // Counts still batched in the engine (a real worker pushes them at its next tick).
+                wk.engine.plugin().metrics.flush();
                 r.dropped += wk.rec.get(0, Counter::LeaseDropped);
                 r.local_denied += wk.rec.get(0, Counter::LocalDenied);
             }

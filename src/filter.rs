@@ -116,7 +116,9 @@ pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
     if let Some(q) = queue {
         engine.set_queue(q);
     }
-    *slot = Some(engine);
+    if let Some(old) = slot.replace(engine) {
+        old.plugin().metrics.flush();
+    }
     1
 }
 
@@ -190,23 +192,29 @@ pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> u32 
     abi::ACTION_CONTINUE
 }
 
-/// A context is gone: a request's end (the engine forgets it), or a root's.
+/// A context is gone: a request's end (the engine forgets it), or a root's (its plugin is
+/// removed or the VM stops: the counts its engine has not pushed yet go to Envoy first; this is
+/// an ordinary callback, so host calls still work).
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(ctx: u32) {
-    let stream = CONTEXTS.with(|c| {
+    let gone = CONTEXTS.with(|c| {
         let mut c = c.try_borrow_mut().ok()?;
         if let Some(s) = c.streams.remove(&ctx) {
-            return Some(s);
+            return Some((s.engine, false));
         }
-        c.roots.retain(|(id, _)| *id != ctx);
-        None
+        let at = c.roots.iter().position(|(id, _)| *id == ctx)?;
+        Some((c.roots.swap_remove(at).1, true))
     });
-    if let Some(s) = stream {
-        if let Ok(mut slot) = s.engine.try_borrow_mut() {
-            if let Some(e) = slot.as_mut() {
-                e.done(&mut WasmHost::new(ctx), ctx);
-            }
-        }
+    let Some((engine, root)) = gone else {
+        return;
+    };
+    let Ok(mut slot) = engine.try_borrow_mut() else {
+        return;
+    };
+    match slot.as_mut() {
+        Some(e) if root => e.plugin().metrics.flush(),
+        Some(e) => e.done(&mut WasmHost::new(ctx), ctx),
+        None => {}
     }
 }
 

@@ -4,6 +4,10 @@
 //! Invariant: every check that gets an outcome counts exactly once in exactly one of `allowed`,
 //! `denied` or `shadow_denied`; `local_*` and `failure_mode_allowed` say where that outcome came
 //! from.
+//!
+//! Counts are batched ([`Batched`]): each one is added up in the VM and pushed to the host in one
+//! increment per (rule, counter) at most [`METRICS_FLUSH_MS`] after the first, so a request
+//! normally costs no host call for its metrics. Each count still arrives exactly once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -85,6 +89,40 @@ impl Counter {
         Counter::UsageInvalid,
     ];
 
+    /// The number of counters of a rule.
+    pub const COUNT: usize = Counter::ALL.len();
+
+    /// This counter's position in [`Counter::ALL`] (a match, not a search: it runs on every
+    /// count).
+    pub const fn index(self) -> usize {
+        match self {
+            Counter::Allowed => 0,
+            Counter::Denied => 1,
+            Counter::ShadowDenied => 2,
+            Counter::LocalAllowed => 3,
+            Counter::LocalDenied => 4,
+            Counter::BackendCalls => 5,
+            Counter::BackendErrors => 6,
+            Counter::FailureModeAllowed => 7,
+            Counter::LeaseGranted => 8,
+            Counter::LeaseDropped => 9,
+            Counter::Delayed => 10,
+            Counter::DelayMs => 11,
+            Counter::LeaseEvicted => 12,
+            Counter::InflightRejected => 13,
+            Counter::Forwarded => 14,
+            Counter::BackendError(ErrorClass::Unreachable) => 15,
+            Counter::BackendError(ErrorClass::Overloaded) => 16,
+            Counter::BackendError(ErrorClass::Auth) => 17,
+            Counter::BackendError(ErrorClass::Script) => 18,
+            Counter::BackendError(ErrorClass::Malformed) => 19,
+            Counter::UsageCharged => 20,
+            Counter::UsageRefunded => 21,
+            Counter::UsageClamped => 22,
+            Counter::UsageInvalid => 23,
+        }
+    }
+
     /// The metric name after `tollgate.<rule>.`.
     pub fn suffix(self) -> String {
         match self {
@@ -137,6 +175,21 @@ pub trait Metrics {
     fn breaker_open(&self, open: bool);
 }
 
+/// A shared handle to metrics (the caller keeps one to read them back).
+impl<M: Metrics + ?Sized> Metrics for std::rc::Rc<M> {
+    fn count(&self, rule: usize, counter: Counter, n: u64) {
+        self.as_ref().count(rule, counter, n)
+    }
+
+    fn latency(&self, rule: usize, ms: u64) {
+        self.as_ref().latency(rule, ms)
+    }
+
+    fn breaker_open(&self, open: bool) {
+        self.as_ref().breaker_open(open)
+    }
+}
+
 /// Discards everything.
 pub struct NoMetrics;
 
@@ -144,6 +197,115 @@ impl Metrics for NoMetrics {
     fn count(&self, _: usize, _: Counter, _: u64) {}
     fn latency(&self, _: usize, _: u64) {}
     fn breaker_open(&self, _: bool) {}
+}
+
+/// How long after its first pending count a batch of counts reaches the host, at most.
+pub const METRICS_FLUSH_MS: u64 = 1000;
+
+/// Batches the counts for `inner`: [`Metrics::count`] only adds to a table in memory (one slot
+/// per rule and counter, sized at configure time), and [`Batched::flush`] pushes each non-zero
+/// slot to `inner` in one count. Latencies and the breaker gauge go to `inner` at once: they are
+/// rare, and a gauge must not lag.
+///
+/// When to flush is the caller's (the engine's clock): [`Batched::due`] says when the pending
+/// counts must go, [`METRICS_FLUSH_MS`] after the first call that saw them.
+pub struct Batched {
+    inner: Box<dyn Metrics>,
+    /// Rule-major: rule `r`'s counter `c` is at `r * Counter::COUNT + c.index()`.
+    pending: Box<[Cell<u64>]>,
+    /// Whether any slot is non-zero.
+    dirty: Cell<bool>,
+    /// When the pending counts must be flushed (set by the first `due` that sees them).
+    deadline: Cell<Option<u64>>,
+}
+
+impl Batched {
+    /// Batches counts of rules `0..rules` (a count of any other rule goes to `inner` at once).
+    pub fn new(inner: Box<dyn Metrics>, rules: usize) -> Batched {
+        let slots = rules.saturating_mul(Counter::COUNT);
+        Batched {
+            inner,
+            pending: (0..slots).map(|_| Cell::new(0)).collect(),
+            dirty: Cell::new(false),
+            deadline: Cell::new(None),
+        }
+    }
+
+    /// Whether counts are waiting for a flush.
+    pub fn pending(&self) -> bool {
+        self.dirty.get()
+    }
+
+    /// When the pending counts must be flushed, `now` being the time of this call: the deadline
+    /// starts at the first call that sees counts pending. None when nothing is pending.
+    pub fn due(&self, now: u64) -> Option<u64> {
+        if !self.dirty.get() {
+            return None;
+        }
+        let due = self
+            .deadline
+            .get()
+            .unwrap_or(now.saturating_add(METRICS_FLUSH_MS));
+        self.deadline.set(Some(due));
+        Some(due)
+    }
+
+    /// Flushes if the pending counts are due at `now`; otherwise says when they will be (None:
+    /// nothing pending).
+    pub fn flush_if_due(&self, now: u64) -> Option<u64> {
+        match self.due(now) {
+            Some(due) if due <= now => {
+                self.flush();
+                None
+            }
+            other => other,
+        }
+    }
+
+    /// Pushes every pending count to the inner metrics, one count per non-zero slot, and clears
+    /// them.
+    pub fn flush(&self) {
+        if !self.dirty.replace(false) {
+            return;
+        }
+        self.deadline.set(None);
+        for (slot, cell) in self.pending.iter().enumerate() {
+            let n = cell.replace(0);
+            if n == 0 {
+                continue;
+            }
+            let rule = slot / Counter::COUNT;
+            if let Some(counter) = Counter::ALL.get(slot % Counter::COUNT) {
+                self.inner.count(rule, *counter, n);
+            }
+        }
+    }
+}
+
+impl Metrics for Batched {
+    fn count(&self, rule: usize, counter: Counter, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let slot = rule
+            .checked_mul(Counter::COUNT)
+            .and_then(|base| self.pending.get(base.checked_add(counter.index())?));
+        match slot {
+            Some(cell) => {
+                cell.set(cell.get().saturating_add(n));
+                self.dirty.set(true);
+            }
+            None => self.inner.count(rule, counter, n),
+        }
+    }
+
+    fn latency(&self, rule: usize, ms: u64) {
+        self.inner.latency(rule, ms);
+    }
+
+    fn breaker_open(&self, open: bool) {
+        self.inner.breaker_open(open);
+    }
 }
 
 /// Keeps every count in memory (tests, and anything that wants to read them back).
@@ -181,5 +343,114 @@ impl Metrics for Recorder {
 
     fn breaker_open(&self, open: bool) {
         self.breaker.set(open);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// Every call the inner metrics get, in order.
+    #[derive(Default)]
+    struct Log(RefCell<Vec<(usize, Counter, u64)>>);
+
+    impl Metrics for Log {
+        fn count(&self, rule: usize, counter: Counter, n: u64) {
+            self.0.borrow_mut().push((rule, counter, n));
+        }
+        fn latency(&self, _: usize, _: u64) {}
+        fn breaker_open(&self, _: bool) {}
+    }
+
+    fn batched(rules: usize) -> (Batched, Rc<Log>) {
+        let log = Rc::new(Log::default());
+        (Batched::new(Box::new(log.clone()), rules), log)
+    }
+
+    #[test]
+    fn each_counter_has_its_position_in_all() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn counts_are_summed_in_memory_and_pushed_once_per_counter() {
+        let (b, log) = batched(2);
+        b.count(0, Counter::Allowed, 1);
+        b.count(1, Counter::BackendError(ErrorClass::Auth), 2);
+        b.count(0, Counter::Allowed, 1);
+        b.count(1, Counter::UsageInvalid, 5);
+        b.count(0, Counter::Denied, 0);
+        assert!(log.0.borrow().is_empty(), "nothing before the flush");
+        assert!(b.pending());
+        b.flush();
+        assert_eq!(
+            *log.0.borrow(),
+            [
+                (0, Counter::Allowed, 2),
+                (1, Counter::BackendError(ErrorClass::Auth), 2),
+                (1, Counter::UsageInvalid, 5),
+            ]
+        );
+        assert!(!b.pending());
+        b.flush();
+        assert_eq!(log.0.borrow().len(), 3, "each count pushed once");
+    }
+
+    #[test]
+    fn a_count_of_zero_is_nothing_to_flush() {
+        let (b, _) = batched(1);
+        b.count(0, Counter::Allowed, 0);
+        assert!(!b.pending());
+        assert_eq!(b.due(0), None);
+    }
+
+    #[test]
+    fn a_rule_outside_the_table_is_counted_at_once() {
+        let (b, log) = batched(1);
+        b.count(1, Counter::Allowed, 3);
+        b.count(usize::MAX, Counter::UsageInvalid, 1);
+        assert_eq!(
+            *log.0.borrow(),
+            [
+                (1, Counter::Allowed, 3),
+                (usize::MAX, Counter::UsageInvalid, 1)
+            ]
+        );
+        assert!(!b.pending());
+    }
+
+    #[test]
+    fn the_deadline_starts_at_the_first_call_that_sees_counts() {
+        let (b, log) = batched(1);
+        assert_eq!(b.flush_if_due(100), None, "nothing pending");
+        b.count(0, Counter::Allowed, 1);
+        assert_eq!(b.flush_if_due(100), Some(100 + METRICS_FLUSH_MS));
+        b.count(0, Counter::Allowed, 1);
+        assert_eq!(
+            b.flush_if_due(600),
+            Some(100 + METRICS_FLUSH_MS),
+            "not pushed back"
+        );
+        assert!(log.0.borrow().is_empty());
+        assert_eq!(b.flush_if_due(100 + METRICS_FLUSH_MS), None);
+        assert_eq!(*log.0.borrow(), [(0, Counter::Allowed, 2)]);
+        // A new batch gets a new deadline.
+        b.count(0, Counter::Allowed, 1);
+        assert_eq!(b.due(5000), Some(5000 + METRICS_FLUSH_MS));
+    }
+
+    #[test]
+    fn latencies_and_the_gauge_are_not_batched() {
+        let rec = Rc::new(Recorder::default());
+        let b = Batched::new(Box::new(rec.clone()), 1);
+        b.latency(0, 7);
+        b.breaker_open(true);
+        assert_eq!(rec.latencies(), [(0, 7)]);
+        assert!(rec.breaker.get());
+        assert!(!b.pending());
     }
 }

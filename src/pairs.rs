@@ -24,35 +24,26 @@ pub fn encode<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Vec<u8> {
     out
 }
 
-fn u32_at(buf: &[u8], at: usize) -> Option<usize> {
-    let bytes = buf.get(at..)?.first_chunk::<4>()?;
-    usize::try_from(u32::from_le_bytes(*bytes)).ok()
+fn u32_le(bytes: &[u8]) -> Option<usize> {
+    let word = bytes.first_chunk::<4>()?;
+    usize::try_from(u32::from_le_bytes(*word)).ok()
 }
 
 /// Every value of header `name` (ASCII case-insensitive) in encoded map `buf`, repeated lines
 /// joined with `,` as Envoy's `request.headers` attribute joins them; None if it has none or
 /// `buf` is malformed.
 pub fn lookup(buf: &[u8], name: &str) -> Option<Vec<u8>> {
-    let count = u32_at(buf, 0)?;
-    let mut sizes_at = 4usize;
-    let mut data_at = count.checked_mul(8)?.checked_add(4)?;
-    if data_at > buf.len() {
-        return None;
-    }
+    let (count, rest) = buf.split_first_chunk::<4>()?;
+    let count = usize::try_from(u32::from_le_bytes(*count)).ok()?;
+    let (sizes, mut data) = rest.split_at_checked(count.checked_mul(8)?)?;
     let mut found: Option<Vec<u8>> = None;
-    for _ in 0..count {
-        let key_len = u32_at(buf, sizes_at)?;
-        let value_len = u32_at(buf, sizes_at + 4)?;
-        sizes_at += 8;
-        let key_end = data_at.checked_add(key_len)?;
-        let value_end = key_end.checked_add(1)?.checked_add(value_len)?;
-        // Only a name of the right length is read (the NULs are skipped, not checked).
-        if key_len == name.len()
-            && buf
-                .get(data_at..key_end)?
-                .eq_ignore_ascii_case(name.as_bytes())
-        {
-            let value = buf.get(key_end + 1..value_end)?;
+    for entry in sizes.chunks_exact(8) {
+        let (key_len, value_len) = (u32_le(entry)?, u32_le(entry.get(4..)?)?);
+        // Each name and value is followed by a NUL, skipped, not checked.
+        let (key, rest) = data.split_at_checked(key_len)?;
+        let (value, rest) = rest.get(1..)?.split_at_checked(value_len)?;
+        data = rest.get(1..)?;
+        if key.len() == name.len() && key.eq_ignore_ascii_case(name.as_bytes()) {
             match found.as_mut() {
                 Some(v) => {
                     v.push(b',');
@@ -61,7 +52,6 @@ pub fn lookup(buf: &[u8], name: &str) -> Option<Vec<u8>> {
                 None => found = Some(value.to_vec()),
             }
         }
-        data_at = value_end.checked_add(1)?;
     }
     found
 }

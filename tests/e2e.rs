@@ -315,18 +315,28 @@ fn a_hot_exact_key_shares_calls_across_workers_and_admits_exactly_the_bucket() {
         (burst..=burst + 1).contains(&ok),
         "admitted {ok} of a bucket of {burst}"
     );
+    let (evalsha, eval) = stack.redis.script_calls();
+    // Once every decision and every call is counted (a worker counts a check it forwards before
+    // its decision).
+    let stats = stack.envoy.stats_when(|s| {
+        common::envoy::decided_in(s, "per-user") == ok + limited
+            && common::envoy::stat_in(s, "wasmcustom.tollgate.per-user.backend_calls")
+                == Some(evalsha + eval)
+    });
     let stat = |name: &str| {
-        stack
-            .envoy
-            .stat_value(&format!("wasmcustom.tollgate.per-user.{name}"))
+        common::envoy::stat_in(&stats, &format!("wasmcustom.tollgate.per-user.{name}"))
     };
     let calls = stat("backend_calls").unwrap_or(0);
     let forwarded = stat("forwarded").unwrap_or(0);
-    let (evalsha, eval) = stack.redis.script_calls();
     eprintln!(
         "shared exact: admitted {ok}, limited {limited}, backend calls {calls}, forwarded {forwarded}"
     );
     assert_eq!(evalsha + eval, calls, "every call reached Redis once");
+    assert_eq!(
+        common::envoy::decided_in(&stats, "per-user"),
+        ok + limited,
+        "every decision counted once"
+    );
     assert!(forwarded > 0, "the second worker sent checks to the leader");
     // Denials are cached per proxy, so most of the limited requests never call; the admitted
     // ones share calls.

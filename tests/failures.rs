@@ -135,10 +135,14 @@ fn silent_backend_times_out_and_opens_the_breaker() {
     }
     // Liveness, not speed: every request came back, well before the client's own 10 s timeout.
     assert!(took.iter().all(|d| *d < Duration::from_secs(5)), "{took:?}");
-    let stats = envoy.stats();
-    let stat = |n: &str| {
-        common::envoy::stat_in(&stats, &format!("wasmcustom.tollgate.per-user.{n}")).unwrap()
+    let read = |stats: &str, n: &str| {
+        common::envoy::stat_in(stats, &format!("wasmcustom.tollgate.per-user.{n}")).unwrap()
     };
+    let stats = envoy.stats_when(|s| {
+        let got = ["backend_calls", "backend_errors", "failure_mode_allowed"].map(|n| read(s, n));
+        got == [3, 3, 6]
+    });
+    let stat = |n: &str| read(&stats, n);
     assert_eq!(
         stat("backend_calls"),
         3,
@@ -381,7 +385,9 @@ fn a_hot_exact_key_shared_across_workers_rides_out_redis_dying() {
     );
     let forwarded = stack
         .envoy
-        .stat_value("wasmcustom.tollgate.per-user.forwarded")
+        .stat_eventually("wasmcustom.tollgate.per-user.forwarded", |v| {
+            v.is_some_and(|n| n > 0)
+        })
         .unwrap_or(0);
     eprintln!("shared exact, Redis dying: before {before:?}, during {during:?}, after {after:?}, forwarded {forwarded}");
     assert!(forwarded > 0, "the workers shared calls");

@@ -58,9 +58,18 @@ fn an_oom_redis_opens_the_breaker_and_enforcement_resumes_when_it_heals() {
         "{statuses:?}\n{}",
         stack.logs()
     );
-    let stats = stack.envoy.stats();
-    let calls = stat_in(&stats, "wasmcustom.tollgate.r.backend_calls").unwrap_or(0);
-    let overloaded = stat_in(&stats, "wasmcustom.tollgate.r.backend_error.overloaded").unwrap_or(0);
+    let calls_and_overloaded = |stats: &str| {
+        (
+            stat_in(stats, "wasmcustom.tollgate.r.backend_calls").unwrap_or(0),
+            stat_in(stats, "wasmcustom.tollgate.r.backend_error.overloaded").unwrap_or(0),
+        )
+    };
+    // Once the 200 decisions (failure_mode closed: each in `denied`) and the calls are counted.
+    let stats = stack.envoy.stats_when(|s| {
+        let (calls, overloaded) = calls_and_overloaded(s);
+        common::envoy::decided_in(s, "r") == 200 && overloaded + 1 == calls
+    });
+    let (calls, overloaded) = calls_and_overloaded(&stats);
     // Five failures open it; at most one probe per second of the run follows.
     assert!(
         calls <= 10,

@@ -65,6 +65,17 @@ fn stat(host: &Proxy, metric: &str) -> u64 {
         .unwrap_or_else(|| panic!("no metric {metric}"))
 }
 
+/// `stat(host, metric)` once `ready` holds for it: the filter pushes its counts up to a second
+/// after counting them (polled; the last value read if it never does).
+fn stat_when(host: &Proxy, metric: &str, ready: impl Fn(u64) -> bool) -> u64 {
+    common::eventually(|| stat(host, metric), |v| ready(*v))
+}
+
+/// The checks rule per-user decided, by the host's stats.
+fn decided(host: &Proxy) -> u64 {
+    common::decided(|name| host.stat_value(name), "per-user")
+}
+
 /// One exact rule keyed on `x-user-id` under `/api/`, refilling 1 token a minute.
 fn exact_config(backend_extra: &str, extra: &str, burst: u64) -> String {
     format!(
@@ -147,13 +158,20 @@ fn a_hot_exact_key_shares_redis_calls_across_workers() {
     let burst = 200u64;
     let host = start(&exact_config("", "", burst), redis.port);
     let (ok, limited, other) = common::drive(&[host.port()], 16, "hot", 2.0);
-    let (calls, forwarded) = (stat(&host, "backend_calls"), stat(&host, "forwarded"));
+    let (evalsha, eval) = redis.script_calls();
+    // Once every decision and every call is counted (a worker counts a check it forwards before
+    // its decision).
+    let (calls, decisions) = common::eventually(
+        || (stat(&host, "backend_calls"), decided(&host)),
+        |&(calls, decisions)| calls == evalsha + eval && decisions == ok + limited,
+    );
+    let forwarded = stat(&host, "forwarded");
     eprintln!("higress: admitted {ok}, limited {limited}, calls {calls}, forwarded {forwarded}");
     assert_eq!(other, 0, "no errors\n{}", host.log_text());
     assert!(limited > 0, "the load must exceed the bucket");
     assert!((burst..=burst + 1).contains(&ok), "admitted {ok}");
-    let (evalsha, eval) = redis.script_calls();
     assert_eq!(evalsha + eval, calls, "each call ran once");
+    assert_eq!(decisions, ok + limited, "every decision counted once");
     assert!(calls < ok, "{calls} calls for {ok} admissions");
     assert!(forwarded > 0, "no check went to the leader");
     assert_clean(&host);
@@ -189,7 +207,7 @@ fn burst_then_429_and_independent_keys() {
     // Every admission and denial went through Redis' script or the deny cache, never Webdis.
     let (evalsha, eval) = redis.script_calls();
     assert!(evalsha >= 8 && eval == 1, "EVALSHA {evalsha}, EVAL {eval}");
-    assert_eq!(stat(&host, "allowed"), 8);
+    assert_eq!(stat_when(&host, "allowed", |v| v == 8), 8);
     assert_clean(&host);
 }
 
@@ -213,6 +231,8 @@ fn noscript_after_script_flush() {
         (3, 1),
         "(EVALSHA, EVAL) after the flush"
     );
+    // Once the four decisions are counted.
+    assert_eq!(common::eventually(|| decided(&host), |d| *d == 4), 4);
     assert_eq!(
         stat(&host, "backend_errors"),
         0,
@@ -270,7 +290,7 @@ fn redis_killed_and_back_per_failure_mode() {
             redis.script_calls().1 >= 1,
             "{mode}: the script came back through EVAL"
         );
-        assert!(stat(&host, "backend_errors") >= 1);
+        assert!(stat_when(&host, "backend_errors", |v| v >= 1) >= 1);
         assert_clean(&host);
     }
 }
@@ -290,9 +310,12 @@ fn silent_redis_times_out_and_opens_the_breaker() {
         assert_eq!(get(&host, "a").status, 200, "{}", host.log_text());
         assert!(t0.elapsed() < Duration::from_secs(5));
     }
-    assert_eq!(stat(&host, "backend_calls"), 3, "{}", host.log_text());
-    assert_eq!(stat(&host, "backend_errors"), 3);
-    assert_eq!(stat(&host, "failure_mode_allowed"), 6);
+    let counts =
+        || ["backend_calls", "backend_errors", "failure_mode_allowed"].map(|m| stat(&host, m));
+    let [calls, errors, failure_mode] = common::eventually(counts, |c| *c == [3, 3, 6]);
+    assert_eq!(calls, 3, "{}", host.log_text());
+    assert_eq!(errors, 3);
+    assert_eq!(failure_mode, 6);
     assert_eq!(
         host.log_text()
             .matches("circuit open after 3 consecutive failures")
@@ -404,7 +427,7 @@ fn oversized_and_foreign_replies_are_malformed() {
             "{name}\n{}",
             host.log_text()
         );
-        assert_eq!(stat(&host, "backend_errors"), 2, "{name}");
+        assert_eq!(stat_when(&host, "backend_errors", |v| v == 2), 2, "{name}");
         let log = host.log_text();
         assert!(log.contains("malformed backend reply"), "{name}\n{log}");
         if name == "oversized" {

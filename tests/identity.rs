@@ -506,11 +506,13 @@ fn overrides_and_unlimited_next_to_the_default() {
     assert!(stack
         .redis
         .exists(&key_of(TENANT_CONFIG, "per-tenant", &["acme"])));
-    let stat = |m: &str| {
-        stack
-            .envoy
-            .stat_value(&format!("wasmcustom.tollgate.per-tenant.{m}"))
+    let stat = |stats: &str, m: &str| {
+        common::envoy::stat_in(stats, &format!("wasmcustom.tollgate.per-tenant.{m}"))
     };
-    assert_eq!(stat("allowed"), Some(2 + 5 + 20));
-    assert_eq!(stat("denied"), Some(2));
+    let want = (Some(2 + 5 + 20), Some(2));
+    let stats = stack
+        .envoy
+        .stats_when(|s| (stat(s, "allowed"), stat(s, "denied")) == want);
+    assert_eq!(stat(&stats, "allowed"), want.0);
+    assert_eq!(stat(&stats, "denied"), want.1);
 }

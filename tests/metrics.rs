@@ -24,12 +24,23 @@ const COUNTERS: [&str; 10] = [
     "lease_dropped",
 ];
 
+/// Every counter of `rule` is what `want` says (0 if it does not name it), once the filter has
+/// pushed its counts (polled until they all match).
 fn assert_counters(envoy: &Envoy, rule: &str, want: &[(&str, u64)]) {
-    let stats = envoy.stats();
-    for name in COUNTERS {
-        // Envoy puts custom metrics under its `wasmcustom.` stat namespace.
+    // Envoy puts custom metrics under its `wasmcustom.` stat namespace.
+    let expected = |name: &str| {
         let full = format!("wasmcustom.tollgate.{rule}.{name}");
-        let expected = want.iter().find(|(n, _)| *n == name).map_or(0, |(_, v)| *v);
+        let value = want.iter().find(|(n, _)| *n == name).map_or(0, |(_, v)| *v);
+        (full, value)
+    };
+    let stats = envoy.stats_when(|stats| {
+        COUNTERS.iter().all(|name| {
+            let (full, value) = expected(name);
+            common::envoy::stat_in(stats, &full) == Some(value)
+        })
+    });
+    for name in COUNTERS {
+        let (full, expected) = expected(name);
         let got = common::envoy::stat_in(&stats, &full);
         assert_eq!(
             got,
@@ -169,9 +180,17 @@ fn lease_counters() {
     let mut want = vec![200; 20];
     want.extend([429, 429]);
     assert_eq!(statuses, want, "{}", stack.logs());
-    let stats = stack.envoy.stats();
-    let get =
-        |n: &str| common::envoy::stat_in(&stats, &format!("wasmcustom.tollgate.l.{n}")).unwrap();
+    let stat = |stats: &str, n: &str| {
+        common::envoy::stat_in(stats, &format!("wasmcustom.tollgate.l.{n}")).unwrap()
+    };
+    let stats = stack.envoy.stats_when(|s| {
+        (
+            stat(s, "allowed"),
+            stat(s, "denied"),
+            stat(s, "lease_granted"),
+        ) == (20, 2, 20)
+    });
+    let get = |n: &str| stat(&stats, n);
     assert_eq!(get("allowed"), 20);
     assert_eq!(get("denied"), 2);
     assert_eq!(

@@ -72,10 +72,18 @@ fn a_burst_beyond_the_bucket_is_smoothed_not_rejected() {
             );
         }
     }
-    let stats = stack.envoy.stats();
-    let stat = |n: &str| {
-        common::envoy::stat_in(&stats, &format!("wasmcustom.tollgate.hooks.{n}")).unwrap()
+    let read = |stats: &str, n: &str| {
+        common::envoy::stat_in(stats, &format!("wasmcustom.tollgate.hooks.{n}")).unwrap()
     };
+    let want = (10, 5, delays.iter().sum::<u64>());
+    let stats = stack.envoy.stats_when(|s| {
+        (
+            read(s, "allowed"),
+            read(s, "delayed"),
+            read(s, "delay_ms_total"),
+        ) == want
+    });
+    let stat = |n: &str| read(&stats, n);
     assert_eq!(stat("allowed"), 10);
     assert_eq!(stat("delayed"), 5);
     assert_eq!(stat("delay_ms_total"), delays.iter().sum::<u64>());
@@ -105,15 +113,26 @@ fn a_client_hanging_up_mid_wait_leaves_the_filter_healthy() {
         common::get(port, "/hook", &[("x-user-id", "gone")]).status,
         200
     );
-    // The next one would be held ~1 s: send it and hang up at once.
+    // The next one would be held ~1 s: send it and hang up as soon as its reservation is back.
+    // Envoy counts the filter's call at once (tollgate's own `delayed` arrives up to a second
+    // later, by when the hold is over).
+    let completed = "cluster.tollgate_backend.upstream_rq_completed";
+    let calls = stack.envoy.stat_value(completed).unwrap_or(0);
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.write_all(b"GET /hook HTTP/1.1\r\nHost: t\r\nx-user-id: gone\r\n\r\n")
         .unwrap();
-    let held = common::wait_until(Duration::from_secs(5), || {
-        common::envoy::stat_in(&stack.envoy.stats(), "wasmcustom.tollgate.hooks.delayed") == Some(1)
+    let answered = common::wait_until(Duration::from_secs(5), || {
+        stack.envoy.stat_value(completed).unwrap_or(0) > calls
     });
-    assert!(held, "the request was held\n{}", stack.logs());
+    assert!(answered, "the reservation came back\n{}", stack.logs());
     drop(s);
+    let delayed = "wasmcustom.tollgate.hooks.delayed";
+    assert_eq!(
+        stack.envoy.stat_eventually(delayed, |v| v == Some(1)),
+        Some(1),
+        "the request was held\n{}",
+        stack.logs()
+    );
     // Other users are served, and held requests still complete after the dropped one's due time.
     assert_eq!(
         common::get(port, "/hook", &[("x-user-id", "next")]).status,

@@ -81,10 +81,17 @@ fn run(name: &str, usage: &str, reply: Vec<Vec<u8>>, body_check: &str) -> Envoy 
     assert_eq!(admitted, 3, "{}", brief_log(&envoy.log_text()));
     // The debt (20 tokens) plus the token asked for refill at 1/min: 21 minutes.
     assert_eq!(retry, 21 * 60, "Retry-After reflects the debt");
-    let stats = envoy.stats();
-    let get = |n: &str| {
-        common::envoy::stat_in(&stats, &format!("wasmcustom.tollgate.llm.{n}")).unwrap_or(0)
+    let read = |stats: &str, n: &str| {
+        common::envoy::stat_in(stats, &format!("wasmcustom.tollgate.llm.{n}")).unwrap_or(0)
     };
+    let stats = envoy.stats_when(|s| {
+        (
+            read(s, "usage_charged"),
+            read(s, "allowed"),
+            read(s, "denied"),
+        ) == (3 * 39, 3, 1)
+    });
+    let get = |n: &str| read(&stats, n);
     assert_eq!(get("usage_charged"), 3 * 39);
     assert_eq!(get("allowed"), 3);
     assert_eq!(get("denied"), 1);

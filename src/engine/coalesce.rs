@@ -22,7 +22,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use super::{Call, Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::decimal;
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Metrics};
 use crate::rule::hash::Seeded;
 use crate::shared::deny::DenyCache;
 use crate::shared::lead::Leaders;

@@ -20,7 +20,7 @@ use super::{Call, Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::bucket::Limits;
 use crate::config::Rule;
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Claim, Flight, Grant, LeasePool, Sizing, Take};
 

@@ -10,7 +10,8 @@
 //!
 //! Lease checks wait per key ([`lease`]): one call per key per proxy, served when its tokens
 //! arrive, not by polling; the tick runs only while something is due (a held request, a
-//! patience deadline, another worker's lease call on a key waited for here).
+//! patience deadline, another worker's lease call on a key waited for here, counts waiting to be
+//! pushed to the host).
 
 mod coalesce;
 pub mod health;
@@ -24,7 +25,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use crate::backend::{BackendError, HttpRequest, Reply, ScriptCall};
 use crate::config::FailureMode;
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Metrics, METRICS_FLUSH_MS};
 use crate::rule::RequestView;
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Claim, LeasePool, Taken};
@@ -919,8 +920,19 @@ impl Engine {
 
     /// Keeps the tick running at the period of the nearest deadline, and off when nothing is due.
     /// Outside a tick it only ever shortens the period (so a busy worker does not re-arm the
-    /// timer on every request).
+    /// timer on every request). Every event that can count ends here: batched counts are pushed
+    /// to the host once due, and keep a tick coming until they are.
     fn schedule(&mut self, host: &mut dyn Host, now: u64, in_tick: bool) {
+        // Outside a tick, pending counts only need some tick at most `METRICS_FLUSH_MS` apart
+        // (the tick then aims at their deadline): asking for the time left would shorten the
+        // period again on every request as the deadline nears.
+        let mut next = self.plugin.metrics.flush_if_due(now).map(|due| {
+            if in_tick {
+                due
+            } else {
+                now.saturating_add(METRICS_FLUSH_MS)
+            }
+        });
         // Deadlines of checks that were served meanwhile are nothing to watch.
         while let Some((ctx, idx)) = self.queues.patience_front() {
             if self.is_waiting(ctx, idx) {
@@ -928,7 +940,9 @@ impl Engine {
             }
             self.queues.pop_patience();
         }
-        let mut next = self.queues.next_due(now);
+        if let Some(due) = self.queues.next_due(now) {
+            next = Some(next.map_or(due, |n: u64| n.min(due)));
+        }
         if let Some(Reverse((due, _, _, _))) = self.flushes.peek() {
             next = Some(next.map_or(*due, |n: u64| n.min(*due)));
         }

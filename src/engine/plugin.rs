@@ -8,7 +8,7 @@ use crate::backend::{Reply, ScriptCall, Transport};
 use crate::bucket::Limits;
 use crate::config::{Config, HeaderStyle, Mode, Rule};
 use crate::headers::{self, Report};
-use crate::metrics::{Counter, Metrics, NoMetrics};
+use crate::metrics::{Batched, Counter, Metrics, NoMetrics};
 use crate::rule::{KeyCache, RequestView};
 
 /// gRPC status codes used in local replies.
@@ -20,7 +20,9 @@ pub struct Plugin {
     pub transport: Box<dyn Transport>,
     /// Prefix of this plugin's shared-data keys (Istio gives all plugins of a proxy one namespace).
     pub ns: String,
-    pub metrics: Box<dyn Metrics>,
+    /// The metrics given to [`Plugin::with_metrics`], their counts batched: the engine flushes
+    /// them when due.
+    pub metrics: Batched,
     /// Each rule's `RateLimit-Policy` value under its own limits (constant per configuration).
     policies: Vec<String>,
 }
@@ -45,6 +47,7 @@ impl Plugin {
 
     pub fn with_metrics(config: Config, metrics: Box<dyn Metrics>) -> Plugin {
         let transport = transport(&config);
+        let rules = config.rules.len();
         // "v3": the shared-data layout (set-associative leases of 12 fields, one health value);
         // a module upgrade in place starts with fresh tables instead of misreading old ones.
         let ns = format!("tollgate|v3|{}", config.key_prefix);
@@ -57,7 +60,7 @@ impl Plugin {
             config,
             transport,
             ns,
-            metrics,
+            metrics: Batched::new(metrics, rules),
             policies,
         }
     }

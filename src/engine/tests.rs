@@ -7,21 +7,9 @@ use std::rc::Rc;
 
 use super::*;
 use crate::config::Config;
-use crate::metrics::{Metrics, Recorder};
+use crate::metrics::{Batched, Recorder};
 use crate::shared::lease::LeasePool;
 use crate::shared::mem::MemStore;
-
-impl Metrics for Rc<Recorder> {
-    fn count(&self, rule: usize, counter: Counter, n: u64) {
-        self.as_ref().count(rule, counter, n)
-    }
-    fn latency(&self, rule: usize, ms: u64) {
-        self.as_ref().latency(rule, ms)
-    }
-    fn breaker_open(&self, open: bool) {
-        self.as_ref().breaker_open(open)
-    }
-}
 
 #[derive(Default)]
 struct Fake {
@@ -153,11 +141,24 @@ fn user(u: &str) -> Req {
     req("/api/x", &[("x-user", u)])
 }
 
-fn engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
+/// An engine whose counts are batched as a real worker's: they reach the recorder only when the
+/// engine flushes them.
+fn batched_engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
     let json = format!(r#"{{{top} "rules":[{rules}]}}"#);
     let config = Config::try_from(json.as_bytes()).unwrap();
     let rec = Rc::new(Recorder::default());
     let plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
+    (Engine::new(plugin, 1), rec)
+}
+
+fn engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
+    let json = format!(r#"{{{top} "rules":[{rules}]}}"#);
+    let config = Config::try_from(json.as_bytes()).unwrap();
+    let rec = Rc::new(Recorder::default());
+    let mut plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
+    // These tests read the counts right after driving the engine: a table of no rules passes
+    // each count through at once. `batched_engine` keeps the batching of a real worker.
+    plugin.metrics = Batched::new(Box::new(rec.clone()), 0);
     (Engine::new(plugin, 1), rec)
 }
 
@@ -1224,6 +1225,107 @@ fn a_check_sent_to_a_workers_older_queue_is_served() {
     assert_eq!(h.resumed, [10, 11, 20]);
 }
 
+// ----- batched metrics -----
+
+#[test]
+fn counts_reach_the_host_once_due_and_exactly_once_with_a_tick_only_meanwhile() {
+    let (mut e, rec) = batched_engine("", EXACT);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.resumed, [10]);
+    e.done(&mut h, 10);
+    assert_eq!(rec.get(0, Counter::Allowed), 0, "counted in the VM only");
+    assert_eq!(rec.get(0, Counter::BackendCalls), 0);
+    assert_eq!(rec.latencies().len(), 1, "a latency goes at once");
+    assert_eq!(
+        h.tick, METRICS_FLUSH_MS,
+        "nothing else is due: the tick is the flush's"
+    );
+    let sets = h.tick_sets;
+    h.now = 500;
+    send(&mut e, &mut h, 11, &user("b"));
+    deliver(&mut e, &mut h, 11, 2, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(
+        h.tick_sets, sets,
+        "the running tick is not re-armed per request"
+    );
+    h.now = METRICS_FLUSH_MS - 1;
+    e.tick(&mut h);
+    assert_eq!(rec.get(0, Counter::Allowed), 0, "not due yet");
+    assert_eq!(h.tick, 1, "the tick aims at the deadline");
+    h.now = METRICS_FLUSH_MS;
+    e.tick(&mut h);
+    assert_eq!(rec.get(0, Counter::Allowed), 2);
+    assert_eq!(rec.get(0, Counter::BackendCalls), 2);
+    assert_eq!(h.tick, 0, "nothing pending: no tick");
+    h.now += 5 * METRICS_FLUSH_MS;
+    e.tick(&mut h);
+    e.plugin().metrics.flush();
+    assert_eq!(rec.get(0, Counter::Allowed), 2, "each count pushed once");
+    assert_eq!(rec.get(0, Counter::BackendCalls), 2);
+}
+
+#[test]
+fn a_busy_worker_flushes_on_a_request_once_due_with_no_host_call_per_admission() {
+    let (mut e, rec) = batched_engine("", LEASE);
+    let mut h = Fake::default();
+    deposit_at_0(
+        &h,
+        &e,
+        crate::shared::lease::Grant {
+            tokens: 20,
+            global_remaining: 30,
+            reset_after_ms: 300,
+            refill_ms: 0,
+        },
+    );
+    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Continue);
+    let sets = h.tick_sets;
+    for ctx in 11..20 {
+        h.now = u64::from(ctx);
+        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Continue);
+        e.response_headers(&mut h, ctx, &resp(&[]));
+        e.done(&mut h, ctx);
+    }
+    assert_eq!(h.tick_sets, sets, "local admissions arm nothing");
+    assert_eq!(rec.get(0, Counter::LocalAllowed), 0);
+    // The lease has expired by then: this one sends a lease call.
+    h.now = METRICS_FLUSH_MS;
+    assert_eq!(e.request_headers(&mut h, 20, &user("a")), Action::Pause);
+    assert_eq!(rec.get(0, Counter::LocalAllowed), 10);
+    assert_eq!(rec.get(0, Counter::Allowed), 10);
+    assert_eq!(
+        rec.get(0, Counter::BackendCalls),
+        1,
+        "the flushing request's own counts go with the batch"
+    );
+    assert!(!e.plugin().metrics.pending());
+}
+
+#[test]
+fn counts_made_on_a_response_get_a_tick_too() {
+    let (mut e, rec) = batched_engine("", LLM);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 59, 0, 100, 1));
+    h.now = METRICS_FLUSH_MS + 1;
+    e.tick(&mut h);
+    assert_eq!(rec.get(0, Counter::Allowed), 1);
+    assert_eq!(h.tick, 0, "idle");
+    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    e.done(&mut h, 10);
+    assert_eq!(h.tick, 100, "the settlement's flush_ms");
+    h.now += 100;
+    e.tick(&mut h);
+    assert!(h.sent.last().unwrap().ends_with("/0/0/0/39"), "settled");
+    assert_eq!(rec.get(0, Counter::UsageCharged), 0, "still in the VM");
+    assert!(h.tick > 0, "ticking for the counts");
+    h.now += METRICS_FLUSH_MS;
+    e.tick(&mut h);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 39);
+}
+
 // ----- usage-based limits -----
 
 const LLM: &str = r#"{"name":"llm","key":["header:x-user"],"rate":1,"period_ms":60000,"burst":100,
@@ -1259,6 +1361,25 @@ fn usage_rides_on_the_next_call_of_the_key() {
     // Nothing pending any more: the next call carries nothing, and no flush is due.
     e.request_headers(&mut h, 20, &user("a"));
     assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
+}
+
+#[test]
+fn a_settlement_kept_pending_on_an_idle_worker_gets_its_tick() {
+    let (mut e, _) = engine("", LLM);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 59, 0, 100, 1));
+    assert_eq!(h.tick, 0, "idle");
+    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    e.done(&mut h, 10);
+    assert_eq!(h.tick, 100, "the settlement's flush_ms");
+    h.now = 100;
+    e.tick(&mut h);
+    let flush = h.sent.last().unwrap();
+    assert!(
+        flush.ends_with("/0/0/0/39"),
+        "settled with no other request: {flush}"
+    );
 }
 
 #[test]
@@ -1348,9 +1469,10 @@ fn a_verdict_reached_inside_request_headers_is_returned_not_resumed() {
     assert_eq!(h.resumed, [10]);
 }
 
-/// An engine with `make bench`'s tollgate-lease rule (IETF headers, a limit never reached).
+/// An engine with `make bench`'s tollgate-lease rule (IETF headers, a limit never reached), its
+/// counts batched as a real worker's.
 fn bench_lease_engine() -> Engine {
-    engine(
+    batched_engine(
         r#""response_headers":"ietf","#,
         r#"{"name":"per-user","match":{"path_prefix":"/api/"},"key":["header:x-user"],
             "mode":"lease","rate":1000000,"burst":1000000}"#,

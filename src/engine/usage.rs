@@ -11,7 +11,7 @@ use super::{Admitted, Call, Engine, Host, Purpose, Request};
 use crate::backend::ScriptCall;
 use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
 use crate::config::{UsageSource, DEFAULT_USAGE_FLUSH_MS};
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Metrics};
 use crate::rule::RequestView;
 use crate::shared::settle;
 
@@ -296,6 +296,8 @@ impl Engine {
         for (rule, key, limits, upfront, result) in known {
             self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
         }
+        // The flush of a settlement kept pending, and the counts, need the tick.
+        self.schedule(host, now, false);
         watch
     }
 
@@ -330,6 +332,8 @@ impl Engine {
         for (rule, key, limits, upfront, result) in known {
             self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
         }
+        // The flush of a settlement kept pending, and the counts, need the tick.
+        self.schedule(host, now, false);
     }
 
     /// Records what one admission used: the difference from its up-front cost becomes pending

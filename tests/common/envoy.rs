@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::http::{try_http, Resp};
-use super::{free_port, repo_root, wait_until, Proc};
+use super::{eventually, free_port, repo_root, wait_until, Proc};
 
 /// The filter under test: `$TOLLGATE_WASM`, else the release build in target/. Panics if it is missing.
 pub fn wasm_path() -> PathBuf {
@@ -218,6 +218,23 @@ impl Envoy {
     pub fn stat_value(&self, name: &str) -> Option<u64> {
         stat_in(&self.stats(), name)
     }
+
+    /// `/stats` once `ready` holds for it: tollgate's counters reach Envoy up to a second after
+    /// they are counted (polled, see [`eventually`]; the last text read if it never does).
+    pub fn stats_when(&self, ready: impl Fn(&str) -> bool) -> String {
+        eventually(|| self.stats(), |s| ready(s))
+    }
+
+    /// Stat `name` once `ready` holds for its value (polled as [`Envoy::stats_when`]); the last
+    /// value read if it never does.
+    pub fn stat_eventually(&self, name: &str, ready: impl Fn(Option<u64>) -> bool) -> Option<u64> {
+        eventually(|| self.stat_value(name), |v| ready(*v))
+    }
+}
+
+/// The checks rule `rule` decided, by an admin `/stats` text (see [`super::decided`]).
+pub fn decided_in(stats: &str, rule: &str) -> u64 {
+    super::decided(|name| stat_in(stats, name), rule)
 }
 
 /// An Envoy log without the long list of statically linked extensions it prints at start.

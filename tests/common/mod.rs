@@ -43,6 +43,33 @@ pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// How long a test waits for tollgate's counters to show in a proxy's stats: each worker pushes
+/// its counts at most `METRICS_FLUSH_MS` (1 s) after counting them; the rest is margin for a
+/// loaded machine.
+pub const STATS_WAIT: Duration = Duration::from_millis(10 * tollgate::metrics::METRICS_FLUSH_MS);
+
+/// Reads with `read` every 20 ms until `ready` holds for what it read, for at most [`STATS_WAIT`];
+/// returns the last value read either way, so the caller's assertion fails with it.
+pub fn eventually<T>(mut read: impl FnMut() -> T, ready: impl Fn(&T) -> bool) -> T {
+    let deadline = Instant::now() + STATS_WAIT;
+    loop {
+        let value = read();
+        if ready(&value) || Instant::now() >= deadline {
+            return value;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The checks rule `rule` decided, by a proxy's stats (`stat` reads one by its full name): each
+/// counts once in exactly one of `allowed`, `denied` and `shadow_denied`.
+pub fn decided(stat: impl Fn(&str) -> Option<u64>, rule: &str) -> u64 {
+    ["allowed", "denied", "shadow_denied"]
+        .iter()
+        .map(|c| stat(&format!("wasmcustom.tollgate.{rule}.{c}")).unwrap_or(0))
+        .sum()
+}
+
 pub fn port_open(port: u16) -> bool {
     TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
