@@ -9,7 +9,7 @@
 //!
 //! Invariant: every import returns its status as a `u32`; the wrappers below turn it into an
 //! `Option`/`Result` and never panic. Buffers the host returns were allocated by this module's
-//! `proxy_on_memory_allocate` (a `Vec<u8>` of exactly that capacity) and are taken back as one.
+//! `proxy_on_memory_allocate` and are taken back as a `Vec<u8>` of exactly that capacity.
 
 /// Envoy's `WasmResult::Ok`.
 pub const OK: u32 = 0;
@@ -149,13 +149,20 @@ mod imports {
 #[no_mangle]
 pub extern "C" fn proxy_abi_version_0_2_1() {}
 
-/// The host allocates every buffer it hands the module through this.
+/// The host allocates every buffer it hands the module through this: `size` bytes from the
+/// global allocator, taken back later as a `Vec<u8>` of that capacity (`take`). A size the VM
+/// cannot allocate answers null, which the host turns into a failed call (the SDK's allocator
+/// aborted the VM there).
 #[no_mangle]
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
-    let mut buf: Vec<u8> = Vec::with_capacity(size);
-    let ptr = buf.as_mut_ptr();
-    std::mem::forget(buf);
-    ptr
+    if size == 0 {
+        return std::ptr::NonNull::<u8>::dangling().as_ptr();
+    }
+    match std::alloc::Layout::array::<u8>(size) {
+        // SAFETY: a non-zero size, as `alloc` requires.
+        Ok(layout) => unsafe { std::alloc::alloc(layout) },
+        Err(_) => std::ptr::null_mut(),
+    }
 }
 
 #[cfg(target_os = "wasi")]
@@ -185,7 +192,8 @@ unsafe fn take(status: u32, data: *mut u8, size: usize) -> Option<Vec<u8>> {
     if data.is_null() {
         return Some(Vec::new());
     }
-    // SAFETY: see above: a `Vec<u8>` with capacity `size`, filled by the host.
+    // SAFETY: see above: `size` bytes of the global allocator's with alignment 1
+    // (`proxy_on_memory_allocate`), filled by the host: a `Vec<u8>` of capacity `size`.
     Some(unsafe { Vec::from_raw_parts(data, size, size) })
 }
 
