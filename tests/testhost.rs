@@ -611,6 +611,29 @@ fn local_path_cost_next_to_the_wasm_floor() {
     assert_clean(&tollgate);
 }
 
+/// A worker pushes its counts to the stats at most once a second; when its plugin goes away (a
+/// reconfiguration replaces it, or it is removed) it pushes what it had not pushed yet, so no
+/// admission goes uncounted. On the test host alone: it shuts a plugin down the way
+/// proxy-wasm-cpp-host does (`proxy_on_done`, then `proxy_on_delete` of each root context).
+#[test]
+fn counts_not_pushed_yet_reach_the_stats_when_the_plugin_goes_away() {
+    const N: u64 = 20;
+    let dir = common::scratch_dir("th-stop");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let mut host = start_host(&bench_lease_config(), webdis.port);
+    bench_requests(&host, N);
+    let allowed = "wasmcustom.tollgate.per-user.allowed";
+    // Usually nothing yet: the first count was less than a second ago.
+    eprintln!(
+        "before the plugin stops: allowed {:?}",
+        host.stat_value(allowed)
+    );
+    host.stop();
+    assert_eq!(host.stat_value(allowed), Some(N), "{}", host.log_text());
+    assert!(host.traps().is_empty(), "{:?}", host.traps());
+}
+
 /// A flood of new keys: what one request costs in lease mode next to exact mode, on the test host
 /// (wasm instructions, host calls by kind; every request is a script call either way). Lease mode
 /// pays for the lease table in shared data on top; this prints how much and bounds it.

@@ -461,8 +461,11 @@ impl Proxy {
     }
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
+impl Proxy {
+    /// Stops the proxy: each worker's root context is shut down as Envoy does when a plugin is
+    /// removed (`proxy_on_done`, then `proxy_on_delete`), and the workers end. Stats, logs and
+    /// costs stay readable.
+    pub fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         for w in &self.workers {
             let _ = w.send(worker::Event::Stop);
@@ -472,6 +475,12 @@ impl Drop for Proxy {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

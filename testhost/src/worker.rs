@@ -317,6 +317,17 @@ impl Worker {
         }
     }
 
+    /// The plugin goes away (proxy-wasm-cpp-host `WasmBase::startShutdown`): the root context's
+    /// `proxy_on_done`, then, when it answers true (or is not exported), its `proxy_on_delete`.
+    fn shut_down(&mut self) {
+        let root = self.host().root;
+        let done = self.call::<i32, i32>(root, "proxy_on_done", root as i32);
+        if done != Some(0) {
+            self.call::<i32, ()>(root, "proxy_on_delete", root as i32);
+        }
+        self.after();
+    }
+
     fn configure(&mut self) -> Result<(), String> {
         let root = self.host().root;
         self.call::<(i32, i32), ()>(root, "proxy_on_context_create", (root as i32, 0));
@@ -362,7 +373,7 @@ impl Worker {
                 },
             };
             match event {
-                Some(Event::Stop) => return,
+                Some(Event::Stop) => return self.shut_down(),
                 Some(Event::Request(r)) => self.on_request(r),
                 Some(Event::HttpDone { token, result }) => self.on_http_done(token, result),
                 Some(Event::RedisDone {
