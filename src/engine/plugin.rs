@@ -47,6 +47,16 @@ impl Plugin {
 
     pub fn with_metrics(config: Config, metrics: Box<dyn Metrics>) -> Plugin {
         let transport = transport(&config);
+        Self::with_transport(config, metrics, transport)
+    }
+
+    /// With a transport of the caller's choosing instead of this build's (tests of the engine
+    /// speak Webdis whichever build they run in).
+    pub fn with_transport(
+        config: Config,
+        metrics: Box<dyn Metrics>,
+        transport: Box<dyn Transport>,
+    ) -> Plugin {
         let rules = config.rules.len();
         // "v3": the shared-data layout (set-associative leases of 12 fields, one health value);
         // a module upgrade in place starts with fresh tables instead of misreading old ones.

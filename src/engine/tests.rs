@@ -141,21 +141,29 @@ fn user(u: &str) -> Req {
     req("/api/x", &[("x-user", u)])
 }
 
+/// A plugin whose calls go to Webdis in every build (the tests read and answer Webdis calls; the
+/// Higress build's RESP transport has its own tests in `backend::resp` and `tests/higress.rs`).
+fn webdis_plugin(top: &str, rules: &str, rec: &Rc<Recorder>) -> Plugin {
+    let json = format!(r#"{{{top} "rules":[{rules}]}}"#);
+    let config = Config::try_from(json.as_bytes()).unwrap();
+    let webdis = crate::backend::webdis::Webdis::new(
+        &config.backend.authority,
+        config.backend.basic_auth.as_deref(),
+    );
+    Plugin::with_transport(config, Box::new(rec.clone()), Box::new(webdis))
+}
+
 /// An engine whose counts are batched as a real worker's: they reach the recorder only when the
 /// engine flushes them.
 fn batched_engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
-    let json = format!(r#"{{{top} "rules":[{rules}]}}"#);
-    let config = Config::try_from(json.as_bytes()).unwrap();
     let rec = Rc::new(Recorder::default());
-    let plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
+    let plugin = webdis_plugin(top, rules, &rec);
     (Engine::new(plugin, 1), rec)
 }
 
 fn engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
-    let json = format!(r#"{{{top} "rules":[{rules}]}}"#);
-    let config = Config::try_from(json.as_bytes()).unwrap();
     let rec = Rc::new(Recorder::default());
-    let mut plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
+    let mut plugin = webdis_plugin(top, rules, &rec);
     // These tests read the counts right after driving the engine: a table of no rules passes
     // each count through at once. `batched_engine` keeps the batching of a real worker.
     plugin.metrics = Batched::new(Box::new(rec.clone()), 0);
