@@ -132,7 +132,9 @@ pub extern "C" fn proxy_on_queue_ready(ctx: u32, queue: u32) {
     with_engine(ctx, |e, h| e.queue_ready(h, queue));
 }
 
-/// A callout's answer, on the context that sent it (a request's, or the root's for a tick's).
+/// A callout's answer. The host owns every callout on the root context (proxy-wasm-cpp-host
+/// `http_call` runs on `root_context()`), so it comes on the root, even after the request whose
+/// callback sent it has ended.
 #[no_mangle]
 pub extern "C" fn proxy_on_http_call_response(
     ctx: u32,

@@ -94,13 +94,6 @@ impl Chains {
                 .retain(|w| !matches!(w, Waiter::Local(x, _) if *x == ctx));
         }
     }
-
-    /// The call for `key` will never be answered here: its queue moves on at the next tick.
-    pub(super) fn lost(&mut self, key: &str) {
-        if self.by_key.contains_key(key) {
-            self.pending.insert(key.to_string());
-        }
-    }
 }
 
 /// Whether a check may share a call: one token, no reservation.
@@ -327,10 +320,9 @@ impl Engine {
         call.cost = 1;
         call.lease_want = checks.len() as u64;
         let root = self.root;
-        if let Err((e, purpose)) = self.send(
-            host,
-            Call::new(rule, call, Purpose::Batch(checks), root, now),
-        ) {
+        if let Err((e, purpose)) =
+            self.send(host, Call::new(rule, call, Purpose::Batch(checks), now))
+        {
             if let Purpose::Batch(checks) = purpose {
                 self.fail_chained(host, &checks, &e, now);
             }

@@ -193,12 +193,13 @@ impl Engine {
         }
     }
 
-    /// Starts the lease call for `key`'s waiters, if this proxy has none out.
+    /// Starts the lease call for `key`'s waiters, if this proxy has none out; `carrier` None: not
+    /// from this callback, the next tick does.
     fn kick(&mut self, host: &mut dyn Host, key: &str, carrier: Option<u32>, now: u64) {
-        let Some(carrier) = carrier else {
+        if carrier.is_none() {
             self.queues.set_state(key, State::Lost);
             return;
-        };
+        }
         let Some(q) = self.queues.by_key.get(key) else {
             return;
         };
@@ -242,8 +243,7 @@ impl Engine {
                 };
                 self.queues.set_state(key, State::Own);
                 let purpose = Purpose::Lease(claim);
-                if let Err((e, purpose)) =
-                    self.send(host, Call::new(rule_idx, call, purpose, carrier, now))
+                if let Err((e, purpose)) = self.send(host, Call::new(rule_idx, call, purpose, now))
                 {
                     self.end_claim(host, purpose, now);
                     self.queues.set_state(key, State::Idle);
@@ -263,7 +263,7 @@ impl Engine {
             Ok((Flight::NoSlot, _)) | Err(_) => {
                 self.queues.set_state(key, State::Idle);
                 for w in self.queues.drain(key) {
-                    self.send_check(host, w.ctx, w.idx, carrier, now);
+                    self.send_check(host, w.ctx, w.idx, now);
                 }
             }
         }
@@ -409,9 +409,8 @@ impl Engine {
             // This proxy's reservation covers them only later: no second call meanwhile.
             self.deny_waiters(host, key, retry_ms);
         } else {
-            // A carrier that has its answer ends right after this callback, and Envoy cancels the
-            // calls it carries (Redis may still run one: its tokens would be lost). The next tick
-            // sends the call from the root context instead.
+            // At once if this callback runs on the root context (where the host delivers every
+            // callout answer) or on a request still deciding; else from the next tick.
             let alive =
                 |c: &u32| *c == self.root || self.requests.get(c).is_some_and(|r| r.deciding);
             self.kick(host, key, carrier.filter(alive), now);

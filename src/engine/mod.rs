@@ -128,8 +128,6 @@ struct Call {
     rule: usize,
     call: ScriptCall,
     purpose: Purpose,
-    /// The context whose callback sent it (its answer comes back through that context).
-    carrier: u32,
     /// When the first attempt was sent (a denial is cached from then, never later).
     sent_ms: u64,
     /// Whether this is the EVAL resend after NOSCRIPT.
@@ -138,12 +136,11 @@ struct Call {
 
 impl Call {
     /// A first attempt (EVALSHA), sent now.
-    fn new(rule: usize, call: ScriptCall, purpose: Purpose, carrier: u32, now: u64) -> Call {
+    fn new(rule: usize, call: ScriptCall, purpose: Purpose, now: u64) -> Call {
         Call {
             rule,
             call,
             purpose,
-            carrier,
             sent_ms: now,
             with_source: false,
         }
@@ -445,49 +442,27 @@ impl Engine {
         self.usage_from_headers(host, ctx, trailers, true);
     }
 
-    /// Context `ctx` is gone (the client went away, or the request ended): forget it. Nothing can
-    /// be sent from here (a call carried by a dying context would never be answered), so lease
-    /// calls it carried are ended and their keys tried again at the next tick.
+    /// Context `ctx` is gone (the client went away, or the request ended): forget it. Calls it
+    /// sent stay out: the host owns every callout on the root context and answers it there even
+    /// after the request that sent it is gone (proxy-wasm-cpp-host `http_call` and Higress' Redis
+    /// calls), so their grants still serve the other waiters and the pool.
     pub fn done(&mut self, host: &mut dyn Host, ctx: u32) {
-        let mut waited = false;
-        if let Some(r) = self.requests.remove(&ctx) {
-            for c in r.checks.iter().filter(|c| c.outcome.is_none()) {
-                waited = true;
-                if c.lease {
-                    self.queues.remove_waiter(&c.call.key, ctx);
-                } else {
-                    self.chains.remove_waiter(&c.call.key, ctx);
-                }
-            }
-        }
-        let carried: Vec<u32> = self
-            .calls
-            .iter()
-            .filter(|(_, c)| c.carrier == ctx)
-            .map(|(t, _)| *t)
-            .collect();
-        if !waited && carried.is_empty() {
-            // A request decided long ago: nothing of it is left to end or reschedule.
+        let Some(r) = self.requests.remove(&ctx) else {
             return;
-        }
-        let now = host.now_ms();
-        for token in carried {
-            let Some(call) = self.calls.remove(&token) else {
-                continue;
-            };
-            match call.purpose {
-                Purpose::Lease(claim) => {
-                    let key = claim.key().to_string();
-                    let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
-                    self.queues.flight_lost(&key);
-                }
-                Purpose::Check { .. } | Purpose::Batch(_) => self.chains.lost(&call.call.key),
-                // Most likely applied: the request had been sent. Not added back (never charge
-                // twice); at worst this proxy's difference is not settled.
-                Purpose::Settle => {}
+        };
+        let mut waited = false;
+        for c in r.checks.iter().filter(|c| c.outcome.is_none()) {
+            waited = true;
+            if c.lease {
+                self.queues.remove_waiter(&c.call.key, ctx);
+            } else {
+                self.chains.remove_waiter(&c.call.key, ctx);
             }
         }
-        self.schedule(host, now, false);
+        if waited {
+            let now = host.now_ms();
+            self.schedule(host, now, false);
+        }
     }
 
     // ----- checks -----
@@ -583,7 +558,7 @@ impl Engine {
         if coalesce::eligible(&call) && self.join_chain(host, (rule, &call), ctx, idx, now) {
             return;
         }
-        self.send_check(host, ctx, idx, ctx, now);
+        self.send_check(host, ctx, idx, now);
         if !self.is_waiting(ctx, idx) {
             // The call failed at once: the chain it started is over.
             self.chain_next(host, &call.key, ctx, now);
@@ -591,13 +566,13 @@ impl Engine {
     }
 
     /// Sends check `idx`'s own call (exact mode, or a lease check whose key has no lease slot).
-    fn send_check(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, carrier: u32, now: u64) {
+    fn send_check(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, now: u64) {
         let Some((rule, mut call)) = self.check_call(ctx, idx) else {
             return;
         };
         call.lease_want = 0;
         let purpose = Purpose::Check { ctx, idx };
-        if let Err((e, _)) = self.send(host, Call::new(rule, call, purpose, carrier, now)) {
+        if let Err((e, _)) = self.send(host, Call::new(rule, call, purpose, now)) {
             self.fail_check(host, ctx, idx, &e, now);
         }
     }
@@ -651,7 +626,6 @@ impl Engine {
     fn resend_with_source(&mut self, host: &mut dyn Host, call: Call, carrier: u32, now: u64) {
         let key = call.call.key.clone();
         let again = Call {
-            carrier,
             with_source: true,
             ..call
         };

@@ -710,18 +710,21 @@ fn the_claim_is_released_on_every_failure_path() {
     deliver(&mut e, &mut h, 10, 1, 200, NOSCRIPT);
     assert_eq!(h.status_of(10), Some(503));
     assert!(claim_free(&e, &h, "a"), "resend failure");
-    // 4. The context carrying the call goes away: its answer will never come.
+    // 4. The request that sent the call goes away: the host still answers the call, on the root
+    // context (it owns every callout), and the answer serves the other waiter.
     let (mut e, _) = engine(closed, LEASE);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
     e.request_headers(&mut h, 11, &user("a"));
     e.done(&mut h, 10);
-    assert!(claim_free(&e, &h, "a"), "carrier gone");
-    assert_eq!(h.tick, 1, "the key is tried again at the next tick");
-    e.tick(&mut h);
-    assert_eq!(h.sent.len(), 2, "a new call, carried by the root context");
-    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 40, 0, 300, 5));
-    assert_eq!(h.resumed, [11]);
+    assert!(!claim_free(&e, &h, "a"), "the call is still out");
+    deliver(&mut e, &mut h, 1, 1, 200, &answer(true, 40, 0, 300, 5));
+    assert!(
+        claim_free(&e, &h, "a"),
+        "answered after its sender went away"
+    );
+    assert_eq!(h.sent.len(), 1, "no second call");
+    assert_eq!(h.resumed, [11], "the gone request is never touched");
 }
 
 #[test]
@@ -1019,21 +1022,21 @@ fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
 }
 
 #[test]
-fn a_chain_survives_its_carrier_going_away_and_other_costs_go_alone() {
+fn a_chain_survives_the_request_that_sent_its_call_going_away_and_other_costs_go_alone() {
     let (mut e, _) = engine("", EXACT);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
     e.request_headers(&mut h, 11, &user("a"));
     e.done(&mut h, 10);
-    assert_eq!(h.tick, 1);
-    e.tick(&mut h);
     assert_eq!(
         h.sent.len(),
-        2,
-        "the queue moved on without the lost answer"
+        1,
+        "the call stays out: the host answers it on the root context"
     );
-    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
-    assert_eq!(h.resumed, [11]);
+    deliver(&mut e, &mut h, 1, 1, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.sent.len(), 2, "its answer moved the chain on");
+    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 4, 0, 100, 1));
+    assert_eq!(h.resumed, [11], "the gone request is never touched");
     // A cost of 2 is never coalesced (a grant must cover whole requests).
     e.request_headers(&mut h, 20, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
     e.request_headers(&mut h, 21, &req("/", &[("x-user", "c"), ("x-cost", "2")]));

@@ -294,7 +294,7 @@ impl Engine {
         }
         let now = host.now_ms();
         for (rule, key, limits, upfront, result) in known {
-            self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
+            self.settle_usage(host, rule, &key, limits, upfront, result, now);
         }
         // The flush of a settlement kept pending, and the counts, need the tick.
         self.schedule(host, now, false);
@@ -330,7 +330,7 @@ impl Engine {
         }
         let now = host.now_ms();
         for (rule, key, limits, upfront, result) in known {
-            self.settle_usage(host, ctx, rule, &key, limits, upfront, result, now);
+            self.settle_usage(host, rule, &key, limits, upfront, result, now);
         }
         // The flush of a settlement kept pending, and the counts, need the tick.
         self.schedule(host, now, false);
@@ -342,7 +342,6 @@ impl Engine {
     fn settle_usage(
         &mut self,
         host: &mut dyn Host,
-        carrier: u32,
         rule_idx: usize,
         key: &str,
         limits: Limits,
@@ -382,7 +381,7 @@ impl Engine {
         }
         if !self.keep_pending(host, rule_idx, key, limits, delta, now) {
             // No room in the shared table: settle this one now.
-            self.send_settlement(host, rule_idx, key, limits, delta, carrier, now);
+            self.send_settlement(host, rule_idx, key, limits, delta, now);
         }
     }
 
@@ -430,7 +429,6 @@ impl Engine {
         key: &str,
         limits: Limits,
         delta: i64,
-        carrier: u32,
         now: u64,
     ) {
         let call = ScriptCall {
@@ -438,10 +436,7 @@ impl Engine {
             ..ScriptCall::new(key.to_string(), &limits, 0)
         };
         // A failure to send puts it back (`settlement_failed`, called by `send`).
-        let _ = self.send(
-            host,
-            Call::new(rule_idx, call, Purpose::Settle, carrier, now),
-        );
+        let _ = self.send(host, Call::new(rule_idx, call, Purpose::Settle, now));
     }
 
     /// A call that carried a settlement failed: the settlement is pending again.
@@ -471,8 +466,7 @@ impl Engine {
             }
             let pending = settle::take(host.store(), &self.plugin.ns, &key).unwrap_or(0);
             if pending != 0 {
-                let root = self.root;
-                self.send_settlement(host, rule_idx, &key, limits, pending, root, now);
+                self.send_settlement(host, rule_idx, &key, limits, pending, now);
             }
         }
     }
