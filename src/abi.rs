@@ -326,8 +326,12 @@ pub fn shared_data(key: &str) -> Result<(Option<Vec<u8>>, u32), u32> {
         imports::proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
     };
     match status {
-        // SAFETY: Ok: the host handed over `data`/`size`.
-        OK => Ok((unsafe { take(OK, data, size) }, cas)),
+        // SAFETY: Ok: the host handed over `data`/`size`. An empty value reads as absent, as in
+        // the SDK (the host hands over no buffer for it).
+        OK => Ok((
+            unsafe { take(OK, data, size) }.filter(|v| !v.is_empty()),
+            cas,
+        )),
         NOT_FOUND => Ok((None, 0)),
         other => Err(other),
     }

@@ -75,6 +75,7 @@ pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
                 abi::install_logger();
                 log::set_max_level(host::log_filter());
             }
+            c.roots.retain(|(id, _)| *id != ctx);
             c.roots.push((ctx, Rc::new(RefCell::new(None))));
         } else {
             let engine = c.roots.iter().find(|(id, _)| *id == parent)?.1.clone();

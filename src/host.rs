@@ -70,9 +70,13 @@ impl RequestView for HostRequest {
     /// Every line of a repeated header, joined with `,` as Envoy's `request.headers` attribute
     /// joins them (`get_header_map_value` would give only the first line).
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        let pairs = self
-            .headers
-            .get_or_init(|| abi::header_pairs(abi::MAP_REQUEST_HEADERS));
+        let pairs = self.headers.get_or_init(|| {
+            let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS);
+            if pairs.is_none() {
+                log::error!("tollgate: the host gave no request headers; rules see none");
+            }
+            pairs
+        });
         crate::pairs::lookup(pairs.as_deref()?, name)
     }
 
