@@ -17,7 +17,7 @@
 //! does not answer within its patience is sent again by its own worker, and the leader forgotten.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 
 use super::{Call, Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
@@ -63,8 +63,6 @@ struct Forwarded {
 pub(super) struct Chains {
     /// By bucket key (a digest no client chooses bits of: the fast seeded hash is safe here).
     by_key: HashMap<String, Chain, Seeded>,
-    /// Keys whose next call must be sent from the root context (at the next tick).
-    pending: HashSet<String, Seeded>,
     /// This worker's shared queue (None: the host gave none, chains stay per worker).
     lane: Option<u32>,
     forwarded: HashMap<u64, Forwarded, super::ById>,
@@ -77,11 +75,6 @@ pub(super) struct Chains {
 }
 
 impl Chains {
-    /// Whether any chain waits for the tick.
-    pub(super) fn pending(&self) -> bool {
-        !self.pending.is_empty()
-    }
-
     /// When the first forwarded check stops waiting for its leader.
     pub(super) fn next_deadline(&self) -> Option<u64> {
         self.deadlines.peek().map(|Reverse((due, _))| *due)
@@ -280,8 +273,7 @@ impl Engine {
     /// A call of `key`'s chain was answered (or failed) through `carrier`: send the queued checks
     /// as one call, from here if the root context carries it, else at the next tick. A chain that
     /// goes on claims its key for this worker, or, if another worker leads it, ends with this call.
-    pub(super) fn chain_next(&mut self, host: &mut dyn Host, key: &str, carrier: u32, now: u64) {
-        self.chains.pending.remove(key);
+    pub(super) fn chain_next(&mut self, host: &mut dyn Host, key: &str, now: u64) {
         let queued = match self.chains.by_key.get_mut(key) {
             Some(chain) => std::mem::take(&mut chain.waiting),
             None => return,
@@ -300,11 +292,6 @@ impl Engine {
             self.end_chain(host, key);
             return;
         };
-        if carrier != self.root {
-            chain.waiting = checks;
-            self.chains.pending.insert(key.to_string());
-            return;
-        }
         if !chain.leads {
             if let Some(me) = self.chains.lane {
                 let leader = Leaders::new(host.store(), &self.plugin.ns).claim(key, me);
@@ -319,14 +306,13 @@ impl Engine {
         }
         call.cost = 1;
         call.lease_want = checks.len() as u64;
-        let root = self.root;
         if let Err((e, purpose)) =
             self.send(host, Call::new(rule, call, Purpose::Batch(checks), now))
         {
             if let Purpose::Batch(checks) = purpose {
                 self.fail_chained(host, &checks, &e, now);
             }
-            self.chain_next(host, key, root, now);
+            self.chain_next(host, key, now);
         }
     }
 
@@ -342,15 +328,6 @@ impl Engine {
     fn forget_leader(&mut self, host: &mut dyn Host, key: &str, leader: u32) {
         self.chains.leaders.remove(key);
         let _ = Leaders::new(host.store(), &self.plugin.ns).release(key, leader);
-    }
-
-    /// Sends the chains that wait for the root context (from the tick).
-    pub(super) fn send_pending_chains(&mut self, host: &mut dyn Host, now: u64) {
-        let pending: Vec<String> = self.chains.pending.iter().cloned().collect();
-        let root = self.root;
-        for key in pending {
-            self.chain_next(host, &key, root, now);
-        }
     }
 
     /// The answer to a coalesced call: the first `granted` checks are admitted, the others
@@ -475,8 +452,7 @@ impl Engine {
                     leads: false,
                 };
                 self.chains.by_key.insert(key.clone(), chain);
-                let root = self.root;
-                self.chain_next(host, &key, root, now);
+                self.chain_next(host, &key, now);
             }
         }
     }

@@ -359,7 +359,7 @@ impl Engine {
             .latency(call.rule, now.saturating_sub(call.sent_ms));
         let reply = self.plugin.transport.decode(status, body);
         if matches!(reply, Err(BackendError::NoScript)) && !call.with_source {
-            self.resend_with_source(host, call, carrier, now);
+            self.resend_with_source(host, call, now);
         } else {
             self.record(host, call.rule, reply.as_ref().map(|_| ()), now);
             if reply.is_err() {
@@ -373,12 +373,12 @@ impl Engine {
                     };
                     self.settle(host, ctx, idx, outcome);
                     if coalesce::eligible(&call.call) {
-                        self.chain_next(host, &call.call.key, carrier, now);
+                        self.chain_next(host, &call.call.key, now);
                     }
                 }
                 Purpose::Batch(checks) => {
                     self.batch_answer(host, &call.call, checks, reply, call.sent_ms, now);
-                    self.chain_next(host, &call.call.key, carrier, now);
+                    self.chain_next(host, &call.call.key, now);
                 }
                 Purpose::Settle => {}
                 Purpose::Lease(claim) => {
@@ -406,7 +406,6 @@ impl Engine {
         self.expire_waiters(host, now);
         self.expire_forwarded(host, now);
         self.poll_leases(host, now);
-        self.send_pending_chains(host, now);
         self.flush_settlements(host, now);
         self.schedule(host, now, true);
     }
@@ -561,7 +560,7 @@ impl Engine {
         self.send_check(host, ctx, idx, now);
         if !self.is_waiting(ctx, idx) {
             // The call failed at once: the chain it started is over.
-            self.chain_next(host, &call.key, ctx, now);
+            self.chain_next(host, &call.key, now);
         }
     }
 
@@ -623,7 +622,7 @@ impl Engine {
     }
 
     /// NOSCRIPT: the same call again with the script's source (EVAL), once.
-    fn resend_with_source(&mut self, host: &mut dyn Host, call: Call, carrier: u32, now: u64) {
+    fn resend_with_source(&mut self, host: &mut dyn Host, call: Call, now: u64) {
         let key = call.call.key.clone();
         let again = Call {
             with_source: true,
@@ -634,7 +633,7 @@ impl Engine {
             Err((e, Purpose::Check { ctx, idx })) => self.fail_check(host, ctx, idx, &e, now),
             Err((e, Purpose::Batch(checks))) => {
                 self.fail_chained(host, &checks, &e, now);
-                self.chain_next(host, &key, carrier, now);
+                self.chain_next(host, &key, now);
             }
             Err((_, Purpose::Settle)) => {}
             Err((e, Purpose::Lease(claim))) => {
@@ -922,9 +921,6 @@ impl Engine {
         }
         if let Some(due) = self.chains.next_deadline() {
             next = Some(next.map_or(due, |n: u64| n.min(due)));
-        }
-        if self.chains.pending() {
-            next = Some(now.saturating_add(1));
         }
         if let Some(Reverse((due, _))) = self.held.peek() {
             next = Some(next.map_or(*due, |n: u64| n.min(*due)));
