@@ -375,13 +375,10 @@ impl HostMetrics {
 
 impl Metrics for HostMetrics {
     fn count(&self, rule: usize, counter: Counter, n: u64) {
-        let Some(pos) = Counter::ALL.iter().position(|c| *c == counter) else {
-            return;
-        };
         let id = self
             .counters
             .get(rule)
-            .and_then(|ids| ids.get(pos).copied().flatten());
+            .and_then(|ids| ids.get(counter.index()).copied().flatten());
         if let (Some(id), Ok(n @ 1..)) = (id, i64::try_from(n)) {
             let _ = abi::increment_metric(id, n);
         }
