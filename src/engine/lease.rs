@@ -41,7 +41,8 @@ enum State {
     Own,
     /// Another worker's call is out; polled until it ends.
     Foreign,
-    /// The call was lost (its carrier went away): start another at the next tick.
+    /// No call could be sent or kept (a failed resend, or none due from this callback): the
+    /// next tick starts one.
     Lost,
 }
 
