@@ -240,3 +240,32 @@ fn repeated_key_header_is_keyed_by_all_its_lines() {
         "the first line alone is another bucket"
     );
 }
+
+/// The filter reads a request's headers in one copy of the whole map: the key header is found as
+/// well among 60 large headers (~55 KB, under Envoy's 60 KiB default) as in a small request, its
+/// name in any case, and both requests share one bucket.
+#[test]
+fn the_key_header_is_found_among_many_large_headers_in_any_case() {
+    let stack = Stack::start_edited(
+        "edge-many-headers",
+        &config(r#""key": ["header:x-user-id"], "burst": 2"#),
+        shipped,
+    );
+    let filler: Vec<(String, String)> = (0..60)
+        .map(|i| (format!("x-filler-{i}"), "f".repeat(900)))
+        .collect();
+    let mut headers: Vec<(&str, &str)> = filler
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    headers.push(("X-User-Id", "mallory"));
+    let got: Vec<u16> = (0..3)
+        .map(|_| send(&stack, LOCALHOST, "/x", &headers).status)
+        .collect();
+    assert_eq!(got, [200, 200, 429], "{}", stack.logs());
+    assert_eq!(
+        send(&stack, LOCALHOST, "/x", &[("x-user-id", "mallory")]).status,
+        429,
+        "a small request is the same bucket"
+    );
+}
