@@ -407,7 +407,7 @@ impl Engine {
         let Some(message) = host.dequeue(queue) else {
             return;
         };
-        let now = host.now_ms();
+        let now = self.now(host);
         if let Some((queue, ask, rule, call)) = wire::parse_ask(&message) {
             self.take_ask(host, (queue, ask), rule, call, now);
         } else {

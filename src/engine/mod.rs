@@ -169,6 +169,11 @@ pub struct Engine {
     flushes: BinaryHeap<Reverse<(u64, usize, String, crate::bucket::Limits)>>,
     /// The tick period asked of the host (0: off).
     tick_ms: u64,
+    /// When that tick fires next (as of the clock reading it was asked or last fired at).
+    tick_next_ms: u64,
+    /// The latest time this worker read from the host's clock ([`Engine::now`]). A request
+    /// admitted from the worker's stash reads no clock of its own: it goes by this one.
+    clock_ms: u64,
     /// Whether an unreadable usage was logged already (once per worker).
     usage_logged: bool,
     /// The request whose `request_headers` is running, and what its verdict says Envoy should do
@@ -224,6 +229,8 @@ impl Engine {
             held: BinaryHeap::new(),
             flushes: BinaryHeap::new(),
             tick_ms: 0,
+            tick_next_ms: 0,
+            clock_ms: 0,
             usage_logged: false,
             in_headers: None,
             header_buf: String::new(),
@@ -258,13 +265,21 @@ impl Engine {
         self.in_headers = Some((ctx, None));
         self.decide_headers(host, ctx, req);
         let decided = self.in_headers.take().and_then(|(_, action)| action);
-        let now = host.now_ms();
-        self.schedule(host, now, false);
+        // The time this request read, or, if it read none (the stash admitted it), the worker's
+        // latest reading: all it can have added is counts, whose tick then comes at most as much
+        // later as that reading is old.
+        self.schedule(host, self.clock_ms, false);
         decided.unwrap_or(Action::Pause)
     }
 
-    fn decide_headers(&mut self, host: &mut dyn Host, ctx: u32, req: &dyn RequestView) {
+    /// The host's clock, read now, and kept as the worker's latest reading.
+    fn now(&mut self, host: &dyn Host) -> u64 {
         let now = host.now_ms();
+        self.clock_ms = self.clock_ms.max(now);
+        now
+    }
+
+    fn decide_headers(&mut self, host: &mut dyn Host, ctx: u32, req: &dyn RequestView) {
         let mut checks = std::mem::take(&mut self.spare_checks);
         for idx in 0..self.plugin.config.rules.len() {
             let (call, lease) = match self.plugin.check_for(idx, req, &mut self.keys) {
@@ -278,7 +293,7 @@ impl Engine {
                 }
                 plugin::Plan::Check(call, lease) => (call, lease),
             };
-            let outcome = self.local_outcome(host.store(), idx, &call, lease, now);
+            let outcome = self.local_outcome(host, idx, &call, lease);
             if let Some(o) = outcome {
                 self.plugin.count(idx, (o, Source::Local));
             }
@@ -321,6 +336,7 @@ impl Engine {
             .map(|(i, c)| (i, c.lease))
             .collect();
         self.requests.insert(ctx, request);
+        let now = self.now(host);
         let exact_needed = undecided.iter().any(|(_, lease)| !lease);
         if exact_needed && !self.backend_allowed(host, now) {
             // The breaker is open: the failure mode answers now, no request waits on a dead backend.
@@ -353,7 +369,7 @@ impl Engine {
         let Some(call) = self.calls.remove(&token) else {
             return;
         };
-        let now = host.now_ms();
+        let now = self.now(host);
         self.plugin
             .metrics
             .latency(call.rule, now.saturating_sub(call.sent_ms));
@@ -393,7 +409,10 @@ impl Engine {
 
     /// The periodic tick of the worker's root context.
     pub fn tick(&mut self, host: &mut dyn Host) {
-        let now = host.now_ms();
+        let now = self.now(host);
+        let metrics = &self.plugin.metrics;
+        self.stashes
+            .expire(now, |rule, n| metrics.count(rule, Counter::LeaseDropped, n));
         while let Some(Reverse((due, ctx))) = self.held.peek().copied() {
             if due > now {
                 break;
@@ -459,7 +478,7 @@ impl Engine {
             }
         }
         if waited {
-            let now = host.now_ms();
+            let now = self.now(host);
             self.schedule(host, now, false);
         }
     }
@@ -470,12 +489,21 @@ impl Engine {
     /// batch moved from the proxy's pool) or a cached denial.
     fn local_outcome(
         &mut self,
-        store: &dyn Store,
+        host: &dyn Host,
         idx: usize,
         call: &ScriptCall,
         lease: bool,
-        now: u64,
     ) -> Option<Outcome> {
+        if lease {
+            if let Some(spent) = self.spend_stashed(idx, call) {
+                return Some(Outcome::Allowed {
+                    remaining: spent.remaining,
+                    reset_ms: spent.reset_ms,
+                });
+            }
+        }
+        let now = self.now(host);
+        let store = host.store();
         let mut refilling = None;
         if lease {
             match self.spend_leased(store, idx, call, now) {
@@ -502,8 +530,24 @@ impl Engine {
         denied
     }
 
-    /// Spends `call`'s cost from this worker's stash, or from a batch moved out of the proxy's
-    /// pool. When neither can, says whether the proxy's reservation covers it later (in ms).
+    /// Spends `call`'s cost from this worker's stash, by the worker's latest clock reading (see
+    /// [`stash`]): the local path's one clock-free answer.
+    fn spend_stashed(
+        &mut self,
+        idx: usize,
+        call: &ScriptCall,
+    ) -> Option<crate::shared::lease::Spent> {
+        let spend = self.stashes.spend(&call.key, call.cost, self.clock_ms);
+        if spend.dropped > 0 {
+            self.plugin
+                .metrics
+                .count(idx, Counter::LeaseDropped, spend.dropped);
+        }
+        spend.spent
+    }
+
+    /// Spends `call`'s cost from a batch moved out of the proxy's pool into this worker's stash.
+    /// When it cannot, says whether the proxy's reservation covers it later (in ms).
     fn spend_leased(
         &mut self,
         store: &dyn Store,
@@ -512,13 +556,6 @@ impl Engine {
         now: u64,
     ) -> Result<crate::shared::lease::Spent, Option<u64>> {
         let metrics = &self.plugin.metrics;
-        let spend = self.stashes.spend(&call.key, call.cost, now);
-        if spend.dropped > 0 {
-            metrics.count(idx, Counter::LeaseDropped, spend.dropped);
-        }
-        if let Some(spent) = spend.spent {
-            return Ok(spent);
-        }
         let (room, dropped) = self.stashes.room_for(&call.key, now);
         metrics.count(idx, Counter::LeaseDropped, dropped);
         let Some(sizing) = self
@@ -531,7 +568,9 @@ impl Engine {
         match LeasePool::new(store, &self.plugin.ns)
             .take_batch(&call.key, call.cost, now, &sizing, !room)
         {
-            Ok(Taken::Batch(batch)) => Ok(self.stashes.keep(&call.key, &batch, call.cost, now)),
+            Ok(Taken::Batch(batch)) => {
+                Ok(self.stashes.keep((idx, &call.key), &batch, call.cost, now))
+            }
             Ok(Taken::Refilling(ms)) => Err(Some(ms)),
             Ok(Taken::Miss) | Err(_) => Err(None),
         }
@@ -613,7 +652,7 @@ impl Engine {
                 Ok(())
             }
             Err(e) => {
-                let now = host.now_ms();
+                let now = self.now(host);
                 self.record(host, rule, Err(&e), now);
                 self.settlement_failed(host, rule, &call, now);
                 Err((e, purpose))
@@ -792,7 +831,6 @@ impl Engine {
                 self.decided_in_headers(ctx, Action::Pause);
             }
             Verdict::Allow(shown) => {
-                let now = host.now_ms();
                 let delay_ms = shown.delay_ms;
                 let style = self.plugin.config.response_headers;
                 if shown.any(style) || !usage.is_empty() {
@@ -808,6 +846,7 @@ impl Engine {
                     );
                 }
                 if delay_ms > 0 {
+                    let now = self.now(host);
                     self.held.push(Reverse((now.saturating_add(delay_ms), ctx)));
                     self.schedule(host, now, false);
                     self.decided_in_headers(ctx, Action::Pause);
@@ -925,15 +964,23 @@ impl Engine {
         if let Some(Reverse((due, _))) = self.held.peek() {
             next = Some(next.map_or(*due, |n: u64| n.min(*due)));
         }
+        if let Some(due) = self.stashes.next_expiry() {
+            next = Some(next.map_or(due, |n: u64| n.min(due)));
+        }
         let want = next.map_or(0, |due| due.saturating_sub(now).max(1));
+        // Outside a tick the tick is only ever brought forward, and only when something is due
+        // before it fires anyway: a deadline that stays put does not re-arm it at every event.
         let change = if in_tick {
             want != self.tick_ms
         } else {
-            want != 0 && (self.tick_ms == 0 || want < self.tick_ms)
+            want != 0 && (self.tick_ms == 0 || now.saturating_add(want) < self.tick_next_ms)
         };
         if change {
             host.set_tick(want);
             self.tick_ms = want;
+        }
+        if change || in_tick {
+            self.tick_next_ms = now.saturating_add(self.tick_ms);
         }
     }
 }

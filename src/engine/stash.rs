@@ -5,6 +5,11 @@
 //! each once, and drops them when the lease they came from expires; so the worker's admissions
 //! from it are admissions the global bucket granted. At most `MAX_KEYS` keys are stashed; a
 //! worker that cannot stash a key takes exactly the request's cost from the pool.
+//!
+//! A spend needs no clock reading of its own: it is checked against the worker's latest one,
+//! and the worker ticks at [`Stashes::next_expiry`], where [`Stashes::expire`] drops what ran
+//! out. So a token is spent after its lease expired only by a request handled in the same
+//! event-loop turn as the tick that drops it.
 
 use std::collections::HashMap;
 
@@ -16,17 +21,30 @@ pub const MAX_KEYS: usize = 1024;
 
 #[derive(Debug, Clone, Copy)]
 struct Stash {
+    /// The rule the key is of (its dropped tokens are counted there).
+    rule: usize,
     tokens: u64,
     expires_ms: u64,
     global_remaining: u64,
     reset_at_ms: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stashes {
     /// By bucket key, under a fast hash with a random seed ([`crate::rule::hash`]): every lease
     /// admission looks its key up here.
     by_key: HashMap<String, Stash, crate::rule::hash::Seeded>,
+    /// No stash expires before this (u64::MAX: none is kept); exact after [`Stashes::expire`].
+    earliest_ms: u64,
+}
+
+impl Default for Stashes {
+    fn default() -> Stashes {
+        Stashes {
+            by_key: HashMap::default(),
+            earliest_ms: u64::MAX,
+        }
+    }
 }
 
 /// What spending from a stash did.
@@ -85,9 +103,18 @@ impl Stashes {
         (self.by_key.len() < MAX_KEYS, dropped)
     }
 
-    /// Keeps a batch taken from the pool, after spending `cost` of it; what was spent.
-    pub fn keep(&mut self, key: &str, batch: &Batch, cost: u64, now_ms: u64) -> Spent {
+    /// Keeps a batch of rule `rule`'s key `key` taken from the pool, after spending `cost` of it;
+    /// what was spent.
+    pub fn keep(
+        &mut self,
+        (rule, key): (usize, &str),
+        batch: &Batch,
+        cost: u64,
+        now_ms: u64,
+    ) -> Spent {
+        self.earliest_ms = self.earliest_ms.min(batch.expires_ms);
         let s = self.by_key.entry(key.to_string()).or_insert(Stash {
+            rule,
             tokens: 0,
             expires_ms: batch.expires_ms,
             global_remaining: batch.global_remaining,
@@ -105,6 +132,31 @@ impl Stashes {
             self.by_key.remove(key);
         }
         spent
+    }
+
+    /// When the next stash expires, if any is kept (it may have been spent meanwhile).
+    pub fn next_expiry(&self) -> Option<u64> {
+        (self.earliest_ms != u64::MAX).then_some(self.earliest_ms)
+    }
+
+    /// Drops the stashes expired at `now_ms`, telling `dropped` each one's rule and unspent
+    /// tokens.
+    pub fn expire(&mut self, now_ms: u64, mut dropped: impl FnMut(usize, u64)) {
+        if now_ms < self.earliest_ms {
+            return;
+        }
+        let mut earliest = u64::MAX;
+        self.by_key.retain(|_, s| {
+            if now_ms < s.expires_ms {
+                earliest = earliest.min(s.expires_ms);
+                return true;
+            }
+            if s.tokens > 0 {
+                dropped(s.rule, s.tokens);
+            }
+            false
+        });
+        self.earliest_ms = earliest;
     }
 
     /// The tokens stashed for `key` and when they expire.
@@ -141,7 +193,7 @@ mod tests {
     fn spends_each_token_once_until_the_lease_expires() {
         let mut s = Stashes::default();
         assert_eq!(s.spend("k", 1, 0), Spend::default());
-        assert_eq!(s.keep("k", &batch(4, 100), 1, 0).remaining, 3 + 10);
+        assert_eq!(s.keep((0, "k"), &batch(4, 100), 1, 0).remaining, 3 + 10);
         assert!(s.spend("k", 2, 1).spent.is_some());
         assert!(s.spend("k", 2, 1).spent.is_none(), "one left");
         assert_eq!(
@@ -156,7 +208,7 @@ mod tests {
     fn memory_is_bounded_and_expired_stashes_make_room() {
         let mut s = Stashes::default();
         for i in 0..MAX_KEYS {
-            s.keep(&format!("k{i}"), &batch(2, 100), 1, 0);
+            s.keep((0, &format!("k{i}")), &batch(2, 100), 1, 0);
         }
         assert_eq!(s.room_for("new", 50), (false, 0));
         assert_eq!(
@@ -166,5 +218,26 @@ mod tests {
         );
         assert_eq!(s.room_for("new", 100), (true, MAX_KEYS as u64));
         assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn the_tick_at_the_next_expiry_drops_what_ran_out_and_counts_it_by_rule() {
+        let mut s = Stashes::default();
+        assert_eq!(s.next_expiry(), None);
+        s.keep((0, "a"), &batch(5, 100), 1, 0);
+        s.keep((1, "b"), &batch(3, 300), 1, 0);
+        s.keep((1, "c"), &batch(1, 200), 1, 0);
+        assert_eq!(s.next_expiry(), Some(100));
+        let mut dropped = Vec::new();
+        s.expire(99, |rule, n| dropped.push((rule, n)));
+        assert!(dropped.is_empty(), "nothing ran out yet");
+        s.expire(100, |rule, n| dropped.push((rule, n)));
+        assert_eq!(dropped, [(0, 4)], "a's 4 unspent tokens, on its rule");
+        assert_eq!(s.next_expiry(), Some(300), "c was spent whole: b is next");
+        assert!(s.spend("a", 1, 150).spent.is_none(), "a is gone");
+        assert!(s.spend("b", 1, 150).spent.is_some());
+        s.expire(300, |rule, n| dropped.push((rule, n)));
+        assert_eq!(dropped, [(0, 4), (1, 1)]);
+        assert_eq!(s.next_expiry(), None, "no tick needed for stashes");
     }
 }

@@ -14,6 +14,8 @@ use crate::shared::mem::MemStore;
 #[derive(Default)]
 struct Fake {
     now: u64,
+    /// How many times the engine read the clock.
+    clock_reads: std::cell::Cell<u64>,
     store: MemStore,
     next_token: u32,
     /// Calls out: token -> (carrier at send time, body).
@@ -33,6 +35,7 @@ struct Fake {
 
 impl Host for Fake {
     fn now_ms(&self) -> u64 {
+        self.clock_reads.set(self.clock_reads.get() + 1);
         self.now
     }
     fn store(&self) -> &dyn Store {
@@ -210,6 +213,14 @@ fn grant_all(e: &mut Engine, h: &mut Fake, carrier: u32, token: u32) -> u64 {
     deliver(e, h, carrier, token, 200, &answer(true, 40, 0, 300, n));
     n
 }
+
+/// A grant of 20 tokens from a bucket that keeps 30.
+const TWENTY_LEASED: crate::shared::lease::Grant = crate::shared::lease::Grant {
+    tokens: 20,
+    global_remaining: 30,
+    reset_after_ms: 300,
+    refill_ms: 0,
+};
 
 /// Puts `grant` into user "a"'s lease in the proxy pool of `e` at time 0, as a lease call of
 /// its own would (a key at 100/s, burst 50, leases of at most 20).
@@ -882,9 +893,51 @@ fn an_idle_engine_stops_ticking() {
     h.now = 200;
     e.tick(&mut h);
     assert_eq!(h.tick, 0);
-    let sets = h.tick_sets;
     assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Continue);
-    assert_eq!(h.tick_sets, sets, "a local admission arms nothing");
+    // It moved a batch out of the pool: the worker ticks when that batch's lease expires
+    // (at 400) to drop what is left of it, then goes idle again.
+    assert_eq!(h.tick, 200, "a tick at the batch's expiry");
+    h.now = 400;
+    e.tick(&mut h);
+    assert_eq!(h.tick, 0, "idle again");
+}
+
+#[test]
+fn stash_admissions_read_no_clock_and_the_tick_at_the_lease_expiry_ends_them() {
+    let (mut e, rec) = engine("", LEASE);
+    let mut h = Fake::default();
+    deposit_at_0(&h, &e, TWENTY_LEASED);
+    // The first admission moves a batch from the proxy's pool into the worker's stash: it reads
+    // the clock, and arms a tick at the lease's expiry.
+    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Continue);
+    let (stashed, expiry) = e.stashed(&lease_key(&e, "a")).unwrap();
+    assert!(stashed >= 2, "a batch: {stashed}");
+    assert_eq!(h.tick, expiry);
+    let reads = h.clock_reads.get();
+    h.now = expiry - 1;
+    for ctx in 11..11 + stashed as u32 {
+        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Continue);
+        e.response_headers(&mut h, ctx, &resp(&[]));
+        e.done(&mut h, ctx);
+    }
+    assert_eq!(
+        h.clock_reads.get(),
+        reads,
+        "no clock read by a stash admission"
+    );
+    assert_eq!(e.stashed(&lease_key(&e, "a")), None, "all spent");
+    assert_eq!(rec.get(0, Counter::LocalAllowed), 1 + stashed);
+    // Another batch, then its lease runs out: the tick drops it, and the next request is not
+    // admitted from it.
+    assert_eq!(e.request_headers(&mut h, 40, &user("a")), Action::Continue);
+    let (left, _) = e.stashed(&lease_key(&e, "a")).unwrap();
+    h.now = expiry;
+    e.tick(&mut h);
+    assert_eq!(e.stashed(&lease_key(&e, "a")), None, "expired: dropped");
+    assert_eq!(rec.get(0, Counter::LeaseDropped), left);
+    let sent = h.sent.len();
+    assert_eq!(e.request_headers(&mut h, 41, &user("a")), Action::Pause);
+    assert_eq!(h.sent.len(), sent + 1, "a lease call, not a stashed token");
 }
 
 /// Two workers of one proxy in lease mode, with `grant` in the proxy's pool for user "a" at 0.
@@ -898,12 +951,7 @@ fn two_lease_workers(grant: crate::shared::lease::Grant) -> (Worker, Worker, Fak
 #[test]
 fn workers_stashing_batches_never_spend_more_than_was_granted() {
     // The proxy's pool holds a lease of 20 tokens for the key.
-    let ((mut w1, rec1), (mut w2, rec2), mut h) = two_lease_workers(crate::shared::lease::Grant {
-        tokens: 20,
-        global_remaining: 30,
-        reset_after_ms: 300,
-        refill_ms: 0,
-    });
+    let ((mut w1, rec1), (mut w2, rec2), mut h) = two_lease_workers(TWENTY_LEASED);
     let leased = 20;
     // Both workers alternate until each has missed once.
     let (mut admitted, mut missed1, mut missed2) = (0, false, false);
@@ -1279,16 +1327,7 @@ fn counts_reach_the_host_once_due_and_exactly_once_with_a_tick_only_meanwhile() 
 fn a_busy_worker_flushes_on_a_request_once_due_with_no_host_call_per_admission() {
     let (mut e, rec) = batched_engine("", LEASE);
     let mut h = Fake::default();
-    deposit_at_0(
-        &h,
-        &e,
-        crate::shared::lease::Grant {
-            tokens: 20,
-            global_remaining: 30,
-            reset_after_ms: 300,
-            refill_ms: 0,
-        },
-    );
+    deposit_at_0(&h, &e, TWENTY_LEASED);
     assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Continue);
     let sets = h.tick_sets;
     for ctx in 11..20 {
@@ -1298,6 +1337,10 @@ fn a_busy_worker_flushes_on_a_request_once_due_with_no_host_call_per_admission()
         e.done(&mut h, ctx);
     }
     assert_eq!(h.tick_sets, sets, "local admissions arm nothing");
+    assert_eq!(rec.get(0, Counter::LocalAllowed), 0);
+    // The worker's tick at the stash's expiry drops what is left; the counts are not due yet.
+    h.now = 400;
+    e.tick(&mut h);
     assert_eq!(rec.get(0, Counter::LocalAllowed), 0);
     // The lease has expired by then: this one sends a lease call.
     h.now = METRICS_FLUSH_MS;

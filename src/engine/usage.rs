@@ -292,7 +292,7 @@ impl Engine {
         if r.usage.is_empty() {
             self.requests.remove(&ctx);
         }
-        let now = host.now_ms();
+        let now = self.now(host);
         for (rule, key, limits, upfront, result) in known {
             self.settle_usage(host, rule, &key, limits, upfront, result, now);
         }
@@ -328,7 +328,7 @@ impl Engine {
         if r.usage.is_empty() {
             self.requests.remove(&ctx);
         }
-        let now = host.now_ms();
+        let now = self.now(host);
         for (rule, key, limits, upfront, result) in known {
             self.settle_usage(host, rule, &key, limits, upfront, result, now);
         }

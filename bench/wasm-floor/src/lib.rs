@@ -4,8 +4,8 @@
 //!
 //! With the plugin configuration `host-calls` (scenario `wasm-floor-calls`) it makes, instead, the
 //! host calls tollgate's lease path makes for a request answered from leased tokens, with no logic
-//! around them: the clock, the request's headers (all in one read), and two response headers
-//! (tollgate batches its counters: it pushes them about once a second per worker, not per request).
+//! around them: the request's headers (all in one read) and two response headers (tollgate reads
+//! no clock there, and batches its counters: it pushes them about once a second per worker).
 //! Its cost over the floor is what those host calls cost Envoy. tollgate-lease's cost over it is
 //! what tollgate's own wasm code costs, less what tollgate saves by not exporting the callbacks it
 //! does not use (this module is built with the proxy-wasm SDK, which exports them all: Envoy calls
@@ -69,7 +69,6 @@ impl Context for HostCalls {}
 
 impl HttpContext for HostCalls {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let _ = hostcalls::get_current_time();
         let _ = hostcalls::get_map(MapType::HttpRequestHeaders);
         Action::Continue
     }
