@@ -1,8 +1,10 @@
 # tollgate — build, lint and test a proxy-wasm rate-limit filter against real Envoy, Webdis and Redis.
 #
 #   make setup   install what the tests need (quiet and quick when it is already there)
-#   make build   build target/wasm32-wasip1/release/tollgate.wasm (HTTP/Webdis) and tollgate-higress.wasm
-#                (Higress' Redis callouts; built in target/higress, then copied beside the first)
+#   make build   build target/wasm32-wasip1/release/tollgate.wasm (HTTP/Webdis), tollgate-usage-body.wasm
+#                (the same, also reading response bodies for usage rules' body_field) and
+#                tollgate-higress.wasm (Higress' Redis callouts, reading bodies too); the last two are
+#                built in target/usage-body and target/higress, then copied beside the first
 #   make lint    rustfmt + clippy (host targets and the wasm library)
 #   make check   the fast loop: rustfmt, clippy, and the unit tests (no Envoy, Redis or Webdis)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
@@ -20,9 +22,11 @@ SHELL := /bin/bash
 WASM_TARGET   := wasm32-wasip1
 WASM          := target/$(WASM_TARGET)/release/tollgate.wasm
 HIGRESS_WASM  := target/$(WASM_TARGET)/release/tollgate-higress.wasm
-# The Higress build has its own target dir: same crate, other features, so the two cdylibs never
+BODY_WASM     := target/$(WASM_TARGET)/release/tollgate-usage-body.wasm
+# Each other build has its own target dir: same crate, other features, so the cdylibs never
 # overwrite each other.
-HIGRESS_BUILD := cargo build --release --target $(WASM_TARGET) --features redis-callout --target-dir target/higress
+HIGRESS_FEATURES := --features redis-callout,usage-body --target-dir target/higress
+BODY_FEATURES    := --features usage-body --target-dir target/usage-body
 ENVOY_VERSION := 1.40.0
 VENV          := .venv
 ENVOY         := $(VENV)/bin/envoy
@@ -62,14 +66,22 @@ setup-rust:
 
 build: setup-rust
 	cargo build --release --target $(WASM_TARGET)
-	$(HIGRESS_BUILD)
+	@$(MAKE) --no-print-directory body-wasm
+	cargo build --release --target $(WASM_TARGET) $(HIGRESS_FEATURES)
 	cp target/higress/$(WASM_TARGET)/release/tollgate.wasm $(HIGRESS_WASM)
+
+# The usage-body build, quietly (make build and make demo).
+.PHONY: body-wasm
+body-wasm: setup-rust
+	@cargo build --quiet --release --target $(WASM_TARGET) $(BODY_FEATURES)
+	@cp target/usage-body/$(WASM_TARGET)/release/tollgate.wasm $(BODY_WASM)
 
 lint: setup-rust
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --release --target $(WASM_TARGET) --lib -- -D warnings
-	cargo clippy --release --target $(WASM_TARGET) --lib --features redis-callout --target-dir target/higress -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) --lib $(BODY_FEATURES) -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) --lib $(HIGRESS_FEATURES) -- -D warnings
 	cargo clippy --lib --tests --features redis-callout -- -D warnings
 
 # The fast loop while editing: nothing here starts a server.
@@ -99,6 +111,7 @@ e2e:
 
 demo: setup
 	@cargo build --quiet --release --target $(WASM_TARGET)
+	@$(MAKE) --no-print-directory body-wasm
 	@cargo run --quiet --release --example demo
 
 # Envoy CPU per request, throughput, latency and Redis calls for plain Envoy, native local_ratelimit, an

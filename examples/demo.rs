@@ -281,7 +281,9 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
                      "key": ["header:x-user-id"], "rate": {TOKENS_PER_SECOND}, "burst": {TOKEN_BURST},
                      "usage": {{ "body_field": "usage.total_tokens" }} }} ] }}"#
     );
-    let envoy = match Envoy::try_start_with_upstream(dir, &config, webdis_port, app.port) {
+    // The build that reads response bodies (make build's tollgate-usage-body.wasm).
+    let wasm = common::envoy::usage_body_wasm_path();
+    let envoy = match Envoy::try_start_wasm(dir, &wasm, &config, (webdis_port, app.port)) {
         Ok(e) => e,
         Err(log) => {
             eprintln!(

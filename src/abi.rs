@@ -25,6 +25,7 @@ pub const MAP_RESPONSE_TRAILERS: u32 = 3;
 pub const MAP_CALL_RESPONSE_HEADERS: u32 = 6;
 
 /// `WasmBufferType`.
+#[cfg(feature = "usage-body")]
 pub const BUFFER_RESPONSE_BODY: u32 = 1;
 pub const BUFFER_CALL_RESPONSE_BODY: u32 = 4;
 pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;

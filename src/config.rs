@@ -96,6 +96,19 @@ pub struct Rule {
     pub overrides: BTreeMap<Vec<Vec<u8>>, Override>,
 }
 
+impl Rule {
+    /// Whether the rule reads response bodies (a usage rule's `body_field`).
+    pub fn reads_body(&self) -> bool {
+        matches!(
+            self.usage,
+            Some(Usage {
+                source: UsageSource::BodyField(_),
+                ..
+            })
+        )
+    }
+}
+
 /// What an override gives its key instead of the rule's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Override {

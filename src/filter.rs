@@ -1,8 +1,10 @@
 //! The module's exported callbacks: maps the host's events to engine events, nothing else.
 //!
 //! Only the callbacks tollgate uses are exported (see `abi`): context creation, configuration,
-//! ticks, queue messages, callout answers, request and response headers, response body and
-//! trailers (usage rules), and deletion. A request's end is its context's deletion: Envoy calls
+//! ticks, queue messages, callout answers, request and response headers, response trailers (a
+//! usage header may come there), and deletion; the response body only in the build with feature
+//! `usage-body` (Envoy would call it for every chunk of every response, and only a usage rule's
+//! `body_field` reads it). A request's end is its context's deletion: Envoy calls
 //! `proxy_on_delete` right after `proxy_on_done` (`Context::onDestroy`), so the done and log
 //! events, which would cost a crossing each, are not exported.
 //!
@@ -26,6 +28,7 @@ type Shared = Rc<RefCell<Option<Engine>>>;
 struct Stream {
     engine: Shared,
     /// The engine reads this response's body (a usage rule's `body_field`).
+    #[cfg(feature = "usage-body")]
     watch_body: bool,
 }
 
@@ -83,6 +86,7 @@ pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
                 ctx,
                 Stream {
                     engine,
+                    #[cfg(feature = "usage-body")]
                     watch_body: false,
                 },
             );
@@ -104,6 +108,15 @@ pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
             return 0;
         }
     };
+    if !cfg!(feature = "usage-body") {
+        if let Some(at) = config.rules.iter().position(|r| r.reads_body()) {
+            log::error!(
+                "tollgate: bad configuration: rules[{at}].usage.body_field: needs \
+                 tollgate-usage-body.wasm, the build that reads response bodies"
+            );
+            return 0;
+        }
+    }
     log::info!("tollgate: configured: {}", config.summary());
     #[cfg(feature = "redis-callout")]
     host::configure_redis(&config.backend);
@@ -161,17 +174,24 @@ pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32)
 #[no_mangle]
 pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, _end: u32) -> u32 {
     let view = HostResponse::headers();
-    if with_engine(ctx, |e, h| e.response_headers(h, ctx, &view)) == Some(true) {
+    let wants_body = with_engine(ctx, |e, h| e.response_headers(h, ctx, &view)) == Some(true);
+    #[cfg(feature = "usage-body")]
+    if wants_body {
         with_stream(ctx, |s| s.watch_body = true);
     }
+    // Without the body callback no rule wants a body: configure refused every one that reads it.
+    #[cfg(not(feature = "usage-body"))]
+    let _ = wants_body;
     abi::ACTION_CONTINUE
 }
 
 /// Runs `f` on HTTP context `ctx`'s entry, if there is one.
+#[cfg(feature = "usage-body")]
 fn with_stream<T>(ctx: u32, f: impl FnOnce(&mut Stream) -> T) -> Option<T> {
     CONTEXTS.with(|c| c.try_borrow_mut().ok()?.streams.get_mut(&ctx).map(f))
 }
 
+#[cfg(feature = "usage-body")]
 #[no_mangle]
 pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> u32 {
     let end = end != 0;

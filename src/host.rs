@@ -147,6 +147,7 @@ impl RequestView for HostResponse {
 }
 
 /// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept).
+#[cfg(feature = "usage-body")]
 pub fn response_body(size: usize) -> Vec<u8> {
     abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, size).unwrap_or_default()
 }

@@ -118,6 +118,8 @@ fn each_build_imports_what_its_host_has() {
         ["env.proxy_redis_init", "env.proxy_redis_call"]
     );
     assert_eq!(redis(&h_exports), ["proxy_on_redis_call_response"]);
+    // Higress is where usage from LLM answers is most wanted: its build reads response bodies.
+    assert!(h_exports.iter().any(|e| e == "proxy_on_response_body"));
     // Higress registers its Redis functions for ABI 0.2.1 only.
     assert!(h_exports.iter().any(|e| e == "proxy_abi_version_0_2_1"));
 }

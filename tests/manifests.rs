@@ -722,7 +722,8 @@ fn istio_manifests_match_the_istio_crd_schemas() {
 }
 
 /// The Dockerfile is the single-layer Wasm image Istio pulls: `FROM scratch`, `plugin.wasm`, built from
-/// the directory that holds tollgate.wasm.
+/// the directory that holds tollgate.wasm (or, with `--build-arg WASM=...`, the usage-body build
+/// beside it).
 #[test]
 fn dockerfile_packages_plugin_wasm() {
     let text = read("Dockerfile");
@@ -733,17 +734,24 @@ fn dockerfile_packages_plugin_wasm() {
         .collect();
     assert_eq!(
         instructions,
-        ["FROM scratch", "COPY tollgate.wasm ./plugin.wasm"]
+        [
+            "FROM scratch",
+            "ARG WASM=tollgate.wasm",
+            "COPY ${WASM} ./plugin.wasm"
+        ]
     );
+    assert!(text.contains("--build-arg WASM=tollgate-usage-body.wasm"));
     let context: PathBuf = repo_root().join("target/wasm32-wasip1/release");
     assert!(
         text.contains("-f Dockerfile target/wasm32-wasip1/release"),
         "the documented build context"
     );
-    assert!(
-        context.join("tollgate.wasm").is_file(),
-        "tollgate.wasm in the build context (run `make build`)"
-    );
+    for wasm in ["tollgate.wasm", "tollgate-usage-body.wasm"] {
+        assert!(
+            context.join(wasm).is_file(),
+            "{wasm} in the build context (run `make build`)"
+        );
+    }
 }
 
 /// An Envoy template as YAML: its `{{PLACEHOLDER}}`s (ports, paths) replaced by 0 so it parses.

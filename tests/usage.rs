@@ -74,7 +74,9 @@ fn run(name: &str, usage: &str, reply: Vec<Vec<u8>>, body_check: &str) -> Envoy 
     let redis = common::Redis::start(&dir);
     let webdis = common::Webdis::start(&dir, redis.port);
     let app = Upstream::start_answering(reply);
-    let envoy = Envoy::try_start_with_upstream(&dir, &config(usage), webdis.port, app.port)
+    // The build that reads bodies: these runs take usage from a header or from the body.
+    let wasm = common::envoy::usage_body_wasm_path();
+    let envoy = Envoy::try_start_wasm(&dir, &wasm, &config(usage), (webdis.port, app.port))
         .unwrap_or_else(|log| panic!("{}", brief_log(&log)));
     let (admitted, retry) = until_denied(&envoy, &app, body_check);
     // 100 - 1, then 39 more charged on each next call: 99, 59, 19 left; the fourth finds -20.
@@ -162,4 +164,29 @@ fn a_refund_never_fills_past_the_burst() {
         assert!(remaining <= 10, "{ratelimit}");
     }
     drop((webdis, redis));
+}
+
+/// Reading response bodies costs Envoy a call into the VM for every chunk of every response, so
+/// only the usage-body build (and the Higress build, see tests/higress.rs) exports that callback.
+/// The default build takes usage from headers (`a_refund_never_fills_past_the_burst` runs on it) and
+/// refuses a `body_field` rule, naming it and the build to use.
+#[test]
+fn only_the_usage_body_build_reads_bodies_and_the_default_refuses_body_field() {
+    let exports = |wasm: &std::path::Path| tollgate_testhost::module_interface(wasm).unwrap().1;
+    let body = |names: Vec<String>| names.iter().any(|n| n == "proxy_on_response_body");
+    assert!(!body(exports(&common::wasm_path())));
+    assert!(body(exports(&common::envoy::usage_body_wasm_path())));
+    let dir = common::scratch_dir("usage-body-refused");
+    let log = match Envoy::try_start(&dir, &config(r#"{"body_field": "usage.total_tokens"}"#), 9) {
+        Ok(_) => panic!("the default build accepted a body_field rule"),
+        Err(log) => log,
+    };
+    assert!(
+        log.contains(
+            "tollgate: bad configuration: rules[0].usage.body_field: needs \
+             tollgate-usage-body.wasm, the build that reads response bodies"
+        ),
+        "{}",
+        brief_log(&log)
+    );
 }

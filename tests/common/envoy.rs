@@ -10,12 +10,22 @@ use super::{eventually, free_port, repo_root, wait_until, Proc};
 
 /// The filter under test: `$TOLLGATE_WASM`, else the release build in target/. Panics if it is missing.
 pub fn wasm_path() -> PathBuf {
-    let path = std::env::var_os("TOLLGATE_WASM")
+    build_path("TOLLGATE_WASM", "tollgate.wasm")
+}
+
+/// The build that reads response bodies (feature `usage-body`): `$TOLLGATE_USAGE_BODY_WASM`, else
+/// `make build`'s copy beside tollgate.wasm. Panics if it is missing.
+pub fn usage_body_wasm_path() -> PathBuf {
+    build_path("TOLLGATE_USAGE_BODY_WASM", "tollgate-usage-body.wasm")
+}
+
+fn build_path(var: &str, file: &str) -> PathBuf {
+    let path = std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/wasm32-wasip1/release/tollgate.wasm"));
+        .unwrap_or_else(|| repo_root().join("target/wasm32-wasip1/release").join(file));
     assert!(
         path.is_file(),
-        "tollgate wasm not found at {} (run `make build`, or set TOLLGATE_WASM)",
+        "{file} not found at {} (run `make build`, or set {var})",
         path.display()
     );
     path
@@ -116,13 +126,28 @@ impl Envoy {
         upstream_port: u16,
     ) -> Result<Envoy, String> {
         let wasm = wasm_path();
+        Self::try_start_wasm(
+            dir,
+            &wasm,
+            plugin_config_json,
+            (backend_port, upstream_port),
+        )
+    }
+
+    /// Like [`Envoy::try_start_with_upstream`], with the filter built at `wasm`.
+    pub fn try_start_wasm(
+        dir: &Path,
+        wasm: &Path,
+        plugin_config_json: &str,
+        (backend_port, upstream_port): (u16, u16),
+    ) -> Result<Envoy, String> {
         Self::try_start_yaml(dir, |listen_port, admin_port| {
             render_envoy_yaml(
                 plugin_config_json,
                 backend_port,
                 listen_port,
                 admin_port,
-                &wasm,
+                wasm,
                 upstream_port,
             )
         })
