@@ -2,10 +2,10 @@
 //! empty proxy-wasm filter; what a flood of new keys costs; how close a hot key gets to its global limit
 //! across two proxies; and whether a tenant at its limit keeps its share while new keys flood its proxy.
 //!
-//! One run starts Redis, Webdis and one Envoy per scenario (two for the limited ones; each
-//! `--concurrency 2 --disable-hot-restart`) once, warms every scenario up, then runs the scenarios in
-//! turn, round after round (interleaved, so drift on a shared machine hits them all alike), and reports
-//! the median of each figure over the rounds:
+//! One run starts Redis and Webdis once, then runs the scenarios in turn, round after round
+//! (interleaved, so drift on a shared machine hits them all alike). Each round starts a fresh Envoy
+//! per scenario (two for the limited ones; each `--concurrency 2 --disable-hot-restart`), warms it
+//! up and measures it, so the median of each figure over the rounds is over several Envoy processes:
 //!
 //! | scenario | Envoy's filters | load (h2load; HTTP/1.1 unless `--h2c`) |
 //! |---|---|---|
@@ -85,7 +85,7 @@ usage: cargo run --release --example bench -- [options]      (make bench BENCH_A
   --connections N     h2load connections, one request in flight on each          (default 16)
   --threads N         h2load threads for the closed-loop loads                   (default 1)
   --h2c               h2load speaks h2c (HTTP/2, prior knowledge), not HTTP/1.1
-  --warmup SECS       unmeasured load per scenario before round 1; 0: none       (default 1)
+  --warmup SECS       unmeasured load on each fresh Envoy before its round; 0: none (default 1)
   --limited-rate N    the hot key's rate, tokens per second                      (default 200)
   --limited-burst N   the hot key's burst                                        (default 200)
   --limited-load N    requests per second offered to the hot key, both proxies   (default 1000)
@@ -419,77 +419,46 @@ struct Running {
     envoys: Vec<Envoy>,
 }
 
-fn start_envoys(
+/// Starts scenario `d`'s Envoys (two for the limited scenarios), each waiting for its own /ready.
+fn start_scenario(
     dir: &Path,
     backend_port: u16,
     floor_wasm: &Path,
     settings: &Settings,
-    defs: &[Def],
-) -> Result<Vec<Running>, String> {
-    // Every Envoy starts at once (each waits for its own /ready).
-    let jobs: Vec<(usize, Def)> = defs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, d)| std::iter::repeat_n((i, *d), d.proxies()))
-        .collect();
-    let results: Vec<(usize, Result<Envoy, String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .iter()
-            .map(|&(i, d)| {
-                s.spawn(move || {
-                    let header_key = format!("header:{USER_HEADER}");
-                    let query_key = format!("query:{QUERY_KEY}");
-                    let tollgate = |mode: &str, key: &str, rate: u64, burst: u64| {
-                        Envoy::try_start(
-                            dir,
-                            &tollgate_config(d.name, mode, key, rate, burst),
-                            backend_port,
-                        )
-                    };
-                    let (rate, burst) = (settings.limited_rate, settings.limited_burst);
-                    let started = match d.setup {
-                        Setup::Template(file) => {
-                            let text = envoy_file(&format!("bench/{file}"));
-                            Envoy::try_start_yaml(dir, |listen, admin| {
-                                render_bench_template(
-                                    &text,
-                                    backend_port,
-                                    listen,
-                                    admin,
-                                    floor_wasm,
-                                )
-                            })
-                        }
-                        Setup::Tollgate(mode) => tollgate(mode, &header_key, HUGE_RATE, HUGE_RATE),
-                        Setup::Flood(mode) => tollgate(mode, &query_key, HUGE_RATE, HUGE_RATE),
-                        Setup::Limited(mode) => tollgate(mode, &header_key, rate, burst),
-                        Setup::Tenant { .. } => tollgate("lease", &query_key, rate, burst),
-                    };
-                    (
-                        i,
-                        started.map_err(|log| {
-                            format!("envoy for {} did not start:\n{}", d.name, brief_log(&log))
-                        }),
-                    )
+    d: Def,
+) -> Result<Vec<Envoy>, String> {
+    let start_one = || {
+        let header_key = format!("header:{USER_HEADER}");
+        let query_key = format!("query:{QUERY_KEY}");
+        let tollgate = |mode: &str, key: &str, rate: u64, burst: u64| {
+            Envoy::try_start(
+                dir,
+                &tollgate_config(d.name, mode, key, rate, burst),
+                backend_port,
+            )
+        };
+        let (rate, burst) = (settings.limited_rate, settings.limited_burst);
+        let started = match d.setup {
+            Setup::Template(file) => {
+                let text = envoy_file(&format!("bench/{file}"));
+                Envoy::try_start_yaml(dir, |listen, admin| {
+                    render_bench_template(&text, backend_port, listen, admin, floor_wasm)
                 })
-            })
-            .collect();
+            }
+            Setup::Tollgate(mode) => tollgate(mode, &header_key, HUGE_RATE, HUGE_RATE),
+            Setup::Flood(mode) => tollgate(mode, &query_key, HUGE_RATE, HUGE_RATE),
+            Setup::Limited(mode) => tollgate(mode, &header_key, rate, burst),
+            Setup::Tenant { .. } => tollgate("lease", &query_key, rate, burst),
+        };
+        started.map_err(|log| format!("envoy for {} did not start:\n{}", d.name, brief_log(&log)))
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..d.proxies()).map(|_| s.spawn(start_one)).collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("envoy start thread"))
             .collect()
-    });
-    let mut running: Vec<Running> = defs
-        .iter()
-        .map(|d| Running {
-            def: *d,
-            envoys: Vec::new(),
-        })
-        .collect();
-    for (i, r) in results {
-        running[i].envoys.push(r?);
-    }
-    Ok(running)
+    })
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1657,7 +1626,13 @@ fn run(settings: &Settings) -> Result<(), String> {
     );
     let redis = Redis::start(&dir);
     let webdis = Webdis::try_start_with(&dir, redis.port, &WebdisOpts::default())?;
-    let running = start_envoys(&dir, webdis.port, &floor_wasm, settings, &defs)?;
+    let mut running: Vec<Running> = defs
+        .iter()
+        .map(|d| Running {
+            def: *d,
+            envoys: Vec::new(),
+        })
+        .collect();
     let conn = redis.conn();
     let mut bench = Bench {
         settings,
@@ -1669,47 +1644,49 @@ fn run(settings: &Settings) -> Result<(), String> {
         runs: 0,
     };
 
-    if !settings.warmup.is_zero() {
-        eprintln!(
-            "bench: warm-up ({:.1} s per scenario)",
-            settings.warmup.as_secs_f64()
-        );
-        for sc in &running {
-            let user = if sc.def.paced() {
-                "hot-warmup"
-            } else {
-                "bench-user"
-            };
-            bench.measure(sc, user, true)?;
-        }
-    }
-
-    let plain_pid = running
-        .iter()
-        .find(|r| r.def.name == "plain")
-        .and_then(|r| r.envoys.first())
-        .and_then(|e| e.proc.pid());
     let mut idle: Vec<Idle> = Vec::new();
     let mut samples: Vec<Vec<Sample>> = running.iter().map(|_| Vec::new()).collect();
     for round in 1..=settings.rounds {
         eprint!("bench: round {round}/{}:", settings.rounds);
-        for (i, sc) in running.iter().enumerate() {
-            eprint!(" {}", sc.def.name);
+        for i in 0..running.len() {
+            let def = running[i].def;
+            eprint!(" {}", def.name);
+            // A fresh Envoy for each round: one Envoy process measures a few µs/request above or
+            // below the next for the same filter (seen: tollgate-lease at 69–74 µs in every round
+            // of one run and 60–66 in the next, the floor at 61–66 in both), so the median over
+            // rounds must be over several processes, not the rounds of one.
+            running[i].envoys.clear();
+            running[i].envoys = start_scenario(&dir, webdis.port, &floor_wasm, settings, def)?;
+            let sc = &running[i];
+            if !settings.warmup.is_zero() {
+                let user = if def.paced() {
+                    "hot-warmup"
+                } else {
+                    "bench-user"
+                };
+                bench.measure(sc, user, true)?;
+            }
             // A fresh hot key each round, so each paced load starts on a full bucket.
-            let user = if sc.def.paced() {
+            let user = if def.paced() {
                 format!("hot-r{round}")
             } else {
                 "bench-user".to_string()
             };
             samples[i].push(bench.measure(sc, &user, false)?);
-            // Once, right after the last round's load: does the Envoy go quiet?
-            if round == settings.rounds && IDLE_CHECKED.contains(&sc.def.name) {
+            // Once, right after the last round's load: does the Envoy go quiet? (Compared with
+            // plain's Envoy, which has run no load since its own round.)
+            if round == settings.rounds && IDLE_CHECKED.contains(&def.name) {
+                let plain_pid = running
+                    .iter()
+                    .find(|r| r.def.name == "plain")
+                    .and_then(|r| r.envoys.first())
+                    .and_then(|e| e.proc.pid());
                 if let Some(pid) = sc.envoys.first().and_then(|e| e.proc.pid()) {
                     eprint!(" (idle {} s)", IDLE_WINDOW.as_secs());
                     let pids: Vec<u32> = std::iter::once(pid).chain(plain_pid).collect();
                     let cpu = Bench::idle_cpu(&pids);
                     idle.push(Idle {
-                        scenario: sc.def.name,
+                        scenario: def.name,
                         ticks: cpu[0].0,
                         ns: cpu[0].1,
                         plain: cpu.get(1).copied(),
@@ -1770,8 +1747,8 @@ fn run(settings: &Settings) -> Result<(), String> {
         settings.connections,
     );
     println!(
-        "{} interleaved rounds after a {:.1} s warm-up per scenario; every figure is the median over the \
-         rounds; × plain is the median of per-round ratios to plain",
+        "{} interleaved rounds, each on fresh Envoys warmed up for {:.1} s; every figure is the median \
+         over the rounds; × plain is the median of per-round ratios to plain",
         settings.rounds,
         settings.warmup.as_secs_f64()
     );
