@@ -602,9 +602,9 @@ fn local_path_cost_next_to_the_wasm_floor() {
     );
     let times_floor = cost.fuel as f64 / floor_cost.fuel as f64;
     eprintln!("local path cost: tollgate lease = {times_floor:.2}x the floor's wasm instructions");
-    // About 4.0x (21983 / 5518): 3.7x before the request's headers came in one read, whose
+    // About 3.9x (21380 / 5518): 3.7x before the request's headers came in one read, whose
     // lookups cost this interpreter more than they cost Envoy's V8 (which, for it, dropped a host
-    // call and an allocation callback per request). The bound leaves ~8% for a renewal or two.
+    // call and an allocation callback per request). The bound leaves ~10% for a renewal or two.
     assert!(
         times_floor < 4.3,
         "{times_floor:.2}x the floor's wasm instructions"

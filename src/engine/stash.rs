@@ -140,7 +140,8 @@ impl Stashes {
     }
 
     /// Drops the stashes expired at `now_ms`, telling `dropped` each one's rule and unspent
-    /// tokens.
+    /// tokens. It looks at every stash (at most [`MAX_KEYS`]), on a tick at most once per
+    /// millisecond and only once one has expired.
     pub fn expire(&mut self, now_ms: u64, mut dropped: impl FnMut(usize, u64)) {
         if now_ms < self.earliest_ms {
             return;
