@@ -7,17 +7,16 @@
 //! the Lua script) answering each call after a random latency. No Envoy, no Redis, no wall clock:
 //! the same options and seed give the same figures.
 //!
-//! What the host does is modelled on Envoy: a callout is carried by the context whose callback
-//! sent it, and when that context is done (its response went out), the callout is cancelled (its
-//! answer is never delivered; by default Redis still ran the script, `--cancelled dropped` assumes
-//! it never got there); a resumed request completes at once (the bench's route is a direct
+//! What the host does is modelled on Envoy: a callout belongs to the worker's root context (as
+//! proxy-wasm-cpp-host's `http_call` does), so its answer comes there even after the request whose
+//! callback sent it is done; a resumed request completes at once (the bench's route is a direct
 //! response); the tick fires only when asked for, at the period asked.
 //!
 //! It prints admitted ÷ ideal (ideal = burst + rate × T, T = first request start to last
 //! completion, as the bench), script calls per 1000 admitted, and where the tokens went: refill
 //! that overflowed the full global bucket, tokens still in the global bucket at the end, leased
-//! tokens dropped (expired or evicted) or still held in pools and stashes at the end, grants lost
-//! with a cancelled call; and the calls by kind. `--sweep` runs a set of shapes.
+//! tokens dropped (expired or evicted) or still held in pools and stashes at the end; and the calls
+//! by kind. `--sweep` runs a set of shapes.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -54,8 +53,6 @@ usage: cargo run --release --example lease_sim -- [options]
   --horizon MS       the rule's lease_horizon_ms                            (default: config default)
   --lease-max N      the rule's lease_max                                   (default: config default)
   --assign random|rr connections to workers: random (SO_REUSEPORT) or round robin (default random)
-  --cancelled executed|dropped  a callout whose carrier is done: Redis ran it or never saw it
-                                                                            (default executed)
   --runs N           loads (fresh key, fresh proxies), seeds seed..seed+N   (default 20)
   --seed N           first seed                                             (default 1)
   --trace            print every script call of the first run
@@ -96,7 +93,6 @@ struct Opts {
     horizon_ms: Option<u64>,
     lease_max: Option<u64>,
     assign: Assign,
-    cancelled_execute: bool,
     runs: u64,
     seed: u64,
     trace: bool,
@@ -119,7 +115,6 @@ impl Default for Opts {
             horizon_ms: None,
             lease_max: None,
             assign: Assign::Random,
-            cancelled_execute: true,
             runs: 20,
             seed: 1,
             trace: false,
@@ -160,13 +155,6 @@ fn parse_args() -> Result<Opts, String> {
                     "random" => Assign::Random,
                     "rr" => Assign::RoundRobin,
                     v => return Err(format!("--assign {v}: random or rr")),
-                }
-            }
-            "--cancelled" => {
-                o.cancelled_execute = match value()?.as_str() {
-                    "executed" => true,
-                    "dropped" => false,
-                    v => return Err(format!("--cancelled {v}: executed or dropped")),
                 }
             }
             "--runs" => o.runs = int(value()?)?.max(1),
@@ -323,7 +311,6 @@ struct CallRec {
     settle: i64,
     sent_us: u64,
     lat_us: u64,
-    cancelled: bool,
     /// The bucket's answer, once Redis ran it; and the tokens it held just before.
     reply: Option<(bucket::Reply, u64)>,
     exec_us: u64,
@@ -358,10 +345,6 @@ struct Run {
     lease_denied: u64,
     exact: u64,
     from_root: u64,
-    /// Calls whose carrier was done before the answer (the answer never arrived), and the tokens
-    /// they were granted.
-    cancelled: u64,
-    cancelled_tokens: u64,
     /// Calls that found the global bucket full (its refill was overflowing until then).
     at_full: u64,
     granted: u64,
@@ -626,10 +609,9 @@ impl<'o> Sim<'o> {
                 Some((r, b)) => (r.granted, b, r.remaining, r.allowed, r.retry_after_ms),
                 None => (0, 0, 0, false, 0),
             };
-            let note = match (c.cancelled, c.reply.is_some(), allowed) {
-                (true, true, _) => "cancelled (answer lost)".to_string(),
-                (true, false, _) => "cancelled before Redis".to_string(),
-                (_, _, false) => format!("denied, retry in {retry} ms"),
+            let note = match (c.reply.is_some(), allowed) {
+                (false, _) => "not answered".to_string(),
+                (_, false) => format!("denied, retry in {retry} ms"),
                 _ if retry > 0 => format!("reserved: refilled in {retry} ms"),
                 _ => String::new(),
             };
@@ -760,7 +742,6 @@ impl<'o> Sim<'o> {
                 settle: parts[10].parse().unwrap(),
                 sent_us: now,
                 lat_us: lat,
-                cancelled: false,
                 reply: None,
                 exec_us: 0,
             });
@@ -787,9 +768,6 @@ impl<'o> Sim<'o> {
 
     fn exec(&mut self, i: usize) {
         let call = &self.calls[i];
-        if call.cancelled && !self.o.cancelled_execute {
-            return;
-        }
         let state = self.bucket.get(&call.key).copied().flatten();
         let before = bucket::take(state, &call.limits, 0, 0, 0, 0, self.now_us)
             .1
@@ -816,9 +794,6 @@ impl<'o> Sim<'o> {
         let Some((reply, _)) = call.reply else {
             return;
         };
-        if call.cancelled {
-            return;
-        }
         let token = {
             let wk = &self.workers[p][w];
             *wk.calls.iter().find(|(_, &c)| c == i).unwrap().0
@@ -835,9 +810,10 @@ impl<'o> Sim<'o> {
             reply.granted
         );
         wk.host.now_us = now;
-        wk.host.current = call.carrier;
+        // On the root context, whichever callback sent it.
+        wk.host.current = ROOT;
         wk.engine
-            .call_response(&mut wk.host, call.carrier, token, 200, body.as_bytes());
+            .call_response(&mut wk.host, ROOT, token, 200, body.as_bytes());
         self.after(p, w);
     }
 
@@ -871,17 +847,6 @@ impl<'o> Sim<'o> {
             wk.engine.response_headers(&mut wk.host, ctx, &NoHeaders);
         }
         wk.engine.done(&mut wk.host, ctx);
-        // Envoy cancels the callouts this context carried: their answers never come.
-        let carried: Vec<u32> = wk
-            .calls
-            .iter()
-            .filter(|(_, &i)| self.calls[i].carrier == ctx)
-            .map(|(t, _)| *t)
-            .collect();
-        for token in carried {
-            let i = wk.calls.remove(&token).unwrap();
-            self.calls[i].cancelled = true;
-        }
         self.after(p, w);
         if status == 429 && self.now_us < self.end_us && self.level(now) >= 1 {
             self.run.limited_with_tokens += 1;
@@ -956,10 +921,6 @@ impl<'o> Sim<'o> {
             }
             if c.carrier == ROOT {
                 r.from_root += 1;
-            }
-            if c.cancelled {
-                r.cancelled += 1;
-                r.cancelled_tokens += reply.granted;
             }
             if c.want == 0 {
                 r.exact += 1;
@@ -1054,25 +1015,23 @@ fn report(o: &Opts, runs: &[Run]) {
         "where the ideal's tokens went (means): admitted {:.1} | overflowed the full bucket {:.1} | \
          in the bucket at the end {:.1} (negative: reserved ahead of the refill) | leased and \
          dropped (expired/evicted) {:.1} | held in pools/stashes at the end, refilled already \
-         {:.1} | granted to cancelled calls {:.1} | admitted after the load's end {:.1}",
+         {:.1} | admitted after the load's end {:.1}",
         m(|r| r.admitted as f64),
         m(|r| r.overflow),
         m(|r| r.in_bucket_end),
         m(|r| r.dropped as f64),
         m(|r| r.held_end_refilled),
-        m(|r| r.cancelled_tokens as f64),
         m(|r| r.spent_after as f64),
     );
     println!(
         "calls by kind (means): lease granted in full {:.1}, in part {:.1}, reserved {:.1}, denied {:.1}, exact {:.1}; \
-         carried by a tick {:.1}; cancelled {:.1}; found the bucket full {:.1}",
+         sent from a tick {:.1}; found the bucket full {:.1}",
         m(|r| r.lease_full as f64),
         m(|r| r.lease_partial as f64),
         m(|r| r.lease_reserved as f64),
         m(|r| r.lease_denied as f64),
         m(|r| r.exact as f64),
         m(|r| r.from_root as f64),
-        m(|r| r.cancelled as f64),
         m(|r| r.at_full as f64),
     );
     let share = |r: &Run| {
@@ -1172,7 +1131,7 @@ fn main() {
         return;
     }
     println!(
-        "{:<44} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
+        "{:<44} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6}",
         "shape",
         "adm/req",
         "adm/id",
@@ -1183,7 +1142,6 @@ fn main() {
         "bucket",
         "drop",
         "held",
-        "cancl",
         "share"
     );
     for (name, s) in shapes(&o) {
@@ -1195,7 +1153,7 @@ fn main() {
             min as f64 * r.per_proxy.len() as f64 / total.max(1) as f64
         };
         println!(
-            "{:<44} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>8.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.3}",
+            "{:<44} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>8.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.3}",
             name,
             m(|r| r.admitted as f64 / (r.admitted + r.limited + r.other).max(1) as f64),
             median(runs.iter().map(Run::ratio).collect()),
@@ -1206,15 +1164,14 @@ fn main() {
             m(|r| r.in_bucket_end),
             m(|r| r.dropped as f64),
             m(|r| r.held_end_refilled),
-            m(|r| r.cancelled_tokens as f64),
             m(share),
         );
     }
     println!(
         "adm/req: admitted / requests (mean); adm/id: admitted / ideal, median and min over runs; calls/1k: median and max; then means per \
          load, in tokens: refill that overflowed the full bucket, left in the bucket (negative: \
-         reserved ahead), leased and dropped, held in pools/stashes at the end (refilled already), \
-         granted to cancelled calls; share: the smallest \
+         reserved ahead), leased and dropped, held in pools/stashes at the end (refilled already); \
+         share: the smallest \
          proxy's admitted x proxies / all admitted"
     );
 }
