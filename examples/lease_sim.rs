@@ -464,7 +464,7 @@ impl<'o> Sim<'o> {
                 let rec = Rc::new(Recorder::default());
                 let plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
                 ws.push(Worker {
-                    engine: Engine::new(plugin, ROOT),
+                    engine: Engine::new(plugin),
                     host: SimHost {
                         now_us: 0,
                         store: store.clone(),
@@ -813,7 +813,7 @@ impl<'o> Sim<'o> {
         // On the root context, whichever callback sent it.
         wk.host.current = ROOT;
         wk.engine
-            .call_response(&mut wk.host, ROOT, token, 200, body.as_bytes());
+            .call_response(&mut wk.host, token, 200, body.as_bytes());
         self.after(p, w);
     }
 

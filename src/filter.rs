@@ -126,7 +126,7 @@ pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
     let Ok(mut slot) = shared.try_borrow_mut() else {
         return 0;
     };
-    let mut engine = Engine::new(plugin, ctx);
+    let mut engine = Engine::new(plugin);
     if let Some(q) = queue {
         engine.set_queue(q);
     }
@@ -158,7 +158,7 @@ pub extern "C" fn proxy_on_http_call_response(
     _trailers: usize,
 ) {
     let (status, bytes) = host::call_response(headers, body);
-    with_engine(ctx, |e, h| e.call_response(h, ctx, token, status, &bytes));
+    with_engine(ctx, |e, h| e.call_response(h, token, status, &bytes));
 }
 
 #[no_mangle]
@@ -261,5 +261,5 @@ pub extern "C" fn proxy_on_redis_call_response(
     } else {
         Vec::new()
     };
-    with_engine(ctx, |e, h| e.call_response(h, ctx, token, status, &bytes));
+    with_engine(ctx, |e, h| e.call_response(h, token, status, &bytes));
 }

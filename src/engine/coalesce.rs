@@ -11,9 +11,8 @@
 //! Invariant: every request is still decided by the global bucket, and no token is ever held
 //! locally: only checks of cost 1 (no reservation) are coalesced, so a grant of `g` tokens
 //! admits exactly the first `g` of them and the rest are denied as Redis would have denied them
-//! then. A queued check waits for at most the call already out plus its own (and, when the call
-//! out was carried by a request rather than the root context, one tick: a call shared by several
-//! requests must be carried by a context that outlives them all). A check sent to a leader that
+//! then. A queued check waits for at most the call already out plus its own (the host owns every
+//! call on the root context, so the next one goes out with the answer). A check sent to a leader that
 //! does not answer within its patience is sent again by its own worker, and the leader forgotten.
 
 use std::cmp::Reverse;
@@ -270,9 +269,9 @@ impl Engine {
         }
     }
 
-    /// A call of `key`'s chain was answered (or failed) through `carrier`: send the queued checks
-    /// as one call, from here if the root context carries it, else at the next tick. A chain that
-    /// goes on claims its key for this worker, or, if another worker leads it, ends with this call.
+    /// A call of `key`'s chain was answered (or failed): send the queued checks as one call, now.
+    /// A chain that goes on claims its key for this worker, or, if another worker leads it, ends
+    /// with this call.
     pub(super) fn chain_next(&mut self, host: &mut dyn Host, key: &str, now: u64) {
         let queued = match self.chains.by_key.get_mut(key) {
             Some(chain) => std::mem::take(&mut chain.waiting),

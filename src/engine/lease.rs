@@ -41,8 +41,7 @@ enum State {
     Own,
     /// Another worker's call is out; polled until it ends.
     Foreign,
-    /// No call could be sent or kept (a failed resend, or none due from this callback): the
-    /// next tick starts one.
+    /// No call could be kept (its NOSCRIPT resend failed): the next tick starts one.
     Lost,
 }
 
@@ -159,16 +158,8 @@ pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
 
 impl Engine {
     /// Lease check `idx` of `ctx` found no leased token: it waits for its key's lease call,
-    /// starting one if none is out. `carrier` is the context that can send it now (None: none
-    /// can, the next tick will).
-    pub(super) fn wait_for_lease(
-        &mut self,
-        host: &mut dyn Host,
-        ctx: u32,
-        idx: usize,
-        carrier: Option<u32>,
-        now: u64,
-    ) {
+    /// starting one if none is out.
+    pub(super) fn wait_for_lease(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, now: u64) {
         let Some((rule, call)) = self.check_call(ctx, idx) else {
             return;
         };
@@ -190,17 +181,13 @@ impl Engine {
             .patience
             .push_back((now.saturating_add(patience), ctx, idx));
         if idle {
-            self.kick(host, &call.key, carrier, now);
+            self.kick(host, &call.key, now);
         }
     }
 
-    /// Starts the lease call for `key`'s waiters, if this proxy has none out; `carrier` None: not
-    /// from this callback, the next tick does.
-    fn kick(&mut self, host: &mut dyn Host, key: &str, carrier: Option<u32>, now: u64) {
-        if carrier.is_none() {
-            self.queues.set_state(key, State::Lost);
-            return;
-        }
+    /// Starts the lease call for `key`'s waiters, if this proxy has none out. Any callback can:
+    /// the host owns every callout on the root context.
+    fn kick(&mut self, host: &mut dyn Host, key: &str, now: u64) {
         let Some(q) = self.queues.by_key.get(key) else {
             return;
         };
@@ -293,7 +280,6 @@ impl Engine {
         claim: Claim,
         asked: &ScriptCall,
         (reply, sent_ms): (Result<Reply, BackendError>, u64),
-        carrier: u32,
         now: u64,
     ) {
         let key = claim.key().to_string();
@@ -342,19 +328,13 @@ impl Engine {
             }
         }
         self.queues.set_state(&key, State::Idle);
-        self.serve(host, &key, (Some(carrier), taken), now);
+        self.serve(host, &key, taken, now);
     }
 
     /// Serves `key`'s waiters from the pool and the deny cache, in order; starts another lease
     /// call for those still waiting. `taken`: what the waiters already spent, in order (when
     /// the answer's deposit did it); None takes from the pool here.
-    fn serve(
-        &mut self,
-        host: &mut dyn Host,
-        key: &str,
-        (carrier, taken): (Option<u32>, Option<Take>),
-        now: u64,
-    ) {
+    fn serve(&mut self, host: &mut dyn Host, key: &str, taken: Option<Take>, now: u64) {
         let Some(q) = self.queues.by_key.get(key) else {
             return;
         };
@@ -410,11 +390,7 @@ impl Engine {
             // This proxy's reservation covers them only later: no second call meanwhile.
             self.deny_waiters(host, key, retry_ms);
         } else {
-            // At once if this callback runs on the root context (where the host delivers every
-            // callout answer) or on a request still deciding; else from the next tick.
-            let alive =
-                |c: &u32| *c == self.root || self.requests.get(c).is_some_and(|r| r.deciding);
-            self.kick(host, key, carrier.filter(alive), now);
+            self.kick(host, key, now);
         }
     }
     /// Every waiter on `key` gets the failure mode for `err`.
@@ -472,8 +448,7 @@ impl Engine {
             };
             if ready {
                 self.queues.set_state(&key, State::Idle);
-                let root = self.root;
-                self.serve(host, &key, (Some(root), None), now);
+                self.serve(host, &key, None, now);
             }
         }
     }

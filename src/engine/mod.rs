@@ -35,8 +35,9 @@ use health::{Event, Health};
 use lease::Queues;
 pub use plugin::{LocalReply, Outcome, Plugin, Shown, Source, Verdict};
 
-/// What the engine needs from the proxy. Context ids are Envoy's; calls made while handling an
-/// event are carried by that event's context (their answers come back through it).
+/// What the engine needs from the proxy. Context ids are Envoy's; a call made while handling any
+/// event belongs to the root context, which its answer comes back on (proxy-wasm-cpp-host's
+/// `http_call`, Higress' Redis calls).
 pub trait Host {
     /// Milliseconds since the Unix epoch by the proxy's clock.
     fn now_ms(&self) -> u64;
@@ -150,8 +151,6 @@ impl Call {
 /// The engine of one worker (one plugin configuration).
 pub struct Engine {
     plugin: Plugin,
-    /// The worker's root context: it carries calls made from ticks.
-    root: u32,
     requests: HashMap<u32, Request, ById>,
     calls: HashMap<u32, Call, ById>,
     /// Bucket keys of recently seen key values (a hot key's requests skip the digest).
@@ -215,10 +214,9 @@ impl std::hash::Hasher for IdHasher {
 }
 
 impl Engine {
-    pub fn new(plugin: Plugin, root: u32) -> Engine {
+    pub fn new(plugin: Plugin) -> Engine {
         Engine {
             plugin,
-            root,
             requests: HashMap::default(),
             calls: HashMap::default(),
             keys: crate::rule::KeyCache::default(),
@@ -349,23 +347,17 @@ impl Engine {
                 continue;
             }
             if lease {
-                self.wait_for_lease(host, ctx, idx, Some(ctx), now);
+                self.wait_for_lease(host, ctx, idx, now);
             } else {
                 self.send_exact(host, ctx, idx, now);
             }
         }
     }
 
-    /// The answer to call `token`, delivered through context `carrier`: `status` is the host's
-    /// status (0 for no answer) and `body` at most what the host read.
-    pub fn call_response(
-        &mut self,
-        host: &mut dyn Host,
-        carrier: u32,
-        token: u32,
-        status: u32,
-        body: &[u8],
-    ) {
+    /// The answer to call `token` (the host delivers it on the root context, whichever callback
+    /// sent it): `status` is the host's status (0 for no answer) and `body` at most what the host
+    /// read.
+    pub fn call_response(&mut self, host: &mut dyn Host, token: u32, status: u32, body: &[u8]) {
         let Some(call) = self.calls.remove(&token) else {
             return;
         };
@@ -400,7 +392,7 @@ impl Engine {
                 Purpose::Lease(claim) => {
                     let (rule, sent_ms, asked) = (call.rule, call.sent_ms, call.call);
                     let answer = (reply, sent_ms);
-                    self.lease_answer(host, rule, claim, &asked, answer, carrier, now);
+                    self.lease_answer(host, rule, claim, &asked, answer, now);
                 }
             }
         }

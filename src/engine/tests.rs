@@ -1,6 +1,6 @@
 //! The engine against a fake host that keeps the real host's semantics: shared data with CAS and
-//! no empty values, callout tokens, answers delivered later through the carrying context, a tick
-//! that fires only when asked for.
+//! no empty values, callout tokens, answers delivered later on the root context (whichever callback
+//! sent the call), a tick that fires only when asked for.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -18,7 +18,7 @@ struct Fake {
     clock_reads: std::cell::Cell<u64>,
     store: MemStore,
     next_token: u32,
-    /// Calls out: token -> (carrier at send time, body).
+    /// Calls out: token -> body.
     out: HashMap<u32, String>,
     sent: Vec<String>,
     fail_dispatch: bool,
@@ -161,7 +161,7 @@ fn webdis_plugin(top: &str, rules: &str, rec: &Rc<Recorder>) -> Plugin {
 fn batched_engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
     let rec = Rc::new(Recorder::default());
     let plugin = webdis_plugin(top, rules, &rec);
-    (Engine::new(plugin, 1), rec)
+    (Engine::new(plugin), rec)
 }
 
 fn engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
@@ -170,7 +170,7 @@ fn engine(top: &str, rules: &str) -> (Engine, Rc<Recorder>) {
     // These tests read the counts right after driving the engine: a table of no rules passes
     // each count through at once. `batched_engine` keeps the batching of a real worker.
     plugin.metrics = Batched::new(Box::new(rec.clone()), 0);
-    (Engine::new(plugin, 1), rec)
+    (Engine::new(plugin), rec)
 }
 
 const EXACT: &str = r#"{"name":"per-user","key":["header:x-user"],"rate":10,"burst":20,
@@ -208,9 +208,9 @@ fn asked(h: &Fake, token: u32) -> u64 {
 }
 
 /// Grants lease call `token` all it asked for.
-fn grant_all(e: &mut Engine, h: &mut Fake, carrier: u32, token: u32) -> u64 {
+fn grant_all(e: &mut Engine, h: &mut Fake, token: u32) -> u64 {
     let n = asked(h, token);
-    deliver(e, h, carrier, token, 200, &answer(true, 40, 0, 300, n));
+    deliver(e, h, token, 200, &answer(true, 40, 0, 300, n));
     n
 }
 
@@ -242,10 +242,10 @@ fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
     pool.deposit(claim, &grant, &[], 0, &sizing).unwrap();
 }
 
-/// Delivers the answer to `token` through context `carrier`.
-fn deliver(e: &mut Engine, h: &mut Fake, carrier: u32, token: u32, status: u32, body: &[u8]) {
+/// Delivers the answer to `token` (on the root context, as the host does).
+fn deliver(e: &mut Engine, h: &mut Fake, token: u32, status: u32, body: &[u8]) {
     h.out.remove(&token);
-    e.call_response(h, carrier, token, status, body);
+    e.call_response(h, token, status, body);
 }
 
 // ----- exact mode -----
@@ -257,7 +257,7 @@ fn exact_admits_on_the_backend_answer_and_adds_headers_to_the_response() {
     assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
     let [t] = h.tokens()[..] else { panic!() };
     assert!(h.sent[0].starts_with("EVALSHA/") && h.sent[0].ends_with("/20/10/1000/1/0/0/0"));
-    deliver(&mut e, &mut h, 10, t, 200, &answer(true, 19, 0, 100, 1));
+    deliver(&mut e, &mut h, t, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
     e.response_headers(&mut h, 10, &resp(&[]));
     assert_eq!(
@@ -275,7 +275,7 @@ fn a_denial_is_cached_and_answers_locally_until_its_retry_time() {
     let (mut e, rec) = engine("", EXACT);
     let mut h = fake_at(1000);
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 2000, 0));
+    deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 300, 2000, 0));
     assert_eq!(h.status_of(10), Some(429));
     h.now = 1299;
     e.request_headers(&mut h, 11, &user("a"));
@@ -292,7 +292,7 @@ fn noscript_resends_once_with_eval_on_exact_calls() {
     let (mut e, rec) = engine(r#""failure_mode":"open","#, EXACT);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, NOSCRIPT);
+    deliver(&mut e, &mut h, 1, 200, NOSCRIPT);
     assert!(h.sent[1].starts_with("EVAL/"), "{}", &h.sent[1][..20]);
     assert_eq!(
         rec.get(0, Counter::BackendErrors),
@@ -300,7 +300,7 @@ fn noscript_resends_once_with_eval_on_exact_calls() {
         "a NOSCRIPT answered by EVAL is no error"
     );
     // A second NOSCRIPT is a failure: failure_mode open admits.
-    deliver(&mut e, &mut h, 10, 2, 200, NOSCRIPT);
+    deliver(&mut e, &mut h, 2, 200, NOSCRIPT);
     assert_eq!(h.resumed, [10]);
     assert_eq!(rec.get(0, Counter::FailureModeAllowed), 1);
     assert_eq!(rec.get(0, Counter::BackendError(ErrorClass::Script)), 1);
@@ -317,7 +317,7 @@ fn failure_modes_answer_a_failed_call() {
         let (mut e, _) = engine(top, EXACT);
         let mut h = Fake::default();
         e.request_headers(&mut h, 10, &user("a"));
-        deliver(&mut e, &mut h, 10, 1, 0, b"");
+        deliver(&mut e, &mut h, 1, 0, b"");
         assert_eq!(h.status_of(10), want, "{top}");
         if want.is_some() {
             assert_eq!(header(&h.responded[0].1.headers, "retry-after"), Some("1"));
@@ -333,7 +333,7 @@ fn failure_modes_answer_a_failed_call() {
     for ctx in 10..13 {
         e.request_headers(&mut h, ctx, &user("a"));
         let t = *h.tokens().last().unwrap();
-        deliver(&mut e, &mut h, ctx, t, 503, b"");
+        deliver(&mut e, &mut h, t, 503, b"");
     }
     assert_eq!(h.resumed, [10, 11]);
     assert_eq!(h.status_of(12), Some(429));
@@ -388,10 +388,10 @@ fn every_enforced_rule_must_admit_and_the_most_restrictive_is_reported() {
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
     assert_eq!(h.tokens(), [1, 2, 3]);
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 3, 0, 100, 1));
-    deliver(&mut e, &mut h, 10, 3, 200, &answer(false, 0, 900, 900, 0));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 3, 0, 100, 1));
+    deliver(&mut e, &mut h, 3, 200, &answer(false, 0, 900, 900, 0));
     assert!(h.resumed.is_empty());
-    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 50, 0, 100, 1));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 50, 0, 100, 1));
     assert_eq!(h.resumed, [10], "a shadow denial does not deny");
     assert_eq!(rec.get(2, Counter::ShadowDenied), 1);
     e.response_headers(&mut h, 10, &resp(&[]));
@@ -401,13 +401,13 @@ fn every_enforced_rule_must_admit_and_the_most_restrictive_is_reported() {
     );
     // An enforced denial answers at once, whatever is still out.
     e.request_headers(&mut h, 11, &user("b"));
-    deliver(&mut e, &mut h, 11, 5, 200, &answer(false, 0, 300, 300, 0));
+    deliver(&mut e, &mut h, 5, 200, &answer(false, 0, 300, 300, 0));
     assert_eq!(h.status_of(11), Some(429));
     let ratelimit = header(&h.responded[0].1.headers, "ratelimit");
     assert_eq!(ratelimit, Some("\"global\";r=0;t=1"));
     // Late answers for a decided request change nothing.
-    deliver(&mut e, &mut h, 11, 4, 200, &answer(true, 3, 0, 100, 1));
-    deliver(&mut e, &mut h, 11, 99, 200, &answer(true, 3, 0, 100, 1));
+    deliver(&mut e, &mut h, 4, 200, &answer(true, 3, 0, 100, 1));
+    deliver(&mut e, &mut h, 99, 200, &answer(true, 3, 0, 100, 1));
     assert_eq!(h.responded.len(), 1);
 }
 
@@ -423,16 +423,16 @@ fn a_grpc_denial_is_resource_exhausted_and_a_closed_failure_unavailable() {
     };
     // Denied by the backend's answer: the content type is read then, not in request_headers.
     send(&mut e, &mut h, 10, &grpc("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 300, 0));
+    deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 300, 300, 0));
     send(&mut e, &mut h, 11, &grpc("b"));
-    deliver(&mut e, &mut h, 11, 2, 0, b"");
+    deliver(&mut e, &mut h, 2, 0, b"");
     let statuses: Vec<Option<u32>> = h.responded.iter().map(|(_, r)| r.grpc_status).collect();
     assert_eq!(statuses, [Some(8), Some(14)]);
     assert!(header(&h.responded[0].1.headers, "ratelimit").is_some());
     let (mut e, _) = engine(r#""deny":{"grpc_resource_exhausted":false},"#, EXACT);
     let mut h = Fake::default();
     send(&mut e, &mut h, 10, &grpc("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 300, 0));
+    deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 300, 300, 0));
     assert_eq!(h.responded[0].1.grpc_status, None);
 }
 
@@ -458,7 +458,7 @@ fn the_content_type_is_read_only_for_a_local_answer() {
     let r = user("a");
     let counted = Counting(&r, "content-type", std::cell::Cell::new(0));
     assert_eq!(e.request_headers(&mut h, 10, &counted), Action::Pause);
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 5, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
     assert_eq!(counted.2.get(), 0, "admitted: never read");
 }
@@ -472,8 +472,8 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     e.request_headers(&mut h, 10, &user("a"));
     assert!(h.sent[0].ends_with("/5/10/1000/1/0/800/0"), "{}", h.sent[0]);
     assert!(h.sent[1].ends_with("/1/0/0/0"), "a shadow rule never holds");
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 0, 300, 800, 1));
-    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 0, 0, 800, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 0, 800, 1));
     assert!(h.resumed.is_empty());
     assert_eq!(h.tick, 300);
     h.now = 1299;
@@ -493,7 +493,7 @@ fn a_held_request_whose_client_left_is_never_resumed() {
     let (mut e, _) = engine("", r#"{"name":"h","rate":10,"burst":5,"max_wait_ms":800}"#);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 0, 300, 800, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
     e.done(&mut h, 10);
     h.now = 400;
     e.tick(&mut h);
@@ -517,7 +517,7 @@ fn an_open_breaker_answers_with_the_failure_mode_without_calls_then_probes_once(
     // Both requests: one exact call and one lease call (the second waits on the same key).
     let tokens = h.tokens();
     for t in tokens {
-        deliver(&mut e, &mut h, 10, t, 0, b"");
+        deliver(&mut e, &mut h, t, 0, b"");
     }
     assert!(rec.breaker.get(), "breaker gauge");
     let sent = h.sent.len();
@@ -531,7 +531,7 @@ fn an_open_breaker_answers_with_the_failure_mode_without_calls_then_probes_once(
     e.request_headers(&mut h, 14, &user("c"));
     assert_eq!(h.status_of(14), Some(503), "only one probe per cool-off");
     let t = h.tokens()[0];
-    deliver(&mut e, &mut h, 13, t, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut e, &mut h, t, 200, &answer(true, 5, 0, 100, 1));
     assert!(!rec.breaker.get());
 }
 
@@ -577,15 +577,12 @@ fn one_lease_call_per_key_serves_every_waiter_then_admits_locally() {
         "no history yet: what waited when it was sent"
     );
     assert_eq!(h.tick, 100, "only the patience deadline is watched");
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
-    // 10 ends now, and Envoy would cancel a call it carried (Redis might still take its tokens):
-    // the call for the two that came meanwhile goes from the root context at the next tick.
-    assert_eq!((h.sent.len(), h.tick), (1, 1), "no call carried by 10");
-    h.now += 1;
-    e.tick(&mut h);
-    assert_eq!(h.sent.len(), 2, "one call for both");
-    let granted = grant_all(&mut e, &mut h, 1, 2);
+    // The call for the two that came meanwhile goes with the answer: the host owns callouts on
+    // the root context, so no request's end can cancel it.
+    assert_eq!(h.sent.len(), 2, "one call for both, at once");
+    let granted = grant_all(&mut e, &mut h, 2);
     assert!(granted >= 2, "sized for demand: {granted}");
     assert_eq!(h.resumed, [10, 11, 12], "served in arrival order");
     let local = granted - 2;
@@ -604,14 +601,7 @@ fn a_grant_above_what_was_asked_is_clamped() {
     let (mut e, rec) = engine("", LEASE);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(
-        &mut e,
-        &mut h,
-        10,
-        1,
-        200,
-        &answer(true, 40, 0, 300, 1_000_000),
-    );
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1_000_000));
     assert!(rec.get(0, Counter::LeaseGranted) <= 20);
     let l = LeasePool::new(&h.store, &e.plugin.ns)
         .peek(&lease_key(&e, "a"))
@@ -631,7 +621,7 @@ fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
         h.sent[0]
     );
     // Denied: not even a reservation within the wait, for another 300 ms.
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(false, 0, 300, 5000, 0));
+    deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 300, 5000, 0));
     assert_eq!((h.status_of(10), h.status_of(11)), (Some(429), Some(429)));
     h.now = 1299;
     e.request_headers(&mut h, 12, &user("a"));
@@ -649,7 +639,7 @@ fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
     let mut h = fake_at(1000);
     e.request_headers(&mut h, 10, &user("a"));
     // The bucket held nothing: the script reserved the token, refilled in 10 ms (100/s).
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 0, 10, 510, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 10, 510, 1));
     assert_eq!(h.status_of(10), Some(429), "not refilled yet");
     assert_eq!(rec.get(0, Counter::LeaseGranted), 1);
     h.now = 1009;
@@ -674,11 +664,11 @@ fn lease_noscript_resends_eval_under_the_same_claim() {
     let (mut e, _) = engine("", LEASE);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, NOSCRIPT);
+    deliver(&mut e, &mut h, 1, 200, NOSCRIPT);
     assert!(h.sent[1].starts_with("EVAL/"));
     e.request_headers(&mut h, 11, &user("a"));
     assert_eq!(h.sent.len(), 2, "the claim is still held: no second call");
-    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 40, 0, 300, 1));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
     h.now += 1;
     e.tick(&mut h);
@@ -710,7 +700,7 @@ fn the_claim_is_released_on_every_failure_path() {
     let (mut e, _) = engine(closed, LEASE);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 0, b"");
+    deliver(&mut e, &mut h, 1, 0, b"");
     assert_eq!(h.status_of(10), Some(503));
     assert!(claim_free(&e, &h, "a"), "error answer");
     // 3. The EVAL resend after NOSCRIPT fails to dispatch.
@@ -718,7 +708,7 @@ fn the_claim_is_released_on_every_failure_path() {
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
     h.fail_dispatch = true;
-    deliver(&mut e, &mut h, 10, 1, 200, NOSCRIPT);
+    deliver(&mut e, &mut h, 1, 200, NOSCRIPT);
     assert_eq!(h.status_of(10), Some(503));
     assert!(claim_free(&e, &h, "a"), "resend failure");
     // 4. The request that sent the call goes away: the host still answers the call, on the root
@@ -729,7 +719,7 @@ fn the_claim_is_released_on_every_failure_path() {
     e.request_headers(&mut h, 11, &user("a"));
     e.done(&mut h, 10);
     assert!(!claim_free(&e, &h, "a"), "the call is still out");
-    deliver(&mut e, &mut h, 1, 1, 200, &answer(true, 40, 0, 300, 5));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 5));
     assert!(
         claim_free(&e, &h, "a"),
         "answered after its sender went away"
@@ -756,7 +746,7 @@ fn a_waiter_whose_call_is_lost_gets_the_failure_mode_after_its_patience() {
     assert_eq!(rec.get(0, Counter::FailureModeAllowed), 1);
     assert_eq!(h.tick, 0);
     // The late answer still lands in the pool for later requests.
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 5));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 5));
     assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Continue);
 }
 
@@ -768,7 +758,7 @@ fn a_client_that_hangs_up_mid_wait_is_dropped_from_the_queue() {
     e.request_headers(&mut h, 11, &user("a"));
     e.done(&mut h, 11);
     assert_eq!(e.load().2, 1);
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 5));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 5));
     assert_eq!(h.resumed, [10], "the gone context is never touched");
 }
 
@@ -788,12 +778,12 @@ fn a_key_another_worker_is_calling_for_is_polled_without_writes_then_served() {
     // Worker 1's first call asked for one token; its answer serves worker 1's first waiter, and
     // its second waiter's call (from the tick) carries worker 2's demand too (counted in the
     // shared lease).
-    deliver(&mut w1, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
     h.now += 1;
     w1.tick(&mut h);
     assert_eq!(h.sent.len(), 2);
-    let granted = grant_all(&mut w1, &mut h, 1, 2);
+    let granted = grant_all(&mut w1, &mut h, 2);
     assert!(granted >= 2, "{granted}");
     assert_eq!(h.resumed, [10, 11]);
     w2.tick(&mut h);
@@ -815,15 +805,8 @@ fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
     }
     assert_eq!(h.sent.len(), 1000);
     assert_eq!(h.tick_sets, 1, "the tick is armed once, not per request");
-    for (i, t) in h.tokens().into_iter().enumerate() {
-        deliver(
-            &mut e,
-            &mut h,
-            100 + i as u32,
-            t,
-            200,
-            &answer(true, 40, 0, 300, 1),
-        );
+    for t in h.tokens() {
+        deliver(&mut e, &mut h, t, 200, &answer(true, 40, 0, 300, 1));
     }
     assert_eq!(h.resumed.len(), 1000);
     for ctx in 100..1100 {
@@ -842,14 +825,14 @@ fn lease_with_leftover(e: &mut Engine, h: &mut Fake, u: &str, ctx: u32) -> u64 {
     e.request_headers(h, ctx, &user(u));
     e.request_headers(h, ctx + 1, &user(u));
     let t = *h.tokens().last().unwrap();
-    deliver(e, h, ctx, t, 200, &answer(true, 40, 0, 300, 1));
+    deliver(e, h, t, 200, &answer(true, 40, 0, 300, 1));
     // The second waiter's call goes from the root context at the next tick (the clock stands
     // still here, so that no lease expires while the table fills).
     e.tick(h);
     let Some(&t) = h.tokens().last() else {
         return 0; // went exact: no slot
     };
-    let granted = grant_all(e, h, 1, t);
+    let granted = grant_all(e, h, t);
     e.done(h, ctx);
     e.done(h, ctx + 1);
     granted.saturating_sub(1)
@@ -887,9 +870,9 @@ fn an_idle_engine_stops_ticking() {
     let (mut e, _) = engine("", LEASE);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 40, 0, 300, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1));
     e.request_headers(&mut h, 11, &user("a"));
-    grant_all(&mut e, &mut h, 11, 2);
+    grant_all(&mut e, &mut h, 2);
     h.now = 200;
     e.tick(&mut h);
     assert_eq!(h.tick, 0);
@@ -1016,7 +999,7 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
         e.request_headers(&mut h, ctx, &user("a"));
     }
     assert_eq!(h.sent.len(), 1, "one call out; the others queue behind it");
-    deliver(&mut e, &mut h, 1, 1, 200, &answer(true, 9, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
     assert_eq!(h.sent.len(), 2, "the shared call goes out with the answer");
     assert!(
@@ -1024,16 +1007,16 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
         "one token each for three: {}",
         h.sent[1]
     );
-    // Meanwhile another arrives: it waits for the next call, carried by the root again.
+    // Meanwhile another arrives: it waits for the next call.
     e.request_headers(&mut h, 14, &user("a"));
-    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 6, 0, 100, 3));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 6, 0, 100, 3));
     assert_eq!(h.resumed, [10, 11, 12, 13]);
     assert!(
         h.sent[2].ends_with("/1/1/0/0"),
         "sent at once from the root: {}",
         h.sent[2]
     );
-    deliver(&mut e, &mut h, 1, 3, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut e, &mut h, 3, 200, &answer(true, 5, 0, 100, 1));
     assert_eq!(h.resumed, [10, 11, 12, 13, 14]);
     assert_eq!(rec.get(0, Counter::BackendCalls), 3);
     assert_eq!(rec.get(0, Counter::Allowed), 5);
@@ -1051,9 +1034,9 @@ fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
     for ctx in 10..13 {
         e.request_headers(&mut h, ctx, &user("a"));
     }
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 2, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 2, 0, 100, 1));
     e.tick(&mut h);
-    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 0, 0, 1900, 1));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 0, 1900, 1));
     assert_eq!(h.resumed, [10, 11]);
     assert_eq!(h.status_of(12), Some(429));
     let retry = header(&h.responded[0].1.headers, "retry-after");
@@ -1061,9 +1044,9 @@ fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
     // A denial of the whole batch denies each.
     e.request_headers(&mut h, 20, &user("b"));
     e.request_headers(&mut h, 21, &user("b"));
-    deliver(&mut e, &mut h, 20, 3, 200, &answer(true, 0, 0, 100, 1));
+    deliver(&mut e, &mut h, 3, 200, &answer(true, 0, 0, 100, 1));
     e.tick(&mut h);
-    deliver(&mut e, &mut h, 1, 4, 200, &answer(false, 0, 300, 2000, 0));
+    deliver(&mut e, &mut h, 4, 200, &answer(false, 0, 300, 2000, 0));
     assert_eq!(h.status_of(21), Some(429));
 }
 
@@ -1079,9 +1062,9 @@ fn a_chain_survives_the_request_that_sent_its_call_going_away_and_other_costs_go
         1,
         "the call stays out: the host answers it on the root context"
     );
-    deliver(&mut e, &mut h, 1, 1, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 5, 0, 100, 1));
     assert_eq!(h.sent.len(), 2, "its answer moved the chain on");
-    deliver(&mut e, &mut h, 1, 2, 200, &answer(true, 4, 0, 100, 1));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 4, 0, 100, 1));
     assert_eq!(h.resumed, [11], "the gone request is never touched");
     // A cost of 2 is never coalesced (a grant must cover whole requests).
     e.request_headers(&mut h, 20, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
@@ -1114,7 +1097,7 @@ fn ready(w: &mut Engine, h: &mut Fake, q: u32) {
 fn lead_a(w: &mut Engine, h: &mut Fake) {
     w.request_headers(h, 10, &user("a"));
     w.request_headers(h, 11, &user("a"));
-    deliver(w, h, 10, 1, 200, &answer(true, 9, 0, 100, 1));
+    deliver(w, h, 1, 200, &answer(true, 9, 0, 100, 1));
     w.tick(h);
     assert_eq!(h.sent.len(), 2);
     assert_eq!(
@@ -1137,11 +1120,11 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     assert_eq!(rec2.get(0, Counter::Forwarded), 2);
     ready(&mut w1, &mut h, 1);
     w1.request_headers(&mut h, 12, &user("a"));
-    deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 8, 0, 100, 1));
+    deliver(&mut w1, &mut h, 2, 200, &answer(true, 8, 0, 100, 1));
     assert_eq!(h.sent.len(), 3, "one call for the three waiting");
     assert!(h.sent[2].ends_with("/1/3/0/0"), "{}", h.sent[2]);
     // Two tokens left: the first two in arrival order (worker 2's) are admitted.
-    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 0, 0, 100, 2));
+    deliver(&mut w1, &mut h, 3, 200, &answer(true, 0, 0, 100, 2));
     assert_eq!(h.status_of(12), Some(429));
     assert_eq!(h.resumed, [10, 11]);
     ready(&mut w2, &mut h, 2);
@@ -1175,14 +1158,14 @@ fn a_worker_whose_chain_goes_on_while_another_leads_ends_it_with_one_last_call()
     assert_eq!(h.sent.len(), 1, "nobody leads yet: worker 2 calls");
     w1.request_headers(&mut h, 10, &user("a"));
     w1.request_headers(&mut h, 11, &user("a"));
-    deliver(&mut w1, &mut h, 10, 2, 200, &answer(true, 9, 0, 100, 1));
+    deliver(&mut w1, &mut h, 2, 200, &answer(true, 9, 0, 100, 1));
     w1.tick(&mut h);
     assert_eq!(
         h.sent.len(),
         3,
         "worker 1 claimed the key with its second call"
     );
-    deliver(&mut w2, &mut h, 20, 1, 200, &answer(true, 9, 0, 100, 1));
+    deliver(&mut w2, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
     w2.tick(&mut h);
     // 21 waited for worker 2's call out: it goes in worker 2's next call, its own (sending it to
     // the leader would make it wait for the leader's call out too). That call is the chain's last.
@@ -1191,11 +1174,11 @@ fn a_worker_whose_chain_goes_on_while_another_leads_ends_it_with_one_last_call()
     w2.request_headers(&mut h, 22, &user("a"));
     assert_eq!(h.sent.len(), 4, "worker 2's next check went to the leader");
     assert_eq!(rec2.get(0, Counter::Forwarded), 1);
-    deliver(&mut w2, &mut h, 2, 4, 200, &answer(true, 8, 0, 100, 1));
+    deliver(&mut w2, &mut h, 4, 200, &answer(true, 8, 0, 100, 1));
     assert_eq!(h.sent.len(), 4, "no chain left on worker 2");
     ready(&mut w1, &mut h, 1);
-    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 7, 0, 100, 1));
-    deliver(&mut w1, &mut h, 1, 5, 200, &answer(true, 6, 0, 100, 1));
+    deliver(&mut w1, &mut h, 3, 200, &answer(true, 7, 0, 100, 1));
+    deliver(&mut w1, &mut h, 5, 200, &answer(true, 6, 0, 100, 1));
     ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [10, 20, 21, 11, 22]);
 }
@@ -1206,9 +1189,9 @@ fn a_failed_shared_call_gives_the_asking_worker_its_failure_mode() {
     lead_a(&mut w1, &mut h);
     w2.request_headers(&mut h, 20, &user("a"));
     ready(&mut w1, &mut h, 1);
-    deliver(&mut w1, &mut h, 1, 2, 503, b"");
+    deliver(&mut w1, &mut h, 2, 503, b"");
     assert_eq!(h.sent.len(), 3, "worker 2's check rides the next call");
-    deliver(&mut w1, &mut h, 1, 3, 503, b"");
+    deliver(&mut w1, &mut h, 3, 503, b"");
     ready(&mut w2, &mut h, 2);
     // Worker 2's own failure mode decides: the local fallback bucket (the default) admits.
     assert_eq!(h.resumed, [10, 11, 20]);
@@ -1233,12 +1216,12 @@ fn a_check_sent_to_a_silent_leader_goes_again_from_its_worker() {
         None,
         "the leader is forgotten"
     );
-    deliver(&mut w2, &mut h, 2, 3, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut w2, &mut h, 3, 200, &answer(true, 5, 0, 100, 1));
     assert_eq!(h.resumed, [10, 20]);
     // The leader's late answer finds nothing waiting.
     ready(&mut w1, &mut h, 1);
-    deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
-    deliver(&mut w1, &mut h, 1, 4, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut w1, &mut h, 2, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut w1, &mut h, 4, 200, &answer(true, 5, 0, 100, 1));
     ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [10, 20, 11]);
     assert!(h.responded.is_empty());
@@ -1258,7 +1241,7 @@ fn a_check_sent_to_a_worker_with_no_call_out_goes_at_once() {
     assert!(h.sent.is_empty());
     ready(&mut w1, &mut h, 1);
     assert_eq!(h.sent.len(), 1, "sent from worker 1's root context");
-    deliver(&mut w1, &mut h, 1, 1, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 5, 0, 100, 1));
     ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [20]);
     // Garbage on a queue is dropped.
@@ -1276,8 +1259,8 @@ fn a_check_sent_to_a_workers_older_queue_is_served() {
     w1.set_queue(3);
     w2.request_headers(&mut h, 20, &user("a"));
     ready(&mut w1, &mut h, 1);
-    deliver(&mut w1, &mut h, 1, 2, 200, &answer(true, 5, 0, 100, 1));
-    deliver(&mut w1, &mut h, 1, 3, 200, &answer(true, 4, 0, 100, 1));
+    deliver(&mut w1, &mut h, 2, 200, &answer(true, 5, 0, 100, 1));
+    deliver(&mut w1, &mut h, 3, 200, &answer(true, 4, 0, 100, 1));
     ready(&mut w2, &mut h, 2);
     assert_eq!(h.resumed, [10, 11, 20]);
 }
@@ -1289,7 +1272,7 @@ fn counts_reach_the_host_once_due_and_exactly_once_with_a_tick_only_meanwhile() 
     let (mut e, rec) = batched_engine("", EXACT);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 19, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
     e.done(&mut h, 10);
     assert_eq!(rec.get(0, Counter::Allowed), 0, "counted in the VM only");
@@ -1302,7 +1285,7 @@ fn counts_reach_the_host_once_due_and_exactly_once_with_a_tick_only_meanwhile() 
     let sets = h.tick_sets;
     h.now = 500;
     send(&mut e, &mut h, 11, &user("b"));
-    deliver(&mut e, &mut h, 11, 2, 200, &answer(true, 19, 0, 100, 1));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(
         h.tick_sets, sets,
         "the running tick is not re-armed per request"
@@ -1360,7 +1343,7 @@ fn counts_made_on_a_response_get_a_tick_too() {
     let (mut e, rec) = batched_engine("", LLM);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 59, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
     h.now = METRICS_FLUSH_MS + 1;
     e.tick(&mut h);
     assert_eq!(rec.get(0, Counter::Allowed), 1);
@@ -1396,7 +1379,7 @@ fn usage_rides_on_the_next_call_of_the_key() {
         e.request_headers(&mut h, ctx, &user("a"));
         let t = *h.tokens().last().unwrap();
         assert_eq!(settle_arg(&h.out[&t]), if i == 0 { 0 } else { 39 });
-        deliver(&mut e, &mut h, ctx, t, 200, &answer(true, 59, 0, 100, 1));
+        deliver(&mut e, &mut h, t, 200, &answer(true, 59, 0, 100, 1));
         assert!(!e.response_headers(&mut h, ctx, &resp(&[("x-usage-tokens", "40")])));
         e.done(&mut h, ctx);
     }
@@ -1409,7 +1392,7 @@ fn usage_rides_on_the_next_call_of_the_key() {
     e.tick(&mut h);
     let flush = h.sent.last().unwrap();
     assert!(flush.ends_with("/0/0/0/39"), "settle only, cost 0: {flush}");
-    deliver(&mut e, &mut h, 1, 4, 200, &answer(true, 0, 0, 100, 0));
+    deliver(&mut e, &mut h, 4, 200, &answer(true, 0, 0, 100, 0));
     // Nothing pending any more: the next call carries nothing, and no flush is due.
     e.request_headers(&mut h, 20, &user("a"));
     assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
@@ -1420,7 +1403,7 @@ fn a_settlement_kept_pending_on_an_idle_worker_gets_its_tick() {
     let (mut e, _) = engine("", LLM);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 59, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
     assert_eq!(h.tick, 0, "idle");
     e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
     e.done(&mut h, 10);
@@ -1439,11 +1422,11 @@ fn a_failed_call_puts_its_settlement_back() {
     let (mut e, _) = engine(r#""failure_mode":"open","#, LLM);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 59, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
     e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "11")]));
     e.request_headers(&mut h, 11, &user("a"));
     assert_eq!(settle_arg(&h.out[&2]), 10);
-    deliver(&mut e, &mut h, 11, 2, 0, b"");
+    deliver(&mut e, &mut h, 2, 0, b"");
     assert_eq!(h.resumed, [10, 11], "failure mode open");
     e.request_headers(&mut h, 12, &user("a"));
     assert_eq!(settle_arg(&h.out[&3]), 10, "carried again");
@@ -1458,8 +1441,8 @@ fn refunds_trailers_bodies_and_bad_values() {
     let (mut e, rec) = engine("", rules);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 200, &answer(true, 50, 0, 100, 5));
-    deliver(&mut e, &mut h, 10, 2, 200, &answer(true, 50, 0, 100, 1));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 50, 0, 100, 5));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 50, 0, 100, 1));
     let sse = resp(&[("content-type", "text/event-stream")]);
     assert!(e.response_headers(&mut h, 10, &sse), "the body is watched");
     e.response_body(&mut h, 10, b"data: {\"usage\":{\"total_", false);
@@ -1474,16 +1457,16 @@ fn refunds_trailers_bodies_and_bad_values() {
     e.done(&mut h, 10);
     // Bad values settle nothing and are counted.
     e.request_headers(&mut h, 11, &user("b"));
-    deliver(&mut e, &mut h, 11, 3, 200, &answer(true, 50, 0, 100, 5));
-    deliver(&mut e, &mut h, 11, 4, 200, &answer(true, 50, 0, 100, 1));
+    deliver(&mut e, &mut h, 3, 200, &answer(true, 50, 0, 100, 5));
+    deliver(&mut e, &mut h, 4, 200, &answer(true, 50, 0, 100, 1));
     let html = resp(&[("x-used", "-4"), ("content-type", "text/html")]);
     assert!(!e.response_headers(&mut h, 11, &html));
     assert_eq!(rec.get(0, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(1, Counter::UsageInvalid), 1);
     // Absurd usage is clamped to four bursts.
     e.request_headers(&mut h, 12, &user("c"));
-    deliver(&mut e, &mut h, 12, 5, 200, &answer(true, 50, 0, 100, 5));
-    deliver(&mut e, &mut h, 12, 6, 200, &answer(true, 50, 0, 100, 1));
+    deliver(&mut e, &mut h, 5, 200, &answer(true, 50, 0, 100, 5));
+    deliver(&mut e, &mut h, 6, 200, &answer(true, 50, 0, 100, 1));
     e.response_headers(&mut h, 12, &resp(&[("x-used", "999999999999")]));
     assert_eq!(rec.get(0, Counter::UsageClamped), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 395);
@@ -1494,7 +1477,7 @@ fn a_failure_mode_admission_settles_nothing() {
     let (mut e, rec) = engine(r#""failure_mode":"open","#, LLM);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 0, b"");
+    deliver(&mut e, &mut h, 1, 0, b"");
     e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
     assert_eq!(rec.get(0, Counter::UsageCharged), 0);
 }
@@ -1516,7 +1499,7 @@ fn a_verdict_reached_inside_request_headers_is_returned_not_resumed() {
     let (mut e, _) = engine(top, EXACT);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 10, 1, 0, b"");
+    deliver(&mut e, &mut h, 1, 0, b"");
     assert_eq!(e.request_headers(&mut h, 11, &user("b")), Action::Continue);
     assert_eq!(h.resumed, [10]);
 }
@@ -1545,7 +1528,7 @@ fn profile_local_path() {
         h.now = u64::from(ctx) / 100;
         e.request_headers(&mut h, ctx, &r);
         for token in h.tokens() {
-            grant_all(&mut e, &mut h, ctx, token);
+            grant_all(&mut e, &mut h, token);
         }
         e.response_headers(&mut h, ctx, &none);
         e.done(&mut h, ctx);
@@ -1574,14 +1557,7 @@ fn profile_hot_exact() {
         }
         ready(&mut w1, &mut h, 1);
         let token = h.tokens()[0];
-        deliver(
-            &mut w1,
-            &mut h,
-            1,
-            token,
-            200,
-            &answer(true, 1000, 0, 100, 8),
-        );
+        deliver(&mut w1, &mut h, token, 200, &answer(true, 1000, 0, 100, 8));
         ready(&mut w2, &mut h, 2);
         for c in ctx - 8..ctx {
             let w = if c % 2 == 0 { &mut w1 } else { &mut w2 };
@@ -1612,7 +1588,7 @@ fn the_policy_header_follows_an_overrides_limits() {
     ] {
         e.request_headers(&mut h, ctx, &user(who));
         let [t] = h.tokens()[..] else { panic!() };
-        deliver(&mut e, &mut h, ctx, t, 200, &answer(true, 3, 0, 100, 1));
+        deliver(&mut e, &mut h, t, 200, &answer(true, 3, 0, 100, 1));
         e.response_headers(&mut h, ctx, &resp(&[]));
         let added = &h.added.last().unwrap().1;
         assert_eq!(header(added, "ratelimit-policy"), Some(policy), "{who}");
@@ -1634,7 +1610,7 @@ fn profile_lease_new_keys() {
         let r = user(&format!("user-{ctx}"));
         e.request_headers(&mut h, ctx, &r);
         for token in h.tokens() {
-            grant_all(&mut e, &mut h, ctx, token);
+            grant_all(&mut e, &mut h, token);
         }
         e.response_headers(&mut h, ctx, &none);
         e.done(&mut h, ctx);
