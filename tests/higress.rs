@@ -16,7 +16,6 @@ use common::hosted::{assert_clean, loopback};
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{repo_root, scratch_dir, wait_until, Redis, Resp};
@@ -26,22 +25,9 @@ use tollgate_testhost::{module_interface, resp_frame_len, Proxy, ProxyConfig};
 const SERVICE: &str = "redis.default.svc.cluster.local";
 const CLUSTER: &str = "outbound|6379||redis.default.svc.cluster.local";
 
-/// The Higress build: `$TOLLGATE_HIGRESS_WASM`, else `make build`'s copy beside tollgate.wasm.
-fn higress_wasm() -> PathBuf {
-    let path = std::env::var_os("TOLLGATE_HIGRESS_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/wasm32-wasip1/release/tollgate-higress.wasm"));
-    assert!(
-        path.is_file(),
-        "{} not found (run `make build`, or set TOLLGATE_HIGRESS_WASM)",
-        path.display()
-    );
-    path
-}
-
 fn host_config(plugin_config: &str, redis_port: u16) -> ProxyConfig {
-    let mut cfg =
-        ProxyConfig::new(higress_wasm(), plugin_config).cluster(CLUSTER, loopback(redis_port));
+    let mut cfg = ProxyConfig::new(common::envoy::higress_wasm_path(), plugin_config)
+        .cluster(CLUSTER, loopback(redis_port));
     cfg.higress = true;
     cfg
 }
@@ -103,7 +89,7 @@ fn failure_config(mode: &str) -> String {
 #[test]
 fn each_build_imports_what_its_host_has() {
     let (http_imports, http_exports) = module_interface(&common::wasm_path()).unwrap();
-    let (h_imports, h_exports) = module_interface(&higress_wasm()).unwrap();
+    let (h_imports, h_exports) = module_interface(&common::envoy::higress_wasm_path()).unwrap();
     let redis = |names: &[String]| -> Vec<String> {
         names
             .iter()
@@ -129,7 +115,7 @@ fn each_build_imports_what_its_host_has() {
 #[test]
 fn stock_envoy_refuses_the_higress_build() {
     let dir = scratch_dir("higress-stock");
-    let wasm = higress_wasm();
+    let wasm = common::envoy::higress_wasm_path();
     let cfg = exact_config("", "", 3);
     let refused = common::Envoy::try_start_yaml(&dir, |listen, admin| {
         common::render_envoy_yaml(&cfg, common::free_port(), listen, admin, &wasm, 9)
@@ -531,7 +517,8 @@ fn higress_manifest_config_is_accepted_by_the_higress_build() {
         redis_args = vec!["--requirepass", p.as_str()];
     }
     let redis = Redis::start_with(&dir, &redis_args);
-    let mut cfg = ProxyConfig::new(higress_wasm(), &config).cluster(&cluster, loopback(redis.port));
+    let mut cfg = ProxyConfig::new(common::envoy::higress_wasm_path(), &config)
+        .cluster(&cluster, loopback(redis.port));
     cfg.higress = true;
     let host =
         Proxy::start(cfg).unwrap_or_else(|e| panic!("the Higress build refused the manifest: {e}"));

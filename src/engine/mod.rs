@@ -530,11 +530,9 @@ impl Engine {
         call: &ScriptCall,
     ) -> Option<crate::shared::lease::Spent> {
         let spend = self.stashes.spend(&call.key, call.cost, self.clock_ms);
-        if spend.dropped > 0 {
-            self.plugin
-                .metrics
-                .count(idx, Counter::LeaseDropped, spend.dropped);
-        }
+        self.plugin
+            .metrics
+            .count(idx, Counter::LeaseDropped, spend.dropped);
         spend.spent
     }
 

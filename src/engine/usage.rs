@@ -210,6 +210,10 @@ pub fn settlement(usage: u64, upfront: u64, cap: u64) -> (i64, bool) {
 
 // ----- the engine's side: from responses to settlements -----
 
+/// What one admission of a usage rule used, once known: its rule, key, limits, up-front cost and
+/// the usage read (None: nothing to settle).
+type Known = (usize, String, Limits, u64, Option<Result<u64, Unreadable>>);
+
 impl Engine {
     /// The usage rules that admitted `r` through the global bucket (they charged its up-front
     /// cost, so the difference is theirs to settle). Failure-mode admissions settle nothing.
@@ -289,15 +293,7 @@ impl Engine {
                 }
             }
         });
-        if r.usage.is_empty() {
-            self.requests.remove(&ctx);
-        }
-        let now = self.now(host);
-        for (rule, key, limits, upfront, result) in known {
-            self.settle_usage(host, rule, &key, limits, upfront, result, now);
-        }
-        // The flush of a settlement kept pending, and the counts, need the tick.
-        self.schedule(host, now, false);
+        self.settle_known(host, ctx, known);
         watch
     }
 
@@ -325,7 +321,13 @@ impl Engine {
             known.push((a.rule, a.key.clone(), a.limits, a.upfront, result));
             false
         });
-        if r.usage.is_empty() {
+        self.settle_known(host, ctx, known);
+    }
+
+    /// Settles the usages just learnt of `ctx`'s admissions, and forgets `ctx` if none is left
+    /// to learn.
+    fn settle_known(&mut self, host: &mut dyn Host, ctx: u32, known: Vec<Known>) {
+        if self.requests.get(&ctx).is_some_and(|r| r.usage.is_empty()) {
             self.requests.remove(&ctx);
         }
         let now = self.now(host);

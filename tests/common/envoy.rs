@@ -19,6 +19,12 @@ pub fn usage_body_wasm_path() -> PathBuf {
     build_path("TOLLGATE_USAGE_BODY_WASM", "tollgate-usage-body.wasm")
 }
 
+/// The Higress build (features redis-callout, usage-body): `$TOLLGATE_HIGRESS_WASM`, else `make
+/// build`'s copy beside tollgate.wasm. Panics if it is missing.
+pub fn higress_wasm_path() -> PathBuf {
+    build_path("TOLLGATE_HIGRESS_WASM", "tollgate-higress.wasm")
+}
+
 fn build_path(var: &str, file: &str) -> PathBuf {
     let path = std::env::var_os(var)
         .map(PathBuf::from)
