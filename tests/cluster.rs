@@ -115,6 +115,14 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
     // Round 1: every user, through both proxies, lands on the master that owns its slot.
     let users: Vec<String> = (0..USERS).map(|i| format!("user-{i:02}")).collect();
     let round1 = drive(&ports, &users, REQUESTS);
+    // Every status the proxies answered in this test, to check their counters against at the end.
+    let mut answered: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut tally = |statuses: &[u16]| {
+        for &s in statuses {
+            *answered.entry(s).or_default() += 1;
+        }
+    };
+    round1.values().for_each(|s| tally(s));
     let owner: BTreeMap<&str, u16> = users
         .iter()
         .map(|u| (u.as_str(), backend.cluster.owner_of_key(&key_of(u))))
@@ -204,6 +212,7 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
         .map(|u| (u.as_str(), backend.cluster.owner_of_key(&key_of(u))))
         .collect();
     let round2 = drive(&ports, &late, REQUESTS);
+    round2.values().for_each(|s| tally(s));
     let (mut on_victim, mut on_survivors) = (0usize, 0usize);
     eprintln!("round 2 (new users, after the stop):");
     for (user, statuses) in &round2 {
@@ -244,6 +253,7 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
     let r = proxies[0].get("/api/orders", &[("x-user-id", victim_user)]);
     assert_eq!(r.status, 503, "{r:?}");
     assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    tally(&[r.status]);
     for &port in &survivors {
         let keys = backend.cluster.keys_on(port, "tollgate:{per-user:*");
         for user in late.iter().filter(|u| late_owner[u.as_str()] == port) {
@@ -254,6 +264,7 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
     // Round 1's users once more: still limited on the survivors; on the stopped master either a
     // known denial answered by the proxy's deny cache (429) or the failure mode (503), never 200.
     let again = drive(&ports, &users, 2);
+    again.values().for_each(|s| tally(s));
     let mut old_victim = BTreeMap::<u16, usize>::new();
     let mut old_survivor = BTreeMap::<u16, usize>::new();
     for (user, statuses) in &again {
@@ -295,6 +306,7 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
     for user in &doomed {
         let r = proxies[0].get("/api/orders", &[("x-user-id", user)]);
         assert_eq!(r.status, 503, "{user}: {r:?}");
+        tally(&[r.status]);
     }
     let after: Vec<u16> = (0..=BURST)
         .map(|_| {
@@ -303,6 +315,7 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
                 .status
         })
         .collect();
+    tally(&after);
     let mut want = vec![200u16; usize::try_from(BURST).unwrap()];
     want.push(429);
     assert_eq!(
@@ -334,14 +347,26 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
             })
             .sum()
     };
+    // The proxies' counters agree with what the clients saw: each 200 an allowed check; each 429
+    // a denied one, and each 503 too (failure mode closed denies), after a failed backend call
+    // (one call per request: no two requests of a key are ever in flight together here). The
+    // filter pushes its counts up to a second late.
+    let seen = |status: u16| answered.get(&status).copied().unwrap_or(0);
+    let want = [
+        ("allowed", seen(200)),
+        ("denied", seen(429) + seen(503)),
+        ("backend_errors", seen(503)),
+    ];
+    let counters = common::eventually(
+        || want.map(|(name, _)| (name, stat(name))),
+        |got| *got == want,
+    );
     eprintln!(
-        "proxy counters (both proxies): allowed {}, denied {}, local_denied {}, backend_calls {}, backend_errors {}",
-        stat("allowed"),
-        stat("denied"),
+        "proxy counters (both proxies): {counters:?}, local_denied {}, backend_calls {}; statuses answered {answered:?}",
         stat("local_denied"),
         stat("backend_calls"),
-        stat("backend_errors")
     );
+    assert_eq!(counters, want, "counters against the statuses answered");
     eprintln!(
         "summary: {USERS} keys before the stop spread {:?} over masters {masters:?}; after stopping :{victim}, {on_survivors} new keys on survivors admitted exactly {BURST} each, {on_victim} new keys on :{victim} got 503",
         masters
