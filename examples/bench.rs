@@ -5,7 +5,10 @@
 //! One run starts Redis and Webdis once, then runs the scenarios in turn, round after round
 //! (interleaved, so drift on a shared machine hits them all alike). Each round starts a fresh Envoy
 //! per scenario (two for the limited ones; each `--concurrency 2 --disable-hot-restart`), warms it
-//! up and measures it, so the median of each figure over the rounds is over several Envoy processes:
+//! up and measures it, so the median of each figure over the rounds is over several Envoy processes.
+//! The closed-loop single-key scenarios (plain … tollgate-lease), whose CPU per request is compared
+//! with the wasm floor's, take turns within a round in `--slices` slices of their load, so that they
+//! share the same seconds of a machine whose other load comes and goes:
 //!
 //! | scenario | Envoy's filters | load (h2load; HTTP/1.1 unless `--h2c`) |
 //! |---|---|---|
@@ -19,7 +22,7 @@
 //! | tollgate-tenant-quiet | one Envoy, lease, rule on `query:k`: one hot key (the tenant) 5x over its limit | paced |
 //! | tollgate-tenant-flood | the same, while new keys flood the same Envoy | paced tenant + closed-loop flood |
 //!
-//! Figures: Envoy CPU time per request (utime+stime from /proc/<pid>/stat over the load), Webdis and
+//! Figures: Envoy CPU time per request (from /proc/<pid>/task/*/schedstat over the load), Webdis and
 //! Redis CPU likewise, requests/s and p50/p99 latency (h2load's summary and per-request log), Redis
 //! script calls (INFO commandstats: evalsha + eval), for the paced scenarios admitted ÷ (burst + rate ×
 //! T), and, once after the last round's load, the CPU ticks the lease-mode Envoys use over 3 idle seconds.
@@ -86,6 +89,8 @@ usage: cargo run --release --example bench -- [options]      (make bench BENCH_A
   --threads N         h2load threads for the closed-loop loads                   (default 1)
   --h2c               h2load speaks h2c (HTTP/2, prior knowledge), not HTTP/1.1
   --warmup SECS       unmeasured load on each fresh Envoy before its round; 0: none (default 1)
+  --slices N          a round's single-key closed loops (plain … tollgate-lease) take turns in
+                      N slices of their load, each 1/N of it                      (default 6)
   --limited-rate N    the hot key's rate, tokens per second                      (default 200)
   --limited-burst N   the hot key's burst                                        (default 200)
   --limited-load N    requests per second offered to the hot key, both proxies   (default 1000)
@@ -98,6 +103,8 @@ usage: cargo run --release --example bench -- [options]      (make bench BENCH_A
 #[derive(Debug, Clone)]
 struct Settings {
     rounds: u32,
+    /// The round's single-key closed loops take turns in this many slices of their load.
+    slices: u32,
     duration: Duration,
     requests: Option<u64>,
     connections: u32,
@@ -116,6 +123,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             rounds: 5,
+            slices: 6,
             duration: Duration::from_secs(3),
             requests: None,
             connections: 16,
@@ -146,8 +154,9 @@ fn parse_args() -> Result<Settings, String> {
             s.h2c = true;
             continue;
         }
-        const VALUE_FLAGS: [&str; 11] = [
+        const VALUE_FLAGS: [&str; 12] = [
             "--rounds",
+            "--slices",
             "--duration",
             "--requests",
             "--connections",
@@ -186,6 +195,7 @@ fn parse_args() -> Result<Settings, String> {
         };
         match flag.as_str() {
             "--rounds" => s.rounds = small(&value)?,
+            "--slices" => s.slices = small(&value)?,
             "--duration" => s.duration = secs(&value)?,
             "--requests" => s.requests = Some(int(&value)?),
             "--connections" => s.connections = small(&value)?,
@@ -215,10 +225,10 @@ fn parse_args() -> Result<Settings, String> {
         }
     }
     if let Some(n) = s.requests {
-        if n < u64::from(s.connections) {
+        if n < u64::from(s.connections) * u64::from(s.slices) {
             return Err(format!(
-                "--requests ({n}) must be at least --connections ({})",
-                s.connections
+                "--requests ({n}) must be at least --connections ({}) × --slices ({})",
+                s.connections, s.slices
             ));
         }
     }
@@ -336,6 +346,15 @@ impl Def {
     /// latency are not compared with plain's.
     fn paced(&self) -> bool {
         matches!(self.setup, Setup::Limited(_) | Setup::Tenant { .. })
+    }
+
+    /// One h2load process in a closed loop to one key: the scenarios whose CPU per request is
+    /// compared with the wasm floor's, measured in interleaved slices within a round (see
+    /// `Bench::measure_sliced`). Not the floods: their 16 h2load processes and fresh URI lists
+    /// per load cost the machine too much at the start of a short slice (sliced, both floods ran
+    /// at 2/3 of their unsliced req/s and twice their p99).
+    fn sliced(&self) -> bool {
+        matches!(self.setup, Setup::Template(_) | Setup::Tollgate(_))
     }
 }
 
@@ -798,9 +817,13 @@ struct Sample {
     rps: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// The primary load's request latencies, µs (p50/p99 come from them).
+    latencies_us: Vec<u64>,
     /// First request start to last completion.
     wall_s: f64,
     envoy_cpu_s: f64,
+    webdis_cpu_s: f64,
+    redis_cpu_s: f64,
     cpu_us_per_req: f64,
     /// Webdis + Redis CPU per request (the backend's side of the bill), and each on its own.
     backend_cpu_us_per_req: f64,
@@ -850,6 +873,55 @@ impl Sample {
         self.answered()
             .then_some(self.cpu_us_per_req + self.backend_cpu_us_per_req)
     }
+
+    /// Fills in the figures computed from the counts: per-request CPU and latency percentiles.
+    fn derive(&mut self) {
+        self.latencies_us.sort_unstable();
+        self.p50_ms = percentile(&self.latencies_us, 50.0) as f64 / 1000.0;
+        self.p99_ms = percentile(&self.latencies_us, 99.0) as f64 / 1000.0;
+        if self.requests > 0 {
+            let per_req = |cpu_s: f64| cpu_s * 1e6 / self.requests as f64;
+            self.cpu_us_per_req = per_req(self.envoy_cpu_s);
+            self.webdis_cpu_us_per_req = per_req(self.webdis_cpu_s);
+            self.redis_cpu_us_per_req = per_req(self.redis_cpu_s);
+            self.backend_cpu_us_per_req = self.webdis_cpu_us_per_req + self.redis_cpu_us_per_req;
+        }
+    }
+
+    /// One closed-loop sample from the slices of one scenario's load in a round: counts, CPU and
+    /// wall time add up, latencies pool, req/s is requests over the slices' wall time.
+    fn merge(parts: Vec<Sample>) -> Sample {
+        let mut m = Sample::default();
+        for p in parts {
+            m.requests += p.requests;
+            m.background_requests += p.background_requests;
+            m.admitted += p.admitted;
+            m.repeated_keys += p.repeated_keys;
+            m.h2load_done += p.h2load_done;
+            m.unfinished += p.unfinished;
+            m.hung += p.hung;
+            m.ok += p.ok;
+            m.limited += p.limited;
+            m.server_errors += p.server_errors;
+            m.other_status += p.other_status;
+            m.failed += p.failed;
+            m.wall_s += p.wall_s;
+            m.envoy_cpu_s += p.envoy_cpu_s;
+            m.webdis_cpu_s += p.webdis_cpu_s;
+            m.redis_cpu_s += p.redis_cpu_s;
+            m.redis_calls += p.redis_calls;
+            m.redis_failed_calls += p.redis_failed_calls;
+            m.latencies_us.extend(p.latencies_us);
+            for (k, v) in p.stats {
+                *m.stats.entry(k).or_insert(0) += v;
+            }
+        }
+        if m.wall_s > 0.0 {
+            m.rps = m.requests as f64 / m.wall_s;
+        }
+        m.derive();
+        m
+    }
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -874,7 +946,14 @@ struct Bench<'a> {
 impl Bench<'_> {
     /// Runs one load against a scenario; `user` is the x-user-id every request carries (and, in the
     /// tenant scenarios, the hot key's `k`).
-    fn measure(&mut self, sc: &Running, user: &str, warmup: bool) -> Result<Sample, String> {
+    /// Closed loops run for `d`, or send `count` requests if given; paced loads run for `d`.
+    fn measure(
+        &mut self,
+        sc: &Running,
+        user: &str,
+        d: Duration,
+        count: Option<u64>,
+    ) -> Result<Sample, String> {
         let s = self.settings;
         self.runs += 1;
         let stats_before: Vec<_> = sc.envoys.iter().map(filter_stats).collect();
@@ -882,15 +961,14 @@ impl Bench<'_> {
         let pids: Vec<u32> = sc.envoys.iter().filter_map(|e| e.proc.pid()).collect();
         let webdis_pid: Vec<u32> = self.webdis.proc.pid().into_iter().collect();
         let redis_pid: Vec<u32> = self.redis.proc.pid().into_iter().collect();
-        let ticks = |pids: &[u32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
-        let cpu_before = ticks(&pids);
-        let webdis_before = ticks(&webdis_pid);
-        let redis_before = ticks(&redis_pid);
+        let ns = |pids: &[u32]| pids.iter().map(|p| cpu_ns(*p)).sum::<u64>();
+        let cpu_before = ns(&pids);
+        let webdis_before = ns(&webdis_pid);
+        let redis_before = ns(&redis_pid);
 
-        let d = if warmup { s.warmup } else { s.duration };
-        let closed = match (warmup, s.requests) {
-            (false, Some(n)) => Pace::Count(n),
-            _ => Pace::For(d),
+        let closed = match count {
+            Some(n) => Pace::Count(n),
+            None => Pace::For(d),
         };
         let tag = format!("{}-{}", self.runs, sc.def.name);
         let port = sc.envoys[0].listen_port;
@@ -964,9 +1042,9 @@ impl Bench<'_> {
             results.push((wait_h2load(h)?, primary));
         }
 
-        let cpu_after = ticks(&pids);
-        let webdis_after = ticks(&webdis_pid);
-        let redis_after = ticks(&redis_pid);
+        let cpu_after = ns(&pids);
+        let webdis_after = ns(&webdis_pid);
+        let redis_after = ns(&redis_pid);
         let (calls_after, failed_after) = redis_script_calls(&mut self.conn);
         // tollgate pushes its counters to Envoy up to a second after counting them: read them once
         // every answered request's decision is in (each request meets the one rule; a 503 of
@@ -999,7 +1077,6 @@ impl Bench<'_> {
             stats,
             ..Sample::default()
         };
-        let mut latencies = Vec::new();
         let mut first = u64::MAX;
         let mut last = 0;
         for (r, primary) in &results {
@@ -1022,37 +1099,74 @@ impl Bench<'_> {
             sample.requests += answered;
             if *primary {
                 sample.admitted += r.statuses.get(&200).copied().unwrap_or(0);
-                latencies.extend_from_slice(&r.latencies_us);
+                sample.latencies_us.extend_from_slice(&r.latencies_us);
                 first = first.min(r.first_start_us);
                 last = last.max(r.last_end_us);
             } else {
                 sample.background_requests += answered;
             }
         }
-        latencies.sort_unstable();
-        sample.p50_ms = percentile(&latencies, 50.0) as f64 / 1000.0;
-        sample.p99_ms = percentile(&latencies, 99.0) as f64 / 1000.0;
         sample.wall_s = if last > first {
             (last - first) as f64 / 1e6
         } else {
             0.0
         };
-        let secs = |before: u64, after: u64| after.saturating_sub(before) as f64 / self.ticks_per_s;
+        let secs = |before: u64, after: u64| after.saturating_sub(before) as f64 / 1e9;
         sample.envoy_cpu_s = secs(cpu_before, cpu_after);
-        if sample.requests > 0 {
-            let per_req = |cpu_s: f64| cpu_s * 1e6 / sample.requests as f64;
-            sample.cpu_us_per_req = per_req(sample.envoy_cpu_s);
-            sample.webdis_cpu_us_per_req = per_req(secs(webdis_before, webdis_after));
-            sample.redis_cpu_us_per_req = per_req(secs(redis_before, redis_after));
-            sample.backend_cpu_us_per_req =
-                sample.webdis_cpu_us_per_req + sample.redis_cpu_us_per_req;
-        }
+        sample.webdis_cpu_s = secs(webdis_before, webdis_after);
+        sample.redis_cpu_s = secs(redis_before, redis_after);
+        sample.derive();
         sample.redis_calls = calls_after.saturating_sub(calls_before);
         sample.redis_failed_calls = failed_after.saturating_sub(failed_before);
         if sc.def.paced() {
             sample.ideal = Some(s.limited_burst as f64 + s.limited_rate as f64 * sample.wall_s);
         }
         Ok(sample)
+    }
+
+    /// Unmeasured load on a fresh Envoy (`--warmup`); a paced scenario warms up on a hot key of its
+    /// own, so its measured key starts on a full bucket.
+    fn warm_up(&mut self, sc: &Running) -> Result<(), String> {
+        let user = if sc.def.paced() {
+            "hot-warmup"
+        } else {
+            "bench-user"
+        };
+        if !self.settings.warmup.is_zero() {
+            self.measure(sc, user, self.settings.warmup, None)?;
+        }
+        Ok(())
+    }
+
+    /// One sample per scenario of `group` (indices into `running`), whose loads take turns: slice k
+    /// of every scenario's load runs before slice k + 1 of any, in forward order on even slices and
+    /// backward on odd ones. Load from the rest of the machine comes and goes over seconds here (the
+    /// plain Envoy measured 49–62 µs/request from round to round in one run), so scenarios compared
+    /// with each other must share the same stretch of time, not follow each other by seconds.
+    fn measure_sliced(
+        &mut self,
+        running: &[Running],
+        group: &[usize],
+    ) -> Result<Vec<(usize, Sample)>, String> {
+        let s = self.settings;
+        let n = s.slices.max(1);
+        let d = s.duration / n;
+        let count = s.requests.map(|r| r / u64::from(n));
+        let mut parts: Vec<Vec<Sample>> = group.iter().map(|_| Vec::new()).collect();
+        for k in 0..n {
+            let mut order: Vec<usize> = (0..group.len()).collect();
+            if k % 2 == 1 {
+                order.reverse();
+            }
+            for j in order {
+                parts[j].push(self.measure(&running[group[j]], "bench-user", d, count)?);
+            }
+        }
+        Ok(group
+            .iter()
+            .copied()
+            .zip(parts.into_iter().map(Sample::merge))
+            .collect())
     }
 
     /// A flood of new keys on one Envoy: one h2load process per connection (`--connections`), each
@@ -1114,6 +1228,26 @@ impl Bench<'_> {
             })
             .collect()
     }
+}
+
+/// For a scenario in `IDLE_CHECKED`, right after its last load: does its Envoy go quiet? Compared
+/// with plain's Envoy over the same window, which has run no load since its own.
+fn idle_after_load(running: &[Running], i: usize) -> Option<Idle> {
+    let name = running[i].def.name;
+    if !IDLE_CHECKED.contains(&name) {
+        return None;
+    }
+    let pid = |r: &Running| r.envoys.first().and_then(|e| e.proc.pid());
+    let plain = running.iter().find(|r| r.def.name == "plain").and_then(pid);
+    let pids: Vec<u32> = pid(&running[i]).into_iter().chain(plain).collect();
+    eprint!(" (idle {} s: {name})", IDLE_WINDOW.as_secs());
+    let cpu = Bench::idle_cpu(&pids);
+    Some(Idle {
+        scenario: name,
+        ticks: cpu.first()?.0,
+        ns: cpu.first()?.1,
+        plain: cpu.get(1).copied(),
+    })
 }
 
 /// URIs one flood connection needs for a timed load: its share of `FLOOD_MAX_RPS`, twice over.
@@ -1648,50 +1782,49 @@ fn run(settings: &Settings) -> Result<(), String> {
     let mut samples: Vec<Vec<Sample>> = running.iter().map(|_| Vec::new()).collect();
     for round in 1..=settings.rounds {
         eprint!("bench: round {round}/{}:", settings.rounds);
-        for i in 0..running.len() {
-            let def = running[i].def;
-            eprint!(" {}", def.name);
-            // A fresh Envoy for each round: one Envoy process measures a few µs/request above or
-            // below the next for the same filter (seen: tollgate-lease at 69–74 µs in every round
-            // of one run and 60–66 in the next, the floor at 61–66 in both), so the median over
-            // rounds must be over several processes, not the rounds of one.
-            running[i].envoys.clear();
-            running[i].envoys = start_scenario(&dir, webdis.port, &floor_wasm, settings, def)?;
+        let (sliced, alone): (Vec<usize>, Vec<usize>) =
+            (0..running.len()).partition(|&i| running[i].def.sliced());
+        // A fresh Envoy for each round: one Envoy process measures a few µs/request above or below
+        // the next for the same filter (seen: tollgate-lease at 69–74 µs in every round of one run
+        // and 60–66 in the next, the floor at 61–66 in both), so the median over rounds must be over
+        // several processes, not the rounds of one.
+        for &i in &sliced {
+            running[i].envoys =
+                start_scenario(&dir, webdis.port, &floor_wasm, settings, running[i].def)?;
+            bench.warm_up(&running[i])?;
+        }
+        if !sliced.is_empty() {
+            eprint!(
+                " {} in {} slices",
+                sliced
+                    .iter()
+                    .map(|&i| running[i].def.name)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                settings.slices
+            );
+        }
+        for (i, sample) in bench.measure_sliced(&running, &sliced)? {
+            samples[i].push(sample);
+        }
+        if round == settings.rounds {
+            idle.extend(sliced.iter().filter_map(|&i| idle_after_load(&running, i)));
+        }
+        for &i in &alone {
+            eprint!(" {}", running[i].def.name);
+            running[i].envoys =
+                start_scenario(&dir, webdis.port, &floor_wasm, settings, running[i].def)?;
             let sc = &running[i];
-            if !settings.warmup.is_zero() {
-                let user = if def.paced() {
-                    "hot-warmup"
-                } else {
-                    "bench-user"
-                };
-                bench.measure(sc, user, true)?;
-            }
+            bench.warm_up(sc)?;
             // A fresh hot key each round, so each paced load starts on a full bucket.
-            let user = if def.paced() {
+            let user = if sc.def.paced() {
                 format!("hot-r{round}")
             } else {
                 "bench-user".to_string()
             };
-            samples[i].push(bench.measure(sc, &user, false)?);
-            // Once, right after the last round's load: does the Envoy go quiet? (Compared with
-            // plain's Envoy, which has run no load since its own round.)
-            if round == settings.rounds && IDLE_CHECKED.contains(&def.name) {
-                let plain_pid = running
-                    .iter()
-                    .find(|r| r.def.name == "plain")
-                    .and_then(|r| r.envoys.first())
-                    .and_then(|e| e.proc.pid());
-                if let Some(pid) = sc.envoys.first().and_then(|e| e.proc.pid()) {
-                    eprint!(" (idle {} s)", IDLE_WINDOW.as_secs());
-                    let pids: Vec<u32> = std::iter::once(pid).chain(plain_pid).collect();
-                    let cpu = Bench::idle_cpu(&pids);
-                    idle.push(Idle {
-                        scenario: def.name,
-                        ticks: cpu[0].0,
-                        ns: cpu[0].1,
-                        plain: cpu.get(1).copied(),
-                    });
-                }
+            samples[i].push(bench.measure(sc, &user, settings.duration, settings.requests)?);
+            if round == settings.rounds {
+                idle.extend(idle_after_load(&running, i));
             }
         }
         eprintln!();
@@ -1747,10 +1880,13 @@ fn run(settings: &Settings) -> Result<(), String> {
         settings.connections,
     );
     println!(
-        "{} interleaved rounds, each on fresh Envoys warmed up for {:.1} s; every figure is the median \
-         over the rounds; × plain is the median of per-round ratios to plain",
+        "{} interleaved rounds, each on fresh Envoys warmed up for {:.1} s; within a round, the \
+         single-key closed loops (plain … tollgate-lease) take turns in {} slices of their \
+         load; every figure is the median over the rounds; × plain is the median of per-round \
+         ratios to plain",
         settings.rounds,
-        settings.warmup.as_secs_f64()
+        settings.warmup.as_secs_f64(),
+        settings.slices
     );
     println!();
     print!("{}", table(&rows));
@@ -1780,8 +1916,9 @@ fn run(settings: &Settings) -> Result<(), String> {
         );
     }
     println!(
-        "- Envoy CPU = utime+stime of the scenario's Envoy process(es) from /proc/<pid>/stat over the load, \
-         ÷ requests answered; Webdis+Redis CPU likewise for the shared backend."
+        "- Envoy CPU = the CPU time of the scenario's Envoy process(es) over the load (every thread's \
+         from /proc/<pid>/task/*/schedstat), ÷ requests answered; Webdis+Redis CPU likewise for the \
+         shared backend."
     );
     println!(
         "- tollgate-flood-*: one rule keyed on query:{QUERY_KEY}, limit {HUGE_RATE}/s; every request \
