@@ -776,12 +776,10 @@ fn a_key_another_worker_is_calling_for_is_polled_without_writes_then_served() {
     assert_eq!(h.store.writes(), writes, "polling writes nothing");
     w1.request_headers(&mut h, 11, &user("a"));
     // Worker 1's first call asked for one token; its answer serves worker 1's first waiter, and
-    // its second waiter's call (from the tick) carries worker 2's demand too (counted in the
-    // shared lease).
+    // its second waiter's call, which goes out with that answer, carries worker 2's demand too
+    // (counted in the shared lease).
     deliver(&mut w1, &mut h, 1, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
-    h.now += 1;
-    w1.tick(&mut h);
     assert_eq!(h.sent.len(), 2);
     let granted = grant_all(&mut w1, &mut h, 2);
     assert!(granted >= 2, "{granted}");
@@ -826,9 +824,8 @@ fn lease_with_leftover(e: &mut Engine, h: &mut Fake, u: &str, ctx: u32) -> u64 {
     e.request_headers(h, ctx + 1, &user(u));
     let t = *h.tokens().last().unwrap();
     deliver(e, h, t, 200, &answer(true, 40, 0, 300, 1));
-    // The second waiter's call goes from the root context at the next tick (the clock stands
-    // still here, so that no lease expires while the table fills).
-    e.tick(h);
+    // The second waiter's call goes out with that answer (the clock stands still here, so that
+    // no lease expires while the table fills).
     let Some(&t) = h.tokens().last() else {
         return 0; // went exact: no slot
     };
