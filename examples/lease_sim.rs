@@ -24,6 +24,7 @@
     clippy::indexing_slicing
 )]
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
@@ -249,13 +250,14 @@ impl Host for SimHost {
 struct Req;
 
 impl RequestView for Req {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        match name {
-            ":path" => Some(b"/api/bench".to_vec()),
-            ":method" => Some(b"GET".to_vec()),
-            USER_HEADER => Some(b"hot".to_vec()),
-            _ => None,
-        }
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let value: &'static [u8] = match name {
+            ":path" => b"/api/bench",
+            ":method" => b"GET",
+            USER_HEADER => b"hot",
+            _ => return None,
+        };
+        Some(Cow::Borrowed(value))
     }
     fn client_ip(&self) -> Option<Vec<u8>> {
         Some(b"127.0.0.1".to_vec())
@@ -265,7 +267,7 @@ impl RequestView for Req {
 struct NoHeaders;
 
 impl RequestView for NoHeaders {
-    fn header(&self, _: &str) -> Option<Vec<u8>> {
+    fn header(&self, _: &str) -> Option<Cow<'_, [u8]>> {
         None
     }
     fn client_ip(&self) -> Option<Vec<u8>> {

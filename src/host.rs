@@ -4,8 +4,9 @@
 //! Invariant: no host call here can panic the VM: every call goes through `abi`, whose statuses
 //! are plain numbers, and every status becomes a logged error or an absent value.
 
-use crate::abi;
+use std::borrow::Cow;
 
+use crate::abi;
 use crate::backend::{BackendError, HttpRequest};
 use crate::config::Config;
 use crate::engine::{Host, LocalReply};
@@ -69,7 +70,7 @@ pub struct HostRequest {
 impl RequestView for HostRequest {
     /// Every line of a repeated header, joined with `,` as Envoy's `request.headers` attribute
     /// joins them (`get_header_map_value` would give only the first line).
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         let pairs = self.headers.get_or_init(|| {
             let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS);
             if pairs.is_none() {
@@ -137,8 +138,8 @@ impl HostResponse {
 }
 
 impl RequestView for HostResponse {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        abi::header(self.0, name)
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        abi::header(self.0, name).map(Cow::Owned)
     }
 
     fn client_ip(&self) -> Option<Vec<u8>> {

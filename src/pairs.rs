@@ -6,6 +6,8 @@
 //! call (and an allocation callback into the VM) each. The buffer comes from the host, but its
 //! sizes are checked like any other input: a malformed map reads as no header, never a panic.
 
+use std::borrow::Cow;
+
 /// Encodes `pairs` (as `proxy_http_call` and `proxy_send_local_response` take them).
 pub fn encode<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> Vec<u8> {
     let count = u32::try_from(pairs.len()).unwrap_or(0);
@@ -31,12 +33,12 @@ fn u32_le(bytes: &[u8]) -> Option<usize> {
 
 /// Every value of header `name` (ASCII case-insensitive) in encoded map `buf`, repeated lines
 /// joined with `,` as Envoy's `request.headers` attribute joins them; None if it has none or
-/// `buf` is malformed.
-pub fn lookup(buf: &[u8], name: &str) -> Option<Vec<u8>> {
+/// `buf` is malformed. Borrowed from `buf` when there is one line.
+pub fn lookup<'a>(buf: &'a [u8], name: &str) -> Option<Cow<'a, [u8]>> {
     let (count, rest) = buf.split_first_chunk::<4>()?;
     let count = usize::try_from(u32::from_le_bytes(*count)).ok()?;
     let (sizes, mut data) = rest.split_at_checked(count.checked_mul(8)?)?;
-    let mut found: Option<Vec<u8>> = None;
+    let mut found: Option<Cow<'a, [u8]>> = None;
     for entry in sizes.chunks_exact(8) {
         let (key_len, value_len) = (u32_le(entry)?, u32_le(entry.get(4..)?)?);
         // Each name and value is followed by a NUL, skipped, not checked.
@@ -44,13 +46,15 @@ pub fn lookup(buf: &[u8], name: &str) -> Option<Vec<u8>> {
         let (value, rest) = rest.get(1..)?.split_at_checked(value_len)?;
         data = rest.get(1..)?;
         if key.len() == name.len() && key.eq_ignore_ascii_case(name.as_bytes()) {
-            match found.as_mut() {
-                Some(v) => {
-                    v.push(b',');
-                    v.extend_from_slice(value);
+            found = Some(match found {
+                Some(first) => {
+                    let mut joined = first.into_owned();
+                    joined.push(b',');
+                    joined.extend_from_slice(value);
+                    Cow::Owned(joined)
                 }
-                None => found = Some(value.to_vec()),
-            }
+                None => Cow::Borrowed(value),
+            });
         }
     }
     found
@@ -73,6 +77,9 @@ mod tests {
         assert_eq!(lookup(&buf, "empty").as_deref(), Some(&b""[..]));
         assert_eq!(lookup(&buf, "missing"), None);
         assert_eq!(lookup(&encode::<&str, &str>(&[]), ":path"), None);
+        // One line is the map's own bytes, not a copy; only repeated lines are joined into one.
+        assert!(matches!(lookup(&buf, ":path"), Some(Cow::Borrowed(_))));
+        assert!(matches!(lookup(&buf, "x-user-id"), Some(Cow::Owned(_))));
     }
 
     #[test]

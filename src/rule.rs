@@ -13,6 +13,8 @@ pub mod value;
 
 use sha2::{Digest, Sha256};
 
+use std::borrow::Cow;
+
 use crate::bucket::Limits;
 use crate::config::{HeaderValueMatch, KeySource, Match, Override, Rule};
 
@@ -22,8 +24,9 @@ pub trait RequestView {
     /// The value of request header `name`: when the request has several lines of it, all of them
     /// joined with `,` in the order received (what Envoy's `request.headers` attribute gives, and
     /// how Envoy itself folds the headers it combines). None when the request has no such line; an
-    /// empty line is an empty value.
-    fn header(&self, name: &str) -> Option<Vec<u8>>;
+    /// empty line is an empty value. Borrowed when the view holds the value as it is (one line),
+    /// so a rule that only looks at a header does not copy it.
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
     /// downstream peer IP without port (Envoy's source.address)
     fn client_ip(&self) -> Option<Vec<u8>>;
     /// An Envoy attribute by path segments (`["connection", "uri_san_peer_certificate"]`), as the
@@ -105,7 +108,7 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
     }
     if !m.methods.is_empty() {
         match req.header(":method") {
-            Some(method) if m.methods.iter().any(|x| x.as_bytes() == method.as_slice()) => {}
+            Some(method) if m.methods.iter().any(|x| x.as_bytes() == &*method) => {}
             _ => return false,
         }
     }
@@ -121,7 +124,7 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
             (HeaderValueMatch::Absent, got) => got.is_none(),
             (_, None) => false,
             (HeaderValueMatch::Present, Some(_)) => true,
-            (HeaderValueMatch::Exact(want), Some(got)) => want.as_bytes() == got.as_slice(),
+            (HeaderValueMatch::Exact(want), Some(got)) => want.as_bytes() == &*got,
             (HeaderValueMatch::Prefix(want), Some(got)) => got.starts_with(want.as_bytes()),
             (HeaderValueMatch::Regex(p), Some(got)) => p.is_match(&got),
         })
@@ -175,18 +178,15 @@ fn cookie(req: &dyn RequestView, name: &str) -> Option<Vec<u8>> {
 
 fn key_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
     match source {
-        KeySource::Header(name) => req.header(name),
+        KeySource::Header(name) => req.header(name).map(Cow::into_owned),
         KeySource::Query(name) => query_param(&req.header(":path")?, name),
         KeySource::ClientIp {
             v4_prefix,
             v6_prefix,
         } => Some(ip::key_value(&req.client_ip()?, *v4_prefix, *v6_prefix)),
         KeySource::Path => req.header(":path").map(|p| path::key_value(&p)),
-        KeySource::Method => req.header(":method"),
-        KeySource::Authority => req.header(":authority").map(|mut a| {
-            a.make_ascii_lowercase();
-            a
-        }),
+        KeySource::Method => req.header(":method").map(Cow::into_owned),
+        KeySource::Authority => req.header(":authority").map(|a| a.to_ascii_lowercase()),
         KeySource::Literal(text) => Some(text.as_bytes().to_vec()),
         KeySource::Cookie(name) => cookie(req, name),
         KeySource::Property { path, .. } => {
@@ -445,8 +445,8 @@ mod tests {
     }
 
     impl RequestView for Req {
-        fn header(&self, name: &str) -> Option<Vec<u8>> {
-            self.headers.get(name).cloned()
+        fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+            self.headers.get(name).map(|v| Cow::Borrowed(v.as_slice()))
         }
         fn client_ip(&self) -> Option<Vec<u8>> {
             self.ip.clone()

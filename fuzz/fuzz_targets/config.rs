@@ -5,6 +5,8 @@
 //! so rules the fuzzer invents reach rule.rs too.
 #![no_main]
 
+use std::borrow::Cow;
+
 use libfuzzer_sys::fuzz_target;
 use tollgate::bucket::Limits;
 use tollgate::config::{
@@ -16,8 +18,8 @@ use tollgate::rule::{applies, KeyCache, RequestView};
 struct FixedRequest;
 
 impl RequestView for FixedRequest {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        let v: &[u8] = match name {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let v: &'static [u8] = match name {
             ":path" => b"/api/v1/items?user=alice&a+b=%2F..%00#frag",
             ":method" => b"GET",
             ":authority" => b"Api.Example.COM:8443",
@@ -26,7 +28,7 @@ impl RequestView for FixedRequest {
             "authorization" => b"Basic abc",
             _ => return None,
         };
-        Some(v.to_vec())
+        Some(Cow::Borrowed(v))
     }
     fn client_ip(&self) -> Option<Vec<u8>> {
         Some(b"10.0.0.7".to_vec())

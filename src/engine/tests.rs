@@ -2,6 +2,7 @@
 //! no empty values, callout tokens, answers delivered later on the root context (whichever callback
 //! sent the call), a tick that fires only when asked for.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -114,8 +115,8 @@ impl Fake {
 struct Req(HashMap<String, Vec<u8>>);
 
 impl RequestView for Req {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        self.0.get(name).cloned()
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.0.get(name).map(|v| Cow::Borrowed(v.as_slice()))
     }
     fn client_ip(&self) -> Option<Vec<u8>> {
         Some(b"10.0.0.1".to_vec())
@@ -440,7 +441,7 @@ fn a_grpc_denial_is_resource_exhausted_and_a_closed_failure_unavailable() {
 struct Counting<'a>(&'a Req, &'a str, std::cell::Cell<u32>);
 
 impl RequestView for Counting<'_> {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         if name == self.1 {
             self.2.set(self.2.get() + 1);
         }
