@@ -834,6 +834,9 @@ struct Sample {
     /// burst + rate × wall_s (limited scenarios).
     ideal: Option<f64>,
     stats: BTreeMap<String, i64>,
+    /// Envoy CPU µs/request of each slice this sample merges, in the order they ran (the
+    /// single-key closed loops; empty for a sample of one load).
+    slices_cpu_us: Vec<f64>,
 }
 
 impl Sample {
@@ -912,6 +915,7 @@ impl Sample {
             m.redis_calls += p.redis_calls;
             m.redis_failed_calls += p.redis_failed_calls;
             m.latencies_us.extend(p.latencies_us);
+            m.slices_cpu_us.push(p.cpu_us_per_req);
             for (k, v) in p.stats {
                 *m.stats.entry(k).or_insert(0) += v;
             }
@@ -1458,6 +1462,25 @@ fn lease_cost_split(rows: &[Row]) -> Option<(f64, f64)> {
     Some((diff(calls, floor)?, diff(lease, calls)?))
 }
 
+/// Scenario `a`'s Envoy CPU/request ÷ `b`'s over every slice of every round, each slice next to
+/// the same slice of the other (at most a few slices apart in time): (median, lower quartile,
+/// upper quartile, pairs). A check on the per-round figure the goals use, finer grained in time.
+fn slice_ratios(rows: &[Row], a: &str, b: &str) -> Option<(f64, f64, f64, usize)> {
+    let row = |name: &str| rows.iter().find(|r| r.def.name == name);
+    let (a, b) = (row(a)?, row(b)?);
+    let mut v: Vec<f64> = a
+        .samples
+        .iter()
+        .zip(&b.samples)
+        .flat_map(|(x, y)| x.slices_cpu_us.iter().zip(&y.slices_cpu_us))
+        .filter(|(_, y)| **y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect();
+    let n = v.len();
+    let mid = median(&mut v)?;
+    Some((mid, v[n / 4], v[(3 * n) / 4], n))
+}
+
 fn goals(rows: &[Row], idle: &[Idle]) -> Vec<Goal> {
     let row = |name: &str| rows.iter().find(|r| r.def.name == name);
     // The median over rounds of a's figure ÷ b's in the same round.
@@ -1678,6 +1701,7 @@ fn sample_json(s: &Sample) -> serde_json::Value {
         "wall_s": s.wall_s,
         "envoy_cpu_s": s.envoy_cpu_s,
         "envoy_cpu_us_per_req": s.cpu_us_per_req,
+        "slices_envoy_cpu_us_per_req": s.slices_cpu_us,
         "backend_cpu_us_per_req": s.backend_cpu_us_per_req,
         "webdis_cpu_us_per_req": s.webdis_cpu_us_per_req,
         "redis_cpu_us_per_req": s.redis_cpu_us_per_req,
@@ -1913,6 +1937,13 @@ fn run(settings: &Settings) -> Result<(), String> {
              differences): its host calls {calls:.1} µs/request (wasm-floor-calls − wasm-floor), \
              the rest {wasm:.1} µs/request (tollgate-lease − wasm-floor-calls: tollgate's own wasm \
              code, less the calls into the VM it saves by exporting only the callbacks it uses)."
+        );
+    }
+    if let Some((mid, low, high, n)) = slice_ratios(&rows, "tollgate-lease", "wasm-floor") {
+        println!(
+            "- tollgate-lease ÷ wasm-floor Envoy CPU/request slice by slice (the goal takes the \
+             median of per-round ratios): median {mid:.3}, quartiles {low:.3}–{high:.3}, over {n} \
+             pairs of slices."
         );
     }
     println!(
