@@ -837,6 +837,8 @@ struct Sample {
     /// Envoy CPU µs/request of each slice this sample merges, in the order they ran (the
     /// single-key closed loops; empty for a sample of one load).
     slices_cpu_us: Vec<f64>,
+    /// The scenario's Envoy processes (for a profile of the run: bench/perf-split.py).
+    envoy_pids: Vec<u32>,
 }
 
 impl Sample {
@@ -916,6 +918,11 @@ impl Sample {
             m.redis_failed_calls += p.redis_failed_calls;
             m.latencies_us.extend(p.latencies_us);
             m.slices_cpu_us.push(p.cpu_us_per_req);
+            for pid in p.envoy_pids {
+                if !m.envoy_pids.contains(&pid) {
+                    m.envoy_pids.push(pid);
+                }
+            }
             for (k, v) in p.stats {
                 *m.stats.entry(k).or_insert(0) += v;
             }
@@ -1079,6 +1086,7 @@ impl Bench<'_> {
 
         let mut sample = Sample {
             stats,
+            envoy_pids: pids,
             ..Sample::default()
         };
         let mut first = u64::MAX;
@@ -1702,6 +1710,7 @@ fn sample_json(s: &Sample) -> serde_json::Value {
         "envoy_cpu_s": s.envoy_cpu_s,
         "envoy_cpu_us_per_req": s.cpu_us_per_req,
         "slices_envoy_cpu_us_per_req": s.slices_cpu_us,
+        "envoy_pids": s.envoy_pids,
         "backend_cpu_us_per_req": s.backend_cpu_us_per_req,
         "webdis_cpu_us_per_req": s.webdis_cpu_us_per_req,
         "redis_cpu_us_per_req": s.redis_cpu_us_per_req,
