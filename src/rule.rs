@@ -11,9 +11,9 @@ pub mod ip;
 pub mod path;
 pub mod value;
 
-use sha2::{Digest, Sha256};
-
 use std::borrow::Cow;
+
+use sha2::{Digest, Sha256};
 
 use crate::bucket::Limits;
 use crate::config::{HeaderValueMatch, KeySource, Match, Override, Rule};
