@@ -26,31 +26,15 @@ pub fn push_signed_bytes(out: &mut Vec<u8>, n: i64) {
 }
 
 /// `n`'s decimal digits, written at the end of `digits`.
-///
-/// In u32 once `n` fits: wasm32 has no 64-bit high multiply, so a u64 division by 10 stays a
-/// division (V8 emits a 64-bit `div` for each digit and another for its remainder), where a u32
-/// one becomes a multiplication.
 fn digits_of(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
     let mut start = digits.len();
-    let mut push = |digit: u8| {
-        start = start.saturating_sub(1);
-        if let Some(d) = digits.get_mut(start) {
-            *d = b'0' + digit;
-        }
-    };
-    let mut small = loop {
-        match u32::try_from(n) {
-            Ok(small) => break small,
-            Err(_) => {
-                push((n % 10) as u8);
-                n /= 10;
-            }
-        }
-    };
     loop {
-        push((small % 10) as u8);
-        small /= 10;
-        if small == 0 {
+        start -= 1;
+        if let Some(d) = digits.get_mut(start) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || start == 0 {
             break;
         }
     }
@@ -63,7 +47,7 @@ mod tests {
 
     #[test]
     fn the_same_text_as_display() {
-        for n in [0, 7, 10, 99, 1000, 123_456_789, 4_294_967_295, 4_294_967_296, 42_949_672_950, u64::MAX] {
+        for n in [0, 7, 10, 99, 1000, 123_456_789, u64::MAX] {
             let mut s = String::from("x");
             push(&mut s, n);
             assert_eq!(s, format!("x{n}"));
