@@ -1449,10 +1449,15 @@ struct Idle {
     plain: Option<(u64, u64)>,
 }
 
+/// The row of scenario `name`, if the run had it.
+fn row_named<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.def.name == name)
+}
+
 /// tollgate-lease's Envoy CPU over the floor, split: (what its host calls cost, what its wasm
 /// code costs), each the median of per-round differences.
 fn lease_cost_split(rows: &[Row]) -> Option<(f64, f64)> {
-    let row = |name: &str| rows.iter().find(|r| r.def.name == name);
+    let row = |name: &str| row_named(rows, name);
     let diff = |a: &Row, b: &Row| {
         let mut v: Vec<f64> = a
             .samples
@@ -1474,8 +1479,7 @@ fn lease_cost_split(rows: &[Row]) -> Option<(f64, f64)> {
 /// the same slice of the other (at most a few slices apart in time): (median, lower quartile,
 /// upper quartile, pairs). A check on the per-round figure the goals use, finer grained in time.
 fn slice_ratios(rows: &[Row], a: &str, b: &str) -> Option<(f64, f64, f64, usize)> {
-    let row = |name: &str| rows.iter().find(|r| r.def.name == name);
-    let (a, b) = (row(a)?, row(b)?);
+    let (a, b) = (row_named(rows, a)?, row_named(rows, b)?);
     let mut v: Vec<f64> = a
         .samples
         .iter()
@@ -1490,7 +1494,7 @@ fn slice_ratios(rows: &[Row], a: &str, b: &str) -> Option<(f64, f64, f64, usize)
 }
 
 fn goals(rows: &[Row], idle: &[Idle]) -> Vec<Goal> {
-    let row = |name: &str| rows.iter().find(|r| r.def.name == name);
+    let row = |name: &str| row_named(rows, name);
     // The median over rounds of a's figure ÷ b's in the same round.
     let paired = |a: &str, b: &str, f: fn(&Sample) -> Option<f64>| match (row(a), row(b)) {
         (Some(a), Some(b)) => paired_ratio(&a.samples, &b.samples, f),
