@@ -17,6 +17,7 @@
 //! | wasm-floor | bench/wasm-floor: reads one header, continues (envoy/bench/wasm-floor.yaml) | closed loop |
 //! | wasm-floor-calls | bench/wasm-floor making tollgate-lease's host calls and nothing else (envoy/bench/wasm-floor-calls.yaml) | closed loop |
 //! | tollgate-exact / -lease | envoy/envoy.yaml, one rule on `header:x-user-id`, one key, limit never reached | closed loop |
+//! | tollgate-lease-b | tollgate-lease with the filter built at `--compare-wasm` (only with it): an A/B of two builds in the same slices | closed loop |
 //! | tollgate-flood-exact / -lease | one rule on `query:k`, every request a new key, limit never reached | closed loop, one h2load per connection, unique URIs (`-i`) |
 //! | tollgate-limited-exact / -lease | two Envoys, one hot key far over its limit (5x by default) | paced, split across both |
 //! | tollgate-tenant-quiet | one Envoy, lease, rule on `query:k`: one hot key (the tenant) 5x over its limit | paced |
@@ -96,6 +97,9 @@ usage: cargo run --release --example bench -- [options]      (make bench BENCH_A
   --limited-load N    requests per second offered to the hot key, both proxies   (default 1000)
                       (the tenant scenarios offer it all to their one proxy)
   --only A,B,...      only these scenarios (plain always runs: it is the baseline)
+  --compare-wasm PATH adds tollgate-lease-b: tollgate-lease with the filter built at PATH, in
+                      the same slices, and prints its CPU ÷ tollgate-lease's (an A/B of two
+                      builds; PATH = this build shows the run's A/A noise)
   --out PATH          the JSON report (default target/bench/bench-<timestamp>.json);
                       target/bench/latest.json is written too
 ";
@@ -115,6 +119,8 @@ struct Settings {
     limited_load: u32,
     only: Option<Vec<String>>,
     out: Option<PathBuf>,
+    /// The filter tollgate-lease-b runs (the scenario runs only with it).
+    compare_wasm: Option<PathBuf>,
     /// h2c (HTTP/2 prior knowledge) instead of HTTP/1.1.
     h2c: bool,
 }
@@ -134,6 +140,7 @@ impl Default for Settings {
             limited_load: 1000,
             only: None,
             out: None,
+            compare_wasm: None,
             h2c: false,
         }
     }
@@ -154,7 +161,7 @@ fn parse_args() -> Result<Settings, String> {
             s.h2c = true;
             continue;
         }
-        const VALUE_FLAGS: [&str; 12] = [
+        const VALUE_FLAGS: [&str; 13] = [
             "--rounds",
             "--slices",
             "--duration",
@@ -167,6 +174,7 @@ fn parse_args() -> Result<Settings, String> {
             "--limited-load",
             "--only",
             "--out",
+            "--compare-wasm",
         ];
         if !VALUE_FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown option {flag}"));
@@ -221,6 +229,13 @@ fn parse_args() -> Result<Settings, String> {
                 s.only = Some(names);
             }
             "--out" => s.out = Some(PathBuf::from(value)),
+            "--compare-wasm" => {
+                let path = PathBuf::from(value);
+                if !path.is_file() {
+                    return Err(format!("--compare-wasm: no file at {}", path.display()));
+                }
+                s.compare_wasm = Some(path);
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -249,6 +264,9 @@ enum Setup {
     Flood(&'static str),
     /// Two Envoys with envoy/envoy.yaml, tollgate in this mode, one hot key.
     Limited(&'static str),
+    /// envoy/envoy.yaml with tollgate in lease mode as in `Tollgate("lease")`, but the filter built
+    /// at `--compare-wasm`.
+    Compared,
     /// One Envoy, tollgate in lease mode keyed on `query:k` at the limited rate: one hot key (the tenant)
     /// paced over its limit, with or without a concurrent flood of new keys on the same Envoy.
     Tenant { flood: bool },
@@ -261,7 +279,7 @@ struct Def {
     what: &'static str,
 }
 
-const SCENARIOS: [Def; 12] = [
+const SCENARIOS: [Def; 13] = [
     Def {
         name: "plain",
         setup: Setup::Template("plain.yaml"),
@@ -291,6 +309,11 @@ const SCENARIOS: [Def; 12] = [
         name: "tollgate-lease",
         setup: Setup::Tollgate("lease"),
         what: "tollgate mode lease, one key, limit never reached",
+    },
+    Def {
+        name: "tollgate-lease-b",
+        setup: Setup::Compared,
+        what: "tollgate-lease with the filter from --compare-wasm (runs only with it)",
     },
     Def {
         name: "tollgate-flood-exact",
@@ -329,7 +352,7 @@ impl Def {
         match self.setup {
             Setup::Template(_) => None,
             Setup::Tollgate(m) | Setup::Flood(m) | Setup::Limited(m) => Some(m),
-            Setup::Tenant { .. } => Some("lease"),
+            Setup::Tenant { .. } | Setup::Compared => Some("lease"),
         }
     }
 
@@ -354,7 +377,10 @@ impl Def {
     /// per load cost the machine too much at the start of a short slice (sliced, both floods ran
     /// at 2/3 of their unsliced req/s and twice their p99).
     fn sliced(&self) -> bool {
-        matches!(self.setup, Setup::Template(_) | Setup::Tollgate(_))
+        matches!(
+            self.setup,
+            Setup::Template(_) | Setup::Tollgate(_) | Setup::Compared
+        )
     }
 }
 
@@ -465,6 +491,15 @@ fn start_scenario(
                 })
             }
             Setup::Tollgate(mode) => tollgate(mode, &header_key, HUGE_RATE, HUGE_RATE),
+            Setup::Compared => match &settings.compare_wasm {
+                Some(wasm) => Envoy::try_start_wasm(
+                    dir,
+                    wasm,
+                    &tollgate_config(d.name, "lease", &header_key, HUGE_RATE, HUGE_RATE),
+                    (backend_port, common::envoy::NO_UPSTREAM),
+                ),
+                None => Err("tollgate-lease-b runs only with --compare-wasm".to_string()),
+            },
             Setup::Flood(mode) => tollgate(mode, &query_key, HUGE_RATE, HUGE_RATE),
             Setup::Limited(mode) => tollgate(mode, &header_key, rate, burst),
             Setup::Tenant { .. } => tollgate("lease", &query_key, rate, burst),
@@ -988,7 +1023,7 @@ impl Bench<'_> {
         // about (all but the tenant scenario's flood).
         let mut spawned: Vec<(H2load, bool)> = Vec::new();
         match sc.def.setup {
-            Setup::Template(_) | Setup::Tollgate(_) => {
+            Setup::Template(_) | Setup::Tollgate(_) | Setup::Compared => {
                 let load = Load {
                     clients: s.connections,
                     threads: s.threads,
@@ -1768,6 +1803,9 @@ fn run(settings: &Settings) -> Result<(), String> {
     let defs: Vec<Def> = SCENARIOS
         .iter()
         .filter(|d| {
+            if d.setup == Setup::Compared {
+                return settings.compare_wasm.is_some();
+            }
             d.name == "plain"
                 || settings
                     .only
@@ -1959,6 +1997,27 @@ fn run(settings: &Settings) -> Result<(), String> {
              pairs of slices."
         );
     }
+    if let Some(wasm) = &settings.compare_wasm {
+        let per_round = match (
+            row_named(&rows, "tollgate-lease-b"),
+            row_named(&rows, "tollgate-lease"),
+        ) {
+            (Some(b), Some(a)) => paired_ratio(&b.samples, &a.samples, Sample::cpu),
+            _ => None,
+        };
+        let slices = slice_ratios(&rows, "tollgate-lease-b", "tollgate-lease").map_or(
+            "not measured".to_string(),
+            |(mid, low, high, n)| {
+                format!("median {mid:.3}, quartiles {low:.3}–{high:.3}, over {n} pairs of slices")
+            },
+        );
+        println!(
+            "- tollgate-lease-b ({}) ÷ tollgate-lease Envoy CPU/request: median of per-round \
+             ratios {}; slice by slice {slices}.",
+            wasm.display(),
+            fmt(per_round, 3)
+        );
+    }
     println!(
         "- Envoy CPU = the CPU time of the scenario's Envoy process(es) over the load (every thread's \
          from /proc/<pid>/task/*/schedstat), ÷ requests answered; Webdis+Redis CPU likewise for the \
@@ -2079,6 +2138,7 @@ fn run(settings: &Settings) -> Result<(), String> {
         "machine": { "nproc": nproc, "model_name": model },
         "versions": { "envoy": envoy_version, "h2load": h2load_version },
         "tollgate_wasm": tollgate_wasm.to_string_lossy(),
+        "compare_wasm": settings.compare_wasm.as_ref().map(|p| p.to_string_lossy()),
         "settings": {
             "rounds": settings.rounds,
             "duration_s": settings.duration.as_secs_f64(),
