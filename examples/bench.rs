@@ -2084,7 +2084,10 @@ fn run(settings: &Settings) -> Result<(), String> {
                     String::new()
                 }
             );
-            let one_key = matches!(r.def.setup, Setup::Tollgate(_) | Setup::Limited(_));
+            let one_key = matches!(
+                r.def.setup,
+                Setup::Tollgate(_) | Setup::Limited(_) | Setup::Compared
+            );
             if one_key && mode == "lease" && r.redis_per_1k_admitted.is_some_and(|x| x >= 900.0) {
                 println!(
                     "  {} calls Redis for about every admitted request: lease mode is behaving as exact.",
