@@ -591,12 +591,17 @@ impl<'a> LeasePool<'a> {
             let dropped = placed.dropped.saturating_add(lease.expire(now_ms));
             lease.tokens = lease.tokens.saturating_add(grant.tokens);
             // Never earlier than a reservation still refilling (one at a time, but a later end
-            // only holds tokens back longer: never spent ahead of the refill).
-            lease.vest_until_ms = lease
-                .vest_until_ms
-                .max(now_ms.saturating_add(grant.refill_ms));
+            // only holds tokens back longer: never spent ahead of the refill). A grant with no
+            // reservation in it moves nothing: by this worker's clock its tokens vest now, and a
+            // worker whose reading is behind must not count them as refilling.
+            if grant.refill_ms > 0 {
+                lease.vest_until_ms = lease
+                    .vest_until_ms
+                    .max(now_ms.saturating_add(grant.refill_ms));
+            }
             lease.expires_ms = lease
                 .vest_until_ms
+                .max(now_ms)
                 .saturating_add(sizing.horizon_ms.saturating_mul(2));
             lease.global_remaining = grant.global_remaining;
             lease.reset_at_ms = now_ms.saturating_add(grant.reset_after_ms);
@@ -698,6 +703,31 @@ mod tests {
         let writes = s.writes();
         assert_eq!(spent(&pool.take("k", &[1], 4, &SIZING).unwrap()), 0);
         assert_eq!(s.writes(), writes, "a miss writes nothing");
+    }
+
+    /// Workers read the clock apart: a worker whose reading is a millisecond behind the one that
+    /// deposited a grant with no reservation in it must see every token as spendable (at a high
+    /// rate a millisecond of refill is many tokens, and it used to answer 429s far below the limit).
+    #[test]
+    fn a_grant_without_a_reservation_is_spendable_by_a_clock_behind_it() {
+        let s = MemStore::default();
+        let pool = LeasePool::new(&s, "ns");
+        let c = claim(&pool, "k", 1000);
+        deposit(&pool, c, (3, 90, 100, 0), 1001);
+        match pool.take_batch("k", 1, 1000, &SIZING, true).unwrap() {
+            Taken::Batch(b) => assert_eq!(b.tokens, 1),
+            other => panic!("{other:?}"),
+        }
+        let t = pool.take("k", &[1, 1], 1000, &SIZING).unwrap();
+        assert_eq!(
+            spent(&t),
+            2,
+            "both remaining tokens, by the clock behind too"
+        );
+        assert!(
+            pool.peek("k").is_some_and(|l| l.expires_ms > 1001),
+            "the grant still lives two horizons"
+        );
     }
 
     #[test]
