@@ -23,8 +23,37 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// A TCP port that was free on 127.0.0.1 a moment ago.
+/// A TCP port that was free on 127.0.0.1 a moment ago, taken from below the kernel's ephemeral range
+/// when it leaves room: a port `bind(0)` hands out is in that range, where every outgoing connection
+/// on the machine (a test's clients, Envoy's upstream connections) may take it as its source port
+/// before our server binds it. Each call in a process starts from a new candidate, so two threads
+/// never get the same port; the start differs per process.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    const SPAN: u32 = 10_000;
+    const STRIDE: u32 = 7_919; // prime, so the candidates go round all of SPAN
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low >= 1_024 + SPAN {
+        static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let start = *START.get_or_init(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            (std::process::id().wrapping_mul(2_654_435_761) ^ nanos) % SPAN
+        });
+        for _ in 0..200 {
+            let n = CALLS.fetch_add(1, Ordering::Relaxed) % SPAN;
+            let offset = (start + n * STRIDE) % SPAN;
+            let port = (ephemeral_low - SPAN + offset) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().expect("local addr").port()
 }
@@ -146,12 +175,28 @@ impl Redis {
     }
 
     /// Starts redis-server with extra command-line arguments (e.g. `["--requirepass", "s3cret"]`).
+    /// Retries on a fresh port when another process took the port in the meantime.
     pub fn start_with(dir: &Path, extra: &[&str]) -> Redis {
-        Self::start_on(dir, free_port(), extra)
+        let mut last_log = String::new();
+        for _attempt in 0..3 {
+            match Self::try_start_on(dir, free_port(), extra) {
+                Ok(redis) => return redis,
+                Err(log) if log.contains("Address already in use") => last_log = log,
+                Err(log) => panic!("redis-server did not start; log:\n{log}"),
+            }
+        }
+        panic!("redis-server found no free port; last log:\n{last_log}");
     }
 
     /// Starts redis-server on `port` (e.g. again on the port of one that was stopped).
     pub fn start_on(dir: &Path, port: u16, extra: &[&str]) -> Redis {
+        Self::try_start_on(dir, port, extra)
+            .unwrap_or_else(|log| panic!("redis-server did not start; log:\n{log}"))
+    }
+
+    /// Starts redis-server on `port` and waits until it answers PING; Err(log) if it exits first or
+    /// is not ready in 10 s.
+    fn try_start_on(dir: &Path, port: u16, extra: &[&str]) -> Result<Redis, String> {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -160,15 +205,26 @@ impl Redis {
         let mut proc = Proc::spawn("redis-server", cmd, &dir.join(format!("redis-{port}.log")));
         // Ready when it answers PING (a bare connect can succeed against ourselves on loopback).
         let url = format!("redis://127.0.0.1:{port}/");
-        let ok = wait_until(Duration::from_secs(10), || {
-            proc.assert_running();
+        let mut exited = false;
+        let ready = wait_until(Duration::from_secs(10), || {
+            if let Some(Ok(Some(_))) = proc.child.as_mut().map(|c| c.try_wait()) {
+                exited = true;
+                return true;
+            }
             redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection())
                 .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
                 .map_or_else(|e| e.code() == Some("NOAUTH"), |_| true)
         });
-        assert!(ok, "redis-server not ready; log:\n{}", proc.log_text());
-        Redis { port, proc }
+        if ready && !exited {
+            return Ok(Redis { port, proc });
+        }
+        proc.stop();
+        let mut log = proc.log_text();
+        if !exited {
+            log.push_str("\n(redis-server was not ready in 10 s)");
+        }
+        Err(log)
     }
 
     pub fn url(&self) -> String {
