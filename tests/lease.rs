@@ -23,13 +23,10 @@ fn lease_config(rate: u64, period_ms: u64, burst: u64) -> String {
     )
 }
 
-/// With a slow refill the counts are exact: leasing never admits more than the burst, and the
-/// tokens a lease holds are spent before anyone is denied.
-#[test]
-fn lease_mode_admits_exactly_the_burst() {
-    let stack = Stack::start("lease-burst", &lease_config(1, 60_000, 8));
+/// Twelve requests of `user` on a rule with burst 8 and a slow refill: exactly eight admitted.
+fn assert_burst_of_8_then_429(stack: &Stack, user: &str) {
     let statuses: Vec<u16> = (0..12)
-        .map(|_| stack.get("/api/x", &[("x-user-id", "alice")]).status)
+        .map(|_| stack.get("/api/x", &[("x-user-id", user)]).status)
         .collect();
     assert_eq!(
         statuses,
@@ -37,10 +34,48 @@ fn lease_mode_admits_exactly_the_burst() {
         "{}",
         stack.logs()
     );
+}
+
+/// With a slow refill the counts are exact: leasing never admits more than the burst, and the
+/// tokens a lease holds are spent before anyone is denied.
+#[test]
+fn lease_mode_admits_exactly_the_burst() {
+    let stack = Stack::start("lease-burst", &lease_config(1, 60_000, 8));
+    assert_burst_of_8_then_429(&stack, "alice");
     let r = stack.get("/api/x", &[("x-user-id", "alice")]);
     assert!(r.header("retry-after").is_some(), "{r:?}");
     // Another user has a bucket of their own.
     assert_eq!(stack.get("/api/x", &[("x-user-id", "bob")]).status, 200);
+}
+
+/// A flood of keys seen once: once a worker has seen 16 new keys and none came back, each new key
+/// is checked with one script call of its own and no lease. A key that comes back under the flood
+/// is admitted exactly its burst, whichever way each of its checks went.
+#[test]
+fn a_flood_of_new_keys_costs_one_call_each_and_no_leases() {
+    const N: u64 = 200;
+    let stack = Stack::start("lease-flood", &lease_config(1, 60_000, 8));
+    // Loads the script (an EVALSHA answered NOSCRIPT, then EVAL), so that what follows counts
+    // calls, not attempts.
+    assert_eq!(stack.get("/api/x", &[("x-user-id", "first")]).status, 200);
+    let (sha, eval) = stack.redis.script_calls();
+    for i in 0..N {
+        let user = format!("new-{i}");
+        assert_eq!(stack.get("/api/x", &[("x-user-id", &user)]).status, 200);
+    }
+    let (sha2, eval2) = stack.redis.script_calls();
+    assert_eq!(sha2 + eval2 - sha - eval, N, "one script call per new key");
+    let stat = |s: &str, n: &str| {
+        common::envoy::stat_in(s, &format!("wasmcustom.tollgate.per-user.{n}")).unwrap_or(0)
+    };
+    let stats = stack.envoy.stats_when(|s| stat(s, "allowed") == N + 1);
+    assert_eq!(stat(&stats, "allowed"), N + 1);
+    let leased = stat(&stats, "lease_granted");
+    assert!(
+        leased <= 2 * 15,
+        "each of the two workers leases only its first 15 new keys: {leased} tokens leased"
+    );
+    assert_burst_of_8_then_429(&stack, "back");
 }
 
 /// Two proxies, two workers each, one hot key far over its limit: the fleet admits at most

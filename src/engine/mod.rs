@@ -17,6 +17,7 @@ mod coalesce;
 pub mod health;
 mod lease;
 pub mod plugin;
+mod sightings;
 mod stash;
 pub mod usage;
 
@@ -79,9 +80,32 @@ struct Check {
     rule: usize,
     call: ScriptCall,
     outcome: Option<Outcome>,
-    lease: bool,
+    route: Route,
     /// The outcome came from a script call (so the global bucket charged the up-front cost).
     backend: bool,
+}
+
+/// Where a check goes when the local stage has no answer for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Its own call, or its share of one call for its key (exact mode).
+    Exact,
+    /// The proxy's lease call for its key.
+    Lease,
+    /// Its own call: a lease key new to this worker and its proxy, while most new keys lately
+    /// were seen only once ([`sightings`]).
+    Alone,
+}
+
+/// Why the proxy's pool had no leased token for a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoLease {
+    /// The proxy's reservation for the key covers the cost in this many ms.
+    Refilling(u64),
+    /// The key's lease holds too few tokens, now and later.
+    Spent,
+    /// The pool has no lease for the key.
+    Unknown,
 }
 
 /// An admission of a usage rule, waiting for the response to say what it used.
@@ -157,6 +181,7 @@ pub struct Engine {
     keys: crate::rule::KeyCache,
     queues: Queues,
     stashes: stash::Stashes,
+    sightings: sightings::Sightings,
     /// Lease keys: tokens this worker's requests asked for and were denied locally (the deny
     /// cache, or a reservation still refilling) since the key's last lease call; the next call
     /// counts them as demand, so a saturated key asks for what its clients want.
@@ -222,6 +247,7 @@ impl Engine {
             keys: crate::rule::KeyCache::default(),
             queues: Queues::default(),
             stashes: stash::Stashes::default(),
+            sightings: sightings::Sightings::default(),
             unmet: HashMap::default(),
             chains: coalesce::Chains::default(),
             held: BinaryHeap::new(),
@@ -291,7 +317,7 @@ impl Engine {
                 }
                 plugin::Plan::Check(call, lease) => (call, lease),
             };
-            let outcome = self.local_outcome(host, idx, &call, lease);
+            let (outcome, route) = self.local_outcome(host, idx, &call, lease);
             if let Some(o) = outcome {
                 self.plugin.count(idx, (o, Source::Local));
             }
@@ -299,7 +325,7 @@ impl Engine {
                 rule: idx,
                 call,
                 outcome,
-                lease,
+                route,
                 backend: false,
             });
         }
@@ -326,30 +352,31 @@ impl Engine {
             self.spare_checks = request.checks;
             return self.apply(host, ctx, verdict, grpc);
         }
-        let undecided: Vec<(usize, bool)> = request
+        let undecided: Vec<(usize, Route)> = request
             .checks
             .iter()
             .enumerate()
             .filter(|(_, c)| c.outcome.is_none())
-            .map(|(i, c)| (i, c.lease))
+            .map(|(i, c)| (i, c.route))
             .collect();
         self.requests.insert(ctx, request);
         let now = self.now(host);
-        let exact_needed = undecided.iter().any(|(_, lease)| !lease);
-        if exact_needed && !self.backend_allowed(host, now) {
+        // A lease call checks the breaker when it is about to go out; the others check it here.
+        let own_call = |route: &Route| *route != Route::Lease;
+        if undecided.iter().any(|(_, r)| own_call(r)) && !self.backend_allowed(host, now) {
             // The breaker is open: the failure mode answers now, no request waits on a dead backend.
-            for (idx, _) in undecided.iter().filter(|(_, lease)| !lease) {
+            for (idx, _) in undecided.iter().filter(|(_, r)| own_call(r)) {
                 self.fail_check(host, ctx, *idx, &BackendError::CircuitOpen, now);
             }
         }
-        for (idx, lease) in undecided {
+        for (idx, route) in undecided {
             if !self.is_waiting(ctx, idx) {
                 continue;
             }
-            if lease {
-                self.wait_for_lease(host, ctx, idx, now);
-            } else {
-                self.send_exact(host, ctx, idx, now);
+            match route {
+                Route::Exact => self.send_exact(host, ctx, idx, now),
+                Route::Lease => self.wait_for_lease(host, ctx, idx, now),
+                Route::Alone => self.send_check(host, ctx, idx, now),
             }
         }
     }
@@ -463,10 +490,10 @@ impl Engine {
         let mut waited = false;
         for c in r.checks.iter().filter(|c| c.outcome.is_none()) {
             waited = true;
-            if c.lease {
-                self.queues.remove_waiter(&c.call.key, ctx);
-            } else {
-                self.chains.remove_waiter(&c.call.key, ctx);
+            match c.route {
+                Route::Lease => self.queues.remove_waiter(&c.call.key, ctx),
+                Route::Exact => self.chains.remove_waiter(&c.call.key, ctx),
+                Route::Alone => {}
             }
         }
         if waited {
@@ -478,35 +505,41 @@ impl Engine {
     // ----- checks -----
 
     /// What the local stage answers for a check: a leased token (from this worker's stash, or a
-    /// batch moved from the proxy's pool) or a cached denial.
+    /// batch moved from the proxy's pool) or a cached denial; and where the check goes if neither.
     fn local_outcome(
         &mut self,
         host: &dyn Host,
         idx: usize,
         call: &ScriptCall,
         lease: bool,
-    ) -> Option<Outcome> {
+    ) -> (Option<Outcome>, Route) {
+        let allowed = |s: crate::shared::lease::Spent| Outcome::Allowed {
+            remaining: s.remaining,
+            reset_ms: s.reset_ms,
+        };
         if lease {
             if let Some(spent) = self.spend_stashed(idx, call) {
-                return Some(Outcome::Allowed {
-                    remaining: spent.remaining,
-                    reset_ms: spent.reset_ms,
-                });
+                return (Some(allowed(spent)), Route::Lease);
             }
         }
         let now = self.now(host);
         let store = host.store();
         let mut refilling = None;
+        let mut route = Route::Exact;
         if lease {
-            match self.spend_leased(store, idx, call, now) {
-                Ok(s) => {
-                    return Some(Outcome::Allowed {
-                        remaining: s.remaining,
-                        reset_ms: s.reset_ms,
-                    })
+            let why = match self.spend_leased(store, idx, call, now) {
+                Ok(s) => return (Some(allowed(s)), Route::Lease),
+                Err(why) => why,
+            };
+            let first = self.sightings.first_sighting(&call.key);
+            route = match why {
+                NoLease::Refilling(later) => {
+                    refilling = Some(later);
+                    Route::Lease
                 }
-                Err(later) => refilling = later,
-            }
+                NoLease::Unknown if first && self.sightings.mostly_once() => Route::Alone,
+                NoLease::Unknown | NoLease::Spent => Route::Lease,
+            };
         }
         let denied = DenyCache::new(store, &self.plugin.ns)
             .denied(&call.key, call.cost, now)
@@ -519,7 +552,7 @@ impl Engine {
             let unmet = self.unmet.entry(call.key.clone()).or_insert(0);
             *unmet = unmet.saturating_add(call.cost);
         }
-        denied
+        (denied, route)
     }
 
     /// Spends `call`'s cost from this worker's stash, by the worker's latest clock reading (see
@@ -536,15 +569,15 @@ impl Engine {
         spend.spent
     }
 
-    /// Spends `call`'s cost from a batch moved out of the proxy's pool into this worker's stash.
-    /// When it cannot, says whether the proxy's reservation covers it later (in ms).
+    /// Spends `call`'s cost from a batch moved out of the proxy's pool into this worker's stash;
+    /// or says why it cannot.
     fn spend_leased(
         &mut self,
         store: &dyn Store,
         idx: usize,
         call: &ScriptCall,
         now: u64,
-    ) -> Result<crate::shared::lease::Spent, Option<u64>> {
+    ) -> Result<crate::shared::lease::Spent, NoLease> {
         let metrics = &self.plugin.metrics;
         let (room, dropped) = self.stashes.room_for(&call.key, now);
         metrics.count(idx, Counter::LeaseDropped, dropped);
@@ -553,7 +586,7 @@ impl Engine {
             .rule(idx)
             .map(|r| lease::sizing(r, &call.limits()))
         else {
-            return Err(None);
+            return Err(NoLease::Unknown);
         };
         match LeasePool::new(store, &self.plugin.ns)
             .take_batch(&call.key, call.cost, now, &sizing, !room)
@@ -561,8 +594,10 @@ impl Engine {
             Ok(Taken::Batch(batch)) => {
                 Ok(self.stashes.keep((idx, &call.key), &batch, call.cost, now))
             }
-            Ok(Taken::Refilling(ms)) => Err(Some(ms)),
-            Ok(Taken::Miss) | Err(_) => Err(None),
+            Ok(Taken::Refilling(ms)) => Err(NoLease::Refilling(ms)),
+            Ok(Taken::Miss) => Err(NoLease::Spent),
+            // A failing store knows nothing either.
+            Ok(Taken::Unknown) | Err(_) => Err(NoLease::Unknown),
         }
     }
 
@@ -808,7 +843,11 @@ impl Engine {
         log::debug!("tollgate: {}", describe(&verdict));
         let request = self.requests.remove(&ctx);
         if let Some(r) = &request {
-            for c in r.checks.iter().filter(|c| c.lease && c.outcome.is_none()) {
+            for c in r
+                .checks
+                .iter()
+                .filter(|c| c.route == Route::Lease && c.outcome.is_none())
+            {
                 self.queues.remove_waiter(&c.call.key, ctx);
             }
         }

@@ -803,11 +803,24 @@ fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
         e.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
     }
     assert_eq!(h.sent.len(), 1000);
+    let lease_calls = h.sent.iter().filter(|s| s.ends_with("/1/1/2000/0")).count();
+    let alone = h.sent.iter().filter(|s| s.ends_with("/1/0/0/0")).count();
+    assert_eq!(
+        (lease_calls, alone),
+        (15, 985),
+        "leases until the worker sees most new keys only once, then each on its own"
+    );
     assert_eq!(h.tick_sets, 1, "the tick is armed once, not per request");
+    let writes = h.store.writes();
     for t in h.tokens() {
         deliver(&mut e, &mut h, t, 200, &answer(true, 40, 0, 300, 1));
     }
     assert_eq!(h.resumed.len(), 1000);
+    assert_eq!(
+        h.store.writes(),
+        writes + 15,
+        "only the leases' deposits write the pool"
+    );
     for ctx in 100..1100 {
         e.response_headers(&mut h, ctx, &resp(&[]));
         e.done(&mut h, ctx);
@@ -816,6 +829,54 @@ fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
     h.now = 10_000;
     e.tick(&mut h);
     assert_eq!(h.tick, 0);
+}
+
+#[test]
+fn under_a_flood_of_new_keys_a_key_leases_once_it_comes_back() {
+    let (mut e, rec) = engine(r#""backend":{"max_inflight":5000},"#, LEASE);
+    let mut h = Fake::default();
+    for ctx in 100..200 {
+        e.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
+    }
+    h.sent.clear();
+    h.out.clear();
+    let writes = h.store.writes();
+    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
+    assert!(
+        h.sent[0].ends_with("/1/0/0/0"),
+        "its own call: {}",
+        h.sent[0]
+    );
+    let t = h.tokens()[0];
+    deliver(&mut e, &mut h, t, 200, &answer(true, 40, 0, 300, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(h.store.writes(), writes, "no flight, no deposit");
+    assert!(LeasePool::new(&h.store, &e.plugin.ns)
+        .peek(&lease_key(&e, "a"))
+        .is_none());
+    let granted = rec.get(0, Counter::LeaseGranted);
+    // Back again: now it waits for a lease call, which the requests after it share.
+    assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Pause);
+    assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Pause);
+    assert_eq!(h.sent.len(), 2, "one lease call for both");
+    assert!(h.sent[1].ends_with("/1/1/2000/0"), "a lease: {}", h.sent[1]);
+    assert!(!claim_free(&e, &h, "a"));
+    let t = h.tokens()[0];
+    grant_all(&mut e, &mut h, t);
+    assert!(rec.get(0, Counter::LeaseGranted) > granted);
+    // Another worker, flooded too, has not seen the key; but the proxy's pool knows it, so its
+    // first request there spends leased tokens or waits for a lease.
+    let (mut w2, _) = engine(r#""backend":{"max_inflight":5000},"#, LEASE);
+    for ctx in 300..400 {
+        w2.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
+    }
+    let sent = h.sent.len();
+    w2.request_headers(&mut h, 20, &user("a"));
+    assert!(
+        h.sent[sent..].iter().all(|s| !s.ends_with("/1/0/0/0")),
+        "not on its own: {:?}",
+        &h.sent[sent..]
+    );
 }
 
 /// Two requests for `u` at `ctx`, `ctx + 1`: the second call is sized for demand, and leaves

@@ -295,6 +295,8 @@ pub enum Taken {
     Refilling(u64),
     /// Too few tokens, now and later.
     Miss,
+    /// The pool has no lease for the key at all.
+    Unknown,
 }
 
 /// Leased tokens moved out of the pool into one worker's stash.
@@ -500,7 +502,7 @@ impl<'a> LeasePool<'a> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
             let Some(lease) = set.find(key) else {
-                return Change::Keep(Taken::Miss);
+                return Change::Keep(Taken::Unknown);
             };
             let spendable = lease.spendable(now_ms, sizing);
             if spendable < cost || cost == 0 {
@@ -771,7 +773,7 @@ mod tests {
     fn batch(pool: &LeasePool, cost: u64, now: u64, exact: bool) -> Option<Batch> {
         match pool.take_batch("k", cost, now, &SIZING, exact).unwrap() {
             Taken::Batch(b) => Some(b),
-            Taken::Refilling(_) | Taken::Miss => None,
+            Taken::Refilling(_) | Taken::Miss | Taken::Unknown => None,
         }
     }
 
