@@ -8,7 +8,8 @@
 //! up and measures it, so the median of each figure over the rounds is over several Envoy processes.
 //! The closed-loop single-key scenarios (plain … tollgate-lease), whose CPU per request is compared
 //! with the wasm floor's, take turns within a round in `--slices` slices of their load, so that they
-//! share the same seconds of a machine whose other load comes and goes:
+//! share the same seconds of a machine whose other load comes and goes. The others run one after
+//! the other, in backward order on even rounds:
 //!
 //! | scenario | Envoy's filters | load (h2load; HTTP/1.1 unless `--h2c`) |
 //! |---|---|---|
@@ -1857,8 +1858,13 @@ fn run(settings: &Settings) -> Result<(), String> {
     let mut samples: Vec<Vec<Sample>> = running.iter().map(|_| Vec::new()).collect();
     for round in 1..=settings.rounds {
         eprint!("bench: round {round}/{}:", settings.rounds);
-        let (sliced, alone): (Vec<usize>, Vec<usize>) =
+        let (sliced, mut alone): (Vec<usize>, Vec<usize>) =
             (0..running.len()).partition(|&i| running[i].def.sliced());
+        // The others run one after the other: forward on odd rounds, backward on even ones, so
+        // that no scenario always runs right after the same one.
+        if round % 2 == 0 {
+            alone.reverse();
+        }
         // A fresh Envoy for each round: one Envoy process measures a few µs/request above or below
         // the next for the same filter (seen: tollgate-lease at 69–74 µs in every round of one run
         // and 60–66 in the next, the floor at 61–66 in both), so the median over rounds must be over
@@ -1957,7 +1963,7 @@ fn run(settings: &Settings) -> Result<(), String> {
     println!(
         "{} interleaved rounds, each on fresh Envoys warmed up for {:.1} s; within a round, the \
          single-key closed loops (plain … tollgate-lease) take turns in {} slices of their \
-         load; every figure is the median over the rounds; × plain is the median of per-round \
+         load, and the others run one after the other (backward on even rounds); every figure is the median over the rounds; × plain is the median of per-round \
          ratios to plain",
         settings.rounds,
         settings.warmup.as_secs_f64(),
