@@ -50,12 +50,17 @@ impl Default for Sightings {
     }
 }
 
+/// The slot of a fingerprint: from bits above the low one (which is always clear in it).
+fn slot_of(fingerprint: u64) -> usize {
+    (fingerprint >> 1) as usize % SLOTS
+}
+
 impl Sightings {
     /// Records a sighting of `key`; whether it is the first lately (not seen since its slot was
     /// last taken by another key).
     pub fn first_sighting(&mut self, key: &str) -> bool {
         let fingerprint = self.hasher.hash_one(key) & !RETURNED;
-        let Some(slot) = self.slots.get_mut(fingerprint as usize % SLOTS) else {
+        let Some(slot) = self.slots.get_mut(slot_of(fingerprint)) else {
             return true;
         };
         if *slot & !RETURNED == fingerprint {
@@ -92,7 +97,15 @@ mod tests {
     use super::*;
 
     fn slot(s: &Sightings, key: &str) -> usize {
-        (s.hasher.hash_one(key) & !RETURNED) as usize % SLOTS
+        slot_of(s.hasher.hash_one(key) & !RETURNED)
+    }
+
+    #[test]
+    fn keys_spread_over_every_slot() {
+        let s = Sightings::default();
+        let used: std::collections::HashSet<usize> =
+            (0..100_000).map(|i| slot(&s, &format!("k{i}"))).collect();
+        assert_eq!(used.len(), SLOTS);
     }
 
     /// `n` distinct keys with slots of their own, none of them `key`'s.
