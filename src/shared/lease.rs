@@ -716,10 +716,7 @@ mod tests {
         let pool = LeasePool::new(&s, "ns");
         let c = claim(&pool, "k", 1000);
         deposit(&pool, c, (3, 90, 100, 0), 1001);
-        match pool.take_batch("k", 1, 1000, &SIZING, true).unwrap() {
-            Taken::Batch(b) => assert_eq!(b.tokens, 1),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(batch(&pool, 1, 1000, true).map(|b| b.tokens), Some(1));
         let t = pool.take("k", &[1, 1], 1000, &SIZING).unwrap();
         assert_eq!(
             spent(&t),
