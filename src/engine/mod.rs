@@ -531,13 +531,13 @@ impl Engine {
                 Ok(s) => return (Some(allowed(s)), Route::Lease),
                 Err(why) => why,
             };
-            let first = self.sightings.first_sighting(&call.key);
+            let alone = self.sightings.goes_alone(&call.key);
             route = match why {
                 NoLease::Refilling(later) => {
                     refilling = Some(later);
                     Route::Lease
                 }
-                NoLease::Unknown if first && self.sightings.mostly_once() => Route::Alone,
+                NoLease::Unknown if alone => Route::Alone,
                 NoLease::Unknown | NoLease::Spent => Route::Lease,
             };
         }

@@ -58,7 +58,7 @@ fn slot_of(fingerprint: u64) -> usize {
 impl Sightings {
     /// Records a sighting of `key`; whether it is the first lately (not seen since its slot was
     /// last taken by another key).
-    pub fn first_sighting(&mut self, key: &str) -> bool {
+    fn first_sighting(&mut self, key: &str) -> bool {
         let fingerprint = self.hasher.hash_one(key) & !RETURNED;
         let Some(slot) = self.slots.get_mut(slot_of(fingerprint)) else {
             return true;
@@ -80,14 +80,14 @@ impl Sightings {
     }
 
     /// Whether fewer than a quarter of the keys new to this worker lately were seen again.
-    pub fn mostly_once(&self) -> bool {
+    fn mostly_once(&self) -> bool {
         self.new >= JUDGED_FROM && self.returned.saturating_mul(4) < self.new
     }
 
-    /// Records a sighting of `key`; whether a check of it goes on its own rather than wait for a
+    /// Records a sighting of `key` (every check that found no leased token is one, so that keys
+    /// that come back are counted); whether a check of it goes on its own rather than wait for a
     /// lease (if the pool has none): a key new lately, while most new keys were seen only once.
-    #[cfg(test)]
-    fn goes_alone(&mut self, key: &str) -> bool {
+    pub fn goes_alone(&mut self, key: &str) -> bool {
         self.first_sighting(key) && self.mostly_once()
     }
 }
