@@ -2286,6 +2286,9 @@ fn run(settings: &Settings) -> Result<(), String> {
         "versions": { "envoy": envoy_version, "h2load": h2load_version },
         "tollgate_wasm": tollgate_wasm.to_string_lossy(),
         "compare_wasm": settings.compare_wasm.as_ref().map(|p| p.to_string_lossy()),
+        "baseline": (!builds.baseline.as_os_str().is_empty()).then(|| serde_json::json!({
+            "commit": BASELINE_COMMIT, "wasm": builds.baseline.to_string_lossy(),
+        })),
         "settings": {
             "rounds": settings.rounds,
             "duration_s": settings.duration.as_secs_f64(),
