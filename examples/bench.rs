@@ -528,30 +528,7 @@ fn build_baseline() -> Result<PathBuf, String> {
         std::fs::rename(&unpacking, &src)
             .map_err(|e| format!("rename to {}: {e}", src.display()))?;
     }
-    let target_dir = dir.join("target");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(&src)
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "--target",
-            "wasm32-wasip1",
-            "--target-dir",
-        ])
-        .arg(&target_dir)
-        .status()
-        .map_err(|e| format!("run cargo: {e}"))?;
-    if !status.success() {
-        return Err(format!("building {} failed ({status})", src.display()));
-    }
-    let wasm = target_dir.join("wasm32-wasip1/release/tollgate.wasm");
-    if wasm.is_file() {
-        Ok(wasm)
-    } else {
-        Err(format!("{} missing after the build", wasm.display()))
-    }
+    common::build_wasm(&src.join("Cargo.toml"), &dir.join("target"), "tollgate")
 }
 
 /// One scenario's running proxies.

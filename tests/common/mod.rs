@@ -329,10 +329,19 @@ pub fn silent_backend() -> u16 {
 /// Builds bench/wasm-floor and returns the path of its .wasm.
 pub fn build_wasm_floor() -> Result<PathBuf, String> {
     let root = repo_root();
-    let target_dir = root.join("target/wasm-floor");
+    build_wasm(
+        &root.join("bench/wasm-floor/Cargo.toml"),
+        &root.join("target/wasm-floor"),
+        "wasm_floor",
+    )
+}
+
+/// Builds the crate of `manifest` for wasm32-wasip1 (release) into `target_dir` and returns the
+/// path of its `<name>.wasm`.
+pub fn build_wasm(manifest: &Path, target_dir: &Path, name: &str) -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
-        .current_dir(&root)
+        .current_dir(repo_root())
         .args([
             "build",
             "--quiet",
@@ -340,16 +349,16 @@ pub fn build_wasm_floor() -> Result<PathBuf, String> {
             "--target",
             "wasm32-wasip1",
             "--manifest-path",
-            "bench/wasm-floor/Cargo.toml",
-            "--target-dir",
         ])
-        .arg(&target_dir)
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(target_dir)
         .status()
         .map_err(|e| format!("run cargo: {e}"))?;
     if !status.success() {
-        return Err(format!("building bench/wasm-floor failed ({status})"));
+        return Err(format!("building {} failed ({status})", manifest.display()));
     }
-    let wasm = target_dir.join("wasm32-wasip1/release/wasm_floor.wasm");
+    let wasm = target_dir.join(format!("wasm32-wasip1/release/{name}.wasm"));
     if wasm.is_file() {
         Ok(wasm)
     } else {
