@@ -37,27 +37,34 @@ fn u32_le(bytes: &[u8]) -> Option<usize> {
 pub fn lookup<'a>(buf: &'a [u8], name: &str) -> Option<Cow<'a, [u8]>> {
     let (count, rest) = buf.split_first_chunk::<4>()?;
     let count = usize::try_from(u32::from_le_bytes(*count)).ok()?;
-    let (sizes, mut data) = rest.split_at_checked(count.checked_mul(8)?)?;
+    let (sizes, data) = rest.split_at_checked(count.checked_mul(8)?)?;
     let mut found: Option<Cow<'a, [u8]>> = None;
+    // Offsets only: a name and value are sliced out when the name has the length sought. Each
+    // name and value is followed by a NUL, skipped, not checked.
+    let mut at = 0usize;
     for entry in sizes.chunks_exact(8) {
         let (key_len, value_len) = (u32_le(entry)?, u32_le(entry.get(4..)?)?);
-        // Each name and value is followed by a NUL, skipped, not checked.
-        let (key, rest) = data.split_at_checked(key_len)?;
-        let (value, rest) = rest.get(1..)?.split_at_checked(value_len)?;
-        data = rest.get(1..)?;
-        if key.len() == name.len() && key.eq_ignore_ascii_case(name.as_bytes()) {
-            found = Some(match found {
-                Some(first) => {
-                    let mut joined = first.into_owned();
-                    joined.push(b',');
-                    joined.extend_from_slice(value);
-                    Cow::Owned(joined)
-                }
-                None => Cow::Borrowed(value),
-            });
+        let value_at = at.checked_add(key_len)?.checked_add(1)?;
+        let next = value_at.checked_add(value_len)?.checked_add(1)?;
+        if key_len == name.len() {
+            let key = data.get(at..value_at - 1)?;
+            if key.eq_ignore_ascii_case(name.as_bytes()) {
+                let value = data.get(value_at..next - 1)?;
+                found = Some(match found {
+                    Some(first) => {
+                        let mut joined = first.into_owned();
+                        joined.push(b',');
+                        joined.extend_from_slice(value);
+                        Cow::Owned(joined)
+                    }
+                    None => Cow::Borrowed(value),
+                });
+            }
         }
+        at = next;
     }
-    found
+    // A map whose sizes run past its data is malformed: nothing in it is read.
+    (at <= data.len()).then_some(found)?
 }
 
 #[cfg(test)]

@@ -176,18 +176,32 @@ fn cookie(req: &dyn RequestView, name: &str) -> Option<Vec<u8>> {
     })
 }
 
-fn key_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
+/// A key source's value for `req`, borrowed from the request where it is taken as sent (a header,
+/// the method, a literal): the local path then copies no key value.
+fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Option<Cow<'a, [u8]>> {
+    match source {
+        KeySource::Header(name) => req.header(name),
+        KeySource::Method => req.header(":method"),
+        KeySource::Literal(text) => Some(Cow::Borrowed(text.as_bytes())),
+        derived => derived_value(derived, req).map(Cow::Owned),
+    }
+}
+
+/// The value of a key source that is derived from what the request sent (normalised, parsed or
+/// looked up). Out of line: a header-keyed rule's path never runs it.
+#[inline(never)]
+fn derived_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
     match source {
         KeySource::Header(name) => req.header(name).map(Cow::into_owned),
+        KeySource::Method => req.header(":method").map(Cow::into_owned),
+        KeySource::Literal(text) => Some(text.as_bytes().to_vec()),
         KeySource::Query(name) => query_param(&req.header(":path")?, name),
         KeySource::ClientIp {
             v4_prefix,
             v6_prefix,
         } => Some(ip::key_value(&req.client_ip()?, *v4_prefix, *v6_prefix)),
         KeySource::Path => req.header(":path").map(|p| path::key_value(&p)),
-        KeySource::Method => req.header(":method").map(Cow::into_owned),
         KeySource::Authority => req.header(":authority").map(|a| a.to_ascii_lowercase()),
-        KeySource::Literal(text) => Some(text.as_bytes().to_vec()),
         KeySource::Cookie(name) => cookie(req, name),
         KeySource::Property { path, .. } => {
             let segments: Vec<&str> = path.iter().map(String::as_str).collect();
@@ -203,7 +217,10 @@ fn key_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
 
 /// The rule's key values in order, or None if any source is missing (then the rule does not apply).
 pub fn key_values(sources: &[KeySource], req: &dyn RequestView) -> Option<Vec<Vec<u8>>> {
-    sources.iter().map(|s| key_value(s, req)).collect()
+    sources
+        .iter()
+        .map(|s| key_value(s, req).map(Cow::into_owned))
+        .collect()
 }
 
 /// `<prefix>:{<rule>:<digest>}`, digest = lowercase hex of the first 16 bytes of SHA-256 over, for
@@ -211,13 +228,21 @@ pub fn key_values(sources: &[KeySource], req: &dyn RequestView) -> Option<Vec<Ve
 /// big-endian length ++ its value). `values` has one value per source.
 ///
 /// A value longer than `u32::MAX` bytes (impossible for a request header) has its length saturated.
-pub fn bucket_key(prefix: &str, rule: &str, sources: &[KeySource], values: &[Vec<u8>]) -> String {
+/// Out of line: a hot key's requests find their key in the [`KeyCache`], and this code (SHA-256
+/// and the key's formatting) would sit in the middle of theirs.
+#[inline(never)]
+pub fn bucket_key<V: AsRef<[u8]>>(
+    prefix: &str,
+    rule: &str,
+    sources: &[KeySource],
+    values: &[V],
+) -> String {
     key_of_input(prefix, rule, &digest_input(sources, values))
 }
 
 /// What the digest is taken over (see [`bucket_key`]).
-fn digest_input(sources: &[KeySource], values: &[Vec<u8>]) -> Vec<u8> {
-    let mut input = Vec::with_capacity(values.iter().map(|v| v.len() + 40).sum());
+fn digest_input<V: AsRef<[u8]>>(sources: &[KeySource], values: &[V]) -> Vec<u8> {
+    let mut input = Vec::with_capacity(values.iter().map(|v| v.as_ref().len() + 40).sum());
     let mut field = |bytes: &[u8]| {
         let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
         input.extend_from_slice(&len.to_be_bytes());
@@ -225,7 +250,7 @@ fn digest_input(sources: &[KeySource], values: &[Vec<u8>]) -> Vec<u8> {
     };
     for (source, value) in sources.iter().zip(values) {
         field(source.to_string().as_bytes());
-        field(value);
+        field(value.as_ref());
     }
     input
 }
@@ -306,13 +331,13 @@ impl KeyCache {
 
     /// [`bucket_key`] of rule `idx` (`prefix`, `rule` its name, `sources` its key), from the cache
     /// when the same values were seen lately.
-    pub fn bucket_key(
+    pub fn bucket_key<V: AsRef<[u8]>>(
         &mut self,
         idx: usize,
         (prefix, rule, sources): (&str, &str, &[KeySource]),
-        values: &[Vec<u8>],
+        values: &[V],
     ) -> String {
-        if values.iter().map(Vec::len).sum::<usize>() > Self::MAX_VALUES_LEN {
+        if values.iter().map(|v| v.as_ref().len()).sum::<usize>() > Self::MAX_VALUES_LEN {
             return bucket_key(prefix, rule, sources, values);
         }
         if self.entries.is_empty() {
@@ -323,8 +348,13 @@ impl KeyCache {
             return bucket_key(prefix, rule, sources, values);
         };
         let hit = set.iter().position(|e| {
-            e.as_ref()
-                .is_some_and(|e| e.rule == idx && e.values == values)
+            e.as_ref().is_some_and(|e| {
+                e.rule == idx
+                    && e.values
+                        .iter()
+                        .map(Vec::as_slice)
+                        .eq(values.iter().map(AsRef::as_ref))
+            })
         });
         // Hit or miss, the entry ends up first: a miss takes the least recently used one's place.
         let used = hit.unwrap_or(Self::WAYS - 1);
@@ -345,7 +375,7 @@ impl KeyCache {
                 let key = bucket_key(prefix, rule, sources, values);
                 *first = Some(Cached {
                     rule: idx,
-                    values: values.to_vec(),
+                    values: values.iter().map(|v| v.as_ref().to_vec()).collect(),
                     key: key.clone(),
                 });
                 key
@@ -354,11 +384,12 @@ impl KeyCache {
     }
 
     /// The first entry of the set for rule `idx`'s `values`.
-    fn set_of(&self, idx: usize, values: &[Vec<u8>]) -> usize {
+    fn set_of<V: AsRef<[u8]>>(&self, idx: usize, values: &[V]) -> usize {
         use std::hash::Hasher;
         let mut h = hash::FastHasher::new(self.seed);
         h.write_usize(idx);
         for v in values {
+            let v = v.as_ref();
             h.write_usize(v.len());
             h.write(v);
         }
@@ -379,6 +410,15 @@ pub struct Applied {
     pub unlimited: bool,
 }
 
+/// The override of `rule` for key `values`, if it has one.
+fn override_of<'r>(rule: &'r Rule, values: &[&[u8]]) -> Option<&'r Override> {
+    if rule.overrides.is_empty() {
+        return None;
+    }
+    let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();
+    rule.overrides.get(&values)
+}
+
 /// The bucket key and effective limits if the rule's match holds and all key sources are present.
 /// `idx` is the rule's index in its configuration (for `keys`).
 pub fn applies(
@@ -391,18 +431,23 @@ pub fn applies(
         return None;
     }
     // One source (the usual rule) needs no Vec of values.
-    let (one, many);
-    let values: &[Vec<u8>] = match rule.key.as_slice() {
+    let (one, single, many, refs);
+    let values: &[&[u8]] = match rule.key.as_slice() {
         [source] => {
             one = key_value(source, req)?;
-            std::slice::from_ref(&one)
+            single = [&*one];
+            &single[..]
         }
         sources => {
-            many = key_values(sources, req)?;
-            &many
+            many = sources
+                .iter()
+                .map(|s| key_value(s, req))
+                .collect::<Option<Vec<_>>>()?;
+            refs = many.iter().map(|v| &**v).collect::<Vec<_>>();
+            &refs
         }
     };
-    let (limits, unlimited) = match rule.overrides.get(values) {
+    let (limits, unlimited) = match override_of(rule, values) {
         None => (rule.limits, false),
         Some(Override::Limits(l)) => (*l, false),
         Some(Override::Unlimited) => (rule.limits, true),
@@ -763,7 +808,7 @@ mod tests {
         );
         // No sources: SHA-256 of the empty string.
         assert_eq!(
-            bucket_key("tollgate", "all", &[], &[]),
+            bucket_key::<&[u8]>("tollgate", "all", &[], &[]),
             "tollgate:{all:e3b0c44298fc1c149afbf4c8996fb924}"
         );
         assert_eq!(
@@ -790,7 +835,7 @@ mod tests {
         assert_ne!(a_bc, abc);
         // An empty value is a value.
         assert_ne!(
-            bucket_key("tg", "r", &[], &[]),
+            bucket_key::<&[u8]>("tg", "r", &[], &[]),
             bucket_key("tg", "r", &[hdr("a")], &[Vec::new()])
         );
         // The rule name separates buckets too.

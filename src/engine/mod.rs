@@ -313,7 +313,7 @@ impl Engine {
                     continue;
                 }
                 plugin::Plan::BadCost(e) => {
-                    return self.apply(host, ctx, plugin::bad_cost(&e), false);
+                    return self.apply(host, ctx, None, plugin::bad_cost(&e), false);
                 }
                 plugin::Plan::Check(call, lease) => (call, lease),
             };
@@ -350,8 +350,16 @@ impl Engine {
                 self.keys.recycle(c.call.key);
             }
             self.spare_checks = request.checks;
-            return self.apply(host, ctx, verdict, grpc);
+            return self.apply(host, ctx, None, verdict, grpc);
         }
+        self.send_undecided(host, ctx, request);
+    }
+
+    /// Keeps `request`, which the local stage left undecided, and sends (or queues) the calls its
+    /// undecided checks need. Out of line: the local path, which answers most requests, never
+    /// runs it, and its code would sit between that path's instructions.
+    #[inline(never)]
+    fn send_undecided(&mut self, host: &mut dyn Host, ctx: u32, request: Request) {
         let undecided: Vec<(usize, Route)> = request
             .checks
             .iter()
@@ -466,7 +474,7 @@ impl Engine {
                 host.add_response_headers(ctx, written.headers(&pairs));
             }
         }
-        self.usage_from_headers(host, ctx, response, false)
+        !r.usage.is_empty() && self.usage_from_headers(host, ctx, response, false)
     }
 
     /// A chunk of the response body of `ctx` (`end`: the last one). Only looked at.
@@ -513,22 +521,31 @@ impl Engine {
         call: &ScriptCall,
         lease: bool,
     ) -> (Option<Outcome>, Route) {
-        let allowed = |s: crate::shared::lease::Spent| Outcome::Allowed {
-            remaining: s.remaining,
-            reset_ms: s.reset_ms,
-        };
         if lease {
             if let Some(spent) = self.spend_stashed(idx, call) {
-                return (Some(allowed(spent)), Route::Lease);
+                return (Some(Outcome::leased(spent)), Route::Lease);
             }
         }
+        self.shared_outcome(host, idx, call, lease)
+    }
+
+    /// [`Engine::local_outcome`] past this worker's stash: the proxy's pool and deny cache in
+    /// shared data. Out of line, as [`Engine::send_undecided`].
+    #[inline(never)]
+    fn shared_outcome(
+        &mut self,
+        host: &dyn Host,
+        idx: usize,
+        call: &ScriptCall,
+        lease: bool,
+    ) -> (Option<Outcome>, Route) {
         let now = self.now(host);
         let store = host.store();
         let mut refilling = None;
         let mut route = Route::Exact;
         if lease {
             let why = match self.spend_leased(store, idx, call, now) {
-                Ok(s) => return (Some(allowed(s)), Route::Lease),
+                Ok(s) => return (Some(Outcome::leased(s)), Route::Lease),
                 Err(why) => why,
             };
             let alone = self.sightings.goes_alone(&call.key);
@@ -811,7 +828,8 @@ impl Engine {
                 .and_then(|r| self.verdict_if_done(r));
         }
         if let Some(verdict) = verdict {
-            self.apply(host, ctx, verdict, grpc.unwrap_or(false));
+            let request = self.requests.remove(&ctx);
+            self.apply(host, ctx, request, verdict, grpc.unwrap_or(false));
         }
     }
 
@@ -837,11 +855,19 @@ impl Engine {
         })
     }
 
-    /// Applies a verdict to `ctx`. Inside its own `request_headers` the action is returned to
-    /// Envoy from there; otherwise the paused request is resumed or answered here.
-    fn apply(&mut self, host: &mut dyn Host, ctx: u32, verdict: Verdict, grpc: bool) {
+    /// Applies a verdict to `ctx`, whose `request` the caller took out of the engine's requests
+    /// (None: decided inside its `request_headers`, it was never kept). Inside its own
+    /// `request_headers` the action is returned to Envoy from there; otherwise the paused request
+    /// is resumed or answered here.
+    fn apply(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: u32,
+        request: Option<Request>,
+        verdict: Verdict,
+        grpc: bool,
+    ) {
         log::debug!("tollgate: {}", describe(&verdict));
-        let request = self.requests.remove(&ctx);
         if let Some(r) = &request {
             for c in r
                 .checks

@@ -192,6 +192,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// An admission on leased tokens.
+    pub fn leased(s: crate::shared::lease::Spent) -> Outcome {
+        Outcome::Allowed {
+            remaining: s.remaining,
+            reset_ms: s.reset_ms,
+        }
+    }
+
     /// What a script reply means for a check (a denial's retry is never negative: -1 only comes
     /// for a cost above the burst, which the engine refuses before calling).
     pub fn of_reply(r: &Reply) -> Outcome {
@@ -313,6 +321,7 @@ pub fn cost_of(rule: &Rule, limits: &Limits, req: &dyn RequestView) -> Result<u6
     Ok(cost)
 }
 
+#[cold]
 pub fn bad_cost(e: &CostError) -> Verdict {
     let body = match e {
         CostError::Invalid => "invalid cost header: expected a positive integer\n".to_string(),
@@ -391,32 +400,44 @@ pub fn verdict(
             admit = Some((a, r));
         }
     }
-    let style = cfg.response_headers;
     if let Some(worst) = worst_denial {
-        let mut hdrs = vec![(
-            "retry-after".to_string(),
-            headers::retry_after_secs(worst.reset_ms).to_string(),
-        )];
-        hdrs.extend(headers::rate_limit_headers(style, &worst));
-        return Verdict::Respond(LocalReply {
-            status: cfg.deny.status,
-            headers: hdrs,
-            body: cfg.deny.body.clone(),
-            grpc_status: (grpc && cfg.deny.grpc_resource_exhausted)
-                .then_some(GRPC_RESOURCE_EXHAUSTED),
-        });
+        return denial(cfg, &worst, grpc);
     }
     if closed {
-        return Verdict::Respond(LocalReply {
-            status: 503,
-            headers: vec![("retry-after".to_string(), "1".to_string())],
-            body: "rate limit backend unavailable\n".to_string(),
-            grpc_status: grpc.then_some(GRPC_UNAVAILABLE),
-        });
+        return backend_unavailable(grpc);
     }
     Verdict::Allow(Shown {
         admit: admit.map(|(a, _)| a),
         delay_ms,
+    })
+}
+
+/// The local reply to a request an enforced rule refused (`worst`: the longest wait). Cold, as
+/// the other local replies: most requests are admitted, and this code would otherwise sit in the
+/// middle of theirs.
+#[cold]
+fn denial(cfg: &Config, worst: &Report, grpc: bool) -> Verdict {
+    let mut hdrs = vec![(
+        "retry-after".to_string(),
+        headers::retry_after_secs(worst.reset_ms).to_string(),
+    )];
+    hdrs.extend(headers::rate_limit_headers(cfg.response_headers, worst));
+    Verdict::Respond(LocalReply {
+        status: cfg.deny.status,
+        headers: hdrs,
+        body: cfg.deny.body.clone(),
+        grpc_status: (grpc && cfg.deny.grpc_resource_exhausted).then_some(GRPC_RESOURCE_EXHAUSTED),
+    })
+}
+
+/// The local reply when the backend failed and the failure mode refuses.
+#[cold]
+fn backend_unavailable(grpc: bool) -> Verdict {
+    Verdict::Respond(LocalReply {
+        status: 503,
+        headers: vec![("retry-after".to_string(), "1".to_string())],
+        body: "rate limit backend unavailable\n".to_string(),
+        grpc_status: grpc.then_some(GRPC_UNAVAILABLE),
     })
 }
 
