@@ -57,6 +57,7 @@ pub fn policy(rule: &str, limits: &Limits) -> String {
     v
 }
 
+#[inline(never)]
 fn push_policy(out: &mut String, rule: &str, limits: &Limits) {
     out.push('"');
     out.push_str(rule);
@@ -144,15 +145,7 @@ pub fn write(
             w.push("ratelimit", start, buf.len());
         }
         if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-            for (name, n) in [
-                ("x-ratelimit-limit", r.limits.burst),
-                ("x-ratelimit-remaining", r.remaining),
-                ("x-ratelimit-reset", reset),
-            ] {
-                let start = buf.len();
-                crate::decimal::push(buf, n);
-                w.push(name, start, buf.len());
-            }
+            write_legacy(r, reset, buf, &mut w);
         }
     }
     if delay_ms > 0 {
@@ -161,6 +154,21 @@ pub fn write(
         w.push(DELAY, start, buf.len());
     }
     w
+}
+
+/// The legacy `X-RateLimit-*` headers of `r` (`reset` in seconds), after what `buf` holds. Out of
+/// line, as the policy of an override's limits: the default style does not run it.
+#[inline(never)]
+fn write_legacy(r: &Report<'_>, reset: u64, buf: &mut String, w: &mut Written) {
+    for (name, n) in [
+        ("x-ratelimit-limit", r.limits.burst),
+        ("x-ratelimit-remaining", r.remaining),
+        ("x-ratelimit-reset", reset),
+    ] {
+        let start = buf.len();
+        crate::decimal::push(buf, n);
+        w.push(name, start, buf.len());
+    }
 }
 
 /// The rate-limit headers for one report in the configured style, as owned pairs (for a local

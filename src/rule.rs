@@ -371,16 +371,26 @@ impl KeyCache {
                 key.push_str(&e.key);
                 key
             }
-            _ => {
-                let key = bucket_key(prefix, rule, sources, values);
-                *first = Some(Cached {
-                    rule: idx,
-                    values: values.iter().map(|v| v.as_ref().to_vec()).collect(),
-                    key: key.clone(),
-                });
-                key
-            }
+            _ => Self::fill(first, idx, (prefix, rule, sources), values),
         }
+    }
+
+    /// A miss: `slot` caches rule `idx`'s key for `values` from now on, in place of what it held.
+    /// Out of line, as [`bucket_key`].
+    #[inline(never)]
+    fn fill<V: AsRef<[u8]>>(
+        slot: &mut Option<Cached>,
+        idx: usize,
+        (prefix, rule, sources): (&str, &str, &[KeySource]),
+        values: &[V],
+    ) -> String {
+        let key = bucket_key(prefix, rule, sources, values);
+        *slot = Some(Cached {
+            rule: idx,
+            values: values.iter().map(|v| v.as_ref().to_vec()).collect(),
+            key: key.clone(),
+        });
+        key
     }
 
     /// The first entry of the set for rule `idx`'s `values`.
@@ -410,7 +420,8 @@ pub struct Applied {
     pub unlimited: bool,
 }
 
-/// The override of `rule` for key `values`, if it has one.
+/// The override of `rule` for key `values`, if it has one. Out of line: few rules have overrides.
+#[inline(never)]
 fn override_of<'r>(rule: &'r Rule, values: &[&[u8]]) -> Option<&'r Override> {
     if rule.overrides.is_empty() {
         return None;

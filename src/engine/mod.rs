@@ -868,17 +868,8 @@ impl Engine {
         grpc: bool,
     ) {
         log::debug!("tollgate: {}", describe(&verdict));
-        if let Some(r) = &request {
-            for c in r
-                .checks
-                .iter()
-                .filter(|c| c.route == Route::Lease && c.outcome.is_none())
-            {
-                self.queues.remove_waiter(&c.call.key, ctx);
-            }
-        }
         let usage = request
-            .map(|r| self.usage_admissions(&r))
+            .map(|r| self.close_request(ctx, &r))
             .unwrap_or_default();
         match verdict {
             Verdict::Respond(reply) => {
@@ -910,6 +901,20 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Takes decided request `r` of `ctx` off the lease queues it still waits in; its usage
+    /// admissions. Out of line: a request decided inside its `request_headers` has none.
+    #[inline(never)]
+    fn close_request(&mut self, ctx: u32, r: &Request) -> Vec<Admitted> {
+        for c in r
+            .checks
+            .iter()
+            .filter(|c| c.route == Route::Lease && c.outcome.is_none())
+        {
+            self.queues.remove_waiter(&c.call.key, ctx);
+        }
+        self.usage_admissions(r)
     }
 
     /// Records `action` as the answer of `ctx`'s running `request_headers`; false if `ctx` is not
