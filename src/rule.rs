@@ -188,13 +188,14 @@ fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Option<Cow<
 }
 
 /// The value of a key source that is derived from what the request sent (normalised, parsed or
-/// looked up). Out of line: a header-keyed rule's path never runs it.
+/// looked up); the others [`key_value`] borrows. Out of line: a header-keyed rule's path never
+/// runs it.
 #[inline(never)]
 fn derived_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
     match source {
-        KeySource::Header(name) => req.header(name).map(Cow::into_owned),
-        KeySource::Method => req.header(":method").map(Cow::into_owned),
-        KeySource::Literal(text) => Some(text.as_bytes().to_vec()),
+        KeySource::Header(_) | KeySource::Method | KeySource::Literal(_) => {
+            key_value(source, req).map(Cow::into_owned)
+        }
         KeySource::Query(name) => query_param(&req.header(":path")?, name),
         KeySource::ClientIp {
             v4_prefix,
@@ -420,12 +421,10 @@ pub struct Applied {
     pub unlimited: bool,
 }
 
-/// The override of `rule` for key `values`, if it has one. Out of line: few rules have overrides.
+/// The override of `rule`, which has overrides, for key `values`, if there is one. Out of line:
+/// few rules have overrides, and [`applies`] calls it only for those.
 #[inline(never)]
 fn override_of<'r>(rule: &'r Rule, values: &[&[u8]]) -> Option<&'r Override> {
-    if rule.overrides.is_empty() {
-        return None;
-    }
     let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();
     rule.overrides.get(&values)
 }
@@ -458,7 +457,12 @@ pub fn applies(
             &refs
         }
     };
-    let (limits, unlimited) = match override_of(rule, values) {
+    let overridden = if rule.overrides.is_empty() {
+        None
+    } else {
+        override_of(rule, values)
+    };
+    let (limits, unlimited) = match overridden {
         None => (rule.limits, false),
         Some(Override::Limits(l)) => (*l, false),
         Some(Override::Unlimited) => (rule.limits, true),
