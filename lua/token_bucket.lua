@@ -6,31 +6,50 @@ ARGV[1]  burst       bucket capacity in tokens                     (integer >= 1
 ARGV[2]  rate        tokens added every period_ms                  (integer >= 1, <= 1e9)
 ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1, burst*period_ms <= 2^50)
 ARGV[4]  cost        tokens this request needs                     (integer >= 0; 0 only settles)
-ARGV[5]  lease_want  tokens the caller would like to take (lease mode; 0 in exact mode; integer >= 0)
+ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<held>:<hold_ms>" (lease mode): the proxy
+         `holder` (an integer >= 1, random per proxy) would like up to `want` tokens, still holds
+         at most `held` tokens of this bucket from earlier grants (spendable or not), and may hold
+         what it is granted for at most hold_ms (<= 86400000) after any reservation in it refilled.
+         A plain integer n is a lease without a holder: up to n tokens granted at once, for a
+         caller that spends them at once (the model tests); the filter never sends it.
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
          would be within this many ms, RESERVE them (the bucket goes into debt) and answer allowed
          with the delay the caller must hold the request for.
 ARGV[7]  optional: settle (default 0): tokens to charge (> 0) or refund (< 0) first, for usage
-         measured after earlier admissions; |settle| <= 4 * burst. A charge may take the bucket
-         into debt, down to -4 bursts; a refund never fills it past full.
+         measured after earlier admissions; |settle| <= 4 * burst. A charge only lowers the bucket,
+         at most to 4 bursts of debt (a bucket already deeper in debt stays where it is); a refund
+         only raises it, never past what it can hold.
 ARGV[8]  optional: now in microseconds (tests only). Without it the time is Redis' TIME.
-Every ARGV is a plain decimal integer (digits only, at most 2^53); settle may have a leading '-'.
+Every number is a plain decimal integer (digits only, at most 2^53); settle may have a leading '-'.
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
   { allowed (1|0), remaining (whole tokens left, 0 while in debt),
     retry_after_ms (allowed: 0, or the delay of a reservation; denied: ms until `cost` could be
-    reserved within max_wait_ms (until it is there, when max_wait_ms is 0); -1 when cost > burst:
+    reserved within max_wait_ms (until it is there, when max_wait_ms is 0), or for a holder
+    denied its share, the time the bucket takes to refill one share; -1 when cost > burst:
     never admissible),
-    reset_after_ms (time until the bucket is full again), granted (tokens taken: >= cost when
-    allowed, up to max(cost, lease_want) capped by burst and the tokens held, exactly cost for a
-    reservation; 0 when denied; a cost of 0 is always allowed and takes nothing) }
+    reset_after_ms (time until the bucket holds all it can again), granted (tokens taken: >= cost
+    when allowed, 0 when denied; a cost of 0 is always allowed and takes nothing) }
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
+
+Tokens out on lease count against the capacity. The bucket holds at most burst minus what the
+holders hold: `o`, the sum of every live holder's `h<id>` (tokens it may still hold; a report only
+lowers it, a grant raises it) until `e<id>` (when it must have dropped them). So the bucket and
+every token held anywhere together never exceed burst, and the fleet admits at most
+burst + rate * W in any window of W ms. Holders together never hold more than burst, so debt
+(reservations) always refills at the full rate. A holder gets at most its share, burst divided by
+the number of live holders (at least cost), so one proxy cannot hold a key's whole capacity while
+others ask.
 
 Arithmetic is on integers only (Lua numbers are doubles: every value here stays below 2^53).
 One token is period_ms units; the bucket gains `rate` units per whole millisecond, so refill is exact.
-State: a hash at KEYS[1] with u (units held; negative while reservations are outstanding), t (microsecond timestamp of the last refill point) and
-p (the period_ms the units are scaled by). A missing key is a FULL bucket, so the key is deleted when
-full and otherwise expires (PEXPIRE) once it would be full again (reset_after_ms + 1 s of slack).
+State: a hash at KEYS[1] with u (units held; negative while reservations are outstanding), t
+(microsecond timestamp of the last refill point), p (the period_ms the units are scaled by), and
+while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
+e<id>), h<id> and e<id> per holder. A missing key is a FULL bucket with no holders, so the key is
+deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
+holder expired (+ 1 s of slack). Debt is kept in whole tokens when period_ms changes (down to 2^52
+units at most, more than 75 minutes of refill at the highest rate).
 src/bucket.rs is the Rust model of this script; tests/model.rs checks they agree bit for bit.
 ]]
 
@@ -79,6 +98,9 @@ local function bad(name)
   return redis.error_reply('ERR tollgate: bad argument ' .. name)
 end
 
+local MAX_HOLD_MS = 86400000
+local DEBT_FLOOR = -4503599627370496 -- -2^52 units: the deepest debt a rescale keeps
+
 local key = KEYS[1]
 if key == nil then
   return bad('key')
@@ -92,8 +114,24 @@ if period_ms == nil then return bad('period_ms') end
 if burst > idiv(MAX_FULL, period_ms) then return bad('burst*period_ms') end
 local cost = int_arg(ARGV[4], 0)
 if cost == nil then return bad('cost') end
-local lease_want = int_arg(ARGV[5], 0)
-if lease_want == nil then return bad('lease_want') end
+
+-- The lease: a plain want, or want:holder:held:hold_ms.
+local lease_want, holder, reported, hold_ms
+if type(ARGV[5]) ~= 'string' then return bad('lease') end
+local w, hid, hh, hm = string.match(ARGV[5], '^(%d+):(%d+):(%d+):(%d+)$')
+if w == nil then
+  lease_want = int_arg(ARGV[5], 0)
+else
+  lease_want = int_arg(w, 0)
+  holder = int_arg(hid, 1)
+  reported = int_arg(hh, 0)
+  hold_ms = int_arg(hm, 0)
+  if holder == nil or reported == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
+    return bad('lease')
+  end
+end
+if lease_want == nil then return bad('lease') end
+
 local max_wait_ms = 0
 if ARGV[6] ~= nil then
   max_wait_ms = int_arg(ARGV[6], 0)
@@ -122,21 +160,31 @@ else
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
 
--- 1. Load (absent or unreadable = full), rescale to this period_ms, clamp to burst.
+-- 1. Load (absent or unreadable = full, no holders), drop expired holders, rescale to this
+-- period_ms, clamp to what the bucket can hold.
 local full = burst * period_ms
-local h = redis.call('HMGET', key, 'u', 't', 'p')
+local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm')
 local u = tonumber(h[1])
 local t = tonumber(h[2])
 local p = tonumber(h[3])
+local o = tonumber(h[4]) or 0
+local k = tonumber(h[5]) or 0
+local n = tonumber(h[6]) or 0
+local m = tonumber(h[7]) or 0
 if u == nil or t == nil or p == nil or t < 0 or p < 1
     or u ~= math.floor(u) or t ~= math.floor(t) or p ~= math.floor(p) then
   u = full
   t = now
 elseif p ~= period_ms then
   if u < 0 then
-    -- Debt: rescale by whole tokens, rounding the debt up, never down; at most four bursts deep
-    -- under the new limits, so every value stays exact.
-    u = math.max(-(ceil_div(-u, p) * period_ms), -4 * full)
+    -- Debt: rescale by whole tokens, rounding the debt up, never down (kept exact: at most
+    -- 2^52 units deep).
+    local debt = ceil_div(-u, p)
+    if debt > idiv(-DEBT_FLOOR, period_ms) then
+      u = -(idiv(-DEBT_FLOOR, period_ms) * period_ms)
+    else
+      u = -(debt * period_ms)
+    end
   elseif u <= idiv(MAX_EXACT, period_ms) then
     u = idiv(u * period_ms, p)
   else
@@ -144,8 +192,38 @@ elseif p ~= period_ms then
     u = idiv(u, p) * period_ms
   end
 end
-if u > full then
-  u = full
+
+if k > 0 and now >= n then
+  -- Some holder expired: it has dropped its tokens. Recount the live ones.
+  local all = redis.call('HGETALL', key)
+  local fields = {}
+  for i = 1, #all, 2 do
+    fields[all[i]] = all[i + 1]
+  end
+  o, k, n, m = 0, 0, 0, 0
+  for f, v in pairs(fields) do
+    if string.sub(f, 1, 1) == 'e' then
+      local id = string.sub(f, 2)
+      local e = tonumber(v)
+      if e == nil or e <= now then
+        redis.call('HDEL', key, f, 'h' .. id)
+      else
+        o = o + (tonumber(fields['h' .. id]) or 0)
+        if k == 0 or e < n then n = e end
+        if e > m then m = e end
+        k = k + 1
+      end
+    end
+  end
+end
+
+-- What the bucket can hold: burst less what holders hold (never below 0, so debt always
+-- refills; only a lowered burst leaves holders holding more than it).
+local function capacity()
+  return math.max(full - o * period_ms, 0)
+end
+if u > capacity() then
+  u = capacity()
 end
 
 -- 2. Refill by whole milliseconds; t keeps the sub-millisecond remainder, so there is no drift.
@@ -154,9 +232,9 @@ if now < t then
 else
   local elapsed_ms = idiv(now - t, 1000)
   if elapsed_ms > 0 then
-    local to_full = ceil_div(full - u, rate)
+    local to_full = ceil_div(capacity() - u, rate)
     if elapsed_ms >= to_full then
-      u = full
+      u = capacity()
       t = now
     else
       u = u + elapsed_ms * rate
@@ -165,12 +243,31 @@ else
   end
 end
 
--- 2b. Settle usage measured after earlier admissions: a charge may go into debt (at most 4 bursts
--- deep, so every value stays exact), a refund never fills the bucket past full.
+-- 2b. The holder's report: it holds at most `reported` now (a report only lowers what it holds,
+-- so it is applied after the refill: the tokens it dropped count from now on).
+local held = 0
+local expires = 0
+if holder ~= nil then
+  local r = redis.call('HMGET', key, 'h' .. holder, 'e' .. holder)
+  held = tonumber(r[1]) or 0
+  expires = tonumber(r[2]) or 0
+  if expires <= now then
+    held = 0 -- a fresh holder (the recount dropped an expired one)
+    expires = 0
+    k = k + 1
+  end
+  if reported < held then
+    o = o - held + reported
+    held = reported
+  end
+end
+
+-- 2c. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
+-- bursts into debt), a refund only raises it (never past what it can hold).
 if settle > 0 then
-  u = math.max(u - settle * period_ms, -4 * full)
+  u = math.max(u - settle * period_ms, math.min(u, -4 * full))
 elseif settle < 0 then
-  u = math.min(u - settle * period_ms, full)
+  u = math.max(u, math.min(u - settle * period_ms, capacity()))
 end
 
 -- 3. Decide.
@@ -179,23 +276,53 @@ if cost == 0 then
   allowed, granted, retry_after_ms = 1, 0, 0
 elseif cost > burst then
   allowed, granted, retry_after_ms = 0, 0, -1
-elseif u >= cost * period_ms then
-  local want = math.min(math.max(cost, lease_want), burst)
-  granted = math.min(want, idiv(u, period_ms))
-  u = u - granted * period_ms
-  allowed, retry_after_ms = 1, 0
 else
-  local wait_ms = ceil_div(cost * period_ms - u, rate)
-  if wait_ms <= max_wait_ms then
-    -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
-    -- holds the request for retry_after_ms, when those tokens exist.
-    u = u - cost * period_ms
-    allowed, granted, retry_after_ms = 1, cost, wait_ms
-  else
-    -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
-    allowed, granted = 0, 0
-    retry_after_ms = wait_ms - max_wait_ms
+  local want = math.min(math.max(cost, lease_want), burst)
+  local share = burst
+  if holder ~= nil then
+    -- A holder's share, and room: holders together hold at most burst.
+    share = math.max(cost, idiv(burst, k))
+    want = math.min(want, share - math.min(share, held), burst - o)
   end
+  if want < cost then
+    allowed, granted = 0, 0
+    retry_after_ms = ceil_div(share * period_ms, rate)
+  elseif u >= cost * period_ms then
+    granted = math.min(want, idiv(u, period_ms))
+    u = u - granted * period_ms
+    allowed, retry_after_ms = 1, 0
+  else
+    -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
+    -- holds the request for retry_after_ms, when those tokens exist. A holder reserves up to
+    -- what it wants, as far as the wait allows; anyone else exactly cost.
+    local take = cost
+    if holder ~= nil then
+      take = math.max(cost, math.min(want, idiv(u + max_wait_ms * rate, period_ms)))
+    end
+    local wait_ms = ceil_div(take * period_ms - u, rate)
+    if wait_ms <= max_wait_ms then
+      u = u - take * period_ms
+      allowed, granted, retry_after_ms = 1, take, wait_ms
+    else
+      -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
+      allowed, granted = 0, 0
+      retry_after_ms = wait_ms - max_wait_ms
+    end
+  end
+end
+
+-- 3b. The holder's record: what it holds now, until its last grant's reservation has refilled
+-- and hold_ms more. A holder that was denied stays on record as one asking for a share.
+if holder ~= nil then
+  held = held + granted
+  o = o + granted
+  local until_us = now + (math.max(retry_after_ms, 0) * (allowed) + hold_ms) * 1000
+  if until_us > expires then
+    expires = until_us
+  end
+  redis.call('HSET', key, 'h' .. holder, fmt(held), 'e' .. holder, fmt(expires))
+  if k == 1 or expires < n then n = expires end
+  if expires > m then m = expires end
 end
 
 -- 4. Report.
@@ -203,14 +330,21 @@ local remaining = 0
 if u > 0 then
   remaining = idiv(u, period_ms)
 end
-local reset_after_ms = ceil_div(full - u, rate)
+local reset_after_ms = ceil_div(capacity() - u, rate)
 
--- 5. Store: a full bucket is no key at all.
-if u >= full then
+-- 5. Store: a full bucket with no holders is no key at all.
+if u >= full and k == 0 then
   redis.call('DEL', key)
 else
   redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(period_ms))
-  redis.call('PEXPIRE', key, fmt(reset_after_ms + EXPIRE_SLACK_MS))
+  local ttl_ms = ceil_div(full - u, rate)
+  if k > 0 then
+    redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
+    ttl_ms = math.max(ttl_ms, ceil_div(m - now, 1000))
+  else
+    redis.call('HDEL', key, 'o', 'k', 'n', 'm')
+  end
+  redis.call('PEXPIRE', key, fmt(ttl_ms + EXPIRE_SLACK_MS))
 end
 
 return { allowed, remaining, retry_after_ms, reset_after_ms, granted }

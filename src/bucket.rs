@@ -80,15 +80,84 @@ impl Limits {
     }
 }
 
-/// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it: refill up to `now_us`,
-/// settle `settle` tokens (charge if positive, refund if negative), then take `cost` tokens (and up
-/// to `max(cost, lease_want)` when they are there), or reserve them if they will be there within
-/// `max_wait_ms`. A `cost` of 0 only settles.
-///
-/// Returns the new stored state (None = key deleted because the bucket is full) and the script's reply.
-/// Arguments the script would reject with an error (invalid limits, `max_wait_ms` above
-/// [`MAX_WAIT_MS`], a settlement beyond [`MAX_SETTLE_BURSTS`] bursts) leave the state as it is and
-/// answer "never admissible" (`retry_after_ms == -1`).
+/// A proxy holding leased tokens of a bucket (the script's `h<id>` and `e<id>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Holding {
+    pub holder: u64,
+    /// Tokens it may still hold (an upper bound: its reports only lower it).
+    pub held: u64,
+    /// Microsecond time by which it has dropped them.
+    pub expires_us: u64,
+}
+
+/// The holders of one bucket, by holder id (what the script keeps beside `u`, `t`, `p`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holders(pub Vec<Holding>);
+
+impl Holders {
+    /// Tokens every holder on record may still hold.
+    pub fn held(&self) -> u64 {
+        self.0.iter().map(|h| h.held).fold(0, u64::saturating_add)
+    }
+
+    /// When the last holder on record has dropped its tokens (0: none).
+    pub fn last_expiry_us(&self) -> u64 {
+        self.0.iter().map(|h| h.expires_us).max().unwrap_or(0)
+    }
+
+    fn expire(&mut self, now_us: u64) {
+        self.0.retain(|h| h.expires_us > now_us);
+    }
+
+    fn get(&self, holder: u64) -> Option<Holding> {
+        self.0.iter().find(|h| h.holder == holder).copied()
+    }
+
+    fn put(&mut self, holding: Holding) {
+        match self.0.iter_mut().find(|h| h.holder == holding.holder) {
+            Some(h) => *h = holding,
+            None => {
+                self.0.push(holding);
+                self.0.sort();
+            }
+        }
+    }
+}
+
+/// A lease call's holder (the script's `want:holder:held:hold_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    /// The proxy's id (>= 1, random per proxy).
+    pub id: u64,
+    /// The most this proxy still holds of the bucket from earlier grants.
+    pub held: u64,
+    /// How long it may hold what it is granted, after any reservation in it refilled.
+    pub hold_ms: u64,
+}
+
+/// Longest `hold_ms` the script accepts (a day).
+pub const MAX_HOLD_MS: u64 = 86_400_000;
+
+/// The deepest debt a period change keeps, in units (2^52: more than 75 minutes of refill at
+/// [`MAX_RATE`]); every value stays exact.
+const DEBT_FLOOR: i64 = -(1 << 52);
+
+/// What one script call asks of the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ask {
+    /// Tokens needed now (0 only settles).
+    pub cost: u64,
+    /// Tokens the caller would take at once.
+    pub lease_want: u64,
+    /// The proxy that holds what it is granted (lease mode); None: spent at once.
+    pub holder: Option<Holder>,
+    pub max_wait_ms: u64,
+    /// Tokens to charge (> 0) or refund (< 0) first.
+    pub settle: i64,
+}
+
+/// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it, for a caller that holds
+/// nothing: see [`take_held`].
 pub fn take(
     state: Option<State>,
     limits: &Limits,
@@ -98,8 +167,44 @@ pub fn take(
     settle: i64,
     now_us: u64,
 ) -> (Option<State>, Reply) {
+    let ask = Ask {
+        cost,
+        lease_want,
+        holder: None,
+        max_wait_ms,
+        settle,
+    };
+    take_held(state, &mut Holders::default(), limits, &ask, now_us)
+}
+
+/// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it: drop expired holders,
+/// refill up to `now_us` (never past burst less what holders hold), apply the holder's report,
+/// settle `settle` tokens (a charge only lowers, a refund only raises), then take `cost` tokens
+/// (and up to `max(cost, lease_want)` when they are there, a holder no more than its share), or
+/// reserve them if they will be there within `max_wait_ms`. A `cost` of 0 only settles.
+///
+/// Returns the new stored state (None = key deleted because the bucket is full and nobody holds
+/// anything; `holders` is updated in place) and the script's reply. Arguments the script would
+/// reject with an error (invalid limits, `max_wait_ms` above [`MAX_WAIT_MS`], a settlement beyond
+/// [`MAX_SETTLE_BURSTS`] bursts, a holder id of 0 or `hold_ms` above [`MAX_HOLD_MS`]) change
+/// nothing and answer "never admissible" (`retry_after_ms == -1`).
+pub fn take_held(
+    state: Option<State>,
+    holders: &mut Holders,
+    limits: &Limits,
+    ask: &Ask,
+    now_us: u64,
+) -> (Option<State>, Reply) {
+    let Ask {
+        cost,
+        lease_want,
+        holder,
+        max_wait_ms,
+        settle,
+    } = *ask;
     let settle_ok = settle.unsigned_abs() <= limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
-    if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !settle_ok {
+    let holder_ok = holder.is_none_or(|h| h.id >= 1 && h.hold_ms <= MAX_HOLD_MS);
+    if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !settle_ok || !holder_ok {
         return (state, Reply::REJECT);
     }
     // Every value below stays under 2^53 (valid limits, cost <= burst where it matters), so i64
@@ -108,17 +213,19 @@ pub fn take(
     let (burst, rate, period) = (int(limits.burst), int(limits.rate), int(limits.period_ms));
     let full = burst.saturating_mul(period);
 
-    // 1. Load (absent = full), rescale to this period_ms, clamp to burst.
+    // 1. Load (absent = full, no holders), rescale to this period_ms; drop expired holders and
+    // clamp to what the bucket can hold.
     let (mut units, mut ts_us) = match state {
         Some(s) if s.period_ms >= 1 => {
             let p = int(s.period_ms);
             let units = if p == period {
                 s.units
             } else if s.units < 0 {
-                // Debt: rescale by whole tokens, rounding the debt up.
-                // ... at most MAX_SETTLE_BURSTS bursts deep under the new limits.
-                (-ceil_div_i(-s.units, p).saturating_mul(period))
-                    .max(-full.saturating_mul(int(MAX_SETTLE_BURSTS)))
+                // Debt: rescale by whole tokens, rounding the debt up, never down (2^52 units
+                // deep at most, so it stays exact).
+                let debt = ceil_div_i(-s.units, p);
+                let deepest = -DEBT_FLOOR / period;
+                -debt.min(deepest).saturating_mul(period)
             } else if s.units <= int(MAX_EXACT) / period {
                 s.units.saturating_mul(period).div_euclid(p)
             } else {
@@ -127,9 +234,15 @@ pub fn take(
             };
             (units, s.ts_us)
         }
-        _ => (full, now_us),
+        _ => {
+            holders.0.clear();
+            (full, now_us)
+        }
     };
-    units = units.min(full);
+    holders.expire(now_us);
+    let mut out = int(holders.held());
+    let capacity = |out: i64| full.saturating_sub(out.saturating_mul(period)).max(0);
+    units = units.min(capacity(out));
 
     // 2. Refill by whole milliseconds; ts_us keeps the sub-millisecond remainder.
     if now_us < ts_us {
@@ -137,9 +250,9 @@ pub fn take(
     } else {
         let elapsed_ms = int((now_us - ts_us) / 1000);
         if elapsed_ms > 0 {
-            let to_full = ceil_div_i(full - units, rate);
+            let to_full = ceil_div_i(capacity(out) - units, rate);
             if elapsed_ms >= to_full {
-                units = full;
+                units = capacity(out);
                 ts_us = now_us;
             } else {
                 // elapsed_ms < to_full, so neither can overflow.
@@ -149,13 +262,30 @@ pub fn take(
         }
     }
 
-    // 2b. Settle: a charge goes at most MAX_SETTLE_BURSTS bursts into debt; a refund stops at full.
+    // 2b. The holder's report only lowers what it holds; applied after the refill.
+    let mut record = holder.map(|h| {
+        let mut rec = holders.get(h.id).unwrap_or(Holding {
+            holder: h.id,
+            held: 0,
+            expires_us: 0,
+        });
+        if h.held < rec.held {
+            out -= int(rec.held - h.held);
+            rec.held = h.held;
+        }
+        rec
+    });
+    let holder_count = i64::try_from(holders.0.len()).unwrap_or(i64::MAX)
+        + i64::from(record.is_some_and(|r| r.expires_us == 0));
+
+    // 2c. Settle: a charge only lowers (at most MAX_SETTLE_BURSTS bursts into debt), a refund
+    // only raises (never past what the bucket can hold).
     let floor = -full.saturating_mul(int(MAX_SETTLE_BURSTS));
     let delta = settle.saturating_mul(period);
     if settle > 0 {
-        units = units.saturating_sub(delta).max(floor);
+        units = units.saturating_sub(delta).max(units.min(floor));
     } else if settle < 0 {
-        units = units.saturating_sub(delta).min(full);
+        units = units.max(units.saturating_sub(delta).min(capacity(out)));
     }
 
     // 3. Decide. cost * period_ms is only computed once cost <= burst (so it is <= full).
@@ -164,34 +294,64 @@ pub fn take(
     } else if int(cost) > burst {
         (false, 0, -1)
     } else {
-        let need = int(cost).saturating_mul(period);
-        if units >= need {
-            let want = int(cost.max(lease_want)).min(burst);
+        let cost = int(cost);
+        let mut want = cost.max(int(lease_want)).min(burst);
+        let mut share = burst;
+        if let Some(rec) = record {
+            share = cost.max(burst / holder_count.max(1));
+            want = want.min(share - share.min(int(rec.held))).min(burst - out);
+        }
+        let need = cost.saturating_mul(period);
+        if want < cost {
+            (false, 0, ceil_div_i(share.saturating_mul(period), rate))
+        } else if units >= need {
             let granted = want.min(units / period);
             units -= granted.saturating_mul(period);
-            (true, u64::try_from(granted).unwrap_or(0), 0)
+            (true, granted, 0)
         } else {
-            let wait_ms = ceil_div_i(need - units, rate);
+            let take = if record.is_some() {
+                let reach = units.saturating_add(int(max_wait_ms).saturating_mul(rate)) / period;
+                cost.max(want.min(reach))
+            } else {
+                cost
+            };
+            let wait_ms = ceil_div_i(take.saturating_mul(period) - units, rate);
             if wait_ms <= int(max_wait_ms) {
-                units -= need;
-                (true, cost, wait_ms)
+                units -= take.saturating_mul(period);
+                (true, take, wait_ms)
             } else {
                 (false, 0, wait_ms - int(max_wait_ms))
             }
         }
     };
 
+    // 3b. The holder's record: what it holds now, until its grant's reservation has refilled and
+    // hold_ms more; a denied holder stays on record as one asking for a share.
+    if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
+        rec.held = rec.held.saturating_add(u64::try_from(granted).unwrap_or(0));
+        out += granted;
+        let wait = if allowed { retry_after_ms.max(0) } else { 0 };
+        let until = now_us.saturating_add(
+            u64::try_from(wait)
+                .unwrap_or(0)
+                .saturating_add(h.hold_ms)
+                .saturating_mul(1000),
+        );
+        rec.expires_us = rec.expires_us.max(until);
+        holders.put(*rec);
+    }
+
     // 4. Report.
     let reply = Reply {
         allowed,
         remaining: u64::try_from(units.max(0) / period).unwrap_or(0),
         retry_after_ms,
-        reset_after_ms: u64::try_from(ceil_div_i(full - units, rate)).unwrap_or(0),
-        granted,
+        reset_after_ms: u64::try_from(ceil_div_i(capacity(out) - units, rate)).unwrap_or(0),
+        granted: u64::try_from(granted).unwrap_or(0),
     };
 
-    // 5. Store: a full bucket is no key at all.
-    let next = (units < full).then_some(State {
+    // 5. Store: a full bucket with no holders is no key at all.
+    let next = (units < full || !holders.0.is_empty()).then_some(State {
         units,
         ts_us,
         period_ms: limits.period_ms,

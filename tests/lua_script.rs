@@ -224,8 +224,15 @@ fn bad_arguments_give_an_error_reply() {
         (2, "99999999999999999999", "period_ms"),
         (3, "-1", "cost"),
         (3, "nan", "cost"),
-        (4, "-1", "lease_want"),
-        (4, "0.5", "lease_want"),
+        (4, "-1", "lease"),
+        (4, "0.5", "lease"),
+        // want:holder:held:hold_ms, with a holder of at least 1 and a hold of at most a day.
+        (4, "5:0:0:100", "lease"),
+        (4, "5:1:0:86400001", "lease"),
+        (4, "5:1:x:100", "lease"),
+        (4, "5:1:0", "lease"),
+        (4, "5:1:0:100:7", "lease"),
+        (4, ":1:0:100", "lease"),
     ];
     for &(i, val, name) in cases {
         let mut args = ok;
@@ -244,7 +251,7 @@ fn bad_arguments_give_an_error_reply() {
     assert!(eval_raw(&mut c, "tollgate:{max}", &max).is_ok());
     // Missing arguments.
     let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1"]).unwrap_err();
-    assert!(err.to_string().contains("bad argument lease_want"), "{err}");
+    assert!(err.to_string().contains("bad argument lease"), "{err}");
     let err = eval_raw(&mut c, KEY, &[]).unwrap_err();
     assert!(err.to_string().contains("bad argument burst"), "{err}");
     // A bad max_wait_ms, a bad explicit now.
@@ -404,4 +411,59 @@ fn settle_charges_into_debt_and_refunds_up_to_full() {
     assert_eq!(run(&mut c, "1", "39"), [0, 0, 21 * 60000, 120 * 60000, 0]);
     assert_eq!(run(&mut c, "0", "-400"), [1, 100, 0, 0, 0]);
     assert!(!exists(&mut c), "refunded to full: no key");
+}
+
+/// A usage charge never lifts a bucket out of reservation debt: after 105 reservations on burst 10
+/// at 10/s (95 tokens of debt, 10.5 s to full), a charge of 2 deepens nothing it must not and lifts
+/// nothing (before the fix it clamped the debt to four bursts: reset 10500 → 5000 ms).
+#[test]
+fn a_charge_never_lifts_a_bucket_out_of_debt() {
+    let (_r, mut c) = start("lua-charge-debt");
+    let now = T0.to_string();
+    let mut last = [0; 5];
+    for _ in 0..105 {
+        let args = ["10", "10", "1000", "1", "0", "10000", "0", now.as_str()];
+        last = eval_raw(&mut c, KEY, &args).unwrap();
+        assert_eq!(last[0], 1);
+    }
+    assert_eq!(last[3], 10_500, "95 tokens of debt: 10.5 s to full");
+    let args = ["10", "10", "1000", "0", "0", "0", "2", now.as_str()];
+    let [_, _, _, reset, _] = eval_raw(&mut c, KEY, &args).unwrap();
+    assert!(
+        reset >= 10_500,
+        "a charge lifted the bucket: reset {reset} ms"
+    );
+}
+
+/// Tokens out on lease count against the bucket's capacity: a holder that took 60 of 100 leaves a
+/// bucket that refills to 40, not 100, however long it waits; once it reports it holds nothing,
+/// the bucket refills to 100. A second holder gets at most its share (half), and the record
+/// expires after the hold.
+#[test]
+fn leased_tokens_count_against_the_capacity() {
+    let (_r, mut c) = start("lua-holders");
+    let at = |ms: u64| (T0 + ms * 1000).to_string();
+    let run = |c: &mut redis::Connection, cost: &str, lease: &str, now: &str| -> Out {
+        let wait = if lease.contains(':') { "2000" } else { "0" };
+        let args = ["100", "100", "1000", cost, lease, wait, "0", now];
+        eval_raw(c, KEY, &args).unwrap()
+    };
+    // Holder 7 takes 60 and may hold them 5 s.
+    assert_eq!(run(&mut c, "1", "60:7:0:5000", &at(0)), [1, 40, 0, 0, 60]);
+    // 2 s later an exact caller finds 40, not 100: the bucket plus the lease never exceed burst.
+    assert_eq!(run(&mut c, "40", "0", &at(2000)), [1, 0, 0, 400, 40]);
+    assert_eq!(run(&mut c, "1", "0", &at(2000))[0], 0);
+    // Holder 8 asks for 100: it gets its share of the room (two holders: 50 each), 40 held by 7
+    // leave room for 40, all reserved from the refill (none is there).
+    let [allowed, _, wait, _, granted] = run(&mut c, "1", "100:8:0:5000", &at(2000));
+    assert_eq!((allowed, granted), (1, 40));
+    assert_eq!(wait, 400, "reserved: 40 tokens refill in 400 ms");
+    // Holder 7 reports it holds nothing now: its 60 leave the count.
+    let [allowed, ..] = run(&mut c, "1", "0:7:0:5000", &at(3000));
+    assert_eq!(allowed, 1);
+    // After every hold expired (7: 5 s from its last call; 8: 5.4 s), nothing is held; the
+    // bucket refills to full and the key goes away.
+    let out = run(&mut c, "0", "0", &at(60_000));
+    assert_eq!(out[1], 100);
+    assert!(!exists(&mut c), "full and no holders: no key");
 }

@@ -13,7 +13,7 @@ mod common;
 
 use common::{scratch_dir, Redis};
 use redis::Value;
-use tollgate::bucket::{take, Limits, Reply, State};
+use tollgate::bucket::{take_held, Ask, Holder, Holders, Holding, Limits, Reply, State};
 
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 const T0: u64 = 1_700_000_000_000_000;
@@ -68,18 +68,21 @@ struct Harness {
 
 impl Harness {
     /// Runs the script and returns its reply and the key's PTTL right after it.
-    fn script(
-        &mut self,
-        l: &Limits,
-        cost: u64,
-        lease: u64,
-        wait: u64,
-        settle: i64,
-        now: u64,
-    ) -> ([i64; 5], i64) {
-        let mut args =
-            [l.burst, l.rate, l.period_ms, cost, lease, wait, 0, now].map(|n| n.to_string());
-        args[6] = settle.to_string();
+    fn script(&mut self, l: &Limits, ask: &Ask, now: u64) -> ([i64; 5], i64) {
+        let lease = match ask.holder {
+            Some(h) => format!("{}:{}:{}:{}", ask.lease_want, h.id, h.held, h.hold_ms),
+            None => ask.lease_want.to_string(),
+        };
+        let args = [
+            l.burst.to_string(),
+            l.rate.to_string(),
+            l.period_ms.to_string(),
+            ask.cost.to_string(),
+            lease,
+            ask.max_wait_ms.to_string(),
+            ask.settle.to_string(),
+            now.to_string(),
+        ];
         let v: Value = redis::cmd("EVALSHA")
             .arg(&self.sha)
             .arg(1)
@@ -101,6 +104,46 @@ impl Harness {
             panic!("not 5 integers and a PTTL: {items:?}")
         };
         ([a, b, c, d, e], ttl)
+    }
+
+    /// The stored holders (`h<id>`, `e<id>`), checked against the aggregates `o`, `k`, `n`, `m`
+    /// the script keeps for them: `o` and `k` exactly, `n` no later than the earliest expiry
+    /// (it may be stale-early: that only makes the script recount sooner), `m` the latest.
+    fn stored_holders(&mut self) -> Holders {
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(&self.key)
+            .query(&mut self.conn)
+            .unwrap();
+        let field = |name: &str| {
+            all.iter()
+                .find(|(f, _)| f == name)
+                .map(|(_, v)| v.parse::<u64>().unwrap())
+        };
+        let mut holders = Vec::new();
+        for (f, v) in &all {
+            if let Some(id) = f.strip_prefix('e') {
+                holders.push(Holding {
+                    holder: id.parse().unwrap(),
+                    held: field(&format!("h{id}")).unwrap(),
+                    expires_us: v.parse().unwrap(),
+                });
+            }
+        }
+        holders.sort();
+        let holders = Holders(holders);
+        if holders.0.is_empty() {
+            assert_eq!(
+                (field("o"), field("k"), field("n"), field("m")),
+                (None, None, None, None)
+            );
+        } else {
+            assert_eq!(field("o"), Some(holders.held()), "o");
+            assert_eq!(field("k"), Some(holders.0.len() as u64), "k");
+            let earliest = holders.0.iter().map(|h| h.expires_us).min().unwrap();
+            assert!(field("n").unwrap() <= earliest, "n");
+            assert_eq!(field("m"), Some(holders.last_expiry_us()), "m");
+        }
+        holders
     }
 
     /// The stored hash as a `State`, or None when the key is absent.
@@ -145,6 +188,7 @@ fn as_ints(r: &Reply) -> [i64; 5] {
 fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usize) {
     let mut rng = Rng(seed);
     let mut state: Option<State> = None;
+    let mut holders = Holders::default();
     let mut now = T0 + rng.below(1_000_000);
     let (mut allowed, mut denied) = (0, 0);
     for step in 0..STEPS {
@@ -193,27 +237,59 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
             0
         };
         let cost = if rng.chance(5) { 0 } else { cost };
+        // Lease calls from one of three holders (proxies), reporting at most what they hold.
+        let holder = if rng.chance(50) {
+            let id = 1 + rng.below(3);
+            let on_record = holders
+                .0
+                .iter()
+                .find(|x| x.holder == id)
+                .map_or(0, |x| x.held);
+            Some(Holder {
+                id,
+                held: if rng.chance(70) {
+                    rng.below(on_record + 1)
+                } else {
+                    on_record + rng.below(3)
+                },
+                hold_ms: rng.below(l.period_ms.min(100_000) * 3),
+            })
+        } else {
+            None
+        };
+        let ask = Ask {
+            cost,
+            lease_want: lease,
+            holder,
+            max_wait_ms: wait,
+            settle,
+        };
 
-        let ctx = format!(
-            "seed {seed} step {step}: {l:?} cost {cost} lease {lease} wait {wait} settle {settle} now {now}"
-        );
-        let (next, reply) = take(state, &l, cost, lease, wait, settle, now);
-        let (got, ttl) = h.script(&l, cost, lease, wait, settle, now);
+        let ctx = format!("seed {seed} step {step}: {l:?} {ask:?} now {now}");
+        let before = (state, holders.clone());
+        let (next, reply) = take_held(state, &mut holders, &l, &ask, now);
+        let (got, ttl) = h.script(&l, &ask, now);
         assert_eq!(
             got,
             as_ints(&reply),
-            "{ctx}: script vs model (state {state:?})"
+            "{ctx}: script vs model (before {before:?})"
         );
         assert_eq!(
             h.stored(),
             next,
             "{ctx}: stored state (reply {got:?}, PTTL {ttl})"
         );
-        // PEXPIRE is the time to full plus 1 s of slack; a full bucket has no key (PTTL -2).
-        let want = if next.is_some() {
-            reply.reset_after_ms as i64 + 1000
-        } else {
-            -2
+        assert_eq!(h.stored_holders(), holders, "{ctx}: stored holders");
+        // PEXPIRE: until the bucket is full and every holder expired, plus 1 s of slack; a full
+        // bucket with no holders has no key (PTTL -2).
+        let want = match next {
+            Some(s) => {
+                let to_full = (l.burst * l.period_ms) as i64 - s.units;
+                let refill = (to_full + l.rate as i64 - 1) / l.rate as i64;
+                let last = holders.last_expiry_us().saturating_sub(now).div_ceil(1000) as i64;
+                refill.max(last) + 1000
+            }
+            None => -2,
         };
         assert!(
             ttl <= want && ttl > want - 1000,
@@ -290,4 +366,87 @@ fn model_matches_script_large_values() {
             (lim(100, 7, 333), lim(1000, 1_000_000, 999)),
         ],
     );
+}
+
+/// Settlement never lifts a bucket, in the script and its model: over random sequences of
+/// reservations (deep into debt), charges, refunds and period changes, a charge at an unchanged
+/// clock never raises the stored units, a refund never lowers them, and a period change never
+/// shrinks a debt counted in whole tokens.
+#[test]
+fn settlement_never_lifts_a_bucket() {
+    let (_redis, mut h) = harness("model-settle");
+    let periods = [1000, 100, 7, 60_000];
+    let mut checked = [0usize; 3];
+    for case in 0..6u64 {
+        h.key = format!("tollgate:{{settle:{case}}}");
+        let mut rng = Rng(0x5EED ^ (case + 1));
+        let (burst, rate) = (1 + rng.below(20), 1 + rng.below(20));
+        let mut l = lim(burst, rate, 1000);
+        let mut state: Option<State> = None;
+        let mut holders = Holders::default();
+        let mut now = T0;
+        for step in 0..600 {
+            let before = state;
+            let kind = rng.below(100);
+            let ask = match kind {
+                // A reservation with a long wait: takes the bucket deep into debt.
+                0..=39 => Ask {
+                    cost: 1 + rng.below(burst),
+                    max_wait_ms: 3_600_000,
+                    ..Ask::default()
+                },
+                40..=79 => {
+                    let magnitude = i64::try_from(1 + rng.below(burst * 4)).unwrap();
+                    Ask {
+                        settle: if kind < 60 { magnitude } else { -magnitude },
+                        ..Ask::default()
+                    }
+                }
+                80..=89 => {
+                    l = lim(burst, rate, periods[rng.below(4) as usize]);
+                    Ask::default()
+                }
+                _ => {
+                    now += rng.below(5_000_000);
+                    Ask::default()
+                }
+            };
+            let ctx = format!("case {case} step {step}: {l:?} {ask:?} before {before:?}");
+            let (next, reply) = take_held(state, &mut holders, &l, &ask, now);
+            let (got, _) = h.script(&l, &ask, now);
+            assert_eq!(got, as_ints(&reply), "{ctx}: script vs model");
+            assert_eq!(h.stored(), next, "{ctx}: stored state");
+            let units = |s: Option<State>| s.map_or(i64::MAX, |s| s.units);
+            let same_period = before.is_none_or(|b| b.period_ms == l.period_ms);
+            if ask.settle > 0 && same_period {
+                assert!(
+                    units(next) <= units(before),
+                    "{ctx}: a charge lifted the bucket"
+                );
+                checked[0] += usize::from(units(before) < -4 * (burst * 1000) as i64);
+            } else if ask.settle < 0 && same_period {
+                assert!(
+                    units(next) >= units(before),
+                    "{ctx}: a refund lowered the bucket"
+                );
+                checked[1] += 1;
+            } else if let (Some(b), false) = (before, same_period) {
+                if b.units < 0 {
+                    let tokens = |u: i64, p: u64| {
+                        (-u).div_euclid(p as i64) + i64::from((-u) % p as i64 != 0)
+                    };
+                    let after = next.map_or(0, |s| tokens(s.units.min(0), s.period_ms));
+                    assert!(
+                        after >= tokens(b.units, b.period_ms),
+                        "{ctx}: a rescale shrank the debt"
+                    );
+                    checked[2] += 1;
+                }
+            }
+            state = next;
+        }
+    }
+    // The sequences reached what they are about: charges on buckets already deeper than four
+    // bursts, refunds, and rescales of a debt.
+    assert!(checked.iter().all(|&c| c > 5), "checked {checked:?}");
 }
