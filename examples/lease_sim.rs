@@ -30,7 +30,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 
 use tollgate::backend::{BackendError, HttpRequest};
-use tollgate::bucket::{self, Limits, State};
+use tollgate::bucket::{self, Ask, Holder, Holders, Limits, State};
 use tollgate::config::Config;
 use tollgate::engine::{Action, Engine, Host, LocalReply, Plugin};
 use tollgate::metrics::{Counter, Recorder};
@@ -45,6 +45,8 @@ usage: cargo run --release --example lease_sim -- [options]
   --burst N          its burst                                              (default 200)
   --load N           requests per second offered in total                   (default 1000)
   --duration MS      length of one load                                     (default 3000)
+  --pause ON:OFF     within the load, clients send for ON ms, then pause for OFF ms, in turn
+                     (default: no pause)
   --jitter MS        each load lasts duration ± up to this, uniformly: averages over where in
                      the key's rhythm the load stops                          (default 0)
   --proxies N        proxies (Envoys), the load split evenly                (default 2)
@@ -85,6 +87,7 @@ struct Opts {
     burst: u64,
     load: f64,
     duration_ms: u64,
+    pause: Option<(u64, u64)>,
     jitter_ms: u64,
     proxies: usize,
     workers: usize,
@@ -107,6 +110,7 @@ impl Default for Opts {
             burst: 200,
             load: 1000.0,
             duration_ms: 3000,
+            pause: None,
             jitter_ms: 0,
             proxies: 2,
             workers: 2,
@@ -136,6 +140,11 @@ fn parse_args() -> Result<Opts, String> {
             "--load" => o.load = value()?.parse().map_err(|e| format!("--load: {e}"))?,
             "--duration" => o.duration_ms = int(value()?)?,
             "--jitter" => o.jitter_ms = int(value()?)?,
+            "--pause" => {
+                let v = value()?;
+                let (on, off) = v.split_once(':').ok_or("--pause ON:OFF")?;
+                o.pause = Some((int(on.to_string())?, int(off.to_string())?));
+            }
             "--proxies" => o.proxies = int(value()?)? as usize,
             "--workers" => o.workers = int(value()?)? as usize,
             "--clients" => o.clients = int(value()?)? as usize,
@@ -309,6 +318,7 @@ struct CallRec {
     limits: Limits,
     cost: u64,
     want: u64,
+    holder: Option<Holder>,
     max_wait_ms: u64,
     settle: i64,
     sent_us: u64,
@@ -372,7 +382,31 @@ struct Run {
     local_denied: u64,
     /// How long after the load's last completion the last tick fired (idle CPU: ticks stop).
     ticks_after_ms: f64,
+    /// The window that came closest to the bound burst + rate × W (or passed it most).
+    worst: Window,
+    /// What one perfect token bucket would have admitted of the same requests as they arrived
+    /// (the most any limiter can admit and keep the bound in every window).
+    perfect: u64,
 }
+
+/// Admissions in one window of the run, against the token bucket's bound for its length.
+#[derive(Debug, Clone, Copy, Default)]
+struct Window {
+    start_ms: f64,
+    len_ms: u64,
+    admitted: u64,
+    bound: f64,
+}
+
+impl Window {
+    fn excess(&self) -> f64 {
+        self.admitted as f64 - self.bound
+    }
+}
+
+/// Window lengths checked, in ms: every window of each length that starts at an admission (the
+/// most admissions any window of that length holds is found among those).
+const WINDOWS_MS: [u64; 12] = [1, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000];
 
 impl Run {
     fn ratio(&self) -> f64 {
@@ -394,8 +428,14 @@ struct Sim<'o> {
     stores: Vec<Rc<MemStore>>,
     clients: Vec<Client>,
     calls: Vec<CallRec>,
-    bucket: HashMap<String, Option<State>>,
+    bucket: HashMap<String, (Option<State>, Holders)>,
+    /// When the engine admitted each request (µs), in order.
+    admits: Vec<u64>,
+    /// When each counted request reached its proxy (µs).
+    arrivals: Vec<u64>,
     end_us: u64,
+    /// When the first client was due to start (the pauses count from it).
+    load_start_us: u64,
     first_start: Option<u64>,
     last_end: u64,
     run: Run,
@@ -503,7 +543,10 @@ impl<'o> Sim<'o> {
             clients: Vec::new(),
             calls: Vec::new(),
             bucket: HashMap::new(),
+            admits: Vec::new(),
+            arrivals: Vec::new(),
             end_us: 0,
+            load_start_us: 0,
             first_start: None,
             last_end: 0,
             run: Run {
@@ -548,6 +591,7 @@ impl<'o> Sim<'o> {
         let first = starts.iter().copied().min().unwrap_or(0);
         let jitter = rng.between(0, 2 * o.jitter_ms * 1000);
         sim.end_us = first + (o.duration_ms * 1000 + jitter).saturating_sub(o.jitter_ms * 1000);
+        sim.load_start_us = first;
         sim.rng = rng;
         for (c, at) in starts.into_iter().enumerate() {
             sim.at(at, Ev::Fire(c));
@@ -636,8 +680,8 @@ impl<'o> Sim<'o> {
         let Some(key) = &self.key else {
             return self.o.burst;
         };
-        let state = self.bucket.get(key).copied().flatten();
-        bucket::take(state, &self.limits, 0, 0, 0, 0, t_us)
+        let (state, mut holders) = self.bucket.get(key).cloned().unwrap_or_default();
+        bucket::take_held(state, &mut holders, &self.limits, &Ask::default(), t_us)
             .1
             .remaining
     }
@@ -681,6 +725,12 @@ impl<'o> Sim<'o> {
         let jitter = self.rng.between(0, FIRE_JITTER_US);
         let period = self.clients[c].period_us;
         self.at(self.now_us + period + jitter, Ev::Fire(c));
+        if let Some((on, off)) = self.o.pause {
+            let since = self.now_us.saturating_sub(self.load_start_us) / 1000;
+            if since % (on + off).max(1) >= on {
+                return; // pausing
+            }
+        }
         self.clients[c].pending += 1;
         if !self.clients[c].busy {
             self.send(c);
@@ -699,6 +749,9 @@ impl<'o> Sim<'o> {
     fn arrive(&mut self, c: usize) {
         let (p, w) = (self.clients[c].proxy, self.clients[c].worker);
         let now = self.now_us;
+        if now <= self.end_us {
+            self.arrivals.push(now);
+        }
         let wk = &mut self.workers[p][w];
         let ctx = wk.next_ctx;
         wk.next_ctx += 1;
@@ -725,6 +778,10 @@ impl<'o> Sim<'o> {
             let parts: Vec<&str> = text.split('/').collect();
             let num = |i: usize| parts[i].parse::<u64>().unwrap();
             let key = unescape(parts[3]);
+            let lease: Vec<u64> = unescape(parts[8])
+                .split(':')
+                .map(|n| n.parse().unwrap())
+                .collect();
             let limits = Limits {
                 burst: num(4),
                 rate: num(5),
@@ -739,7 +796,13 @@ impl<'o> Sim<'o> {
                 key: key.clone(),
                 limits,
                 cost: num(7),
-                want: num(8),
+                want: lease[0],
+                holder: (lease.len() == 5).then(|| Holder {
+                    id: lease[1],
+                    held: lease[2],
+                    hold_ms: lease[3],
+                    quiet_ms: lease[4],
+                }),
                 max_wait_ms: num(9),
                 settle: parts[10].parse().unwrap(),
                 sent_us: now,
@@ -770,20 +833,21 @@ impl<'o> Sim<'o> {
 
     fn exec(&mut self, i: usize) {
         let call = &self.calls[i];
-        let state = self.bucket.get(&call.key).copied().flatten();
-        let before = bucket::take(state, &call.limits, 0, 0, 0, 0, self.now_us)
+        let (state, mut holders) = self.bucket.get(&call.key).cloned().unwrap_or_default();
+        let peek = &mut holders.clone();
+        let before = bucket::take_held(state, peek, &call.limits, &Ask::default(), self.now_us)
             .1
             .remaining;
-        let (state, reply) = bucket::take(
-            state,
-            &call.limits,
-            call.cost,
-            call.want,
-            call.max_wait_ms,
-            call.settle,
-            self.now_us,
-        );
-        self.bucket.insert(call.key.clone(), state);
+        let ask = Ask {
+            cost: call.cost,
+            lease_want: call.want,
+            holder: call.holder,
+            max_wait_ms: call.max_wait_ms,
+            settle: call.settle,
+        };
+        let (state, reply) =
+            bucket::take_held(state, &mut holders, &call.limits, &ask, self.now_us);
+        self.bucket.insert(call.key.clone(), (state, holders));
         let lat = call.lat_us;
         self.calls[i].reply = Some((reply, before));
         self.calls[i].exec_us = self.now_us;
@@ -847,6 +911,8 @@ impl<'o> Sim<'o> {
         wk.host.current = ctx;
         if status == 200 {
             wk.engine.response_headers(&mut wk.host, ctx, &NoHeaders);
+            // Admitted by the engine when it let the request go on, the upstream's time ago.
+            self.admits.push(now - UPSTREAM_US);
         }
         wk.engine.done(&mut wk.host, ctx);
         self.after(p, w);
@@ -866,7 +932,7 @@ impl<'o> Sim<'o> {
         self.end_state = self
             .key
             .as_ref()
-            .and_then(|k| self.bucket.get(k).copied().flatten());
+            .and_then(|k| self.bucket.get(k).and_then(|(s, _)| *s));
         self.end_held = self.held(self.now_us);
         match status {
             200 => {
@@ -937,12 +1003,65 @@ impl<'o> Sim<'o> {
             }
         }
         r.held_end = self.end_held;
+        r.worst = self.worst_window();
+        r.perfect = self.perfect();
         r.ticks_after_ms = self.last_tick.saturating_sub(t_end) as f64 / 1000.0;
         // Tokens granted ahead of the refill (reserved) are not part of the ideal yet.
         let ahead = (-r.in_bucket_end).max(0.0);
         r.held_end_refilled = r.held_end as f64 - ahead;
         r.overflow = r.ideal - (r.granted as f64 - ahead) - r.in_bucket_end.max(0.0);
         r
+    }
+}
+
+impl Sim<'_> {
+    /// What one token bucket with the rule's limits, answering every request the moment it
+    /// reached its proxy, would have admitted of the requests counted.
+    fn perfect(&self) -> u64 {
+        let mut arrivals = self.arrivals.clone();
+        arrivals.sort_unstable();
+        let (burst, rate) = (self.o.burst as f64, self.o.rate as f64);
+        let (mut level, mut at, mut admitted) = (burst, arrivals.first().copied().unwrap_or(0), 0);
+        for t in arrivals {
+            level = (level + (t - at) as f64 * rate / 1e6).min(burst);
+            at = t;
+            if level >= 1.0 {
+                level -= 1.0;
+                admitted += 1;
+            }
+        }
+        admitted
+    }
+
+    /// Of every window of each length in [`WINDOWS_MS`] that starts at an admission, the one with
+    /// the most admissions over the bound burst + rate × W.
+    fn worst_window(&self) -> Window {
+        let mut admits = self.admits.clone();
+        admits.sort_unstable();
+        let first = self.first_start.unwrap_or(0);
+        let mut worst = Window {
+            bound: f64::INFINITY,
+            ..Window::default()
+        };
+        for len_ms in WINDOWS_MS {
+            let bound = self.o.burst as f64 + self.o.rate as f64 * len_ms as f64 / 1000.0;
+            let mut end = 0;
+            for (start, &t) in admits.iter().enumerate() {
+                while end < admits.len() && admits[end] < t + len_ms * 1000 {
+                    end += 1;
+                }
+                let w = Window {
+                    start_ms: t.saturating_sub(first) as f64 / 1000.0,
+                    len_ms,
+                    admitted: (end - start) as u64,
+                    bound,
+                };
+                if w.excess() > worst.excess() {
+                    worst = w;
+                }
+            }
+        }
+        worst
     }
 }
 
@@ -1002,6 +1121,11 @@ fn report(o: &Opts, runs: &[Run]) {
         runs.iter().map(Run::ratio).fold(0.0, f64::max)
     );
     println!(
+        "admitted / what one perfect token bucket admits of the same requests: median {:.3} (min {:.3})",
+        median(runs.iter().map(|r| r.admitted as f64 / r.perfect.max(1) as f64).collect()),
+        runs.iter().map(|r| r.admitted as f64 / r.perfect.max(1) as f64).fold(f64::INFINITY, f64::min)
+    );
+    println!(
         "calls per 1000 admitted: median {per_1k:.1} (mean {:.1}, max {:.1})",
         m(Run::per_1k),
         runs.iter().map(Run::per_1k).fold(0.0, f64::max)
@@ -1035,6 +1159,22 @@ fn report(o: &Opts, runs: &[Run]) {
         m(|r| r.exact as f64),
         m(|r| r.from_root as f64),
         m(|r| r.at_full as f64),
+    );
+    let worst = runs
+        .iter()
+        .map(|r| r.worst)
+        .max_by(|a, b| a.excess().total_cmp(&b.excess()))
+        .unwrap_or_default();
+    println!(
+        "windows: the fullest, against burst + rate x W, over every window of {WINDOWS_MS:?} ms \
+         starting at an admission, in every run: {} admitted in {} ms from {:.1} ms where the \
+         bound is {:.0} (excess {:+.0}; allowed: at most one request per proxy, {})",
+        worst.admitted,
+        worst.len_ms,
+        worst.start_ms,
+        worst.bound,
+        worst.excess(),
+        o.proxies
     );
     let share = |r: &Run| {
         let total: u64 = r.per_proxy.iter().sum();
@@ -1109,6 +1249,16 @@ fn shapes(base: &Opts) -> Vec<(&'static str, Opts)> {
             },
         ),
         (
+            "on 0.6 s, off 1.2 s (rate 100, burst 100)",
+            Opts {
+                rate: 100,
+                burst: 100,
+                pause: Some((600, 1200)),
+                duration_ms: 6600,
+                ..b.clone()
+            },
+        ),
+        (
             "bench over 30 s",
             Opts {
                 duration_ms: 30_000,
@@ -1133,7 +1283,7 @@ fn main() {
         return;
     }
     println!(
-        "{:<44} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6}",
+        "{:<44} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}",
         "shape",
         "adm/req",
         "adm/id",
@@ -1144,7 +1294,8 @@ fn main() {
         "bucket",
         "drop",
         "held",
-        "share"
+        "share",
+        "window"
     );
     for (name, s) in shapes(&o) {
         let runs = run_shape(&s);
@@ -1155,7 +1306,7 @@ fn main() {
             min as f64 * r.per_proxy.len() as f64 / total.max(1) as f64
         };
         println!(
-            "{:<44} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>8.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.3}",
+            "{:<44} {:>7.3} {:>7.3} {:>7.3} {:>8.1} {:>8.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.3} {:>+7.0}",
             name,
             m(|r| r.admitted as f64 / (r.admitted + r.limited + r.other).max(1) as f64),
             median(runs.iter().map(Run::ratio).collect()),
@@ -1167,6 +1318,9 @@ fn main() {
             m(|r| r.dropped as f64),
             m(|r| r.held_end_refilled),
             m(share),
+            runs.iter()
+                .map(|r| r.worst.excess())
+                .fold(f64::NEG_INFINITY, f64::max),
         );
     }
     println!(
@@ -1174,6 +1328,72 @@ fn main() {
          load, in tokens: refill that overflowed the full bucket, left in the bucket (negative: \
          reserved ahead), leased and dropped, held in pools/stashes at the end (refilled already); \
          share: the smallest \
-         proxy's admitted x proxies / all admitted"
+         proxy's admitted x proxies / all admitted; window: the most any window of any run \
+         admitted over burst + rate x W (at most one request per proxy is allowed)"
     );
+}
+
+/// `cargo test` runs these (Cargo.toml: the example is a test target too): the bound in every
+/// window, for the shapes of the sweep and the on/off load that broke it.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every window of every run of `o` admits at most burst + rate × W, plus one request per
+    /// proxy; returns the fullest.
+    fn assert_windows(name: &str, o: &Opts) -> Window {
+        let runs = run_shape(o);
+        assert!(
+            runs.iter().all(|r| r.admitted > 0),
+            "{name}: nothing admitted"
+        );
+        let worst = runs
+            .iter()
+            .map(|r| r.worst)
+            .max_by(|a, b| a.excess().total_cmp(&b.excess()))
+            .unwrap();
+        assert!(
+            worst.excess() <= o.proxies as f64,
+            "{name}: {} admitted in {} ms from {:.1} ms, where burst + rate x W is {}",
+            worst.admitted,
+            worst.len_ms,
+            worst.start_ms,
+            worst.bound
+        );
+        worst
+    }
+
+    /// Two proxies of two workers, one key at 100/s with a burst of 100, loaded 0.6 s then idle
+    /// 1.2 s, four times, with lease horizons of 10 s and 1 s: tokens the proxies leased or
+    /// reserved before a pause used to be spent on top of a bucket that refilled meanwhile (322
+    /// admitted in 2 s where 300 is the bound).
+    #[test]
+    fn pauses_never_let_the_fleet_over_the_bound() {
+        for horizon in [10_000, 1000] {
+            let o = Opts {
+                rate: 100,
+                burst: 100,
+                pause: Some((600, 1200)),
+                duration_ms: 6600,
+                horizon_ms: Some(horizon),
+                runs: 5,
+                ..Opts::default()
+            };
+            let worst = assert_windows(&format!("horizon {horizon}"), &o);
+            // The load came back at full strength after each pause: the bound was reached.
+            assert!(worst.excess() > -2.0, "{worst:?}");
+        }
+    }
+
+    #[test]
+    fn every_shape_of_the_sweep_keeps_the_bound_in_every_window() {
+        for (name, o) in shapes(&Opts::default()) {
+            let o = Opts {
+                runs: 3,
+                duration_ms: o.duration_ms.min(6600),
+                ..o
+            };
+            assert_windows(name, &o);
+        }
+    }
 }

@@ -6,10 +6,11 @@ ARGV[1]  burst       bucket capacity in tokens                     (integer >= 1
 ARGV[2]  rate        tokens added every period_ms                  (integer >= 1, <= 1e9)
 ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1, burst*period_ms <= 2^50)
 ARGV[4]  cost        tokens this request needs                     (integer >= 0; 0 only settles)
-ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<held>:<hold_ms>" (lease mode): the proxy
-         `holder` (an integer >= 1, random per proxy) would like up to `want` tokens, still holds
-         at most `held` tokens of this bucket from earlier grants (spendable or not), and may hold
-         what it is granted for at most hold_ms (<= 86400000) after any reservation in it refilled.
+ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<held>:<hold_ms>:<quiet_ms>" (lease mode):
+         the proxy `holder` (an integer >= 1, random per proxy) would like up to `want` tokens,
+         has held at most `held` tokens of this bucket from earlier grants (spendable or not) for
+         the last quiet_ms, and may hold what it is granted for at most hold_ms after any
+         reservation in it refilled (both <= 86400000).
          A plain integer n is a lease without a holder: up to n tokens granted at once, for a
          caller that spends them at once (the model tests); the filter never sends it.
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
@@ -116,9 +117,9 @@ local cost = int_arg(ARGV[4], 0)
 if cost == nil then return bad('cost') end
 
 -- The lease: a plain want, or want:holder:held:hold_ms.
-local lease_want, holder, reported, hold_ms
+local lease_want, holder, reported, hold_ms, quiet_ms
 if type(ARGV[5]) ~= 'string' then return bad('lease') end
-local w, hid, hh, hm = string.match(ARGV[5], '^(%d+):(%d+):(%d+):(%d+)$')
+local w, hid, hh, hm, hq = string.match(ARGV[5], '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
 if w == nil then
   lease_want = int_arg(ARGV[5], 0)
 else
@@ -126,7 +127,9 @@ else
   holder = int_arg(hid, 1)
   reported = int_arg(hh, 0)
   hold_ms = int_arg(hm, 0)
-  if holder == nil or reported == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
+  quiet_ms = int_arg(hq, 0)
+  if holder == nil or reported == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS
+      or quiet_ms == nil or quiet_ms > MAX_HOLD_MS then
     return bad('lease')
   end
 end
@@ -226,25 +229,10 @@ if u > capacity() then
   u = capacity()
 end
 
--- 2. Refill by whole milliseconds; t keeps the sub-millisecond remainder, so there is no drift.
-if now < t then
-  t = now -- the clock went back: no refill
-else
-  local elapsed_ms = idiv(now - t, 1000)
-  if elapsed_ms > 0 then
-    local to_full = ceil_div(capacity() - u, rate)
-    if elapsed_ms >= to_full then
-      u = capacity()
-      t = now
-    else
-      u = u + elapsed_ms * rate
-      t = t + elapsed_ms * 1000
-    end
-  end
-end
-
--- 2b. The holder's report: it holds at most `reported` now (a report only lowers what it holds,
--- so it is applied after the refill: the tokens it dropped count from now on).
+-- 2. Refill by whole milliseconds (t keeps the sub-millisecond remainder, so there is no drift),
+-- never past what the bucket can hold. The holder's report only lowers what it holds, from
+-- quiet_ms ago on (it has held at most `reported` since): the refill before then counts what it
+-- held on record.
 local held = 0
 local expires = 0
 if holder ~= nil then
@@ -256,13 +244,34 @@ if holder ~= nil then
     expires = 0
     k = k + 1
   end
-  if reported < held then
-    o = o - held + reported
-    held = reported
+end
+
+local function refill(to)
+  local elapsed_ms = idiv(to - t, 1000)
+  if elapsed_ms > 0 then
+    local to_full = ceil_div(capacity() - u, rate)
+    if elapsed_ms >= to_full then
+      u = capacity()
+      t = to
+    else
+      u = u + elapsed_ms * rate
+      t = t + elapsed_ms * 1000
+    end
   end
 end
 
--- 2c. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
+if now < t then
+  t = now -- the clock went back: no refill
+elseif holder ~= nil and now - quiet_ms * 1000 > t then
+  refill(now - quiet_ms * 1000)
+end
+if holder ~= nil and reported < held then
+  o = o - held + reported
+  held = reported
+end
+refill(now)
+
+-- 2b. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
 -- bursts into debt), a refund only raises it (never past what it can hold).
 if settle > 0 then
   u = math.max(u - settle * period_ms, math.min(u, -4 * full))

@@ -133,6 +133,9 @@ pub struct Holder {
     pub held: u64,
     /// How long it may hold what it is granted, after any reservation in it refilled.
     pub hold_ms: u64,
+    /// For how long it has held at most `held` (the refill before then counts what it held on
+    /// record).
+    pub quiet_ms: u64,
 }
 
 /// Longest `hold_ms` the script accepts (a day).
@@ -244,37 +247,42 @@ pub fn take_held(
     let capacity = |out: i64| full.saturating_sub(out.saturating_mul(period)).max(0);
     units = units.min(capacity(out));
 
-    // 2. Refill by whole milliseconds; ts_us keeps the sub-millisecond remainder.
-    if now_us < ts_us {
-        ts_us = now_us; // the clock went back: no refill
-    } else {
-        let elapsed_ms = int((now_us - ts_us) / 1000);
-        if elapsed_ms > 0 {
-            let to_full = ceil_div_i(capacity(out) - units, rate);
-            if elapsed_ms >= to_full {
-                units = capacity(out);
-                ts_us = now_us;
-            } else {
-                // elapsed_ms < to_full, so neither can overflow.
-                units = units.saturating_add(elapsed_ms.saturating_mul(rate));
-                ts_us = ts_us.saturating_add(u64::try_from(elapsed_ms).unwrap_or(0) * 1000);
-            }
-        }
-    }
-
-    // 2b. The holder's report only lowers what it holds; applied after the refill.
+    // 2. Refill by whole milliseconds (ts_us keeps the sub-millisecond remainder), never past what
+    // the bucket can hold. The holder's report only lowers what it holds, from quiet_ms ago on.
     let mut record = holder.map(|h| {
-        let mut rec = holders.get(h.id).unwrap_or(Holding {
+        holders.get(h.id).unwrap_or(Holding {
             holder: h.id,
             held: 0,
             expires_us: 0,
-        });
+        })
+    });
+    let refill = |units: &mut i64, ts_us: &mut u64, to_us: u64, out: i64| {
+        let elapsed_ms = int(to_us.saturating_sub(*ts_us) / 1000);
+        if elapsed_ms > 0 {
+            let to_full = ceil_div_i(capacity(out) - *units, rate);
+            if elapsed_ms >= to_full {
+                *units = capacity(out);
+                *ts_us = to_us;
+            } else {
+                // elapsed_ms < to_full, so neither can overflow.
+                *units = units.saturating_add(elapsed_ms.saturating_mul(rate));
+                *ts_us = ts_us.saturating_add(u64::try_from(elapsed_ms).unwrap_or(0) * 1000);
+            }
+        }
+    };
+    let quiet_from = holder.map(|h| now_us.saturating_sub(h.quiet_ms.saturating_mul(1000)));
+    if now_us < ts_us {
+        ts_us = now_us; // the clock went back: no refill
+    } else if let Some(from) = quiet_from.filter(|&from| from > ts_us) {
+        refill(&mut units, &mut ts_us, from, out);
+    }
+    if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
         if h.held < rec.held {
             out -= int(rec.held - h.held);
             rec.held = h.held;
         }
-        rec
-    });
+    }
+    refill(&mut units, &mut ts_us, now_us, out);
     let holder_count = i64::try_from(holders.0.len()).unwrap_or(i64::MAX)
         + i64::from(record.is_some_and(|r| r.expires_us == 0));
 

@@ -70,7 +70,10 @@ impl Harness {
     /// Runs the script and returns its reply and the key's PTTL right after it.
     fn script(&mut self, l: &Limits, ask: &Ask, now: u64) -> ([i64; 5], i64) {
         let lease = match ask.holder {
-            Some(h) => format!("{}:{}:{}:{}", ask.lease_want, h.id, h.held, h.hold_ms),
+            Some(h) => format!(
+                "{}:{}:{}:{}:{}",
+                ask.lease_want, h.id, h.held, h.hold_ms, h.quiet_ms
+            ),
             None => ask.lease_want.to_string(),
         };
         let args = [
@@ -253,6 +256,11 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
                     on_record + rng.below(3)
                 },
                 hold_ms: rng.below(l.period_ms.min(100_000) * 3),
+                quiet_ms: if rng.chance(50) {
+                    0
+                } else {
+                    rng.below(l.period_ms.min(100_000) * 4)
+                },
             })
         } else {
             None

@@ -30,6 +30,9 @@ pub struct ScriptCall {
     pub max_wait_ms: u64,
     /// Tokens to charge (> 0) or refund (< 0) first: usage measured after earlier admissions.
     pub settle: i64,
+    /// Lease mode: the proxy that will hold what is granted, what it still holds and for how long
+    /// it may hold a grant (the script counts held tokens against the bucket's capacity).
+    pub holder: Option<crate::bucket::Holder>,
 }
 
 impl ScriptCall {
@@ -44,20 +47,27 @@ impl ScriptCall {
             lease_want: 0,
             max_wait_ms: 0,
             settle: 0,
+            holder: None,
         }
     }
 
-    /// The script's unsigned arguments after the key, in order: burst, rate, period_ms, cost,
-    /// lease_want, max_wait_ms (ARGV[1..=6]; settle, ARGV[7], is signed).
-    pub fn unsigned_args(&self) -> [u64; 6] {
-        [
-            self.burst,
-            self.rate,
-            self.period_ms,
-            self.cost,
-            self.lease_want,
-            self.max_wait_ms,
-        ]
+    /// The script's arguments after the key that are plain unsigned integers, in order: burst,
+    /// rate, period_ms, cost (ARGV[1..=4]); then come the lease ([`ScriptCall::push_lease`]),
+    /// max_wait_ms and the signed settle.
+    pub fn limit_args(&self) -> [u64; 4] {
+        [self.burst, self.rate, self.period_ms, self.cost]
+    }
+
+    /// Appends the lease argument (ARGV[5]): `<lease_want>`, or with a holder
+    /// `<lease_want>:<holder>:<held>:<hold_ms>:<quiet_ms>` (digits and colons only).
+    pub fn push_lease(&self, out: &mut Vec<u8>) {
+        crate::decimal::push_bytes(out, self.lease_want);
+        if let Some(h) = self.holder {
+            for n in [h.id, h.held, h.hold_ms, h.quiet_ms] {
+                out.push(b':');
+                crate::decimal::push_bytes(out, n);
+            }
+        }
     }
 
     /// The limits the call carries (the rule's, or an override's for its key).

@@ -33,7 +33,7 @@ pub fn host_status(redis_status: u32, response_size: usize) -> u32 {
 }
 
 /// The RESP command for one script call: `[EVALSHA|EVAL, <sha|script>, "1", <key>, burst, rate,
-/// period_ms, cost, lease_want, max_wait_ms, settle]` as an array of bulk strings, without the
+/// period_ms, cost, lease, max_wait_ms, settle]` as an array of bulk strings, without the
 /// optional trailing arguments that are 0 (`settle`, then `max_wait_ms`: the script's defaults).
 ///
 /// Why shorter: Redis answers a command of more than 10 arguments from a connection that is not
@@ -48,11 +48,7 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     // Left out when 0 (the script's defaults): settle, then max_wait_ms.
     let with_settle = call.settle != 0;
     let with_wait = with_settle || call.max_wait_ms != 0;
-    let unsigned = call.unsigned_args();
-    let unsigned = unsigned
-        .get(..5 + usize::from(with_wait))
-        .unwrap_or_default();
-    let count = 4 + unsigned.len() + usize::from(with_settle);
+    let count = 9 + usize::from(with_wait) + usize::from(with_settle);
     let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
     out.push(b'*');
     crate::decimal::push_bytes(&mut out, count as u64);
@@ -60,10 +56,18 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     for arg in [verb, script.as_bytes(), b"1", call.key.as_bytes()] {
         bulk(arg, &mut out);
     }
-    let mut number = Vec::with_capacity(20);
-    for &n in unsigned {
+    let mut number = Vec::with_capacity(64);
+    for n in call.limit_args() {
         number.clear();
         crate::decimal::push_bytes(&mut number, n);
+        bulk(&number, &mut out);
+    }
+    number.clear();
+    call.push_lease(&mut number);
+    bulk(&number, &mut out);
+    if with_wait {
+        number.clear();
+        crate::decimal::push_bytes(&mut number, call.max_wait_ms);
         bulk(&number, &mut out);
     }
     if with_settle {
@@ -264,6 +268,7 @@ mod tests {
             lease_want: 0,
             max_wait_ms: 0,
             settle: -3,
+            holder: None,
         }
     }
 

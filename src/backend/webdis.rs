@@ -31,7 +31,7 @@ pub fn encode_segment(bytes: &[u8], out: &mut Vec<u8>) {
 }
 
 /// The Webdis command text for one script call:
-/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease_want>/<max_wait_ms>/<settle>`.
+/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease>/<max_wait_ms>/<settle>`.
 /// Built byte by byte (no `core::fmt`): one goes out for every call.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     let (verb, script) = match invoke {
@@ -45,10 +45,17 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
         out.push(b'/');
         encode_segment(arg, &mut out);
     }
-    for n in call.unsigned_args() {
+    for n in call.limit_args() {
         out.push(b'/');
         crate::decimal::push_bytes(&mut out, n);
     }
+    // The lease: digits, and with a holder colons, sent encoded as every segment is.
+    let mut lease = Vec::with_capacity(64);
+    call.push_lease(&mut lease);
+    out.push(b'/');
+    encode_segment(&lease, &mut out);
+    out.push(b'/');
+    crate::decimal::push_bytes(&mut out, call.max_wait_ms);
     // A signed integer: digits and at most a leading '-', which Webdis leaves alone.
     out.push(b'/');
     crate::decimal::push_signed_bytes(&mut out, call.settle);
@@ -254,6 +261,7 @@ mod tests {
             lease_want: 0,
             max_wait_ms: 0,
             settle: 0,
+            holder: None,
         }
     }
 

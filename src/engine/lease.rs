@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::{Call, Engine, Host, Outcome, Purpose};
 use crate::backend::{BackendError, Reply, ScriptCall};
-use crate::bucket::Limits;
+use crate::bucket::{Holder, Limits, MAX_HOLD_MS};
 use crate::config::Rule;
 use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
@@ -217,17 +217,31 @@ impl Engine {
             .saturating_add(self.plugin.config.backend.timeout_ms)
             .saturating_add(50);
         let pool = LeasePool::new(host.store(), &self.plugin.ns);
-        match pool.begin_flight(key, waiting, unmet, now, until, &sizing) {
-            Ok((Flight::Claimed(claim, placed), want)) => {
+        // Without a holder id no lease could be counted as held: exact calls instead.
+        let flight = pool.holder_id().and_then(|id| {
+            let (flight, want) = pool.begin_flight(key, waiting, unmet, now, until, &sizing)?;
+            Ok((flight, want, id))
+        });
+        match flight {
+            Ok((Flight::Claimed(claim, placed), want, holder_id)) => {
                 let m = &self.plugin.metrics;
                 m.count(rule_idx, Counter::LeaseEvicted, placed.evicted);
                 m.count(rule_idx, Counter::LeaseDropped, placed.dropped);
-                // The whole ask is the call's cost, with a wait: what the bucket lacks of it is
-                // reserved from its refill (and becomes spendable as it refills).
+                // The call needs what the first waiter needs, and asks for the whole lease with a
+                // wait: what the bucket lacks of it is reserved from its refill (and becomes
+                // spendable as it refills). It names this proxy as the holder, with what it still
+                // holds, so the script counts held tokens against the bucket's capacity.
+                let holder = Holder {
+                    id: holder_id,
+                    held: claim.held(),
+                    hold_ms: self.hold_ms(&sizing),
+                    quiet_ms: claim.quiet_ms().min(MAX_HOLD_MS),
+                };
                 let call = ScriptCall {
-                    lease_want: want,
+                    lease_want: want.max(first),
                     max_wait_ms: sizing.max_wait_ms(),
-                    ..ScriptCall::new(key.to_string(), &limits, want.max(first))
+                    holder: Some(holder),
+                    ..ScriptCall::new(key.to_string(), &limits, first)
                 };
                 self.queues.set_state(key, State::Own);
                 let purpose = Purpose::Lease(claim);
@@ -238,23 +252,35 @@ impl Engine {
                     self.fail_waiters(host, key, &e, now);
                 }
             }
-            Ok((Flight::Busy, _)) => {
+            Ok((Flight::Busy, ..)) => {
                 self.unmet.insert(key.to_string(), unmet);
                 self.queues.set_state(key, State::Foreign);
             }
-            Ok((Flight::Refilling(retry_ms), _)) => {
+            Ok((Flight::Refilling(retry_ms), ..)) => {
                 self.unmet.insert(key.to_string(), unmet);
                 self.queues.set_state(key, State::Idle);
                 self.deny_waiters(host, key, retry_ms);
             }
             // No slot for this key (or shared data failing): its waiters go to Redis one by one.
-            Ok((Flight::NoSlot, _)) | Err(_) => {
+            Ok((Flight::NoSlot, ..)) | Err(_) => {
                 self.queues.set_state(key, State::Idle);
                 for w in self.queues.drain(key) {
                     self.send_check(host, w.ctx, w.idx, now);
                 }
             }
         }
+    }
+
+    /// How long, after a grant's reservation has refilled, the script must count it as held by
+    /// this proxy: the lease's two horizons, measured here from the answer, which comes at most a
+    /// call timeout after the script ran; and a second of slack.
+    fn hold_ms(&self, sizing: &Sizing) -> u64 {
+        sizing
+            .horizon_ms
+            .saturating_mul(2)
+            .saturating_add(self.plugin.config.backend.timeout_ms)
+            .saturating_add(1000)
+            .min(MAX_HOLD_MS)
     }
 
     /// Every waiter on `key` gets a 429: this proxy's reservation covers them only later.

@@ -605,12 +605,22 @@ impl Engine {
         else {
             return Err(NoLease::Unknown);
         };
-        match LeasePool::new(store, &self.plugin.ns)
-            .take_batch(&call.key, call.cost, now, &sizing, !room)
-        {
-            Ok(Taken::Batch(batch)) => {
+        let back = self.stashes.hand_back(&call.key, now);
+        match LeasePool::new(store, &self.plugin.ns).take_batch(
+            &call.key,
+            call.cost,
+            now,
+            &sizing,
+            (!room, back),
+        ) {
+            Ok(Taken::Batch(batch)) if room => {
                 Ok(self.stashes.keep((idx, &call.key), &batch, call.cost, now))
             }
+            // Exactly the cost, spent at once: nothing to keep.
+            Ok(Taken::Batch(batch)) => Ok(crate::shared::lease::Spent {
+                remaining: batch.global_remaining,
+                reset_ms: batch.reset_at_ms.saturating_sub(now),
+            }),
             Ok(Taken::Refilling(ms)) => Err(NoLease::Refilling(ms)),
             Ok(Taken::Miss) => Err(NoLease::Spent),
             // A failing store knows nothing either.

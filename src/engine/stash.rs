@@ -13,8 +13,7 @@
 
 use std::collections::HashMap;
 
-use crate::shared::lease::Batch;
-use crate::shared::lease::Spent;
+use crate::shared::lease::{Back, Batch, Spent};
 
 /// Most keys one worker stashes tokens for.
 pub const MAX_KEYS: usize = 1024;
@@ -24,6 +23,9 @@ struct Stash {
     /// The rule the key is of (its dropped tokens are counted there).
     rule: usize,
     tokens: u64,
+    /// The batch these tokens came from (handed back to the pool with the next take, so the
+    /// proxy counts each worker's batch as held until then).
+    batch: u64,
     expires_ms: u64,
     global_remaining: u64,
     reset_at_ms: u64,
@@ -77,13 +79,29 @@ impl Stashes {
             remaining: s.tokens.saturating_add(s.global_remaining),
             reset_ms: s.reset_at_ms.saturating_sub(now_ms),
         };
-        if s.tokens == 0 {
-            self.by_key.remove(key);
-        }
         Spend {
             spent: Some(spent),
             dropped: 0,
         }
+    }
+
+    /// Empties `key`'s stash to take a new batch: its batch and the tokens it did not spend go
+    /// back to the pool (nothing when it expired: its lease dropped them).
+    pub fn hand_back(&mut self, key: &str, now_ms: u64) -> Back {
+        let Some(s) = self.by_key.get_mut(key) else {
+            return Back::default();
+        };
+        if now_ms >= s.expires_ms {
+            self.by_key.remove(key);
+            return Back::default();
+        }
+        let back = Back {
+            batch: s.batch,
+            unspent: s.tokens,
+        };
+        s.tokens = 0;
+        s.batch = 0;
+        back
     }
 
     /// Whether a batch for `key` could be kept (dropping expired or empty stashes to make room).
@@ -116,22 +134,20 @@ impl Stashes {
         let s = self.by_key.entry(key.to_string()).or_insert(Stash {
             rule,
             tokens: 0,
+            batch: 0,
             expires_ms: batch.expires_ms,
             global_remaining: batch.global_remaining,
             reset_at_ms: batch.reset_at_ms,
         });
         s.tokens = s.tokens.saturating_add(batch.tokens.saturating_sub(cost));
+        s.batch = s.batch.saturating_add(batch.tokens);
         s.expires_ms = batch.expires_ms;
         s.global_remaining = batch.global_remaining;
         s.reset_at_ms = batch.reset_at_ms;
-        let spent = Spent {
+        Spent {
             remaining: s.tokens.saturating_add(s.global_remaining),
             reset_ms: s.reset_at_ms.saturating_sub(now_ms),
-        };
-        if s.tokens == 0 {
-            self.by_key.remove(key);
         }
-        spent
     }
 
     /// When the next stash expires, if any is kept (it may have been spent meanwhile).
@@ -160,9 +176,12 @@ impl Stashes {
         self.earliest_ms = earliest;
     }
 
-    /// The tokens stashed for `key` and when they expire.
+    /// The tokens stashed for `key` and when they expire (None when there are none).
     pub fn held(&self, key: &str) -> Option<(u64, u64)> {
-        self.by_key.get(key).map(|s| (s.tokens, s.expires_ms))
+        self.by_key
+            .get(key)
+            .filter(|s| s.tokens > 0)
+            .map(|s| (s.tokens, s.expires_ms))
     }
 
     #[cfg(test)]
@@ -234,7 +253,12 @@ mod tests {
         assert!(dropped.is_empty(), "nothing ran out yet");
         s.expire(100, |rule, n| dropped.push((rule, n)));
         assert_eq!(dropped, [(0, 4)], "a's 4 unspent tokens, on its rule");
-        assert_eq!(s.next_expiry(), Some(300), "c was spent whole: b is next");
+        // c was spent whole; its entry stays until it expires (its batch goes back to the pool
+        // with the worker's next take).
+        assert_eq!(s.next_expiry(), Some(200), "c is next");
+        s.expire(200, |rule, n| dropped.push((rule, n)));
+        assert_eq!(dropped, [(0, 4)], "c had nothing left to drop");
+        assert_eq!(s.next_expiry(), Some(300), "b is next");
         assert!(s.spend("a", 1, 150).spent.is_none(), "a is gone");
         assert!(s.spend("b", 1, 150).spent.is_some());
         s.expire(300, |rule, n| dropped.push((rule, n)));

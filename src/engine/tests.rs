@@ -197,15 +197,30 @@ fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// What call `token` asked for: max(cost, lease_want).
 fn asked(h: &Fake, token: u32) -> u64 {
     let body = &h.out[&token];
-    // .../<cost>/<lease_want>/<max_wait_ms>/<settle>
+    // .../<cost>/<lease>/<max_wait_ms>/<settle>, the lease `<want>` or `<want>:<holder>:...`
+    // (its colons encoded).
     let mut nums = body
         .rsplit('/')
         .skip(2)
         .take(2)
-        .map(|n| n.parse::<u64>().unwrap());
+        .map(|n| n.split("%3A").next().unwrap().parse::<u64>().unwrap());
     let want = nums.next().unwrap();
     let cost = nums.next().unwrap();
     want.max(cost)
+}
+
+/// Whether `body` is a lease call needing `cost` and wanting `want`, waiting up to ten of
+/// [`LEASE`]'s horizons, that names a holder holding nothing.
+fn is_lease_call(body: &str, cost: u64, want: u64) -> bool {
+    let segs: Vec<&str> = body.rsplit('/').take(4).collect();
+    let lease: Vec<&str> = segs[2].split("%3A").collect();
+    segs[3] == cost.to_string()
+        && lease.len() == 5
+        && lease[0] == want.to_string()
+        && lease[1].parse::<u64>().is_ok_and(|id| id >= 1)
+        && lease[2] == "0"
+        && segs[0] == "0"
+        && segs[1] == "2000"
 }
 
 /// Grants lease call `token` all it asked for.
@@ -617,7 +632,7 @@ fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
     e.request_headers(&mut h, 10, &user("a"));
     e.request_headers(&mut h, 11, &user("a"));
     assert!(
-        h.sent[0].ends_with("/1/1/2000/0"),
+        is_lease_call(&h.sent[0], 1, 1),
         "cost 1, lease 1, waits up to ten horizons: {}",
         h.sent[0]
     );
@@ -803,7 +818,7 @@ fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
         e.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
     }
     assert_eq!(h.sent.len(), 1000);
-    let lease_calls = h.sent.iter().filter(|s| s.ends_with("/1/1/2000/0")).count();
+    let lease_calls = h.sent.iter().filter(|s| is_lease_call(s, 1, 1)).count();
     let alone = h.sent.iter().filter(|s| s.ends_with("/1/0/0/0")).count();
     assert_eq!(
         (lease_calls, alone),
@@ -859,7 +874,7 @@ fn under_a_flood_of_new_keys_a_key_leases_once_it_comes_back() {
     assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Pause);
     assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Pause);
     assert_eq!(h.sent.len(), 2, "one lease call for both");
-    assert!(h.sent[1].ends_with("/1/1/2000/0"), "a lease: {}", h.sent[1]);
+    assert!(is_lease_call(&h.sent[1], 1, 1), "a lease: {}", h.sent[1]);
     assert!(!claim_free(&e, &h, "a"));
     let t = h.tokens()[0];
     grant_all(&mut e, &mut h, t);

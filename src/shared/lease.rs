@@ -48,9 +48,12 @@ pub struct Lease {
     /// Some of `tokens` are a reservation the global bucket is still refilling: they become
     /// spendable one by one, at the bucket's rate, until this time (0: all are spendable).
     pub vest_until_ms: u64,
+    /// Tokens moved out into workers' stashes and not handed back yet: each worker's latest batch
+    /// (spent or not), until it takes the next one. With `tokens`, the most this proxy can hold.
+    pub lent: u64,
 }
 
-const FIELDS: usize = 12;
+const FIELDS: usize = 13;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -68,6 +71,7 @@ impl Lease {
             self.reply_ms,
             self.touched_ms,
             self.vest_until_ms,
+            self.lent,
         ]
     }
 
@@ -86,6 +90,7 @@ impl Lease {
             reply_ms: f(9)?,
             touched_ms: f(10)?,
             vest_until_ms: f(11)?,
+            lent: f(12)?,
         })
     }
 
@@ -150,12 +155,42 @@ impl Lease {
         take
     }
 
-    /// Drops the tokens of an expired lease; returns how many.
+    /// The most this proxy can hold of the key now: its live tokens and its workers' batches
+    /// (what a lease call reports, so the script counts them against the bucket's capacity).
+    pub fn held(&self, now_ms: u64) -> u64 {
+        if now_ms < self.expires_ms {
+            self.tokens.saturating_add(self.lent)
+        } else {
+            0
+        }
+    }
+
+    /// For how long [`Lease::held`] has been what it is now at most: since the lease expired, or
+    /// since the entry was last touched (what it holds changes only when it is).
+    pub fn quiet_ms(&self, now_ms: u64) -> u64 {
+        if now_ms >= self.expires_ms {
+            now_ms - self.expires_ms
+        } else {
+            now_ms.saturating_sub(self.touched_ms)
+        }
+    }
+
+    /// Drops the tokens of an expired lease (its workers' batches expired with it); returns how
+    /// many.
     fn expire(&mut self, now_ms: u64) -> u64 {
         if now_ms < self.expires_ms {
             return 0;
         }
+        self.lent = 0;
         std::mem::take(&mut self.tokens)
+    }
+
+    /// A worker's previous batch is done: it hands back what it did not spend.
+    fn hand_back(&mut self, back: Back, now_ms: u64) {
+        self.lent = self.lent.saturating_sub(back.batch);
+        if now_ms < self.expires_ms {
+            self.tokens = self.tokens.saturating_add(back.unspent);
+        }
     }
 
     /// Rolls the demand window forward to `now_ms`.
@@ -172,9 +207,10 @@ impl Lease {
         }
     }
 
-    /// Whether evicting this entry would lose something: tokens to spend or a call in flight.
+    /// Whether evicting this entry would lose something: tokens to spend or lent, or a call in
+    /// flight.
     fn pinned(&self, now_ms: u64) -> bool {
-        self.live_tokens(now_ms) > 0 || self.flight_until_ms > now_ms
+        self.held(now_ms) > 0 || self.flight_until_ms > now_ms
     }
 }
 
@@ -299,6 +335,14 @@ pub enum Taken {
     Unknown,
 }
 
+/// A worker's previous batch of a key, handed back when it takes the next: the batch's size and
+/// what of it the worker did not spend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Back {
+    pub batch: u64,
+    pub unspent: u64,
+}
+
 /// Leased tokens moved out of the pool into one worker's stash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batch {
@@ -316,11 +360,23 @@ pub struct Batch {
 #[must_use = "a lease claim must be ended with deposit or release"]
 pub struct Claim {
     key: String,
+    held: u64,
+    quiet_ms: u64,
 }
 
 impl Claim {
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The most this proxy held of the key when the call was claimed ([`Lease::held`]).
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// For how long before the claim it had held at most that ([`Lease::quiet_ms`]).
+    pub fn quiet_ms(&self) -> u64 {
+        self.quiet_ms
     }
 }
 
@@ -449,6 +505,21 @@ impl<'a> LeasePool<'a> {
         super::slot_key(self.ns, "lease", hash(key) % SETS)
     }
 
+    /// This proxy's holder id in the script (1 to 2^53 - 1): drawn at random by the first worker
+    /// that asks, then the same for every worker of the proxy.
+    pub fn holder_id(&self) -> Result<u64, StoreError> {
+        let key = super::slot_key(self.ns, "holder", 0);
+        update(self.store, &key, |bytes| {
+            if let Some(id) = bytes.and_then(|b| read_u64(b, 0)).filter(|&id| id >= 1) {
+                return Change::Keep(id);
+            }
+            let id = (crate::rule::hash::random_seed() >> 11).max(1);
+            let mut out = Vec::with_capacity(8);
+            write_u64s(&mut out, &[id]);
+            Change::Write(out, id)
+        })
+    }
+
     /// If this proxy's reservation for `key` is still refilling: when its next token is.
     pub fn refilling(&self, key: &str, now_ms: u64, sizing: &Sizing) -> Option<u64> {
         self.peek(key)?.covered_in(1, now_ms, sizing)
@@ -489,25 +560,31 @@ impl<'a> LeasePool<'a> {
 
     /// Moves a batch of at least `cost` spendable tokens out of `key`'s lease: a quarter of what
     /// it can spend (so the proxy's other workers find tokens too), all of it if that is less
-    /// than `cost`, or exactly `cost` when `exact` (the worker cannot stash the rest). Writes
-    /// nothing when it cannot; it then says whether the lease's reservation covers `cost` later.
+    /// than `cost`, or exactly `cost` when `exact` (the worker cannot stash the rest). First takes
+    /// `back` the worker's previous batch. Writes only that when it cannot; it then says whether
+    /// the lease's reservation covers `cost` later.
     pub fn take_batch(
         &self,
         key: &str,
         cost: u64,
         now_ms: u64,
         sizing: &Sizing,
-        exact: bool,
+        (exact, back): (bool, Back),
     ) -> Result<Taken, StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
             let Some(lease) = set.find(key) else {
                 return Change::Keep(Taken::Unknown);
             };
+            lease.hand_back(back, now_ms);
             let spendable = lease.spendable(now_ms, sizing);
             if spendable < cost || cost == 0 {
                 let later = lease.covered_in(cost, now_ms, sizing);
-                return Change::Keep(later.map_or(Taken::Miss, Taken::Refilling));
+                let taken = later.map_or(Taken::Miss, Taken::Refilling);
+                if back == Back::default() {
+                    return Change::Keep(taken);
+                }
+                return Change::Write(set.encode(), taken);
             }
             lease.roll(now_ms, sizing.horizon_ms);
             let tokens = if exact {
@@ -516,6 +593,9 @@ impl<'a> LeasePool<'a> {
                 (spendable / 4).max(cost)
             };
             lease.tokens -= tokens;
+            if !exact {
+                lease.lent = lease.lent.saturating_add(tokens);
+            }
             lease.win_demand = lease.win_demand.saturating_add(tokens);
             lease.touched_ms = now_ms;
             let batch = Batch {
@@ -544,7 +624,10 @@ impl<'a> LeasePool<'a> {
     ) -> Result<(Flight, u64), StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
+            // What this proxy has held, and since when (a key with no entry: nothing, ever).
+            let mut report = (0, u64::MAX);
             if let Some(lease) = set.find(key) {
+                report = (lease.held(now_ms), lease.quiet_ms(now_ms));
                 if lease.flight_until_ms > now_ms {
                     return Change::Keep((Flight::Busy, 0));
                 }
@@ -560,6 +643,8 @@ impl<'a> LeasePool<'a> {
             lease.flight_until_ms = until_ms;
             let claim = Claim {
                 key: key.to_string(),
+                held: report.0,
+                quiet_ms: report.1,
             };
             Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
         })
@@ -768,7 +853,10 @@ mod tests {
 
     /// A batch moved out of `k`'s lease at `now`, if any.
     fn batch(pool: &LeasePool, cost: u64, now: u64, exact: bool) -> Option<Batch> {
-        match pool.take_batch("k", cost, now, &SIZING, exact).unwrap() {
+        match pool
+            .take_batch("k", cost, now, &SIZING, (exact, Back::default()))
+            .unwrap()
+        {
             Taken::Batch(b) => Some(b),
             Taken::Refilling(_) | Taken::Miss | Taken::Unknown => None,
         }
@@ -1002,7 +1090,8 @@ mod tests {
                 assert_eq!(taken, 6);
                 assert_eq!(batch(&pool, 5, 0, false), None, "4 left now");
                 assert_eq!(
-                    pool.take_batch("k", 5, 0, &SIZING, false).unwrap(),
+                    pool.take_batch("k", 5, 0, &SIZING, (false, Back::default()))
+                        .unwrap(),
                     Taken::Refilling(10),
                     "the fifth in 10 ms"
                 );

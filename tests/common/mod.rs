@@ -313,6 +313,107 @@ pub fn drive(ports: &[u16], threads: usize, user: &'static str, secs: f64) -> (u
         .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
 }
 
+/// One request of [`drive_timed`]: when it was sent and its answer came, from the load's start.
+#[derive(Debug, Clone, Copy)]
+pub struct Timed {
+    pub sent: Duration,
+    pub answered: Duration,
+    pub status: u16,
+}
+
+/// Like [`drive`], in phases: `threads` clients per port send one request after another while a
+/// phase is on (`true`), and wait out a phase that is off; every request with its times.
+pub fn drive_timed(
+    ports: &[u16],
+    threads: usize,
+    user: &'static str,
+    phases: &[(bool, Duration)],
+) -> Vec<Timed> {
+    let t0 = Instant::now();
+    let phases: Vec<(bool, Duration)> = phases
+        .iter()
+        .scan(Duration::ZERO, |end, &(on, len)| {
+            *end += len;
+            Some((on, *end))
+        })
+        .collect();
+    let handles: Vec<_> = ports
+        .iter()
+        .flat_map(|&port| (0..threads).map(move |_| port))
+        .map(|port| {
+            let phases = phases.clone();
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                for (on, end) in phases {
+                    if !on {
+                        // The load pauses: no request until the phase ends.
+                        std::thread::sleep(end.saturating_sub(t0.elapsed()));
+                        continue;
+                    }
+                    while t0.elapsed() < end {
+                        let sent = t0.elapsed();
+                        let status = get(port, "/api/x", &[("x-user-id", user)]).status;
+                        out.push(Timed {
+                            sent,
+                            answered: t0.elapsed(),
+                            status,
+                        });
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("client thread"))
+        .collect()
+}
+
+/// The fullest window of `len`: the most admissions (200s) sent and answered within one window
+/// of that length (each surely admitted inside it, whenever the proxy decided), and where it
+/// starts.
+pub fn fullest_window(timed: &[Timed], len: Duration) -> (u64, Duration) {
+    let mut admitted: Vec<&Timed> = timed.iter().filter(|t| t.status == 200).collect();
+    admitted.sort_by_key(|t| t.sent);
+    let mut best = (0, Duration::ZERO);
+    for (i, start) in admitted.iter().enumerate() {
+        let end = start.sent + len;
+        let n = admitted
+            .get(i..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|t| t.sent < end)
+            .filter(|t| t.answered <= end)
+            .count() as u64;
+        if n > best.0 {
+            best = (n, start.sent);
+        }
+    }
+    best
+}
+
+/// Asserts the token bucket's bound in every window of the lengths checked: at most burst +
+/// rate × W admissions (rate per second), plus `slack`; returns the fullest window's excess.
+pub fn assert_windows(timed: &[Timed], burst: u64, rate: u64, slack: u64, logs: &str) -> f64 {
+    let mut worst = f64::NEG_INFINITY;
+    for ms in [50, 100, 200, 500, 1000, 2000] {
+        let (n, at) = fullest_window(timed, Duration::from_millis(ms));
+        let bound = burst as f64 + rate as f64 * ms as f64 / 1000.0;
+        eprintln!(
+            "fullest {ms} ms window: {n} admitted from {:.3} s (bound {bound:.0})",
+            at.as_secs_f64()
+        );
+        assert!(
+            n as f64 <= bound + slack as f64,
+            "{n} admitted in {ms} ms from {:.3} s: more than burst + rate x W = {bound:.0}\n{logs}",
+            at.as_secs_f64()
+        );
+        worst = worst.max(n as f64 - bound);
+    }
+    worst
+}
+
 /// A loopback port that accepts connections and never answers (nor closes them) while the test runs.
 pub fn silent_backend() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
