@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Envoy, Stack};
 
@@ -151,21 +151,23 @@ fn keys_are_independent_under_lease() {
     let dir2 = common::scratch_dir("lease-keys-b");
     let second = Envoy::start(&dir2, &cfg, stack.webdis.port);
     let users: [&'static str; 4] = ["u1", "u2", "u3", "u4"];
-    let start = Instant::now();
     let handles: Vec<_> = users
         .iter()
         .map(|&u| {
             let ports = [stack.port(), second.listen_port];
-            std::thread::spawn(move || common::drive(&ports, 1, u, 1.5))
+            let on = (true, Duration::from_millis(1500));
+            std::thread::spawn(move || common::drive_timed(&ports, 1, u, &[on]))
         })
         .collect();
-    let results: Vec<(u64, u64, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let ideal = burst as f64 + rate as f64 * start.elapsed().as_secs_f64();
-    for (u, (ok, limited, other)) in users.iter().zip(&results) {
-        eprintln!("{u}: admitted {ok}, limited {limited}, ideal {ideal:.1}");
-        assert_eq!(*other, 0);
-        assert!(*limited > 0, "{u} was over its limit");
-        assert!(*ok >= burst, "{u} got at least its burst ({ok})");
-        assert!(*ok as f64 <= ideal, "{u}: admitted {ok} > {ideal:.1}");
+    let results: Vec<Vec<common::Timed>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let logs = format!("{}\n{}", stack.logs(), second.log_text());
+    for (u, timed) in users.iter().zip(&results) {
+        let count = |status: u16| timed.iter().filter(|t| t.status == status).count() as u64;
+        let (ok, limited) = (count(200), count(429));
+        eprintln!("{u}: admitted {ok}, limited {limited}");
+        assert_eq!(ok + limited, timed.len() as u64, "{u}: no errors\n{logs}");
+        assert!(limited > 0, "{u} was over its limit");
+        assert!(ok >= burst, "{u} got at least its burst ({ok})");
+        common::assert_windows(timed, burst, rate, 2, &logs);
     }
 }
