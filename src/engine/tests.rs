@@ -32,6 +32,8 @@ struct Fake {
     queues: HashMap<u32, std::collections::VecDeque<Vec<u8>>>,
     /// Request headers the host keeps readable after `request_headers` (see [`send`]).
     request_headers: HashMap<u32, HashMap<String, Vec<u8>>>,
+    /// Request headers the engine set, in order.
+    set_headers: Vec<(u32, String, String)>,
 }
 
 impl Host for Fake {
@@ -68,6 +70,13 @@ impl Host for Fake {
     }
     fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>> {
         self.request_headers.get(&ctx)?.get(name).cloned()
+    }
+    fn set_request_header(&mut self, ctx: u32, name: &str, value: &str) {
+        self.set_headers
+            .push((ctx, name.to_string(), value.to_string()));
+        if let Some(headers) = self.request_headers.get_mut(&ctx) {
+            headers.insert(name.to_string(), value.as_bytes().to_vec());
+        }
     }
     fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
         match self.queues.get_mut(&queue) {
@@ -1701,3 +1710,6 @@ fn profile_lease_new_keys() {
         h.sent.clear();
     }
 }
+
+/// Usage that never becomes readable.
+mod unreadable;

@@ -2,18 +2,22 @@
 //! last server-sent event that carries it; and what that means for the bucket.
 //!
 //! Invariant: memory per response is bounded (`WINDOW` bytes), every body chunk is only looked at
-//! (never held back), and whatever the upstream sends, the result is a usage in `[0, cap]`, or
-//! nothing (an invalid, missing or unreadable value settles nothing).
+//! (never held back), and every admission of a usage rule settles exactly once: the usage its
+//! response reported, clamped to `[0, cap]`, or, when that never becomes readable (none in the
+//! answer, an invalid value, an encoding or a size the reader does not take, a request that ended
+//! before its response did), a worst case that is never below what the admission paid up front.
+//! So nothing a client or upstream does to the answer lowers a charge below the up-front cost, and
+//! only a readable usage below it refunds.
 
 use std::cmp::Reverse;
 
 use super::{Admitted, Call, Engine, Host, Purpose, Request};
 use crate::backend::ScriptCall;
 use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
-use crate::config::{UsageSource, DEFAULT_USAGE_FLUSH_MS};
+use crate::config::{UsageSource, WorstCase, DEFAULT_USAGE_FLUSH_MS};
 use crate::metrics::{Counter, Metrics};
 use crate::rule::RequestView;
-use crate::shared::settle;
+use crate::shared::{peak, settle};
 
 /// Most bytes kept per response: the current SSE line, or the tail of a JSON body.
 pub const WINDOW: usize = 16 * 1024;
@@ -23,8 +27,41 @@ pub const WINDOW: usize = 16 * 1024;
 pub enum Unreadable {
     /// The value is not a non-negative integer (or was given twice).
     Invalid,
-    /// The body is neither JSON nor an event stream, or the field was not within the window.
+    /// The body is neither JSON nor an event stream, or not well-formed JSON.
     Body,
+    /// The response ended without a usage: no header or trailer, no field in the JSON body or in
+    /// any event of the stream.
+    Missing,
+    /// The body has a `content-encoding` the reader does not decode.
+    Encoded,
+    /// The field was not within the window: a JSON body's last `WINDOW` bytes, or an event line
+    /// of at most `WINDOW` bytes.
+    TooLarge,
+    /// The request ended before its response did (the client left, or the stream was reset),
+    /// and no usage had been seen.
+    Unfinished,
+}
+
+impl Unreadable {
+    /// The counter of responses whose usage was unreadable for this reason.
+    pub fn counter(self) -> Counter {
+        match self {
+            Unreadable::Invalid | Unreadable::Body => Counter::UsageInvalid,
+            Unreadable::Missing => Counter::UsageMissing,
+            Unreadable::Encoded => Counter::UsageEncoded,
+            Unreadable::TooLarge => Counter::UsageTooLarge,
+            Unreadable::Unfinished => Counter::UsageUnfinished,
+        }
+    }
+}
+
+/// Whether a response's body is encoded (`content-encoding` other than `identity`): the filter
+/// asks the upstream for identity, and reads nothing else.
+pub fn encoded(view: &dyn RequestView) -> bool {
+    view.header("content-encoding").is_some_and(|v| {
+        let v = v.trim_ascii();
+        !v.is_empty() && !v.eq_ignore_ascii_case(b"identity")
+    })
 }
 
 /// Parses a usage header value: digits only (a repeated header, which Envoy joins with a comma,
@@ -68,6 +105,8 @@ pub struct BodyReader {
     /// Event stream: the current line (and whether it overflowed).
     window: Vec<u8>,
     cut: bool,
+    /// Event stream: a line longer than the window was skipped.
+    skipped: bool,
     /// Event stream: the usage of the last event that carried the field.
     found: Option<Result<u64, Unreadable>>,
 }
@@ -93,6 +132,7 @@ impl BodyReader {
             path: path.to_vec(),
             window: Vec::new(),
             cut: false,
+            skipped: false,
             found: None,
         })
     }
@@ -117,7 +157,9 @@ impl BodyReader {
                         self.window.extend_from_slice(line);
                     }
                     if complete {
-                        if !self.cut {
+                        if self.cut {
+                            self.skipped = true;
+                        } else {
                             let line = std::mem::take(&mut self.window);
                             self.event_line(&line);
                         }
@@ -141,30 +183,44 @@ impl BodyReader {
         }
     }
 
-    /// The usage, once the body has ended: None if the body did not carry the field.
-    pub fn finish(mut self) -> Option<Result<u64, Unreadable>> {
+    /// What the body said it used, once it has ended.
+    pub fn finish(mut self) -> Result<u64, Unreadable> {
         match self.kind {
             Kind::EventStream => {
                 let last = std::mem::take(&mut self.window);
-                if !self.cut {
+                if self.cut {
+                    self.skipped = true;
+                } else {
                     self.event_line(&last);
                 }
-                self.found
-            }
-            Kind::Json if !self.cut => {
-                match serde_json::from_slice::<serde_json::Value>(&self.window) {
-                    Ok(doc) => field(&doc, &self.path).map(as_usage),
-                    Err(_) => Some(Err(Unreadable::Body)),
+                match self.found {
+                    Some(found) => found,
+                    None if self.skipped => Err(Unreadable::TooLarge),
+                    None => Err(Unreadable::Missing),
                 }
             }
-            Kind::Json => Some(self.read_tail()),
+            Kind::Json if self.cut => self.read_tail(),
+            Kind::Json if self.window.trim_ascii().is_empty() => Err(Unreadable::Missing),
+            Kind::Json => match serde_json::from_slice::<serde_json::Value>(&self.window) {
+                Ok(doc) => field(&doc, &self.path).map_or(Err(Unreadable::Missing), as_usage),
+                Err(_) => Err(Unreadable::Body),
+            },
+        }
+    }
+
+    /// What the body has said so far, for a response that will not end: the last event that
+    /// carried the field (a JSON body is read only whole).
+    pub fn seen(&self) -> Option<Result<u64, Unreadable>> {
+        match self.kind {
+            Kind::EventStream => self.found,
+            Kind::Json => None,
         }
     }
 
     /// A JSON body larger than the window: find the last `"<first segment>":` that is not inside
     /// a string's escape, and read the value that follows it.
     fn read_tail(&self) -> Result<u64, Unreadable> {
-        let (first, rest) = self.path.split_first().ok_or(Unreadable::Body)?;
+        let (first, rest) = self.path.split_first().ok_or(Unreadable::TooLarge)?;
         let needle = format!("\"{first}\"");
         let w = &self.window;
         let mut end = w.len();
@@ -181,10 +237,10 @@ impl BodyReader {
             let mut stream =
                 serde_json::Deserializer::from_slice(value).into_iter::<serde_json::Value>();
             if let Some(Ok(v)) = stream.next() {
-                return field(&v, rest).map_or(Err(Unreadable::Body), as_usage);
+                return field(&v, rest).map_or(Err(Unreadable::TooLarge), as_usage);
             }
         }
-        Err(Unreadable::Body)
+        Err(Unreadable::TooLarge)
     }
 }
 
@@ -211,8 +267,12 @@ pub fn settlement(usage: u64, upfront: u64, cap: u64) -> (i64, bool) {
 // ----- the engine's side: from responses to settlements -----
 
 /// What one admission of a usage rule used, once known: its rule, key, limits, up-front cost and
-/// the usage read (None: nothing to settle).
-type Known = (usize, String, Limits, u64, Option<Result<u64, Unreadable>>);
+/// the usage read (or why there is none).
+type Known = (usize, String, Limits, u64, Result<u64, Unreadable>);
+
+fn known(a: &Admitted, result: Result<u64, Unreadable>) -> Known {
+    (a.rule, a.key.clone(), a.limits, a.upfront, result)
+}
 
 impl Engine {
     /// The usage rules that admitted `r` through the global bucket (they charged its up-front
@@ -237,13 +297,14 @@ impl Engine {
                 key: c.call.key.clone(),
                 limits: c.call.limits(),
                 upfront: c.call.cost,
+                answered: false,
                 reader: None,
             })
             .collect()
     }
 
-    /// Usage from response headers (or, with `trailers`, trailers); starts body readers. True if
-    /// a body reader wants the body.
+    /// Usage from response headers (or, with `trailers`, trailers); starts body readers, and
+    /// finishes them at the trailers (the body has ended). True if a body reader wants the body.
     pub(super) fn usage_from_headers(
         &mut self,
         host: &mut dyn Host,
@@ -255,37 +316,47 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&ctx).filter(|r| !r.usage.is_empty()) else {
             return false;
         };
-        let content_type = if trailers {
-            None
+        let (content_type, encoded) = if trailers {
+            (None, false)
         } else {
-            view.header("content-type")
+            (view.header("content-type"), encoded(view))
         };
-        let mut known = Vec::new();
+        let mut found = Vec::new();
         let mut watch = false;
         r.usage.retain_mut(|a| {
             let Some(source) = rules.get(a.rule).and_then(|rule| rule.usage.as_ref()) else {
                 return false;
             };
+            a.answered = true;
             match &source.source {
                 UsageSource::Header(name) => match from_headers(view, name) {
                     Some(result) => {
-                        known.push((a.rule, a.key.clone(), a.limits, a.upfront, Some(result)));
+                        found.push(known(a, result));
                         false
                     }
-                    // Not in the headers: maybe in the trailers; not there either: nothing.
-                    None => !trailers,
+                    None if trailers => {
+                        found.push(known(a, Err(Unreadable::Missing)));
+                        false
+                    }
+                    // Not in the headers: maybe in the trailers, else missing at the end.
+                    None => true,
                 },
-                UsageSource::BodyField(_) if trailers => true,
+                UsageSource::BodyField(_) if trailers => {
+                    let result = a
+                        .reader
+                        .take()
+                        .map_or(Err(Unreadable::Missing), BodyReader::finish);
+                    found.push(known(a, result));
+                    false
+                }
+                UsageSource::BodyField(_) if encoded => {
+                    found.push(known(a, Err(Unreadable::Encoded)));
+                    false
+                }
                 UsageSource::BodyField(path) => {
                     a.reader = BodyReader::new(content_type.as_deref(), path);
                     if a.reader.is_none() {
-                        known.push((
-                            a.rule,
-                            a.key.clone(),
-                            a.limits,
-                            a.upfront,
-                            Some(Err(Unreadable::Body)),
-                        ));
+                        found.push(known(a, Err(Unreadable::Body)));
                         return false;
                     }
                     watch = true;
@@ -293,7 +364,7 @@ impl Engine {
                 }
             }
         });
-        self.settle_known(host, ctx, known);
+        self.settle_known(host, ctx, found);
         watch
     }
 
@@ -308,7 +379,7 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&ctx) else {
             return;
         };
-        let mut known = Vec::new();
+        let mut found = Vec::new();
         r.usage.retain_mut(|a| {
             let Some(reader) = a.reader.as_mut() else {
                 return true;
@@ -317,29 +388,78 @@ impl Engine {
             if !end {
                 return true;
             }
-            let result = a.reader.take().and_then(BodyReader::finish);
-            known.push((a.rule, a.key.clone(), a.limits, a.upfront, result));
+            if let Some(reader) = a.reader.take() {
+                found.push(known(a, reader.finish()));
+            }
             false
         });
-        self.settle_known(host, ctx, known);
+        self.settle_known(host, ctx, found);
+    }
+
+    /// The request of these admissions ended (its context is gone) before their usage was
+    /// settled: a body still being read settles what its stream showed so far, or the worst
+    /// case; a usage header that came in neither the headers nor trailers is missing; a
+    /// response that never came is unfinished.
+    pub(super) fn usage_at_end(&mut self, host: &mut dyn Host, ctx: u32, usage: Vec<Admitted>) {
+        let m = &self.plugin.metrics;
+        let found = usage
+            .iter()
+            .map(|a| {
+                let result = match a.reader.as_ref().and_then(BodyReader::seen) {
+                    Some(seen) => {
+                        // Counted here: the usage seen settles like any other.
+                        m.count(a.rule, Counter::UsageUnfinished, 1);
+                        seen
+                    }
+                    None if a.answered && a.reader.is_none() => Err(Unreadable::Missing),
+                    None => Err(Unreadable::Unfinished),
+                };
+                known(a, result)
+            })
+            .collect();
+        self.settle_known(host, ctx, found);
     }
 
     /// Settles the usages just learnt of `ctx`'s admissions, and forgets `ctx` if none is left
     /// to learn.
-    fn settle_known(&mut self, host: &mut dyn Host, ctx: u32, known: Vec<Known>) {
+    fn settle_known(&mut self, host: &mut dyn Host, ctx: u32, found: Vec<Known>) {
         if self.requests.get(&ctx).is_some_and(|r| r.usage.is_empty()) {
             self.requests.remove(&ctx);
         }
+        if found.is_empty() {
+            return;
+        }
         let now = self.now(host);
-        for (rule, key, limits, upfront, result) in known {
+        for (rule, key, limits, upfront, result) in found {
             self.settle_usage(host, rule, &key, limits, upfront, result, now);
         }
         // The flush of a settlement kept pending, and the counts, need the tick.
         self.schedule(host, now, false);
     }
 
-    /// Records what one admission used: the difference from its up-front cost becomes pending
-    /// for its key (flushed after the rule's `flush_ms` unless a call carries it first).
+    /// What an admission of rule `rule_idx` whose usage cannot be read is charged: the rule's
+    /// `usage.unreadable`, or the largest usage this proxy read for the rule lately; never less
+    /// than the `upfront` cost it paid.
+    fn worst_case(&self, host: &dyn Host, rule_idx: usize, upfront: u64, now: u64) -> u64 {
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            return upfront;
+        };
+        let worst = match rule.usage.as_ref().map(|u| u.unreadable) {
+            Some(WorstCase::Fixed(n)) => n,
+            Some(WorstCase::Recent) | None => {
+                // A failed read of shared data knows nothing more than the up-front cost.
+                peak::recent(host.store(), &self.plugin.ns, &rule.name, now)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0)
+            }
+        };
+        worst.max(upfront)
+    }
+
+    /// Records what one admission used (or the worst case, if that cannot be read): the
+    /// difference from its up-front cost becomes pending for its key (flushed after the rule's
+    /// `flush_ms` unless a call carries it first).
     #[allow(clippy::too_many_arguments)]
     fn settle_usage(
         &mut self,
@@ -348,7 +468,7 @@ impl Engine {
         key: &str,
         limits: Limits,
         upfront: u64,
-        result: Option<Result<u64, Unreadable>>,
+        result: Result<u64, Unreadable>,
         now: u64,
     ) {
         let Some(rule) = self.plugin.rule(rule_idx) else {
@@ -357,23 +477,36 @@ impl Engine {
         let cap = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
         let m = &self.plugin.metrics;
         let used = match result {
-            None => return,
-            Some(Ok(used)) => used,
-            Some(Err(why)) => {
-                m.count(rule_idx, Counter::UsageInvalid, 1);
+            Ok(used) => {
+                if let Some(WorstCase::Recent) = rule.usage.as_ref().map(|u| u.unreadable) {
+                    // Best effort: a lost update leaves the estimate where it was.
+                    let _ = peak::record(
+                        host.store(),
+                        &self.plugin.ns,
+                        &rule.name,
+                        used.min(cap),
+                        now,
+                    );
+                }
+                used
+            }
+            Err(why) => {
+                let worst = self.worst_case(host, rule_idx, upfront, now);
+                m.count(rule_idx, why.counter(), 1);
+                m.count(rule_idx, Counter::UsageWorstCase, 1);
                 if !std::mem::replace(&mut self.usage_logged, true) {
                     log::warn!(
                         "tollgate: rule {}: a response's usage could not be read ({why:?}); \
-                         nothing is settled for such responses (counted in usage_invalid; \
-                         logged once per worker)",
+                         such an admission is charged the worst case, here {worst} \
+                         (counted in usage_worst_case; logged once per worker)",
                         rule.name
                     );
                 }
-                return;
+                worst
             }
         };
         let (delta, clamped) = settlement(used, upfront, cap);
-        if clamped {
+        if clamped && result.is_ok() {
             m.count(rule_idx, Counter::UsageClamped, 1);
         }
         match delta {
@@ -482,12 +615,16 @@ mod tests {
         p.split('.').map(str::to_owned).collect()
     }
 
-    fn read(ct: &str, chunks: &[&[u8]], p: &str) -> Option<Result<u64, Unreadable>> {
-        let mut r = BodyReader::new(Some(ct.as_bytes()), &path(p))?;
+    fn reader(ct: &str, chunks: &[&[u8]], p: &str) -> BodyReader {
+        let mut r = BodyReader::new(Some(ct.as_bytes()), &path(p)).unwrap();
         for c in chunks {
             r.feed(c);
         }
-        r.finish()
+        r
+    }
+
+    fn read(ct: &str, chunks: &[&[u8]], p: &str) -> Result<u64, Unreadable> {
+        reader(ct, chunks, p).finish()
     }
 
     #[test]
@@ -517,12 +654,17 @@ mod tests {
                     &[a, b],
                     "usage.total_tokens"
                 ),
-                Some(Ok(40))
+                Ok(40)
             );
         }
         assert_eq!(
             read("application/json", &[br#"{"a":1}"#], "usage.total_tokens"),
-            None
+            Err(Unreadable::Missing)
+        );
+        assert_eq!(
+            read("application/json", &[b"", b" \r\n"], "usage.total_tokens"),
+            Err(Unreadable::Missing),
+            "an empty body"
         );
         assert_eq!(
             read(
@@ -530,11 +672,11 @@ mod tests {
                 &[br#"{"usage":{"total_tokens":-3}}"#],
                 "usage.total_tokens"
             ),
-            Some(Err(Unreadable::Invalid))
+            Err(Unreadable::Invalid)
         );
         assert_eq!(
             read("application/json", &[b"{not json"], "usage.total_tokens"),
-            Some(Err(Unreadable::Body))
+            Err(Unreadable::Body)
         );
         assert!(BodyReader::new(Some(b"text/html"), &path("a")).is_none());
         assert!(BodyReader::new(None, &path("a")).is_none());
@@ -553,7 +695,18 @@ mod tests {
             r.feed(c);
             assert!(r.window.len() <= WINDOW);
         }
-        assert_eq!(r.finish(), Some(Ok(40)));
+        assert_eq!(r.finish(), Ok(40));
+        // The field before the tail: too large to read (not missing, not invalid).
+        let body = format!(
+            r#"{{"usage":{{"total_tokens":40}},"text":"{}"}}"#,
+            "x".repeat(WINDOW)
+        );
+        assert_eq!(
+            read("application/json", &[body.as_bytes()], "usage.total_tokens"),
+            Err(Unreadable::TooLarge)
+        );
+        let r = reader("application/json", &[body.as_bytes()], "usage.total_tokens");
+        assert_eq!(r.seen(), None, "a JSON body is read only whole");
     }
 
     #[test]
@@ -567,7 +720,7 @@ mod tests {
             let chunks: Vec<&[u8]> = stream.chunks(size).collect();
             assert_eq!(
                 read("text/event-stream", &chunks, "usage.total_tokens"),
-                Some(Ok(40)),
+                Ok(40),
                 "{size}"
             );
         }
@@ -576,7 +729,86 @@ mod tests {
         let mut r = BodyReader::new(Some(b"text/event-stream"), &path("u")).unwrap();
         r.feed(long.as_bytes());
         r.feed(b"data: {\"u\":5}");
-        assert_eq!(r.finish(), Some(Ok(5)), "the last event needs no newline");
+        assert_eq!(r.finish(), Ok(5), "the last event needs no newline");
+    }
+
+    #[test]
+    fn a_stream_without_a_usage_event_is_missing_or_too_large() {
+        let plain = b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n";
+        assert_eq!(
+            read("text/event-stream", &[plain], "usage.total_tokens"),
+            Err(Unreadable::Missing)
+        );
+        // The usage in a line longer than the window: skipped, so too large.
+        let long = format!(
+            "data: {{\"pad\":\"{}\",\"usage\":{{\"total_tokens\":40}}}}\n\n",
+            "x".repeat(WINDOW)
+        );
+        assert_eq!(
+            read(
+                "text/event-stream",
+                &[long.as_bytes()],
+                "usage.total_tokens"
+            ),
+            Err(Unreadable::TooLarge)
+        );
+        // Cut at the very end, with no newline after it: too large as well.
+        assert_eq!(
+            read(
+                "text/event-stream",
+                &[&long.as_bytes()[..WINDOW + 10]],
+                "usage.total_tokens"
+            ),
+            Err(Unreadable::TooLarge)
+        );
+    }
+
+    #[test]
+    fn what_a_stream_showed_before_it_was_cut_off() {
+        let mut r = reader("text/event-stream", &[b"data: {\"u\":1}\n\n"], "u");
+        assert_eq!(r.seen(), Some(Ok(1)));
+        r.feed(b"data: {\"u\":40}\n\ndata: {\"u\"");
+        assert_eq!(r.seen(), Some(Ok(40)), "the last complete event");
+        let r = reader("text/event-stream", &[b"data: {\"choices\":[]}\n"], "u");
+        assert_eq!(r.seen(), None);
+    }
+
+    #[test]
+    fn only_identity_is_not_encoded() {
+        struct Headers(&'static [(&'static str, &'static str)]);
+        impl RequestView for Headers {
+            fn header(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
+                self.0
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| std::borrow::Cow::Borrowed(v.as_bytes()))
+            }
+            fn client_ip(&self) -> Option<Vec<u8>> {
+                None
+            }
+        }
+        assert!(!encoded(&Headers(&[])));
+        assert!(!encoded(&Headers(&[("content-encoding", "identity")])));
+        assert!(!encoded(&Headers(&[("content-encoding", " Identity ")])));
+        assert!(!encoded(&Headers(&[("content-encoding", "")])));
+        assert!(encoded(&Headers(&[("content-encoding", "gzip")])));
+        assert!(encoded(&Headers(&[("content-encoding", "br")])));
+        assert!(encoded(&Headers(&[("content-encoding", "identity, gzip")])));
+    }
+
+    #[test]
+    fn each_reason_has_its_counter() {
+        use Unreadable::*;
+        for (why, counter) in [
+            (Invalid, Counter::UsageInvalid),
+            (Body, Counter::UsageInvalid),
+            (Missing, Counter::UsageMissing),
+            (Encoded, Counter::UsageEncoded),
+            (TooLarge, Counter::UsageTooLarge),
+            (Unfinished, Counter::UsageUnfinished),
+        ] {
+            assert_eq!(why.counter(), counter);
+        }
     }
 
     #[test]
