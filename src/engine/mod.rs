@@ -513,7 +513,9 @@ impl Engine {
         let Some(mut r) = self.requests.remove(&ctx) else {
             return;
         };
-        if !r.usage.is_empty() {
+        // A request still held for its reservation never went upstream: it used nothing beyond
+        // what it paid up front.
+        if !r.usage.is_empty() && !self.held.iter().any(|Reverse((_, held))| *held == ctx) {
             let usage = std::mem::take(&mut r.usage);
             self.usage_at_end(host, ctx, usage);
         }

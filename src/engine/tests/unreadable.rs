@@ -241,3 +241,26 @@ fn a_body_too_large_to_read_is_the_worst_case() {
     assert_eq!(rec.get(0, Counter::UsageTooLarge), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
 }
+
+#[test]
+fn a_request_gone_while_held_for_its_reservation_used_nothing_more() {
+    let rules = r#"{"name":"llm","key":["header:x-user"],"rate":10,"burst":100,"max_wait_ms":800,
+        "usage":{"header":"x-used","unreadable":60}}"#;
+    let (mut e, rec) = engine("", rules);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
+    assert!(h.resumed.is_empty(), "held");
+    e.done(&mut h, 10);
+    assert_eq!(rec.get(0, Counter::UsageWorstCase), 0);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 0);
+    // Once resumed it may have reached the upstream: gone before its answer is the worst case.
+    send(&mut e, &mut h, 11, &user("a"));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 300, 800, 1));
+    h.now = 300;
+    e.tick(&mut h);
+    assert_eq!(h.resumed, [11]);
+    e.done(&mut h, 11);
+    assert_eq!(rec.get(0, Counter::UsageUnfinished), 1);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 59);
+}
