@@ -1523,7 +1523,8 @@ fn refunds_trailers_bodies_and_bad_values() {
         "used 2 of the 5 paid"
     );
     e.done(&mut h, 10);
-    // Bad values settle nothing and are counted.
+    // Bad values are counted and charged the worst case: the largest usage read (2 and 30),
+    // never below the up-front cost (5 and 1).
     e.request_headers(&mut h, 11, &user("b"));
     deliver(&mut e, &mut h, 3, 200, &answer(true, 50, 0, 100, 5));
     deliver(&mut e, &mut h, 4, 200, &answer(true, 50, 0, 100, 1));
@@ -1531,6 +1532,8 @@ fn refunds_trailers_bodies_and_bad_values() {
     assert!(!e.response_headers(&mut h, 11, &html));
     assert_eq!(rec.get(0, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(1, Counter::UsageInvalid), 1);
+    assert_eq!(rec.get(0, Counter::UsageRefunded), 3, "5 paid, 5 charged");
+    assert_eq!(rec.get(1, Counter::UsageCharged), 2 * 29);
     // Absurd usage is clamped to four bursts.
     e.request_headers(&mut h, 12, &user("c"));
     deliver(&mut e, &mut h, 5, 200, &answer(true, 50, 0, 100, 5));
