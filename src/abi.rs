@@ -77,6 +77,13 @@ mod imports {
             value_data: *const u8,
             value_size: usize,
         ) -> u32;
+        pub fn proxy_replace_header_map_value(
+            map_type: u32,
+            key_data: *const u8,
+            key_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> u32;
         pub fn proxy_get_property(
             path_data: *const u8,
             path_size: usize,
@@ -267,6 +274,20 @@ pub fn add_header(map: u32, name: &str, value: &str) -> u32 {
     // SAFETY: pointer/length pairs of live strings.
     unsafe {
         imports::proxy_add_header_map_value(
+            map,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    }
+}
+
+/// Sets header `name` of map `map` to `value`, replacing every line of it.
+pub fn replace_header(map: u32, name: &str, value: &str) -> u32 {
+    // SAFETY: pointer/length pairs of live strings.
+    unsafe {
+        imports::proxy_replace_header_map_value(
             map,
             name.as_ptr(),
             name.len(),

@@ -124,6 +124,20 @@ pub struct Usage {
     pub source: UsageSource,
     /// A key with a pending settlement and no next call is flushed after this long.
     pub flush_ms: u64,
+    /// What an admission whose usage never becomes readable is charged (never less than its
+    /// up-front cost).
+    pub unreadable: WorstCase,
+}
+
+/// What a usage rule charges an admission whose response's usage cannot be read (none in the
+/// answer, an encoding or size the filter does not read, an invalid value, a request that ended
+/// before its response did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorstCase {
+    /// The largest usage this proxy read for the rule lately (`shared::peak`).
+    Recent,
+    /// The rule's `usage.unreadable` (1 ..= [`MAX_TOKENS`]).
+    Fixed(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,7 +421,7 @@ const RULE_FIELDS: &[&str] = &[
     "usage",
     "overrides",
 ];
-const USAGE_FIELDS: &[&str] = &["header", "body_field", "flush_ms"];
+const USAGE_FIELDS: &[&str] = &["header", "body_field", "flush_ms", "unreadable"];
 pub const DEFAULT_USAGE_FLUSH_MS: u64 = 100;
 pub const MAX_USAGE_FLUSH_MS: u64 = 10_000;
 /// Most segments of a `usage.body_field`, and most bytes of one segment.
@@ -1152,7 +1166,14 @@ fn parse_usage(obj: &Obj<'_>) -> Result<Usage, ConfigError> {
     let flush_ms = obj
         .opt_int("flush_ms", 1, MAX_USAGE_FLUSH_MS)?
         .unwrap_or(DEFAULT_USAGE_FLUSH_MS);
-    Ok(Usage { source, flush_ms })
+    let unreadable = obj
+        .opt_int("unreadable", 1, MAX_TOKENS)?
+        .map_or(WorstCase::Recent, WorstCase::Fixed);
+    Ok(Usage {
+        source,
+        flush_ms,
+        unreadable,
+    })
 }
 
 /// `rate` (required), `period_ms` and `burst` of `obj`, as a rule or its `fallback`.
@@ -1693,12 +1714,16 @@ mod tests {
         let want = Usage {
             source: UsageSource::Header("x-usage-tokens".into()),
             flush_ms: DEFAULT_USAGE_FLUSH_MS,
+            unreadable: WorstCase::Recent,
         };
         assert_eq!(r.usage, Some(want));
-        let r = one_rule(r#""rate":1,"usage":{"body_field":"usage.total_tokens","flush_ms":50}"#);
+        let r = one_rule(
+            r#""rate":1,"usage":{"body_field":"usage.total_tokens","flush_ms":50,"unreadable":4000}"#,
+        );
         let want = Usage {
             source: UsageSource::BodyField(vec!["usage".into(), "total_tokens".into()]),
             flush_ms: 50,
+            unreadable: WorstCase::Fixed(4000),
         };
         assert_eq!(r.usage, Some(want));
         for (rule, message) in [
@@ -1725,6 +1750,18 @@ mod tests {
             (
                 r#""rate":1,"usage":{"header":"x","flush_ms":0}"#,
                 "rules[0].usage.flush_ms: must be an integer >= 1",
+            ),
+            (
+                r#""rate":1,"usage":{"header":"x","unreadable":0}"#,
+                "rules[0].usage.unreadable: must be an integer >= 1",
+            ),
+            (
+                r#""rate":1,"usage":{"header":"x","unreadable":1000000001}"#,
+                "rules[0].usage.unreadable: must be an integer <= 1000000000",
+            ),
+            (
+                r#""rate":1,"usage":{"header":"x","unreadable":"max"}"#,
+                "rules[0].usage.unreadable: must be an integer >= 1",
             ),
             (
                 r#""rate":1,"usage":{"header":"x","tokens":1}"#,

@@ -6,7 +6,8 @@
 //! `usage-body` (Envoy would call it for every chunk of every response, and only a usage rule's
 //! `body_field` reads it). A request's end is its context's deletion: Envoy calls
 //! `proxy_on_delete` right after `proxy_on_done` (`Context::onDestroy`), so the done and log
-//! events, which would cost a crossing each, are not exported.
+//! events, which would cost a crossing each, are not exported; a usage the response had not
+//! reported by then is settled there.
 //!
 //! Invariant: each worker's root context owns one `Engine`; an HTTP context is only its id, the
 //! root it belongs to and whether its response body is watched, so all request state lives in the
@@ -172,16 +173,21 @@ pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32)
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, _end: u32) -> u32 {
+pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32) -> u32 {
     let view = HostResponse::headers();
     let wants_body = with_engine(ctx, |e, h| e.response_headers(h, ctx, &view)) == Some(true);
     #[cfg(feature = "usage-body")]
     if wants_body {
-        with_stream(ctx, |s| s.watch_body = true);
+        if end != 0 {
+            // No body follows: the readers see it end empty.
+            with_engine(ctx, |e, h| e.response_body(h, ctx, &[], true));
+        } else {
+            with_stream(ctx, |s| s.watch_body = true);
+        }
     }
     // Without the body callback no rule wants a body: configure refused every one that reads it.
     #[cfg(not(feature = "usage-body"))]
-    let _ = wants_body;
+    let _ = (wants_body, end);
     abi::ACTION_CONTINUE
 }
 
@@ -208,8 +214,11 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> u32
     abi::ACTION_CONTINUE
 }
 
+/// Response trailers: a usage header may come there, and the body (if watched) has ended.
 #[no_mangle]
 pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> u32 {
+    #[cfg(feature = "usage-body")]
+    with_stream(ctx, |s| s.watch_body = false);
     let view = HostResponse::trailers();
     with_engine(ctx, |e, h| e.response_trailers(h, ctx, &view));
     abi::ACTION_CONTINUE

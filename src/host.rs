@@ -302,6 +302,15 @@ impl Host for WasmHost {
         }
     }
 
+    fn set_request_header(&mut self, ctx: u32, name: &str, value: &str) {
+        let status = self.in_context(ctx, || {
+            abi::replace_header(abi::MAP_REQUEST_HEADERS, name, value)
+        });
+        if status != abi::OK {
+            log::warn!("tollgate: setting request header {name} failed (status {status})");
+        }
+    }
+
     fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>> {
         // The attribute, as `HostRequest::header` reads it, in the request's own context.
         if !self.act_for(ctx) {

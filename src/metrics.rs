@@ -56,13 +56,28 @@ pub enum Counter {
     UsageRefunded,
     /// Usage values above four bursts, counted as four bursts.
     UsageClamped,
-    /// Responses whose usage was not a non-negative integer or could not be read (body too large,
-    /// not JSON or an event stream): nothing is settled for them.
+    /// Responses whose usage was not a non-negative integer, or whose body was neither JSON nor
+    /// an event stream, or malformed: charged the worst case.
     UsageInvalid,
+    /// Responses that ended without a usage (no header or trailer, no field in the JSON body or
+    /// in any event of the stream): charged the worst case.
+    UsageMissing,
+    /// Responses with a `content-encoding` the filter does not read (the upstream ignored the
+    /// request for identity): charged the worst case.
+    UsageEncoded,
+    /// Responses whose usage was not within the window the filter keeps (a JSON body's last
+    /// 16 KiB, an event line of at most 16 KiB): charged the worst case.
+    UsageTooLarge,
+    /// Admissions whose request ended before their response did (the client left, or the stream
+    /// was reset): charged the usage the stream had shown so far, or the worst case.
+    UsageUnfinished,
+    /// Admissions charged the worst case, whatever the reason (each also counts in one of the
+    /// counters above).
+    UsageWorstCase,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 24] = [
+    pub const ALL: [Counter; 29] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -87,6 +102,11 @@ impl Counter {
         Counter::UsageRefunded,
         Counter::UsageClamped,
         Counter::UsageInvalid,
+        Counter::UsageMissing,
+        Counter::UsageEncoded,
+        Counter::UsageTooLarge,
+        Counter::UsageUnfinished,
+        Counter::UsageWorstCase,
     ];
 
     /// The number of counters of a rule.
@@ -120,6 +140,11 @@ impl Counter {
             Counter::UsageRefunded => 21,
             Counter::UsageClamped => 22,
             Counter::UsageInvalid => 23,
+            Counter::UsageMissing => 24,
+            Counter::UsageEncoded => 25,
+            Counter::UsageTooLarge => 26,
+            Counter::UsageUnfinished => 27,
+            Counter::UsageWorstCase => 28,
         }
     }
 
@@ -153,6 +178,11 @@ impl Counter {
             Counter::UsageRefunded => "usage_refunded",
             Counter::UsageClamped => "usage_clamped",
             Counter::UsageInvalid => "usage_invalid",
+            Counter::UsageMissing => "usage_missing",
+            Counter::UsageEncoded => "usage_encoded",
+            Counter::UsageTooLarge => "usage_too_large",
+            Counter::UsageUnfinished => "usage_unfinished",
+            Counter::UsageWorstCase => "usage_worst_case",
         }
     }
 }

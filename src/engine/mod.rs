@@ -59,6 +59,12 @@ pub trait Host {
     fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>>;
     /// Adds headers to the response of `ctx` (called while its response headers are processed).
     fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]);
+    /// Sets request header `name` of `ctx` to `value`, replacing every line of it (called inside
+    /// its `request_headers`, before it goes upstream). Without an override a host has no request
+    /// headers to change (the lease simulator), so nothing happens.
+    fn set_request_header(&mut self, ctx: u32, name: &str, value: &str) {
+        let _ = (ctx, name, value);
+    }
     /// Ticks every `period_ms` (0: stop).
     fn set_tick(&mut self, period_ms: u64);
     /// Puts `message` on another worker's shared queue `queue` (false: no such queue).
@@ -116,6 +122,8 @@ struct Admitted {
     /// The key's effective limits (a settlement must not change them).
     limits: crate::bucket::Limits,
     upfront: u64,
+    /// The response's headers have been seen.
+    answered: bool,
     /// Following the body, for a `body_field` source.
     reader: Option<usage::BodyReader>,
 }
@@ -367,6 +375,15 @@ impl Engine {
             .filter(|(_, c)| c.outcome.is_none())
             .map(|(i, c)| (i, c.route))
             .collect();
+        if request.checks.iter().any(|c| {
+            self.plugin
+                .rule(c.rule)
+                .is_some_and(crate::config::Rule::reads_body)
+        }) {
+            // Its usage will be read from the body, which the filter reads only unencoded: ask
+            // the upstream for that (an answer encoded anyway is charged the worst case).
+            host.set_request_header(ctx, "accept-encoding", "identity");
+        }
         self.requests.insert(ctx, request);
         let now = self.now(host);
         // A lease call checks the breaker when it is about to go out; the others check it here.
@@ -487,14 +504,21 @@ impl Engine {
         self.usage_from_headers(host, ctx, trailers, true);
     }
 
-    /// Context `ctx` is gone (the client went away, or the request ended): forget it. Calls it
-    /// sent stay out: the host owns every callout on the root context and answers it there even
-    /// after the request that sent it is gone (proxy-wasm-cpp-host `http_call` and Higress' Redis
-    /// calls), so their grants still serve the other waiters and the pool.
+    /// Context `ctx` is gone (the client went away, or the request ended): forget it, settling
+    /// the usage its response has not reported yet. Calls it sent stay out: the host owns every
+    /// callout on the root context and answers it there even after the request that sent it is
+    /// gone (proxy-wasm-cpp-host `http_call` and Higress' Redis calls), so their grants still
+    /// serve the other waiters and the pool.
     pub fn done(&mut self, host: &mut dyn Host, ctx: u32) {
-        let Some(r) = self.requests.remove(&ctx) else {
+        let Some(mut r) = self.requests.remove(&ctx) else {
             return;
         };
+        // A request still held for its reservation never went upstream: it used nothing beyond
+        // what it paid up front.
+        if !r.usage.is_empty() && !self.held.iter().any(|Reverse((_, held))| *held == ctx) {
+            let usage = std::mem::take(&mut r.usage);
+            self.usage_at_end(host, ctx, usage);
+        }
         let mut waited = false;
         for c in r.checks.iter().filter(|c| c.outcome.is_none()) {
             waited = true;

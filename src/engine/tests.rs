@@ -32,6 +32,8 @@ struct Fake {
     queues: HashMap<u32, std::collections::VecDeque<Vec<u8>>>,
     /// Request headers the host keeps readable after `request_headers` (see [`send`]).
     request_headers: HashMap<u32, HashMap<String, Vec<u8>>>,
+    /// Request headers the engine set, in order.
+    set_headers: Vec<(u32, String, String)>,
 }
 
 impl Host for Fake {
@@ -68,6 +70,13 @@ impl Host for Fake {
     }
     fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>> {
         self.request_headers.get(&ctx)?.get(name).cloned()
+    }
+    fn set_request_header(&mut self, ctx: u32, name: &str, value: &str) {
+        self.set_headers
+            .push((ctx, name.to_string(), value.to_string()));
+        if let Some(headers) = self.request_headers.get_mut(&ctx) {
+            headers.insert(name.to_string(), value.as_bytes().to_vec());
+        }
     }
     fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
         match self.queues.get_mut(&queue) {
@@ -1529,7 +1538,8 @@ fn refunds_trailers_bodies_and_bad_values() {
         "used 2 of the 5 paid"
     );
     e.done(&mut h, 10);
-    // Bad values settle nothing and are counted.
+    // Bad values are counted and charged the worst case: the largest usage read (2 and 30),
+    // never below the up-front cost (5 and 1).
     e.request_headers(&mut h, 11, &user("b"));
     deliver(&mut e, &mut h, 3, 200, &answer(true, 50, 0, 100, 5));
     deliver(&mut e, &mut h, 4, 200, &answer(true, 50, 0, 100, 1));
@@ -1537,6 +1547,8 @@ fn refunds_trailers_bodies_and_bad_values() {
     assert!(!e.response_headers(&mut h, 11, &html));
     assert_eq!(rec.get(0, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(1, Counter::UsageInvalid), 1);
+    assert_eq!(rec.get(0, Counter::UsageRefunded), 3, "5 paid, 5 charged");
+    assert_eq!(rec.get(1, Counter::UsageCharged), 2 * 29);
     // Absurd usage is clamped to four bursts.
     e.request_headers(&mut h, 12, &user("c"));
     deliver(&mut e, &mut h, 5, 200, &answer(true, 50, 0, 100, 5));
@@ -1716,3 +1728,6 @@ fn profile_lease_new_keys() {
         h.sent.clear();
     }
 }
+
+/// Usage that never becomes readable.
+mod unreadable;

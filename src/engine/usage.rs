@@ -1,201 +1,26 @@
-//! Reading what a response says it used: a header value, a dotted field of a JSON body, or of the
-//! last server-sent event that carries it; and what that means for the bucket.
+//! What a response's usage means for the bucket (the reading itself is in [`read`]): the
+//! difference from the up-front cost, settled through this proxy's pending settlements.
 //!
-//! Invariant: memory per response is bounded (`WINDOW` bytes), every body chunk is only looked at
-//! (never held back), and whatever the upstream sends, the result is a usage in `[0, cap]`, or
-//! nothing (an invalid, missing or unreadable value settles nothing).
+//! Invariant: every admission of a usage rule by the global bucket that may have reached the
+//! upstream (not one still held for its reservation) settles exactly once: the usage its
+//! response reported, clamped to `[0, cap]`, or, when that never becomes readable (none in the
+//! answer, an invalid value, an encoding or a size the reader does not take, a request that ended
+//! before its response did), a worst case that is never below what the admission paid up front.
+//! So nothing a client or upstream does to the answer lowers a charge below the up-front cost, and
+//! only a readable usage below it refunds.
 
 use std::cmp::Reverse;
 
 use super::{Admitted, Call, Engine, Host, Purpose, Request};
 use crate::backend::ScriptCall;
 use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
-use crate::config::{UsageSource, DEFAULT_USAGE_FLUSH_MS};
+use crate::config::{UsageSource, WorstCase, DEFAULT_USAGE_FLUSH_MS};
 use crate::metrics::{Counter, Metrics};
 use crate::rule::RequestView;
-use crate::shared::settle;
+use crate::shared::{peak, settle};
 
-/// Most bytes kept per response: the current SSE line, or the tail of a JSON body.
-pub const WINDOW: usize = 16 * 1024;
-
-/// Why a response's usage could not be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unreadable {
-    /// The value is not a non-negative integer (or was given twice).
-    Invalid,
-    /// The body is neither JSON nor an event stream, or the field was not within the window.
-    Body,
-}
-
-/// Parses a usage header value: digits only (a repeated header, which Envoy joins with a comma,
-/// is not a number and so is invalid).
-pub fn parse_header(value: &[u8]) -> Result<u64, Unreadable> {
-    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
-        return Err(Unreadable::Invalid);
-    }
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or(Unreadable::Invalid)
-}
-
-/// The header of `name` in a response view (response headers and trailers are read through the
-/// same trait as requests).
-pub fn from_headers(view: &dyn RequestView, name: &str) -> Option<Result<u64, Unreadable>> {
-    view.header(name).map(|v| parse_header(&v))
-}
-
-fn field<'a>(doc: &'a serde_json::Value, path: &[String]) -> Option<&'a serde_json::Value> {
-    path.iter().try_fold(doc, |v, seg| v.get(seg.as_str()))
-}
-
-fn as_usage(v: &serde_json::Value) -> Result<u64, Unreadable> {
-    v.as_u64().ok_or(Unreadable::Invalid)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Json,
-    EventStream,
-}
-
-/// Follows one response body, chunk by chunk.
-#[derive(Debug)]
-pub struct BodyReader {
-    kind: Kind,
-    path: Vec<String>,
-    /// JSON: the last `WINDOW` bytes seen (and whether anything was cut off before them).
-    /// Event stream: the current line (and whether it overflowed).
-    window: Vec<u8>,
-    cut: bool,
-    /// Event stream: the usage of the last event that carried the field.
-    found: Option<Result<u64, Unreadable>>,
-}
-
-impl BodyReader {
-    /// A reader for a body of `content_type`, or None if it is neither JSON nor an event stream.
-    pub fn new(content_type: Option<&[u8]>, path: &[String]) -> Option<BodyReader> {
-        let ct = content_type?.to_ascii_lowercase();
-        let essence = ct
-            .split(|&b| b == b';')
-            .next()
-            .unwrap_or_default()
-            .trim_ascii();
-        let kind = if essence == b"text/event-stream" {
-            Kind::EventStream
-        } else if essence == b"application/json" || essence.ends_with(b"+json") {
-            Kind::Json
-        } else {
-            return None;
-        };
-        Some(BodyReader {
-            kind,
-            path: path.to_vec(),
-            window: Vec::new(),
-            cut: false,
-            found: None,
-        })
-    }
-
-    /// Looks at the next chunk of the body.
-    pub fn feed(&mut self, chunk: &[u8]) {
-        match self.kind {
-            Kind::Json => {
-                self.window.extend_from_slice(chunk);
-                if self.window.len() > WINDOW {
-                    let excess = self.window.len() - WINDOW;
-                    self.window.drain(..excess);
-                    self.cut = true;
-                }
-            }
-            Kind::EventStream => {
-                for line in chunk.split_inclusive(|&b| b == b'\n') {
-                    let complete = line.last() == Some(&b'\n');
-                    if self.window.len() + line.len() > WINDOW {
-                        self.cut = true;
-                    } else if !self.cut {
-                        self.window.extend_from_slice(line);
-                    }
-                    if complete {
-                        if !self.cut {
-                            let line = std::mem::take(&mut self.window);
-                            self.event_line(&line);
-                        }
-                        self.window.clear();
-                        self.cut = false;
-                    }
-                }
-            }
-        }
-    }
-
-    fn event_line(&mut self, line: &[u8]) {
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        let Ok(doc) = serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) else {
-            return; // e.g. "data: [DONE]"
-        };
-        if let Some(v) = field(&doc, &self.path) {
-            self.found = Some(as_usage(v));
-        }
-    }
-
-    /// The usage, once the body has ended: None if the body did not carry the field.
-    pub fn finish(mut self) -> Option<Result<u64, Unreadable>> {
-        match self.kind {
-            Kind::EventStream => {
-                let last = std::mem::take(&mut self.window);
-                if !self.cut {
-                    self.event_line(&last);
-                }
-                self.found
-            }
-            Kind::Json if !self.cut => {
-                match serde_json::from_slice::<serde_json::Value>(&self.window) {
-                    Ok(doc) => field(&doc, &self.path).map(as_usage),
-                    Err(_) => Some(Err(Unreadable::Body)),
-                }
-            }
-            Kind::Json => Some(self.read_tail()),
-        }
-    }
-
-    /// A JSON body larger than the window: find the last `"<first segment>":` that is not inside
-    /// a string's escape, and read the value that follows it.
-    fn read_tail(&self) -> Result<u64, Unreadable> {
-        let (first, rest) = self.path.split_first().ok_or(Unreadable::Body)?;
-        let needle = format!("\"{first}\"");
-        let w = &self.window;
-        let mut end = w.len();
-        while let Some(pos) = find_last(w.get(..end).unwrap_or_default(), needle.as_bytes()) {
-            end = pos;
-            if pos > 0 && w.get(pos - 1) == Some(&b'\\') {
-                continue;
-            }
-            let after = w.get(pos + needle.len()..).unwrap_or_default();
-            let after = after.trim_ascii_start();
-            let Some(value) = after.strip_prefix(b":") else {
-                continue;
-            };
-            let mut stream =
-                serde_json::Deserializer::from_slice(value).into_iter::<serde_json::Value>();
-            if let Some(Ok(v)) = stream.next() {
-                return field(&v, rest).map_or(Err(Unreadable::Body), as_usage);
-            }
-        }
-        Err(Unreadable::Body)
-    }
-}
-
-fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
-    }
-    (0..=hay.len() - needle.len())
-        .rev()
-        .find(|&i| hay.get(i..i + needle.len()) == Some(needle))
-}
+mod read;
+pub use read::{encoded, from_headers, parse_header, BodyReader, Unreadable, WINDOW};
 
 /// The settlement for one admission: usage clamped to `[0, cap]`, minus what was charged up front.
 /// Returns (delta, whether the usage was clamped).
@@ -211,8 +36,12 @@ pub fn settlement(usage: u64, upfront: u64, cap: u64) -> (i64, bool) {
 // ----- the engine's side: from responses to settlements -----
 
 /// What one admission of a usage rule used, once known: its rule, key, limits, up-front cost and
-/// the usage read (None: nothing to settle).
-type Known = (usize, String, Limits, u64, Option<Result<u64, Unreadable>>);
+/// the usage read (or why there is none).
+type Known = (usize, String, Limits, u64, Result<u64, Unreadable>);
+
+fn known(a: &Admitted, result: Result<u64, Unreadable>) -> Known {
+    (a.rule, a.key.clone(), a.limits, a.upfront, result)
+}
 
 impl Engine {
     /// The usage rules that admitted `r` through the global bucket (they charged its up-front
@@ -237,13 +66,14 @@ impl Engine {
                 key: c.call.key.clone(),
                 limits: c.call.limits(),
                 upfront: c.call.cost,
+                answered: false,
                 reader: None,
             })
             .collect()
     }
 
-    /// Usage from response headers (or, with `trailers`, trailers); starts body readers. True if
-    /// a body reader wants the body.
+    /// Usage from response headers (or, with `trailers`, trailers); starts body readers, and
+    /// finishes them at the trailers (the body has ended). True if a body reader wants the body.
     pub(super) fn usage_from_headers(
         &mut self,
         host: &mut dyn Host,
@@ -255,37 +85,47 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&ctx).filter(|r| !r.usage.is_empty()) else {
             return false;
         };
-        let content_type = if trailers {
-            None
+        let (content_type, encoded) = if trailers {
+            (None, false)
         } else {
-            view.header("content-type")
+            (view.header("content-type"), encoded(view))
         };
-        let mut known = Vec::new();
+        let mut found = Vec::new();
         let mut watch = false;
         r.usage.retain_mut(|a| {
             let Some(source) = rules.get(a.rule).and_then(|rule| rule.usage.as_ref()) else {
                 return false;
             };
+            a.answered = true;
             match &source.source {
                 UsageSource::Header(name) => match from_headers(view, name) {
                     Some(result) => {
-                        known.push((a.rule, a.key.clone(), a.limits, a.upfront, Some(result)));
+                        found.push(known(a, result));
                         false
                     }
-                    // Not in the headers: maybe in the trailers; not there either: nothing.
-                    None => !trailers,
+                    None if trailers => {
+                        found.push(known(a, Err(Unreadable::Missing)));
+                        false
+                    }
+                    // Not in the headers: maybe in the trailers, else missing at the end.
+                    None => true,
                 },
-                UsageSource::BodyField(_) if trailers => true,
+                UsageSource::BodyField(_) if trailers => {
+                    let result = a
+                        .reader
+                        .take()
+                        .map_or(Err(Unreadable::Missing), BodyReader::finish);
+                    found.push(known(a, result));
+                    false
+                }
+                UsageSource::BodyField(_) if encoded => {
+                    found.push(known(a, Err(Unreadable::Encoded)));
+                    false
+                }
                 UsageSource::BodyField(path) => {
                     a.reader = BodyReader::new(content_type.as_deref(), path);
                     if a.reader.is_none() {
-                        known.push((
-                            a.rule,
-                            a.key.clone(),
-                            a.limits,
-                            a.upfront,
-                            Some(Err(Unreadable::Body)),
-                        ));
+                        found.push(known(a, Err(Unreadable::Body)));
                         return false;
                     }
                     watch = true;
@@ -293,7 +133,7 @@ impl Engine {
                 }
             }
         });
-        self.settle_known(host, ctx, known);
+        self.settle_known(host, ctx, found);
         watch
     }
 
@@ -308,7 +148,7 @@ impl Engine {
         let Some(r) = self.requests.get_mut(&ctx) else {
             return;
         };
-        let mut known = Vec::new();
+        let mut found = Vec::new();
         r.usage.retain_mut(|a| {
             let Some(reader) = a.reader.as_mut() else {
                 return true;
@@ -317,29 +157,78 @@ impl Engine {
             if !end {
                 return true;
             }
-            let result = a.reader.take().and_then(BodyReader::finish);
-            known.push((a.rule, a.key.clone(), a.limits, a.upfront, result));
+            if let Some(reader) = a.reader.take() {
+                found.push(known(a, reader.finish()));
+            }
             false
         });
-        self.settle_known(host, ctx, known);
+        self.settle_known(host, ctx, found);
+    }
+
+    /// The request of these admissions ended (its context is gone) before their usage was
+    /// settled: a body still being read settles what its stream showed so far, or the worst
+    /// case; a usage header that came in neither the headers nor trailers is missing; a
+    /// response that never came is unfinished.
+    pub(super) fn usage_at_end(&mut self, host: &mut dyn Host, ctx: u32, usage: Vec<Admitted>) {
+        let m = &self.plugin.metrics;
+        let found = usage
+            .iter()
+            .map(|a| {
+                let result = match a.reader.as_ref().and_then(BodyReader::seen) {
+                    Some(seen) => {
+                        // Counted here: the usage seen settles like any other.
+                        m.count(a.rule, Counter::UsageUnfinished, 1);
+                        seen
+                    }
+                    None if a.answered && a.reader.is_none() => Err(Unreadable::Missing),
+                    None => Err(Unreadable::Unfinished),
+                };
+                known(a, result)
+            })
+            .collect();
+        self.settle_known(host, ctx, found);
     }
 
     /// Settles the usages just learnt of `ctx`'s admissions, and forgets `ctx` if none is left
     /// to learn.
-    fn settle_known(&mut self, host: &mut dyn Host, ctx: u32, known: Vec<Known>) {
+    fn settle_known(&mut self, host: &mut dyn Host, ctx: u32, found: Vec<Known>) {
         if self.requests.get(&ctx).is_some_and(|r| r.usage.is_empty()) {
             self.requests.remove(&ctx);
         }
+        if found.is_empty() {
+            return;
+        }
         let now = self.now(host);
-        for (rule, key, limits, upfront, result) in known {
+        for (rule, key, limits, upfront, result) in found {
             self.settle_usage(host, rule, &key, limits, upfront, result, now);
         }
         // The flush of a settlement kept pending, and the counts, need the tick.
         self.schedule(host, now, false);
     }
 
-    /// Records what one admission used: the difference from its up-front cost becomes pending
-    /// for its key (flushed after the rule's `flush_ms` unless a call carries it first).
+    /// What an admission of rule `rule_idx` whose usage cannot be read is charged: the rule's
+    /// `usage.unreadable`, or the largest usage this proxy read for the rule lately; never less
+    /// than the `upfront` cost it paid.
+    fn worst_case(&self, host: &dyn Host, rule_idx: usize, upfront: u64, now: u64) -> u64 {
+        let Some(rule) = self.plugin.rule(rule_idx) else {
+            return upfront;
+        };
+        let worst = match rule.usage.as_ref().map(|u| u.unreadable) {
+            Some(WorstCase::Fixed(n)) => n,
+            Some(WorstCase::Recent) | None => {
+                // A failed read of shared data knows nothing more than the up-front cost.
+                peak::recent(host.store(), &self.plugin.ns, &rule.name, now)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0)
+            }
+        };
+        worst.max(upfront)
+    }
+
+    /// Records what one admission used (or the worst case, if that cannot be read): the
+    /// difference from its up-front cost becomes pending for its key (flushed after the rule's
+    /// `flush_ms` unless a call carries it first).
     #[allow(clippy::too_many_arguments)]
     fn settle_usage(
         &mut self,
@@ -348,7 +237,7 @@ impl Engine {
         key: &str,
         limits: Limits,
         upfront: u64,
-        result: Option<Result<u64, Unreadable>>,
+        result: Result<u64, Unreadable>,
         now: u64,
     ) {
         let Some(rule) = self.plugin.rule(rule_idx) else {
@@ -357,23 +246,36 @@ impl Engine {
         let cap = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
         let m = &self.plugin.metrics;
         let used = match result {
-            None => return,
-            Some(Ok(used)) => used,
-            Some(Err(why)) => {
-                m.count(rule_idx, Counter::UsageInvalid, 1);
+            Ok(used) => {
+                if let Some(WorstCase::Recent) = rule.usage.as_ref().map(|u| u.unreadable) {
+                    // Best effort: a lost update leaves the estimate where it was.
+                    let _ = peak::record(
+                        host.store(),
+                        &self.plugin.ns,
+                        &rule.name,
+                        used.min(cap),
+                        now,
+                    );
+                }
+                used
+            }
+            Err(why) => {
+                let worst = self.worst_case(host, rule_idx, upfront, now);
+                m.count(rule_idx, why.counter(), 1);
+                m.count(rule_idx, Counter::UsageWorstCase, 1);
                 if !std::mem::replace(&mut self.usage_logged, true) {
                     log::warn!(
                         "tollgate: rule {}: a response's usage could not be read ({why:?}); \
-                         nothing is settled for such responses (counted in usage_invalid; \
-                         logged once per worker)",
+                         such an admission is charged the worst case, here {worst} \
+                         (counted in usage_worst_case; logged once per worker)",
                         rule.name
                     );
                 }
-                return;
+                worst
             }
         };
         let (delta, clamped) = settlement(used, upfront, cap);
-        if clamped {
+        if clamped && result.is_ok() {
             m.count(rule_idx, Counter::UsageClamped, 1);
         }
         match delta {
@@ -477,107 +379,6 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn path(p: &str) -> Vec<String> {
-        p.split('.').map(str::to_owned).collect()
-    }
-
-    fn read(ct: &str, chunks: &[&[u8]], p: &str) -> Option<Result<u64, Unreadable>> {
-        let mut r = BodyReader::new(Some(ct.as_bytes()), &path(p))?;
-        for c in chunks {
-            r.feed(c);
-        }
-        r.finish()
-    }
-
-    #[test]
-    fn header_values() {
-        assert_eq!(parse_header(b"40"), Ok(40));
-        assert_eq!(parse_header(b"0"), Ok(0));
-        for bad in [
-            &b""[..],
-            b"-1",
-            b"1.5",
-            b"40, 40",
-            b" 4",
-            b"99999999999999999999999",
-        ] {
-            assert_eq!(parse_header(bad), Err(Unreadable::Invalid), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn a_json_body_in_any_chunks() {
-        let body = br#"{"id":"x","usage":{"prompt_tokens":3,"total_tokens":40}}"#;
-        for split in 0..body.len() {
-            let (a, b) = body.split_at(split);
-            assert_eq!(
-                read(
-                    "application/json; charset=utf-8",
-                    &[a, b],
-                    "usage.total_tokens"
-                ),
-                Some(Ok(40))
-            );
-        }
-        assert_eq!(
-            read("application/json", &[br#"{"a":1}"#], "usage.total_tokens"),
-            None
-        );
-        assert_eq!(
-            read(
-                "application/json",
-                &[br#"{"usage":{"total_tokens":-3}}"#],
-                "usage.total_tokens"
-            ),
-            Some(Err(Unreadable::Invalid))
-        );
-        assert_eq!(
-            read("application/json", &[b"{not json"], "usage.total_tokens"),
-            Some(Err(Unreadable::Body))
-        );
-        assert!(BodyReader::new(Some(b"text/html"), &path("a")).is_none());
-        assert!(BodyReader::new(None, &path("a")).is_none());
-    }
-
-    #[test]
-    fn a_large_json_body_is_read_from_its_tail_only() {
-        let filler = "\\\"usage\\\": {\\\"total_tokens\\\": 999} ".repeat(2000);
-        let body =
-            format!(r#"{{"choices":[{{"text":"{filler}"}}],"usage":{{"total_tokens":40}}}}"#);
-        assert!(body.len() > 4 * WINDOW);
-        let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
-        let mut r =
-            BodyReader::new(Some(b"application/json"), &path("usage.total_tokens")).unwrap();
-        for c in &chunks {
-            r.feed(c);
-            assert!(r.window.len() <= WINDOW);
-        }
-        assert_eq!(r.finish(), Some(Ok(40)));
-    }
-
-    #[test]
-    fn the_last_event_that_carries_the_field_wins() {
-        let stream = b"data: {\"choices\":[{\"delta\":\"hi\"}]}\n\n\
-            data: {\"usage\":{\"total_tokens\":7}}\n\n\
-            data: {\"choices\":[]}\n\n\
-            data: {\"usage\":{\"total_tokens\":40}}\n\n\
-            data: [DONE]\n\n";
-        for size in [1, 3, 17, stream.len()] {
-            let chunks: Vec<&[u8]> = stream.chunks(size).collect();
-            assert_eq!(
-                read("text/event-stream", &chunks, "usage.total_tokens"),
-                Some(Ok(40)),
-                "{size}"
-            );
-        }
-        // A line longer than the window is skipped, not kept.
-        let long = format!("data: {}\n", "x".repeat(WINDOW * 2));
-        let mut r = BodyReader::new(Some(b"text/event-stream"), &path("u")).unwrap();
-        r.feed(long.as_bytes());
-        r.feed(b"data: {\"u\":5}");
-        assert_eq!(r.finish(), Some(Ok(5)), "the last event needs no newline");
-    }
 
     #[test]
     fn settlements_charge_refund_and_clamp() {

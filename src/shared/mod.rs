@@ -1,5 +1,6 @@
 //! What lives in proxy-wasm shared data, visible to every worker of one proxy: the deny cache, the
-//! lease pool, the fallback buckets and the backend's health.
+//! lease pool, the fallback buckets, the backend's health, pending usage settlements and the
+//! largest usage read lately per usage rule.
 //!
 //! Invariant: every read-modify-write of a shared value goes through [`update`], the one
 //! compare-and-swap loop: a value is only ever replaced by a function of what was read, and a
@@ -9,6 +10,7 @@ pub mod deny;
 pub mod fallback;
 pub mod lead;
 pub mod lease;
+pub mod peak;
 pub mod settle;
 
 /// An in-memory store for tests and `examples/lease_sim.rs` (no host needed).

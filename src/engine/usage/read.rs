@@ -1,0 +1,448 @@
+//! Reading what a response says it used: a header value, a dotted field of a JSON body, or of the
+//! last server-sent event that carries it; or why that cannot be read.
+//!
+//! Invariant: memory per response is bounded (`WINDOW` bytes), every body chunk is only looked at
+//! (never held back), and whatever the upstream sends, the result is a usage (a JSON integer
+//! `>= 0`) or the reason there is none.
+
+use crate::metrics::Counter;
+use crate::rule::RequestView;
+
+/// Most bytes kept per response: the current SSE line, or the tail of a JSON body.
+pub const WINDOW: usize = 16 * 1024;
+
+/// Why a response's usage could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// The value is not a non-negative integer (or was given twice).
+    Invalid,
+    /// The body is neither JSON nor an event stream, or not well-formed JSON.
+    Body,
+    /// The response ended without a usage: no header or trailer, no field in the JSON body or in
+    /// any event of the stream.
+    Missing,
+    /// The body has a `content-encoding` the reader does not decode.
+    Encoded,
+    /// The field was not within the window: a JSON body's last `WINDOW` bytes, or an event line
+    /// of at most `WINDOW` bytes.
+    TooLarge,
+    /// The request ended before its response did (the client left, or the stream was reset),
+    /// and no usage had been seen.
+    Unfinished,
+}
+
+impl Unreadable {
+    /// The counter of responses whose usage was unreadable for this reason.
+    pub fn counter(self) -> Counter {
+        match self {
+            Unreadable::Invalid | Unreadable::Body => Counter::UsageInvalid,
+            Unreadable::Missing => Counter::UsageMissing,
+            Unreadable::Encoded => Counter::UsageEncoded,
+            Unreadable::TooLarge => Counter::UsageTooLarge,
+            Unreadable::Unfinished => Counter::UsageUnfinished,
+        }
+    }
+}
+
+/// Whether a response's body is encoded (`content-encoding` other than `identity`): the filter
+/// asks the upstream for identity, and reads nothing else.
+pub fn encoded(view: &dyn RequestView) -> bool {
+    view.header("content-encoding").is_some_and(|v| {
+        let v = v.trim_ascii();
+        !v.is_empty() && !v.eq_ignore_ascii_case(b"identity")
+    })
+}
+
+/// Parses a usage header value: digits only (a repeated header, which Envoy joins with a comma,
+/// is not a number and so is invalid).
+pub fn parse_header(value: &[u8]) -> Result<u64, Unreadable> {
+    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+        return Err(Unreadable::Invalid);
+    }
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(Unreadable::Invalid)
+}
+
+/// The header of `name` in a response view (response headers and trailers are read through the
+/// same trait as requests).
+pub fn from_headers(view: &dyn RequestView, name: &str) -> Option<Result<u64, Unreadable>> {
+    view.header(name).map(|v| parse_header(&v))
+}
+
+fn field<'a>(doc: &'a serde_json::Value, path: &[String]) -> Option<&'a serde_json::Value> {
+    path.iter().try_fold(doc, |v, seg| v.get(seg.as_str()))
+}
+
+fn as_usage(v: &serde_json::Value) -> Result<u64, Unreadable> {
+    v.as_u64().ok_or(Unreadable::Invalid)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Json,
+    EventStream,
+}
+
+/// Follows one response body, chunk by chunk.
+#[derive(Debug)]
+pub struct BodyReader {
+    kind: Kind,
+    path: Vec<String>,
+    /// JSON: the last `WINDOW` bytes seen (and whether anything was cut off before them).
+    /// Event stream: the current line (and whether it overflowed).
+    window: Vec<u8>,
+    cut: bool,
+    /// Event stream: a line longer than the window was skipped.
+    skipped: bool,
+    /// Event stream: the usage of the last event that carried the field.
+    found: Option<Result<u64, Unreadable>>,
+}
+
+impl BodyReader {
+    /// A reader for a body of `content_type`, or None if it is neither JSON nor an event stream.
+    pub fn new(content_type: Option<&[u8]>, path: &[String]) -> Option<BodyReader> {
+        let ct = content_type?.to_ascii_lowercase();
+        let essence = ct
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        let kind = if essence == b"text/event-stream" {
+            Kind::EventStream
+        } else if essence == b"application/json" || essence.ends_with(b"+json") {
+            Kind::Json
+        } else {
+            return None;
+        };
+        Some(BodyReader {
+            kind,
+            path: path.to_vec(),
+            window: Vec::new(),
+            cut: false,
+            skipped: false,
+            found: None,
+        })
+    }
+
+    /// Looks at the next chunk of the body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        match self.kind {
+            Kind::Json => {
+                self.window.extend_from_slice(chunk);
+                if self.window.len() > WINDOW {
+                    let excess = self.window.len() - WINDOW;
+                    self.window.drain(..excess);
+                    self.cut = true;
+                }
+            }
+            Kind::EventStream => {
+                for line in chunk.split_inclusive(|&b| b == b'\n') {
+                    let complete = line.last() == Some(&b'\n');
+                    if self.window.len() + line.len() > WINDOW {
+                        self.cut = true;
+                    } else if !self.cut {
+                        self.window.extend_from_slice(line);
+                    }
+                    if complete {
+                        if self.cut {
+                            self.skipped = true;
+                        } else {
+                            let line = std::mem::take(&mut self.window);
+                            self.event_line(&line);
+                        }
+                        self.window.clear();
+                        self.cut = false;
+                    }
+                }
+            }
+        }
+    }
+
+    fn event_line(&mut self, line: &[u8]) {
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let Ok(doc) = serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) else {
+            return; // e.g. "data: [DONE]"
+        };
+        if let Some(v) = field(&doc, &self.path) {
+            self.found = Some(as_usage(v));
+        }
+    }
+
+    /// What the body said it used, once it has ended.
+    pub fn finish(mut self) -> Result<u64, Unreadable> {
+        match self.kind {
+            Kind::EventStream => {
+                let last = std::mem::take(&mut self.window);
+                if self.cut {
+                    self.skipped = true;
+                } else {
+                    self.event_line(&last);
+                }
+                match self.found {
+                    Some(found) => found,
+                    None if self.skipped => Err(Unreadable::TooLarge),
+                    None => Err(Unreadable::Missing),
+                }
+            }
+            Kind::Json if self.cut => self.read_tail(),
+            Kind::Json if self.window.trim_ascii().is_empty() => Err(Unreadable::Missing),
+            Kind::Json => match serde_json::from_slice::<serde_json::Value>(&self.window) {
+                Ok(doc) => field(&doc, &self.path).map_or(Err(Unreadable::Missing), as_usage),
+                Err(_) => Err(Unreadable::Body),
+            },
+        }
+    }
+
+    /// What the body has said so far, for a response that will not end: the last event that
+    /// carried the field (a JSON body is read only whole).
+    pub fn seen(&self) -> Option<Result<u64, Unreadable>> {
+        match self.kind {
+            Kind::EventStream => self.found,
+            Kind::Json => None,
+        }
+    }
+
+    /// A JSON body larger than the window: find the last `"<first segment>":` that is not inside
+    /// a string's escape, and read the value that follows it.
+    fn read_tail(&self) -> Result<u64, Unreadable> {
+        let (first, rest) = self.path.split_first().ok_or(Unreadable::TooLarge)?;
+        let needle = format!("\"{first}\"");
+        let w = &self.window;
+        let mut end = w.len();
+        while let Some(pos) = find_last(w.get(..end).unwrap_or_default(), needle.as_bytes()) {
+            end = pos;
+            if pos > 0 && w.get(pos - 1) == Some(&b'\\') {
+                continue;
+            }
+            let after = w.get(pos + needle.len()..).unwrap_or_default();
+            let after = after.trim_ascii_start();
+            let Some(value) = after.strip_prefix(b":") else {
+                continue;
+            };
+            let mut stream =
+                serde_json::Deserializer::from_slice(value).into_iter::<serde_json::Value>();
+            if let Some(Ok(v)) = stream.next() {
+                return field(&v, rest).map_or(Err(Unreadable::TooLarge), as_usage);
+            }
+        }
+        Err(Unreadable::TooLarge)
+    }
+}
+
+fn find_last(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    (0..=hay.len() - needle.len())
+        .rev()
+        .find(|&i| hay.get(i..i + needle.len()) == Some(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(p: &str) -> Vec<String> {
+        p.split('.').map(str::to_owned).collect()
+    }
+
+    fn reader(ct: &str, chunks: &[&[u8]], p: &str) -> BodyReader {
+        let mut r = BodyReader::new(Some(ct.as_bytes()), &path(p)).unwrap();
+        for c in chunks {
+            r.feed(c);
+        }
+        r
+    }
+
+    fn read(ct: &str, chunks: &[&[u8]], p: &str) -> Result<u64, Unreadable> {
+        reader(ct, chunks, p).finish()
+    }
+
+    #[test]
+    fn header_values() {
+        assert_eq!(parse_header(b"40"), Ok(40));
+        assert_eq!(parse_header(b"0"), Ok(0));
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"1.5",
+            b"40, 40",
+            b" 4",
+            b"99999999999999999999999",
+        ] {
+            assert_eq!(parse_header(bad), Err(Unreadable::Invalid), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_json_body_in_any_chunks() {
+        let body = br#"{"id":"x","usage":{"prompt_tokens":3,"total_tokens":40}}"#;
+        for split in 0..body.len() {
+            let (a, b) = body.split_at(split);
+            assert_eq!(
+                read(
+                    "application/json; charset=utf-8",
+                    &[a, b],
+                    "usage.total_tokens"
+                ),
+                Ok(40)
+            );
+        }
+        assert_eq!(
+            read("application/json", &[br#"{"a":1}"#], "usage.total_tokens"),
+            Err(Unreadable::Missing)
+        );
+        assert_eq!(
+            read("application/json", &[b"", b" \r\n"], "usage.total_tokens"),
+            Err(Unreadable::Missing),
+            "an empty body"
+        );
+        assert_eq!(
+            read(
+                "application/json",
+                &[br#"{"usage":{"total_tokens":-3}}"#],
+                "usage.total_tokens"
+            ),
+            Err(Unreadable::Invalid)
+        );
+        assert_eq!(
+            read("application/json", &[b"{not json"], "usage.total_tokens"),
+            Err(Unreadable::Body)
+        );
+        assert!(BodyReader::new(Some(b"text/html"), &path("a")).is_none());
+        assert!(BodyReader::new(None, &path("a")).is_none());
+    }
+
+    #[test]
+    fn a_large_json_body_is_read_from_its_tail_only() {
+        let filler = "\\\"usage\\\": {\\\"total_tokens\\\": 999} ".repeat(2000);
+        let body =
+            format!(r#"{{"choices":[{{"text":"{filler}"}}],"usage":{{"total_tokens":40}}}}"#);
+        assert!(body.len() > 4 * WINDOW);
+        let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
+        let mut r =
+            BodyReader::new(Some(b"application/json"), &path("usage.total_tokens")).unwrap();
+        for c in &chunks {
+            r.feed(c);
+            assert!(r.window.len() <= WINDOW);
+        }
+        assert_eq!(r.finish(), Ok(40));
+        // The field before the tail: too large to read (not missing, not invalid).
+        let body = format!(
+            r#"{{"usage":{{"total_tokens":40}},"text":"{}"}}"#,
+            "x".repeat(WINDOW)
+        );
+        assert_eq!(
+            read("application/json", &[body.as_bytes()], "usage.total_tokens"),
+            Err(Unreadable::TooLarge)
+        );
+        let r = reader("application/json", &[body.as_bytes()], "usage.total_tokens");
+        assert_eq!(r.seen(), None, "a JSON body is read only whole");
+    }
+
+    #[test]
+    fn the_last_event_that_carries_the_field_wins() {
+        let stream = b"data: {\"choices\":[{\"delta\":\"hi\"}]}\n\n\
+            data: {\"usage\":{\"total_tokens\":7}}\n\n\
+            data: {\"choices\":[]}\n\n\
+            data: {\"usage\":{\"total_tokens\":40}}\n\n\
+            data: [DONE]\n\n";
+        for size in [1, 3, 17, stream.len()] {
+            let chunks: Vec<&[u8]> = stream.chunks(size).collect();
+            assert_eq!(
+                read("text/event-stream", &chunks, "usage.total_tokens"),
+                Ok(40),
+                "{size}"
+            );
+        }
+        // A line longer than the window is skipped, not kept.
+        let long = format!("data: {}\n", "x".repeat(WINDOW * 2));
+        let mut r = BodyReader::new(Some(b"text/event-stream"), &path("u")).unwrap();
+        r.feed(long.as_bytes());
+        r.feed(b"data: {\"u\":5}");
+        assert_eq!(r.finish(), Ok(5), "the last event needs no newline");
+    }
+
+    #[test]
+    fn a_stream_without_a_usage_event_is_missing_or_too_large() {
+        let plain = b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n";
+        assert_eq!(
+            read("text/event-stream", &[plain], "usage.total_tokens"),
+            Err(Unreadable::Missing)
+        );
+        // The usage in a line longer than the window: skipped, so too large.
+        let long = format!(
+            "data: {{\"pad\":\"{}\",\"usage\":{{\"total_tokens\":40}}}}\n\n",
+            "x".repeat(WINDOW)
+        );
+        assert_eq!(
+            read(
+                "text/event-stream",
+                &[long.as_bytes()],
+                "usage.total_tokens"
+            ),
+            Err(Unreadable::TooLarge)
+        );
+        // Cut at the very end, with no newline after it: too large as well.
+        assert_eq!(
+            read(
+                "text/event-stream",
+                &[&long.as_bytes()[..WINDOW + 10]],
+                "usage.total_tokens"
+            ),
+            Err(Unreadable::TooLarge)
+        );
+    }
+
+    #[test]
+    fn what_a_stream_showed_before_it_was_cut_off() {
+        let mut r = reader("text/event-stream", &[b"data: {\"u\":1}\n\n"], "u");
+        assert_eq!(r.seen(), Some(Ok(1)));
+        r.feed(b"data: {\"u\":40}\n\ndata: {\"u\"");
+        assert_eq!(r.seen(), Some(Ok(40)), "the last complete event");
+        let r = reader("text/event-stream", &[b"data: {\"choices\":[]}\n"], "u");
+        assert_eq!(r.seen(), None);
+    }
+
+    #[test]
+    fn only_identity_is_not_encoded() {
+        struct Headers(&'static [(&'static str, &'static str)]);
+        impl RequestView for Headers {
+            fn header(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
+                self.0
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| std::borrow::Cow::Borrowed(v.as_bytes()))
+            }
+            fn client_ip(&self) -> Option<Vec<u8>> {
+                None
+            }
+        }
+        assert!(!encoded(&Headers(&[])));
+        assert!(!encoded(&Headers(&[("content-encoding", "identity")])));
+        assert!(!encoded(&Headers(&[("content-encoding", " Identity ")])));
+        assert!(!encoded(&Headers(&[("content-encoding", "")])));
+        assert!(encoded(&Headers(&[("content-encoding", "gzip")])));
+        assert!(encoded(&Headers(&[("content-encoding", "br")])));
+        assert!(encoded(&Headers(&[("content-encoding", "identity, gzip")])));
+    }
+
+    #[test]
+    fn each_reason_has_its_counter() {
+        use Unreadable::*;
+        for (why, counter) in [
+            (Invalid, Counter::UsageInvalid),
+            (Body, Counter::UsageInvalid),
+            (Missing, Counter::UsageMissing),
+            (Encoded, Counter::UsageEncoded),
+            (TooLarge, Counter::UsageTooLarge),
+            (Unfinished, Counter::UsageUnfinished),
+        ] {
+            assert_eq!(why.counter(), counter);
+        }
+    }
+}
