@@ -797,11 +797,10 @@ impl<'o> Sim<'o> {
                 limits,
                 cost: num(7),
                 want: lease[0],
-                holder: (lease.len() == 5).then(|| Holder {
-                    id: lease[1],
-                    held: lease[2],
-                    hold_ms: lease[3],
-                    quiet_ms: lease[4],
+                holder: (lease.len() > 1).then(|| {
+                    let steps: Vec<(u64, u64)> =
+                        lease[3..].chunks(2).map(|c| (c[0], c[1])).collect();
+                    Holder::new(lease[1], lease[2], &steps)
                 }),
                 max_wait_ms: num(9),
                 settle: parts[10].parse().unwrap(),

@@ -6,11 +6,12 @@ ARGV[1]  burst       bucket capacity in tokens                     (integer >= 1
 ARGV[2]  rate        tokens added every period_ms                  (integer >= 1, <= 1e9)
 ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1, burst*period_ms <= 2^50)
 ARGV[4]  cost        tokens this request needs                     (integer >= 0; 0 only settles)
-ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<held>:<hold_ms>:<quiet_ms>" (lease mode):
-         the proxy `holder` (an integer >= 1, random per proxy) would like up to `want` tokens,
-         has held at most `held` tokens of this bucket from earlier grants (spendable or not) for
-         the last quiet_ms, and may hold what it is granted for at most hold_ms after any
-         reservation in it refilled (both <= 86400000).
+ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<hold_ms>:<held>:<quiet_ms>" with up to
+         seven more ":<held>:<quiet_ms>" steps (lease mode): the proxy `holder` (an integer >= 1,
+         random per proxy) would like up to `want` tokens, may hold what it is granted for at most
+         hold_ms after any reservation in it refilled, and for each step has held at most `held`
+         tokens of this bucket from earlier grants (spendable or not) for the last quiet_ms (all
+         ms <= 86400000; steps oldest first, the last one what it holds now).
          A plain integer n is a lease without a holder: up to n tokens granted at once, for a
          caller that spends them at once (the model tests); the filter never sends it.
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
@@ -116,24 +117,31 @@ if burst > idiv(MAX_FULL, period_ms) then return bad('burst*period_ms') end
 local cost = int_arg(ARGV[4], 0)
 if cost == nil then return bad('cost') end
 
--- The lease: a plain want, or want:holder:held:hold_ms.
-local lease_want, holder, reported, hold_ms, quiet_ms
-if type(ARGV[5]) ~= 'string' then return bad('lease') end
-local w, hid, hh, hm, hq = string.match(ARGV[5], '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-if w == nil then
-  lease_want = int_arg(ARGV[5], 0)
-else
-  lease_want = int_arg(w, 0)
-  holder = int_arg(hid, 1)
-  reported = int_arg(hh, 0)
-  hold_ms = int_arg(hm, 0)
-  quiet_ms = int_arg(hq, 0)
-  if holder == nil or reported == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS
-      or quiet_ms == nil or quiet_ms > MAX_HOLD_MS then
-    return bad('lease')
+-- The lease: a plain want, or want:holder:hold_ms and one to eight held:quiet_ms steps.
+local lease_want, holder, hold_ms
+local steps = {}
+local lease = ARGV[5]
+if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
+    or string.find(lease, '::') or string.find(lease, ':$') then
+  return bad('lease')
+end
+local parts = {}
+for d in string.gmatch(lease, '%d+') do
+  parts[#parts + 1] = d
+end
+lease_want = int_arg(parts[1], 0)
+if lease_want == nil then return bad('lease') end
+if #parts > 1 then
+  if #parts < 5 or #parts > 19 or #parts % 2 == 0 then return bad('lease') end
+  holder = int_arg(parts[2], 1)
+  hold_ms = int_arg(parts[3], 0)
+  if holder == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then return bad('lease') end
+  for i = 4, #parts, 2 do
+    local held, quiet = int_arg(parts[i], 0), int_arg(parts[i + 1], 0)
+    if held == nil or quiet == nil or quiet > MAX_HOLD_MS then return bad('lease') end
+    steps[#steps + 1] = { held, quiet }
   end
 end
-if lease_want == nil then return bad('lease') end
 
 local max_wait_ms = 0
 if ARGV[6] ~= nil then
@@ -230,9 +238,8 @@ if u > capacity() then
 end
 
 -- 2. Refill by whole milliseconds (t keeps the sub-millisecond remainder, so there is no drift),
--- never past what the bucket can hold. The holder's report only lowers what it holds, from
--- quiet_ms ago on (it has held at most `reported` since): the refill before then counts what it
--- held on record.
+-- never past what the bucket can hold. The holder's report only lowers what it holds, each step
+-- from its quiet_ms ago on: the refill before then counts what it held on record.
 local held = 0
 local expires = 0
 if holder ~= nil then
@@ -260,14 +267,19 @@ local function refill(to)
   end
 end
 
+-- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms.
 if now < t then
   t = now -- the clock went back: no refill
-elseif holder ~= nil and now - quiet_ms * 1000 > t then
-  refill(now - quiet_ms * 1000)
 end
-if holder ~= nil and reported < held then
-  o = o - held + reported
-  held = reported
+for _, step in ipairs(steps) do
+  local from = now - step[2] * 1000
+  if from > t then
+    refill(from)
+  end
+  if step[1] < held then
+    o = o - held + step[1]
+    held = step[1]
+  end
 end
 refill(now)
 
@@ -296,19 +308,20 @@ else
   if want < cost then
     allowed, granted = 0, 0
     retry_after_ms = ceil_div(share * period_ms, rate)
-  elseif u >= cost * period_ms then
+  elseif u >= want * period_ms or (holder == nil and u >= cost * period_ms) then
     granted = math.min(want, idiv(u, period_ms))
     u = u - granted * period_ms
     allowed, retry_after_ms = 1, 0
   else
     -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
-    -- holds the request for retry_after_ms, when those tokens exist. A holder reserves up to
-    -- what it wants, as far as the wait allows; anyone else exactly cost.
+    -- holds the request for retry_after_ms, when those tokens exist. A holder takes what is
+    -- there and reserves the rest of what it wants, as far as the wait allows; anyone else
+    -- reserves exactly cost.
     local take = cost
     if holder ~= nil then
       take = math.max(cost, math.min(want, idiv(u + max_wait_ms * rate, period_ms)))
     end
-    local wait_ms = ceil_div(take * period_ms - u, rate)
+    local wait_ms = ceil_div(math.max(take * period_ms - u, 0), rate)
     if wait_ms <= max_wait_ms then
       u = u - take * period_ms
       allowed, granted, retry_after_ms = 1, take, wait_ms

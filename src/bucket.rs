@@ -124,18 +124,44 @@ impl Holders {
     }
 }
 
-/// A lease call's holder (the script's `want:holder:held:hold_ms`).
+/// Most steps a holder's report carries.
+pub const MAX_STEPS: usize = 8;
+
+/// A lease call's holder (the script's `want:holder:hold_ms:held:quiet_ms...`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     /// The proxy's id (>= 1, random per proxy).
     pub id: u64,
-    /// The most this proxy still holds of the bucket from earlier grants.
-    pub held: u64,
     /// How long it may hold what it is granted, after any reservation in it refilled.
     pub hold_ms: u64,
-    /// For how long it has held at most `held` (the refill before then counts what it held on
-    /// record).
-    pub quiet_ms: u64,
+    steps: [(u64, u64); MAX_STEPS],
+    len: usize,
+}
+
+impl Holder {
+    /// A holder reporting `steps`: (held at most, for the last ms), oldest first; the last is
+    /// what it holds now. Only the last [`MAX_STEPS`] are kept (the others add nothing after
+    /// them, as far as soundness goes).
+    pub fn new(id: u64, hold_ms: u64, steps: &[(u64, u64)]) -> Holder {
+        let kept = steps
+            .get(steps.len().saturating_sub(MAX_STEPS)..)
+            .unwrap_or_default();
+        let mut out = [(0, 0); MAX_STEPS];
+        for (slot, step) in out.iter_mut().zip(kept) {
+            *slot = *step;
+        }
+        Holder {
+            id,
+            hold_ms,
+            steps: out,
+            len: kept.len(),
+        }
+    }
+
+    /// The steps of its report, oldest first.
+    pub fn steps(&self) -> &[(u64, u64)] {
+        self.steps.get(..self.len).unwrap_or_default()
+    }
 }
 
 /// Longest `hold_ms` the script accepts (a day).
@@ -206,7 +232,12 @@ pub fn take_held(
         settle,
     } = *ask;
     let settle_ok = settle.unsigned_abs() <= limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
-    let holder_ok = holder.is_none_or(|h| h.id >= 1 && h.hold_ms <= MAX_HOLD_MS);
+    let holder_ok = holder.is_none_or(|h| {
+        h.id >= 1
+            && h.hold_ms <= MAX_HOLD_MS
+            && !h.steps().is_empty()
+            && h.steps().iter().all(|&(_, quiet)| quiet <= MAX_HOLD_MS)
+    });
     if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !settle_ok || !holder_ok {
         return (state, Reply::REJECT);
     }
@@ -248,7 +279,8 @@ pub fn take_held(
     units = units.min(capacity(out));
 
     // 2. Refill by whole milliseconds (ts_us keeps the sub-millisecond remainder), never past what
-    // the bucket can hold. The holder's report only lowers what it holds, from quiet_ms ago on.
+    // the bucket can hold. The holder's report only lowers what it holds, each step from its
+    // quiet_ms ago on.
     let mut record = holder.map(|h| {
         holders.get(h.id).unwrap_or(Holding {
             holder: h.id,
@@ -270,16 +302,19 @@ pub fn take_held(
             }
         }
     };
-    let quiet_from = holder.map(|h| now_us.saturating_sub(h.quiet_ms.saturating_mul(1000)));
     if now_us < ts_us {
         ts_us = now_us; // the clock went back: no refill
-    } else if let Some(from) = quiet_from.filter(|&from| from > ts_us) {
-        refill(&mut units, &mut ts_us, from, out);
     }
     if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
-        if h.held < rec.held {
-            out -= int(rec.held - h.held);
-            rec.held = h.held;
+        for &(held, quiet_ms) in h.steps() {
+            let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
+            if from > ts_us {
+                refill(&mut units, &mut ts_us, from, out);
+            }
+            if held < rec.held {
+                out -= int(rec.held - held);
+                rec.held = held;
+            }
         }
     }
     refill(&mut units, &mut ts_us, now_us, out);
@@ -312,7 +347,7 @@ pub fn take_held(
         let need = cost.saturating_mul(period);
         if want < cost {
             (false, 0, ceil_div_i(share.saturating_mul(period), rate))
-        } else if units >= need {
+        } else if units >= want.saturating_mul(period) || (record.is_none() && units >= need) {
             let granted = want.min(units / period);
             units -= granted.saturating_mul(period);
             (true, granted, 0)
@@ -323,7 +358,7 @@ pub fn take_held(
             } else {
                 cost
             };
-            let wait_ms = ceil_div_i(take.saturating_mul(period) - units, rate);
+            let wait_ms = ceil_div_i((take.saturating_mul(period) - units).max(0), rate);
             if wait_ms <= int(max_wait_ms) {
                 units -= take.saturating_mul(period);
                 (true, take, wait_ms)

@@ -227,13 +227,16 @@ fn bad_arguments_give_an_error_reply() {
         (4, "-1", "lease"),
         (4, "0.5", "lease"),
         // want:holder:held:hold_ms, with a holder of at least 1 and a hold of at most a day.
-        (4, "5:0:0:100:0", "lease"),
-        (4, "5:1:0:86400001:0", "lease"),
-        (4, "5:1:0:100:86400001", "lease"),
-        (4, "5:1:x:100:0", "lease"),
-        (4, "5:1:0:100", "lease"),
-        (4, "5:1:0:100:7:0", "lease"),
-        (4, ":1:0:100:0", "lease"),
+        (4, "5:0:100:0:0", "lease"),
+        (4, "5:1:86400001:0:0", "lease"),
+        (4, "5:1:100:0:86400001", "lease"),
+        (4, "5:1:100:x:0", "lease"),
+        (4, "5:1:100:0", "lease"),
+        (4, "5:1:100:0:7:0", "lease"),
+        (4, &format!("5:1:100{}", ":0:0".repeat(9)), "lease"),
+        (4, "5:1:100::0", "lease"),
+        (4, "5:1:100:0:0:", "lease"),
+        (4, ":1:100:0:0", "lease"),
     ];
     for &(i, val, name) in cases {
         let mut args = ok;
@@ -450,17 +453,17 @@ fn leased_tokens_count_against_the_capacity() {
         eval_raw(c, KEY, &args).unwrap()
     };
     // Holder 7 takes 60 and may hold them 5 s.
-    assert_eq!(run(&mut c, "1", "60:7:0:5000:0", &at(0)), [1, 40, 0, 0, 60]);
+    assert_eq!(run(&mut c, "1", "60:7:5000:0:0", &at(0)), [1, 40, 0, 0, 60]);
     // 2 s later an exact caller finds 40, not 100: the bucket plus the lease never exceed burst.
     assert_eq!(run(&mut c, "40", "0", &at(2000)), [1, 0, 0, 400, 40]);
     assert_eq!(run(&mut c, "1", "0", &at(2000))[0], 0);
     // Holder 8 asks for 100: it gets its share of the room (two holders: 50 each), 40 held by 7
     // leave room for 40, all reserved from the refill (none is there).
-    let [allowed, _, wait, _, granted] = run(&mut c, "1", "100:8:0:5000:0", &at(2000));
+    let [allowed, _, wait, _, granted] = run(&mut c, "1", "100:8:5000:0:0", &at(2000));
     assert_eq!((allowed, granted), (1, 40));
     assert_eq!(wait, 400, "reserved: 40 tokens refill in 400 ms");
     // Holder 7 reports it holds nothing now: its 60 leave the count.
-    let [allowed, ..] = run(&mut c, "1", "0:7:0:5000:0", &at(3000));
+    let [allowed, ..] = run(&mut c, "1", "0:7:5000:0:0", &at(3000));
     assert_eq!(allowed, 1);
     // After every hold expired (7: 5 s from its last call; 8: 5.4 s), nothing is held; the
     // bucket refills to full and the key goes away.

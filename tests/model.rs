@@ -70,10 +70,13 @@ impl Harness {
     /// Runs the script and returns its reply and the key's PTTL right after it.
     fn script(&mut self, l: &Limits, ask: &Ask, now: u64) -> ([i64; 5], i64) {
         let lease = match ask.holder {
-            Some(h) => format!(
-                "{}:{}:{}:{}:{}",
-                ask.lease_want, h.id, h.held, h.hold_ms, h.quiet_ms
-            ),
+            Some(h) => {
+                let mut lease = format!("{}:{}:{}", ask.lease_want, h.id, h.hold_ms);
+                for (held, quiet) in h.steps() {
+                    lease.push_str(&format!(":{held}:{quiet}"));
+                }
+                lease
+            }
             None => ask.lease_want.to_string(),
         };
         let args = [
@@ -248,20 +251,25 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
                 .iter()
                 .find(|x| x.holder == id)
                 .map_or(0, |x| x.held);
-            Some(Holder {
+            // Up to three steps, oldest first: more held longer ago, less held lately.
+            let now_held = if rng.chance(70) {
+                rng.below(on_record + 1)
+            } else {
+                on_record + rng.below(3)
+            };
+            let mut steps = Vec::new();
+            let (mut held, mut quiet) = (now_held, 0);
+            for _ in 0..1 + rng.below(3) {
+                steps.push((held, quiet));
+                held += rng.below(on_record + 2);
+                quiet += rng.below(l.period_ms.min(100_000) * 2);
+            }
+            steps.reverse();
+            Some(Holder::new(
                 id,
-                held: if rng.chance(70) {
-                    rng.below(on_record + 1)
-                } else {
-                    on_record + rng.below(3)
-                },
-                hold_ms: rng.below(l.period_ms.min(100_000) * 3),
-                quiet_ms: if rng.chance(50) {
-                    0
-                } else {
-                    rng.below(l.period_ms.min(100_000) * 4)
-                },
-            })
+                rng.below(l.period_ms.min(100_000) * 3),
+                &steps,
+            ))
         } else {
             None
         };

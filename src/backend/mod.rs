@@ -32,7 +32,7 @@ pub struct ScriptCall {
     pub settle: i64,
     /// Lease mode: the proxy that will hold what is granted, what it still holds and for how long
     /// it may hold a grant (the script counts held tokens against the bucket's capacity).
-    pub holder: Option<crate::bucket::Holder>,
+    pub holder: Option<Box<crate::bucket::Holder>>,
 }
 
 impl ScriptCall {
@@ -59,11 +59,13 @@ impl ScriptCall {
     }
 
     /// Appends the lease argument (ARGV[5]): `<lease_want>`, or with a holder
-    /// `<lease_want>:<holder>:<held>:<hold_ms>:<quiet_ms>` (digits and colons only).
+    /// `<lease_want>:<holder>:<hold_ms>` and its steps `:<held>:<quiet_ms>` (digits and colons
+    /// only).
     pub fn push_lease(&self, out: &mut Vec<u8>) {
         crate::decimal::push_bytes(out, self.lease_want);
-        if let Some(h) = self.holder {
-            for n in [h.id, h.held, h.hold_ms, h.quiet_ms] {
+        if let Some(h) = &self.holder {
+            let steps = h.steps().iter().flat_map(|&(held, quiet)| [held, quiet]);
+            for n in [h.id, h.hold_ms].into_iter().chain(steps) {
                 out.push(b':');
                 crate::decimal::push_bytes(out, n);
             }

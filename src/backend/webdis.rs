@@ -271,6 +271,27 @@ mod tests {
         crate::rule::percent_decode(seg.as_bytes())
     }
 
+    /// A lease call's lease argument: the want, the holder, its hold and its steps, as one
+    /// segment that Webdis decodes back to digits and colons.
+    #[test]
+    fn a_holder_travels_as_one_encoded_segment() {
+        let c = ScriptCall {
+            lease_want: 50,
+            max_wait_ms: 2000,
+            holder: Some(Box::new(crate::bucket::Holder::new(
+                7,
+                1450,
+                &[(40, 30), (5, 2)],
+            ))),
+            ..call("k")
+        };
+        let body = String::from_utf8(command(&c, Invoke::Sha("abc"))).unwrap();
+        let segs: Vec<&str> = body.split('/').collect();
+        assert_eq!(segs.len(), 11, "{body}");
+        assert_eq!(webdis_decode(segs[8]), b"50:7:1450:40:30:5:2");
+        assert_eq!(&segs[9..], ["2000", "0"]);
+    }
+
     #[test]
     fn evalsha_command_layout() {
         let cmd = String::from_utf8(command(

@@ -231,16 +231,16 @@ impl Engine {
                 // wait: what the bucket lacks of it is reserved from its refill (and becomes
                 // spendable as it refills). It names this proxy as the holder, with what it still
                 // holds, so the script counts held tokens against the bucket's capacity.
-                let holder = Holder {
-                    id: holder_id,
-                    held: claim.held(),
-                    hold_ms: self.hold_ms(&sizing),
-                    quiet_ms: claim.quiet_ms().min(MAX_HOLD_MS),
-                };
+                let steps: Vec<(u64, u64)> = claim
+                    .report()
+                    .iter()
+                    .map(|&(held, quiet)| (held, quiet.min(MAX_HOLD_MS)))
+                    .collect();
+                let holder = Holder::new(holder_id, self.hold_ms(&sizing), &steps);
                 let call = ScriptCall {
                     lease_want: want.max(first),
                     max_wait_ms: sizing.max_wait_ms(),
-                    holder: Some(holder),
+                    holder: Some(Box::new(holder)),
                     ..ScriptCall::new(key.to_string(), &limits, first)
                 };
                 self.queues.set_state(key, State::Own);

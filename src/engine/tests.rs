@@ -227,7 +227,7 @@ fn is_lease_call(body: &str, cost: u64, want: u64) -> bool {
         && lease.len() == 5
         && lease[0] == want.to_string()
         && lease[1].parse::<u64>().is_ok_and(|id| id >= 1)
-        && lease[2] == "0"
+        && lease[3] == "0"
         && segs[0] == "0"
         && segs[1] == "2000"
 }

@@ -51,9 +51,13 @@ pub struct Lease {
     /// Tokens moved out into workers' stashes and not handed back yet: each worker's latest batch
     /// (spent or not), until it takes the next one. With `tokens`, the most this proxy can hold.
     pub lent: u64,
+    /// What it held right after the latest grant, and since when it has held at most 7/8, 6/8,
+    /// ... 1/8 of that (0: not yet): the steps a lease call reports ([`Lease::report`]).
+    pub peak: u64,
+    pub eighths_ms: [u64; 7],
 }
 
-const FIELDS: usize = 13;
+const FIELDS: usize = 21;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -72,6 +76,14 @@ impl Lease {
             self.touched_ms,
             self.vest_until_ms,
             self.lent,
+            self.peak,
+            self.eighths_ms[0],
+            self.eighths_ms[1],
+            self.eighths_ms[2],
+            self.eighths_ms[3],
+            self.eighths_ms[4],
+            self.eighths_ms[5],
+            self.eighths_ms[6],
         ]
     }
 
@@ -91,6 +103,8 @@ impl Lease {
             touched_ms: f(10)?,
             vest_until_ms: f(11)?,
             lent: f(12)?,
+            peak: f(13)?,
+            eighths_ms: [f(14)?, f(15)?, f(16)?, f(17)?, f(18)?, f(19)?, f(20)?],
         })
     }
 
@@ -152,6 +166,7 @@ impl Lease {
             });
         }
         self.touched_ms = now_ms;
+        self.note_level(now_ms);
         take
     }
 
@@ -165,13 +180,34 @@ impl Lease {
         }
     }
 
-    /// For how long [`Lease::held`] has been what it is now at most: since the lease expired, or
-    /// since the entry was last touched (what it holds changes only when it is).
-    pub fn quiet_ms(&self, now_ms: u64) -> u64 {
+    /// What this proxy has held since its latest grant, as steps a lease call reports: (held at
+    /// most, for the last ms), oldest first. Each eighth of what it held after the grant (7/8 down
+    /// to 1/8), from when it first held no more; and what it holds now, since the entry was last
+    /// touched (what it holds changes only when it is) or since the lease expired. So the script
+    /// counts what the proxy spent since the grant out of the bucket's capacity almost as it was
+    /// spent, not only from the next call on.
+    pub fn report(&self, now_ms: u64) -> Vec<(u64, u64)> {
         if now_ms >= self.expires_ms {
-            now_ms - self.expires_ms
-        } else {
-            now_ms.saturating_sub(self.touched_ms)
+            return vec![(0, now_ms - self.expires_ms)];
+        }
+        let mut steps = Vec::with_capacity(8);
+        for (k, &since) in (1..=7u64).rev().zip(&self.eighths_ms) {
+            if since > 0 {
+                steps.push((self.peak * k / 8, now_ms.saturating_sub(since)));
+            }
+        }
+        steps.push((self.held(now_ms), now_ms.saturating_sub(self.touched_ms)));
+        steps
+    }
+
+    /// Notes when what it holds first fell to each eighth of what it held after the latest grant
+    /// (after anything that lowered it).
+    fn note_level(&mut self, now_ms: u64) {
+        let held = self.held(now_ms);
+        for (k, since) in (1..=7u64).rev().zip(self.eighths_ms.iter_mut()) {
+            if *since == 0 && held <= self.peak * k / 8 {
+                *since = now_ms.max(1);
+            }
         }
     }
 
@@ -360,8 +396,7 @@ pub struct Batch {
 #[must_use = "a lease claim must be ended with deposit or release"]
 pub struct Claim {
     key: String,
-    held: u64,
-    quiet_ms: u64,
+    report: Vec<(u64, u64)>,
 }
 
 impl Claim {
@@ -369,14 +404,9 @@ impl Claim {
         &self.key
     }
 
-    /// The most this proxy held of the key when the call was claimed ([`Lease::held`]).
-    pub fn held(&self) -> u64 {
-        self.held
-    }
-
-    /// For how long before the claim it had held at most that ([`Lease::quiet_ms`]).
-    pub fn quiet_ms(&self) -> u64 {
-        self.quiet_ms
+    /// What this proxy had held of the key when the call was claimed ([`Lease::report`]).
+    pub fn report(&self) -> &[(u64, u64)] {
+        &self.report
     }
 }
 
@@ -577,6 +607,7 @@ impl<'a> LeasePool<'a> {
                 return Change::Keep(Taken::Unknown);
             };
             lease.hand_back(back, now_ms);
+            lease.note_level(now_ms);
             let spendable = lease.spendable(now_ms, sizing);
             if spendable < cost || cost == 0 {
                 let later = lease.covered_in(cost, now_ms, sizing);
@@ -598,6 +629,7 @@ impl<'a> LeasePool<'a> {
             }
             lease.win_demand = lease.win_demand.saturating_add(tokens);
             lease.touched_ms = now_ms;
+            lease.note_level(now_ms);
             let batch = Batch {
                 tokens,
                 expires_ms: lease.expires_ms,
@@ -625,9 +657,9 @@ impl<'a> LeasePool<'a> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
             // What this proxy has held, and since when (a key with no entry: nothing, ever).
-            let mut report = (0, u64::MAX);
+            let mut report = vec![(0, u64::MAX)];
             if let Some(lease) = set.find(key) {
-                report = (lease.held(now_ms), lease.quiet_ms(now_ms));
+                report = lease.report(now_ms);
                 if lease.flight_until_ms > now_ms {
                     return Change::Keep((Flight::Busy, 0));
                 }
@@ -643,8 +675,7 @@ impl<'a> LeasePool<'a> {
             lease.flight_until_ms = until_ms;
             let claim = Claim {
                 key: key.to_string(),
-                held: report.0,
-                quiet_ms: report.1,
+                report,
             };
             Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
         })
@@ -695,6 +726,8 @@ impl<'a> LeasePool<'a> {
             lease.flight_until_ms = 0;
             lease.known = true;
             lease.reply_ms = now_ms;
+            lease.peak = lease.held(now_ms);
+            lease.eighths_ms = [0; 7];
             let take = lease.spend(costs, now_ms, sizing);
             let out = Deposit {
                 dropped,
@@ -1065,6 +1098,35 @@ mod tests {
             50,
             "by one reservation at most, then lease_max"
         );
+    }
+
+    /// A lease call reports how what the proxy holds fell since its grant: each eighth of it
+    /// from when it first held no more, then what it holds now since the entry was last touched;
+    /// after the lease expired, nothing since then.
+    #[test]
+    fn the_report_steps_down_as_the_lease_is_spent() {
+        let s = MemStore::default();
+        let pool = LeasePool::new(&s, "ns");
+        let c = claim(&pool, "k", 0);
+        assert_eq!(c.report(), [(0, u64::MAX)], "a key never held");
+        deposit(&pool, c, (80, 0, 800, 0), 0);
+        pool.take("k", &[40], 50, &SIZING).unwrap();
+        pool.take("k", &[30], 150, &SIZING).unwrap();
+        let lease = pool.peek("k").unwrap();
+        assert_eq!(
+            lease.report(200),
+            [
+                (70, 150),
+                (60, 150),
+                (50, 150),
+                (40, 150),
+                (30, 50),
+                (20, 50),
+                (10, 50),
+                (10, 50)
+            ]
+        );
+        assert_eq!(lease.report(lease.expires_ms + 5), [(0, 5)]);
     }
 
     #[test]
