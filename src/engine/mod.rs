@@ -455,8 +455,13 @@ impl Engine {
     pub fn tick(&mut self, host: &mut dyn Host) {
         let now = self.now(host);
         let metrics = &self.plugin.metrics;
-        self.stashes
-            .expire(now, |rule, n| metrics.count(rule, Counter::LeaseDropped, n));
+        // An expired stash's batch goes back to the pool: the proxy no longer holds it, and its
+        // unspent tokens are the pool's again while the key's lease lives (else they are dropped).
+        let pool = LeasePool::new(host.store(), &self.plugin.ns);
+        self.stashes.expire(now, |rule, key, back| {
+            let dropped = pool.take_back(key, back, now).unwrap_or(back.unspent);
+            metrics.count(rule, Counter::LeaseDropped, dropped);
+        });
         while let Some(Reverse((due, ctx))) = self.held.peek().copied() {
             if due > now {
                 break;

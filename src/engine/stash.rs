@@ -155,21 +155,26 @@ impl Stashes {
         (self.earliest_ms != u64::MAX).then_some(self.earliest_ms)
     }
 
-    /// Drops the stashes expired at `now_ms`, telling `dropped` each one's rule and unspent
-    /// tokens. It looks at every stash (at most [`MAX_KEYS`]), on a tick at most once per
-    /// millisecond and only once one has expired.
-    pub fn expire(&mut self, now_ms: u64, mut dropped: impl FnMut(usize, u64)) {
+    /// Drops the stashes expired at `now_ms`, handing each one's rule, key and batch to `back`
+    /// (its tokens unspent and the batch they came from go back to the proxy's pool). It looks at
+    /// every stash (at most [`MAX_KEYS`]), on a tick at most once per millisecond and only once one
+    /// has expired.
+    pub fn expire(&mut self, now_ms: u64, mut back: impl FnMut(usize, &str, Back)) {
         if now_ms < self.earliest_ms {
             return;
         }
         let mut earliest = u64::MAX;
-        self.by_key.retain(|_, s| {
+        self.by_key.retain(|key, s| {
             if now_ms < s.expires_ms {
                 earliest = earliest.min(s.expires_ms);
                 return true;
             }
-            if s.tokens > 0 {
-                dropped(s.rule, s.tokens);
+            if s.tokens > 0 || s.batch > 0 {
+                let batch = Back {
+                    batch: s.batch,
+                    unspent: s.tokens,
+                };
+                back(s.rule, key, batch);
             }
             false
         });
@@ -241,28 +246,37 @@ mod tests {
     }
 
     #[test]
-    fn the_tick_at_the_next_expiry_drops_what_ran_out_and_counts_it_by_rule() {
+    fn the_tick_at_the_next_expiry_hands_back_what_ran_out_by_rule() {
         let mut s = Stashes::default();
         assert_eq!(s.next_expiry(), None);
         s.keep((0, "a"), &batch(5, 100), 1, 0);
         s.keep((1, "b"), &batch(3, 300), 1, 0);
         s.keep((1, "c"), &batch(1, 200), 1, 0);
         assert_eq!(s.next_expiry(), Some(100));
-        let mut dropped = Vec::new();
-        s.expire(99, |rule, n| dropped.push((rule, n)));
-        assert!(dropped.is_empty(), "nothing ran out yet");
-        s.expire(100, |rule, n| dropped.push((rule, n)));
-        assert_eq!(dropped, [(0, 4)], "a's 4 unspent tokens, on its rule");
-        // c was spent whole; its entry stays until it expires (its batch goes back to the pool
-        // with the worker's next take).
+        let mut back = Vec::new();
+        let mut expire = |s: &mut Stashes, now| {
+            s.expire(now, |rule, key: &str, b| {
+                back.push((rule, key.to_string(), b.batch, b.unspent))
+            })
+        };
+        expire(&mut s, 99);
+        expire(&mut s, 100);
+        // c was spent whole; its entry stays until it expires, so its batch goes back too.
         assert_eq!(s.next_expiry(), Some(200), "c is next");
-        s.expire(200, |rule, n| dropped.push((rule, n)));
-        assert_eq!(dropped, [(0, 4)], "c had nothing left to drop");
+        expire(&mut s, 200);
         assert_eq!(s.next_expiry(), Some(300), "b is next");
         assert!(s.spend("a", 1, 150).spent.is_none(), "a is gone");
         assert!(s.spend("b", 1, 150).spent.is_some());
-        s.expire(300, |rule, n| dropped.push((rule, n)));
-        assert_eq!(dropped, [(0, 4), (1, 1)]);
+        expire(&mut s, 300);
+        assert_eq!(
+            back,
+            [
+                (0, "a".to_string(), 5, 4),
+                (1, "c".to_string(), 1, 0),
+                (1, "b".to_string(), 3, 1)
+            ],
+            "nothing before its expiry; each batch with its unspent tokens, on its rule"
+        );
         assert_eq!(s.next_expiry(), None, "no tick needed for stashes");
     }
 }

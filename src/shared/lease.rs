@@ -641,6 +641,25 @@ impl<'a> LeasePool<'a> {
         })
     }
 
+    /// Takes back a worker's batch of `key` whose stash expired; returns the unspent tokens it
+    /// dropped (all of them when the key's lease expired too).
+    pub fn take_back(&self, key: &str, back: Back, now_ms: u64) -> Result<u64, StoreError> {
+        update(self.store, &self.set_key(key), |bytes| {
+            let mut set = Set::decode(bytes);
+            let Some(lease) = set.find(key) else {
+                return Change::Keep(back.unspent);
+            };
+            let dropped = if now_ms < lease.expires_ms {
+                0
+            } else {
+                back.unspent
+            };
+            lease.hand_back(back, now_ms);
+            lease.note_level(now_ms);
+            Change::Write(set.encode(), dropped)
+        })
+    }
+
     /// Claims the single lease call for `key` on this proxy until `until_ms`; says how big a lease
     /// to ask for ([`Sizing::want`]), given the tokens `waiting` for it and those `unmet` here
     /// since the last call.
