@@ -1078,7 +1078,7 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
 
     let fallback = obj
         .opt_obj("fallback", LIMITS_FIELDS)?
-        .map(|f| parse_limits(&f))
+        .map(|f| parse_fallback(&f, &limits, cost))
         .transpose()?;
 
     let usage = obj
@@ -1155,7 +1155,30 @@ fn parse_usage(obj: &Obj<'_>) -> Result<Usage, ConfigError> {
     Ok(Usage { source, flush_ms })
 }
 
-/// `rate` (required), `period_ms` and `burst` of `obj`, as a rule or its `fallback`.
+/// A rule's `fallback`: its `period_ms` defaults to the rule's (a fallback of `"rate": 2` on a
+/// rule of 60 per minute is 2 per minute, not 2 per second), and its burst must hold the rule's
+/// cost (a smaller one would deny every request while the backend is down).
+fn parse_fallback(obj: &Obj<'_>, rule: &Limits, cost: u64) -> Result<Limits, ConfigError> {
+    let limits = parse_limits_with_period(obj, rule.period_ms)?;
+    if limits.burst < cost {
+        let defaulted = if obj.get("burst").is_none() {
+            ": burst defaults to the fallback's rate"
+        } else {
+            ""
+        };
+        return Err(err(
+            obj.path("burst"),
+            format!(
+                "must be at least the rule's cost ({cost}), or the fallback denies every request \
+                 (got {}{defaulted})",
+                limits.burst
+            ),
+        ));
+    }
+    Ok(limits)
+}
+
+/// `rate` (required), `period_ms` and `burst` of `obj`, as a rule.
 fn parse_limits(obj: &Obj<'_>) -> Result<Limits, ConfigError> {
     parse_limits_with_period(obj, DEFAULT_PERIOD_MS)
 }
@@ -1887,6 +1910,39 @@ mod tests {
                 period_ms: 1000
             })
         );
+    }
+
+    #[test]
+    fn a_fallback_period_defaults_to_the_rule_s() {
+        // 60 per minute with a fallback of 2: 2 per minute, not 2 per second.
+        let r = one_rule(r#""rate":60,"period_ms":60000,"fallback":{"rate":2}"#);
+        assert_eq!(
+            r.fallback,
+            Some(Limits {
+                burst: 2,
+                rate: 2,
+                period_ms: 60000
+            })
+        );
+        // A period of its own is kept.
+        let r = one_rule(r#""rate":60,"period_ms":60000,"fallback":{"rate":2,"period_ms":1000}"#);
+        assert_eq!(r.fallback.map(|f| f.period_ms), Some(1000));
+    }
+
+    #[test]
+    fn a_fallback_burst_below_the_cost_is_an_error() {
+        assert_eq!(
+            rule_error(r#""rate":10,"cost":3,"fallback":{"rate":1,"burst":2}"#),
+            "rules[0].fallback.burst: must be at least the rule's cost (3), or the fallback \
+             denies every request (got 2)"
+        );
+        assert_eq!(
+            rule_error(r#""rate":10,"cost":3,"fallback":{"rate":2}"#),
+            "rules[0].fallback.burst: must be at least the rule's cost (3), or the fallback \
+             denies every request (got 2: burst defaults to the fallback's rate)"
+        );
+        let r = one_rule(r#""rate":10,"cost":3,"fallback":{"rate":1,"burst":3}"#);
+        assert_eq!(r.fallback.map(|f| f.burst), Some(3));
     }
 
     #[test]
