@@ -185,6 +185,19 @@ fn jwt_claims_key_the_buckets() {
         statuses(&stack, 3, "/x", &[("authorization", &b)]),
         [200, 200, 429]
     );
+    // A claim nested deeper than the filter reads values, beside `sub`: only the configured path
+    // is read, so it does not hide carol's `sub` (she would otherwise escape both rules).
+    let mut deep = serde_json::json!("x");
+    for _ in 0..34 {
+        deep = serde_json::json!([deep]);
+    }
+    let carol = jwt.token(serde_json::json!({ "sub": "carol", "uid": 8, "profile": deep }));
+    assert_eq!(
+        statuses(&stack, 3, "/x", &[("authorization", &bearer(&carol))]),
+        [200, 200, 429],
+        "{}",
+        stack.logs()
+    );
     for (rule, value) in [
         ("per-sub", "alice"),
         ("per-sub", "bob"),
