@@ -1316,12 +1316,18 @@ fn parse_host(s: &str, path: &str) -> Result<String, ConfigError> {
     let bad = |why: &str| err(path, format!("{why} (got {})", quoted(s)));
     let host = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
     if host.starts_with('[') {
-        let ok = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
+        let inner = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        if inner.is_some_and(|h| h.contains('%')) {
+            return Err(bad(
+                "must not have a zone id (it names the client's interface; requests are \
+                 compared without it)",
+            ));
+        }
+        let ok = inner.is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
         return if ok {
-            Ok(host)
+            // Compared in canonical form, as requests' hosts are.
+            String::from_utf8(crate::rule::host::canonical(host.into_bytes()))
+                .map_err(|_| bad("must be a host name, an IPv4 address or [IPv6], without port"))
         } else {
             Err(bad(
                 "must be a host name, an IPv4 address or [IPv6], without port",
@@ -2701,14 +2707,18 @@ mod tests {
         };
         assert_eq!(
             hosts(
-                r#"["API.Example.com", "*.Tenant.example.com.", "10.0.0.1", "[::1]", "a_b.local"]"#
+                r#"["API.Example.com", "*.Tenant.example.com.", "10.0.0.1", "[::1]", "a_b.local",
+                    "[0:0::0001]", "[2001:DB8:0:0::AB]", "[::ffff:10.0.0.2]"]"#
             ),
             [
                 "api.example.com",
                 "*.tenant.example.com",
                 "10.0.0.1",
                 "[::1]",
-                "a_b.local"
+                "a_b.local",
+                "[::1]",
+                "[2001:db8::ab]",
+                "10.0.0.2"
             ]
         );
         for (bad, why) in [
@@ -2716,6 +2726,7 @@ mod tests {
             ("10.0.0.1:80", "must not have a port (hosts are compared without it)"),
             ("[::1]:80", "must be a host name, an IPv4 address or [IPv6], without port"),
             ("[nope]", "must be a host name, an IPv4 address or [IPv6], without port"),
+            ("[fe80::1%25eth0]", "must not have a zone id (it names the client's interface; requests are compared without it)"),
             ("", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
             ("a..b", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
             ("*", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),

@@ -458,7 +458,9 @@ const HOSTS_CONFIG: &str = r#"{ "backend": { "timeout_ms": 2000 },
     { "name": "api", "match": { "hosts": ["api.example.com"] },
       "rate": 1, "period_ms": 60000, "burst": 2 },
     { "name": "tenants", "match": { "hosts": ["*.tenant.example.com"] },
-      "rate": 1, "period_ms": 60000, "burst": 1 } ] }"#;
+      "rate": 1, "period_ms": 60000, "burst": 1 },
+    { "name": "loopback-v6", "match": { "hosts": ["[::1]"] },
+      "rate": 1, "period_ms": 60000, "burst": 3 } ] }"#;
 
 /// `match.hosts` compares `:authority` without its port, case-insensitively; `*.` matches any
 /// subdomain but not the domain itself.
@@ -475,6 +477,12 @@ fn hosts_scope_rules() {
     );
     assert_eq!(host("a.tenant.example.com"), 200);
     assert_eq!(host("B.x.tenant.example.com:8443"), 429);
+    // An IPv6 literal in any spelling is the one host: three tokens, then denied.
+    let v6: Vec<u16> = ["[::1]:80", "[0:0::1]", "[::0001]:8080", "[0:0:0:0:0:0:0:1]"]
+        .iter()
+        .map(|h| host(h))
+        .collect();
+    assert_eq!(v6, [200, 200, 200, 429], "{}", stack.logs());
     for other in [
         "tenant.example.com",
         "example.com",
