@@ -1491,6 +1491,52 @@ fn a_failed_call_puts_its_settlement_back() {
     assert_eq!(settle_arg(&h.out[&3]), 10, "carried again");
 }
 
+/// A flush the open breaker refuses waits for the breaker, not for the next millisecond: the tick
+/// fires a handful of times in a cool-off of 5 s, not once per `flush_ms` (1 ms here).
+#[test]
+fn a_flush_with_the_breaker_open_waits_for_the_breaker() {
+    let top =
+        r#""failure_mode":"open","backend":{"breaker_failures":1,"breaker_cooloff_ms":5000},"#;
+    let rule = r#"{"name":"llm","key":["header:x-user"],"rate":1,"period_ms":60000,"burst":100,
+        "usage":{"header":"x-usage-tokens","flush_ms":1}}"#;
+    let (mut e, _) = engine(top, rule);
+    let mut h = Fake::default();
+    // Two keys with usage pending, then a failed call opens the breaker until 5000.
+    for (ctx, u) in [(10, "a"), (11, "b")] {
+        e.request_headers(&mut h, ctx, &user(u));
+        let t = *h.tokens().last().unwrap();
+        deliver(&mut e, &mut h, t, 200, &answer(true, 59, 0, 100, 1));
+        e.response_headers(&mut h, ctx, &resp(&[("x-usage-tokens", "40")]));
+        e.done(&mut h, ctx);
+    }
+    e.request_headers(&mut h, 12, &user("c"));
+    let t = *h.tokens().last().unwrap();
+    deliver(&mut e, &mut h, t, 0, b"");
+    let sent = h.sent.len();
+    assert_eq!(h.tick, 1, "the flushes are due in 1 ms");
+    // The host fires the tick as asked, until the cool-off is over.
+    let mut ticks = 0;
+    while h.now < 5000 && h.tick > 0 && ticks < 10_000 {
+        h.now += h.tick;
+        e.tick(&mut h);
+        ticks += 1;
+    }
+    eprintln!("breaker open: {ticks} ticks in the 5 s cool-off with two flushes due");
+    assert_eq!(h.now, 5000, "the next tick is the breaker's");
+    assert!(ticks <= 2, "{ticks} ticks while the breaker was open");
+    // Then one flush is the probe; the other key's waits for its answer's cool-off.
+    assert_eq!(h.sent.len(), sent + 1, "one probe");
+    let probe = h.sent.last().unwrap();
+    assert!(probe.ends_with("/0/0/0/39"), "a flush: {probe}");
+    let mut more = 0;
+    while h.now < 10_000 && h.tick > 0 && more < 10_000 {
+        h.now += h.tick;
+        e.tick(&mut h);
+        more += 1;
+    }
+    assert!(more <= 3, "{more} ticks while the probe was out");
+}
+
 #[test]
 fn refunds_trailers_bodies_and_bad_values() {
     let rules = r#"{"name":"h","key":["header:x-user"],"rate":1,"burst":100,"cost":5,
