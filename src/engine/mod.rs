@@ -14,6 +14,7 @@
 //! pushed to the host).
 
 mod coalesce;
+mod handover;
 pub mod health;
 mod lease;
 pub mod plugin;
@@ -32,6 +33,7 @@ use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Claim, LeasePool, Taken};
 use crate::shared::{fallback, settle, Store};
 
+pub use handover::Pending;
 use health::{Event, Health};
 use lease::Queues;
 pub use plugin::{LocalReply, Outcome, Plugin, Shown, Source, Verdict};

@@ -1537,6 +1537,91 @@ fn a_flush_with_the_breaker_open_waits_for_the_breaker() {
     assert!(more <= 3, "{more} ticks while the probe was out");
 }
 
+// ----- a new configuration -----
+
+/// A worker's engine replaced by a new configuration (its rules in another order): the settlement
+/// the old engine had scheduled is flushed by the new one, under the rule of the same name.
+#[test]
+fn a_pending_settlement_survives_a_new_configuration() {
+    let (mut old, _) = engine("", LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    old.done(&mut h, 10);
+    assert_eq!(h.tick, 100, "the old engine's flush");
+    // What the filter did before: a fresh engine in its place knows of nothing to flush.
+    let reordered = [EXACT, LLM].join(",");
+    let (mut fresh, _) = engine("", &reordered);
+    let sent = h.sent.len();
+    h.now = 100;
+    fresh.tick(&mut h);
+    assert_eq!(h.sent.len(), sent, "a fresh engine alone never flushes it");
+    let (mut new, _) = engine("", &reordered);
+    h.tick = 0;
+    let left = new.adopt(&mut h, old.hand_over(true));
+    assert!(left.is_empty());
+    assert_eq!(h.tick, 1, "the new engine's tick, for the flush due now");
+    new.tick(&mut h);
+    assert_eq!(h.sent.len(), sent + 1);
+    let flush = h.sent.last().unwrap();
+    assert!(flush.contains("llm"), "the rule of the same name: {flush}");
+    assert!(flush.ends_with("/0/0/0/39"), "settled: {flush}");
+    old.tick(&mut h);
+    assert_eq!(
+        h.sent.len(),
+        sent + 1,
+        "the old engine flushes nothing more"
+    );
+}
+
+/// A call in flight that carries a settlement when its root is configured again: its answer comes
+/// to the new engine, and a failure puts the settlement back there, to be flushed.
+#[test]
+fn a_settlement_in_flight_survives_a_new_configuration() {
+    let (mut old, _) = engine(r#""failure_mode":"open","#, LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    old.done(&mut h, 10);
+    old.request_headers(&mut h, 11, &user("a"));
+    assert_eq!(settle_arg(&h.out[&2]), 39, "the next call carries it");
+    let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
+    let pending = old.hand_over(true);
+    assert_eq!(pending.len(), 2, "the flush and the call");
+    assert!(new.adopt(&mut h, pending).is_empty());
+    deliver(&mut new, &mut h, 2, 0, b"");
+    let sent = h.sent.len();
+    h.now += 100;
+    new.tick(&mut h);
+    assert_eq!(h.sent.len(), sent + 1, "flushed by the new engine");
+    assert_eq!(settle_arg(h.sent.last().unwrap()), 39, "put back whole");
+    // Answered this time: nothing is pending any more.
+    deliver(&mut new, &mut h, 3, 200, &answer(true, 20, 0, 100, 0));
+    new.request_headers(&mut h, 12, &user("a"));
+    assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
+}
+
+/// Settlements of a rule the new configuration no longer has, or of another namespace (another
+/// `key_prefix`), are not adopted: their buckets are no longer used.
+#[test]
+fn settlements_of_a_gone_rule_are_not_adopted() {
+    let (mut old, _) = engine("", LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    let (mut renamed, _) = engine("", &LLM.replace("\"llm\"", "\"llm2\""));
+    let left = renamed.adopt(&mut h, old.hand_over(false));
+    assert_eq!(left.len(), 1);
+    let (mut other_ns, _) = engine(r#""key_prefix":"other","#, LLM);
+    let left = other_ns.adopt(&mut h, left);
+    assert_eq!(left.len(), 1);
+    let (mut same, _) = engine("", LLM);
+    assert!(same.adopt(&mut h, left).is_empty());
+}
+
 #[test]
 fn refunds_trailers_bodies_and_bad_values() {
     let rules = r#"{"name":"h","key":["header:x-user"],"rate":1,"burst":100,"cost":5,
