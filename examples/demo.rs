@@ -1,7 +1,9 @@
 //! The whole thing on one machine: Redis, Webdis in front of it, and one Envoy (2 workers) running
-//! tollgate.wasm with envoy/envoy.yaml and envoy/demo-config.json. Three users send paced traffic to
-//! `/api/orders` for a few seconds; the table shows how many of each user's requests got through, next
-//! to the most the global token bucket allows (burst + rate × elapsed).
+//! tollgate.wasm with envoy/envoy.yaml and envoy/demo-config.json. Three users, each a client with its
+//! own address (127.0.0.11, .12 and .13: the rule keys on the client address Envoy sees, which a client
+//! cannot rewrite), send paced traffic to `/api/orders` for a few seconds; the table shows how many of
+//! each user's requests got through, next to the most the global token bucket allows
+//! (burst + rate × elapsed).
 //!
 //! A second part puts a stand-in LLM API behind Envoy (cluster "app") and limits tokens, not
 //! requests: each answer reports `usage.total_tokens`, and tollgate charges it to the user's global
@@ -19,11 +21,12 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use common::envoy::{brief_log, demo_config, Envoy};
-use common::http::{try_http, Resp};
+use common::http::{raw_request_from, Resp};
 use common::upstream::Upstream;
 use common::webdis::{Webdis, WebdisOpts};
 use common::{scratch_dir, Redis};
@@ -31,12 +34,23 @@ use common::{scratch_dir, Redis};
 /// How long each user sends.
 const RUN_FOR: Duration = Duration::from_secs(4);
 const PATH: &str = "/api/orders";
-/// (user, requests per second)
-const USERS: [(&str, u32); 3] = [("alice", 2), ("bob", 8), ("carol", 30)];
+/// (user, the client address it sends from, requests per second)
+const USERS: [(&str, Ipv4Addr, u32); 3] = [
+    ("alice", Ipv4Addr::new(127, 0, 0, 11), 2),
+    ("bob", Ipv4Addr::new(127, 0, 0, 12), 8),
+    ("carol", Ipv4Addr::new(127, 0, 0, 13), 30),
+];
+
+/// `GET path` to Envoy on 127.0.0.1:`port`, sent from `client` (its `client_ip`).
+fn get_from(client: Ipv4Addr, port: u16, path: &str) -> Result<Resp, String> {
+    let envoy = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+    raw_request_from(Some(IpAddr::V4(client)), envoy, "GET", path, &[])
+}
 
 /// What one user's sender saw.
 struct Tally {
     user: &'static str,
+    client: Ipv4Addr,
     per_second: u32,
     sent: u32,
     admitted: u32,
@@ -50,10 +64,11 @@ struct Tally {
 }
 
 /// Sends `per_second` requests a second for RUN_FOR, on a fixed schedule (never catching up in a burst).
-fn run_user(port: u16, user: &'static str, per_second: u32) -> Tally {
+fn run_user(port: u16, (user, client, per_second): (&'static str, Ipv4Addr, u32)) -> Tally {
     let interval = Duration::from_secs(1) / per_second;
     let mut t = Tally {
         user,
+        client,
         per_second,
         sent: 0,
         admitted: 0,
@@ -71,7 +86,7 @@ fn run_user(port: u16, user: &'static str, per_second: u32) -> Tally {
             std::thread::sleep(wait); // pacing, not a readiness wait
         }
         t.sent += 1;
-        match try_http(port, "GET", PATH, &[("x-user-id", user)]) {
+        match get_from(client, port, PATH) {
             Ok(r) if r.status == 200 => t.admitted += 1,
             Ok(r) if r.status == 429 => {
                 t.limited += 1;
@@ -147,8 +162,8 @@ fn main() -> ExitCode {
         envoy.admin_port, webdis.port, redis.port
     );
     println!(
-        "rule per-user (path /api/, one bucket per x-user-id): {rate} per {period_ms} ms, burst {burst}; \
-         each user sends GET {PATH} for {} s",
+        "rule per-client (path /api/, one bucket per client address): {rate} per {period_ms} ms, \
+         burst {burst}; each user sends GET {PATH} from its own address for {} s",
         RUN_FOR.as_secs()
     );
     println!("configs and logs: {}", dir.display());
@@ -156,7 +171,7 @@ fn main() -> ExitCode {
 
     let handles: Vec<_> = USERS
         .iter()
-        .map(|&(user, per_second)| std::thread::spawn(move || run_user(port, user, per_second)))
+        .map(|&user| std::thread::spawn(move || run_user(port, user)))
         .collect();
     let tallies: Vec<Tally> = handles
         .into_iter()
@@ -164,15 +179,22 @@ fn main() -> ExitCode {
         .collect();
 
     println!(
-        "{:<6} {:>7} {:>5} {:>9} {:>8} {:>6}   {:>13}",
-        "user", "req/s", "sent", "admitted", "limited", "other", "max admitted"
+        "{:<6} {:<11} {:>7} {:>5} {:>9} {:>8} {:>6}   {:>13}",
+        "user", "client", "req/s", "sent", "admitted", "limited", "other", "max admitted"
     );
     let mut ok = true;
     for t in &tallies {
         let max = burst + rate * t.elapsed.as_secs_f64() * 1000.0 / period_ms;
         println!(
-            "{:<6} {:>7} {:>5} {:>9} {:>8} {:>6}   {:>13.1}",
-            t.user, t.per_second, t.sent, t.admitted, t.limited, t.other, max
+            "{:<6} {:<11} {:>7} {:>5} {:>9} {:>8} {:>6}   {:>13.1}",
+            t.user,
+            t.client.to_string(),
+            t.per_second,
+            t.sent,
+            t.admitted,
+            t.limited,
+            t.other,
+            max
         );
         if f64::from(t.admitted) > max {
             ok = false;
@@ -217,7 +239,7 @@ fn main() -> ExitCode {
         .iter()
         .map(|t| u64::from(t.admitted + t.limited))
         .sum();
-    let stats = envoy.stats_when(|s| common::envoy::decided_in(s, "per-user") >= answered);
+    let stats = envoy.stats_when(|s| common::envoy::decided_in(s, "per-client") >= answered);
     let ours: Vec<&str> = stats
         .lines()
         .filter(|l| l.starts_with("wasmcustom.tollgate.") && !l.ends_with(": 0"))
@@ -248,8 +270,11 @@ fn main() -> ExitCode {
 /// The token budget of the usage part: tokens per second and burst, per user.
 const TOKENS_PER_SECOND: u64 = 1000;
 const TOKEN_BURST: u64 = 2000;
-/// (user, requests per second, tokens each answer reports)
-const LLM_USERS: [(&str, u32, u64); 2] = [("dana", 2, 1500), ("eli", 10, 40)];
+/// (user, the client address it sends from, requests per second, tokens each answer reports)
+const LLM_USERS: [(&str, Ipv4Addr, u32, u64); 2] = [
+    ("dana", Ipv4Addr::new(127, 0, 0, 21), 2, 1500),
+    ("eli", Ipv4Addr::new(127, 0, 0, 22), 10, 40),
+];
 
 /// A stand-in LLM API: answers `/app/chat?tokens=N` with a completion whose usage is N tokens.
 fn llm_stand_in() -> Upstream {
@@ -277,8 +302,8 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
     let app = llm_stand_in();
     let config = format!(
         r#"{{ "backend": {{ "timeout_ms": 500 }},
-        "rules": [ {{ "name": "tokens-per-user", "match": {{ "path_prefix": "/app/" }},
-                     "key": ["header:x-user-id"], "rate": {TOKENS_PER_SECOND}, "burst": {TOKEN_BURST},
+        "rules": [ {{ "name": "tokens-per-client", "match": {{ "path_prefix": "/app/" }},
+                     "key": ["client_ip"], "rate": {TOKENS_PER_SECOND}, "burst": {TOKEN_BURST},
                      "usage": {{ "body_field": "usage.total_tokens" }} }} ] }}"#
     );
     // The build that reads response bodies (make build's tollgate-usage-body.wasm).
@@ -295,12 +320,13 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
     };
     println!(
         "part two: tokens, not requests. A stand-in LLM API behind Envoy reports usage.total_tokens; \
-         rule tokens-per-user: {TOKENS_PER_SECOND} tokens/s, burst {TOKEN_BURST}, charged after each answer"
+         rule tokens-per-client: {TOKENS_PER_SECOND} tokens/s per client address, burst {TOKEN_BURST}, \
+         charged after each answer"
     );
     let port = envoy.listen_port;
     let handles: Vec<_> = LLM_USERS
         .iter()
-        .map(|&(user, per_second, tokens)| {
+        .map(|&(user, client, per_second, tokens)| {
             std::thread::spawn(move || {
                 let interval = Duration::from_secs(1) / per_second;
                 let start = Instant::now();
@@ -312,7 +338,7 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
                         std::thread::sleep(wait); // pacing, not a readiness wait
                     }
                     let path = format!("/app/chat?tokens={tokens}");
-                    match try_http(port, "GET", &path, &[("x-user-id", user)]) {
+                    match get_from(client, port, &path) {
                         Ok(r) if r.status == 200 => {
                             admitted += 1;
                             used += tokens;
@@ -384,12 +410,12 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
     // after counting them).
     let stats = envoy.stats_when(|s| {
         let charged_in =
-            common::envoy::stat_in(s, "wasmcustom.tollgate.tokens-per-user.usage_charged");
-        common::envoy::decided_in(s, "tokens-per-user") >= answered
+            common::envoy::stat_in(s, "wasmcustom.tollgate.tokens-per-client.usage_charged");
+        common::envoy::decided_in(s, "tokens-per-client") >= answered
             && charged_in.unwrap_or(0) >= charged
     });
     for name in ["usage_charged", "allowed", "denied"] {
-        let full = format!("wasmcustom.tollgate.tokens-per-user.{name}");
+        let full = format!("wasmcustom.tollgate.tokens-per-client.{name}");
         if let Some(v) = common::envoy::stat_in(&stats, &full) {
             println!("  {full}: {v}");
         }

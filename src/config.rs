@@ -1092,7 +1092,7 @@ fn parse_rule(value: &serde_json::Value, path: &str) -> Result<Rule, ConfigError
 
     let fallback = obj
         .opt_obj("fallback", LIMITS_FIELDS)?
-        .map(|f| parse_limits(&f))
+        .map(|f| parse_fallback(&f, &limits, cost))
         .transpose()?;
 
     let usage = obj
@@ -1176,7 +1176,30 @@ fn parse_usage(obj: &Obj<'_>) -> Result<Usage, ConfigError> {
     })
 }
 
-/// `rate` (required), `period_ms` and `burst` of `obj`, as a rule or its `fallback`.
+/// A rule's `fallback`: its `period_ms` defaults to the rule's (a fallback of `"rate": 2` on a
+/// rule of 60 per minute is 2 per minute, not 2 per second), and its burst must hold the rule's
+/// cost (a smaller one would deny every request while the backend is down).
+fn parse_fallback(obj: &Obj<'_>, rule: &Limits, cost: u64) -> Result<Limits, ConfigError> {
+    let limits = parse_limits_with_period(obj, rule.period_ms)?;
+    if limits.burst < cost {
+        let defaulted = if obj.get("burst").is_none() {
+            ": burst defaults to the fallback's rate"
+        } else {
+            ""
+        };
+        return Err(err(
+            obj.path("burst"),
+            format!(
+                "must be at least the rule's cost ({cost}), or the fallback denies every request \
+                 (got {}{defaulted})",
+                limits.burst
+            ),
+        ));
+    }
+    Ok(limits)
+}
+
+/// `rate` (required), `period_ms` and `burst` of `obj`, as a rule.
 fn parse_limits(obj: &Obj<'_>) -> Result<Limits, ConfigError> {
     parse_limits_with_period(obj, DEFAULT_PERIOD_MS)
 }
@@ -1314,12 +1337,18 @@ fn parse_host(s: &str, path: &str) -> Result<String, ConfigError> {
     let bad = |why: &str| err(path, format!("{why} (got {})", quoted(s)));
     let host = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
     if host.starts_with('[') {
-        let ok = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
+        let inner = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        if inner.is_some_and(|h| h.contains('%')) {
+            return Err(bad(
+                "must not have a zone id (it names the client's interface; requests are \
+                 compared without it)",
+            ));
+        }
+        let ok = inner.is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
         return if ok {
-            Ok(host)
+            // Compared in canonical form, as requests' hosts are.
+            String::from_utf8(crate::rule::host::canonical(host.into_bytes()))
+                .map_err(|_| bad("must be a host name, an IPv4 address or [IPv6], without port"))
         } else {
             Err(bad(
                 "must be a host name, an IPv4 address or [IPv6], without port",
@@ -1924,6 +1953,39 @@ mod tests {
                 period_ms: 1000
             })
         );
+    }
+
+    #[test]
+    fn a_fallback_period_defaults_to_the_rule_s() {
+        // 60 per minute with a fallback of 2: 2 per minute, not 2 per second.
+        let r = one_rule(r#""rate":60,"period_ms":60000,"fallback":{"rate":2}"#);
+        assert_eq!(
+            r.fallback,
+            Some(Limits {
+                burst: 2,
+                rate: 2,
+                period_ms: 60000
+            })
+        );
+        // A period of its own is kept.
+        let r = one_rule(r#""rate":60,"period_ms":60000,"fallback":{"rate":2,"period_ms":1000}"#);
+        assert_eq!(r.fallback.map(|f| f.period_ms), Some(1000));
+    }
+
+    #[test]
+    fn a_fallback_burst_below_the_cost_is_an_error() {
+        assert_eq!(
+            rule_error(r#""rate":10,"cost":3,"fallback":{"rate":1,"burst":2}"#),
+            "rules[0].fallback.burst: must be at least the rule's cost (3), or the fallback \
+             denies every request (got 2)"
+        );
+        assert_eq!(
+            rule_error(r#""rate":10,"cost":3,"fallback":{"rate":2}"#),
+            "rules[0].fallback.burst: must be at least the rule's cost (3), or the fallback \
+             denies every request (got 2: burst defaults to the fallback's rate)"
+        );
+        let r = one_rule(r#""rate":10,"cost":3,"fallback":{"rate":1,"burst":3}"#);
+        assert_eq!(r.fallback.map(|f| f.burst), Some(3));
     }
 
     #[test]
@@ -2682,14 +2744,18 @@ mod tests {
         };
         assert_eq!(
             hosts(
-                r#"["API.Example.com", "*.Tenant.example.com.", "10.0.0.1", "[::1]", "a_b.local"]"#
+                r#"["API.Example.com", "*.Tenant.example.com.", "10.0.0.1", "[::1]", "a_b.local",
+                    "[0:0::0001]", "[2001:DB8:0:0::AB]", "[::ffff:10.0.0.2]"]"#
             ),
             [
                 "api.example.com",
                 "*.tenant.example.com",
                 "10.0.0.1",
                 "[::1]",
-                "a_b.local"
+                "a_b.local",
+                "[::1]",
+                "[2001:db8::ab]",
+                "10.0.0.2"
             ]
         );
         for (bad, why) in [
@@ -2697,6 +2763,7 @@ mod tests {
             ("10.0.0.1:80", "must not have a port (hosts are compared without it)"),
             ("[::1]:80", "must be a host name, an IPv4 address or [IPv6], without port"),
             ("[nope]", "must be a host name, an IPv4 address or [IPv6], without port"),
+            ("[fe80::1%25eth0]", "must not have a zone id (it names the client's interface; requests are compared without it)"),
             ("", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
             ("a..b", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),
             ("*", "must be a host name of letters, digits, '-' and '.', optionally starting with \"*.\""),

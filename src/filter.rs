@@ -131,9 +131,15 @@ pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
     if let Some(q) = queue {
         engine.set_queue(q);
     }
-    if let Some(old) = slot.replace(engine) {
+    if let Some(mut old) = slot.take() {
         old.plugin().metrics.flush();
+        // The new engine flushes what the old one still owed the backend; the answers to the old
+        // one's calls come to this root, so to the new engine, too. What no rule of the new
+        // configuration names is left: its buckets are no longer used.
+        let pending = old.hand_over(true);
+        let _ = engine.adopt(&mut WasmHost::new(ctx), pending);
     }
+    *slot = Some(engine);
     1
 }
 
@@ -225,8 +231,9 @@ pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> u32 
 }
 
 /// A context is gone: a request's end (the engine forgets it), or a root's (its plugin is
-/// removed or the VM stops: the counts its engine has not pushed yet go to Envoy first; this is
-/// an ordinary callback, so host calls still work).
+/// removed or replaced, or the VM stops: the counts its engine has not pushed yet go to Envoy
+/// first, and the settlements it has not flushed go to another root of this VM, if one lives on;
+/// this is an ordinary callback, so host calls still work).
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(ctx: u32) {
     let gone = CONTEXTS.with(|c| {
@@ -244,10 +251,40 @@ pub extern "C" fn proxy_on_delete(ctx: u32) {
         return;
     };
     match slot.as_mut() {
-        Some(e) if root => e.plugin().metrics.flush(),
+        Some(e) if root => {
+            e.plugin().metrics.flush();
+            hand_to_other_roots(e.hand_over(false), ctx);
+        }
         Some(e) => e.done(&mut WasmHost::new(ctx), ctx),
         None => {}
     }
+}
+
+/// Gives a deleted root's pending settlements to the other roots of this VM (Envoy configures a
+/// plugin's new configuration on a new root before it deletes the old one). Its calls in flight
+/// are not handed over: their answers would come to the deleted root, which the host cancels.
+fn hand_to_other_roots(mut pending: engine::Pending, deleted: u32) {
+    if pending.is_empty() {
+        return;
+    }
+    let total = pending.len();
+    let roots = CONTEXTS.with(|c| c.try_borrow().map(|c| c.roots.clone()).unwrap_or_default());
+    for (id, shared) in roots {
+        let Ok(mut slot) = shared.try_borrow_mut() else {
+            continue;
+        };
+        if let Some(e) = slot.as_mut() {
+            pending = e.adopt(&mut WasmHost::for_root_from(id, deleted), pending);
+        }
+        if pending.is_empty() {
+            break;
+        }
+    }
+    log::info!(
+        "tollgate: a replaced configuration handed {} of {total} pending usage settlements to \
+         the configuration in force",
+        total - pending.len()
+    );
 }
 
 /// The Higress build's callback for Redis callouts: Higress calls it on the root context that

@@ -212,6 +212,15 @@ impl WasmHost {
         }
     }
 
+    /// A host for root context `root` while a callback of context `running` (another root) runs:
+    /// the host's calls switch to `root` first.
+    pub fn for_root_from(root: u32, running: u32) -> WasmHost {
+        WasmHost {
+            effective: std::cell::Cell::new(running),
+            ..WasmHost::new(root)
+        }
+    }
+
     /// Makes `ctx` the context the host's calls act for; false if the host refused (gone).
     fn act_for(&self, ctx: u32) -> bool {
         if self.effective.get() == ctx {

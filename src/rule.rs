@@ -7,6 +7,7 @@
 //! (see `path`) or its address (see `ip`). Overrides change a bucket's limits, never its key.
 
 pub mod hash;
+pub mod host;
 pub mod ip;
 pub mod path;
 pub mod value;
@@ -130,8 +131,8 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
         })
 }
 
-/// `:authority` without its port (and userinfo), lower-cased, without a trailing dot:
-/// `API.Example.com.:8443` → `api.example.com`, `[::1]:80` → `[::1]`.
+/// `:authority` without its port (and userinfo), lower-cased, without a trailing dot, an IP
+/// literal in canonical form: `API.Example.com.:8443` → `api.example.com`, `[0:0::1]:80` → `[::1]`.
 fn host_of(authority: &[u8]) -> Vec<u8> {
     let after_user = match authority.iter().rposition(|&b| b == b'@') {
         Some(at) => authority.get(at + 1..).unwrap_or_default(),
@@ -151,7 +152,7 @@ fn host_of(authority: &[u8]) -> Vec<u8> {
     };
     let mut host = host.strip_suffix(b".").unwrap_or(host).to_vec();
     host.make_ascii_lowercase();
-    host
+    host::canonical(host)
 }
 
 /// Whether `pattern` (from `match.hosts`) matches the request's `:authority`.
@@ -1099,6 +1100,7 @@ mod tests {
                 "api.example.com".into(),
                 "*.tenant.example.com".into(),
                 "[::1]".into(),
+                "10.0.0.2".into(),
             ],
             ..Match::default()
         };
@@ -1114,6 +1116,13 @@ mod tests {
             "x.y.tenant.example.com:443",
             "[::1]:8080",
             "[::1]",
+            // Every spelling of the literal, as the configured one was canonicalised too.
+            "[0:0::1]:8080",
+            "[::0001]",
+            "[0:0:0:0:0:0:0:1]:80",
+            "[::1%25eth0]:80",
+            "10.0.0.2:80",
+            "[::FFFF:10.0.0.2]:80",
         ] {
             assert!(host(yes), "{yes}");
         }
@@ -1125,6 +1134,8 @@ mod tests {
             "example.com",
             "api.example.co",
             "[::2]:80",
+            "[::1:0]",
+            "[::ffff:10.0.0.3]",
             "",
         ] {
             assert!(!host(no), "{no}");

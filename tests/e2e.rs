@@ -20,6 +20,37 @@ fn smoke_unmatched_path_passes_through() {
     assert_eq!(resp.body, "ok\n", "{resp:?}\n{}", stack.logs());
 }
 
+/// The demo's configuration, which Docker Compose ships too, keys on the client address: each address
+/// gets the burst of 10 under /api/, a header the client writes changes nothing, and a second address
+/// has a bucket of its own.
+#[test]
+fn demo_config_limits_each_client_address() {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let stack = Stack::start("e2e-demo-config", &demo_config());
+    let envoy = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), stack.port());
+    let statuses = |client: [u8; 4], n: usize| -> Vec<u16> {
+        let from = IpAddr::V4(Ipv4Addr::from(client));
+        (0..n)
+            .map(|i| {
+                // A fresh made-up user id on every request: it must not matter.
+                let user = format!("user-{i}");
+                let headers = [("x-user-id", user.as_str())];
+                common::http::raw_request_from(Some(from), envoy, "GET", "/api/orders", &headers)
+                    .unwrap_or_else(|e| panic!("{e}\n{}", stack.logs()))
+                    .status
+            })
+            .collect()
+    };
+    let mut limited = vec![200; 10];
+    limited.push(429);
+    assert_eq!(statuses([127, 0, 0, 31], 11), limited, "{}", stack.logs());
+    assert_eq!(
+        statuses([127, 0, 0, 32], 11),
+        limited,
+        "another client address"
+    );
+}
+
 /// A plugin configuration with one rule keyed on `x-user-id` under `/api/`; `extra` adds top-level
 /// fields (ending with a comma).
 fn config(extra: &str, rate: u64, period_ms: u64, burst: u64) -> String {

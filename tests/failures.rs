@@ -86,6 +86,47 @@ fn redis_down_then_back_per_failure_mode() {
     }
 }
 
+/// A fallback without its own `period_ms` counts in the rule's period: 60 per minute with a
+/// fallback of 2 admits 2 per minute while Redis is down, not 2 per second. Twelve requests spread
+/// over about 5 s stay within the fallback's bound for the time they took (a per-second fallback
+/// admitted 10 of them).
+#[test]
+fn a_fallback_counts_in_the_rule_s_period() {
+    let cfg = r#"{ "backend": { "cluster": "tollgate_backend", "timeout_ms": 300 },
+                   "failure_mode": "local",
+                   "rules": [ { "name": "per-user", "key": ["header:x-user-id"],
+                                "rate": 60, "period_ms": 60000,
+                                "fallback": { "rate": 2 } } ] }"#;
+    let mut stack = Stack::start("fail-fallback-period", cfg);
+    stack.redis.proc.stop();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    for i in 0..12 {
+        // The attack's shape: requests spread over 5 s, so a per-second refill would show.
+        let due = start + Duration::from_millis(450 * i);
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        got.push(common::get(stack.port(), "/x", &[("x-user-id", "mallory")]).status);
+    }
+    let elapsed = start.elapsed();
+    let admitted = got.iter().filter(|s| **s == 200).count() as u128;
+    assert!(
+        got.iter().all(|s| *s == 200 || *s == 429),
+        "{got:?}\n{}",
+        stack.logs()
+    );
+    // burst 2 + 2 per minute × the time taken.
+    let bound = 2 + 2 * elapsed.as_millis() / 60_000;
+    eprintln!(
+        "fallback: {admitted} of 12 admitted in {:.1} s with Redis down (bound {bound}): {got:?}",
+        elapsed.as_secs_f64()
+    );
+    assert!(
+        admitted <= bound,
+        "{admitted} admitted in {elapsed:?}, at most {bound}: {got:?}"
+    );
+    assert_eq!(&got[..2], [200, 200], "the fallback's burst admits");
+}
+
 /// Webdis dies: the same failure modes apply (Envoy answers the callout itself with 503).
 #[test]
 fn webdis_down_follows_failure_mode() {

@@ -185,6 +185,19 @@ fn jwt_claims_key_the_buckets() {
         statuses(&stack, 3, "/x", &[("authorization", &b)]),
         [200, 200, 429]
     );
+    // A claim nested deeper than the filter reads values, beside `sub`: only the configured path
+    // is read, so it does not hide carol's `sub` (she would otherwise escape both rules).
+    let mut deep = serde_json::json!("x");
+    for _ in 0..34 {
+        deep = serde_json::json!([deep]);
+    }
+    let carol = jwt.token(serde_json::json!({ "sub": "carol", "uid": 8, "profile": deep }));
+    assert_eq!(
+        statuses(&stack, 3, "/x", &[("authorization", &bearer(&carol))]),
+        [200, 200, 429],
+        "{}",
+        stack.logs()
+    );
     for (rule, value) in [
         ("per-sub", "alice"),
         ("per-sub", "bob"),
@@ -445,7 +458,9 @@ const HOSTS_CONFIG: &str = r#"{ "backend": { "timeout_ms": 2000 },
     { "name": "api", "match": { "hosts": ["api.example.com"] },
       "rate": 1, "period_ms": 60000, "burst": 2 },
     { "name": "tenants", "match": { "hosts": ["*.tenant.example.com"] },
-      "rate": 1, "period_ms": 60000, "burst": 1 } ] }"#;
+      "rate": 1, "period_ms": 60000, "burst": 1 },
+    { "name": "loopback-v6", "match": { "hosts": ["[::1]"] },
+      "rate": 1, "period_ms": 60000, "burst": 3 } ] }"#;
 
 /// `match.hosts` compares `:authority` without its port, case-insensitively; `*.` matches any
 /// subdomain but not the domain itself.
@@ -462,6 +477,12 @@ fn hosts_scope_rules() {
     );
     assert_eq!(host("a.tenant.example.com"), 200);
     assert_eq!(host("B.x.tenant.example.com:8443"), 429);
+    // An IPv6 literal in any spelling is the one host: three tokens, then denied.
+    let v6: Vec<u16> = ["[::1]:80", "[0:0::1]", "[::0001]:8080", "[0:0:0:0:0:0:0:1]"]
+        .iter()
+        .map(|h| host(h))
+        .collect();
+    assert_eq!(v6, [200, 200, 200, 429], "{}", stack.logs());
     for other in [
         "tenant.example.com",
         "example.com",

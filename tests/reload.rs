@@ -1,6 +1,7 @@
 //! Reconfiguration without dropping traffic: an Envoy hot restart (epoch 0 -> epoch 1, the way an
 //! operator rolls out a new filter configuration) takes the new plugin configuration at once,
-//! keeps every bucket in Redis as it was, and no request fails during the switch.
+//! keeps every bucket in Redis as it was, and no request fails during the switch. A configuration
+//! change inside one Envoy (a listener update) keeps the usage settlements still pending.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -167,4 +168,150 @@ fn hot_restart_applies_new_config_keeps_buckets_and_drops_nothing() {
     let rl = r.header("ratelimit").unwrap();
     assert!(rl.starts_with("\"per-user\";r=1;t="), "{rl}");
     eprintln!("reload: {answered} requests answered during the hot restart, none failed");
+}
+
+// ---- a configuration change inside one Envoy (file-based LDS) ----
+
+/// envoy/envoy.yaml rendered with its listener moved to a file Envoy watches (LDS from a path): the
+/// bootstrap, and the listener as a discovery response.
+fn lds_bootstrap(yaml: &str, lds: &std::path::Path) -> (String, String) {
+    let (start, end) = ("static_resources:\n  listeners:\n", "  clusters:\n");
+    let a = yaml.find(start).unwrap();
+    let b = a + yaml[a..].find(end).unwrap();
+    let bootstrap = format!(
+        "{}node:\n  id: reload-test\n  cluster: reload-test\ndynamic_resources:\n  lds_config:\n    \
+         path_config_source:\n      path: '{}'\n    resource_api_version: V3\nstatic_resources:\n{}",
+        &yaml[..a],
+        lds.display(),
+        &yaml[b..]
+    );
+    let listener: Vec<&str> = yaml[a + start.len()..b]
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect();
+    let listener = listener.join("\n").replacen(
+        "- name: ingress",
+        "- \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n  name: ingress",
+        1,
+    );
+    (bootstrap, format!("resources:\n{listener}\n"))
+}
+
+/// Writes `text` to `path` the way Envoy's file watch sees a new version: a rename over it.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A usage rule whose settlements wait 10 s for their flush; `deny_body` tells two versions apart.
+fn usage_config(deny_body: &str) -> String {
+    format!(
+        r#"{{ "backend": {{ "timeout_ms": 2000 }}, "deny": {{ "body": "{deny_body}" }},
+             "rules": [ {{ "name": "llm", "match": {{ "path_prefix": "/app/" }},
+                           "key": ["header:x-user-id"], "rate": 1, "period_ms": 60000, "burst": 100,
+                           "usage": {{ "header": "x-usage-tokens", "flush_ms": 10000 }} }} ] }}"#
+    )
+}
+
+/// Whole tokens left in bucket `key` (a full bucket when Redis has none).
+fn tokens_left(redis: &common::Redis, key: &str) -> i64 {
+    let (u, p): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+        .arg(key)
+        .arg("u")
+        .arg("p")
+        .query(&mut redis.conn())
+        .unwrap();
+    match (u, p) {
+        (Some(u), Some(p)) if p > 0 => u.div_euclid(p),
+        _ => 100,
+    }
+}
+
+/// A new plugin configuration taken inside one Envoy (a listener update through file-based LDS:
+/// the new configuration gets a new root context in the same VM, the old one is deleted once its
+/// filter chain has drained): a usage settlement the old configuration had not flushed yet still
+/// reaches Redis. The old configuration's flush was 10 s away when it went; nothing else touches
+/// the key, so only a flush can charge it.
+#[test]
+fn a_settlement_pending_across_a_configuration_change_reaches_redis() {
+    let dir = scratch_dir("reload-settle");
+    let redis = common::Redis::start(&dir);
+    let webdis = common::Webdis::start(&dir, redis.port);
+    let app = common::upstream::Upstream::start_answering(vec![b"HTTP/1.1 200 OK\r\n\
+        x-usage-tokens: 40\r\ncontent-length: 4\r\nconnection: close\r\n\r\napp\n"
+        .to_vec()]);
+    let (listen, admin) = (free_port(), free_port());
+    let lds = dir.join("lds.yaml");
+    let render = |cfg: &str| {
+        let yaml = render_envoy_yaml(cfg, webdis.port, listen, admin, &wasm_path(), app.port);
+        lds_bootstrap(&yaml, &lds)
+    };
+    let (bootstrap, listener) = render(&usage_config("limited"));
+    std::fs::write(&lds, listener).unwrap();
+    let path = dir.join("envoy-lds.yaml");
+    std::fs::write(&path, bootstrap).unwrap();
+    let mut cmd = Command::new(envoy_bin());
+    cmd.arg("-c").arg(&path).args([
+        "--concurrency",
+        "2",
+        "--disable-hot-restart",
+        "--drain-time-s",
+        "1",
+        "-l",
+        "info",
+    ]);
+    let mut envoy = Proc::spawn("envoy", cmd, &dir.join("envoy-lds.log"));
+    let stat = |name: &str| -> u64 {
+        common::try_http(admin, "GET", "/stats", &[])
+            .ok()
+            .and_then(|r| common::envoy::stat_in(&r.body, name))
+            .unwrap_or(0)
+    };
+    let listening = wait_until(Duration::from_secs(30), || {
+        envoy.assert_running();
+        matches!(common::try_http(admin, "GET", "/ready", &[]), Ok(r) if r.status == 200)
+            && stat("listener_manager.lds.update_success") >= 1
+            && common::port_open(listen)
+    });
+    assert!(listening, "envoy not ready:\n{}", envoy.log_text());
+
+    let r = common::get(listen, "/app/chat", &[("x-user-id", "ada")]);
+    assert_eq!(r.status, 200, "{r:?}\n{}", envoy.log_text());
+    let cfg = tollgate::config::Config::try_from(usage_config("limited").as_bytes()).unwrap();
+    let key = tollgate::rule::bucket_key(
+        &cfg.key_prefix,
+        "llm",
+        &cfg.rules[0].key,
+        &[b"ada".to_vec()],
+    );
+    assert_eq!(tokens_left(&redis, &key), 99, "the up-front cost only");
+
+    let updates = stat("listener_manager.lds.update_success");
+    let (_, listener) = render(&usage_config("slow down"));
+    replace_file(&lds, &listener);
+    let updated = wait_until(Duration::from_secs(15), || {
+        stat("listener_manager.lds.update_success") > updates
+    });
+    assert!(
+        updated,
+        "the listener update was not taken:\n{}",
+        envoy.log_text()
+    );
+    // 40 used, 1 paid up front: 39 more, once the (adopted) flush is due.
+    let settled = wait_until(Duration::from_secs(30), || tokens_left(&redis, &key) <= 60);
+    let log = envoy.log_text();
+    assert!(
+        settled,
+        "the settlement never reached Redis ({} tokens left)\n{}",
+        tokens_left(&redis, &key),
+        common::envoy::brief_log(&log)
+    );
+    assert_eq!(tokens_left(&redis, &key), 60);
+    assert!(
+        log.contains("handed 1 of 1 pending usage settlements"),
+        "the old configuration's root went before its flush:\n{}",
+        common::envoy::brief_log(&log)
+    );
+    eprintln!("reload: the settlement pending across the configuration change reached Redis");
 }

@@ -88,6 +88,7 @@ fn check_valid(c: &Config) {
         check_limits(&r.limits, n);
         if let Some(f) = &r.fallback {
             check_limits(f, n);
+            assert!(r.cost <= f.burst, "{n}: fallback burst below cost");
         }
         assert!(
             r.cost >= 1 && r.cost <= r.limits.burst,

@@ -82,6 +82,12 @@ impl<'a> Health<'a> {
         self.read().open_until != 0
     }
 
+    /// Until when the breaker is open (no call goes out before then; at that time one caller gets
+    /// to probe). None while it is closed.
+    pub fn open_until(&self) -> Option<u64> {
+        Some(self.read().open_until).filter(|t| *t != 0)
+    }
+
     /// Whether a call may go out now (true for the one probe after a cool-off). The common case,
     /// a closed breaker, costs one read.
     pub fn allow(&self, now_ms: u64) -> bool {

@@ -14,6 +14,7 @@
 //! pushed to the host).
 
 mod coalesce;
+mod handover;
 pub mod health;
 mod lease;
 pub mod plugin;
@@ -32,6 +33,7 @@ use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Claim, LeasePool, Taken};
 use crate::shared::{fallback, settle, Store};
 
+pub use handover::Pending;
 use health::{Event, Health};
 use lease::Queues;
 pub use plugin::{LocalReply, Outcome, Plugin, Shown, Source, Verdict};
@@ -474,8 +476,37 @@ impl Engine {
         self.expire_waiters(host, now);
         self.expire_forwarded(host, now);
         self.poll_leases(host, now);
+        self.defer_flushes_while_open(host, now);
         self.flush_settlements(host, now);
         self.schedule(host, now, true);
+    }
+
+    /// While the breaker is open no settlement can go out: every flush due before it would let a
+    /// call through waits until then, so the tick fires once at that time instead of every
+    /// millisecond (a flush the breaker refused would otherwise stay due, or come back after
+    /// `flush_ms`). The settlements stay pending in shared data meanwhile; a call for the key
+    /// still carries its own.
+    fn defer_flushes_while_open(&mut self, host: &mut dyn Host, now: u64) {
+        if self.flushes.peek().is_none_or(|Reverse(f)| f.0 > now) {
+            return;
+        }
+        let Some(until) = self.health(host.store()).open_until().filter(|t| *t > now) else {
+            return;
+        };
+        // One flush per key is enough: it takes whatever the key has pending by then.
+        let mut deferred =
+            std::collections::BTreeMap::<String, (usize, crate::bucket::Limits)>::new();
+        while let Some(Reverse(f)) = self.flushes.peek() {
+            if f.0 >= until {
+                break;
+            }
+            if let Some(Reverse((_, rule, key, limits))) = self.flushes.pop() {
+                deferred.insert(key, (rule, limits));
+            }
+        }
+        let later = deferred.into_iter();
+        self.flushes
+            .extend(later.map(|(key, (rule, limits))| Reverse((until, rule, key, limits))));
     }
 
     /// The response headers of `ctx` (read through `response`): add the rate-limit headers kept

@@ -1515,6 +1515,137 @@ fn a_failed_call_puts_its_settlement_back() {
     assert_eq!(settle_arg(&h.out[&3]), 10, "carried again");
 }
 
+/// A flush the open breaker refuses waits for the breaker, not for the next millisecond: the tick
+/// fires a handful of times in a cool-off of 5 s, not once per `flush_ms` (1 ms here).
+#[test]
+fn a_flush_with_the_breaker_open_waits_for_the_breaker() {
+    let top =
+        r#""failure_mode":"open","backend":{"breaker_failures":1,"breaker_cooloff_ms":5000},"#;
+    let rule = r#"{"name":"llm","key":["header:x-user"],"rate":1,"period_ms":60000,"burst":100,
+        "usage":{"header":"x-usage-tokens","flush_ms":1}}"#;
+    let (mut e, _) = engine(top, rule);
+    let mut h = Fake::default();
+    // Two keys with usage pending, then a failed call opens the breaker until 5000.
+    for (ctx, u) in [(10, "a"), (11, "b")] {
+        e.request_headers(&mut h, ctx, &user(u));
+        let t = *h.tokens().last().unwrap();
+        deliver(&mut e, &mut h, t, 200, &answer(true, 59, 0, 100, 1));
+        e.response_headers(&mut h, ctx, &resp(&[("x-usage-tokens", "40")]));
+        e.done(&mut h, ctx);
+    }
+    e.request_headers(&mut h, 12, &user("c"));
+    let t = *h.tokens().last().unwrap();
+    deliver(&mut e, &mut h, t, 0, b"");
+    let sent = h.sent.len();
+    assert_eq!(h.tick, 1, "the flushes are due in 1 ms");
+    // The host fires the tick as asked, until the cool-off is over.
+    let mut ticks = 0;
+    while h.now < 5000 && h.tick > 0 && ticks < 10_000 {
+        h.now += h.tick;
+        e.tick(&mut h);
+        ticks += 1;
+    }
+    eprintln!("breaker open: {ticks} ticks in the 5 s cool-off with two flushes due");
+    assert_eq!(h.now, 5000, "the next tick is the breaker's");
+    assert!(ticks <= 2, "{ticks} ticks while the breaker was open");
+    // Then one flush is the probe; the other key's waits for its answer's cool-off.
+    assert_eq!(h.sent.len(), sent + 1, "one probe");
+    let probe = h.sent.last().unwrap();
+    assert!(probe.ends_with("/0/0/0/39"), "a flush: {probe}");
+    let mut more = 0;
+    while h.now < 10_000 && h.tick > 0 && more < 10_000 {
+        h.now += h.tick;
+        e.tick(&mut h);
+        more += 1;
+    }
+    assert!(more <= 3, "{more} ticks while the probe was out");
+}
+
+// ----- a new configuration -----
+
+/// A worker's engine replaced by a new configuration (its rules in another order): the settlement
+/// the old engine had scheduled is flushed by the new one, under the rule of the same name.
+#[test]
+fn a_pending_settlement_survives_a_new_configuration() {
+    let (mut old, _) = engine("", LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    old.done(&mut h, 10);
+    assert_eq!(h.tick, 100, "the old engine's flush");
+    // What the filter did before: a fresh engine in its place knows of nothing to flush.
+    let reordered = [EXACT, LLM].join(",");
+    let (mut fresh, _) = engine("", &reordered);
+    let sent = h.sent.len();
+    h.now = 100;
+    fresh.tick(&mut h);
+    assert_eq!(h.sent.len(), sent, "a fresh engine alone never flushes it");
+    let (mut new, _) = engine("", &reordered);
+    h.tick = 0;
+    let left = new.adopt(&mut h, old.hand_over(true));
+    assert!(left.is_empty());
+    assert_eq!(h.tick, 1, "the new engine's tick, for the flush due now");
+    new.tick(&mut h);
+    assert_eq!(h.sent.len(), sent + 1);
+    let flush = h.sent.last().unwrap();
+    assert!(flush.contains("llm"), "the rule of the same name: {flush}");
+    assert!(flush.ends_with("/0/0/0/39"), "settled: {flush}");
+    old.tick(&mut h);
+    assert_eq!(
+        h.sent.len(),
+        sent + 1,
+        "the old engine flushes nothing more"
+    );
+}
+
+/// A call in flight that carries a settlement when its root is configured again: its answer comes
+/// to the new engine, and a failure puts the settlement back there, to be flushed.
+#[test]
+fn a_settlement_in_flight_survives_a_new_configuration() {
+    let (mut old, _) = engine(r#""failure_mode":"open","#, LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    old.done(&mut h, 10);
+    old.request_headers(&mut h, 11, &user("a"));
+    assert_eq!(settle_arg(&h.out[&2]), 39, "the next call carries it");
+    let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
+    let pending = old.hand_over(true);
+    assert_eq!(pending.len(), 2, "the flush and the call");
+    assert!(new.adopt(&mut h, pending).is_empty());
+    deliver(&mut new, &mut h, 2, 0, b"");
+    let sent = h.sent.len();
+    h.now += 100;
+    new.tick(&mut h);
+    assert_eq!(h.sent.len(), sent + 1, "flushed by the new engine");
+    assert_eq!(settle_arg(h.sent.last().unwrap()), 39, "put back whole");
+    // Answered this time: nothing is pending any more.
+    deliver(&mut new, &mut h, 3, 200, &answer(true, 20, 0, 100, 0));
+    new.request_headers(&mut h, 12, &user("a"));
+    assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
+}
+
+/// Settlements of a rule the new configuration no longer has, or of another namespace (another
+/// `key_prefix`), are not adopted: their buckets are no longer used.
+#[test]
+fn settlements_of_a_gone_rule_are_not_adopted() {
+    let (mut old, _) = engine("", LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10, &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    let (mut renamed, _) = engine("", &LLM.replace("\"llm\"", "\"llm2\""));
+    let left = renamed.adopt(&mut h, old.hand_over(false));
+    assert_eq!(left.len(), 1);
+    let (mut other_ns, _) = engine(r#""key_prefix":"other","#, LLM);
+    let left = other_ns.adopt(&mut h, left);
+    assert_eq!(left.len(), 1);
+    let (mut same, _) = engine("", LLM);
+    assert!(same.adopt(&mut h, left).is_empty());
+}
+
 #[test]
 fn refunds_trailers_bodies_and_bad_values() {
     let rules = r#"{"name":"h","key":["header:x-user"],"rate":1,"burst":100,"cost":5,

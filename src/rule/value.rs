@@ -153,28 +153,98 @@ fn read_value(msg: &[u8], depth: usize) -> Option<Value> {
     Some(value)
 }
 
-/// The value at `fields` inside namespace `namespace` of a serialised `Metadata` message; a field
-/// of all digits indexes a list. None if any step is missing or the message is malformed.
-pub fn metadata_value(metadata: &[u8], namespace: &str, fields: &[String]) -> Option<Value> {
-    let (_, ns) = map_entries(metadata, 1)?
-        .into_iter()
-        .rev()
-        .find(|(k, _)| *k == namespace.as_bytes())?;
-    let mut current = Value::Struct(read_struct(ns, 0)?);
-    for field in fields {
-        current = match current {
-            Value::Struct(mut m) => m.remove(field.as_bytes())?,
-            Value::List(mut items) if field.bytes().all(|b| b.is_ascii_digit()) => {
-                let i: usize = field.parse().ok()?;
-                if i >= items.len() {
-                    return None;
+/// The message of the last entry of map field `number` of `msg` whose key is `key` (protobuf maps
+/// keep the last entry for a key). Only the entries' keys are read: their values are skipped.
+fn map_entry<'a>(msg: &'a [u8], number: u64, key: &[u8]) -> Option<&'a [u8]> {
+    let mut found = None;
+    let mut r = Reader { buf: msg };
+    while let Some((n, f)) = r.field().ok()? {
+        if let (true, Field::Bytes(entry)) = (n == number, f) {
+            let (mut k, mut value): (&[u8], &[u8]) = (&[], &[]);
+            let mut e = Reader { buf: entry };
+            while let Some((en, ef)) = e.field().ok()? {
+                match (en, ef) {
+                    (1, Field::Bytes(b)) => k = b,
+                    (2, Field::Bytes(v)) => value = v,
+                    _ => {}
                 }
-                items.swap_remove(i)
+            }
+            if k == key {
+                found = Some(value);
+            }
+        }
+    }
+    found
+}
+
+/// Where a walk down a metadata path stands: a `Struct` message (the namespace, or a value's
+/// struct), a `ListValue` message, or a `Value` message.
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Struct(&'a [u8]),
+    List(&'a [u8]),
+    Value(&'a [u8]),
+}
+
+/// The struct or list a `Value` message holds (None for a scalar, or a malformed message), read
+/// as [`read_value`] reads it: the last kind given wins. Nothing inside it is parsed.
+fn container(value: &[u8]) -> Option<Step<'_>> {
+    let mut kind = None;
+    let mut r = Reader { buf: value };
+    while let Some((n, f)) = r.field().ok()? {
+        kind = match (n, f) {
+            (5, Field::Bytes(s)) => Some(Step::Struct(s)),
+            (6, Field::Bytes(l)) => Some(Step::List(l)),
+            (1 | 4, Field::Varint(_)) | (2, Field::Fixed64(_)) | (3, Field::Bytes(_)) => None,
+            _ => continue,
+        };
+    }
+    kind
+}
+
+/// The `Value` message of item `i` of a `ListValue` message.
+fn list_item(list: &[u8], i: usize) -> Option<&[u8]> {
+    let mut seen = 0usize;
+    let mut r = Reader { buf: list };
+    while let Some((n, f)) = r.field().ok()? {
+        if let (1, Field::Bytes(item)) = (n, f) {
+            if seen == i {
+                return Some(item);
+            }
+            seen += 1;
+        }
+    }
+    None
+}
+
+/// The value at `fields` inside namespace `namespace` of a serialised `Metadata` message; a field
+/// of all digits indexes a list. None if any step is missing or malformed, or the value itself
+/// nests deeper than `MAX_DEPTH`.
+///
+/// Only the configured path is read: at each step the entries' keys are compared and every other
+/// value is skipped unread, so nothing elsewhere in the namespace (a value nested too deep, or
+/// malformed) can hide the key.
+pub fn metadata_value(metadata: &[u8], namespace: &str, fields: &[String]) -> Option<Value> {
+    let mut at = Step::Struct(map_entry(metadata, 1, namespace.as_bytes())?);
+    for field in fields {
+        let inside = match at {
+            Step::Value(v) => container(v)?,
+            other => other,
+        };
+        let value = match inside {
+            Step::Struct(s) => map_entry(s, 1, field.as_bytes())?,
+            Step::List(l) if field.bytes().all(|b| b.is_ascii_digit()) => {
+                list_item(l, field.parse().ok()?)?
             }
             _ => return None,
         };
+        at = Step::Value(value);
     }
-    Some(current)
+    match at {
+        Step::Struct(s) => Some(Value::Struct(read_struct(s, 0)?)),
+        Step::Value(v) => read_value(v, fields.len()),
+        Step::List(_) => None,
+    }
 }
 
 /// `n` as key text: integral values below 2^53 in magnitude as integers, others in Rust's
@@ -475,6 +545,50 @@ mod tests {
         }
         let md = metadata(&[("ns", pb_struct(&[("a", v)]))]);
         assert_eq!(metadata_value(&md, "ns", &["a".into()]), None);
+    }
+
+    #[test]
+    fn only_the_configured_path_is_read() {
+        // A value nested past MAX_DEPTH, and a malformed one, beside the key: neither hides it.
+        let mut deep = string("deep");
+        for _ in 0..40 {
+            deep = list(&[deep]);
+        }
+        let mut broken = Vec::new();
+        bytes_field(5, &[0xff; 6], &mut broken);
+        let payload = structv(&[
+            ("junk", deep.clone()),
+            ("sub", string("alice")),
+            ("bad", broken.clone()),
+        ]);
+        let md = metadata(&[(
+            "ns",
+            pb_struct(&[("deep", deep), ("p", payload), ("bad", broken)]),
+        )]);
+        let at = |path: &str| {
+            let fields: Vec<String> = path.split('.').map(str::to_owned).collect();
+            metadata_value(&md, "ns", &fields)
+        };
+        assert_eq!(at("p.sub"), Some(Value::String(b"alice".to_vec())));
+        // What lies on the path is still read in full, and still bounded.
+        assert_eq!(at("p.junk"), None);
+        assert_eq!(at("p.bad"), None);
+        assert_eq!(at("p"), None);
+        // Lists on the path are indexed without reading their other items.
+        let md = metadata(&[(
+            "ns",
+            pb_struct(&[(
+                "l",
+                list(&[structv(&[("x", list(&[]))]), string("zero"), string("one")]),
+            )]),
+        )]);
+        let fields = |p: &str| -> Vec<String> { p.split('.').map(str::to_owned).collect() };
+        assert_eq!(
+            metadata_value(&md, "ns", &fields("l.2")),
+            Some(Value::String(b"one".to_vec()))
+        );
+        assert_eq!(metadata_value(&md, "ns", &fields("l.3")), None);
+        assert_eq!(metadata_value(&md, "ns", &fields("l.1.x")), None);
     }
 
     #[test]

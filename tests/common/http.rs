@@ -137,6 +137,18 @@ pub fn raw_request(
     target: &str,
     headers: &[(&str, &str)],
 ) -> Result<Resp, String> {
+    raw_request_from(None, addr, method, target, headers)
+}
+
+/// Like [`raw_request`], from source address `source` when given (any 127.0.0.0/8 address works on
+/// Linux loopback): one machine playing several clients, each with its own `client_ip`.
+pub fn raw_request_from(
+    source: Option<std::net::IpAddr>,
+    addr: std::net::SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+) -> Result<Resp, String> {
     use std::io::{Read, Write};
     let mut head = format!("{method} {target} HTTP/1.1\r\n");
     if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
@@ -147,8 +159,7 @@ pub fn raw_request(
     }
     head.push_str("connection: close\r\n\r\n");
     let what = || format!("{method} {addr}{target}");
-    let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
-        .map_err(|e| format!("{}: connect: {e}", what()))?;
+    let mut conn = connect_from(source, addr).map_err(|e| format!("{}: connect: {e}", what()))?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| format!("{}: {e}", what()))?;
     conn.write_all(head.as_bytes())
@@ -189,6 +200,25 @@ pub fn raw_request(
         body: String::from_utf8_lossy(&raw[head.body_start..]).into_owned(),
         headers: head.headers,
     })
+}
+
+/// A connection to `addr`, from `source` if given.
+fn connect_from(
+    source: Option<std::net::IpAddr>,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    let timeout = Duration::from_secs(10);
+    let Some(ip) = source else {
+        return std::net::TcpStream::connect_timeout(&addr, timeout);
+    };
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.bind(&std::net::SocketAddr::new(ip, 0).into())?;
+    socket.connect_timeout(&addr.into(), timeout)?;
+    Ok(socket.into())
 }
 
 /// A response head read by [`raw_request`].
