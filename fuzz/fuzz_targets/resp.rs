@@ -16,6 +16,7 @@ use tollgate::backend::resp::{
 };
 use tollgate::backend::webdis::Invoke;
 use tollgate::backend::{BackendError, ScriptCall};
+use tollgate::bucket::Holder;
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -29,6 +30,21 @@ struct Input {
     lease_want: u64,
     max_wait_ms: u64,
     settle: i64,
+    holder: Option<(u64, u64, Vec<(u64, u64)>)>,
+}
+
+/// The lease argument the script must get: the want, then with a holder its id, hold and the
+/// last steps it keeps.
+fn lease_arg(input: &Input) -> (Option<Box<Holder>>, String) {
+    let Some((id, hold_ms, steps)) = &input.holder else {
+        return (None, input.lease_want.to_string());
+    };
+    let holder = Holder::new(*id, *hold_ms, steps);
+    let mut text = format!("{}:{id}:{hold_ms}", input.lease_want);
+    for (held, quiet) in holder.steps() {
+        text.push_str(&format!(":{held}:{quiet}"));
+    }
+    (Some(Box::new(holder)), text)
 }
 
 /// A strict reader of `*N` + N bulk strings, written independently of the codec.
@@ -108,7 +124,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(input) = Input::arbitrary(&mut Unstructured::new(rest)) else {
         return;
     };
+    let (holder, lease) = lease_arg(&input);
     let call = ScriptCall {
+        holder,
         key: input.key.clone(),
         burst: input.burst,
         rate: input.rate,
@@ -137,15 +155,15 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(args[2], b"1");
     assert_eq!(args[3], input.key.as_bytes());
     let numbers = [
-        input.burst,
-        input.rate,
-        input.period_ms,
-        input.cost,
-        input.lease_want,
-        input.max_wait_ms,
+        input.burst.to_string(),
+        input.rate.to_string(),
+        input.period_ms.to_string(),
+        input.cost.to_string(),
+        lease,
+        input.max_wait_ms.to_string(),
     ];
     for (arg, n) in args[4..].iter().zip(numbers) {
-        assert_eq!(arg, n.to_string().as_bytes());
+        assert_eq!(arg, n.as_bytes());
     }
     // Left out means 0, the script's default.
     let max_wait = args.get(9).map_or("0".to_string(), |a| String::from_utf8_lossy(a).into_owned());

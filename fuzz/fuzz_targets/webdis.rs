@@ -8,6 +8,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tollgate::backend::webdis::{basic_auth_header, command, request, Invoke};
 use tollgate::backend::ScriptCall;
+use tollgate::bucket::Holder;
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -21,6 +22,21 @@ struct Input {
     lease_want: u64,
     max_wait_ms: u64,
     settle: i64,
+    holder: Option<(u64, u64, Vec<(u64, u64)>)>,
+}
+
+/// The lease argument the script must get: the want, then with a holder its id, hold and the
+/// last steps it keeps.
+fn lease_arg(input: &Input) -> (Option<Box<Holder>>, String) {
+    let Some((id, hold_ms, steps)) = &input.holder else {
+        return (None, input.lease_want.to_string());
+    };
+    let holder = Holder::new(*id, *hold_ms, steps);
+    let mut text = format!("{}:{id}:{hold_ms}", input.lease_want);
+    for (held, quiet) in holder.steps() {
+        text.push_str(&format!(":{held}:{quiet}"));
+    }
+    (Some(Box::new(holder)), text)
 }
 
 /// Strict percent-decoding: `%XX` (either case of hex) is a byte, any other byte stands for itself.
@@ -71,7 +87,9 @@ fn base64_decode(s: &str) -> Vec<u8> {
 }
 
 fuzz_target!(|input: Input| {
+    let (holder, lease) = lease_arg(&input);
     let call = ScriptCall {
+        holder,
         key: input.key.clone(),
         burst: input.burst,
         rate: input.rate,
@@ -93,7 +111,7 @@ fuzz_target!(|input: Input| {
         "unsafe byte in {cmd:?}"
     );
     let segs: Vec<&str> = cmd.split('/').collect();
-    // verb / script / 1 / key / burst / rate / period_ms / cost / lease_want / max_wait_ms / settle
+    // verb / script / 1 / key / burst / rate / period_ms / cost / lease / max_wait_ms / settle
     assert_eq!(segs.len(), 11, "{cmd:?}");
     assert_eq!(segs[0], verb);
     assert_eq!(
@@ -104,16 +122,16 @@ fuzz_target!(|input: Input| {
     assert_eq!(segs[2], "1");
     assert_eq!(decode(segs[3]), input.key.as_bytes(), "key in {cmd:?}");
     let numbers = [
-        input.burst,
-        input.rate,
-        input.period_ms,
-        input.cost,
-        input.lease_want,
-        input.max_wait_ms,
+        input.burst.to_string(),
+        input.rate.to_string(),
+        input.period_ms.to_string(),
+        input.cost.to_string(),
+        lease,
+        input.max_wait_ms.to_string(),
     ];
     assert_eq!(segs[4..10].len(), numbers.len(), "{cmd:?}");
     for (seg, n) in segs[4..10].iter().zip(numbers) {
-        assert_eq!(decode(seg), n.to_string().as_bytes(), "{cmd:?}");
+        assert_eq!(decode(seg), n.as_bytes(), "{cmd:?}");
     }
     assert_eq!(
         decode(segs[10]),
