@@ -1,7 +1,8 @@
 //! Key extraction: over any request (arbitrary header bytes, path, method, authority, client IP) and
 //! a fixed valid configuration, `rule::applies` / `key_values` / `bucket_key` never panic, and every
 //! key is `<prefix>:{<rule>:<32 lowercase hex>}` — no request byte reaches it. Also: `applies` is
-//! exactly "match holds and every source is present", key values are the request's own bytes (the
+//! exactly "match holds and every source is present", an ambiguous source (a query parameter or
+//! cookie named twice) gets the rule's own limits, key values are the request's own bytes (the
 //! path and client address in their normal forms), and a different user id (or a different split
 //! of the same bytes between two values) gives a different bucket. Path normalisation is a fixed
 //! point, and respelling a path (`/x/..` in front, a doubled slash, an escaped letter) never changes
@@ -15,7 +16,9 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tollgate::config::{Config, KeySource, Override};
 use tollgate::rule::path::{self, Reading};
-use tollgate::rule::{applies, bucket_key, key_values, matches, KeyCache, RequestView};
+use tollgate::rule::{
+    applies, bucket_key, bucket_key_of, key_values, matches, KeyCache, Part, Read, RequestView,
+};
 
 const CONFIG: &str = r#"{
   "key_prefix": "tg.fuzz:1-x_",
@@ -300,11 +303,14 @@ fuzz_target!(|input: Input| {
         // the digest of these values.
         let applied = KEYS.with(|k| applies(prefix, (idx, rule), &req, &mut k.borrow_mut()));
         let key = applied.as_ref().map(|a| a.key.clone());
-        let values = key_values(&rule.key, &req);
+        let reads = key_values(&rule.key, &req);
+        let parts: Option<Vec<Part<'_>>> = reads
+            .as_ref()
+            .map(|r| r.iter().filter_map(Read::part).collect());
         let want = if matches(&rule.matcher, &req) {
-            values
+            parts
                 .as_ref()
-                .map(|v| bucket_key(prefix, &rule.name, &rule.key, v))
+                .map(|p| bucket_key_of(prefix, &rule.name, &rule.key, p))
         } else {
             None
         };
@@ -312,9 +318,26 @@ fuzz_target!(|input: Input| {
         if let Some(k) = &key {
             assert_key_shape(k, prefix, &rule.name);
         }
-        let Some(values) = values else { continue };
+        let Some(parts) = parts else { continue };
+        assert_eq!(parts.len(), rule.key.len());
+        // An ambiguous source: the rule's limits, never an override's.
+        if parts.contains(&Part::Ambiguous) {
+            if let Some(a) = &applied {
+                assert!(a.ambiguous && a.limits == rule.limits && !a.unlimited);
+            }
+            continue;
+        }
+        let values: Vec<Vec<u8>> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Value(v) => v.to_vec(),
+                Part::Ambiguous => unreachable!("no ambiguous part here"),
+            })
+            .collect();
         // The limits are the override's for these values, else the rule's; the key is the same.
+        // (No rule here keys on `path`, whose overrides also need every reading to agree.)
         if let Some(a) = &applied {
+            assert!(!a.ambiguous);
             match rule.overrides.get(&values) {
                 None => assert!(a.limits == rule.limits && !a.unlimited),
                 Some(Override::Unlimited) => assert!(a.unlimited),
@@ -326,7 +349,6 @@ fuzz_target!(|input: Input| {
             prefix,
             &rule.name,
         );
-        assert_eq!(values.len(), rule.key.len());
         for (source, v) in rule.key.iter().zip(&values) {
             match source {
                 KeySource::Header(h) => assert_eq!(Some(v.as_slice()), req.header(h).as_deref()),
