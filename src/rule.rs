@@ -445,21 +445,33 @@ pub struct Applied {
 }
 
 /// The override of `rule`, which has overrides, for key `values` of `req`, if there is one and
-/// every reading of the request agrees on its key: a `path` value names an override only when
-/// the path as sent is that path under every reading ([`path::agreed`]), as a path match holds
-/// under any. Out of line: few rules have overrides, and [`applies`] calls it only for those.
+/// every reading of the request agrees on its key: when a source reads the path (`path`, or the
+/// attributes `request.path` and `request.url_path`), only if the path as sent is that path under
+/// every reading ([`path::agreed`]), as a path match holds under any. Out of line: few rules have
+/// overrides, and [`applies`] calls it only for those.
 #[inline(never)]
 fn override_of<'r>(
     rule: &'r Rule,
     values: &[&[u8]],
     req: &dyn RequestView,
 ) -> Option<&'r Override> {
-    if rule.key.contains(&KeySource::Path) {
+    if rule.key.iter().any(reads_the_path) {
         let full = req.header(":path")?;
         path::agreed(&full)?;
     }
     let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();
     rule.overrides.get(&values)
+}
+
+/// Whether `source`'s value is the request's path, in some spelling.
+fn reads_the_path(source: &KeySource) -> bool {
+    match source {
+        KeySource::Path => true,
+        KeySource::Property { path, .. } => {
+            matches!(path.as_slice(), [r, p] if r == "request" && (p == "path" || p == "url_path"))
+        }
+        _ => false,
+    }
 }
 
 /// The bucket key and effective limits if the rule's match holds and all key sources are present.
@@ -1575,6 +1587,23 @@ mod tests {
         };
         assert_eq!(limits("/health"), wide);
         assert_eq!(limits("/x/..;/health"), two.limits);
+        // An attribute that is the path as sent: its override too only where readings agree.
+        let mut raw = rule(Match::default(), vec![property("request.url_path")]);
+        raw.overrides
+            .insert(vec![b"/a;v=1/x".to_vec()], Override::Unlimited);
+        raw.overrides
+            .insert(vec![b"/health".to_vec()], Override::Unlimited);
+        let unlimited = |p: &str| {
+            let req = Req::new("GET", p).prop("request.url_path", p);
+            applies("tg", (0, &raw), &req, &mut KeyCache::default())
+                .unwrap()
+                .unlimited
+        };
+        assert!(unlimited("/health"));
+        assert!(
+            !unlimited("/a;v=1/x"),
+            "a server that cuts ;params reads /a/x"
+        );
     }
 
     #[test]
