@@ -16,8 +16,10 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tollgate::config::{Config, KeySource, Override};
 use tollgate::rule::path::{self, Reading};
+use tollgate::rule::reading::is_header_name;
 use tollgate::rule::{
-    applies, bucket_key, bucket_key_of, key_values, matches, KeyCache, Part, Read, RequestView,
+    applies, bucket_key, bucket_key_of, key_values, matches, KeyCache, Lines, Part, Read,
+    RequestView,
 };
 
 const CONFIG: &str = r#"{
@@ -176,7 +178,8 @@ struct Input {
     method: Option<Method>,
     authority: Option<Vec<u8>>,
     ip: Option<Vec<u8>>,
-    /// Known names, so the fuzzer reaches the rules' sources; the first of a name wins.
+    /// Known names, so the fuzzer reaches the rules' sources; a name may repeat (then a header
+    /// source is ambiguous).
     headers: Vec<(Name, Value)>,
     /// Any other headers, by arbitrary name.
     others: Vec<(String, Vec<u8>)>,
@@ -204,22 +207,37 @@ impl Req {
             ":authority" => return r.authority.clone(),
             _ => {}
         }
-        r.headers
+        // Every line of the name joined with `,`, as Envoy's `request.headers` attribute joins them.
+        let lines = self.lines(|n| n.eq_ignore_ascii_case(name.as_bytes()));
+        (!lines.is_empty()).then(|| lines.join(&b','))
+    }
+
+    /// The known headers, then the others, whose name `wanted` accepts.
+    fn lines(&self, wanted: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
+        let r = &self.0;
+        let known = r
+            .headers
             .iter()
-            .find(|(n, _)| n.as_str() == name)
-            .map(|(_, v)| v.bytes())
-            .or_else(|| {
-                r.others
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.clone())
-            })
+            .map(|(n, v)| (n.as_str().as_bytes(), v.bytes()));
+        let others = r.others.iter().map(|(n, v)| (n.as_bytes(), v.clone()));
+        known
+            .chain(others)
+            .filter(|(n, _)| wanted(n))
+            .map(|(_, v)| v)
+            .collect()
     }
 }
 
 impl RequestView for Req {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         self.owned_header(name).map(Cow::Owned)
+    }
+    fn header_lines(&self, name: &str) -> Lines<'_> {
+        let mut lines = Lines::None;
+        for line in self.lines(|n| is_header_name(n, name)) {
+            lines.push(Cow::Owned(line));
+        }
+        lines
     }
     fn client_ip(&self) -> Option<Vec<u8>> {
         self.0.ip.clone()
@@ -351,7 +369,9 @@ fuzz_target!(|input: Input| {
         );
         for (source, v) in rule.key.iter().zip(&values) {
             match source {
-                KeySource::Header(h) => assert_eq!(Some(v.as_slice()), req.header(h).as_deref()),
+                KeySource::Header(h) => {
+                    assert_eq!(req.header_lines(h), Lines::One(Cow::Borrowed(v)))
+                }
                 KeySource::Literal(t) => assert_eq!(v, t.as_bytes()),
                 KeySource::ClientIp {
                     v4_prefix,
@@ -364,7 +384,9 @@ fuzz_target!(|input: Input| {
                         .map(|ip| tollgate::rule::ip::key_value(ip, *v4_prefix, *v6_prefix))
                         .as_ref()
                 ),
-                KeySource::Method => assert_eq!(Some(v.as_slice()), req.header(":method").as_deref()),
+                KeySource::Method => {
+                    assert_eq!(Some(v.as_slice()), req.header(":method").as_deref())
+                }
                 KeySource::Path => assert_eq!(
                     Some(v),
                     req.header(":path").as_deref().map(path::key_value).as_ref()
@@ -405,17 +427,19 @@ fuzz_target!(|input: Input| {
             "{values:?} and {other:?} share a bucket"
         );
     }
-    // One user's id never lands in another user's bucket.
+    // One user's id never lands in another user's bucket (an id sent once: twice, it is the
+    // rule's ambiguous bucket whatever the values).
     let per_user = &cfg.rules[0];
     let fresh = KeyCache::default;
-    if let Some(k) = applies(prefix, (0, per_user), &req, &mut fresh()).map(|a| a.key) {
+    let applied = applies(prefix, (0, per_user), &req, &mut fresh());
+    if let Some(k) = applied.filter(|a| !a.ambiguous).map(|a| a.key) {
         let mut changed = input.clone();
         let uid = match changed.headers.iter_mut().find(|(n, _)| *n == Name::UserId) {
             Some((_, v)) => v.bytes_mut(),
             None => changed
                 .others
                 .iter_mut()
-                .find(|(n, _)| n == "x-user-id")
+                .find(|(n, _)| is_header_name(n.as_bytes(), "x-user-id"))
                 .map(|(_, v)| v)
                 .expect("per-user applied without x-user-id"),
         };
