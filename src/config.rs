@@ -1570,6 +1570,18 @@ fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>,
         }),
         KeySource::Authority => Ok(text.to_ascii_lowercase().into_bytes()),
         KeySource::Path => Ok(crate::rule::path::key_value(text.as_bytes())),
+        KeySource::Cookie(_) => {
+            crate::rule::reading::cookie_value(text.as_bytes()).ok_or_else(|| {
+                err(
+                    path,
+                    format!(
+                        "a quoted cookie value with a backslash is read differently by different \
+                     servers, so it is never a key (got {})",
+                        quoted(text)
+                    ),
+                )
+            })
+        }
         _ => Ok(text.as_bytes().to_vec()),
     }
 }
@@ -2921,6 +2933,11 @@ mod tests {
         // A path override is normalised as requests are.
         let r = one_rule(r#""rate":1,"key":["path"],"overrides":[{"key":["//api/./x"],"rate":9}]"#);
         assert!(r.overrides.contains_key(&vec![b"/api/x".to_vec()]));
+        // A cookie value as requests give it: unquoted and percent-decoded.
+        let r = one_rule(
+            r#""rate":1,"key":["cookie:sid"],"overrides":[{"key":["\"s%3Aab\""],"rate":9}]"#,
+        );
+        assert!(r.overrides.contains_key(&vec![b"s:ab".to_vec()]));
 
         for (body, want) in [
             (r#""overrides":[{"key":["a"],"rate":1}]"#, "rules[0].overrides: needs key sources: a rule without a key has one bucket, give it these limits instead"),
@@ -2933,6 +2950,7 @@ mod tests {
             (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":0}]"#, "rules[0].overrides[0].rate: must be an integer >= 1"),
             (r#""key":["header:x"],"overrides":[{"key":["a"],"unlimited":true,"burst":3}]"#, r#"rules[0].overrides[0]: must have either "unlimited": true or limits (rate, period_ms, burst), not both"#),
             (r#""key":["header:x"],"overrides":[{"key":["a"],"unlimited":false}]"#, "rules[0].overrides[0].unlimited: must be true"),
+            (r#""key":["cookie:sid"],"overrides":[{"key":["\"a\\b\""],"rate":1}]"#, r#"rules[0].overrides[0].key[0]: a quoted cookie value with a backslash is read differently by different servers, so it is never a key (got "\"a\\b\"")"#),
             (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1,"cost":2}]"#, "rules[0].overrides[0].cost: unknown field"),
             (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1},{"key":["b"],"rate":1},{"key":["a"],"unlimited":true}]"#, "rules[0].overrides[2].key: names the same key as an earlier override"),
             (r#""key":["authority"],"overrides":[{"key":["A.com"],"rate":1},{"key":["a.com"],"rate":2}]"#, "rules[0].overrides[1].key: names the same key as an earlier override"),

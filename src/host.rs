@@ -11,7 +11,7 @@ use crate::backend::{BackendError, HttpRequest};
 use crate::config::Config;
 use crate::engine::{Host, LocalReply};
 use crate::metrics::{self, Counter, Metrics};
-use crate::rule::RequestView;
+use crate::rule::{Lines, RequestView};
 use crate::shared::{Store, StoreError};
 
 /// Most bytes of a callout answer read into the VM: a script reply is well under 100 bytes, so a
@@ -67,18 +67,39 @@ pub struct HostRequest {
     headers: std::cell::OnceCell<Option<Vec<u8>>>,
 }
 
+impl HostRequest {
+    /// The request's headers as the host encodes them, read once.
+    fn pairs(&self) -> Option<&[u8]> {
+        self.headers
+            .get_or_init(|| {
+                let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS);
+                if pairs.is_none() {
+                    log::error!("tollgate: the host gave no request headers; rules see none");
+                }
+                pairs
+            })
+            .as_deref()
+    }
+}
+
 impl RequestView for HostRequest {
     /// Every line of a repeated header, joined with `,` as Envoy's `request.headers` attribute
     /// joins them (`get_header_map_value` would give only the first line).
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        let pairs = self.headers.get_or_init(|| {
-            let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS);
-            if pairs.is_none() {
-                log::error!("tollgate: the host gave no request headers; rules see none");
-            }
-            pairs
-        });
-        crate::pairs::lookup(pairs.as_deref()?, name)
+        crate::pairs::lookup(self.pairs()?, name)
+    }
+
+    /// The map's lines whose name some server reads as `name` (`x_api_key` for `x-api-key`).
+    fn header_lines(&self, name: &str) -> Lines<'_> {
+        let Some(pairs) = self.pairs() else {
+            return Lines::None;
+        };
+        let mut lines = Lines::None;
+        let wanted = |key: &[u8]| crate::rule::reading::is_header_name(key, name);
+        match crate::pairs::each(pairs, wanted, |v| lines.push(Cow::Borrowed(v))) {
+            Some(()) => lines,
+            None => Lines::None,
+        }
     }
 
     fn client_ip(&self) -> Option<Vec<u8>> {

@@ -74,10 +74,13 @@ pub enum Counter {
     /// Admissions charged the worst case, whatever the reason (each also counts in one of the
     /// counters above).
     UsageWorstCase,
+    /// Checks whose key source was ambiguous (its name appeared more than once): keyed into the
+    /// rule's one bucket for ambiguous requests.
+    Ambiguous,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 30] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -107,6 +110,7 @@ impl Counter {
         Counter::UsageTooLarge,
         Counter::UsageUnfinished,
         Counter::UsageWorstCase,
+        Counter::Ambiguous,
     ];
 
     /// The number of counters of a rule.
@@ -145,6 +149,7 @@ impl Counter {
             Counter::UsageTooLarge => 26,
             Counter::UsageUnfinished => 27,
             Counter::UsageWorstCase => 28,
+            Counter::Ambiguous => 29,
         }
     }
 
@@ -183,6 +188,7 @@ impl Counter {
             Counter::UsageTooLarge => "usage_too_large",
             Counter::UsageUnfinished => "usage_unfinished",
             Counter::UsageWorstCase => "usage_worst_case",
+            Counter::Ambiguous => "ambiguous",
         }
     }
 }

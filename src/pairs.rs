@@ -1,9 +1,9 @@
 //! The proxy-wasm map encoding of header pairs: a little-endian u32 count, then a (name length,
 //! value length) u32 pair per entry, then each name and value followed by a NUL.
 //!
-//! `lookup` reads a header from a map the host handed over (`proxy_get_header_map_pairs`): one
-//! host call gives every header a request's rules need, where reading them one by one costs a
-//! call (and an allocation callback into the VM) each. The buffer comes from the host, but its
+//! `lookup` reads a header from a map the host handed over (`proxy_get_header_map_pairs`), and
+//! `each` visits its lines one by one: one host call gives every header a request's rules need,
+//! where reading them one by one costs a call (and an allocation callback into the VM) each. The buffer comes from the host, but its
 //! sizes are checked like any other input: a malformed map reads as no header, never a panic.
 
 use std::borrow::Cow;
@@ -35,36 +35,49 @@ fn u32_le(bytes: &[u8]) -> Option<usize> {
 /// joined with `,` as Envoy's `request.headers` attribute joins them; None if it has none or
 /// `buf` is malformed. Borrowed from `buf` when there is one line.
 pub fn lookup<'a>(buf: &'a [u8], name: &str) -> Option<Cow<'a, [u8]>> {
+    let mut found: Option<Cow<'a, [u8]>> = None;
+    each(
+        buf,
+        |key| key.len() == name.len() && key.eq_ignore_ascii_case(name.as_bytes()),
+        |value| {
+            found = Some(match found.take() {
+                Some(first) => {
+                    let mut joined = first.into_owned();
+                    joined.push(b',');
+                    joined.extend_from_slice(value);
+                    Cow::Owned(joined)
+                }
+                None => Cow::Borrowed(value),
+            });
+        },
+    )?;
+    found
+}
+
+/// Calls `each` with the value of every entry of encoded map `buf` whose name `wanted` accepts,
+/// in order. None when `buf` is malformed: what `each` was given then must be dropped.
+pub fn each<'a>(
+    buf: &'a [u8],
+    mut wanted: impl FnMut(&[u8]) -> bool,
+    mut each: impl FnMut(&'a [u8]),
+) -> Option<()> {
     let (count, rest) = buf.split_first_chunk::<4>()?;
     let count = usize::try_from(u32::from_le_bytes(*count)).ok()?;
     let (sizes, data) = rest.split_at_checked(count.checked_mul(8)?)?;
-    let mut found: Option<Cow<'a, [u8]>> = None;
-    // Offsets only: a name and value are sliced out when the name has the length sought. Each
-    // name and value is followed by a NUL, skipped, not checked.
+    // Offsets only: a name and value are sliced out when `wanted` asks for the name. Each name
+    // and value is followed by a NUL, skipped, not checked.
     let mut at = 0usize;
     for entry in sizes.chunks_exact(8) {
         let (key_len, value_len) = (u32_le(entry)?, u32_le(entry.get(4..)?)?);
         let value_at = at.checked_add(key_len)?.checked_add(1)?;
         let next = value_at.checked_add(value_len)?.checked_add(1)?;
-        if key_len == name.len() {
-            let key = data.get(at..value_at - 1)?;
-            if key.eq_ignore_ascii_case(name.as_bytes()) {
-                let value = data.get(value_at..next - 1)?;
-                found = Some(match found {
-                    Some(first) => {
-                        let mut joined = first.into_owned();
-                        joined.push(b',');
-                        joined.extend_from_slice(value);
-                        Cow::Owned(joined)
-                    }
-                    None => Cow::Borrowed(value),
-                });
-            }
+        if wanted(data.get(at..value_at - 1)?) {
+            each(data.get(value_at..next - 1)?);
         }
         at = next;
     }
     // A map whose sizes run past its data is malformed: nothing in it is read.
-    (at <= data.len()).then_some(found)?
+    (at <= data.len()).then_some(())
 }
 
 #[cfg(test)]
@@ -87,6 +100,16 @@ mod tests {
         // One line is the map's own bytes, not a copy; only repeated lines are joined into one.
         assert!(matches!(lookup(&buf, ":path"), Some(Cow::Borrowed(_))));
         assert!(matches!(lookup(&buf, "x-user-id"), Some(Cow::Owned(_))));
+    }
+
+    #[test]
+    fn each_visits_the_lines_a_name_test_accepts_in_order() {
+        let buf = encode(&[("a", "1"), ("b", "2"), ("A", "3"), ("a_", "4")]);
+        let mut seen = Vec::new();
+        let got = each(&buf, |k| k.eq_ignore_ascii_case(b"a"), |v| seen.push(v));
+        assert_eq!((got, seen), (Some(()), vec![&b"1"[..], b"3"]));
+        let cut = buf.get(..buf.len() - 3).unwrap();
+        assert_eq!(each(cut, |_| true, |_| {}), None, "a malformed map");
     }
 
     #[test]

@@ -4,13 +4,20 @@
 //! rule's key sources (their canonical spelling) and key values, each length-prefixed, so no user
 //! text reaches Redis or a URL, two different value tuples never share a key, and changing a rule's
 //! key sources starts fresh buckets. A request cannot escape a rule by how it spells its path
-//! (see `path`) or its address (see `ip`). Overrides change a bucket's limits, never its key.
+//! (see `path`) or its address (see `ip`), nor get a fresh bucket by repeating a key source's name
+//! (see `reading`): an ambiguous source keys the request into one bucket per rule (and per the
+//! other sources' values), marked in the digest so that no value can name it. Overrides change a
+//! bucket's limits, never its key, and apply only where every reading agrees on the key: never to
+//! an ambiguous source, nor to a path that some reading spells otherwise.
 
 pub mod hash;
 pub mod host;
 pub mod ip;
 pub mod path;
+pub mod reading;
 pub mod value;
+
+pub use reading::{Lines, Read};
 
 use std::borrow::Cow;
 
@@ -28,6 +35,13 @@ pub trait RequestView {
     /// empty line is an empty value. Borrowed when the view holds the value as it is (one line),
     /// so a rule that only looks at a header does not copy it.
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+    /// Every line of the request headers that some server reads as header `name`, in the order
+    /// received: names compared ASCII case-insensitively, `_` and `-` alike
+    /// ([`reading::is_header_name`]). The default, for a view that cannot tell lines apart, is
+    /// [`RequestView::header`] as one line.
+    fn header_lines(&self, name: &str) -> Lines<'_> {
+        self.header(name).map_or(Lines::None, Lines::One)
+    }
     /// downstream peer IP without port (Envoy's source.address)
     fn client_ip(&self) -> Option<Vec<u8>>;
     /// An Envoy attribute by path segments (`["connection", "uri_san_peer_certificate"]`), as the
@@ -40,64 +54,6 @@ pub trait RequestView {
 
 /// Bytes of the digest that go into the key (hex-encoded: twice as many characters).
 const DIGEST_BYTES: usize = 16;
-
-/// The query string of `:path`: after the first `?` (if it comes before any `#`), up to `#`.
-fn query_of(full: &[u8]) -> Option<&[u8]> {
-    let start = full.iter().position(|&b| b == b'?' || b == b'#')?;
-    if full.get(start) != Some(&b'?') {
-        return None;
-    }
-    let rest = full.get(start + 1..)?;
-    let end = rest.iter().position(|&b| b == b'#').unwrap_or(rest.len());
-    rest.get(..end)
-}
-
-/// Form-decoding of one query component: `+` is a space, `%XX` is a byte, an invalid escape is
-/// kept literally.
-pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while let Some(&b) = s.get(i) {
-        match b {
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b'%' => {
-                let hi = s.get(i + 1).copied().and_then(path::hex_value);
-                let lo = s.get(i + 2).copied().and_then(path::hex_value);
-                if let (Some(hi), Some(lo)) = (hi, lo) {
-                    out.push(hi << 4 | lo);
-                    i += 3;
-                } else {
-                    out.push(b'%');
-                    i += 1;
-                }
-            }
-            _ => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-/// The decoded value of the first query parameter whose decoded name is `name`; `?a` gives `a` an
-/// empty value.
-fn query_param(full_path: &[u8], name: &str) -> Option<Vec<u8>> {
-    let query = query_of(full_path)?;
-    query
-        .split(|&b| b == b'&')
-        .filter(|pair| !pair.is_empty())
-        .find_map(|pair| {
-            let (raw_name, raw_value) = match pair.iter().position(|&b| b == b'=') {
-                Some(eq) => (pair.get(..eq)?, pair.get(eq + 1..)?),
-                None => (pair, &[][..]),
-            };
-            (percent_decode(raw_name) == name.as_bytes()).then(|| percent_decode(raw_value))
-        })
-}
 
 /// Whether the request satisfies every condition of `m` (an empty `Match` matches everything).
 pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
@@ -121,14 +77,25 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
     }
     m.headers
         .iter()
-        .all(|h| match (&h.value, req.header(&h.name)) {
-            (HeaderValueMatch::Absent, got) => got.is_none(),
-            (_, None) => false,
-            (HeaderValueMatch::Present, Some(_)) => true,
-            (HeaderValueMatch::Exact(want), Some(got)) => want.as_bytes() == &*got,
-            (HeaderValueMatch::Prefix(want), Some(got)) => got.starts_with(want.as_bytes()),
-            (HeaderValueMatch::Regex(p), Some(got)) => p.is_match(&got),
-        })
+        .all(|h| header_condition(&h.name, &h.value, req))
+}
+
+/// Whether header condition `value` holds for header `name`: for all the header's lines joined
+/// with `,`, or for one of the lines some server reads as that header ([`RequestView::header_lines`]:
+/// an application that reads one line sees that one), so a request cannot step out of a rule by
+/// repeating a header or respelling its name. `absent` holds when no line has the name itself.
+fn header_condition(name: &str, value: &HeaderValueMatch, req: &dyn RequestView) -> bool {
+    let holds = |got: &[u8]| match value {
+        HeaderValueMatch::Absent | HeaderValueMatch::Present => true,
+        HeaderValueMatch::Exact(want) => want.as_bytes() == got,
+        HeaderValueMatch::Prefix(want) => got.starts_with(want.as_bytes()),
+        HeaderValueMatch::Regex(p) => p.is_match(got),
+    };
+    match (value, req.header(name)) {
+        (HeaderValueMatch::Absent, got) => got.is_none(),
+        (_, Some(joined)) if holds(&joined) => true,
+        (_, _) => req.header_lines(name).iter().any(holds),
+    }
 }
 
 /// `:authority` without its port (and userinfo), lower-cased, without a trailing dot, an IP
@@ -165,63 +132,99 @@ fn host_matches(pattern: &str, authority: &[u8]) -> bool {
     }
 }
 
-/// The value of cookie `name`: the first `name=value` pair of the `cookie` header, whose pairs are
-/// separated by `;` (and `,` where Envoy joined several `cookie` lines); spaces around a pair are
-/// not part of it. A value is taken as sent (quotes included, nothing decoded).
-fn cookie(req: &dyn RequestView, name: &str) -> Option<Vec<u8>> {
-    let header = req.header("cookie")?;
-    header.split(|&b| b == b';' || b == b',').find_map(|pair| {
-        let eq = pair.iter().position(|&b| b == b'=')?;
-        let (n, v) = (pair.get(..eq)?, pair.get(eq + 1..)?);
-        (n.trim_ascii() == name.as_bytes()).then(|| v.trim_ascii().to_vec())
-    })
-}
-
-/// A key source's value for `req`, borrowed from the request where it is taken as sent (a header,
-/// the method, a literal): the local path then copies no key value.
-fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Option<Cow<'a, [u8]>> {
+/// A key source's reading of `req`, borrowed from the request where it is taken as sent (a
+/// header, the method, a literal): the local path then copies no key value.
+fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a> {
     match source {
-        KeySource::Header(name) => req.header(name),
-        KeySource::Method => req.header(":method"),
-        KeySource::Literal(text) => Some(Cow::Borrowed(text.as_bytes())),
-        derived => derived_value(derived, req).map(Cow::Owned),
+        KeySource::Header(name) => reading::header(req.header_lines(name)),
+        KeySource::Method => req.header(":method").map_or(Read::Missing, Read::Value),
+        KeySource::Literal(text) => Read::Value(Cow::Borrowed(text.as_bytes())),
+        derived => derived_value(derived, req),
     }
 }
 
-/// The value of a key source that is derived from what the request sent (normalised, parsed or
+/// The reading of a key source that is derived from what the request sent (normalised, parsed or
 /// looked up); the others [`key_value`] borrows. Out of line: a header-keyed rule's path never
 /// runs it.
 #[inline(never)]
-fn derived_value(source: &KeySource, req: &dyn RequestView) -> Option<Vec<u8>> {
+fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a> {
+    let owned = |v: Option<Vec<u8>>| v.map_or(Read::Missing, |v| Read::Value(Cow::Owned(v)));
     match source {
-        KeySource::Header(_) | KeySource::Method | KeySource::Literal(_) => {
-            key_value(source, req).map(Cow::into_owned)
-        }
-        KeySource::Query(name) => query_param(&req.header(":path")?, name),
+        KeySource::Header(_) | KeySource::Method | KeySource::Literal(_) => key_value(source, req),
+        KeySource::Query(name) => match req.header(":path") {
+            Some(full) => reading::query(&full, name),
+            None => Read::Missing,
+        },
         KeySource::ClientIp {
             v4_prefix,
             v6_prefix,
-        } => Some(ip::key_value(&req.client_ip()?, *v4_prefix, *v6_prefix)),
-        KeySource::Path => req.header(":path").map(|p| path::key_value(&p)),
-        KeySource::Authority => req.header(":authority").map(|a| a.to_ascii_lowercase()),
-        KeySource::Cookie(name) => cookie(req, name),
-        KeySource::Property { path, .. } => {
-            let segments: Vec<&str> = path.iter().map(String::as_str).collect();
-            let raw = req.property(&segments)?;
-            Some(value::attribute_text(path, raw))
+        } => owned(
+            req.client_ip()
+                .map(|ip| ip::key_value(&ip, *v4_prefix, *v6_prefix)),
+        ),
+        KeySource::Path => owned(req.header(":path").map(|p| path::key_value(&p))),
+        KeySource::Authority => owned(req.header(":authority").map(|a| a.to_ascii_lowercase())),
+        KeySource::Cookie(name) => reading::cookie(&req.header_lines("cookie"), name),
+        // Envoy's `request.headers` attribute joins a header's lines with `,`: read as the header
+        // source reads it, so a repeated line is ambiguous here too.
+        KeySource::Property { path, .. } => match request_header(path) {
+            Some(name) => reading::header(req.header_lines(&name)),
+            None => {
+                let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+                owned(
+                    req.property(&segments)
+                        .map(|raw| value::attribute_text(path, raw)),
+                )
+            }
+        },
+        KeySource::Metadata { namespace, fields } => owned(
+            req.property(&["metadata"])
+                .and_then(|metadata| value::metadata_value(&metadata, namespace, fields))
+                .as_ref()
+                .and_then(value::key_text),
+        ),
+    }
+}
+
+/// The header an attribute path `request.headers.<name>` names (lower-cased), if it is one.
+fn request_header(path: &[String]) -> Option<String> {
+    match path {
+        [request, headers, name] if request == "request" && headers == "headers" => {
+            Some(name.to_ascii_lowercase())
         }
-        KeySource::Metadata { namespace, fields } => {
-            let metadata = req.property(&["metadata"])?;
-            value::key_text(&value::metadata_value(&metadata, namespace, fields)?)
+        _ => None,
+    }
+}
+
+/// One key source's part of a bucket's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part<'a> {
+    /// The value every reading agrees on.
+    Value(&'a [u8]),
+    /// The source is ambiguous ([`Read::Ambiguous`]): a marker no value can equal.
+    Ambiguous,
+}
+
+impl Read<'_> {
+    /// This reading as a part of the bucket's identity; None when missing.
+    pub fn part(&self) -> Option<Part<'_>> {
+        match self {
+            Read::Missing => None,
+            Read::Value(v) => Some(Part::Value(v)),
+            Read::Ambiguous => Some(Part::Ambiguous),
         }
     }
 }
 
-/// The rule's key values in order, or None if any source is missing (then the rule does not apply).
-pub fn key_values(sources: &[KeySource], req: &dyn RequestView) -> Option<Vec<Vec<u8>>> {
+/// The rule's key sources' readings in order (each a value or ambiguous), or None if any source
+/// is missing (then the rule does not apply).
+pub fn key_values<'a>(sources: &'a [KeySource], req: &'a dyn RequestView) -> Option<Vec<Read<'a>>> {
     sources
         .iter()
-        .map(|s| key_value(s, req).map(Cow::into_owned))
+        .map(|s| match key_value(s, req) {
+            Read::Missing => None,
+            read => Some(read),
+        })
         .collect()
 }
 
@@ -239,20 +242,37 @@ pub fn bucket_key<V: AsRef<[u8]>>(
     sources: &[KeySource],
     values: &[V],
 ) -> String {
-    key_of_input(prefix, rule, &digest_input(sources, values))
+    let parts = values.iter().map(|v| Part::Value(v.as_ref()));
+    key_of_input(prefix, rule, &digest_input(sources, parts))
 }
 
-/// What the digest is taken over (see [`bucket_key`]).
-fn digest_input<V: AsRef<[u8]>>(sources: &[KeySource], values: &[V]) -> Vec<u8> {
-    let mut input = Vec::with_capacity(values.iter().map(|v| v.as_ref().len() + 40).sum());
-    let mut field = |bytes: &[u8]| {
+/// [`bucket_key`] for parts that may be ambiguous: an ambiguous part is digested as the length
+/// `u32::MAX` followed by no bytes, which no value gives (a value that long would be followed by
+/// its 4 GiB), so it is one bucket per rule and per the other parts' values.
+#[inline(never)]
+pub fn bucket_key_of(
+    prefix: &str,
+    rule: &str,
+    sources: &[KeySource],
+    parts: &[Part<'_>],
+) -> String {
+    key_of_input(prefix, rule, &digest_input(sources, parts.iter().copied()))
+}
+
+/// What the digest is taken over (see [`bucket_key`] and [`bucket_key_of`]).
+fn digest_input<'a>(sources: &[KeySource], parts: impl Iterator<Item = Part<'a>>) -> Vec<u8> {
+    fn field(input: &mut Vec<u8>, bytes: &[u8]) {
         let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
         input.extend_from_slice(&len.to_be_bytes());
         input.extend_from_slice(bytes);
-    };
-    for (source, value) in sources.iter().zip(values) {
-        field(source.to_string().as_bytes());
-        field(value.as_ref());
+    }
+    let mut input = Vec::with_capacity(sources.len() * 64);
+    for (source, part) in sources.iter().zip(parts) {
+        field(&mut input, source.to_string().as_bytes());
+        match part {
+            Part::Value(value) => field(&mut input, value),
+            Part::Ambiguous => input.extend_from_slice(&u32::MAX.to_be_bytes()),
+        }
     }
     input
 }
@@ -420,14 +440,39 @@ pub struct Applied {
     /// An override says this key is not limited: admit without a backend call (still count it).
     /// `limits` are then the rule's, for headers.
     pub unlimited: bool,
+    /// A key source was ambiguous ([`Read::Ambiguous`]): `key` is the rule's bucket for ambiguous
+    /// requests, under the rule's own limits.
+    pub ambiguous: bool,
 }
 
-/// The override of `rule`, which has overrides, for key `values`, if there is one. Out of line:
-/// few rules have overrides, and [`applies`] calls it only for those.
+/// The override of `rule`, which has overrides, for key `values` of `req`, if there is one and
+/// every reading of the request agrees on its key: when a source reads the path (`path`, or the
+/// attributes `request.path` and `request.url_path`), only if the path as sent is that path under
+/// every reading ([`path::agreed`]), as a path match holds under any. Out of line: few rules have
+/// overrides, and [`applies`] calls it only for those.
 #[inline(never)]
-fn override_of<'r>(rule: &'r Rule, values: &[&[u8]]) -> Option<&'r Override> {
+fn override_of<'r>(
+    rule: &'r Rule,
+    values: &[&[u8]],
+    req: &dyn RequestView,
+) -> Option<&'r Override> {
+    if rule.key.iter().any(reads_the_path) {
+        let full = req.header(":path")?;
+        path::agreed(&full)?;
+    }
     let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();
     rule.overrides.get(&values)
+}
+
+/// Whether `source`'s value is the request's path, in some spelling.
+fn reads_the_path(source: &KeySource) -> bool {
+    match source {
+        KeySource::Path => true,
+        KeySource::Property { path, .. } => {
+            matches!(path.as_slice(), [r, p] if r == "request" && (p == "path" || p == "url_path"))
+        }
+        _ => false,
+    }
 }
 
 /// The bucket key and effective limits if the rule's match holds and all key sources are present.
@@ -445,23 +490,38 @@ pub fn applies(
     let (one, single, many, refs);
     let values: &[&[u8]] = match rule.key.as_slice() {
         [source] => {
-            one = key_value(source, req)?;
+            one = match key_value(source, req) {
+                Read::Value(v) => v,
+                Read::Missing => return None,
+                Read::Ambiguous => return Some(ambiguous(prefix, rule, &[Part::Ambiguous])),
+            };
             single = [&*one];
             &single[..]
         }
         sources => {
             many = sources
                 .iter()
-                .map(|s| key_value(s, req))
+                .map(|s| match key_value(s, req) {
+                    Read::Value(v) => Some(Some(v)),
+                    Read::Missing => None,
+                    Read::Ambiguous => Some(None),
+                })
                 .collect::<Option<Vec<_>>>()?;
-            refs = many.iter().map(|v| &**v).collect::<Vec<_>>();
+            if many.iter().any(Option::is_none) {
+                let parts: Vec<Part<'_>> = many
+                    .iter()
+                    .map(|v| v.as_deref().map_or(Part::Ambiguous, Part::Value))
+                    .collect();
+                return Some(ambiguous(prefix, rule, &parts));
+            }
+            refs = many.iter().flatten().map(|v| &**v).collect::<Vec<_>>();
             &refs
         }
     };
     let overridden = if rule.overrides.is_empty() {
         None
     } else {
-        override_of(rule, values)
+        override_of(rule, values, req)
     };
     let (limits, unlimited) = match overridden {
         None => (rule.limits, false),
@@ -472,7 +532,23 @@ pub fn applies(
         key: keys.bucket_key(idx, (prefix, &rule.name, &rule.key), values),
         limits,
         unlimited,
+        ambiguous: false,
     })
+}
+
+/// A request one of whose key sources is ambiguous (`parts`, none missing): the rule's bucket for
+/// ambiguous requests, under the rule's limits (no override), its key digested each time (the
+/// key cache holds values only). Out of line and cold: only a client that repeats a key source's
+/// name comes here.
+#[cold]
+#[inline(never)]
+fn ambiguous(prefix: &str, rule: &Rule, parts: &[Part<'_>]) -> Applied {
+    Applied {
+        key: bucket_key_of(prefix, &rule.name, &rule.key, parts),
+        limits: rule.limits,
+        unlimited: false,
+        ambiguous: true,
+    }
 }
 
 #[cfg(test)]
@@ -485,6 +561,9 @@ mod tests {
     #[derive(Default)]
     struct Req {
         headers: HashMap<String, Vec<u8>>,
+        /// Header lines as sent (name as sent, value), for `header_lines`; `headers` holds each
+        /// name's lines joined with `,`.
+        lines: Vec<(String, Vec<u8>)>,
         ip: Option<Vec<u8>>,
         /// Attributes by dot-joined path.
         props: HashMap<String, Vec<u8>>,
@@ -497,6 +576,24 @@ mod tests {
         fn with(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
             self.headers
                 .insert(name.to_owned(), value.as_ref().to_vec());
+            self.lines.retain(|(n, _)| n != name);
+            self.lines.push((name.to_owned(), value.as_ref().to_vec()));
+            self
+        }
+        /// Adds a header line (another line of a header already there is joined with `,` for
+        /// `header`, as Envoy's attribute joins them).
+        fn line(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
+            let key = name.to_ascii_lowercase();
+            let joined = match self.headers.remove(&key) {
+                Some(mut v) => {
+                    v.push(b',');
+                    v.extend_from_slice(value.as_ref());
+                    v
+                }
+                None => value.as_ref().to_vec(),
+            };
+            self.headers.insert(key, joined);
+            self.lines.push((name.to_owned(), value.as_ref().to_vec()));
             self
         }
         fn ip(mut self, ip: &str) -> Self {
@@ -508,6 +605,15 @@ mod tests {
     impl RequestView for Req {
         fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
             self.headers.get(name).map(|v| Cow::Borrowed(v.as_slice()))
+        }
+        fn header_lines(&self, name: &str) -> Lines<'_> {
+            let mut lines = Lines::None;
+            for (n, v) in &self.lines {
+                if reading::is_header_name(n.as_bytes(), name) {
+                    lines.push(Cow::Borrowed(v));
+                }
+            }
+            lines
         }
         fn client_ip(&self) -> Option<Vec<u8>> {
             self.ip.clone()
@@ -529,8 +635,20 @@ mod tests {
         applies(prefix, (0, rule), req, &mut KeyCache::default()).map(|a| a.key)
     }
 
+    /// The value of `source`, None when missing (panics when ambiguous).
     fn one(source: KeySource, req: &Req) -> Option<Vec<u8>> {
-        key_values(&[source], req).map(|mut v| v.remove(0))
+        match key_values(&[source], req)?.remove(0) {
+            Read::Value(v) => Some(v.into_owned()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn read(source: KeySource, req: &Req) -> Read<'static> {
+        match key_value(&source, req) {
+            Read::Value(v) => Read::Value(Cow::Owned(v.into_owned())),
+            Read::Missing => Read::Missing,
+            Read::Ambiguous => Read::Ambiguous,
+        }
     }
 
     fn query(name: &str, path: &str) -> Option<Vec<u8>> {
@@ -710,7 +828,10 @@ mod tests {
                 &[KeySource::Method, KeySource::Header("x-user-id".into())],
                 &req
             ),
-            Some(vec![b"PATCH".to_vec(), b"Alice".to_vec()])
+            Some(vec![
+                Read::Value(Cow::Borrowed(&b"PATCH"[..])),
+                Read::Value(Cow::Borrowed(&b"Alice"[..]))
+            ])
         );
         assert_eq!(key_values(&[], &req), Some(vec![]));
     }
@@ -778,10 +899,13 @@ mod tests {
 
     #[test]
     fn query_structure() {
-        // First occurrence wins.
-        assert_eq!(query("a", "/?a=1&a=2"), Some(b"1".to_vec()));
-        assert_eq!(query("a", "/?a=1&%61=2"), Some(b"1".to_vec()));
-        assert_eq!(query("a", "/?%61=2&a=1"), Some(b"2".to_vec()));
+        // A name that appears twice is ambiguous, however it is spelled (more in `reading`).
+        let q = |p: &str| read(KeySource::Query("a".into()), &Req::new("GET", p));
+        assert_eq!(q("/?a=1&a=2"), Read::Ambiguous);
+        assert_eq!(q("/?a=1&%61=2"), Read::Ambiguous);
+        assert_eq!(q("/?%61=2&a=1"), Read::Ambiguous);
+        assert_eq!(q("/?a=1;a=2"), Read::Ambiguous);
+        assert_eq!(q("/?a=1&A=2"), Read::Ambiguous);
         // A name alone has an empty value; so does `a=`.
         assert_eq!(query("a", "/?a"), Some(vec![]));
         assert_eq!(query("a", "/?a="), Some(vec![]));
@@ -796,8 +920,9 @@ mod tests {
         assert_eq!(query("a", "/#?a=1"), None);
         // A second '?' is part of the query.
         assert_eq!(query("a", "/?b=?&a=?1"), Some(b"?1".to_vec()));
-        // Names must match exactly after decoding.
-        assert_eq!(query("a", "/?A=1"), None);
+        // Names match after decoding, as the most lenient server folds them.
+        assert_eq!(query("a", "/?A=1"), Some(b"1".to_vec()));
+        assert_eq!(query("a", "/?a[]=1"), Some(b"1".to_vec()));
         assert_eq!(query("a", "/?ab=1"), None);
         assert_eq!(query("a", "/a"), None);
         assert_eq!(query("a", "/?"), None);
@@ -1146,30 +1271,28 @@ mod tests {
 
     #[test]
     fn cookies() {
-        let c = |header: &str, name: &str| {
-            one(
-                KeySource::Cookie(name.into()),
-                &Req::new("GET", "/").with("cookie", header),
-            )
-            .map(|v| String::from_utf8(v).unwrap())
+        let c = |lines: &[&str], name: &str| {
+            let mut req = Req::new("GET", "/");
+            for line in lines {
+                req = req.line("cookie", line);
+            }
+            read(KeySource::Cookie(name.into()), &req)
         };
-        assert_eq!(c("sid=abc", "sid").as_deref(), Some("abc"));
-        assert_eq!(c("a=1; sid=abc; b=2", "sid").as_deref(), Some("abc"));
-        assert_eq!(c("a=1;sid=abc", "sid").as_deref(), Some("abc"));
-        // Several cookie lines, joined by Envoy with ',' (HTTP/1) or '; ' (HTTP/2).
-        assert_eq!(c("a=1,sid=abc", "sid").as_deref(), Some("abc"));
-        // First wins; names are case-sensitive; values are kept as sent.
-        assert_eq!(c("sid=1; sid=2", "sid").as_deref(), Some("1"));
-        assert_eq!(c("SID=1", "sid"), None);
-        assert_eq!(c("sid=\"q v\"", "sid").as_deref(), Some("\"q v\""));
-        assert_eq!(c("sid=a%20b", "sid").as_deref(), Some("a%20b"));
-        assert_eq!(c("sid=", "sid").as_deref(), Some(""));
-        assert_eq!(c("sid=a=b", "sid").as_deref(), Some("a=b"));
-        assert_eq!(c("sidx=1; xsid=2; sid", "sid"), None);
-        assert_eq!(
-            one(KeySource::Cookie("sid".into()), &Req::new("GET", "/")),
-            None
-        );
+        let v = |s: &'static str| Read::Value(Cow::Borrowed(s.as_bytes()));
+        assert_eq!(c(&["sid=abc"], "sid"), v("abc"));
+        assert_eq!(c(&["a=1; sid=abc; b=2"], "sid"), v("abc"));
+        // Several cookie lines.
+        assert_eq!(c(&["a=1", "sid=abc"], "sid"), v("abc"));
+        assert_eq!(c(&["sid=1", "sid=2"], "sid"), Read::Ambiguous);
+        assert_eq!(c(&["sid=1; sid=2"], "sid"), Read::Ambiguous);
+        assert_eq!(c(&["sid=1; SID=2"], "sid"), Read::Ambiguous);
+        // Values as servers decode them: unquoted, percent-decoded.
+        assert_eq!(c(&["sid=\"q v\""], "sid"), v("q v"));
+        assert_eq!(c(&["sid=a%20b"], "sid"), v("a b"));
+        assert_eq!(c(&["sid="], "sid"), v(""));
+        assert_eq!(c(&["sid=a=b"], "sid"), v("a=b"));
+        assert_eq!(c(&["sidx=1; xsid=2"], "sid"), Read::Missing);
+        assert_eq!(c(&[], "sid"), Read::Missing);
     }
 
     fn property(path: &str) -> KeySource {
@@ -1253,6 +1376,267 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn the_ambiguous_marker_has_known_digests() {
+        // Computed independently (Python hashlib): sha256(be32(16) "header:x-api-key"
+        // be32(0xffffffff)).hexdigest()[:32].
+        assert_eq!(
+            bucket_key_of("tg", "r", &[hdr("x-api-key")], &[Part::Ambiguous]),
+            "tg:{r:a71304c0f8c5d973c510877a10c04dac}"
+        );
+        assert_eq!(
+            bucket_key_of(
+                "tg",
+                "r",
+                &[hdr("x-tenant"), KeySource::Cookie("session".into())],
+                &[Part::Value(b"acme"), Part::Ambiguous]
+            ),
+            "tg:{r:2aed9ccc0e1ef000c9c5b16d9c3bef11}"
+        );
+        // All values: what `bucket_key` gives.
+        assert_eq!(
+            bucket_key_of("tg", "r", &[hdr("x")], &[Part::Value(b"a")]),
+            bucket_key("tg", "r", &[hdr("x")], &[b"a".to_vec()])
+        );
+    }
+
+    /// The attack: after `VALID` spent its burst, copies of the key source's name with junk values
+    /// must not each get a bucket. Every source reads a repeated name as ambiguous: one bucket per
+    /// rule, never a value's, never an override's.
+    #[test]
+    fn a_repeated_key_source_is_one_ambiguous_bucket_per_rule() {
+        type Twice = fn(&str, &str) -> Req;
+        let cases: [(KeySource, Twice); 4] = [
+            (KeySource::Cookie("session".into()), |a, b| {
+                Req::new("GET", "/").line("cookie", format!("session={a}; session={b}"))
+            }),
+            (KeySource::Query("key".into()), |a, b| {
+                Req::new("GET", &format!("/?key={a}&key={b}"))
+            }),
+            (hdr("x-api-key"), |a, b| {
+                Req::new("GET", "/")
+                    .line("x-api-key", a)
+                    .line("x-api-key", b)
+            }),
+            (property("request.headers.x-api-key"), |a, b| {
+                Req::new("GET", "/")
+                    .line("x-api-key", a)
+                    .line("X_Api_Key", b)
+            }),
+        ];
+        for (source, twice) in cases {
+            let mut r = rule(Match::default(), vec![source.clone()]);
+            r.overrides
+                .insert(vec![b"internal".to_vec()], Override::Unlimited);
+            let apply = |req: &Req| applies("tg", (3, &r), req, &mut KeyCache::default()).unwrap();
+            let shared = apply(&twice("R1", "VALID"));
+            assert!(shared.ambiguous, "{source}");
+            assert_eq!(
+                shared.key,
+                bucket_key_of("tg", &r.name, &r.key, &[Part::Ambiguous])
+            );
+            assert_eq!((shared.limits, shared.unlimited), (r.limits, false));
+            for (a, b) in [
+                ("R2", "VALID"),
+                ("VALID", "R3"),
+                ("VALID", "VALID"),
+                ("internal", "internal"),
+            ] {
+                assert_eq!(apply(&twice(a, b)), shared, "{source} {a} {b}");
+            }
+            // No value names the ambiguous bucket, whatever its bytes.
+            for value in [&b""[..], b"VALID", &u32::MAX.to_be_bytes()] {
+                assert_ne!(shared.key, bucket_key("tg", &r.name, &r.key, &[value]));
+            }
+            // Another rule's ambiguous bucket is another bucket.
+            let mut other = r.clone();
+            other.name = "other".into();
+            assert_ne!(
+                applies(
+                    "tg",
+                    (4, &other),
+                    &twice("R1", "VALID"),
+                    &mut KeyCache::default()
+                )
+                .unwrap()
+                .key,
+                shared.key
+            );
+        }
+    }
+
+    #[test]
+    fn an_ambiguous_source_keeps_the_other_sources_values() {
+        let r = rule(
+            Match::default(),
+            vec![hdr("x-tenant"), KeySource::Cookie("session".into())],
+        );
+        let req = |tenant: &str, cookie: &str| {
+            Req::new("GET", "/")
+                .with("x-tenant", tenant)
+                .line("cookie", cookie)
+        };
+        let a = applies(
+            "tg",
+            (0, &r),
+            &req("acme", "session=1; session=2"),
+            &mut KeyCache::default(),
+        )
+        .unwrap();
+        assert!(a.ambiguous);
+        assert_eq!(a.key, "tg:{per-user:2aed9ccc0e1ef000c9c5b16d9c3bef11}");
+        assert_eq!(
+            a.key,
+            bucket_key_of(
+                "tg",
+                "per-user",
+                &r.key,
+                &[Part::Value(b"acme"), Part::Ambiguous]
+            )
+        );
+        let b = applies(
+            "tg",
+            (0, &r),
+            &req("other", "session=1; session=2"),
+            &mut KeyCache::default(),
+        )
+        .unwrap();
+        assert_ne!(a.key, b.key, "one ambiguous bucket per tenant");
+        // A missing source still means the rule does not apply.
+        let no_tenant = Req::new("GET", "/").line("cookie", "session=1; session=2");
+        assert_eq!(
+            applies("tg", (0, &r), &no_tenant, &mut KeyCache::default()),
+            None
+        );
+        // Once: the value, not ambiguous.
+        let one = applies(
+            "tg",
+            (0, &r),
+            &req("acme", "session=1"),
+            &mut KeyCache::default(),
+        )
+        .unwrap();
+        assert!(!one.ambiguous);
+        assert_eq!(
+            one.key,
+            bucket_key("tg", "per-user", &r.key, &[b"acme".to_vec(), b"1".to_vec()])
+        );
+    }
+
+    #[test]
+    fn a_header_key_reads_one_line_by_any_spelling_of_its_name() {
+        let r = rule(Match::default(), vec![hdr("x-api-key")]);
+        let key = |req: &Req| applies("tg", (0, &r), req, &mut KeyCache::default()).unwrap();
+        let plain = key(&Req::new("GET", "/").line("x-api-key", "VALID"));
+        assert!(!plain.ambiguous);
+        // CGI, WSGI and PHP read `x_api_key` as `x-api-key`.
+        assert_eq!(key(&Req::new("GET", "/").line("X_API_KEY", "VALID")), plain);
+        // One line with a comma is one value, as every server reads one line.
+        assert!(!key(&Req::new("GET", "/").line("x-api-key", "R1,VALID")).ambiguous);
+        assert!(
+            key(&Req::new("GET", "/")
+                .line("x-api-key", "VALID")
+                .line("x_api_key", "R1"))
+            .ambiguous
+        );
+    }
+
+    /// The override attack: `/health` unlimited on a `path`-keyed rule is reached only by a path
+    /// every reading calls `/health`; other spellings stay in `/health`'s bucket under the rule's
+    /// limits.
+    #[test]
+    fn a_path_override_applies_only_where_every_reading_agrees() {
+        let mut r = rule(Match::default(), vec![KeySource::Path]);
+        r.overrides
+            .insert(vec![b"/health".to_vec()], Override::Unlimited);
+        let apply = |p: &str| {
+            applies("tg", (0, &r), &Req::new("GET", p), &mut KeyCache::default()).unwrap()
+        };
+        let health = apply("/health");
+        assert!(health.unlimited);
+        assert!(apply("/health?probe=1").unlimited);
+        for p in [
+            "/api/search/..;/..;/health",
+            "/x/..;/health",
+            "/health;v=1",
+            "//health",
+            "/x/../health",
+            "/%68ealth",
+            "/x%2F..%2Fhealth",
+            "/../health",
+        ] {
+            let a = apply(p);
+            assert!(!a.unlimited, "{p}");
+            assert_eq!(a.limits, r.limits, "{p}");
+            assert_eq!(
+                a.key, health.key,
+                "{p}: /health's bucket, under the rule's limits"
+            );
+        }
+        // With other sources too, and for limit overrides as for `unlimited`.
+        let mut two = rule(Match::default(), vec![KeySource::Method, KeySource::Path]);
+        let wide = Limits {
+            burst: 99,
+            rate: 99,
+            period_ms: 1000,
+        };
+        two.overrides.insert(
+            vec![b"GET".to_vec(), b"/health".to_vec()],
+            Override::Limits(wide),
+        );
+        let limits = |p: &str| {
+            applies(
+                "tg",
+                (0, &two),
+                &Req::new("GET", p),
+                &mut KeyCache::default(),
+            )
+            .unwrap()
+            .limits
+        };
+        assert_eq!(limits("/health"), wide);
+        assert_eq!(limits("/x/..;/health"), two.limits);
+        // An attribute that is the path as sent: its override too only where readings agree.
+        let mut raw = rule(Match::default(), vec![property("request.url_path")]);
+        raw.overrides
+            .insert(vec![b"/a;v=1/x".to_vec()], Override::Unlimited);
+        raw.overrides
+            .insert(vec![b"/health".to_vec()], Override::Unlimited);
+        let unlimited = |p: &str| {
+            let req = Req::new("GET", p).prop("request.url_path", p);
+            applies("tg", (0, &raw), &req, &mut KeyCache::default())
+                .unwrap()
+                .unlimited
+        };
+        assert!(unlimited("/health"));
+        assert!(
+            !unlimited("/a;v=1/x"),
+            "a server that cuts ;params reads /a/x"
+        );
+    }
+
+    #[test]
+    fn a_header_condition_holds_for_any_line_of_a_repeated_header() {
+        let m = header_rule("x-tier", HeaderValueMatch::Exact("free".into()));
+        let req = |lines: &[&str]| {
+            lines
+                .iter()
+                .fold(Req::new("GET", "/"), |r, l| r.line("x-tier", l))
+        };
+        assert!(matches(&m, &req(&["free"])));
+        // An application that reads the first (or the last) line sees "free".
+        assert!(matches(&m, &req(&["free", "paid"])));
+        assert!(matches(&m, &req(&["paid", "free"])));
+        assert!(!matches(&m, &req(&["paid", "gold"])));
+        let joined = header_rule("x-tier", HeaderValueMatch::Exact("paid,gold".into()));
+        assert!(matches(&joined, &req(&["paid", "gold"])));
+        let present = header_rule("x-tier", HeaderValueMatch::Present);
+        assert!(matches(&present, &Req::new("GET", "/").line("x_tier", "1")));
+        let absent = header_rule("x-tier", HeaderValueMatch::Absent);
+        assert!(!matches(&absent, &req(&["a", "b"])));
+        assert!(matches(&absent, &Req::new("GET", "/")));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Edge hardening through a real Envoy: a client cannot escape a rule by how it spells the path, by
-//! writing its own `x-forwarded-for`, by hopping inside its IPv6 /64, or by repeating a key header.
+//! writing its own `x-forwarded-for`, or by hopping inside its IPv6 /64 (repeating a key source's
+//! name: tests/ambiguity.rs).
 //! Each path test runs twice: with the edge settings envoy/envoy.yaml ships (`normalize_path`,
 //! `merge_slashes`, `path_with_escaped_slashes_action`, `use_remote_address`) and with Envoy's
 //! defaults, where the filter sees every spelling as sent and must normalise it itself.
@@ -202,43 +203,6 @@ fn ipv6_client_is_keyed_by_its_64() {
     let got: Vec<u16> = (0..3).map(|_| send(&stack, v6, "/x", &[]).status).collect();
     assert_eq!(got, [200, 200, 429], "{}", stack.logs());
     assert!(exists(&key), "bucket {key} (client_ip ::/64) is in Redis");
-}
-
-/// A key header sent on several lines is keyed by all of them joined with `,` (what Envoy's
-/// `request.headers` attribute gives): the same bucket as one line with the joined value, not the
-/// bucket of the first line (which is all `get_header_map_value` returns).
-#[test]
-fn repeated_key_header_is_keyed_by_all_its_lines() {
-    let stack = Stack::start_edited(
-        "edge-dup-header",
-        &config(r#""key": ["header:x-user-id"], "burst": 2"#),
-        shipped,
-    );
-    let two_lines = [("x-user-id", "alice"), ("x-user-id", "bob")];
-    let key = |v: &[u8]| {
-        bucket_key(
-            "tollgate",
-            "r",
-            &[KeySource::Header("x-user-id".into())],
-            &[v.to_vec()],
-        )
-    };
-    let exists = |k: &str| stack.redis.exists(k);
-    assert_eq!(send(&stack, LOCALHOST, "/x", &two_lines).status, 200);
-    assert!(exists(&key(b"alice,bob")), "{}", stack.logs());
-    assert!(!exists(&key(b"alice")));
-    assert_eq!(send(&stack, LOCALHOST, "/x", &two_lines).status, 200);
-    assert_eq!(
-        send(&stack, LOCALHOST, "/x", &[("x-user-id", "alice,bob")]).status,
-        429,
-        "one line with the joined value is the same bucket"
-    );
-    assert_eq!(send(&stack, LOCALHOST, "/x", &two_lines).status, 429);
-    assert_eq!(
-        send(&stack, LOCALHOST, "/x", &[("x-user-id", "alice")]).status,
-        200,
-        "the first line alone is another bucket"
-    );
 }
 
 /// The filter reads a request's headers in one copy of the whole map: the key header is found as

@@ -913,6 +913,7 @@ fn stats_tag_regexes_extract_rule_and_class() {
         "delay_ms_total",
         "inflight_rejected",
         "lease_evicted",
+        "ambiguous",
         "backend_latency_ms",
     ];
     let classes = ["unreachable", "overloaded", "auth", "script", "malformed"];

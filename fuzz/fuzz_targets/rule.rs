@@ -1,7 +1,8 @@
 //! Key extraction: over any request (arbitrary header bytes, path, method, authority, client IP) and
 //! a fixed valid configuration, `rule::applies` / `key_values` / `bucket_key` never panic, and every
 //! key is `<prefix>:{<rule>:<32 lowercase hex>}` — no request byte reaches it. Also: `applies` is
-//! exactly "match holds and every source is present", key values are the request's own bytes (the
+//! exactly "match holds and every source is present", an ambiguous source (a query parameter or
+//! cookie named twice) gets the rule's own limits, key values are the request's own bytes (the
 //! path and client address in their normal forms), and a different user id (or a different split
 //! of the same bytes between two values) gives a different bucket. Path normalisation is a fixed
 //! point, and respelling a path (`/x/..` in front, a doubled slash, an escaped letter) never changes
@@ -15,7 +16,11 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tollgate::config::{Config, KeySource, Override};
 use tollgate::rule::path::{self, Reading};
-use tollgate::rule::{applies, bucket_key, key_values, matches, KeyCache, RequestView};
+use tollgate::rule::reading::is_header_name;
+use tollgate::rule::{
+    applies, bucket_key, bucket_key_of, key_values, matches, KeyCache, Lines, Part, Read,
+    RequestView,
+};
 
 const CONFIG: &str = r#"{
   "key_prefix": "tg.fuzz:1-x_",
@@ -173,7 +178,8 @@ struct Input {
     method: Option<Method>,
     authority: Option<Vec<u8>>,
     ip: Option<Vec<u8>>,
-    /// Known names, so the fuzzer reaches the rules' sources; the first of a name wins.
+    /// Known names, so the fuzzer reaches the rules' sources; a name may repeat (then a header
+    /// source is ambiguous).
     headers: Vec<(Name, Value)>,
     /// Any other headers, by arbitrary name.
     others: Vec<(String, Vec<u8>)>,
@@ -201,22 +207,37 @@ impl Req {
             ":authority" => return r.authority.clone(),
             _ => {}
         }
-        r.headers
+        // Every line of the name joined with `,`, as Envoy's `request.headers` attribute joins them.
+        let lines = self.lines(|n| n.eq_ignore_ascii_case(name.as_bytes()));
+        (!lines.is_empty()).then(|| lines.join(&b','))
+    }
+
+    /// The known headers, then the others, whose name `wanted` accepts.
+    fn lines(&self, wanted: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
+        let r = &self.0;
+        let known = r
+            .headers
             .iter()
-            .find(|(n, _)| n.as_str() == name)
-            .map(|(_, v)| v.bytes())
-            .or_else(|| {
-                r.others
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.clone())
-            })
+            .map(|(n, v)| (n.as_str().as_bytes(), v.bytes()));
+        let others = r.others.iter().map(|(n, v)| (n.as_bytes(), v.clone()));
+        known
+            .chain(others)
+            .filter(|(n, _)| wanted(n))
+            .map(|(_, v)| v)
+            .collect()
     }
 }
 
 impl RequestView for Req {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         self.owned_header(name).map(Cow::Owned)
+    }
+    fn header_lines(&self, name: &str) -> Lines<'_> {
+        let mut lines = Lines::None;
+        for line in self.lines(|n| is_header_name(n, name)) {
+            lines.push(Cow::Owned(line));
+        }
+        lines
     }
     fn client_ip(&self) -> Option<Vec<u8>> {
         self.0.ip.clone()
@@ -300,11 +321,14 @@ fuzz_target!(|input: Input| {
         // the digest of these values.
         let applied = KEYS.with(|k| applies(prefix, (idx, rule), &req, &mut k.borrow_mut()));
         let key = applied.as_ref().map(|a| a.key.clone());
-        let values = key_values(&rule.key, &req);
+        let reads = key_values(&rule.key, &req);
+        let parts: Option<Vec<Part<'_>>> = reads
+            .as_ref()
+            .map(|r| r.iter().filter_map(Read::part).collect());
         let want = if matches(&rule.matcher, &req) {
-            values
+            parts
                 .as_ref()
-                .map(|v| bucket_key(prefix, &rule.name, &rule.key, v))
+                .map(|p| bucket_key_of(prefix, &rule.name, &rule.key, p))
         } else {
             None
         };
@@ -312,9 +336,26 @@ fuzz_target!(|input: Input| {
         if let Some(k) = &key {
             assert_key_shape(k, prefix, &rule.name);
         }
-        let Some(values) = values else { continue };
+        let Some(parts) = parts else { continue };
+        assert_eq!(parts.len(), rule.key.len());
+        // An ambiguous source: the rule's limits, never an override's.
+        if parts.contains(&Part::Ambiguous) {
+            if let Some(a) = &applied {
+                assert!(a.ambiguous && a.limits == rule.limits && !a.unlimited);
+            }
+            continue;
+        }
+        let values: Vec<Vec<u8>> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Value(v) => v.to_vec(),
+                Part::Ambiguous => unreachable!("no ambiguous part here"),
+            })
+            .collect();
         // The limits are the override's for these values, else the rule's; the key is the same.
+        // (No rule here keys on `path`, whose overrides also need every reading to agree.)
         if let Some(a) = &applied {
+            assert!(!a.ambiguous);
             match rule.overrides.get(&values) {
                 None => assert!(a.limits == rule.limits && !a.unlimited),
                 Some(Override::Unlimited) => assert!(a.unlimited),
@@ -326,10 +367,11 @@ fuzz_target!(|input: Input| {
             prefix,
             &rule.name,
         );
-        assert_eq!(values.len(), rule.key.len());
         for (source, v) in rule.key.iter().zip(&values) {
             match source {
-                KeySource::Header(h) => assert_eq!(Some(v.as_slice()), req.header(h).as_deref()),
+                KeySource::Header(h) => {
+                    assert_eq!(req.header_lines(h), Lines::One(Cow::Borrowed(v)))
+                }
                 KeySource::Literal(t) => assert_eq!(v, t.as_bytes()),
                 KeySource::ClientIp {
                     v4_prefix,
@@ -342,7 +384,9 @@ fuzz_target!(|input: Input| {
                         .map(|ip| tollgate::rule::ip::key_value(ip, *v4_prefix, *v6_prefix))
                         .as_ref()
                 ),
-                KeySource::Method => assert_eq!(Some(v.as_slice()), req.header(":method").as_deref()),
+                KeySource::Method => {
+                    assert_eq!(Some(v.as_slice()), req.header(":method").as_deref())
+                }
                 KeySource::Path => assert_eq!(
                     Some(v),
                     req.header(":path").as_deref().map(path::key_value).as_ref()
@@ -383,17 +427,19 @@ fuzz_target!(|input: Input| {
             "{values:?} and {other:?} share a bucket"
         );
     }
-    // One user's id never lands in another user's bucket.
+    // One user's id never lands in another user's bucket (an id sent once: twice, it is the
+    // rule's ambiguous bucket whatever the values).
     let per_user = &cfg.rules[0];
     let fresh = KeyCache::default;
-    if let Some(k) = applies(prefix, (0, per_user), &req, &mut fresh()).map(|a| a.key) {
+    let applied = applies(prefix, (0, per_user), &req, &mut fresh());
+    if let Some(k) = applied.filter(|a| !a.ambiguous).map(|a| a.key) {
         let mut changed = input.clone();
         let uid = match changed.headers.iter_mut().find(|(n, _)| *n == Name::UserId) {
             Some((_, v)) => v.bytes_mut(),
             None => changed
                 .others
                 .iter_mut()
-                .find(|(n, _)| n == "x-user-id")
+                .find(|(n, _)| is_header_name(n.as_bytes(), "x-user-id"))
                 .map(|(_, v)| v)
                 .expect("per-user applied without x-user-id"),
         };

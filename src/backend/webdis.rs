@@ -268,7 +268,7 @@ mod tests {
     /// Webdis' own decoding of one segment: `%XX` -> byte, `+` -> space (the same rules as a
     /// query string's, which `rule` already implements).
     fn webdis_decode(seg: &str) -> Vec<u8> {
-        crate::rule::percent_decode(seg.as_bytes())
+        crate::rule::reading::percent_decode(seg.as_bytes())
     }
 
     /// A lease call's lease argument: the want, the holder, its hold and its steps, as one

@@ -88,6 +88,9 @@ impl Plugin {
         else {
             return Plan::Skip;
         };
+        if applied.ambiguous {
+            self.metrics.count(idx, Counter::Ambiguous, 1);
+        }
         if applied.unlimited {
             return Plan::Unlimited;
         }

@@ -295,6 +295,41 @@ fn exact_admits_on_the_backend_answer_and_adds_headers_to_the_response() {
     assert_eq!(e.load(), (0, 0, 0));
 }
 
+/// A key source named twice is checked against the rule's one bucket for ambiguous requests,
+/// never an override's, and counted in `ambiguous`.
+#[test]
+fn an_ambiguous_key_is_checked_in_the_shared_bucket_and_counted() {
+    let (mut e, rec) = engine(
+        "",
+        r#"{"name":"per-key","key":["query:k"],"rate":10,"burst":3,
+            "overrides":[{"key":["internal"],"unlimited":true}]}"#,
+    );
+    let mut h = Fake::default();
+    assert_eq!(
+        e.request_headers(&mut h, 10, &req("/?k=internal", &[])),
+        Action::Continue
+    );
+    assert!(h.sent.is_empty(), "the override: no call");
+    assert_eq!(rec.get(0, Counter::Ambiguous), 0);
+    assert_eq!(
+        e.request_headers(&mut h, 11, &req("/?k=internal&k=x", &[])),
+        Action::Pause
+    );
+    let shared = crate::rule::bucket_key_of(
+        "tollgate",
+        "per-key",
+        &e.plugin.config.rules[0].key,
+        &[crate::rule::Part::Ambiguous],
+    );
+    let digest = &shared[shared.len() - 33..shared.len() - 1];
+    assert!(h.sent[0].contains(digest), "{} has {digest}", h.sent[0]);
+    assert_eq!(rec.get(0, Counter::Ambiguous), 1);
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 2, 0, 100, 1));
+    e.request_headers(&mut h, 12, &req("/?k=y;k=z", &[]));
+    assert!(h.sent[1].contains(digest), "the same bucket");
+    assert_eq!(rec.get(0, Counter::Ambiguous), 2);
+}
+
 #[test]
 fn a_denial_is_cached_and_answers_locally_until_its_retry_time() {
     let (mut e, rec) = engine("", EXACT);

@@ -1,7 +1,9 @@
 //! Path normalisation for `path_prefix` matching and the `path` key source.
 //!
-//! Invariant: a request never escapes a path rule by how it spells its path. A `path_prefix` rule
-//! applies when the prefix starts **any** reading a server could give the path: the bytes as sent,
+//! Invariant: a request never escapes a path rule by how it spells its path, nor reaches a path's
+//! override by a spelling only some servers call that path. A `path_prefix` rule applies when the
+//! prefix starts **any** reading a server could give the path; an override applies only when
+//! **every** reading is the path as sent (`agreed`). The readings: the bytes as sent,
 //! or the RFC 3986 normal form with `%2F`/`%5C` read as data or as separators and `;params` kept
 //! or cut (four normal forms). A path no reading can make sense of (an invalid `%` escape, a `..`
 //! above the root) is *irregular*, and an irregular path matches every path rule.
@@ -218,6 +220,24 @@ pub fn key_value(full_path: &[u8]) -> Vec<u8> {
     normalize(path_only(full_path), Reading::LOOSE).path
 }
 
+/// The path of `full_path` (`:path` with any query) when every reading agrees on it: the bytes as
+/// sent are their own normal form under each reading, and regular. An override on a path applies
+/// only then: `/x/..;/health` is `/health` only to a server that cuts `;params`, so it does not
+/// get `/health`'s override (the reverse of `prefix_matches`, where any reading is enough).
+pub fn agreed(full_path: &[u8]) -> Option<&[u8]> {
+    let raw = path_only(full_path);
+    if is_plain(raw) {
+        return Some(raw);
+    }
+    Reading::ALL
+        .iter()
+        .all(|&r| {
+            let n = normalize(raw, r);
+            !n.irregular && n.path == raw
+        })
+        .then_some(raw)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,6 +408,35 @@ mod tests {
         assert!(!prefix_matches(b"/APIx", b"/api/", true));
         // The prefix is a byte prefix: "/api" matches "/apix".
         assert!(prefix_matches(b"/apix", b"/api", false));
+    }
+
+    #[test]
+    fn only_a_path_every_reading_agrees_on_is_agreed() {
+        for p in ["/health", "/health?x=1", "/api/x/", "/a%20b", "/a..b", "/"] {
+            assert_eq!(agreed(p.as_bytes()), Some(path_only(p.as_bytes())), "{p}");
+        }
+        for p in [
+            // The override attack: only a reading that cuts `;params` resolves `..;`.
+            "/api/search/..;/..;/health",
+            "/x/..;/health",
+            "/health;x=1",
+            "/x%2F..%2Fhealth",
+            "/x\\..\\health",
+            // Spellings every normal form agrees on, but a server that routes the bytes as sent
+            // does not.
+            "//health",
+            "/./health",
+            "/x/../health",
+            "/%68ealth",
+            "/a%2fb",
+            // Irregular.
+            "/../health",
+            "/health%zz",
+            "health",
+            "",
+        ] {
+            assert_eq!(agreed(p.as_bytes()), None, "{p}");
+        }
     }
 
     #[test]

@@ -1,0 +1,447 @@
+//! One request, one reading: the values of the key sources that servers parse differently (a
+//! header, a query parameter, a cookie).
+//!
+//! Invariant: such a source has a value only when its name appears **once** in the request, as
+//! any server might spell or split it, and every reading that finds it gives the same value. A
+//! name that appears more than once, or whose value depends on the reading, is [`Read::Ambiguous`]:
+//! never a value, so a client cannot get a fresh bucket by adding a copy of the name that its
+//! application ignores (`session=R1; session=VALID` is read as `VALID` by Django, `?key=R1&key=VALID`
+//! by PHP, a second `x-api-key` line is ignored by Go).
+//!
+//! "Appears", as servers fold names:
+//! - a header: a line whose name is the name, ASCII case-insensitively, with `_` for `-` (CGI,
+//!   WSGI and PHP read `x_api_key` as `HTTP_X_API_KEY`, the same variable as `x-api-key`);
+//! - a query parameter: a pair split at `&`, or at `&` and `;` (Rack 2, older Python), whose
+//!   form-decoded name folds to the name;
+//! - a cookie: a pair of any `cookie` line split at `;`, or at `;` and `,` (Rack 2, RFC 2965), whose
+//!   name folds to the name.
+//!
+//! A query or cookie name folds by: percent-decoding (a query name always is; PHP and Rack 2
+//! decode cookie names too), trimming ASCII whitespace, `.` and ` ` as `_` (PHP), and ASCII
+//! lower-casing (ASP.NET Core); an array entry of the name (`key[]`, `key[0]`: PHP, Rack) is the
+//! name too. A name that only some servers fold to the name, alone, is read: the servers
+//! that see it see that value, the others see no such name (and the rule would not apply if it
+//! were skipped).
+
+use std::borrow::Cow;
+
+use super::path;
+
+/// What a key source reads from a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read<'a> {
+    /// The request has no such value: the rule does not apply.
+    Missing,
+    /// The one value every reading gives.
+    Value(Cow<'a, [u8]>),
+    /// Readings disagree: the name appears more than once, or its value depends on the reading.
+    Ambiguous,
+}
+
+/// The lines of one request header, in the order received. A header Envoy folds itself
+/// (`user-agent`, `x-forwarded-for`: its "inline" headers) arrives as one line, joined with `,`;
+/// so does every line of a view that cannot tell lines apart.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Lines<'a> {
+    #[default]
+    None,
+    One(Cow<'a, [u8]>),
+    /// Two or more.
+    Many(Vec<Cow<'a, [u8]>>),
+}
+
+impl<'a> Lines<'a> {
+    /// Adds a line after the others.
+    pub fn push(&mut self, line: Cow<'a, [u8]>) {
+        *self = match std::mem::take(self) {
+            Lines::None => Lines::One(line),
+            Lines::One(first) => Lines::Many(vec![first, line]),
+            Lines::Many(mut all) => {
+                all.push(line);
+                Lines::Many(all)
+            }
+        };
+    }
+
+    /// Each line, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let lines: &[Cow<'a, [u8]>] = match self {
+            Lines::None => &[],
+            Lines::One(line) => std::slice::from_ref(line),
+            Lines::Many(all) => all,
+        };
+        lines.iter().map(|l| &**l)
+    }
+}
+
+/// Whether a header line named `sent` is header `name` (lower-case) to some server: ASCII
+/// case-insensitively, `_` and `-` alike.
+pub fn is_header_name(sent: &[u8], name: &str) -> bool {
+    let fold = |b: u8| {
+        if b == b'_' {
+            b'-'
+        } else {
+            b.to_ascii_lowercase()
+        }
+    };
+    sent.len() == name.len()
+        && sent
+            .iter()
+            .zip(name.as_bytes())
+            .all(|(&a, &b)| fold(a) == fold(b))
+}
+
+/// The value of a header source, from its lines (see [`is_header_name`]): one line is its value,
+/// several are ambiguous.
+pub fn header(lines: Lines<'_>) -> Read<'_> {
+    match lines {
+        Lines::None => Read::Missing,
+        Lines::One(value) => Read::Value(value),
+        Lines::Many(_) => Read::Ambiguous,
+    }
+}
+
+/// The query string of `:path`: after the first `?` (if it comes before any `#`), up to `#`.
+fn query_of(full: &[u8]) -> Option<&[u8]> {
+    let start = full.iter().position(|&b| b == b'?' || b == b'#')?;
+    if full.get(start) != Some(&b'?') {
+        return None;
+    }
+    let rest = full.get(start + 1..)?;
+    let end = rest.iter().position(|&b| b == b'#').unwrap_or(rest.len());
+    rest.get(..end)
+}
+
+/// Form-decoding of one query component: `+` is a space, `%XX` is a byte, an invalid escape is
+/// kept literally.
+pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while let Some(&b) = s.get(i) {
+        match b {
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b'%' => {
+                let hi = s.get(i + 1).copied().and_then(path::hex_value);
+                let lo = s.get(i + 2).copied().and_then(path::hex_value);
+                if let (Some(hi), Some(lo)) = (hi, lo) {
+                    out.push(hi << 4 | lo);
+                    i += 3;
+                } else {
+                    out.push(b'%');
+                    i += 1;
+                }
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A query or cookie name (already decoded) as the most lenient server reads it: trimmed, `.`
+/// and ` ` before any `[` as `_` (PHP), ASCII lower-case (ASP.NET Core).
+fn fold_name(decoded: &[u8]) -> Vec<u8> {
+    let name = decoded.trim_ascii();
+    let mut in_base = true;
+    name.iter()
+        .map(|&b| {
+            in_base &= b != b'[';
+            match b {
+                b'.' | b' ' if in_base => b'_',
+                b => b.to_ascii_lowercase(),
+            }
+        })
+        .collect()
+}
+
+/// Whether a name that folds to `name` is the source's name `want` (folded) to some server:
+/// itself, or an array entry of it (`key[]`, `key[0]` for `key`: PHP, Rack).
+fn is_name(name: &[u8], want: &[u8]) -> bool {
+    match name.strip_prefix(want) {
+        Some(rest) => rest.is_empty() || rest.first() == Some(&b'['),
+        None => false,
+    }
+}
+
+/// What the readings of one name found: its values (at most two kept: a second means they
+/// disagree), and whether they are ambiguous already (a reading found the name twice, or a value
+/// no reading can pin down).
+#[derive(Default)]
+struct Found {
+    values: Vec<Vec<u8>>,
+    ambiguous: bool,
+}
+
+impl Found {
+    /// One reading's matches for the name.
+    fn reading(&mut self, matches: impl Iterator<Item = Option<Vec<u8>>>) {
+        let mut seen = 0usize;
+        for value in matches {
+            seen += 1;
+            match value {
+                Some(v) if self.values.contains(&v) => {}
+                Some(v) => self.values.push(v),
+                // A value no reading can pin down (see `cookie_value`).
+                None => self.ambiguous = true,
+            }
+            if seen > 1 {
+                self.ambiguous = true;
+            }
+            if self.ambiguous || self.values.len() > 1 {
+                return;
+            }
+        }
+    }
+
+    fn read(mut self) -> Read<'static> {
+        match (self.ambiguous, self.values.len()) {
+            (false, 0) => Read::Missing,
+            (false, 1) => self
+                .values
+                .pop()
+                .map_or(Read::Ambiguous, |v| Read::Value(Cow::Owned(v))),
+            _ => Read::Ambiguous,
+        }
+    }
+}
+
+/// `pair` split at its first `=` (a pair without one is a name with an empty value).
+fn name_value(pair: &[u8]) -> (&[u8], &[u8]) {
+    match pair.iter().position(|&b| b == b'=') {
+        Some(eq) => (
+            pair.get(..eq).unwrap_or_default(),
+            pair.get(eq + 1..).unwrap_or_default(),
+        ),
+        None => (pair, &[]),
+    }
+}
+
+/// The value of query parameter `name` in `:path` `full_path` (form-decoded; `?name` alone is an
+/// empty value).
+pub fn query(full_path: &[u8], name: &str) -> Read<'static> {
+    let Some(query) = query_of(full_path) else {
+        return Read::Missing;
+    };
+    let want = fold_name(name.as_bytes());
+    let mut found = Found::default();
+    for separators in [&b"&"[..], b"&;"] {
+        let matches = query
+            .split(|b| separators.contains(b))
+            .filter(|pair| !pair.is_empty())
+            .map(name_value)
+            .filter(|(n, _)| is_name(&fold_name(&percent_decode(n)), &want))
+            .map(|(_, v)| Some(percent_decode(v)));
+        found.reading(matches);
+    }
+    found.read()
+}
+
+/// A cookie value as servers read it: surrounding whitespace and one pair of double quotes
+/// removed (Go, Python, Express), then percent-decoded (PHP, Rack, Express), so that the
+/// spellings of one value share its bucket. None for a quoted value with a backslash: Python
+/// reads `\` escapes in it, other servers keep them or drop the cookie.
+pub(crate) fn cookie_value(raw: &[u8]) -> Option<Vec<u8>> {
+    let value = raw.trim_ascii();
+    let value = match value {
+        [b'"', inner @ .., b'"'] => {
+            if inner.contains(&b'\\') {
+                return None;
+            }
+            inner
+        }
+        _ => value,
+    };
+    Some(percent_decode(value))
+}
+
+/// The value of cookie `name` in the request's `cookie` lines (see [`cookie_value`]).
+pub fn cookie(lines: &Lines<'_>, name: &str) -> Read<'static> {
+    let want = fold_name(name.as_bytes());
+    let mut found = Found::default();
+    for separators in [&b";"[..], b";,"] {
+        let matches = lines
+            .iter()
+            .flat_map(|line| line.split(|b| separators.contains(b)))
+            .filter(|pair| !pair.trim_ascii().is_empty())
+            .map(name_value)
+            .filter(|(n, _)| is_name(&fold_name(&percent_decode(n)), &want))
+            .map(|(_, v)| cookie_value(v));
+        found.reading(matches);
+    }
+    found.read()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(r: Read<'_>) -> Option<String> {
+        match r {
+            Read::Value(v) => Some(String::from_utf8(v.into_owned()).unwrap()),
+            Read::Missing => None,
+            Read::Ambiguous => Some("<ambiguous>".into()),
+        }
+    }
+
+    fn q(name: &str, path: &str) -> Option<String> {
+        value(query(path.as_bytes(), name))
+    }
+
+    fn c(name: &str, lines: &[&str]) -> Option<String> {
+        let mut l = Lines::None;
+        for line in lines {
+            l.push(Cow::Borrowed(line.as_bytes()));
+        }
+        value(cookie(&l, name))
+    }
+
+    const AMBIGUOUS: Option<&str> = Some("<ambiguous>");
+
+    #[test]
+    fn query_values_decode() {
+        assert_eq!(q("user", "/?user=%61lice").as_deref(), Some("alice"));
+        assert_eq!(q("user", "/?%75ser=alice").as_deref(), Some("alice"));
+        assert_eq!(q("p", "/?p=a%2Fb").as_deref(), Some("a/b"));
+        assert_eq!(q("p", "/?p=a+b").as_deref(), Some("a b"));
+        assert_eq!(q("p", "/?p=a%2Bb").as_deref(), Some("a+b"));
+        assert_eq!(q("a b", "/?a+b=1").as_deref(), Some("1"));
+        assert_eq!(q("p", "/?p=%zz").as_deref(), Some("%zz"));
+        assert_eq!(q("a", "/?a").as_deref(), Some(""));
+        assert_eq!(q("a", "/?a=1=2").as_deref(), Some("1=2"));
+        assert_eq!(q("a", "/?&&a=1&").as_deref(), Some("1"));
+        assert_eq!(q("a", "/?a=1#x").as_deref(), Some("1"));
+        assert_eq!(q("a", "/?b=1#&a=2"), None);
+        assert_eq!(q("a", "/#?a=1"), None);
+        assert_eq!(q("a", "/?ab=1&ba=2"), None);
+        assert_eq!(q("a", "/a"), None);
+    }
+
+    /// Every way a query name can appear twice, as some server reads it.
+    #[test]
+    fn a_query_name_that_appears_twice_is_ambiguous() {
+        for path in [
+            "/?key=R1&key=VALID",     // PHP and Rack read the last, Go and Java the first
+            "/?key=VALID&key=VALID",  // the same value twice: some servers join them
+            "/?key=R1;key=VALID",     // `;` separates for Rack 2 and older Python
+            "/?key=R1&%6Bey=VALID",   // a percent-encoded name
+            "/?key=R1&KEY=VALID",     // ASP.NET Core ignores case
+            "/?key=R1&key[]=VALID",   // PHP's and Rack's arrays
+            "/?key[]=R1&key[]=VALID", //
+            "/?key=R1&key[a]=VALID",  //
+            "/?key=R1&+key=VALID",    // PHP drops leading spaces
+            "/?key&key=VALID",        // a name alone is an empty value
+            "/?key=VALID;junk",       // `VALID;junk` or `VALID`, by the separator
+            "/?a=1&key=R1&b=2&key=VALID", //
+        ] {
+            assert_eq!(q("key", path).as_deref(), AMBIGUOUS, "{path}");
+        }
+        assert_eq!(
+            q("api_key", "/?api_key=R1&api.key=VALID").as_deref(),
+            AMBIGUOUS
+        );
+        assert_eq!(
+            q("api_key", "/?api_key=R1&api+key=VALID").as_deref(),
+            AMBIGUOUS
+        );
+        // Once, however it is spelled: its value.
+        for path in [
+            "/?key=VALID",
+            "/?%6Bey=VALID",
+            "/?KEY=VALID",
+            "/?key[]=VALID",
+            "/?x=1;key=VALID", // only the readings that split at `;` see it
+            "/?key=V%41LID",
+            "/?a=1&key=VALID&b=2",
+        ] {
+            assert_eq!(q("key", path).as_deref(), Some("VALID"), "{path}");
+        }
+        assert_eq!(q("key", "/?key=a%3Bb").as_deref(), Some("a;b"));
+        assert_eq!(q("api_key", "/?api.key=V").as_deref(), Some("V"));
+        // A name with brackets: other entries of the same array are other names.
+        let filter = |p: &str| q("filter[user]", p);
+        assert_eq!(
+            filter("/?filter[user]=a&filter[org]=b").as_deref(),
+            Some("a")
+        );
+        assert_eq!(
+            filter("/?filter[user]=a&filter[user]=b").as_deref(),
+            AMBIGUOUS
+        );
+        assert_eq!(
+            filter("/?filter[user]=a&Filter[User][]=b").as_deref(),
+            AMBIGUOUS
+        );
+        assert_eq!(filter("/?filter=a"), None);
+    }
+
+    #[test]
+    fn cookie_values() {
+        assert_eq!(c("sid", &["sid=abc"]).as_deref(), Some("abc"));
+        assert_eq!(c("sid", &["a=1; sid=abc; b=2"]).as_deref(), Some("abc"));
+        assert_eq!(c("sid", &["a=1;sid=abc"]).as_deref(), Some("abc"));
+        assert_eq!(c("sid", &["a=1", "sid=abc"]).as_deref(), Some("abc"));
+        assert_eq!(c("sid", &["sid= abc "]).as_deref(), Some("abc"));
+        assert_eq!(c("sid", &["sid="]).as_deref(), Some(""));
+        assert_eq!(c("sid", &["sid"]).as_deref(), Some(""));
+        assert_eq!(c("sid", &["sid=a=b"]).as_deref(), Some("a=b"));
+        assert_eq!(c("sid", &["sidx=1; xsid=2"]), None);
+        assert_eq!(c("sid", &[]), None);
+        // The spellings of one value are one value.
+        for spelled in [
+            "sid=VALID",
+            "sid=\"VALID\"",
+            "sid=%56ALID",
+            "sid=\"%56ALID\"",
+        ] {
+            assert_eq!(c("sid", &[spelled]).as_deref(), Some("VALID"), "{spelled}");
+        }
+        assert_eq!(c("sid", &["sid=s%3Aabc.sig"]).as_deref(), Some("s:abc.sig"));
+        assert_eq!(c("sid", &["sid=a+b"]).as_deref(), Some("a b"));
+        // A `,` that only some readings split at: read by those, another cookie for the others.
+        assert_eq!(c("sid", &["a=1,sid=abc"]).as_deref(), Some("abc"));
+    }
+
+    /// Every way a cookie name can appear twice, as some server reads it.
+    #[test]
+    fn a_cookie_name_that_appears_twice_is_ambiguous() {
+        for lines in [
+            &["session=R1; session=VALID"][..], // Django and Starlette read the last
+            &["session=VALID; session=VALID"],
+            &["session=R1", "session=VALID"], // on two lines
+            &["a=1; session=R1", "b=2; session=VALID"],
+            &["session=R1,session=VALID"],  // `,` separates for Rack 2
+            &["session=R1; Session=VALID"], // ASP.NET Core ignores case
+            &["session=R1; %73ession=VALID"], // PHP and Rack 2 decode names
+            &["session=R1; session[x]=VALID"], // PHP's arrays
+            &["session=R1;  session =VALID"],
+            &["session; session=VALID"],
+            &["session=VALID,junk"], // `VALID,junk` or `VALID`, by the separator
+            &["session=\"V\\ALID\""], // Python reads `\` escapes
+        ] {
+            assert_eq!(c("session", lines).as_deref(), AMBIGUOUS, "{lines:?}");
+        }
+        assert_eq!(c("a_b", &["a_b=1; a.b=2"]).as_deref(), AMBIGUOUS);
+    }
+
+    #[test]
+    fn header_names_and_lines() {
+        assert!(is_header_name(b"x-api-key", "x-api-key"));
+        assert!(is_header_name(b"X-Api-Key", "x-api-key"));
+        assert!(is_header_name(b"x_api_key", "x-api-key"));
+        assert!(!is_header_name(b"x-api-keys", "x-api-key"));
+        assert!(!is_header_name(b"x.api-key", "x-api-key"));
+        let one = |v: &'static str| Lines::One(Cow::Borrowed(v.as_bytes()));
+        assert_eq!(header(Lines::None), Read::Missing);
+        assert_eq!(header(one("a")), Read::Value(Cow::Borrowed(&b"a"[..])));
+        assert_eq!(header(one("a,b")), Read::Value(Cow::Borrowed(&b"a,b"[..])));
+        let mut two = one("a");
+        two.push(Cow::Borrowed(b"a"));
+        assert_eq!(two.iter().collect::<Vec<_>>(), [&b"a"[..], b"a"]);
+        assert_eq!(header(two), Read::Ambiguous);
+    }
+}
