@@ -171,8 +171,8 @@ else
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
 
--- 1. Load (absent or unreadable = full, no holders), drop expired holders, rescale to this
--- period_ms, clamp to what the bucket can hold.
+-- 1. Load (absent or unreadable = full, no holders), rescale to this period_ms, clamp to what the
+-- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
 local full = burst * period_ms
 local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm')
 local u = tonumber(h[1])
@@ -204,55 +204,14 @@ elseif p ~= period_ms then
   end
 end
 
-if k > 0 and now >= n then
-  -- Some holder expired: it has dropped its tokens. Recount the live ones.
-  local all = redis.call('HGETALL', key)
-  local fields = {}
-  for i = 1, #all, 2 do
-    fields[all[i]] = all[i + 1]
-  end
-  o, k, n, m = 0, 0, 0, 0
-  for f, v in pairs(fields) do
-    if string.sub(f, 1, 1) == 'e' then
-      local id = string.sub(f, 2)
-      local e = tonumber(v)
-      if e == nil or e <= now then
-        redis.call('HDEL', key, f, 'h' .. id)
-      else
-        o = o + (tonumber(fields['h' .. id]) or 0)
-        if k == 0 or e < n then n = e end
-        if e > m then m = e end
-        k = k + 1
-      end
-    end
-  end
-end
-
 -- What the bucket can hold: burst less what holders hold (never below 0, so debt always
 -- refills; only a lowered burst leaves holders holding more than it).
 local function capacity()
   return math.max(full - o * period_ms, 0)
 end
-if u > capacity() then
-  u = capacity()
-end
 
--- 2. Refill by whole milliseconds (t keeps the sub-millisecond remainder, so there is no drift),
--- never past what the bucket can hold. The holder's report only lowers what it holds, each step
--- from its quiet_ms ago on: the refill before then counts what it held on record.
-local held = 0
-local expires = 0
-if holder ~= nil then
-  local r = redis.call('HMGET', key, 'h' .. holder, 'e' .. holder)
-  held = tonumber(r[1]) or 0
-  expires = tonumber(r[2]) or 0
-  if expires <= now then
-    held = 0 -- a fresh holder (the recount dropped an expired one)
-    expires = 0
-    k = k + 1
-  end
-end
-
+-- Refills by whole milliseconds up to `to` (t keeps the sub-millisecond remainder, so there is
+-- no drift), never past what the bucket can hold.
 local function refill(to)
   local elapsed_ms = idiv(to - t, 1000)
   if elapsed_ms > 0 then
@@ -267,10 +226,67 @@ local function refill(to)
   end
 end
 
--- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms.
 if now < t then
   t = now -- the clock went back: no refill
 end
+if k > 0 and now >= n then
+  -- Some holder expired: it has dropped its tokens by its e<id>, not before. Recount every
+  -- holder, then refill up to each expiry in turn, its tokens counted until then.
+  local all = redis.call('HGETALL', key)
+  local fields = {}
+  for i = 1, #all, 2 do
+    fields[all[i]] = all[i + 1]
+  end
+  local gone = {}
+  o, k, n, m = 0, 0, 0, 0
+  for f, v in pairs(fields) do
+    if string.sub(f, 1, 1) == 'e' then
+      local id = string.sub(f, 2)
+      local e = tonumber(v) or now
+      local held = tonumber(fields['h' .. id]) or 0
+      o = o + held
+      if e <= now then
+        gone[#gone + 1] = { e, held, id }
+      else
+        if k == 0 or e < n then n = e end
+        if e > m then m = e end
+        k = k + 1
+      end
+    end
+  end
+  if u > capacity() then
+    u = capacity()
+  end
+  table.sort(gone, function(x, y) return x[1] < y[1] end)
+  for _, g in ipairs(gone) do
+    if g[1] > t then
+      refill(g[1])
+    end
+    o = o - g[2]
+    redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3])
+  end
+end
+if u > capacity() then
+  u = capacity()
+end
+
+-- 2. Refill by whole milliseconds (t keeps the sub-millisecond remainder, so there is no drift),
+-- never past what the bucket can hold. The holder's report only lowers what it holds, each step
+-- from its quiet_ms ago on: the refill before then counts what it held on record.
+local held = 0
+local expires = 0
+if holder ~= nil then
+  local r = redis.call('HMGET', key, 'h' .. fmt(holder), 'e' .. fmt(holder))
+  held = tonumber(r[1]) or 0
+  expires = tonumber(r[2]) or 0
+  if expires <= now then
+    held = 0 -- a fresh holder (the recount dropped an expired one)
+    expires = 0
+    k = k + 1
+  end
+end
+
+-- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms.
 for _, step in ipairs(steps) do
   local from = now - step[2] * 1000
   if from > t then
@@ -342,7 +358,7 @@ if holder ~= nil then
   if until_us > expires then
     expires = until_us
   end
-  redis.call('HSET', key, 'h' .. holder, fmt(held), 'e' .. holder, fmt(expires))
+  redis.call('HSET', key, 'h' .. fmt(holder), fmt(held), 'e' .. fmt(holder), fmt(expires))
   if k == 1 or expires < n then n = expires end
   if expires > m then m = expires end
 end
@@ -362,7 +378,8 @@ else
   local ttl_ms = ceil_div(full - u, rate)
   if k > 0 then
     redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
-    ttl_ms = math.max(ttl_ms, ceil_div(m - now, 1000))
+    -- The bucket stays short of full until its last holder expires, then refills.
+    ttl_ms = ttl_ms + ceil_div(m - now, 1000)
   else
     redis.call('HDEL', key, 'o', 'k', 'n', 'm')
   end

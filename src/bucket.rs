@@ -273,21 +273,12 @@ pub fn take_held(
             (full, now_us)
         }
     };
-    holders.expire(now_us);
     let mut out = int(holders.held());
     let capacity = |out: i64| full.saturating_sub(out.saturating_mul(period)).max(0);
     units = units.min(capacity(out));
-
     // 2. Refill by whole milliseconds (ts_us keeps the sub-millisecond remainder), never past what
     // the bucket can hold. The holder's report only lowers what it holds, each step from its
     // quiet_ms ago on.
-    let mut record = holder.map(|h| {
-        holders.get(h.id).unwrap_or(Holding {
-            holder: h.id,
-            held: 0,
-            expires_us: 0,
-        })
-    });
     let refill = |units: &mut i64, ts_us: &mut u64, to_us: u64, out: i64| {
         let elapsed_ms = int(to_us.saturating_sub(*ts_us) / 1000);
         if elapsed_ms > 0 {
@@ -305,6 +296,29 @@ pub fn take_held(
     if now_us < ts_us {
         ts_us = now_us; // the clock went back: no refill
     }
+    // Expired holders dropped their tokens by their expiry, not before: refill up to each
+    // expiry in turn with its tokens counted until then.
+    let mut gone: Vec<Holding> = holders
+        .0
+        .iter()
+        .filter(|h| h.expires_us <= now_us)
+        .copied()
+        .collect();
+    gone.sort_by_key(|h| h.expires_us);
+    for h in gone {
+        if h.expires_us > ts_us {
+            refill(&mut units, &mut ts_us, h.expires_us, out);
+        }
+        out -= int(h.held);
+    }
+    holders.expire(now_us);
+    let mut record = holder.map(|h| {
+        holders.get(h.id).unwrap_or(Holding {
+            holder: h.id,
+            held: 0,
+            expires_us: 0,
+        })
+    });
     if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
         for &(held, quiet_ms) in h.steps() {
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));

@@ -471,3 +471,22 @@ fn leased_tokens_count_against_the_capacity() {
     assert_eq!(out[1], 100);
     assert!(!exists(&mut c), "full and no holders: no key");
 }
+
+/// A holder counts until its record expires, not only until the call that finds it expired: P1
+/// takes the whole burst (100, at 20/s) and may hold it 4 s; P2 asking at 4.01 s finds only what
+/// refilled since P1's expiry (0.2 tokens), not 80 (what refilled since P1's grant, which P1
+/// could have spent at 3.99 s: 180 admitted in 2 s where 140 is the bound).
+#[test]
+fn an_expired_holder_counts_until_its_expiry() {
+    let (_r, mut c) = start("lua-holder-expiry");
+    let run = |c: &mut redis::Connection, lease: &str, ms: u64| -> Out {
+        let now = (T0 + ms * 1000).to_string();
+        let args = ["100", "20", "1000", "1", lease, "0", "0", now.as_str()];
+        eval_raw(c, KEY, &args).unwrap()
+    };
+    assert_eq!(run(&mut c, "100:1:4000:0:0", 0)[4], 100);
+    let [allowed, .., granted] = run(&mut c, "100:2:4000:0:0", 4010);
+    assert_eq!((allowed, granted), (0, 0), "P1's tokens counted until 4 s");
+    // At 4.05 s one token has refilled since P1's expiry.
+    assert_eq!(run(&mut c, "100:2:4000:0:0", 4050)[4], 1);
+}

@@ -582,7 +582,9 @@ impl Engine {
         lease: bool,
     ) -> (Option<Outcome>, Route) {
         if lease {
-            if let Some(spent) = self.spend_stashed(idx, call) {
+            // By the worker's latest clock reading (see [`stash`]): the local path's one
+            // clock-free answer.
+            if let Some(spent) = self.stashes.spend(&call.key, call.cost, self.clock_ms) {
                 return (Some(Outcome::leased(spent)), Route::Lease);
             }
         }
@@ -632,20 +634,6 @@ impl Engine {
         (denied, route)
     }
 
-    /// Spends `call`'s cost from this worker's stash, by the worker's latest clock reading (see
-    /// [`stash`]): the local path's one clock-free answer.
-    fn spend_stashed(
-        &mut self,
-        idx: usize,
-        call: &ScriptCall,
-    ) -> Option<crate::shared::lease::Spent> {
-        let spend = self.stashes.spend(&call.key, call.cost, self.clock_ms);
-        self.plugin
-            .metrics
-            .count(idx, Counter::LeaseDropped, spend.dropped);
-        spend.spent
-    }
-
     /// Spends `call`'s cost from a batch moved out of the proxy's pool into this worker's stash;
     /// or says why it cannot.
     fn spend_leased(
@@ -656,8 +644,12 @@ impl Engine {
         now: u64,
     ) -> Result<crate::shared::lease::Spent, NoLease> {
         let metrics = &self.plugin.metrics;
-        let (room, dropped) = self.stashes.room_for(&call.key, now);
-        metrics.count(idx, Counter::LeaseDropped, dropped);
+        let pool = LeasePool::new(store, &self.plugin.ns);
+        let (room, gone) = self.stashes.room_for(&call.key, now);
+        for (rule, key, back) in gone {
+            let dropped = pool.take_back(&key, back, now).unwrap_or(back.unspent);
+            metrics.count(rule, Counter::LeaseDropped, dropped);
+        }
         let Some(sizing) = self
             .plugin
             .rule(idx)
@@ -665,14 +657,8 @@ impl Engine {
         else {
             return Err(NoLease::Unknown);
         };
-        let back = self.stashes.hand_back(&call.key, now);
-        match LeasePool::new(store, &self.plugin.ns).take_batch(
-            &call.key,
-            call.cost,
-            now,
-            &sizing,
-            (!room, back),
-        ) {
+        let back = self.stashes.hand_back(&call.key);
+        match pool.take_batch(&call.key, call.cost, now, &sizing, (!room, back)) {
             Ok(Taken::Batch(batch)) if room => {
                 Ok(self.stashes.keep((idx, &call.key), &batch, call.cost, now))
             }

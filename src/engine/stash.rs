@@ -49,52 +49,48 @@ impl Default for Stashes {
     }
 }
 
-/// What spending from a stash did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Spend {
-    pub spent: Option<Spent>,
-    /// Tokens of an expired stash dropped on the way.
-    pub dropped: u64,
-}
-
 impl Stashes {
-    /// Spends `cost` from `key`'s stash if it holds enough live tokens.
-    pub fn spend(&mut self, key: &str, cost: u64, now_ms: u64) -> Spend {
-        let Some(s) = self.by_key.get_mut(key) else {
-            return Spend::default();
-        };
-        if now_ms >= s.expires_ms {
-            let dropped = s.tokens;
-            self.by_key.remove(key);
-            return Spend {
-                spent: None,
-                dropped,
-            };
-        }
-        if s.tokens < cost {
-            return Spend::default();
+    /// Spends `cost` from `key`'s stash if it holds enough live tokens. An expired stash spends
+    /// nothing; its batch goes back to the pool with the next take or at the tick.
+    pub fn spend(&mut self, key: &str, cost: u64, now_ms: u64) -> Option<Spent> {
+        let s = self.by_key.get_mut(key)?;
+        if now_ms >= s.expires_ms || s.tokens < cost {
+            return None;
         }
         s.tokens -= cost;
-        let spent = Spent {
+        Some(Spent {
             remaining: s.tokens.saturating_add(s.global_remaining),
             reset_ms: s.reset_at_ms.saturating_sub(now_ms),
-        };
-        Spend {
-            spent: Some(spent),
-            dropped: 0,
+        })
+    }
+
+    /// Whether a batch for `key` could be kept, making room by letting go of expired or empty
+    /// stashes: their rules, keys and batches, to hand back to the pool.
+    pub fn room_for(&mut self, key: &str, now_ms: u64) -> (bool, Vec<(usize, String, Back)>) {
+        if self.by_key.len() < MAX_KEYS || self.by_key.contains_key(key) {
+            return (true, Vec::new());
         }
+        let mut gone = Vec::new();
+        self.by_key.retain(|k, s| {
+            let live = now_ms < s.expires_ms && s.tokens > 0;
+            if !live {
+                let back = Back {
+                    batch: s.batch,
+                    unspent: s.tokens,
+                };
+                gone.push((s.rule, k.clone(), back));
+            }
+            live
+        });
+        (self.by_key.len() < MAX_KEYS, gone)
     }
 
     /// Empties `key`'s stash to take a new batch: its batch and the tokens it did not spend go
-    /// back to the pool (nothing when it expired: its lease dropped them).
-    pub fn hand_back(&mut self, key: &str, now_ms: u64) -> Back {
+    /// back to the pool (which drops them if the key's lease expired).
+    pub fn hand_back(&mut self, key: &str) -> Back {
         let Some(s) = self.by_key.get_mut(key) else {
             return Back::default();
         };
-        if now_ms >= s.expires_ms {
-            self.by_key.remove(key);
-            return Back::default();
-        }
         let back = Back {
             batch: s.batch,
             unspent: s.tokens,
@@ -102,23 +98,6 @@ impl Stashes {
         s.tokens = 0;
         s.batch = 0;
         back
-    }
-
-    /// Whether a batch for `key` could be kept (dropping expired or empty stashes to make room).
-    /// Returns the tokens of expired stashes dropped on the way.
-    pub fn room_for(&mut self, key: &str, now_ms: u64) -> (bool, u64) {
-        if self.by_key.len() < MAX_KEYS || self.by_key.contains_key(key) {
-            return (true, 0);
-        }
-        let mut dropped = 0;
-        self.by_key.retain(|_, s| {
-            let live = now_ms < s.expires_ms && s.tokens > 0;
-            if !live {
-                dropped += s.tokens;
-            }
-            live
-        });
-        (self.by_key.len() < MAX_KEYS, dropped)
     }
 
     /// Keeps a batch of rule `rule`'s key `key` taken from the pool, after spending `cost` of it;
@@ -193,11 +172,6 @@ impl Stashes {
     pub fn len(&self) -> usize {
         self.by_key.len()
     }
-
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -217,16 +191,20 @@ mod tests {
     #[test]
     fn spends_each_token_once_until_the_lease_expires() {
         let mut s = Stashes::default();
-        assert_eq!(s.spend("k", 1, 0), Spend::default());
+        assert_eq!(s.spend("k", 1, 0), None);
         assert_eq!(s.keep((0, "k"), &batch(4, 100), 1, 0).remaining, 3 + 10);
-        assert!(s.spend("k", 2, 1).spent.is_some());
-        assert!(s.spend("k", 2, 1).spent.is_none(), "one left");
+        assert!(s.spend("k", 2, 1).is_some());
+        assert!(s.spend("k", 2, 1).is_none(), "one left");
+        assert!(s.spend("k", 1, 100).is_none(), "expired: not spent");
         assert_eq!(
-            s.spend("k", 1, 100).dropped,
-            1,
-            "expired: dropped, not spent"
+            s.hand_back("k"),
+            Back {
+                batch: 4,
+                unspent: 1
+            },
+            "the batch and what is left of it go back to the pool"
         );
-        assert!(s.is_empty());
+        assert_eq!(s.hand_back("k"), Back::default(), "once");
     }
 
     #[test]
@@ -235,13 +213,20 @@ mod tests {
         for i in 0..MAX_KEYS {
             s.keep((0, &format!("k{i}")), &batch(2, 100), 1, 0);
         }
-        assert_eq!(s.room_for("new", 50), (false, 0));
+        assert_eq!(s.room_for("new", 50), (false, Vec::new()));
         assert_eq!(
             s.room_for("k1", 50),
-            (true, 0),
+            (true, Vec::new()),
             "a stashed key always has room"
         );
-        assert_eq!(s.room_for("new", 100), (true, MAX_KEYS as u64));
+        let (room, gone) = s.room_for("new", 100);
+        assert!(room);
+        assert_eq!(gone.len(), MAX_KEYS, "every expired stash goes back");
+        assert!(gone.iter().all(|(_, _, b)| *b
+            == Back {
+                batch: 2,
+                unspent: 1
+            }));
         assert_eq!(s.len(), 0);
     }
 
@@ -265,8 +250,8 @@ mod tests {
         assert_eq!(s.next_expiry(), Some(200), "c is next");
         expire(&mut s, 200);
         assert_eq!(s.next_expiry(), Some(300), "b is next");
-        assert!(s.spend("a", 1, 150).spent.is_none(), "a is gone");
-        assert!(s.spend("b", 1, 150).spent.is_some());
+        assert!(s.spend("a", 1, 150).is_none(), "a is gone");
+        assert!(s.spend("b", 1, 150).is_some());
         expire(&mut s, 300);
         assert_eq!(
             back,

@@ -17,6 +17,10 @@
 
 use super::{hash, read_u64, update, write_u64s, Change, Store, StoreError};
 
+/// How late after its lease expired a worker may still spend from its stash, at most: the
+/// report does not claim the proxy held nothing in that time.
+const EXPIRED_SLACK_MS: u64 = 1000;
+
 /// Sets of the lease table (each one shared-data value).
 pub const SETS: u64 = 2048;
 /// Keys per set.
@@ -188,7 +192,11 @@ impl Lease {
     /// spent, not only from the next call on.
     pub fn report(&self, now_ms: u64) -> Vec<(u64, u64)> {
         if now_ms >= self.expires_ms {
-            return vec![(0, now_ms - self.expires_ms)];
+            // A worker may spend from its stash until the tick that drops it, a moment late.
+            return vec![(
+                0,
+                (now_ms - self.expires_ms).saturating_sub(EXPIRED_SLACK_MS),
+            )];
         }
         let mut steps = Vec::with_capacity(8);
         for (k, &since) in (1..=7u64).rev().zip(&self.eighths_ms) {
@@ -223,10 +231,15 @@ impl Lease {
 
     /// A worker's previous batch is done: it hands back what it did not spend.
     fn hand_back(&mut self, back: Back, now_ms: u64) {
+        if back == Back::default() {
+            return;
+        }
         self.lent = self.lent.saturating_sub(back.batch);
         if now_ms < self.expires_ms {
             self.tokens = self.tokens.saturating_add(back.unspent);
         }
+        // What it holds changed: the report's last step starts here.
+        self.touched_ms = now_ms;
     }
 
     /// Rolls the demand window forward to `now_ms`.
@@ -675,8 +688,10 @@ impl<'a> LeasePool<'a> {
     ) -> Result<(Flight, u64), StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
-            // What this proxy has held, and since when (a key with no entry: nothing, ever).
-            let mut report = vec![(0, u64::MAX)];
+            // What this proxy has held, and since when.
+            // A key with no entry holds nothing now; how long is unknown (the entry may have
+            // been let go a moment after its last token was spent).
+            let mut report = vec![(0, 0)];
             if let Some(lease) = set.find(key) {
                 report = lease.report(now_ms);
                 if lease.flight_until_ms > now_ms {
@@ -1127,7 +1142,11 @@ mod tests {
         let s = MemStore::default();
         let pool = LeasePool::new(&s, "ns");
         let c = claim(&pool, "k", 0);
-        assert_eq!(c.report(), [(0, u64::MAX)], "a key never held");
+        assert_eq!(
+            c.report(),
+            [(0, 0)],
+            "a key with no entry: nothing now, nothing more"
+        );
         deposit(&pool, c, (80, 0, 800, 0), 0);
         pool.take("k", &[40], 50, &SIZING).unwrap();
         pool.take("k", &[30], 150, &SIZING).unwrap();
@@ -1145,7 +1164,12 @@ mod tests {
                 (10, 50)
             ]
         );
-        assert_eq!(lease.report(lease.expires_ms + 5), [(0, 5)]);
+        assert_eq!(
+            lease.report(lease.expires_ms + 5),
+            [(0, 0)],
+            "a stash may spend late"
+        );
+        assert_eq!(lease.report(lease.expires_ms + 1500), [(0, 500)]);
     }
 
     #[test]
