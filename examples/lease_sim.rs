@@ -799,8 +799,8 @@ impl<'o> Sim<'o> {
                 want: lease[0],
                 holder: (lease.len() > 1).then(|| {
                     let steps: Vec<(u64, u64)> =
-                        lease[3..].chunks(2).map(|c| (c[0], c[1])).collect();
-                    Holder::new(lease[1], lease[2], &steps)
+                        lease[4..].chunks(2).map(|c| (c[0], c[1])).collect();
+                    Holder::new(lease[1], lease[2], lease[3], &steps)
                 }),
                 max_wait_ms: num(9),
                 settle: parts[10].parse().unwrap(),

@@ -6,12 +6,14 @@ ARGV[1]  burst       bucket capacity in tokens                     (integer >= 1
 ARGV[2]  rate        tokens added every period_ms                  (integer >= 1, <= 1e9)
 ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1, burst*period_ms <= 2^50)
 ARGV[4]  cost        tokens this request needs                     (integer >= 0; 0 only settles)
-ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<hold_ms>:<held>:<quiet_ms>" with up to
-         seven more ":<held>:<quiet_ms>" steps (lease mode): the proxy `holder` (an integer >= 1,
-         random per proxy) would like up to `want` tokens, may hold what it is granted for at most
-         hold_ms after any reservation in it refilled, and for each step has held at most `held`
-         tokens of this bucket from earlier grants (spendable or not) for the last quiet_ms (all
-         ms <= 86400000; steps oldest first, the last one what it holds now).
+ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held>:<quiet_ms>" with up
+         to seven more ":<held>:<quiet_ms>" steps (lease mode): the proxy `holder` (an integer
+         >= 1, random per proxy) would like up to `want` tokens, may hold what it is granted for
+         at most hold_ms after any reservation in it refilled, and for each step has held at most
+         `held` tokens of this bucket from earlier grants (spendable or not) for the last quiet_ms
+         (all ms <= 86400000; steps oldest first, the last one what it holds now). `seq` (>= 1)
+         grows with each lease call the proxy sends for the key: the steps of a call that runs
+         after a later one of the same holder are ignored (q<id> keeps the latest seq that ran).
          A plain integer n is a lease without a holder: up to n tokens granted at once, for a
          caller that spends them at once (the model tests); the filter never sends it.
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
@@ -48,7 +50,7 @@ One token is period_ms units; the bucket gains `rate` units per whole millisecon
 State: a hash at KEYS[1] with u (units held; negative while reservations are outstanding), t
 (microsecond timestamp of the last refill point), p (the period_ms the units are scaled by), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
-e<id>), h<id> and e<id> per holder. A missing key is a FULL bucket with no holders, so the key is
+e<id>), h<id>, e<id> and q<id> per holder. A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack). Debt is kept in whole tokens when period_ms changes (down to 2^52
 units at most, more than 75 minutes of refill at the highest rate).
@@ -117,8 +119,8 @@ if burst > idiv(MAX_FULL, period_ms) then return bad('burst*period_ms') end
 local cost = int_arg(ARGV[4], 0)
 if cost == nil then return bad('cost') end
 
--- The lease: a plain want, or want:holder:hold_ms and one to eight held:quiet_ms steps.
-local lease_want, holder, hold_ms
+-- The lease: a plain want, or want:holder:seq:hold_ms and one to eight held:quiet_ms steps.
+local lease_want, holder, seq, hold_ms
 local steps = {}
 local lease = ARGV[5]
 if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
@@ -132,11 +134,14 @@ end
 lease_want = int_arg(parts[1], 0)
 if lease_want == nil then return bad('lease') end
 if #parts > 1 then
-  if #parts < 5 or #parts > 19 or #parts % 2 == 0 then return bad('lease') end
+  if #parts < 6 or #parts > 20 or #parts % 2 == 1 then return bad('lease') end
   holder = int_arg(parts[2], 1)
-  hold_ms = int_arg(parts[3], 0)
-  if holder == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then return bad('lease') end
-  for i = 4, #parts, 2 do
+  seq = int_arg(parts[3], 1)
+  hold_ms = int_arg(parts[4], 0)
+  if holder == nil or seq == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
+    return bad('lease')
+  end
+  for i = 5, #parts, 2 do
     local held, quiet = int_arg(parts[i], 0), int_arg(parts[i + 1], 0)
     if held == nil or quiet == nil or quiet > MAX_HOLD_MS then return bad('lease') end
     steps[#steps + 1] = { held, quiet }
@@ -263,7 +268,7 @@ if k > 0 and now >= n then
       refill(g[1])
     end
     o = o - g[2]
-    redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3])
+    redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3], 'q' .. g[3])
   end
 end
 if u > capacity() then
@@ -275,14 +280,20 @@ end
 -- from its quiet_ms ago on: the refill before then counts what it held on record.
 local held = 0
 local expires = 0
+local last_seq = 0
 if holder ~= nil then
-  local r = redis.call('HMGET', key, 'h' .. fmt(holder), 'e' .. fmt(holder))
+  local r = redis.call('HMGET', key, 'h' .. fmt(holder), 'e' .. fmt(holder), 'q' .. fmt(holder))
   held = tonumber(r[1]) or 0
   expires = tonumber(r[2]) or 0
+  last_seq = tonumber(r[3]) or 0
   if expires <= now then
-    held = 0 -- a fresh holder (the recount dropped an expired one)
-    expires = 0
+    held, expires, last_seq = 0, 0, 0 -- a fresh holder (the recount dropped an expired one)
     k = k + 1
+  end
+  if seq <= last_seq then
+    -- A call the proxy sent before one that already ran here: its report is stale (it may not
+    -- count a grant the proxy has since deposited).
+    steps = {}
   end
 end
 
@@ -358,7 +369,8 @@ if holder ~= nil then
   if until_us > expires then
     expires = until_us
   end
-  redis.call('HSET', key, 'h' .. fmt(holder), fmt(held), 'e' .. fmt(holder), fmt(expires))
+  redis.call('HSET', key, 'h' .. fmt(holder), fmt(held), 'e' .. fmt(holder), fmt(expires),
+    'q' .. fmt(holder), fmt(math.max(seq, last_seq)))
   if k == 1 or expires < n then n = expires end
   if expires > m then m = expires end
 end

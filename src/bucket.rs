@@ -88,6 +88,8 @@ pub struct Holding {
     pub held: u64,
     /// Microsecond time by which it has dropped them.
     pub expires_us: u64,
+    /// The latest `seq` of its calls that ran.
+    pub seq: u64,
 }
 
 /// The holders of one bucket, by holder id (what the script keeps beside `u`, `t`, `p`).
@@ -132,6 +134,9 @@ pub const MAX_STEPS: usize = 8;
 pub struct Holder {
     /// The proxy's id (>= 1, random per proxy).
     pub id: u64,
+    /// Grows with each lease call the proxy sends for the key (>= 1): a call that runs after a
+    /// later one reports nothing.
+    pub seq: u64,
     /// How long it may hold what it is granted, after any reservation in it refilled.
     pub hold_ms: u64,
     steps: [(u64, u64); MAX_STEPS],
@@ -142,7 +147,7 @@ impl Holder {
     /// A holder reporting `steps`: (held at most, for the last ms), oldest first; the last is
     /// what it holds now. Only the last [`MAX_STEPS`] are kept (the others add nothing after
     /// them, as far as soundness goes).
-    pub fn new(id: u64, hold_ms: u64, steps: &[(u64, u64)]) -> Holder {
+    pub fn new(id: u64, seq: u64, hold_ms: u64, steps: &[(u64, u64)]) -> Holder {
         let kept = steps
             .get(steps.len().saturating_sub(MAX_STEPS)..)
             .unwrap_or_default();
@@ -152,6 +157,7 @@ impl Holder {
         }
         Holder {
             id,
+            seq,
             hold_ms,
             steps: out,
             len: kept.len(),
@@ -234,6 +240,7 @@ pub fn take_held(
     let settle_ok = settle.unsigned_abs() <= limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
     let holder_ok = holder.is_none_or(|h| {
         h.id >= 1
+            && h.seq >= 1
             && h.hold_ms <= MAX_HOLD_MS
             && !h.steps().is_empty()
             && h.steps().iter().all(|&(_, quiet)| quiet <= MAX_HOLD_MS)
@@ -317,9 +324,13 @@ pub fn take_held(
             holder: h.id,
             held: 0,
             expires_us: 0,
+            seq: 0,
         })
     });
-    if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
+    // A call that runs after a later one of the same holder reports nothing: its report is
+    // stale (it may not count a grant the proxy has since deposited).
+    let fresh = matches!((holder, record), (Some(h), Some(r)) if h.seq > r.seq);
+    if let (Some(rec), Some(h), true) = (record.as_mut(), holder, fresh) {
         for &(held, quiet_ms) in h.steps() {
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
             if from > ts_us {
@@ -395,6 +406,7 @@ pub fn take_held(
                 .saturating_mul(1000),
         );
         rec.expires_us = rec.expires_us.max(until);
+        rec.seq = rec.seq.max(h.seq);
         holders.put(*rec);
     }
 

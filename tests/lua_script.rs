@@ -227,16 +227,17 @@ fn bad_arguments_give_an_error_reply() {
         (4, "-1", "lease"),
         (4, "0.5", "lease"),
         // want:holder:held:hold_ms, with a holder of at least 1 and a hold of at most a day.
-        (4, "5:0:100:0:0", "lease"),
-        (4, "5:1:86400001:0:0", "lease"),
-        (4, "5:1:100:0:86400001", "lease"),
-        (4, "5:1:100:x:0", "lease"),
-        (4, "5:1:100:0", "lease"),
-        (4, "5:1:100:0:7:0", "lease"),
-        (4, &format!("5:1:100{}", ":0:0".repeat(9)), "lease"),
-        (4, "5:1:100::0", "lease"),
-        (4, "5:1:100:0:0:", "lease"),
-        (4, ":1:100:0:0", "lease"),
+        (4, "5:0:1:100:0:0", "lease"),
+        (4, "5:1:1:86400001:0:0", "lease"),
+        (4, "5:1:0:100:0:0", "lease"),
+        (4, "5:1:1:100:0:86400001", "lease"),
+        (4, "5:1:1:100:x:0", "lease"),
+        (4, "5:1:1:100:0", "lease"),
+        (4, "5:1:1:100:0:7:0", "lease"),
+        (4, &format!("5:1:1:100{}", ":0:0".repeat(9)), "lease"),
+        (4, "5:1:1:100::0", "lease"),
+        (4, "5:1:1:100:0:0:", "lease"),
+        (4, ":1:1:100:0:0", "lease"),
     ];
     for &(i, val, name) in cases {
         let mut args = ok;
@@ -453,17 +454,20 @@ fn leased_tokens_count_against_the_capacity() {
         eval_raw(c, KEY, &args).unwrap()
     };
     // Holder 7 takes 60 and may hold them 5 s.
-    assert_eq!(run(&mut c, "1", "60:7:5000:0:0", &at(0)), [1, 40, 0, 0, 60]);
+    assert_eq!(
+        run(&mut c, "1", "60:7:1:5000:0:0", &at(0)),
+        [1, 40, 0, 0, 60]
+    );
     // 2 s later an exact caller finds 40, not 100: the bucket plus the lease never exceed burst.
     assert_eq!(run(&mut c, "40", "0", &at(2000)), [1, 0, 0, 400, 40]);
     assert_eq!(run(&mut c, "1", "0", &at(2000))[0], 0);
     // Holder 8 asks for 100: it gets its share of the room (two holders: 50 each), 40 held by 7
     // leave room for 40, all reserved from the refill (none is there).
-    let [allowed, _, wait, _, granted] = run(&mut c, "1", "100:8:5000:0:0", &at(2000));
+    let [allowed, _, wait, _, granted] = run(&mut c, "1", "100:8:1:5000:0:0", &at(2000));
     assert_eq!((allowed, granted), (1, 40));
     assert_eq!(wait, 400, "reserved: 40 tokens refill in 400 ms");
     // Holder 7 reports it holds nothing now: its 60 leave the count.
-    let [allowed, ..] = run(&mut c, "1", "0:7:5000:0:0", &at(3000));
+    let [allowed, ..] = run(&mut c, "1", "0:7:2:5000:0:0", &at(3000));
     assert_eq!(allowed, 1);
     // After every hold expired (7: 5 s from its last call; 8: 5.4 s), nothing is held; the
     // bucket refills to full and the key goes away.
@@ -484,9 +488,29 @@ fn an_expired_holder_counts_until_its_expiry() {
         let args = ["100", "20", "1000", "1", lease, "0", "0", now.as_str()];
         eval_raw(c, KEY, &args).unwrap()
     };
-    assert_eq!(run(&mut c, "100:1:4000:0:0", 0)[4], 100);
-    let [allowed, .., granted] = run(&mut c, "100:2:4000:0:0", 4010);
+    assert_eq!(run(&mut c, "100:1:1:4000:0:0", 0)[4], 100);
+    let [allowed, .., granted] = run(&mut c, "100:2:1:4000:0:0", 4010);
     assert_eq!((allowed, granted), (0, 0), "P1's tokens counted until 4 s");
     // At 4.05 s one token has refilled since P1's expiry.
-    assert_eq!(run(&mut c, "100:2:4000:0:0", 4050)[4], 1);
+    assert_eq!(run(&mut c, "100:2:2:4000:0:0", 4050)[4], 1);
+}
+
+/// A lease call that runs after a later call of the same holder reports nothing: its report may
+/// not count a grant the proxy deposited since. Holder 7 takes 30 (seq 1), then 30 more while
+/// reporting it still holds the first 30 (seq 3); a late call sent in between (seq 2) that says it
+/// holds nothing must not lower the count: the bucket keeps room for 40, not 70.
+#[test]
+fn a_late_call_of_a_holder_reports_nothing() {
+    let (_r, mut c) = start("lua-holder-seq");
+    let run = |c: &mut redis::Connection, cost: &str, lease: &str, ms: u64| -> Out {
+        let now = (T0 + ms * 1000).to_string();
+        let args = ["100", "100", "1000", cost, lease, "0", "0", now.as_str()];
+        eval_raw(c, KEY, &args).unwrap()
+    };
+    assert_eq!(run(&mut c, "1", "30:7:1:5000:0:0", 0)[4], 30);
+    assert_eq!(run(&mut c, "1", "30:7:3:5000:30:0", 0)[4], 30);
+    assert_eq!(run(&mut c, "0", "0:7:2:5000:0:0", 0)[0], 1);
+    // Two seconds of refill later the bucket holds what 60 held tokens leave room for.
+    let [allowed, remaining, ..] = run(&mut c, "41", "0", 2000);
+    assert_eq!((allowed, remaining), (0, 40), "60 still counted as held");
 }

@@ -71,7 +71,7 @@ impl Harness {
     fn script(&mut self, l: &Limits, ask: &Ask, now: u64) -> ([i64; 5], i64) {
         let lease = match ask.holder {
             Some(h) => {
-                let mut lease = format!("{}:{}:{}", ask.lease_want, h.id, h.hold_ms);
+                let mut lease = format!("{}:{}:{}:{}", ask.lease_want, h.id, h.seq, h.hold_ms);
                 for (held, quiet) in h.steps() {
                     lease.push_str(&format!(":{held}:{quiet}"));
                 }
@@ -132,6 +132,7 @@ impl Harness {
                     holder: id.parse().unwrap(),
                     held: field(&format!("h{id}")).unwrap(),
                     expires_us: v.parse().unwrap(),
+                    seq: field(&format!("q{id}")).unwrap(),
                 });
             }
         }
@@ -265,8 +266,15 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
                 quiet += rng.below(l.period_ms.min(100_000) * 2);
             }
             steps.reverse();
+            // Calls of one holder mostly run in the order it sent them, now and then late.
+            let seq = if rng.chance(85) {
+                step as u64 + 1
+            } else {
+                1 + rng.below(step as u64 + 1)
+            };
             Some(Holder::new(
                 id,
+                seq,
                 rng.below(l.period_ms.min(100_000) * 3),
                 &steps,
             ))

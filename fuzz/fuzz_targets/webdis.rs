@@ -22,17 +22,17 @@ struct Input {
     lease_want: u64,
     max_wait_ms: u64,
     settle: i64,
-    holder: Option<(u64, u64, Vec<(u64, u64)>)>,
+    holder: Option<(u64, u64, u64, Vec<(u64, u64)>)>,
 }
 
 /// The lease argument the script must get: the want, then with a holder its id, hold and the
 /// last steps it keeps.
 fn lease_arg(input: &Input) -> (Option<Box<Holder>>, String) {
-    let Some((id, hold_ms, steps)) = &input.holder else {
+    let Some((id, seq, hold_ms, steps)) = &input.holder else {
         return (None, input.lease_want.to_string());
     };
-    let holder = Holder::new(*id, *hold_ms, steps);
-    let mut text = format!("{}:{id}:{hold_ms}", input.lease_want);
+    let holder = Holder::new(*id, *seq, *hold_ms, steps);
+    let mut text = format!("{}:{id}:{seq}:{hold_ms}", input.lease_want);
     for (held, quiet) in holder.steps() {
         text.push_str(&format!(":{held}:{quiet}"));
     }

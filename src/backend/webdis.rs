@@ -280,6 +280,7 @@ mod tests {
             max_wait_ms: 2000,
             holder: Some(Box::new(crate::bucket::Holder::new(
                 7,
+                3,
                 1450,
                 &[(40, 30), (5, 2)],
             ))),
@@ -288,7 +289,7 @@ mod tests {
         let body = String::from_utf8(command(&c, Invoke::Sha("abc"))).unwrap();
         let segs: Vec<&str> = body.split('/').collect();
         assert_eq!(segs.len(), 11, "{body}");
-        assert_eq!(webdis_decode(segs[8]), b"50:7:1450:40:30:5:2");
+        assert_eq!(webdis_decode(segs[8]), b"50:7:3:1450:40:30:5:2");
         assert_eq!(&segs[9..], ["2000", "0"]);
     }
 

@@ -212,10 +212,7 @@ impl Engine {
             self.fail_waiters(host, key, &BackendError::CircuitOpen, now);
             return;
         }
-        // The claim outlives the call's own timeout a little, so a lost answer frees it.
-        let until = now
-            .saturating_add(self.plugin.config.backend.timeout_ms)
-            .saturating_add(50);
+        let until = self.claim_until(now);
         let pool = LeasePool::new(host.store(), &self.plugin.ns);
         // Without a holder id no lease could be counted as held: exact calls instead.
         let flight = pool.holder_id().and_then(|id| {
@@ -236,7 +233,7 @@ impl Engine {
                     .iter()
                     .map(|&(held, quiet)| (held, quiet.min(MAX_HOLD_MS)))
                     .collect();
-                let holder = Holder::new(holder_id, self.hold_ms(&sizing), &steps);
+                let holder = Holder::new(holder_id, claim.seq(), self.hold_ms(&sizing), &steps);
                 let call = ScriptCall {
                     lease_want: want.max(first),
                     max_wait_ms: sizing.max_wait_ms(),
@@ -269,6 +266,13 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Until when a lease call sent now keeps its claim: a little past the call's own timeout, so
+    /// a lost answer frees it.
+    pub(super) fn claim_until(&self, now: u64) -> u64 {
+        now.saturating_add(self.plugin.config.backend.timeout_ms)
+            .saturating_add(50)
     }
 
     /// How long, after a grant's reservation has refilled, the script must count it as held by

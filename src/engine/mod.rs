@@ -761,6 +761,11 @@ impl Engine {
     /// NOSCRIPT: the same call again with the script's source (EVAL), once.
     fn resend_with_source(&mut self, host: &mut dyn Host, call: Call, now: u64) {
         let key = call.call.key.clone();
+        if let Purpose::Lease(claim) = &call.purpose {
+            // A second timeout for the same claim: no other lease call for the key meanwhile.
+            let until = self.claim_until(now);
+            let _ = LeasePool::new(host.store(), &self.plugin.ns).renew(claim, until);
+        }
         let again = Call {
             with_source: true,
             ..call

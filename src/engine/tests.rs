@@ -224,10 +224,11 @@ fn is_lease_call(body: &str, cost: u64, want: u64) -> bool {
     let segs: Vec<&str> = body.rsplit('/').take(4).collect();
     let lease: Vec<&str> = segs[2].split("%3A").collect();
     segs[3] == cost.to_string()
-        && lease.len() == 5
+        && lease.len() == 6
         && lease[0] == want.to_string()
         && lease[1].parse::<u64>().is_ok_and(|id| id >= 1)
-        && lease[3] == "0"
+        && lease[2].parse::<u64>().is_ok_and(|seq| seq >= 1)
+        && lease[4] == "0"
         && segs[0] == "0"
         && segs[1] == "2000"
 }

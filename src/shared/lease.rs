@@ -19,7 +19,7 @@ use super::{hash, read_u64, update, write_u64s, Change, Store, StoreError};
 
 /// How late after its lease expired a worker may still spend from its stash, at most: the
 /// report does not claim the proxy held nothing in that time.
-const EXPIRED_SLACK_MS: u64 = 1000;
+const EXPIRED_SLACK_MS: u64 = 100;
 
 /// Sets of the lease table (each one shared-data value).
 pub const SETS: u64 = 2048;
@@ -59,9 +59,11 @@ pub struct Lease {
     /// ... 1/8 of that (0: not yet): the steps a lease call reports ([`Lease::report`]).
     pub peak: u64,
     pub eighths_ms: [u64; 7],
+    /// The seq of the latest lease call claimed for the key (see [`Claim::seq`]).
+    pub flight_seq: u64,
 }
 
-const FIELDS: usize = 21;
+const FIELDS: usize = 22;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -88,6 +90,7 @@ impl Lease {
             self.eighths_ms[4],
             self.eighths_ms[5],
             self.eighths_ms[6],
+            self.flight_seq,
         ]
     }
 
@@ -109,6 +112,7 @@ impl Lease {
             lent: f(12)?,
             peak: f(13)?,
             eighths_ms: [f(14)?, f(15)?, f(16)?, f(17)?, f(18)?, f(19)?, f(20)?],
+            flight_seq: f(21)?,
         })
     }
 
@@ -410,6 +414,7 @@ pub struct Batch {
 pub struct Claim {
     key: String,
     report: Vec<(u64, u64)>,
+    seq: u64,
 }
 
 impl Claim {
@@ -420,6 +425,13 @@ impl Claim {
     /// What this proxy had held of the key when the call was claimed ([`Lease::report`]).
     pub fn report(&self) -> &[(u64, u64)] {
         &self.report
+    }
+
+    /// Grows with each claim for the key on this proxy (the clock's ms, or one more than the last
+    /// claim's), so the script can tell a late call from a later one; only the latest claim may
+    /// deposit, end or renew the flight.
+    pub fn seq(&self) -> u64 {
+        self.seq
     }
 }
 
@@ -707,9 +719,11 @@ impl<'a> LeasePool<'a> {
             lease.roll(now_ms, sizing.horizon_ms);
             let want = sizing.want(lease, waiting, unmet, now_ms);
             lease.flight_until_ms = until_ms;
+            lease.flight_seq = lease.flight_seq.saturating_add(1).max(now_ms);
             let claim = Claim {
                 key: key.to_string(),
                 report,
+                seq: lease.flight_seq,
             };
             Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
         })
@@ -731,13 +745,17 @@ impl<'a> LeasePool<'a> {
         let key = claim.key;
         update(self.store, &self.set_key(&key), |bytes| {
             let mut set = Set::decode(bytes);
+            let lost = Deposit {
+                dropped: grant.tokens,
+                evicted: 0,
+            };
+            // A later claim was made while this call was out (this one lapsed), or the entry was
+            // let go meanwhile: the later call's report does not count this grant, so it is
+            // dropped (fewer admissions, never more).
+            if set.find(&key).is_none_or(|l| l.flight_seq != claim.seq) {
+                return Change::Keep((lost, Take::default()));
+            }
             let Some((lease, placed)) = set.place(&key, now_ms) else {
-                // Every way got pinned by others while the call was out: the grant has nowhere
-                // to go and is dropped (fewer admissions, never more).
-                let lost = Deposit {
-                    dropped: grant.tokens,
-                    evicted: 0,
-                };
                 return Change::Keep((lost, Take::default()));
             };
             let dropped = placed.dropped.saturating_add(lease.expire(now_ms));
@@ -771,6 +789,19 @@ impl<'a> LeasePool<'a> {
         })
     }
 
+    /// Keeps `claim`'s flight until `until_ms` (its call was sent again), if it is still the
+    /// latest.
+    pub fn renew(&self, claim: &Claim, until_ms: u64) -> Result<(), StoreError> {
+        update(self.store, &self.set_key(&claim.key), |bytes| {
+            let mut set = Set::decode(bytes);
+            let Some(lease) = set.find(&claim.key).filter(|l| l.flight_seq == claim.seq) else {
+                return Change::Keep(());
+            };
+            lease.flight_until_ms = lease.flight_until_ms.max(until_ms);
+            Change::Write(set.encode(), ())
+        })
+    }
+
     /// Ends a flight that brought no tokens (a denial with what the bucket held, or an error).
     pub fn release(
         &self,
@@ -781,7 +812,7 @@ impl<'a> LeasePool<'a> {
         let key = claim.key;
         update(self.store, &self.set_key(&key), |bytes| {
             let mut set = Set::decode(bytes);
-            let Some(lease) = set.find(&key) else {
+            let Some(lease) = set.find(&key).filter(|l| l.flight_seq == claim.seq) else {
                 return Change::Keep(());
             };
             lease.flight_until_ms = 0;
@@ -1137,6 +1168,32 @@ mod tests {
     /// A lease call reports how what the proxy holds fell since its grant: each eighth of it
     /// from when it first held no more, then what it holds now since the entry was last touched;
     /// after the lease expired, nothing since then.
+    /// Only the latest claim of a key deposits, ends or renews its flight: a call whose claim
+    /// lapsed (and a later one was made) has its grant dropped, since the later call's report
+    /// does not count it.
+    #[test]
+    fn only_the_latest_claim_deposits() {
+        let s = MemStore::default();
+        let pool = LeasePool::new(&s, "ns");
+        let first = claim(&pool, "k", 0);
+        pool.renew(&first, 500).unwrap();
+        assert_eq!(
+            pool.begin_flight("k", 1, 0, 200, 300, &SIZING).unwrap().0,
+            Flight::Busy,
+            "renewed: still out at 200"
+        );
+        let second = claim(&pool, "k", 600);
+        assert!(second.seq() > first.seq());
+        assert_eq!(deposit(&pool, first, (5, 0, 50, 0), 601).dropped, 5);
+        assert_eq!(pool.peek("k").unwrap().tokens, 0);
+        assert!(
+            pool.peek("k").unwrap().flight_until_ms > 601,
+            "the later flight stays"
+        );
+        assert_eq!(deposit(&pool, second, (5, 0, 50, 0), 602).dropped, 0);
+        assert_eq!(pool.peek("k").unwrap().tokens, 5);
+    }
+
     #[test]
     fn the_report_steps_down_as_the_lease_is_spent() {
         let s = MemStore::default();
@@ -1169,7 +1226,7 @@ mod tests {
             [(0, 0)],
             "a stash may spend late"
         );
-        assert_eq!(lease.report(lease.expires_ms + 1500), [(0, 500)]);
+        assert_eq!(lease.report(lease.expires_ms + 1500), [(0, 1400)]);
     }
 
     #[test]
