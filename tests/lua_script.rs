@@ -434,6 +434,10 @@ fn a_charge_never_lifts_a_bucket_out_of_debt() {
     assert_eq!(last[3], 10_500, "95 tokens of debt: 10.5 s to full");
     let args = ["10", "10", "1000", "0", "0", "0", "2", now.as_str()];
     let [_, _, _, reset, _] = eval_raw(&mut c, KEY, &args).unwrap();
+    eprintln!(
+        "reset_after_ms before the charge of 2: {}, after: {reset}",
+        last[3]
+    );
     assert!(
         reset >= 10_500,
         "a charge lifted the bucket: reset {reset} ms"
