@@ -20,7 +20,9 @@ use crate::rule::RequestView;
 use crate::shared::{peak, settle};
 
 mod read;
+mod readers;
 pub use read::{encoded, from_headers, parse_header, BodyReader, Unreadable, WINDOW};
+pub use readers::{Readers, MAX_READERS};
 
 /// The settlement for one admission: usage clamped to `[0, cap]`, minus what was charged up front.
 /// Returns (delta, whether the usage was clamped).
@@ -82,6 +84,7 @@ impl Engine {
         trailers: bool,
     ) -> bool {
         let rules = &self.plugin.config.rules;
+        let readers = &self.readers;
         let Some(r) = self.requests.get_mut(&ctx).filter(|r| !r.usage.is_empty()) else {
             return false;
         };
@@ -123,10 +126,14 @@ impl Engine {
                     false
                 }
                 UsageSource::BodyField(path) => {
-                    a.reader = BodyReader::new(content_type.as_deref(), path);
-                    if a.reader.is_none() {
-                        found.push(known(a, Err(Unreadable::Body)));
-                        return false;
+                    match BodyReader::new(content_type.as_deref(), path, readers) {
+                        Ok(reader) => a.reader = Some(reader),
+                        // Not JSON or an event stream, or too many readers alive in this
+                        // worker: charged the worst case now.
+                        Err(why) => {
+                            found.push(known(a, Err(why)));
+                            return false;
+                        }
                     }
                     watch = true;
                     true
