@@ -243,7 +243,8 @@ impl BodyReader {
     }
 
     /// A JSON body larger than the window: find the last `"<first segment>":` that is not inside
-    /// a string's escape, and read the value that follows it.
+    /// a string's escape, and read the value that follows it. It is not checked to be a key of
+    /// the top-level object: the tail starts at an unknown depth (the README says so).
     fn read_tail(&self) -> Result<u64, Unreadable> {
         let (first, rest) = self.path.split_first().ok_or(Unreadable::TooLarge)?;
         let needle = format!("\"{first}\"");
@@ -251,7 +252,9 @@ impl BodyReader {
         let mut end = w.len();
         while let Some(pos) = find_last(w.get(..end).unwrap_or_default(), needle.as_bytes()) {
             end = pos;
-            if pos > 0 && w.get(pos - 1) == Some(&b'\\') {
+            // A quote inside a string is escaped; one at the very start of the tail may be too,
+            // by a backslash that was cut off, so it is never taken for a key.
+            if pos == 0 || w.get(pos - 1) == Some(&b'\\') {
                 continue;
             }
             let after = w.get(pos + needle.len()..).unwrap_or_default();
@@ -421,6 +424,25 @@ mod tests {
         r.feed(body.as_bytes());
         assert!(r.window.capacity() <= WINDOW);
         assert_eq!(r.finish(), Ok(40));
+    }
+
+    /// A key that starts the tail may be the end of a longer key whose backslash was cut off
+    /// (`"x\"usage"`): it is not read.
+    #[test]
+    fn a_key_at_the_very_start_of_the_tail_is_not_taken() {
+        let pad = "x".repeat(WINDOW);
+        let body = format!(
+            r#"{{"usage":{{"total_tokens":40}},"text":"{pad}","meta":{{"x\"usage":{{"total_tokens":0}}}}}}"#
+        );
+        let start = body.find(r#"\"usage""#).unwrap() + 1;
+        let total = start + WINDOW;
+        // Pad the end so that the tail starts right after the backslash.
+        let body = format!("{body}{}", " ".repeat(total - body.len()));
+        assert_eq!(&body[body.len() - WINDOW..][..7], r#""usage""#);
+        assert_eq!(
+            read("application/json", &[body.as_bytes()], "usage.total_tokens"),
+            Err(Unreadable::TooLarge)
+        );
     }
 
     #[test]
