@@ -4,10 +4,10 @@
 //! Invariant: every admission of a usage rule by the global bucket that may have reached the
 //! upstream (not one still held for its reservation) settles exactly once: the usage its
 //! response reported, clamped to `[0, cap]`, or, when that never becomes readable (none in the
-//! answer, an invalid value, an encoding or a size the reader does not take, a request that ended
-//! before its response did), a worst case that is never below what the admission paid up front.
-//! So nothing a client or upstream does to the answer lowers a charge below the up-front cost, and
-//! only a readable usage below it refunds.
+//! answer, an invalid value, an encoding or a size the reader does not take, a worker already
+//! reading its most bodies, a request that ended before its response did), a worst case that is
+//! never below what the admission paid up front. So nothing a client or upstream does to the
+//! answer lowers a charge below the up-front cost, and only a readable usage below it refunds.
 
 use std::cmp::Reverse;
 
