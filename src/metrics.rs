@@ -77,10 +77,13 @@ pub enum Counter {
     /// Checks whose key source was ambiguous (its name appeared more than once): keyed into the
     /// rule's one bucket for ambiguous requests.
     Ambiguous,
+    /// Responses not read because their worker was already reading its most bodies at once
+    /// (1024, 16 KiB each): charged the worst case.
+    UsageReadersFull,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 31] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -111,6 +114,7 @@ impl Counter {
         Counter::UsageUnfinished,
         Counter::UsageWorstCase,
         Counter::Ambiguous,
+        Counter::UsageReadersFull,
     ];
 
     /// The number of counters of a rule.
@@ -150,6 +154,7 @@ impl Counter {
             Counter::UsageUnfinished => 27,
             Counter::UsageWorstCase => 28,
             Counter::Ambiguous => 29,
+            Counter::UsageReadersFull => 30,
         }
     }
 
@@ -189,6 +194,7 @@ impl Counter {
             Counter::UsageUnfinished => "usage_unfinished",
             Counter::UsageWorstCase => "usage_worst_case",
             Counter::Ambiguous => "ambiguous",
+            Counter::UsageReadersFull => "usage_readers_full",
         }
     }
 }

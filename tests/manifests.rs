@@ -914,6 +914,7 @@ fn stats_tag_regexes_extract_rule_and_class() {
         "inflight_rejected",
         "lease_evicted",
         "ambiguous",
+        "usage_readers_full",
         "backend_latency_ms",
     ];
     let classes = ["unreachable", "overloaded", "auth", "script", "malformed"];

@@ -210,6 +210,8 @@ pub struct Engine {
     clock_ms: u64,
     /// Whether an unreadable usage was logged already (once per worker).
     usage_logged: bool,
+    /// The response bodies this worker is reading for usage (capped).
+    readers: usage::Readers,
     /// The request whose `request_headers` is running, and what its verdict says Envoy should do
     /// when that callback returns (a verdict reached inside it is returned, never resumed).
     in_headers: Option<(u32, Option<Action>)>,
@@ -266,6 +268,7 @@ impl Engine {
             tick_next_ms: 0,
             clock_ms: 0,
             usage_logged: false,
+            readers: usage::Readers::default(),
             in_headers: None,
             header_buf: String::new(),
             spare_checks: Vec::new(),

@@ -4,10 +4,10 @@
 //! Invariant: every admission of a usage rule by the global bucket that may have reached the
 //! upstream (not one still held for its reservation) settles exactly once: the usage its
 //! response reported, clamped to `[0, cap]`, or, when that never becomes readable (none in the
-//! answer, an invalid value, an encoding or a size the reader does not take, a request that ended
-//! before its response did), a worst case that is never below what the admission paid up front.
-//! So nothing a client or upstream does to the answer lowers a charge below the up-front cost, and
-//! only a readable usage below it refunds.
+//! answer, an invalid value, an encoding or a size the reader does not take, a worker already
+//! reading its most bodies, a request that ended before its response did), a worst case that is
+//! never below what the admission paid up front. So nothing a client or upstream does to the
+//! answer lowers a charge below the up-front cost, and only a readable usage below it refunds.
 
 use std::cmp::Reverse;
 
@@ -20,7 +20,9 @@ use crate::rule::RequestView;
 use crate::shared::{peak, settle};
 
 mod read;
+mod readers;
 pub use read::{encoded, from_headers, parse_header, BodyReader, Unreadable, WINDOW};
+pub use readers::{Readers, MAX_READERS};
 
 /// The settlement for one admission: usage clamped to `[0, cap]`, minus what was charged up front.
 /// Returns (delta, whether the usage was clamped).
@@ -82,6 +84,7 @@ impl Engine {
         trailers: bool,
     ) -> bool {
         let rules = &self.plugin.config.rules;
+        let readers = &self.readers;
         let Some(r) = self.requests.get_mut(&ctx).filter(|r| !r.usage.is_empty()) else {
             return false;
         };
@@ -123,10 +126,14 @@ impl Engine {
                     false
                 }
                 UsageSource::BodyField(path) => {
-                    a.reader = BodyReader::new(content_type.as_deref(), path);
-                    if a.reader.is_none() {
-                        found.push(known(a, Err(Unreadable::Body)));
-                        return false;
+                    match BodyReader::new(content_type.as_deref(), path, readers) {
+                        Ok(reader) => a.reader = Some(reader),
+                        // Not JSON or an event stream, or too many readers alive in this
+                        // worker: charged the worst case now.
+                        Err(why) => {
+                            found.push(known(a, Err(why)));
+                            return false;
+                        }
                     }
                     watch = true;
                     true

@@ -264,3 +264,73 @@ fn a_request_gone_while_held_for_its_reservation_used_nothing_more() {
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 59);
 }
+
+/// A worker reads at most `MAX_READERS` bodies at once (16 KiB each at most): a response that
+/// would start one more reader is not read, and its admission is charged the worst case at once;
+/// every reader gives its place back when it ends, however it ends.
+#[test]
+fn past_the_readers_cap_a_response_is_not_read_and_charged_the_worst_case() {
+    let (mut e, rec) = engine("", BODY);
+    let mut h = Fake::default();
+    // An honest answer: the worst case is 40 from now on.
+    admit(&mut e, &mut h, 1, "honest");
+    stream(&mut e, &mut h, 1, USED_40);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 39);
+    let json = [("content-type", "application/json")];
+    let first = 10;
+    let cap = u32::try_from(usage::MAX_READERS).unwrap();
+    for ctx in first..first + cap {
+        admit(&mut e, &mut h, ctx, &format!("u{ctx}"));
+        let headers = resp(if ctx % 2 == 0 { SSE } else { &json });
+        assert!(e.response_headers(&mut h, ctx, &headers), "read");
+        e.response_body(&mut h, ctx, b"data: {\"choices\":[]}\n\n", false);
+    }
+    assert_eq!(e.readers.alive(), usage::MAX_READERS);
+    // One more: not read, and charged the worst case at once, before its body.
+    let late = first + cap;
+    admit(&mut e, &mut h, late, "late");
+    assert!(!e.response_headers(&mut h, late, &resp(SSE)), "not read");
+    assert_eq!(rec.get(0, Counter::UsageReadersFull), 1);
+    assert_eq!(rec.get(0, Counter::UsageWorstCase), 1);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
+    assert_eq!(e.readers.alive(), usage::MAX_READERS, "no reader for it");
+    // Its body changes nothing: it was settled once.
+    e.response_body(
+        &mut h,
+        late,
+        b"data: {\"usage\":{\"total_tokens\":0}}\n\n",
+        true,
+    );
+    e.done(&mut h, late);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
+    assert_eq!(rec.get(0, Counter::UsageRefunded), 0);
+    assert_eq!(rec.get(0, Counter::UsageWorstCase), 1);
+    // A stream that ends gives its place back: the next response is read.
+    e.response_body(
+        &mut h,
+        first,
+        b"data: {\"usage\":{\"total_tokens\":5}}\n\n",
+        true,
+    );
+    assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39 + 4);
+    assert_eq!(e.readers.alive(), usage::MAX_READERS - 1);
+    let next = late + 1;
+    admit(&mut e, &mut h, next, "next");
+    assert!(e.response_headers(&mut h, next, &resp(SSE)), "read again");
+    e.response_body(
+        &mut h,
+        next,
+        b"data: {\"usage\":{\"total_tokens\":7}}\n\n",
+        true,
+    );
+    assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39 + 4 + 6);
+    assert_eq!(rec.get(0, Counter::UsageReadersFull), 1);
+    // Trailers end a body, a hang-up ends the rest: every place is given back.
+    e.response_trailers(&mut h, first + 1, &resp(&[]));
+    assert_eq!(e.readers.alive(), usage::MAX_READERS - 2);
+    for ctx in first..first + cap {
+        e.done(&mut h, ctx);
+    }
+    assert_eq!(e.readers.alive(), 0);
+    assert_eq!(e.load().0, 0, "every request forgotten");
+}

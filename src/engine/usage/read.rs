@@ -1,10 +1,12 @@
 //! Reading what a response says it used: a header value, a dotted field of a JSON body, or of the
 //! last server-sent event that carries it; or why that cannot be read.
 //!
-//! Invariant: memory per response is bounded (`WINDOW` bytes), every body chunk is only looked at
-//! (never held back), and whatever the upstream sends, the result is a usage (a JSON integer
-//! `>= 0`) or the reason there is none.
+//! Invariant: memory per response is bounded (a reader's buffer never holds or reserves more than
+//! `WINDOW` bytes, whatever the size of a chunk; the readers alive at once in a worker are capped
+//! by [`Readers`]), every body chunk is only looked at (never held back), and whatever the
+//! upstream sends, the result is a usage (a JSON integer `>= 0`) or the reason there is none.
 
+use super::readers::{Readers, Slot};
 use crate::metrics::Counter;
 use crate::rule::RequestView;
 
@@ -29,6 +31,8 @@ pub enum Unreadable {
     /// The request ended before its response did (the client left, or the stream was reset),
     /// and no usage had been seen.
     Unfinished,
+    /// The worker was already reading as many bodies as it may at once ([`Readers`]).
+    ReadersFull,
 }
 
 impl Unreadable {
@@ -40,6 +44,7 @@ impl Unreadable {
             Unreadable::Encoded => Counter::UsageEncoded,
             Unreadable::TooLarge => Counter::UsageTooLarge,
             Unreadable::Unfinished => Counter::UsageUnfinished,
+            Unreadable::ReadersFull => Counter::UsageReadersFull,
         }
     }
 }
@@ -98,31 +103,57 @@ pub struct BodyReader {
     skipped: bool,
     /// Event stream: the usage of the last event that carried the field.
     found: Option<Result<u64, Unreadable>>,
+    /// This reader's place among the worker's readers, given back when it is dropped.
+    _slot: Slot,
 }
 
-impl BodyReader {
-    /// A reader for a body of `content_type`, or None if it is neither JSON nor an event stream.
-    pub fn new(content_type: Option<&[u8]>, path: &[String]) -> Option<BodyReader> {
+impl Kind {
+    /// The kind of a body of `content_type`, or None if it is neither JSON nor an event stream.
+    fn of(content_type: Option<&[u8]>) -> Option<Kind> {
         let ct = content_type?.to_ascii_lowercase();
         let essence = ct
             .split(|&b| b == b';')
             .next()
             .unwrap_or_default()
             .trim_ascii();
-        let kind = if essence == b"text/event-stream" {
-            Kind::EventStream
+        if essence == b"text/event-stream" {
+            Some(Kind::EventStream)
         } else if essence == b"application/json" || essence.ends_with(b"+json") {
-            Kind::Json
+            Some(Kind::Json)
         } else {
-            return None;
-        };
-        Some(BodyReader {
+            None
+        }
+    }
+}
+
+/// Makes room in `buf` for `more` bytes (`buf.len() + more <= WINDOW`) without letting its
+/// capacity pass `WINDOW`: `Vec`'s own growth doubles, which could reserve up to twice that.
+fn reserve(buf: &mut Vec<u8>, more: usize) {
+    let needed = buf.len().saturating_add(more);
+    if needed > buf.capacity() {
+        let target = buf.capacity().saturating_mul(2).min(WINDOW).max(needed);
+        buf.reserve_exact(target.saturating_sub(buf.len()));
+    }
+}
+
+impl BodyReader {
+    /// A reader for a body of `content_type` (`Body` if it is neither JSON nor an event stream),
+    /// if `readers` has room for one more (`ReadersFull` if not).
+    pub fn new(
+        content_type: Option<&[u8]>,
+        path: &[String],
+        readers: &Readers,
+    ) -> Result<BodyReader, Unreadable> {
+        let kind = Kind::of(content_type).ok_or(Unreadable::Body)?;
+        let slot = readers.take().ok_or(Unreadable::ReadersFull)?;
+        Ok(BodyReader {
             kind,
             path: path.to_vec(),
             window: Vec::new(),
             cut: false,
             skipped: false,
             found: None,
+            _slot: slot,
         })
     }
 
@@ -130,12 +161,16 @@ impl BodyReader {
     pub fn feed(&mut self, chunk: &[u8]) {
         match self.kind {
             Kind::Json => {
-                self.window.extend_from_slice(chunk);
-                if self.window.len() > WINDOW {
-                    let excess = self.window.len() - WINDOW;
-                    self.window.drain(..excess);
+                // Only the chunk's last `WINDOW` bytes can be in the tail: copy no more.
+                let skip = chunk.len().saturating_sub(WINDOW);
+                let tail = chunk.get(skip..).unwrap_or_default();
+                let excess = (self.window.len() + tail.len()).saturating_sub(WINDOW);
+                if skip > 0 || excess > 0 {
                     self.cut = true;
                 }
+                self.window.drain(..excess.min(self.window.len()));
+                reserve(&mut self.window, tail.len());
+                self.window.extend_from_slice(tail);
             }
             Kind::EventStream => {
                 for line in chunk.split_inclusive(|&b| b == b'\n') {
@@ -143,6 +178,7 @@ impl BodyReader {
                     if self.window.len() + line.len() > WINDOW {
                         self.cut = true;
                     } else if !self.cut {
+                        reserve(&mut self.window, line.len());
                         self.window.extend_from_slice(line);
                     }
                     if complete {
@@ -207,7 +243,8 @@ impl BodyReader {
     }
 
     /// A JSON body larger than the window: find the last `"<first segment>":` that is not inside
-    /// a string's escape, and read the value that follows it.
+    /// a string's escape, and read the value that follows it. It is not checked to be a key of
+    /// the top-level object: the tail starts at an unknown depth (the README says so).
     fn read_tail(&self) -> Result<u64, Unreadable> {
         let (first, rest) = self.path.split_first().ok_or(Unreadable::TooLarge)?;
         let needle = format!("\"{first}\"");
@@ -215,7 +252,9 @@ impl BodyReader {
         let mut end = w.len();
         while let Some(pos) = find_last(w.get(..end).unwrap_or_default(), needle.as_bytes()) {
             end = pos;
-            if pos > 0 && w.get(pos - 1) == Some(&b'\\') {
+            // A quote inside a string is escaped; one at the very start of the tail may be too,
+            // by a backslash that was cut off, so it is never taken for a key.
+            if pos == 0 || w.get(pos - 1) == Some(&b'\\') {
                 continue;
             }
             let after = w.get(pos + needle.len()..).unwrap_or_default();
@@ -250,8 +289,13 @@ mod tests {
         p.split('.').map(str::to_owned).collect()
     }
 
+    /// A reader of its own worker (the cap is tested in `readers` and the engine's tests).
+    fn new(ct: Option<&[u8]>, p: &str) -> Result<BodyReader, Unreadable> {
+        BodyReader::new(ct, &path(p), &Readers::default())
+    }
+
     fn reader(ct: &str, chunks: &[&[u8]], p: &str) -> BodyReader {
-        let mut r = BodyReader::new(Some(ct.as_bytes()), &path(p)).unwrap();
+        let mut r = new(Some(ct.as_bytes()), p).unwrap();
         for c in chunks {
             r.feed(c);
         }
@@ -313,8 +357,8 @@ mod tests {
             read("application/json", &[b"{not json"], "usage.total_tokens"),
             Err(Unreadable::Body)
         );
-        assert!(BodyReader::new(Some(b"text/html"), &path("a")).is_none());
-        assert!(BodyReader::new(None, &path("a")).is_none());
+        assert_eq!(new(Some(b"text/html"), "a").err(), Some(Unreadable::Body));
+        assert_eq!(new(None, "a").err(), Some(Unreadable::Body));
     }
 
     #[test]
@@ -324,8 +368,7 @@ mod tests {
             format!(r#"{{"choices":[{{"text":"{filler}"}}],"usage":{{"total_tokens":40}}}}"#);
         assert!(body.len() > 4 * WINDOW);
         let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
-        let mut r =
-            BodyReader::new(Some(b"application/json"), &path("usage.total_tokens")).unwrap();
+        let mut r = new(Some(b"application/json"), "usage.total_tokens").unwrap();
         for c in &chunks {
             r.feed(c);
             assert!(r.window.len() <= WINDOW);
@@ -342,6 +385,64 @@ mod tests {
         );
         let r = reader("application/json", &[body.as_bytes()], "usage.total_tokens");
         assert_eq!(r.seen(), None, "a JSON body is read only whole");
+    }
+
+    /// Whatever the chunks, a JSON reader keeps exactly the body's last `WINDOW` bytes, never
+    /// holds or reserves more, and so never copies a whole large chunk.
+    #[test]
+    fn a_json_reader_keeps_the_last_window_bytes_of_any_chunks() {
+        let body: Vec<u8> = (0..5 * WINDOW + 123).map(|i| (i % 251) as u8).collect();
+        let sizes: [&[usize]; 5] = [
+            &[5 * WINDOW + 123],
+            &[WINDOW + 1, 7, 3 * WINDOW],
+            &[10, WINDOW - 5, WINDOW, 2 * WINDOW + 1],
+            &[1000],
+            &[WINDOW / 2, 3 * WINDOW + 7],
+        ];
+        for pattern in sizes {
+            let mut r = new(Some(b"application/json"), "usage.total_tokens").unwrap();
+            let mut fed = 0;
+            for &size in pattern.iter().cycle() {
+                if fed == body.len() {
+                    break;
+                }
+                let end = (fed + size).min(body.len());
+                r.feed(&body[fed..end]);
+                fed = end;
+                let kept = fed.min(WINDOW);
+                assert_eq!(r.window, body[fed - kept..fed], "{pattern:?} at {fed}");
+                assert_eq!(r.cut, fed > WINDOW, "{pattern:?} at {fed}");
+                assert!(r.window.capacity() <= WINDOW, "{pattern:?} at {fed}");
+            }
+        }
+        // One chunk of a large body, read from its tail.
+        let body = format!(
+            r#"{{"text":"{}","usage":{{"total_tokens":40}}}}"#,
+            "x".repeat(3 * WINDOW)
+        );
+        let mut r = new(Some(b"application/json"), "usage.total_tokens").unwrap();
+        r.feed(body.as_bytes());
+        assert!(r.window.capacity() <= WINDOW);
+        assert_eq!(r.finish(), Ok(40));
+    }
+
+    /// A key that starts the tail may be the end of a longer key whose backslash was cut off
+    /// (`"x\"usage"`): it is not read.
+    #[test]
+    fn a_key_at_the_very_start_of_the_tail_is_not_taken() {
+        let pad = "x".repeat(WINDOW);
+        let body = format!(
+            r#"{{"usage":{{"total_tokens":40}},"text":"{pad}","meta":{{"x\"usage":{{"total_tokens":0}}}}}}"#
+        );
+        let start = body.find(r#"\"usage""#).unwrap() + 1;
+        let total = start + WINDOW;
+        // Pad the end so that the tail starts right after the backslash.
+        let body = format!("{body}{}", " ".repeat(total - body.len()));
+        assert_eq!(&body[body.len() - WINDOW..][..7], r#""usage""#);
+        assert_eq!(
+            read("application/json", &[body.as_bytes()], "usage.total_tokens"),
+            Err(Unreadable::TooLarge)
+        );
     }
 
     #[test]
@@ -361,10 +462,25 @@ mod tests {
         }
         // A line longer than the window is skipped, not kept.
         let long = format!("data: {}\n", "x".repeat(WINDOW * 2));
-        let mut r = BodyReader::new(Some(b"text/event-stream"), &path("u")).unwrap();
+        let mut r = new(Some(b"text/event-stream"), "u").unwrap();
         r.feed(long.as_bytes());
         r.feed(b"data: {\"u\":5}");
         assert_eq!(r.finish(), Ok(5), "the last event needs no newline");
+        // A line that grows to the window in small chunks reserves no more than the window.
+        let mut r = new(Some(b"text/event-stream"), "u").unwrap();
+        let line = format!(
+            "data: {{\"u\":7,\"pad\":\"{}\"}}\n",
+            "x".repeat(WINDOW - 23)
+        );
+        assert_eq!(line.len(), WINDOW);
+        let (text, newline) = line.as_bytes().split_at(WINDOW - 1);
+        for piece in text.chunks(1000) {
+            r.feed(piece);
+            assert!(r.window.capacity() <= WINDOW);
+        }
+        assert_eq!(r.window.len(), WINDOW - 1, "kept whole");
+        r.feed(newline);
+        assert_eq!(r.finish(), Ok(7));
     }
 
     #[test]
@@ -441,6 +557,7 @@ mod tests {
             (Encoded, Counter::UsageEncoded),
             (TooLarge, Counter::UsageTooLarge),
             (Unfinished, Counter::UsageUnfinished),
+            (ReadersFull, Counter::UsageReadersFull),
         ] {
             assert_eq!(why.counter(), counter);
         }
