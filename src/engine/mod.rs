@@ -30,7 +30,7 @@ use crate::config::FailureMode;
 use crate::metrics::{Counter, Metrics, METRICS_FLUSH_MS};
 use crate::rule::RequestView;
 use crate::shared::deny::DenyCache;
-use crate::shared::lease::{Claim, LeasePool, Taken};
+use crate::shared::lease::{Back, Claim, LeasePool, Taken};
 use crate::shared::{fallback, settle, Store};
 
 pub use handover::Pending;
@@ -114,6 +114,18 @@ enum NoLease {
     Spent,
     /// The pool has no lease for the key.
     Unknown,
+}
+
+/// A worker's batch of `key` (of rule `rule`) goes back to the proxy's pool; what the pool drops
+/// of it (its lease expired, or the store failed) is counted.
+fn give_back(
+    pool: &LeasePool,
+    metrics: &dyn Metrics,
+    (rule, key, back): (usize, &str, Back),
+    now: u64,
+) {
+    let dropped = pool.take_back(key, back, now).unwrap_or(back.unspent);
+    metrics.count(rule, Counter::LeaseDropped, dropped);
 }
 
 /// An admission of a usage rule, waiting for the response to say what it used.
@@ -464,8 +476,7 @@ impl Engine {
         // unspent tokens are the pool's again while the key's lease lives (else they are dropped).
         let pool = LeasePool::new(host.store(), &self.plugin.ns);
         self.stashes.expire(now, |rule, key, back| {
-            let dropped = pool.take_back(key, back, now).unwrap_or(back.unspent);
-            metrics.count(rule, Counter::LeaseDropped, dropped);
+            give_back(&pool, metrics, (rule, key, back), now)
         });
         while let Some(Reverse((due, ctx))) = self.held.peek().copied() {
             if due > now {
@@ -650,8 +661,7 @@ impl Engine {
         let pool = LeasePool::new(store, &self.plugin.ns);
         let (room, gone) = self.stashes.room_for(&call.key, now);
         for (rule, key, back) in gone {
-            let dropped = pool.take_back(&key, back, now).unwrap_or(back.unspent);
-            metrics.count(rule, Counter::LeaseDropped, dropped);
+            give_back(&pool, metrics, (rule, &key, back), now);
         }
         let Some(sizing) = self
             .plugin

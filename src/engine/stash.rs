@@ -31,6 +31,16 @@ struct Stash {
     reset_at_ms: u64,
 }
 
+impl Stash {
+    /// Its batch and the tokens left of it, as they go back to the pool.
+    fn back(&self) -> Back {
+        Back {
+            batch: self.batch,
+            unspent: self.tokens,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Stashes {
     /// By bucket key, under a fast hash with a random seed ([`crate::rule::hash`]): every lease
@@ -74,11 +84,7 @@ impl Stashes {
         self.by_key.retain(|k, s| {
             let live = now_ms < s.expires_ms && s.tokens > 0;
             if !live {
-                let back = Back {
-                    batch: s.batch,
-                    unspent: s.tokens,
-                };
-                gone.push((s.rule, k.clone(), back));
+                gone.push((s.rule, k.clone(), s.back()));
             }
             live
         });
@@ -91,10 +97,7 @@ impl Stashes {
         let Some(s) = self.by_key.get_mut(key) else {
             return Back::default();
         };
-        let back = Back {
-            batch: s.batch,
-            unspent: s.tokens,
-        };
+        let back = s.back();
         s.tokens = 0;
         s.batch = 0;
         back
@@ -149,11 +152,7 @@ impl Stashes {
                 return true;
             }
             if s.tokens > 0 || s.batch > 0 {
-                let batch = Back {
-                    batch: s.batch,
-                    unspent: s.tokens,
-                };
-                back(s.rule, key, batch);
+                back(s.rule, key, s.back());
             }
             false
         });

@@ -244,6 +244,7 @@ impl Lease {
         }
         // What it holds changed: the report's last step starts here.
         self.touched_ms = now_ms;
+        self.note_level(now_ms);
     }
 
     /// Rolls the demand window forward to `now_ms`.
@@ -632,7 +633,6 @@ impl<'a> LeasePool<'a> {
                 return Change::Keep(Taken::Unknown);
             };
             lease.hand_back(back, now_ms);
-            lease.note_level(now_ms);
             let spendable = lease.spendable(now_ms, sizing);
             if spendable < cost || cost == 0 {
                 let later = lease.covered_in(cost, now_ms, sizing);
@@ -680,7 +680,6 @@ impl<'a> LeasePool<'a> {
                 back.unspent
             };
             lease.hand_back(back, now_ms);
-            lease.note_level(now_ms);
             Change::Write(set.encode(), dropped)
         })
     }
