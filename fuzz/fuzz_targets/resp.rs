@@ -9,43 +9,17 @@
 //! build a command from the rest.
 #![no_main]
 
-use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
+use libfuzzer_sys::arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use tollgate::backend::resp::{
     command, decode_reply, decode_response, host_status, MAX_REPLY_BYTES, REPLY,
 };
 use tollgate::backend::webdis::Invoke;
-use tollgate::backend::{BackendError, ScriptCall};
-use tollgate::bucket::Holder;
+use tollgate::backend::BackendError;
 
-#[derive(Arbitrary, Debug)]
-struct Input {
-    key: String,
-    script: String,
-    eval: bool,
-    burst: u64,
-    rate: u64,
-    period_ms: u64,
-    cost: u64,
-    lease_want: u64,
-    max_wait_ms: u64,
-    settle: i64,
-    holder: Option<(u64, u64, u64, Vec<(u64, u64)>)>,
-}
-
-/// The lease argument the script must get: the want, then with a holder its id, hold and the
-/// last steps it keeps.
-fn lease_arg(input: &Input) -> (Option<Box<Holder>>, String) {
-    let Some((id, seq, hold_ms, steps)) = &input.holder else {
-        return (None, input.lease_want.to_string());
-    };
-    let holder = Holder::new(*id, *seq, *hold_ms, steps);
-    let mut text = format!("{}:{id}:{seq}:{hold_ms}", input.lease_want);
-    for (held, quiet) in holder.steps() {
-        text.push_str(&format!(":{held}:{quiet}"));
-    }
-    (Some(Box::new(holder)), text)
-}
+#[path = "../common/script_call.rs"]
+mod script_call;
+use script_call::Input;
 
 /// A strict reader of `*N` + N bulk strings, written independently of the codec.
 fn split_command(mut b: &[u8]) -> Vec<Vec<u8>> {
@@ -124,18 +98,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(input) = Input::arbitrary(&mut Unstructured::new(rest)) else {
         return;
     };
-    let (holder, lease) = lease_arg(&input);
-    let call = ScriptCall {
-        holder,
-        key: input.key.clone(),
-        burst: input.burst,
-        rate: input.rate,
-        period_ms: input.period_ms,
-        cost: input.cost,
-        lease_want: input.lease_want,
-        max_wait_ms: input.max_wait_ms,
-        settle: input.settle,
-    };
+    let (call, lease) = input.call();
     let (invoke, verb): (Invoke<'_>, &[u8]) = if input.eval {
         (Invoke::Source(&input.script), b"EVAL")
     } else {

@@ -4,40 +4,12 @@
 //! `basic_auth_header` is base64 that decodes back to its input.
 #![no_main]
 
-use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use tollgate::backend::webdis::{basic_auth_header, command, request, Invoke};
-use tollgate::backend::ScriptCall;
-use tollgate::bucket::Holder;
 
-#[derive(Arbitrary, Debug)]
-struct Input {
-    key: String,
-    script: String,
-    eval: bool,
-    burst: u64,
-    rate: u64,
-    period_ms: u64,
-    cost: u64,
-    lease_want: u64,
-    max_wait_ms: u64,
-    settle: i64,
-    holder: Option<(u64, u64, u64, Vec<(u64, u64)>)>,
-}
-
-/// The lease argument the script must get: the want, then with a holder its id, hold and the
-/// last steps it keeps.
-fn lease_arg(input: &Input) -> (Option<Box<Holder>>, String) {
-    let Some((id, seq, hold_ms, steps)) = &input.holder else {
-        return (None, input.lease_want.to_string());
-    };
-    let holder = Holder::new(*id, *seq, *hold_ms, steps);
-    let mut text = format!("{}:{id}:{seq}:{hold_ms}", input.lease_want);
-    for (held, quiet) in holder.steps() {
-        text.push_str(&format!(":{held}:{quiet}"));
-    }
-    (Some(Box::new(holder)), text)
-}
+#[path = "../common/script_call.rs"]
+mod script_call;
+use script_call::Input;
 
 /// Strict percent-decoding: `%XX` (either case of hex) is a byte, any other byte stands for itself.
 fn decode(seg: &str) -> Vec<u8> {
@@ -87,18 +59,7 @@ fn base64_decode(s: &str) -> Vec<u8> {
 }
 
 fuzz_target!(|input: Input| {
-    let (holder, lease) = lease_arg(&input);
-    let call = ScriptCall {
-        holder,
-        key: input.key.clone(),
-        burst: input.burst,
-        rate: input.rate,
-        period_ms: input.period_ms,
-        cost: input.cost,
-        lease_want: input.lease_want,
-        max_wait_ms: input.max_wait_ms,
-        settle: input.settle,
-    };
+    let (call, lease) = input.call();
     let (invoke, verb) = if input.eval {
         (Invoke::Source(&input.script), "EVAL")
     } else {
