@@ -17,10 +17,9 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 
-use common::http::raw_request;
-use common::{Resp, Stack};
+use common::Stack;
 use tollgate::config::Config;
 use tollgate::rule::{bucket_key, bucket_key_of, Part};
 
@@ -36,22 +35,12 @@ fn config(key: &str, burst: u64, extra: &str) -> String {
     )
 }
 
-fn send(stack: &Stack, path: &str, headers: &[(&str, &str)]) -> Resp {
-    raw_request(
-        SocketAddr::new(LOCALHOST, stack.port()),
-        "GET",
-        path,
-        headers,
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", stack.logs()))
-}
-
 /// A request that names the key source once or twice: (path, header lines).
 type Spelled = (String, Vec<(&'static str, String)>);
 
 fn status(stack: &Stack, (path, headers): &Spelled) -> u16 {
     let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    let r = send(stack, path, &headers);
+    let r = stack.raw_get(LOCALHOST, path, &headers);
     assert!(
         r.status == 200 || r.status == 429,
         "{r:?}\n{}",

@@ -14,10 +14,9 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use common::http::raw_request;
-use common::{Resp, Stack};
+use common::Stack;
 use tollgate::config::KeySource;
 use tollgate::rule::bucket_key;
 
@@ -55,17 +54,16 @@ fn config(rule: &str) -> String {
     )
 }
 
-fn send(stack: &Stack, ip: IpAddr, path: &str, headers: &[(&str, &str)]) -> Resp {
-    raw_request(SocketAddr::new(ip, stack.port()), "GET", path, headers)
-        .unwrap_or_else(|e| panic!("{e}\n{}", stack.logs()))
-}
-
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Statuses of `n` requests for `path` as user `user`.
 fn statuses(stack: &Stack, path: &str, user: &str, n: usize) -> Vec<u16> {
     (0..n)
-        .map(|_| send(stack, LOCALHOST, path, &[("x-user-id", user)]).status)
+        .map(|_| {
+            stack
+                .raw_get(LOCALHOST, path, &[("x-user-id", user)])
+                .status
+        })
         .collect()
 }
 
@@ -82,7 +80,7 @@ fn path_spellings_are_limited(stack: &Stack, spellings: &[&str]) {
     let mut admitted = 0;
     for round in 0..2 {
         for spelling in spellings {
-            let r = send(stack, LOCALHOST, spelling, &[("x-user-id", "mix")]);
+            let r = stack.raw_get(LOCALHOST, spelling, &[("x-user-id", "mix")]);
             assert!(
                 r.status == 200 || r.status == 429,
                 "{round} {spelling}: {r:?}"
@@ -107,7 +105,7 @@ fn path_spellings_with_shipped_settings() {
         &["/api/x", "//api/x", "/./api/x", "/%61pi/x", "/x/../api/x"],
     );
     // path_with_escaped_slashes_action: REJECT_REQUEST: Envoy refuses an encoded slash itself.
-    let r = send(&stack, LOCALHOST, "/api%2Fx", &[("x-user-id", "u9")]);
+    let r = stack.raw_get(LOCALHOST, "/api%2Fx", &[("x-user-id", "u9")]);
     assert_eq!(r.status, 400, "{r:?}");
     // normalize_path clamps `..` at the root, so the filter sees /other: not under /api/.
     assert_eq!(statuses(&stack, "/../other", "u9", 5), [200; 5]);
@@ -151,7 +149,9 @@ fn xff_statuses(stack: &Stack) -> Vec<u16> {
     (1..=5)
         .map(|i| {
             let xff = format!("{i}.{i}.{i}.{i}");
-            send(stack, LOCALHOST, "/x", &[("x-forwarded-for", &xff)]).status
+            stack
+                .raw_get(LOCALHOST, "/x", &[("x-forwarded-for", &xff)])
+                .status
         })
         .collect()
 }
@@ -200,7 +200,9 @@ fn ipv6_client_is_keyed_by_its_64() {
     );
     let exists = |k: &str| stack.redis.exists(k);
     assert!(!exists(&key));
-    let got: Vec<u16> = (0..3).map(|_| send(&stack, v6, "/x", &[]).status).collect();
+    let got: Vec<u16> = (0..3)
+        .map(|_| stack.raw_get(v6, "/x", &[]).status)
+        .collect();
     assert_eq!(got, [200, 200, 429], "{}", stack.logs());
     assert!(exists(&key), "bucket {key} (client_ip ::/64) is in Redis");
 }
@@ -224,11 +226,13 @@ fn the_key_header_is_found_among_many_large_headers_in_any_case() {
         .collect();
     headers.push(("X-User-Id", "mallory"));
     let got: Vec<u16> = (0..3)
-        .map(|_| send(&stack, LOCALHOST, "/x", &headers).status)
+        .map(|_| stack.raw_get(LOCALHOST, "/x", &headers).status)
         .collect();
     assert_eq!(got, [200, 200, 429], "{}", stack.logs());
     assert_eq!(
-        send(&stack, LOCALHOST, "/x", &[("x-user-id", "mallory")]).status,
+        stack
+            .raw_get(LOCALHOST, "/x", &[("x-user-id", "mallory")])
+            .status,
         429,
         "a small request is the same bucket"
     );

@@ -13,12 +13,12 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::http::{base64url, raw_request};
-use common::{Resp, Stack};
+use common::http::base64url;
+use common::Stack;
 use tollgate::config::Config;
 use tollgate::rule::bucket_key;
 
@@ -57,18 +57,10 @@ fn key_of(config: &str, name: &str, values: &[&str]) -> String {
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-fn send(stack: &Stack, path: &str, headers: &[(&str, &str)]) -> Resp {
-    raw_request(
-        SocketAddr::new(LOCALHOST, stack.port()),
-        "GET",
-        path,
-        headers,
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", stack.logs()))
-}
-
 fn statuses(stack: &Stack, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<u16> {
-    (0..n).map(|_| send(stack, path, headers).status).collect()
+    (0..n)
+        .map(|_| stack.raw_get(LOCALHOST, path, headers).status)
+        .collect()
 }
 
 /// Inserts `filter` (YAML at the http_filters item indentation) before the tollgate filter.
@@ -220,11 +212,17 @@ fn jwt_claims_key_the_buckets() {
     );
     assert_eq!(stack.redis.script_calls(), calls, "no rule applied");
     // Where jwt_authn requires a token it answers 401 itself.
-    let r = send(&stack, "/strict/x", &[("authorization", &bearer(&forged))]);
+    let r = stack.raw_get(
+        LOCALHOST,
+        "/strict/x",
+        &[("authorization", &bearer(&forged))],
+    );
     assert_eq!(r.status, 401, "{r:?}");
-    assert_eq!(send(&stack, "/strict/x", &[]).status, 401);
+    assert_eq!(stack.raw_get(LOCALHOST, "/strict/x", &[]).status, 401);
     assert_eq!(
-        send(&stack, "/strict/x", &[("authorization", &b)]).status,
+        stack
+            .raw_get(LOCALHOST, "/strict/x", &[("authorization", &b)])
+            .status,
         429,
         "bob is still limited"
     );
@@ -467,7 +465,7 @@ const HOSTS_CONFIG: &str = r#"{ "backend": { "timeout_ms": 2000 },
 #[test]
 fn hosts_scope_rules() {
     let stack = Stack::start("identity-hosts", HOSTS_CONFIG);
-    let host = |h: &str| send(&stack, "/x", &[("host", h)]).status;
+    let host = |h: &str| stack.raw_get(LOCALHOST, "/x", &[("host", h)]).status;
     assert_eq!(host("api.example.com"), 200, "{}", stack.logs());
     assert_eq!(host("API.Example.COM:8080"), 200);
     assert_eq!(

@@ -1,10 +1,11 @@
 //! The whole path in one value: Redis, Webdis in front of it, and Envoy with the tollgate filter calling
 //! Webdis. Dropping it stops Envoy, then Webdis, then Redis (fields drop in declaration order).
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use super::envoy::{brief_log, render_envoy_yaml, wasm_path, Envoy, NO_UPSTREAM};
-use super::http::Resp;
+use super::http::{raw_request, Resp};
 use super::webdis::{Webdis, WebdisOpts};
 use super::{scratch_dir, Redis};
 
@@ -86,6 +87,14 @@ impl Stack {
     /// `GET path` through Envoy.
     pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Resp {
         self.envoy.get(path, headers)
+    }
+
+    /// `GET target` to Envoy's listener at `ip` (127.0.0.1, or `::1` where it listens there), sent
+    /// byte for byte as given: repeated header lines and unnormalised paths reach Envoy as written.
+    /// Panics with every process log when the request fails.
+    pub fn raw_get(&self, ip: IpAddr, target: &str, headers: &[(&str, &str)]) -> Resp {
+        raw_request(SocketAddr::new(ip, self.port()), "GET", target, headers)
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
     }
 
     /// Every process log (for a failure message).
