@@ -6,9 +6,6 @@
 #   docker build --provenance=false --sbom=false -t $REGISTRY/tollgate:$VERSION -f Dockerfile target/wasm32-wasip1/release
 #   docker push $REGISTRY/tollgate:$VERSION
 #
-# For usage rules that read response bodies (`usage.body_field`), package the build that reads them:
-# add `--build-arg WASM=tollgate-usage-body.wasm`.
-#
 # `--provenance=false --sbom=false` keeps the pushed reference a single image manifest (no attestation
 # index), so the digest `docker push` prints is the one Istio checks against WasmPlugin `sha256`.
 # See envoy/istio/README.md for the rest of the steps.

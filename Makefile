@@ -1,12 +1,11 @@
 # tollgate — build, lint and test a proxy-wasm rate-limit filter against real Envoy, Webdis and Redis.
 #
 #   make setup   install what the tests need (quiet and quick when it is already there)
-#   make build   build target/wasm32-wasip1/release/tollgate.wasm (HTTP/Webdis), tollgate-usage-body.wasm
-#                (the same, also reading response bodies for usage rules' body_field) and
-#                tollgate-higress.wasm (Higress' Redis callouts, reading bodies too); the last two are
-#                built in target/usage-body and target/higress, then copied beside the first
-#   make lint    rustfmt + clippy (host targets and the wasm library)
-#   make check   the fast loop: rustfmt, clippy, and the unit tests (no Envoy, Redis or Webdis)
+#   make build   build target/wasm32-wasip1/release/tollgate.wasm (stock Envoy / Istio: HTTP callouts to
+#                Webdis) and tollgate-higress.wasm (the same filter importing Higress' Redis callouts;
+#                built in target/higress, then copied beside the first)
+#   make lint    rustfmt + clippy (the workspace natively, and the filter for wasm in both artifacts)
+#   make check   the fast loop: rustfmt, clippy, and the core's unit tests (no Envoy, Redis or Webdis)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
 #   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/), and
 #                  `promtool check rules` + `promtool test rules` on deploy/prometheus/
@@ -22,11 +21,10 @@ SHELL := /bin/bash
 WASM_TARGET   := wasm32-wasip1
 WASM          := target/$(WASM_TARGET)/release/tollgate.wasm
 HIGRESS_WASM  := target/$(WASM_TARGET)/release/tollgate-higress.wasm
-BODY_WASM     := target/$(WASM_TARGET)/release/tollgate-usage-body.wasm
-# Each other build has its own target dir: same crate, other features, so the cdylibs never
-# overwrite each other.
-HIGRESS_FEATURES := --features redis-callout,usage-body --target-dir target/higress
-BODY_FEATURES    := --features usage-body --target-dir target/usage-body
+# The Higress artifact has its own target dir: the same crate with feature `higress`, so the two
+# cdylibs never overwrite each other.
+FILTER           := -p tollgate
+HIGRESS_FEATURES := --features higress --target-dir target/higress
 ENVOY_VERSION := 1.40.0
 VENV          := .venv
 ENVOY         := $(VENV)/bin/envoy
@@ -65,32 +63,27 @@ setup-rust:
 	fi
 
 build: setup-rust
-	cargo build --release --target $(WASM_TARGET)
-	@$(MAKE) --no-print-directory body-wasm
-	cargo build --release --target $(WASM_TARGET) $(HIGRESS_FEATURES)
+	cargo build --release --target $(WASM_TARGET) $(FILTER)
+	cargo build --release --target $(WASM_TARGET) $(FILTER) $(HIGRESS_FEATURES)
 	cp target/higress/$(WASM_TARGET)/release/tollgate.wasm $(HIGRESS_WASM)
 
-# The usage-body build, quietly (make build and make demo).
-.PHONY: body-wasm
-body-wasm: setup-rust
-	@cargo build --quiet --release --target $(WASM_TARGET) $(BODY_FEATURES)
-	@cp target/usage-body/$(WASM_TARGET)/release/tollgate.wasm $(BODY_WASM)
+# The filter quietly (make demo, bench, validate).
+.PHONY: wasm
+wasm: setup-rust
+	@cargo build --quiet --release --target $(WASM_TARGET) $(FILTER)
 
 lint: setup-rust
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
-	cargo clippy --release --target $(WASM_TARGET) --lib -- -D warnings
-	cargo clippy --release --target $(WASM_TARGET) --lib $(BODY_FEATURES) -- -D warnings
-	cargo clippy --release --target $(WASM_TARGET) --lib $(HIGRESS_FEATURES) -- -D warnings
-	cargo clippy --lib --tests --features redis-callout -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) $(FILTER) -p tollgate-abi -- -D warnings
+	cargo clippy --release --target $(WASM_TARGET) $(FILTER) $(HIGRESS_FEATURES) -- -D warnings
 
 # The fast loop while editing: nothing here starts a server.
 .PHONY: check
 check: setup-rust
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
-	cargo test --lib
-	cargo test --lib --features redis-callout
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo test -p tollgate-core
 
 # Serial on purpose: setup must finish before build, build before the tests that load the wasm.
 test:
@@ -100,9 +93,6 @@ test:
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory fuzz-smoke
 	cargo test --workspace
-	@# The unit tests again in the Higress build (config fields and codecs differ; the engine's
-	@# tests speak Webdis in both), and tests/higress.rs runs the Higress build end to end.
-	cargo test --lib --features redis-callout
 
 e2e:
 	@$(MAKE) --no-print-directory setup
@@ -110,15 +100,14 @@ e2e:
 	cargo test --test e2e
 
 demo: setup
-	@cargo build --quiet --release --target $(WASM_TARGET)
-	@$(MAKE) --no-print-directory body-wasm
+	@$(MAKE) --no-print-directory wasm
 	@cargo run --quiet --release --example demo
 
 # Envoy CPU per request, throughput, latency and Redis calls for plain Envoy, native local_ratelimit, an
 # empty wasm filter and tollgate; report on stdout and in target/bench/ (see examples/bench.rs).
 BENCH_ARGS ?=
 bench: setup
-	@cargo build --quiet --release --target $(WASM_TARGET)
+	@$(MAKE) --no-print-directory wasm
 	@cargo run --quiet --release --example bench -- $(BENCH_ARGS)
 
 # `envoy --mode validate` on every Envoy bootstrap under envoy/ and deploy/, rendered with dummy ports, the
@@ -126,7 +115,7 @@ bench: setup
 # Then promtool (Debian package prometheus) on the alert rules and their unit tests.
 .PHONY: validate
 validate: setup-envoy setup-rust setup-apt
-	@cargo build --quiet --release --target $(WASM_TARGET)
+	@$(MAKE) --no-print-directory wasm
 	@deploy/validate-envoy.sh $(ENVOY) $(WASM)
 	@promtool check rules deploy/prometheus/tollgate-alerts.yaml
 	@cd deploy/prometheus && promtool test rules tollgate-alerts.test.yaml

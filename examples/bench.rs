@@ -43,8 +43,7 @@
     clippy::indexing_slicing
 )]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use tollgate_e2e as common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

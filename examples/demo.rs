@@ -18,8 +18,7 @@
     clippy::indexing_slicing
 )]
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use tollgate_e2e as common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
@@ -306,8 +305,7 @@ fn usage_demo(dir: &std::path::Path, webdis_port: u16) -> bool {
                      "key": ["client_ip"], "rate": {TOKENS_PER_SECOND}, "burst": {TOKEN_BURST},
                      "usage": {{ "body_field": "usage.total_tokens" }} }} ] }}"#
     );
-    // The build that reads response bodies (make build's tollgate-usage-body.wasm).
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let envoy = match Envoy::try_start_wasm(dir, &wasm, &config, (webdis_port, app.port)) {
         Ok(e) => e,
         Err(log) => {

@@ -1,9 +1,9 @@
 //! A deterministic simulator of lease mode: `cargo run --release --example lease_sim -- [options]`.
 //!
-//! It runs the real engine (`tollgate::engine::Engine`, one per worker, the proxy's shared data an
+//! It runs the real engine (`tollgate_core::engine::Engine`, one per worker, the proxy's shared data an
 //! in-memory store shared by the workers of one proxy) against a simulated clock, paced clients like
 //! `make bench`'s (h2load `--rps`, one request in flight per connection, every client's timer firing
-//! once per period from its connection), and the global bucket as `tollgate::bucket` (the model of
+//! once per period from its connection), and the global bucket as `tollgate_core::bucket` (the model of
 //! the Lua script) answering each call after a random latency. No Envoy, no Redis, no wall clock:
 //! the same options and seed give the same figures.
 //!
@@ -29,15 +29,15 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 
-use tollgate::backend::{BackendError, HttpRequest};
-use tollgate::bucket::{self, Ask, Holder, Holders, Limits, State};
-use tollgate::config::Config;
-use tollgate::engine::{Action, Engine, Host, LocalReply, Plugin};
-use tollgate::metrics::{Counter, Recorder};
-use tollgate::rule::RequestView;
-use tollgate::shared::lease::LeasePool;
-use tollgate::shared::mem::MemStore;
-use tollgate::shared::Store;
+use tollgate_core::backend::{BackendError, HttpRequest};
+use tollgate_core::bucket::{self, Ask, Holder, Holders, Limits, State};
+use tollgate_core::config::Config;
+use tollgate_core::engine::{Action, Engine, Host, LocalReply, Plugin};
+use tollgate_core::metrics::{Counter, Recorder};
+use tollgate_core::rule::RequestView;
+use tollgate_core::shared::lease::LeasePool;
+use tollgate_core::shared::mem::MemStore;
+use tollgate_core::shared::Store;
 
 const USAGE: &str = "\
 usage: cargo run --release --example lease_sim -- [options]

@@ -15,13 +15,13 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use std::net::{IpAddr, Ipv4Addr};
 
 use common::Stack;
-use tollgate::config::Config;
-use tollgate::rule::{bucket_key, bucket_key_of, Part};
+use tollgate_core::config::Config;
+use tollgate_core::rule::{bucket_key, bucket_key_of, Part};
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -208,7 +208,7 @@ fn a_path_override_is_not_reached_by_a_spelling_one_reading_resolves() {
     let key = bucket_key(
         "tollgate",
         "r",
-        &[tollgate::config::KeySource::Path],
+        &[tollgate_core::config::KeySource::Path],
         &[b"/health"],
     );
     assert!(stack.redis.exists(&key), "{key}\n{}", stack.logs());

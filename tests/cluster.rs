@@ -13,7 +13,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -42,10 +42,10 @@ fn config(backend_extra: &str) -> String {
 
 /// The Redis key tollgate uses for `user` under the rule above.
 fn key_of(user: &str) -> String {
-    tollgate::rule::bucket_key(
+    tollgate_core::rule::bucket_key(
         "tollgate",
         "per-user",
-        &[tollgate::config::KeySource::Header("x-user-id".into())],
+        &[tollgate_core::config::KeySource::Header("x-user-id".into())],
         &[user.as_bytes().to_vec()],
     )
 }
@@ -291,7 +291,7 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
     // The lost master's keys fail with error replies from the redis_proxy front: the backend is
     // reachable, so the proxy-wide breaker must not open. Far more than its threshold (5) of such
     // failures in a row on one proxy, then a fresh key on a live master is still limited exactly.
-    let threshold = usize::try_from(tollgate::config::DEFAULT_BREAKER_FAILURES).unwrap();
+    let threshold = usize::try_from(tollgate_core::config::DEFAULT_BREAKER_FAILURES).unwrap();
     let pick = |prefix: &str, on_victim: bool, n: usize| -> Vec<String> {
         let users: Vec<String> = (0..1000)
             .map(|i| format!("{prefix}-{i:02}"))

@@ -1,5 +1,5 @@
 //! The documentation's configurations are real: every ```json block in README.md and every `*.json`
-//! file under envoy/ parses as a valid `tollgate::config::Config`.
+//! file under envoy/ parses as a valid `tollgate_core::config::Config`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tollgate::config::Config;
+use tollgate_core::config::Config;
 
 /// How many ```json blocks README.md has; fewer means examples were lost (or their fence changed).
 const README_JSON_BLOCKS: usize = 10;

@@ -7,7 +7,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use common::{demo_config, Envoy, Stack};
 

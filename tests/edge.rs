@@ -12,13 +12,13 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use common::Stack;
-use tollgate::config::KeySource;
-use tollgate::rule::bucket_key;
+use tollgate_core::config::KeySource;
+use tollgate_core::rule::bucket_key;
 
 /// The four lines of envoy/envoy.yaml that make it edge-safe.
 const EDGE_SETTINGS: [&str; 4] = [

@@ -11,7 +11,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -19,8 +19,8 @@ use std::process::{Command, Stdio};
 
 use common::http::base64url;
 use common::Stack;
-use tollgate::config::Config;
-use tollgate::rule::bucket_key;
+use tollgate_core::config::Config;
+use tollgate_core::rule::bucket_key;
 
 /// Runs `openssl` with `args` in `dir` (stdin from `input`), panicking with its stderr on failure.
 fn openssl(dir: &Path, args: &[&str], input: Option<&[u8]>) -> Vec<u8> {

@@ -8,7 +8,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use std::time::Duration;
 

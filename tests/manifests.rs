@@ -11,7 +11,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -431,7 +431,7 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
     assert_eq!(gateway_api["targetRefs"][0]["kind"], "Gateway");
 
     let json_config = serde_json::to_string(&reference["pluginConfig"]).unwrap();
-    let config = tollgate::config::Config::try_from(json_config.as_bytes())
+    let config = tollgate_core::config::Config::try_from(json_config.as_bytes())
         .unwrap_or_else(|e| panic!("pluginConfig rejected: {e:?}\n{json_config}"));
     eprintln!("pluginConfig accepted: {}", config.summary());
     assert_envoy_accepts(
@@ -722,8 +722,7 @@ fn istio_manifests_match_the_istio_crd_schemas() {
 }
 
 /// The Dockerfile is the single-layer Wasm image Istio pulls: `FROM scratch`, `plugin.wasm`, built from
-/// the directory that holds tollgate.wasm (or, with `--build-arg WASM=...`, the usage-body build
-/// beside it).
+/// the directory that holds tollgate.wasm.
 #[test]
 fn dockerfile_packages_plugin_wasm() {
     let text = read("Dockerfile");
@@ -740,18 +739,15 @@ fn dockerfile_packages_plugin_wasm() {
             "COPY ${WASM} ./plugin.wasm"
         ]
     );
-    assert!(text.contains("--build-arg WASM=tollgate-usage-body.wasm"));
     let context: PathBuf = repo_root().join("target/wasm32-wasip1/release");
     assert!(
         text.contains("-f Dockerfile target/wasm32-wasip1/release"),
         "the documented build context"
     );
-    for wasm in ["tollgate.wasm", "tollgate-usage-body.wasm"] {
-        assert!(
-            context.join(wasm).is_file(),
-            "{wasm} in the build context (run `make build`)"
-        );
-    }
+    assert!(
+        context.join("tollgate.wasm").is_file(),
+        "tollgate.wasm in the build context (run `make build`)"
+    );
 }
 
 /// An Envoy template as YAML: its `{{PLACEHOLDER}}`s (ports, paths) replaced by 0 so it parses.
@@ -893,7 +889,7 @@ fn stats_tag_regexes_extract_rule_and_class() {
     ];
     let accepted = |name: &str| {
         let cfg = json!({ "rules": [ { "name": name, "rate": 1 } ] }).to_string();
-        tollgate::config::Config::try_from(cfg.as_bytes()).is_ok()
+        tollgate_core::config::Config::try_from(cfg.as_bytes()).is_ok()
     };
     for bad in ["a.b", "", "ä", &"a".repeat(65)] {
         assert!(!accepted(bad), "rule name {bad:?} must be rejected");

@@ -7,7 +7,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use common::{Envoy, Stack};
 
@@ -67,7 +67,7 @@ fn counters_after_a_known_sequence() {
     // Load the script first: which rule's first call meets NOSCRIPT would otherwise be a race.
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(tollgate::backend::script::SOURCE)
+        .arg(tollgate_core::backend::script::SOURCE)
         .query(&mut stack.redis.conn())
         .unwrap();
     let statuses: Vec<u16> = (0..4)

@@ -1,4 +1,4 @@
-//! `tollgate::bucket::take` is the model of `lua/token_bucket.lua`: the same sequence of calls gives the
+//! `tollgate_core::bucket::take` is the model of `lua/token_bucket.lua`: the same sequence of calls gives the
 //! same replies, bit for bit, and the hash Redis stores (u t p, or no key) is the model's `State`.
 //! Sequences are pseudo-random but deterministic (a fixed-seed xorshift), with time jumps (forward and
 //! back), cost > burst, lease requests and a limits change midway.
@@ -9,11 +9,11 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use common::{scratch_dir, Redis};
 use redis::Value;
-use tollgate::bucket::{take_held, Ask, Holder, Holders, Holding, Limits, Reply, State};
+use tollgate_core::bucket::{take_held, Ask, Holder, Holders, Holding, Limits, Reply, State};
 
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 const T0: u64 = 1_700_000_000_000_000;

@@ -9,7 +9,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -278,8 +278,8 @@ fn a_settlement_pending_across_a_configuration_change_reaches_redis() {
 
     let r = common::get(listen, "/app/chat", &[("x-user-id", "ada")]);
     assert_eq!(r.status, 200, "{r:?}\n{}", envoy.log_text());
-    let cfg = tollgate::config::Config::try_from(usage_config("limited").as_bytes()).unwrap();
-    let key = tollgate::rule::bucket_key(
+    let cfg = tollgate_core::config::Config::try_from(usage_config("limited").as_bytes()).unwrap();
+    let key = tollgate_core::rule::bucket_key(
         &cfg.key_prefix,
         "llm",
         &cfg.rules[0].key,

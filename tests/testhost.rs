@@ -9,7 +9,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use common::hosted::{assert_clean, loopback};
 

@@ -8,7 +8,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use tollgate_e2e as common;
 
 use common::envoy::{brief_log, Envoy};
 use common::upstream::{Upstream, HOLD};
@@ -75,7 +75,7 @@ fn run(name: &str, usage: &str, reply: Vec<Vec<u8>>, body_check: &str) -> Envoy 
     let webdis = common::Webdis::start(&dir, redis.port);
     let app = Upstream::start_answering(reply);
     // The build that reads bodies: these runs take usage from a header or from the body.
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let envoy = Envoy::try_start_wasm(&dir, &wasm, &config(usage), (webdis.port, app.port))
         .unwrap_or_else(|log| panic!("{}", brief_log(&log)));
     let (admitted, retry) = until_denied(&envoy, &app, body_check);
@@ -166,25 +166,29 @@ fn a_refund_never_fills_past_the_burst() {
     drop((webdis, redis));
 }
 
-/// Reading response bodies costs Envoy a call into the VM for every chunk of every response, so
-/// only the usage-body build (and the Higress build, see tests/higress.rs) exports that callback.
-/// The default build takes usage from headers (`a_refund_never_fills_past_the_burst` runs on it) and
-/// refuses a `body_field` rule, naming it and the build to use.
+/// One Envoy artifact reads usage from bodies and headers alike, so a `body_field` rule needs no
+/// other build; the Higress artifact differs only in its Redis imports. tollgate.wasm refuses a
+/// configuration meant for the Higress artifact (its Redis fields), naming the artifact to use.
 #[test]
-fn only_the_usage_body_build_reads_bodies_and_the_default_refuses_body_field() {
+fn one_envoy_artifact_reads_bodies_and_names_the_higress_one_for_redis_fields() {
     let exports = |wasm: &std::path::Path| tollgate_testhost::module_interface(wasm).unwrap().1;
-    let body = |names: Vec<String>| names.iter().any(|n| n == "proxy_on_response_body");
-    assert!(!body(exports(&common::wasm_path())));
-    assert!(body(exports(&common::envoy::usage_body_wasm_path())));
-    let dir = common::scratch_dir("usage-body-refused");
-    let log = match Envoy::try_start(&dir, &config(r#"{"body_field": "usage.total_tokens"}"#), 9) {
-        Ok(_) => panic!("the default build accepted a body_field rule"),
+    let body = |names: &[String]| names.iter().any(|n| n == "proxy_on_response_body");
+    let redis = |names: &[String]| names.iter().any(|n| n == "proxy_on_redis_call_response");
+    let envoy = exports(&common::wasm_path());
+    let higress = exports(&common::envoy::higress_wasm_path());
+    assert!(body(&envoy) && !redis(&envoy), "{envoy:?}");
+    assert!(body(&higress) && redis(&higress), "{higress:?}");
+    let dir = common::scratch_dir("redis-fields-refused");
+    let redis_config =
+        r#"{ "backend": { "password": "p" }, "rules": [ { "name": "a", "rate": 1 } ] }"#;
+    let log = match Envoy::try_start(&dir, redis_config, 9) {
+        Ok(_) => panic!("tollgate.wasm accepted a Redis password"),
         Err(log) => log,
     };
     assert!(
         log.contains(
-            "tollgate: bad configuration: rules[0].usage.body_field: needs \
-             tollgate-usage-body.wasm, the build that reads response bodies"
+            "tollgate: bad configuration: backend.password: only in the Higress build \
+             (tollgate-higress.wasm, Redis callouts); this build reaches Redis through Webdis"
         ),
         "{}",
         brief_log(&log)
@@ -321,7 +325,7 @@ const CHARGED: u64 = 3 * 39;
 #[test]
 fn a_stream_without_a_usage_event_is_charged_the_worst_case() {
     let app = app(|_| stream_of(&[CONTENT, DONE], END));
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy("usage-no-event", &wasm, BODY_FIELD, &app);
     let figure = attack(
         "stream without a usage event",
@@ -378,7 +382,7 @@ fn a_usage_body_is_asked_for_unencoded() {
             )]
         }
     });
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy("usage-gzip-asked", &wasm, BODY_FIELD, &app);
     let figure = attack("accept-encoding: gzip", &p.envoy, &app, |envoy, _| {
         let r = envoy.get(
@@ -411,7 +415,7 @@ fn a_usage_body_is_asked_for_unencoded() {
 #[test]
 fn an_upstream_that_compresses_anyway_is_charged_the_worst_case() {
     let app = app(|_| gzipped_answer());
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy("usage-gzip-anyway", &wasm, BODY_FIELD, &app);
     let figure = attack("gzip despite identity", &p.envoy, &app, |envoy, _| {
         envoy
@@ -481,7 +485,7 @@ fn hang_up(envoy: &Envoy, app: &Upstream, until: &str) -> u16 {
 #[test]
 fn a_client_gone_after_the_usage_event_is_charged_that_usage() {
     let app = app(|_| stream_of(&[CONTENT, USAGE_40], HOLD));
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy("usage-hangup-after", &wasm, BODY_FIELD, &app);
     let figure = attack(
         "hang-up after the usage event",
@@ -504,7 +508,7 @@ fn a_client_gone_after_the_usage_event_is_charged_that_usage() {
 #[test]
 fn a_client_gone_before_the_usage_event_is_charged_the_worst_case() {
     let app = app(|_| stream_of(&[CONTENT], HOLD));
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy("usage-hangup-before", &wasm, BODY_FIELD, &app);
     let figure = attack(
         "hang-up before the usage event",
@@ -552,7 +556,7 @@ fn trailers_after_the_body_end_it() {
             b"0\r\nx-request-cost: 0\r\n\r\n",
         )
     });
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy_yaml("usage-trailers", &wasm, BODY_FIELD, &app, app_trailers);
     let figure = attack("trailers after the body", &p.envoy, &app, |envoy, _| {
         envoy.get("/app/chat", &[("x-user-id", "ada")]).status
@@ -578,7 +582,7 @@ fn a_body_too_large_to_read_is_charged_the_worst_case() {
     );
     let reply = vec![http_response("content-type: application/json\r\n", &body)];
     let app = app(move |_| reply.clone());
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy("usage-too-large", &wasm, BODY_FIELD, &app);
     let figure = attack("usage outside the window", &p.envoy, &app, |envoy, _| {
         envoy.get("/app/chat", &[("x-user-id", "ada")]).status
@@ -641,7 +645,7 @@ fn a_missing_or_invalid_usage_header_is_charged_the_worst_case() {
 #[test]
 fn a_configured_worst_case() {
     let app = Upstream::start_answering(stream_of(&[CONTENT, DONE], END));
-    let wasm = common::envoy::usage_body_wasm_path();
+    let wasm = common::wasm_path();
     let p = proxy(
         "usage-unreadable-fixed",
         &wasm,

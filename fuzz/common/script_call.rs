@@ -2,8 +2,8 @@
 //! without a lease holder, and the lease argument the script must get for it.
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
-use tollgate::backend::ScriptCall;
-use tollgate::bucket::Holder;
+use tollgate_core::backend::ScriptCall;
+use tollgate_core::bucket::Holder;
 
 #[derive(Arbitrary, Debug)]
 pub struct Input {

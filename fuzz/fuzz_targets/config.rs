@@ -8,12 +8,12 @@
 use std::borrow::Cow;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::bucket::Limits;
-use tollgate::config::{
+use tollgate_core::bucket::Limits;
+use tollgate_core::config::{
     Config, KeySource, MAX_BURST_PERIOD, MAX_KEY_PREFIX_LEN, MAX_KEY_SOURCES, MAX_PERIOD_MS,
     MAX_RULES, MAX_RULE_NAME_LEN, MAX_TOKENS,
 };
-use tollgate::rule::{applies, KeyCache, RequestView};
+use tollgate_core::rule::{applies, KeyCache, RequestView};
 
 struct FixedRequest;
 
@@ -148,9 +148,9 @@ fn check_valid(c: &Config) {
                 pp.starts_with('/') && !pp.contains(['?', '#']),
                 "{n}: path_prefix {pp:?}"
             );
-            let normal = tollgate::rule::path::normalize(
+            let normal = tollgate_core::rule::path::normalize(
                 pp.as_bytes(),
-                tollgate::rule::path::Reading::STRICT,
+                tollgate_core::rule::path::Reading::STRICT,
             );
             assert!(
                 !normal.irregular && normal.path == pp.as_bytes(),
@@ -174,7 +174,7 @@ fn check_valid(c: &Config) {
         }
         for (values, o) in &r.overrides {
             assert_eq!(values.len(), r.key.len(), "{n}: override key length");
-            if let tollgate::config::Override::Limits(l) = o {
+            if let tollgate_core::config::Override::Limits(l) = o {
                 check_limits(l, n);
                 assert!(r.cost <= l.burst, "{n}: override burst below cost");
             }

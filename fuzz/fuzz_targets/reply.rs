@@ -6,8 +6,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::backend::webdis::decode_reply;
-use tollgate::backend::BackendError;
+use tollgate_core::backend::webdis::decode_reply;
+use tollgate_core::backend::BackendError;
 
 fuzz_target!(|data: &[u8]| {
     let (status, body) = match data.split_first() {

@@ -11,11 +11,11 @@
 
 use libfuzzer_sys::arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use tollgate::backend::resp::{
+use tollgate_core::backend::resp::{
     command, decode_reply, decode_response, host_status, MAX_REPLY_BYTES, REPLY,
 };
-use tollgate::backend::webdis::Invoke;
-use tollgate::backend::BackendError;
+use tollgate_core::backend::webdis::Invoke;
+use tollgate_core::backend::BackendError;
 
 #[path = "../common/script_call.rs"]
 mod script_call;

@@ -14,10 +14,10 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use tollgate::config::{Config, KeySource, Override};
-use tollgate::rule::path::{self, Reading};
-use tollgate::rule::reading::is_header_name;
-use tollgate::rule::{
+use tollgate_core::config::{Config, KeySource, Override};
+use tollgate_core::rule::path::{self, Reading};
+use tollgate_core::rule::reading::is_header_name;
+use tollgate_core::rule::{
     applies, bucket_key, bucket_key_of, key_values, matches, KeyCache, Lines, Part, Read,
     RequestView,
 };
@@ -381,7 +381,7 @@ fuzz_target!(|input: Input| {
                     input
                         .ip
                         .as_ref()
-                        .map(|ip| tollgate::rule::ip::key_value(ip, *v4_prefix, *v6_prefix))
+                        .map(|ip| tollgate_core::rule::ip::key_value(ip, *v4_prefix, *v6_prefix))
                         .as_ref()
                 ),
                 KeySource::Method => {
@@ -405,7 +405,7 @@ fuzz_target!(|input: Input| {
                     input
                         .property
                         .clone()
-                        .map(|raw| tollgate::rule::value::attribute_text(path, raw))
+                        .map(|raw| tollgate_core::rule::value::attribute_text(path, raw))
                         .as_ref()
                 ),
             }

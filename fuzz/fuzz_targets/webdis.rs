@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::backend::webdis::{basic_auth_header, command, request, Invoke};
+use tollgate_core::backend::webdis::{basic_auth_header, command, request, Invoke};
 
 #[path = "../common/script_call.rs"]
 mod script_call;

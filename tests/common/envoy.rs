@@ -13,13 +13,7 @@ pub fn wasm_path() -> PathBuf {
     build_path("TOLLGATE_WASM", "tollgate.wasm")
 }
 
-/// The build that reads response bodies (feature `usage-body`): `$TOLLGATE_USAGE_BODY_WASM`, else
-/// `make build`'s copy beside tollgate.wasm. Panics if it is missing.
-pub fn usage_body_wasm_path() -> PathBuf {
-    build_path("TOLLGATE_USAGE_BODY_WASM", "tollgate-usage-body.wasm")
-}
-
-/// The Higress build (features redis-callout, usage-body): `$TOLLGATE_HIGRESS_WASM`, else `make
+/// The Higress artifact (feature `higress`): `$TOLLGATE_HIGRESS_WASM`, else `make
 /// build`'s copy beside tollgate.wasm. Panics if it is missing.
 pub fn higress_wasm_path() -> PathBuf {
     build_path("TOLLGATE_HIGRESS_WASM", "tollgate-higress.wasm")

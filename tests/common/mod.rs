@@ -1,6 +1,12 @@
 //! Shared harness for the integration tests and the demo: real processes on free loopback ports,
 //! readiness by polling (never by sleeping a fixed time), stopped by pid when dropped.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -75,7 +81,8 @@ pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
 /// How long a test waits for tollgate's counters to show in a proxy's stats: each worker pushes
 /// its counts at most `METRICS_FLUSH_MS` (1 s) after counting them; the rest is margin for a
 /// loaded machine.
-pub const STATS_WAIT: Duration = Duration::from_millis(10 * tollgate::metrics::METRICS_FLUSH_MS);
+pub const STATS_WAIT: Duration =
+    Duration::from_millis(10 * tollgate_core::metrics::METRICS_FLUSH_MS);
 
 /// Reads with `read` every 20 ms until `ready` holds for what it read, for at most [`STATS_WAIT`];
 /// returns the last value read either way, so the caller's assertion fails with it.

@@ -6,13 +6,13 @@
 
 use std::borrow::Cow;
 
-use crate::abi;
-use crate::backend::{BackendError, HttpRequest};
-use crate::config::Config;
-use crate::engine::{Host, LocalReply};
-use crate::metrics::{self, Counter, Metrics};
-use crate::rule::{Lines, RequestView};
-use crate::shared::{Store, StoreError};
+use tollgate_abi as abi;
+use tollgate_core::backend::{BackendError, HttpRequest};
+use tollgate_core::config::Config;
+use tollgate_core::engine::{Host, LocalReply};
+use tollgate_core::metrics::{self, Counter, Metrics};
+use tollgate_core::rule::{Lines, RequestView};
+use tollgate_core::shared::{Store, StoreError};
 
 /// Most bytes of a callout answer read into the VM: a script reply is well under 100 bytes, so a
 /// larger answer is garbage and is refused without copying it.
@@ -54,7 +54,7 @@ impl Store for HostStore {
 /// name is its own (a name registered twice would move the queue to the later worker). None if
 /// the host has no shared queues (the engine then shares calls within a worker only).
 pub fn register_queue(ns: &str) -> Option<u32> {
-    let n = crate::shared::lead::worker_number(&HostStore, ns).ok()?;
+    let n = tollgate_core::shared::lead::worker_number(&HostStore, ns).ok()?;
     let name = format!("{ns}|queue|{n}");
     abi::register_queue(&name)
 }
@@ -86,7 +86,7 @@ impl RequestView for HostRequest {
     /// Every line of a repeated header, joined with `,` as Envoy's `request.headers` attribute
     /// joins them (`get_header_map_value` would give only the first line).
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        crate::pairs::lookup(self.pairs()?, name)
+        tollgate_core::pairs::lookup(self.pairs()?, name)
     }
 
     /// The map's lines whose name some server reads as `name` (`x_api_key` for `x-api-key`).
@@ -95,8 +95,8 @@ impl RequestView for HostRequest {
             return Lines::None;
         };
         let mut lines = Lines::None;
-        let wanted = |key: &[u8]| crate::rule::reading::is_header_name(key, name);
-        match crate::pairs::each(pairs, wanted, |v| lines.push(Cow::Borrowed(v))) {
+        let wanted = |key: &[u8]| tollgate_core::rule::reading::is_header_name(key, name);
+        match tollgate_core::pairs::each(pairs, wanted, |v| lines.push(Cow::Borrowed(v))) {
             Some(()) => lines,
             None => Lines::None,
         }
@@ -169,7 +169,6 @@ impl RequestView for HostResponse {
 }
 
 /// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept).
-#[cfg(feature = "usage-body")]
 pub fn response_body(size: usize) -> Vec<u8> {
     abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, size).unwrap_or_default()
 }
@@ -290,11 +289,11 @@ impl Host for WasmHost {
                 "set_effective_context refused".into(),
             ));
         }
-        if cfg!(feature = "redis-callout") {
+        if cfg!(feature = "higress") {
             // The Redis client's op timeout was set once, at configure time.
             return redis_call(cluster, &req.body);
         }
-        let headers = crate::pairs::encode(&req.headers);
+        let headers = tollgate_core::pairs::encode(&req.headers);
         let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
         abi::http_call(cluster, &headers, &req.body, timeout).map_err(|s| {
             BackendError::Dispatch(format!("status {s} (is cluster \"{cluster}\" defined?)"))
@@ -309,7 +308,7 @@ impl Host for WasmHost {
     }
 
     fn respond(&mut self, ctx: u32, reply: &LocalReply) {
-        let headers = crate::pairs::encode(&reply.headers);
+        let headers = tollgate_core::pairs::encode(&reply.headers);
         let details = b"tollgate";
         let grpc = reply
             .grpc_status
@@ -438,25 +437,25 @@ impl Metrics for HostMetrics {
     }
 }
 
-#[cfg(not(feature = "redis-callout"))]
+#[cfg(not(feature = "higress"))]
 fn redis_call(_cluster: &str, _query: &[u8]) -> Result<u32, BackendError> {
     Err(BackendError::Dispatch(
         "Redis callouts are only in the Higress build".to_string(),
     ))
 }
 
-#[cfg(feature = "redis-callout")]
+#[cfg(feature = "higress")]
 pub use redis::{configure_redis, redis_call, redis_reply};
 
 /// Higress' Redis callouts (envoy/higress/ABI.md), in the Higress build only: the HTTP build must not
 /// import them (stock Envoy refuses a module with imports it does not have).
-#[cfg(feature = "redis-callout")]
+#[cfg(feature = "higress")]
 mod redis {
     use std::cell::RefCell;
 
-    use crate::backend::resp::MAX_REPLY_BYTES;
-    use crate::backend::BackendError;
-    use crate::config::Backend;
+    use tollgate_core::backend::resp::MAX_REPLY_BYTES;
+    use tollgate_core::backend::BackendError;
+    use tollgate_core::config::Backend;
 
     #[link(wasm_import_module = "env")]
     extern "C" {
@@ -478,7 +477,7 @@ mod redis {
         ) -> u32;
     }
 
-    use crate::abi::{self, OK};
+    use tollgate_abi::{self as abi, OK};
 
     const BAD_ARGUMENT: u32 = 2;
     const INTERNAL_FAILURE: u32 = 10;

@@ -1,10 +1,9 @@
 //! The module's exported callbacks: maps the host's events to engine events, nothing else.
 //!
 //! Only the callbacks tollgate uses are exported (see `abi`): context creation, configuration,
-//! ticks, queue messages, callout answers, request and response headers, response trailers (a
-//! usage header may come there), and deletion; the response body only in the build with feature
-//! `usage-body` (Envoy would call it for every chunk of every response, and only a usage rule's
-//! `body_field` reads it). A request's end is its context's deletion: Envoy calls
+//! ticks, queue messages, callout answers, request and response headers, response body (a usage
+//! rule's `body_field`; a chunk no rule watches returns at once) and trailers (a usage header may
+//! come there), and deletion; in the Higress artifact also Redis callout answers. A request's end is its context's deletion: Envoy calls
 //! `proxy_on_delete` right after `proxy_on_done` (`Context::onDestroy`), so the done and log
 //! events, which would cost a crossing each, are not exported; a usage the response had not
 //! reported by then is settled there.
@@ -18,18 +17,24 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::abi;
-use crate::config::Config;
-use crate::engine::{self, Engine, Plugin};
 use crate::host::{self, HostMetrics, HostRequest, HostResponse, WasmHost};
+use tollgate_abi as abi;
+use tollgate_core::config::{Artifact, Config};
+use tollgate_core::engine::{self, Engine, Plugin};
 
 type Shared = Rc<RefCell<Option<Engine>>>;
+
+/// The artifact this build is: what its configuration may name as the backend.
+const ARTIFACT: Artifact = if cfg!(feature = "higress") {
+    Artifact::Higress
+} else {
+    Artifact::Envoy
+};
 
 /// An HTTP context: the engine of the root it was created under.
 struct Stream {
     engine: Shared,
     /// The engine reads this response's body (a usage rule's `body_field`).
-    #[cfg(feature = "usage-body")]
     watch_body: bool,
 }
 
@@ -87,7 +92,6 @@ pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
                 ctx,
                 Stream {
                     engine,
-                    #[cfg(feature = "usage-body")]
                     watch_body: false,
                 },
             );
@@ -102,24 +106,15 @@ pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
     let Some(shared) = engine_of(ctx) else {
         return 0;
     };
-    let config = match Config::try_from(host::plugin_configuration().as_slice()) {
+    let config = match Config::parse(&host::plugin_configuration(), ARTIFACT) {
         Ok(config) => config,
         Err(e) => {
             log::error!("tollgate: bad configuration: {e}");
             return 0;
         }
     };
-    if !cfg!(feature = "usage-body") {
-        if let Some(at) = config.rules.iter().position(|r| r.reads_body()) {
-            log::error!(
-                "tollgate: bad configuration: rules[{at}].usage.body_field: needs \
-                 tollgate-usage-body.wasm, the build that reads response bodies"
-            );
-            return 0;
-        }
-    }
     log::info!("tollgate: configured: {}", config.summary());
-    #[cfg(feature = "redis-callout")]
+    #[cfg(feature = "higress")]
     host::configure_redis(&config.backend);
     let metrics = HostMetrics::define(&config);
     let plugin = Plugin::with_metrics(config, Box::new(metrics));
@@ -182,7 +177,6 @@ pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32)
 pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32) -> u32 {
     let view = HostResponse::headers();
     let wants_body = with_engine(ctx, |e, h| e.response_headers(h, ctx, &view)) == Some(true);
-    #[cfg(feature = "usage-body")]
     if wants_body {
         if end != 0 {
             // No body follows: the readers see it end empty.
@@ -191,19 +185,14 @@ pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32)
             with_stream(ctx, |s| s.watch_body = true);
         }
     }
-    // Without the body callback no rule wants a body: configure refused every one that reads it.
-    #[cfg(not(feature = "usage-body"))]
-    let _ = (wants_body, end);
     abi::ACTION_CONTINUE
 }
 
 /// Runs `f` on HTTP context `ctx`'s entry, if there is one.
-#[cfg(feature = "usage-body")]
 fn with_stream<T>(ctx: u32, f: impl FnOnce(&mut Stream) -> T) -> Option<T> {
     CONTEXTS.with(|c| c.try_borrow_mut().ok()?.streams.get_mut(&ctx).map(f))
 }
 
-#[cfg(feature = "usage-body")]
 #[no_mangle]
 pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> u32 {
     let end = end != 0;
@@ -223,7 +212,6 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> u32
 /// Response trailers: a usage header may come there, and the body (if watched) has ended.
 #[no_mangle]
 pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> u32 {
-    #[cfg(feature = "usage-body")]
     with_stream(ctx, |s| s.watch_body = false);
     let view = HostResponse::trailers();
     with_engine(ctx, |e, h| e.response_trailers(h, ctx, &view));
@@ -287,11 +275,11 @@ fn hand_to_other_roots(mut pending: engine::Pending, deleted: u32) {
     );
 }
 
-/// The Higress build's callback for Redis callouts: Higress calls it on the root context that
+/// The Higress artifact's callback for Redis callouts: Higress calls it on the root context that
 /// made the call (Redis calls are root-level), and it goes to that root's engine like an HTTP
 /// callout's answer. `status` 0 is a reply (possibly a Redis error) of `response_size` bytes in
 /// buffer 9; any other status (NetworkError) means no reply.
-#[cfg(feature = "redis-callout")]
+#[cfg(feature = "higress")]
 #[no_mangle]
 pub extern "C" fn proxy_on_redis_call_response(
     ctx: u32,
@@ -299,7 +287,7 @@ pub extern "C" fn proxy_on_redis_call_response(
     status: u32,
     response_size: u32,
 ) {
-    use crate::backend::resp;
+    use tollgate_core::backend::resp;
     let size = usize::try_from(response_size).unwrap_or(usize::MAX);
     let status = resp::host_status(status, size);
     let bytes = if status == resp::REPLY {

@@ -25,7 +25,6 @@ pub const MAP_RESPONSE_TRAILERS: u32 = 3;
 pub const MAP_CALL_RESPONSE_HEADERS: u32 = 6;
 
 /// `WasmBufferType`.
-#[cfg(feature = "usage-body")]
 pub const BUFFER_RESPONSE_BODY: u32 = 1;
 pub const BUFFER_CALL_RESPONSE_BODY: u32 = 4;
 pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
@@ -260,7 +259,7 @@ pub fn header(map: u32, name: &str) -> Option<Vec<u8>> {
     }
 }
 
-/// Every header of map `map`, in the proxy-wasm map encoding (`crate::pairs`).
+/// Every header of map `map`, in the proxy-wasm map encoding (a u32 pair count, each name's and value's u32 length, then each NUL-terminated).
 pub fn header_pairs(map: u32) -> Option<Vec<u8>> {
     let (mut data, mut size) = (std::ptr::null_mut(), 0usize);
     // SAFETY: as `buffer`.
@@ -393,7 +392,8 @@ pub fn dequeue(queue: u32) -> Option<Vec<u8>> {
 /// An HTTP callout to `cluster`; `headers` in the proxy-wasm map encoding. The token, or the
 /// host's status.
 pub fn http_call(cluster: &str, headers: &[u8], body: &[u8], timeout_ms: u32) -> Result<u32, u32> {
-    let empty = crate::pairs::encode::<&str, &str>(&[]);
+    // The encoding of an empty map (no trailers): its pair count, 0.
+    let empty = [0u8; 4];
     let mut token = 0u32;
     // SAFETY: every pointer/length pair describes a live buffer; the host writes one u32.
     let status = unsafe {

@@ -6,7 +6,7 @@
 use sha1::{Digest, Sha1};
 
 /// The script text sent with `EVAL` when Redis lacks it.
-pub const SOURCE: &str = include_str!("../../lua/token_bucket.lua");
+pub const SOURCE: &str = include_str!("../../../../lua/token_bucket.lua");
 
 /// Lower-case hex SHA-1 of `SOURCE`.
 pub fn sha1_hex() -> String {

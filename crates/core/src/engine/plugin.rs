@@ -6,7 +6,7 @@
 
 use crate::backend::{Reply, ScriptCall, Transport};
 use crate::bucket::Limits;
-use crate::config::{Config, HeaderStyle, Mode, Rule};
+use crate::config::{Config, HeaderStyle, Mode, Protocol, Rule};
 use crate::headers::{self, Report};
 use crate::metrics::{Batched, Counter, Metrics, NoMetrics};
 use crate::rule::{KeyCache, RequestView};
@@ -27,16 +27,15 @@ pub struct Plugin {
     policies: Vec<String>,
 }
 
-/// How this build's script calls travel: Webdis over HTTP, or RESP through Higress' Redis
-/// callouts (`redis-callout`).
+/// How the configuration's script calls travel: Webdis over HTTP, or RESP through Higress' Redis
+/// callouts.
 fn transport(config: &Config) -> Box<dyn Transport> {
-    if cfg!(feature = "redis-callout") {
-        Box::new(crate::backend::resp::Resp::new())
-    } else {
-        Box::new(crate::backend::webdis::Webdis::new(
+    match config.backend.protocol {
+        Protocol::Resp => Box::new(crate::backend::resp::Resp::new()),
+        Protocol::Webdis => Box::new(crate::backend::webdis::Webdis::new(
             &config.backend.authority,
             config.backend.basic_auth.as_deref(),
-        ))
+        )),
     }
 }
 

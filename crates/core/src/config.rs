@@ -34,6 +34,8 @@ pub struct Backend {
     pub password: Option<String>,
     /// Redis database (`SELECT`), 0 by default (Higress build).
     pub database: u64,
+    /// How script calls travel (from the artifact the configuration is for).
+    pub protocol: Protocol,
     /// Consecutive failed calls (proxy-wide) that open the circuit breaker.
     pub breaker_failures: u64,
     /// How long an open breaker answers with the failure mode before letting one probe through.
@@ -385,8 +387,25 @@ const REDIS_ONLY_FIELDS: &[&str] = &[
     "password",
     "database",
 ];
-/// Whether this build calls Redis through Higress' Redis callouts (else Webdis over HTTP).
-pub const REDIS_CALLOUT: bool = cfg!(feature = "redis-callout");
+/// Which artifact the configuration is for: it decides how script calls travel, and the other
+/// artifact's `backend` fields are refused with a message that names the artifact to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Artifact {
+    /// tollgate.wasm, for stock Envoy and Istio: HTTP callouts to Webdis.
+    #[default]
+    Envoy,
+    /// tollgate-higress.wasm: Higress' Redis callouts, straight to Redis.
+    Higress,
+}
+
+/// How script calls travel to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP callouts to a Webdis front (`backend.authority`, `backend.basic_auth`).
+    Webdis,
+    /// RESP through Higress' Redis callouts (`backend.username`, `password`, `database`).
+    Resp,
+}
 /// Largest `backend.database`.
 pub const MAX_DATABASE: u64 = i32::MAX as u64;
 /// Longest `backend.username` / `backend.password`.
@@ -468,7 +487,15 @@ const LIMITS_FIELDS: &[&str] = &["rate", "period_ms", "burst"];
 impl TryFrom<&[u8]> for Config {
     type Error = ConfigError;
 
+    /// The configuration for tollgate.wasm (stock Envoy and Istio).
     fn try_from(bytes: &[u8]) -> Result<Self, Self::Error> {
+        Config::parse(bytes, Artifact::Envoy)
+    }
+}
+
+impl Config {
+    /// The configuration `bytes` for `artifact`, validated.
+    pub fn parse(bytes: &[u8], artifact: Artifact) -> Result<Config, ConfigError> {
         let text = std::str::from_utf8(bytes).map_err(|e| {
             err(
                 DOCUMENT,
@@ -483,7 +510,7 @@ impl TryFrom<&[u8]> for Config {
         if !value.is_object() {
             return Err(err(DOCUMENT, "must be a JSON object"));
         }
-        parse_config(&value)
+        parse_config(&value, artifact)
     }
 }
 
@@ -737,7 +764,7 @@ fn one_of<T: Copy>(path: &str, s: &str, choices: &[(&str, T)]) -> Result<T, Conf
 // ---------------------------------------------------------------------------------------------
 // The document.
 
-fn parse_config(value: &serde_json::Value) -> Result<Config, ConfigError> {
+fn parse_config(value: &serde_json::Value, artifact: Artifact) -> Result<Config, ConfigError> {
     if value.get("_rules_").is_some() {
         // Higress turns a WasmPlugin's matchRules into this field (pkg/ingress/config).
         return Err(err(
@@ -748,7 +775,7 @@ fn parse_config(value: &serde_json::Value) -> Result<Config, ConfigError> {
     }
     let top = Obj::new(value, "", TOP_FIELDS)?;
 
-    let backend = parse_backend(top.opt_obj("backend", BACKEND_FIELDS)?)?;
+    let backend = parse_backend(top.opt_obj("backend", BACKEND_FIELDS)?, artifact)?;
 
     let key_prefix = match top.opt_str("key_prefix")? {
         None => DEFAULT_KEY_PREFIX.to_owned(),
@@ -835,7 +862,7 @@ fn parse_config(value: &serde_json::Value) -> Result<Config, ConfigError> {
     })
 }
 
-fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
+fn parse_backend(obj: Option<Obj<'_>>, artifact: Artifact) -> Result<Backend, ConfigError> {
     let mut backend = Backend {
         cluster: DEFAULT_CLUSTER.to_owned(),
         authority: DEFAULT_AUTHORITY.to_owned(),
@@ -844,6 +871,10 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
         username: None,
         password: None,
         database: 0,
+        protocol: match artifact {
+            Artifact::Envoy => Protocol::Webdis,
+            Artifact::Higress => Protocol::Resp,
+        },
         breaker_failures: DEFAULT_BREAKER_FAILURES,
         breaker_cooloff_ms: DEFAULT_BREAKER_COOLOFF_MS,
         max_inflight: DEFAULT_MAX_INFLIGHT,
@@ -851,10 +882,10 @@ fn parse_backend(obj: Option<Obj<'_>>) -> Result<Backend, ConfigError> {
     let Some(obj) = obj else {
         return Ok(backend);
     };
-    let (other, reason) = if REDIS_CALLOUT {
+    let (other, reason) = if artifact == Artifact::Higress {
         (
             WEBDIS_ONLY_FIELDS,
-            "only in the HTTP build (Webdis); this Higress build calls Redis directly",
+            "only in tollgate.wasm (the HTTP build, Webdis); this Higress build calls Redis directly",
         )
     } else {
         (
@@ -1706,7 +1737,6 @@ mod tests {
 
     /// The plugin configuration example of the design reference (shared/DESIGN.md, outside this
     /// repository), kept here verbatim.
-    #[cfg(not(feature = "redis-callout"))]
     const DESIGN_EXAMPLE: &str = r#"{
   "backend":  { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 25,
                 "basic_auth": "user:pass" },
@@ -1729,6 +1759,17 @@ mod tests {
 
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::try_from(s.as_bytes())
+    }
+
+    fn parse_higress(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(s.as_bytes(), Artifact::Higress)
+    }
+
+    fn higress_error(s: &str) -> String {
+        match parse_higress(s) {
+            Ok(c) => panic!("expected an error, parsed {c:?}"),
+            Err(e) => e.to_string(),
+        }
     }
 
     /// The Display of the error for `s`.
@@ -1823,7 +1864,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(not(feature = "redis-callout"))]
     fn design_example_parses() {
         let c = parse(DESIGN_EXAMPLE).unwrap();
         let want = Config {
@@ -1835,6 +1875,7 @@ mod tests {
                 username: None,
                 password: None,
                 database: 0,
+                protocol: Protocol::Webdis,
                 breaker_failures: 5,
                 breaker_cooloff_ms: 1000,
                 max_inflight: 256,
@@ -1914,6 +1955,7 @@ mod tests {
                 username: None,
                 password: None,
                 database: 0,
+                protocol: Protocol::Webdis,
                 breaker_failures: 5,
                 breaker_cooloff_ms: 1000,
                 max_inflight: 256,
@@ -2394,7 +2436,6 @@ mod tests {
     // ---- strings ----
 
     #[test]
-    #[cfg(not(feature = "redis-callout"))]
     fn backend_strings() {
         assert_eq!(
             error(r#"{"backend":{"cluster":""},"rules":[{"name":"a","rate":1}]}"#),
@@ -2414,7 +2455,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(not(feature = "redis-callout"))]
     fn basic_auth_without_colon() {
         assert_eq!(
             error(r#"{"backend":{"basic_auth":"secret"},"rules":[{"name":"a","rate":1}]}"#),
@@ -2434,7 +2474,6 @@ mod tests {
     }
 
     #[test]
-    #[cfg(not(feature = "redis-callout"))]
     fn http_build_refuses_redis_fields() {
         for field in [
             r#""service_name":"redis.default.svc.cluster.local""#,
@@ -2457,26 +2496,24 @@ mod tests {
     }
 
     #[test]
-    #[cfg(feature = "redis-callout")]
     fn higress_build_refuses_webdis_fields() {
         for field in [r#""authority":"webdis""#, r#""basic_auth":"u:p""#] {
             let name = field.split('"').nth(1).unwrap();
             assert_eq!(
-                error(&format!(
+                higress_error(&format!(
                     r#"{{"backend":{{{field}}},"rules":[{{"name":"a","rate":1}}]}}"#
                 )),
                 format!(
-                    "backend.{name}: only in the HTTP build (Webdis); this Higress build calls Redis directly"
+                    "backend.{name}: only in tollgate.wasm (the HTTP build, Webdis); this Higress build calls Redis directly"
                 )
             );
         }
     }
 
     #[test]
-    #[cfg(feature = "redis-callout")]
     fn higress_build_redis_fields() {
         let backend = |json: &str| {
-            parse(&format!(
+            parse_higress(&format!(
                 r#"{{"backend":{json},"rules":[{{"name":"a","rate":1}}]}}"#
             ))
             .map(|c| c.backend)

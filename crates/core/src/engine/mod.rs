@@ -237,10 +237,10 @@ pub struct Engine {
 /// Hashes the host's context ids and callout tokens, which the host hands out (a client cannot
 /// choose them), and the numbers of checks sent to other workers, with one multiplication instead
 /// of SipHash: the request map is touched several times per request.
-pub(crate) type ById = std::hash::BuildHasherDefault<IdHasher>;
+pub type ById = std::hash::BuildHasherDefault<IdHasher>;
 
 #[derive(Default)]
-pub(crate) struct IdHasher(u64);
+pub struct IdHasher(u64);
 
 impl std::hash::Hasher for IdHasher {
     fn finish(&self) -> u64 {
