@@ -24,5 +24,6 @@ pub mod engine;
 pub mod headers;
 pub mod metrics;
 pub mod pairs;
+pub mod property;
 pub mod rule;
 pub mod shared;

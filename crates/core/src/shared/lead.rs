@@ -81,6 +81,12 @@ pub fn worker_number(store: &dyn Store, ns: &str) -> Result<u64, StoreError> {
     })
 }
 
+/// The name of a new worker's shared queue: its own, from [`worker_number`] (a name registered
+/// twice would move the queue to the later worker).
+pub fn queue_name(store: &dyn Store, ns: &str) -> Result<String, StoreError> {
+    Ok(format!("{ns}|queue|{}", worker_number(store, ns)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +133,12 @@ mod tests {
             .collect();
         assert_eq!(got, [1, 2, 3]);
         assert_eq!(worker_number(&s, "tollgate|u").unwrap(), 1, "per plugin");
+    }
+
+    #[test]
+    fn each_worker_names_its_own_queue() {
+        let s = MemStore::default();
+        assert_eq!(queue_name(&s, "tollgate|t").unwrap(), "tollgate|t|queue|1");
+        assert_eq!(queue_name(&s, "tollgate|t").unwrap(), "tollgate|t|queue|2");
     }
 }
