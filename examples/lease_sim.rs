@@ -29,7 +29,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 
-use tollgate_core::backend::{BackendError, HttpRequest};
+use tollgate_core::backend::{Answer, BackendError, Outgoing, Payload};
 use tollgate_core::bucket::{self, Ask, Holder, Holders, Limits, State};
 use tollgate_core::config::Config;
 use tollgate_core::engine::{Action, Engine, Host, LocalReply, Plugin};
@@ -228,10 +228,10 @@ impl Host for SimHost {
     fn store(&self) -> &dyn Store {
         &*self.store
     }
-    fn dispatch(&mut self, _: &str, req: &HttpRequest, _: u64) -> Result<u32, BackendError> {
+    fn dispatch(&mut self, _: &str, call: &Outgoing, _: u64) -> Result<u32, BackendError> {
         self.next_token += 1;
         self.dispatched
-            .push((self.next_token, self.current, req.body.clone()));
+            .push((self.next_token, self.current, call.payload().to_vec()));
         Ok(self.next_token)
     }
     fn resume(&mut self, ctx: u32) {
@@ -877,8 +877,11 @@ impl<'o> Sim<'o> {
         wk.host.now_us = now;
         // On the root context, whichever callback sent it.
         wk.host.current = ROOT;
-        wk.engine
-            .call_response(&mut wk.host, token, 200, body.as_bytes());
+        let answer = Answer::Http {
+            status: 200,
+            body: Payload::Read(body.into_bytes()),
+        };
+        wk.engine.call_response(&mut wk.host, token, &answer);
         self.after(p, w);
     }
 

@@ -1,13 +1,14 @@
-//! Backend reply decoding: `webdis::decode_reply(status, body)` never panics, and what it accepts is
-//! exactly a well-formed script reply.
+//! Backend reply decoding: an HTTP callout's answer as the host reports it (`Answer::http`) decodes
+//! (`webdis::decode_answer`) without a panic, and what it accepts is exactly a well-formed script
+//! reply.
 //!
 //! Input: the body with status 200, or `!` + 4 bytes of status (little-endian) + the body, so seed
 //! files can be plain Webdis JSON.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_core::backend::webdis::decode_reply;
-use tollgate_core::backend::BackendError;
+use tollgate_core::backend::webdis::{decode_answer, decode_reply};
+use tollgate_core::backend::{Answer, BackendError, Payload, MAX_REPLY_BYTES};
 
 fuzz_target!(|data: &[u8]| {
     let (status, body) = match data.split_first() {
@@ -17,15 +18,32 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => (200, data),
     };
-    let got = decode_reply(status, body);
+    let answer = Answer::http(
+        1,
+        || Some(status.to_string().into_bytes()),
+        body.len(),
+        |n| Some(body[..n].to_vec()),
+    );
+    let read = match &answer {
+        Answer::Http { status: s, body: b } => {
+            assert_eq!(*s, status);
+            match b {
+                Payload::Read(b) => assert_eq!(b, body),
+                Payload::TooLarge(n) => assert!(*n == body.len() && *n > MAX_REPLY_BYTES),
+            }
+            matches!(b, Payload::Read(_))
+        }
+        other => panic!("{other:?} for an answer with headers and a status"),
+    };
+    let got = decode_answer(&answer);
     // Never panics on any outcome's methods either.
     if let Err(e) = &got {
         let _ = e.class();
         let _ = e.to_string();
     }
     match (status, &got) {
-        (0, r) => assert_eq!(*r, Err(BackendError::Reset)),
-        (200, _) => {}
+        (200, r) if read => assert_eq!(*r, decode_reply(body)),
+        (200, r) => assert!(matches!(r, Err(BackendError::Malformed(_))), "{r:?}"),
         (s, r) => assert_eq!(*r, Err(BackendError::Status(s))),
     }
     match &got {
@@ -57,11 +75,11 @@ fuzz_target!(|data: &[u8]| {
                 r#"{{"EVALSHA":[{},{},{},{},{}]}}"#,
                 want[0], want[1], want[2], want[3], want[4]
             );
-            assert_eq!(decode_reply(200, again.as_bytes()), got);
+            assert_eq!(decode_reply(again.as_bytes()), got);
         }
         Err(BackendError::Redis(msg)) => assert!(msg.len() <= 200, "{} bytes", msg.len()),
         Err(_) => {}
     }
     // Pure: the same input decodes the same way.
-    assert_eq!(decode_reply(status, body), got);
+    assert_eq!(decode_answer(&answer), got);
 });

@@ -5,17 +5,15 @@
 //! the inputs.
 //!
 //! Input: first byte selects the mode: even = decode the rest as a reply (a read reply, or with the
-//! first byte 2 the Higress callback status in the second byte and the rest as the reply); odd =
-//! build a command from the rest.
+//! first byte 2 whether Redis replied in the second byte's low bit and the rest as the reply, as
+//! the Higress callback reports it through `Answer::redis`); odd = build a command from the rest.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use tollgate_core::backend::resp::{
-    command, decode_reply, decode_response, host_status, MAX_REPLY_BYTES, REPLY,
-};
+use tollgate_core::backend::resp::{command, decode_answer, decode_reply};
 use tollgate_core::backend::webdis::Invoke;
-use tollgate_core::backend::BackendError;
+use tollgate_core::backend::{Answer, BackendError, Payload, MAX_REPLY_BYTES};
 
 #[path = "../common/script_call.rs"]
 mod script_call;
@@ -50,19 +48,25 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if mode % 2 == 0 {
-        let (status, reply) = match (mode, rest.split_first()) {
-            (2, Some((&s, r))) => (host_status(u32::from(s), r.len()), r),
-            _ => (REPLY, rest),
+        let (replied, reply) = match (mode, rest.split_first()) {
+            (2, Some((&s, r))) => (s % 2 == 0, r),
+            _ => (true, rest),
         };
-        let got = decode_response(status, reply);
-        if status == 0 {
-            assert_eq!(got, Err(BackendError::Reset));
-            return;
-        }
-        if status != REPLY {
-            assert!(reply.len() > MAX_REPLY_BYTES);
-            assert!(matches!(got, Err(BackendError::Malformed(_))), "{got:?}");
-            return;
+        let answer = Answer::redis(replied, reply.len(), |n| Some(reply[..n].to_vec()));
+        let got = decode_answer(&answer);
+        match &answer {
+            Answer::NoAnswer => {
+                assert!(!replied);
+                assert_eq!(got, Err(BackendError::Reset));
+                return;
+            }
+            Answer::Redis(Payload::TooLarge(n)) => {
+                assert!(*n == reply.len() && *n > MAX_REPLY_BYTES);
+                assert!(matches!(got, Err(BackendError::Malformed(_))), "{got:?}");
+                return;
+            }
+            Answer::Redis(Payload::Read(r)) => assert_eq!(r, reply),
+            other => panic!("{other:?} from a Redis callback"),
         }
         assert_eq!(got, decode_reply(reply));
         if let Err(e) = &got {

@@ -17,9 +17,12 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::host::{self, HostMetrics, HostRequest, HostResponse, WasmHost};
-use tollgate_abi as abi;
-use tollgate_core::config::{Artifact, Config};
+use crate::host::{self, WasmHost};
+use crate::metrics::HostMetrics;
+use crate::redis;
+use crate::request::{HostRequest, HostResponse};
+use tollgate_abi::{self as abi, Action};
+use tollgate_core::config::{Artifact, Config, Protocol};
 use tollgate_core::engine::{self, Engine, Plugin};
 
 type Shared = Rc<RefCell<Option<Engine>>>;
@@ -82,7 +85,7 @@ pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
         if parent == 0 {
             if c.roots.is_empty() {
                 abi::install_logger();
-                log::set_max_level(host::log_filter());
+                log::set_max_level(abi::log_filter());
             }
             c.roots.retain(|(id, _)| *id != ctx);
             c.roots.push((ctx, Rc::new(RefCell::new(None))));
@@ -101,26 +104,27 @@ pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
-    log::set_max_level(host::log_filter());
+pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> bool {
+    log::set_max_level(abi::log_filter());
     let Some(shared) = engine_of(ctx) else {
-        return 0;
+        return false;
     };
     let config = match Config::parse(&host::plugin_configuration(), ARTIFACT) {
         Ok(config) => config,
         Err(e) => {
             log::error!("tollgate: bad configuration: {e}");
-            return 0;
+            return false;
         }
     };
     log::info!("tollgate: configured: {}", config.summary());
-    #[cfg(feature = "higress")]
-    host::configure_redis(&config.backend);
+    if config.backend.protocol == Protocol::Resp {
+        redis::configure(&config.backend);
+    }
     let metrics = HostMetrics::define(&config);
     let plugin = Plugin::with_metrics(config, Box::new(metrics));
     let queue = host::register_queue(&plugin.ns);
     let Ok(mut slot) = shared.try_borrow_mut() else {
-        return 0;
+        return false;
     };
     let mut engine = Engine::new(plugin);
     if let Some(q) = queue {
@@ -135,7 +139,7 @@ pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> u32 {
         let _ = engine.adopt(&mut WasmHost::new(ctx), pending);
     }
     *slot = Some(engine);
-    1
+    true
 }
 
 #[no_mangle]
@@ -159,33 +163,35 @@ pub extern "C" fn proxy_on_http_call_response(
     body: usize,
     _trailers: usize,
 ) {
-    let (status, bytes) = host::call_response(headers, body);
-    with_engine(ctx, |e, h| e.call_response(h, token, status, &bytes));
+    let answer = host::http_answer(headers, body);
+    with_engine(ctx, |e, h| e.call_response(h, token, &answer));
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32) -> u32 {
+pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32) -> Action {
     match with_engine(ctx, |e, h| {
         e.request_headers(h, ctx, &HostRequest::default())
     }) {
-        Some(engine::Action::Pause) => abi::ACTION_PAUSE,
-        Some(engine::Action::Continue) | None => abi::ACTION_CONTINUE,
+        Some(engine::Action::Pause) => Action::Pause,
+        Some(engine::Action::Continue) | None => Action::Continue,
     }
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32) -> u32 {
+pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32) -> Action {
+    // The ABI's flags are u32s (a Rust `bool` parameter would trust the host to send 0 or 1).
+    let end = end != 0;
     let view = HostResponse::headers();
     let wants_body = with_engine(ctx, |e, h| e.response_headers(h, ctx, &view)) == Some(true);
     if wants_body {
-        if end != 0 {
+        if end {
             // No body follows: the readers see it end empty.
             with_engine(ctx, |e, h| e.response_body(h, ctx, &[], true));
         } else {
             with_stream(ctx, |s| s.watch_body = true);
         }
     }
-    abi::ACTION_CONTINUE
+    Action::Continue
 }
 
 /// Runs `f` on HTTP context `ctx`'s entry, if there is one.
@@ -194,7 +200,7 @@ fn with_stream<T>(ctx: u32, f: impl FnOnce(&mut Stream) -> T) -> Option<T> {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> u32 {
+pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> Action {
     let end = end != 0;
     let watched = with_stream(ctx, |s| {
         let was = s.watch_body;
@@ -206,16 +212,16 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> u32
         let chunk = host::response_body(size);
         with_engine(ctx, |e, h| e.response_body(h, ctx, &chunk, end));
     }
-    abi::ACTION_CONTINUE
+    Action::Continue
 }
 
 /// Response trailers: a usage header may come there, and the body (if watched) has ended.
 #[no_mangle]
-pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> u32 {
+pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> Action {
     with_stream(ctx, |s| s.watch_body = false);
     let view = HostResponse::trailers();
     with_engine(ctx, |e, h| e.response_trailers(h, ctx, &view));
-    abi::ACTION_CONTINUE
+    Action::Continue
 }
 
 /// A context is gone: a request's end (the engine forgets it), or a root's (its plugin is
@@ -277,8 +283,8 @@ fn hand_to_other_roots(mut pending: engine::Pending, deleted: u32) {
 
 /// The Higress artifact's callback for Redis callouts: Higress calls it on the root context that
 /// made the call (Redis calls are root-level), and it goes to that root's engine like an HTTP
-/// callout's answer. `status` 0 is a reply (possibly a Redis error) of `response_size` bytes in
-/// buffer 9; any other status (NetworkError) means no reply.
+/// callout's answer. A reply (possibly a Redis error) comes with `RedisStatus::Ok`; any other
+/// status (NetworkError) means none.
 #[cfg(feature = "higress")]
 #[no_mangle]
 pub extern "C" fn proxy_on_redis_call_response(
@@ -287,13 +293,9 @@ pub extern "C" fn proxy_on_redis_call_response(
     status: u32,
     response_size: u32,
 ) {
-    use tollgate_core::backend::resp;
+    use tollgate_abi::higress::{redis_reply, RedisStatus};
+    let replied = RedisStatus::from_raw(status).replied();
     let size = usize::try_from(response_size).unwrap_or(usize::MAX);
-    let status = resp::host_status(status, size);
-    let bytes = if status == resp::REPLY {
-        host::redis_reply(size)
-    } else {
-        Vec::new()
-    };
-    with_engine(ctx, |e, h| e.call_response(h, token, status, &bytes));
+    let answer = tollgate_core::backend::Answer::redis(replied, size, |n| redis_reply(n).ok());
+    with_engine(ctx, |e, h| e.call_response(h, token, &answer));
 }

@@ -3,16 +3,20 @@
 //! Invariant: every backend outcome is either a well-formed five-integer `Reply` or a
 //! `BackendError`; nothing in between reaches the decision logic.
 
+pub mod exchange;
 pub mod resp;
 pub mod script;
 pub mod webdis;
 
-/// How script calls travel: encoded into a request for the host to send, and decoded from the raw
-/// answer it delivers. The HTTP build goes through Webdis; the Higress build sends RESP.
+pub use exchange::{Answer, Outgoing, Payload, MAX_REPLY_BYTES};
+
+/// How script calls travel: encoded into a call for the host to send, and decoded from the answer
+/// it delivers. Webdis over HTTP callouts (Envoy, Istio), or RESP over Higress' Redis callouts.
 pub trait Transport {
-    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest;
-    /// `status` is the host's status for the answer (0: no answer, reset or timed out).
-    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError>;
+    fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing;
+    /// The script's reply in `answer`, or why there is none (an answer of another transport's
+    /// kind is `Malformed`: the host delivered what this transport never asked for).
+    fn decode(&self, answer: &Answer) -> Result<Reply, BackendError>;
 }
 
 /// One call of `lua/token_bucket.lua` on one bucket.

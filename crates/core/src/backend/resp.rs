@@ -8,28 +8,22 @@
 //! is `Malformed`. It never panics and never allocates more than the input's size.
 
 use super::webdis::Invoke;
-use super::{script_reply, BackendError, HttpRequest, Reply, ScriptCall, Transport};
+use super::{
+    script_reply, Answer, BackendError, Outgoing, Payload, Reply, ScriptCall, Transport,
+    MAX_REPLY_BYTES,
+};
 
-/// The largest reply decoded. The script's answer is at most 119 bytes (`*5\r\n` and five
-/// 20-digit integers); the rest is room for a Redis error message.
-pub const MAX_REPLY_BYTES: usize = 1024;
-
-/// The status Higress' callback reports for a reply (`RedisStatus::Ok`); any other
-/// (`NetworkError` = 1) means no reply: connection refused or closed, connect or op timeout.
-pub const REDIS_OK: u32 = 0;
-
-/// How the Redis glue hands a callback to [`Transport::decode`], in the trait's terms: `REPLY`
-/// when Redis answered and the reply was read, 0 when there was no answer. A reply too large to
-/// read is reported as `REPLY + 0x1_0000` (as host.rs does for HTTP), which decodes as Malformed.
-pub const REPLY: u32 = 200;
-
-/// The `Transport::decode` status for a Higress callback `(status, response_size)`.
-pub fn host_status(redis_status: u32, response_size: usize) -> u32 {
-    match (redis_status, response_size) {
-        (REDIS_OK, n) if n <= MAX_REPLY_BYTES => REPLY,
-        (REDIS_OK, _) => REPLY + 0x1_0000,
-        _ => 0,
+/// What `proxy_redis_init` is given as the cluster: the backend cluster with Higress' parameters,
+/// `buffer_flush_timeout=0` (send each command at once instead of batching it for 3 ms) and, for a
+/// database other than 0, `db=N` (`SELECT N` on each connection). Higress looks the cluster up by
+/// what comes before `?` and ignores parameters it does not know.
+pub fn redis_target(cluster: &str, database: u64) -> String {
+    let mut target = format!("{cluster}?buffer_flush_timeout=0");
+    if database != 0 {
+        target.push_str("&db=");
+        crate::decimal::push(&mut target, database);
     }
+    target
 }
 
 /// The RESP command for one script call: `[EVALSHA|EVAL, <sha|script>, "1", <key>, burst, rate,
@@ -99,20 +93,17 @@ impl Default for Resp {
 }
 
 impl Transport for Resp {
-    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing {
         let invoke = if with_source {
             Invoke::Source(super::script::SOURCE)
         } else {
             Invoke::Sha(&self.sha)
         };
-        HttpRequest {
-            headers: Vec::new(),
-            body: command(call, invoke),
-        }
+        Outgoing::Resp(command(call, invoke))
     }
 
-    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError> {
-        decode_response(status, body)
+    fn decode(&self, answer: &Answer) -> Result<Reply, BackendError> {
+        decode_answer(answer)
     }
 }
 
@@ -124,15 +115,16 @@ fn bulk(arg: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Decodes a callback as [`host_status`] reports it: 0 is no answer (`Reset`), `REPLY` a reply to
-/// decode, anything else a reply that was not read.
-pub fn decode_response(status: u32, reply: &[u8]) -> Result<Reply, BackendError> {
-    match status {
-        0 => Err(BackendError::Reset),
-        REPLY => decode_reply(reply),
-        _ => Err(malformed(format!(
-            "reply of more than {MAX_REPLY_BYTES} bytes not read"
+/// Decodes the host's answer to a Redis callout: no answer (a network error) is `Reset`, a reply
+/// that was read is decoded, one too large to read is `Malformed`.
+pub fn decode_answer(answer: &Answer) -> Result<Reply, BackendError> {
+    match answer {
+        Answer::NoAnswer => Err(BackendError::Reset),
+        Answer::Redis(Payload::Read(reply)) => decode_reply(reply),
+        Answer::Redis(Payload::TooLarge(size)) => Err(malformed(format!(
+            "reply of {size} bytes exceeds {MAX_REPLY_BYTES}: not read"
         ))),
+        Answer::Http { .. } => Err(malformed("an HTTP answer to a Redis callout".to_string())),
     }
 }
 
@@ -344,10 +336,9 @@ mod tests {
             Ok(ok(false, 0, -1, 0, 0))
         );
         assert_eq!(
-            decode_response(
-                REPLY,
-                b"*5\r\n:0\r\n:0\r\n:250\r\n:9223372036854775807\r\n:0\r\n"
-            ),
+            decode_answer(&Answer::Redis(Payload::Read(
+                b"*5\r\n:0\r\n:0\r\n:250\r\n:9223372036854775807\r\n:0\r\n".to_vec()
+            ))),
             Ok(ok(false, 0, 250, i64::MAX as u64, 0))
         );
     }
@@ -377,18 +368,59 @@ mod tests {
             ))
         );
         // Higress' NetworkError: connection refused, closed, or timed out.
-        assert_eq!(host_status(1, 0), 0);
-        assert_eq!(
-            decode_response(host_status(1, 0), b""),
-            Err(BackendError::Reset)
-        );
-        assert_eq!(host_status(REDIS_OK, 0), REPLY);
+        assert_eq!(decode_answer(&Answer::NoAnswer), Err(BackendError::Reset));
         // A reply over the limit is not read, and does not decode.
-        let big = host_status(REDIS_OK, MAX_REPLY_BYTES + 1);
+        let big = Answer::Redis(Payload::TooLarge(MAX_REPLY_BYTES + 1));
+        match decode_answer(&big) {
+            Err(BackendError::Malformed(m)) => assert!(m.contains("not read"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // An empty reply (Ok with 0 bytes) is not a reply.
         assert!(matches!(
-            decode_response(big, b"*5\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n"),
+            decode_answer(&Answer::Redis(Payload::Read(Vec::new()))),
             Err(BackendError::Malformed(_))
         ));
+        // An HTTP answer never answers a Redis callout, even a body that would decode as RESP.
+        let http = Answer::Http {
+            status: 200,
+            body: Payload::Read(b"*5\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n".to_vec()),
+        };
+        assert!(matches!(
+            decode_answer(&http),
+            Err(BackendError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn the_redis_target_carries_higress_parameters() {
+        assert_eq!(
+            redis_target("outbound|6379||redis.default.svc.cluster.local", 0),
+            "outbound|6379||redis.default.svc.cluster.local?buffer_flush_timeout=0"
+        );
+        assert_eq!(
+            redis_target("redis", 12),
+            "redis?buffer_flush_timeout=0&db=12"
+        );
+        assert_eq!(
+            redis_target("r", u64::from(u32::MAX)),
+            "r?buffer_flush_timeout=0&db=4294967295"
+        );
+    }
+
+    #[test]
+    fn a_call_goes_out_as_a_resp_command() {
+        let out = Resp::new().request(&call("k"), false);
+        let Outgoing::Resp(cmd) = &out else {
+            panic!("{out:?}")
+        };
+        assert!(
+            cmd.starts_with(b"*11\r\n$7\r\nEVALSHA\r\n$40\r\n"),
+            "{out:?}"
+        );
+        let Outgoing::Resp(eval) = Resp::new().request(&call("k"), true) else {
+            panic!()
+        };
+        assert!(eval.starts_with(b"*11\r\n$4\r\nEVAL\r\n"));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! The command goes in a POST body (Webdis parses it like a path) so the `EVAL` fallback, which
 //! carries the whole script, is not limited by URL length.
 
-use super::{BackendError, HttpRequest, Reply, ScriptCall};
+use super::{Answer, BackendError, HttpRequest, Outgoing, Payload, Reply, ScriptCall};
 
 /// How the script is named in the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,31 +126,51 @@ impl Webdis {
 }
 
 impl super::Transport for Webdis {
-    fn request(&self, call: &ScriptCall, with_source: bool) -> HttpRequest {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing {
         let invoke = if with_source {
             Invoke::Source(super::script::SOURCE)
         } else {
             Invoke::Sha(&self.sha)
         };
-        request(call, invoke, &self.authority, self.auth_header.as_deref())
+        Outgoing::Http(request(
+            call,
+            invoke,
+            &self.authority,
+            self.auth_header.as_deref(),
+        ))
     }
 
-    fn decode(&self, status: u32, body: &[u8]) -> Result<Reply, BackendError> {
-        decode_reply(status, body)
+    fn decode(&self, answer: &Answer) -> Result<Reply, BackendError> {
+        decode_answer(answer)
     }
 }
 
-/// Decodes Webdis' answer to a script call.
-///
-/// `status` 0 means Envoy got no headers (reset or timeout). Webdis wraps every reply as
-/// `{"<COMMAND>": <value>}`; errors come back with HTTP 200 as `[false, "ERR ..."]`.
-pub fn decode_reply(status: u32, body: &[u8]) -> Result<Reply, BackendError> {
-    if status == 0 {
-        return Err(BackendError::Reset);
+/// Decodes the host's answer to a Webdis callout: no answer is `Reset`, an HTTP status other than
+/// 200 is `Status` (whatever the body's size), a 200 body is Webdis' reply.
+pub fn decode_answer(answer: &Answer) -> Result<Reply, BackendError> {
+    match answer {
+        Answer::NoAnswer => Err(BackendError::Reset),
+        Answer::Http {
+            status: 200,
+            body: Payload::Read(body),
+        } => decode_reply(body),
+        Answer::Http {
+            status: 200,
+            body: Payload::TooLarge(size),
+        } => Err(BackendError::Malformed(format!(
+            "answer of {size} bytes exceeds {}",
+            super::MAX_REPLY_BYTES
+        ))),
+        Answer::Http { status, .. } => Err(BackendError::Status(*status)),
+        Answer::Redis(_) => Err(BackendError::Malformed(
+            "a Redis reply to an HTTP callout".to_string(),
+        )),
     }
-    if status != 200 {
-        return Err(BackendError::Status(status));
-    }
+}
+
+/// Decodes Webdis' answer (HTTP 200) to a script call. Webdis wraps every reply as
+/// `{"<COMMAND>": <value>}`; errors come back as `[false, "ERR ..."]`.
+pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
     if let Some(ints) = five_integers(body) {
         return super::script_reply(ints);
     }
@@ -377,7 +397,7 @@ mod tests {
 
     #[test]
     fn decodes_int_array() {
-        let r = decode_reply(200, br#"{"EVALSHA":[1,99,0,10,1]}"#).unwrap();
+        let r = decode_reply(br#"{"EVALSHA":[1,99,0,10,1]}"#).unwrap();
         assert_eq!(
             r,
             Reply {
@@ -388,7 +408,7 @@ mod tests {
                 granted: 1
             }
         );
-        let r = decode_reply(200, br#"{"EVAL":[0,0,-1,0,0]}"#).unwrap();
+        let r = decode_reply(br#"{"EVAL":[0,0,-1,0,0]}"#).unwrap();
         assert!(!r.allowed);
         assert_eq!(r.retry_after_ms, -1);
     }
@@ -396,36 +416,63 @@ mod tests {
     #[test]
     fn decodes_errors() {
         assert_eq!(
-            decode_reply(
-                200,
-                br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#
-            ),
+            decode_reply(br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#),
             Err(BackendError::NoScript)
         );
         assert_eq!(
-            decode_reply(
-                200,
-                br#"{"EVALSHA":[false,"ERR tollgate: bad argument burst"]}"#
-            ),
+            decode_reply(br#"{"EVALSHA":[false,"ERR tollgate: bad argument burst"]}"#),
             Err(BackendError::Redis(
                 "ERR tollgate: bad argument burst".into()
             ))
         );
         assert_eq!(
-            decode_reply(
-                200,
-                br#"{"EVALSHA":[false,"WRONGPASS invalid username-password pair"]}"#
-            ),
+            decode_reply(br#"{"EVALSHA":[false,"WRONGPASS invalid username-password pair"]}"#),
             Err(BackendError::Redis(
                 "WRONGPASS invalid username-password pair".into()
             ))
         );
-        assert_eq!(decode_reply(0, b""), Err(BackendError::Reset));
+    }
+
+    fn http(status: u32, body: &[u8]) -> Answer {
+        Answer::Http {
+            status,
+            body: Payload::Read(body.to_vec()),
+        }
+    }
+
+    #[test]
+    fn decodes_what_the_host_delivered() {
         assert_eq!(
-            decode_reply(403, b"forbidden"),
+            decode_answer(&http(200, br#"{"EVALSHA":[1,99,0,10,1]}"#)),
+            decode_reply(br#"{"EVALSHA":[1,99,0,10,1]}"#)
+        );
+        assert_eq!(decode_answer(&Answer::NoAnswer), Err(BackendError::Reset));
+        assert_eq!(
+            decode_answer(&http(403, b"forbidden")),
             Err(BackendError::Status(403))
         );
-        assert_eq!(decode_reply(503, b""), Err(BackendError::Status(503)));
+        assert_eq!(
+            decode_answer(&http(503, b"")),
+            Err(BackendError::Status(503))
+        );
+        // Too large to read: its status still says what went wrong; a 200 is not a reply.
+        let big = |status| Answer::Http {
+            status,
+            body: Payload::TooLarge(super::super::MAX_REPLY_BYTES + 1),
+        };
+        assert_eq!(decode_answer(&big(503)), Err(BackendError::Status(503)));
+        match decode_answer(&big(200)) {
+            Err(BackendError::Malformed(m)) => assert!(m.contains("exceeds"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // A Redis reply never answers an HTTP callout, even one that would decode.
+        let resp = Answer::Redis(Payload::Read(
+            b"*5\r\n:1\r\n:1\r\n:0\r\n:0\r\n:1\r\n".to_vec(),
+        ));
+        assert!(matches!(
+            decode_answer(&resp),
+            Err(BackendError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -450,7 +497,7 @@ mod tests {
             br#"{"EVALSHA":[1,99999999999999999999999,0,0,1]}"#,
         ];
         for b in bad {
-            match decode_reply(200, b) {
+            match decode_reply(b) {
                 Err(BackendError::Malformed(_)) => {}
                 other => panic!("{:?} -> {other:?}", String::from_utf8_lossy(b)),
             }
@@ -461,7 +508,7 @@ mod tests {
     fn long_redis_errors_are_truncated_on_a_char_boundary() {
         let msg = format!("ERR {}", "é".repeat(300));
         let body = serde_json::json!({ "EVAL": [false, msg] }).to_string();
-        match decode_reply(200, body.as_bytes()) {
+        match decode_reply(body.as_bytes()) {
             Err(BackendError::Redis(m)) => assert!(m.len() <= 200 && m.starts_with("ERR ")),
             other => panic!("{other:?}"),
         }
@@ -495,8 +542,8 @@ mod tests {
             );
         }
         assert_eq!(
-            decode_reply(200, br#"{"EVALSHA": [1,199,0,1000,5]}"#).unwrap(),
-            decode_reply(200, br#"{"EVALSHA":[1,199,0,1000,5]}"#).unwrap()
+            decode_reply(br#"{"EVALSHA": [1,199,0,1000,5]}"#).unwrap(),
+            decode_reply(br#"{"EVALSHA":[1,199,0,1000,5]}"#).unwrap()
         );
     }
 }

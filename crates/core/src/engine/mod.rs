@@ -25,7 +25,7 @@ pub mod usage;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::backend::{BackendError, HttpRequest, Reply, ScriptCall};
+use crate::backend::{Answer, BackendError, Outgoing, Reply, ScriptCall};
 use crate::config::FailureMode;
 use crate::metrics::{Counter, Metrics, METRICS_FLUSH_MS};
 use crate::rule::RequestView;
@@ -45,11 +45,13 @@ pub trait Host {
     /// Milliseconds since the Unix epoch by the proxy's clock.
     fn now_ms(&self) -> u64;
     fn store(&self) -> &dyn Store;
-    /// Sends a backend call; its answer comes back as [`Engine::call_response`] with this token.
+    /// Sends a backend call to `cluster` the way its kind says (an HTTP callout, or a command on
+    /// the Redis client); its answer comes back as [`Engine::call_response`] with this token. A
+    /// host that cannot send this kind of call answers `BackendError::Dispatch`.
     fn dispatch(
         &mut self,
         cluster: &str,
-        req: &HttpRequest,
+        call: &Outgoing,
         timeout_ms: u64,
     ) -> Result<u32, BackendError>;
     /// Lets paused request `ctx` go on.
@@ -424,9 +426,8 @@ impl Engine {
     }
 
     /// The answer to call `token` (the host delivers it on the root context, whichever callback
-    /// sent it): `status` is the host's status (0 for no answer) and `body` at most what the host
-    /// read.
-    pub fn call_response(&mut self, host: &mut dyn Host, token: u32, status: u32, body: &[u8]) {
+    /// sent it).
+    pub fn call_response(&mut self, host: &mut dyn Host, token: u32, answer: &Answer) {
         let Some(call) = self.calls.remove(&token) else {
             return;
         };
@@ -434,7 +435,7 @@ impl Engine {
         self.plugin
             .metrics
             .latency(call.rule, now.saturating_sub(call.sent_ms));
-        let reply = self.plugin.transport.decode(status, body);
+        let reply = self.plugin.transport.decode(answer);
         if matches!(reply, Err(BackendError::NoScript)) && !call.with_source {
             self.resend_with_source(host, call, now);
         } else {

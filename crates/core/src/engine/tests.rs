@@ -44,12 +44,12 @@ impl Host for Fake {
     fn store(&self) -> &dyn Store {
         &self.store
     }
-    fn dispatch(&mut self, _: &str, req: &HttpRequest, _: u64) -> Result<u32, BackendError> {
+    fn dispatch(&mut self, _: &str, call: &Outgoing, _: u64) -> Result<u32, BackendError> {
         if self.fail_dispatch {
             return Err(BackendError::Dispatch("BadArgument".into()));
         }
         self.next_token += 1;
-        let body = String::from_utf8(req.body.clone()).unwrap();
+        let body = String::from_utf8(call.payload().to_vec()).unwrap();
         self.out.insert(self.next_token, body.clone());
         self.sent.push(body);
         Ok(self.next_token)
@@ -268,10 +268,18 @@ fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
     pool.deposit(claim, &grant, &[], 0, &sizing).unwrap();
 }
 
-/// Delivers the answer to `token` (on the root context, as the host does).
+/// Delivers the answer to `token` (on the root context, as the host does): Webdis' `status` and
+/// `body`, or with `status` 0 no answer (the stream reset or timed out).
 fn deliver(e: &mut Engine, h: &mut Fake, token: u32, status: u32, body: &[u8]) {
     h.out.remove(&token);
-    e.call_response(h, token, status, body);
+    let answer = match status {
+        0 => crate::backend::Answer::NoAnswer,
+        status => crate::backend::Answer::Http {
+            status,
+            body: crate::backend::Payload::Read(body.to_vec()),
+        },
+    };
+    e.call_response(h, token, &answer);
 }
 
 // ----- exact mode -----
