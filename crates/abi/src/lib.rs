@@ -32,4 +32,4 @@ mod types;
 pub use calls::*;
 pub use logger::{filter_for, install_logger, log_filter};
 pub use module::{proxy_abi_version_0_2_1, proxy_on_memory_allocate};
-pub use types::{Action, BufferType, LogLevel, MapType, MetricType, Status, StreamType};
+pub use types::{Action, BufferType, LogLevel, MapType, MetricType, Status, StreamType, NO_PARENT};

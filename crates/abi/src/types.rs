@@ -35,6 +35,10 @@ pub enum Status {
 /// `WasmResult::Ok`.
 const OK: u32 = 0;
 
+/// The parent `proxy_on_context_create` names for a root context (a plugin configuration's):
+/// HTTP contexts name their root.
+pub const NO_PARENT: u32 = 0;
+
 impl Status {
     /// Every known status, for the tests that pin them.
     pub const KNOWN: [Status; 12] = [

@@ -82,7 +82,7 @@ fn with_engine<T>(ctx: u32, f: impl FnOnce(&mut Engine, &mut WasmHost) -> T) -> 
 pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
     let _ = CONTEXTS.with(|c| {
         let mut c = c.try_borrow_mut().ok()?;
-        if parent == 0 {
+        if parent == abi::NO_PARENT {
             if c.roots.is_empty() {
                 abi::install_logger();
                 log::set_max_level(abi::log_filter());

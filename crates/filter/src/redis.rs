@@ -87,11 +87,9 @@ pub fn call(cluster: &str, command: &[u8]) -> Result<u32, BackendError> {
                 "proxy_redis_init answered {s} (is cluster \"{cluster}\" known?)"
             ))),
         },
-        None if cfg!(feature = "higress") => {
-            Err(BackendError::Dispatch("not configured".to_string()))
-        }
         None => Err(BackendError::Dispatch(
-            "Redis callouts are only in tollgate-higress.wasm".to_string(),
+            "no Redis client (Redis callouts need tollgate-higress.wasm and a RESP backend)"
+                .to_string(),
         )),
     })?;
     redis_call(cluster, command).map_err(|s| {
