@@ -72,6 +72,7 @@ impl Error {
         }
     }
 
+    #[inline(never)]
     fn at(self, path: &Path<'_>) -> Error {
         let place = match self.place {
             Place::Here => Place::At(path.to_string()),
@@ -160,8 +161,25 @@ struct Reader<'v, 'p> {
     path: Path<'p>,
 }
 
-impl Reader<'_, '_> {
+impl<'v> Reader<'v, '_> {
+    /// The object a struct with `fields` is read from, unless it is not an object or has a field
+    /// the struct does not (not generic: one copy in the wasm for every struct).
+    #[inline(never)]
+    fn object(&self, fields: &[&str]) -> Result<&'v Map<String, Value>, Error> {
+        let Value::Object(map) = self.value else {
+            return Err(self.wrong("an object"));
+        };
+        match map.keys().find(|k| !fields.contains(&k.as_str())) {
+            Some(unknown) => Err(Error {
+                place: Place::At(Path::Field(&self.path, unknown).to_string()),
+                reason: "unknown field".to_owned(),
+            }),
+            None => Ok(map),
+        }
+    }
+
     /// The value is not of the type its field takes.
+    #[inline(never)]
     fn wrong(&self, what: &str) -> Error {
         Error {
             place: Place::At(self.path.to_string()),
@@ -255,15 +273,7 @@ impl<'de> Deserializer<'de> for Reader<'de, '_> {
         visitor: V,
     ) -> Result<V::Value, Error> {
         let path = self.path;
-        let Value::Object(map) = self.value else {
-            return Err(self.wrong("an object"));
-        };
-        if let Some(unknown) = map.keys().find(|k| !fields.contains(&k.as_str())) {
-            return Err(Error {
-                place: Place::At(Path::Field(&path, unknown).to_string()),
-                reason: "unknown field".to_owned(),
-            });
-        }
+        let map = self.object(fields)?;
         visitor
             .visit_map(Fields {
                 map,

@@ -31,16 +31,6 @@ impl<const MIN: u64, const MAX: u64> Int<MIN, MAX> {
     pub const fn get(self) -> u64 {
         self.0
     }
-
-    /// The reason a value below the range (or not an integer at all) is refused.
-    pub fn too_small() -> String {
-        format!("must be an integer >= {MIN}")
-    }
-
-    /// The reason a number above the range is refused.
-    pub fn too_big() -> String {
-        format!("must be an integer <= {MAX}")
-    }
 }
 
 impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for Int<MIN, MAX> {
@@ -60,27 +50,48 @@ impl<const MIN: u64, const MAX: u64> Visitor<'_> for IntVisitor<MIN, MAX> {
     }
 
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
-        match Int::new(n) {
-            Some(int) => Ok(int),
-            None if n > MAX => Err(E::custom(Int::<MIN, MAX>::too_big())),
-            None => Err(E::custom(Int::<MIN, MAX>::too_small())),
-        }
+        in_range(Number::U64(n), MIN, MAX)
+            .map(Int)
+            .map_err(E::custom)
     }
 
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
-        match u64::try_from(n) {
-            Ok(n) => self.visit_u64(n),
-            Err(_) => Err(E::custom(Int::<MIN, MAX>::too_small())),
-        }
+        in_range(Number::I64(n), MIN, MAX)
+            .map(Int)
+            .map_err(E::custom)
     }
 
-    /// A float is never an integer here; one above the range (an integer too large for u64
-    /// arrives as a float) is told what is wrong with it.
     fn visit_f64<E: de::Error>(self, f: f64) -> Result<Self::Value, E> {
-        if f > MAX as f64 {
-            Err(E::custom(Int::<MIN, MAX>::too_big()))
-        } else {
-            Err(E::custom(Int::<MIN, MAX>::too_small()))
-        }
+        in_range(Number::F64(f), MIN, MAX)
+            .map(Int)
+            .map_err(E::custom)
     }
+}
+
+/// A JSON number as serde hands it over.
+enum Number {
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+/// `n` when it is an integer in `min..=max`, or why not. One function for every `Int`, so each
+/// pair of bounds adds no code of its own to the wasm.
+fn in_range(n: Number, min: u64, max: u64) -> Result<u64, String> {
+    let above = match n {
+        Number::U64(n) if (min..=max).contains(&n) => return Ok(n),
+        Number::U64(n) => n > max,
+        Number::I64(n) => match u64::try_from(n) {
+            Ok(n) => return in_range(Number::U64(n), min, max),
+            Err(_) => false,
+        },
+        // A float is never an integer here; one above the range (an integer too large for u64
+        // arrives as a float) is told what is wrong with it.
+        Number::F64(f) => f > max as f64,
+    };
+    Err(if above {
+        format!("must be an integer <= {max}")
+    } else {
+        format!("must be an integer >= {min}")
+    })
 }
