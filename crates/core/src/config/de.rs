@@ -202,17 +202,12 @@ impl<'de> Deserializer<'de> for Reader<'de, '_> {
                 (None, None) => visitor.visit_f64(n.as_f64().unwrap_or(f64::NAN)),
             },
             Value::String(s) => visitor.visit_borrowed_str(s),
-            Value::Array(items) => visitor.visit_seq(Items {
-                items: items.iter().enumerate(),
-                path: &path,
-            }),
-            Value::Object(map) => visitor.visit_map(Entries {
-                entries: map.iter(),
-                path: &path,
-                next: None,
-            }),
+            // No type of the document reads a list or an object but as a list or a struct: any
+            // other is told what it expects (an `Int`: "must be an integer >= 1").
+            Value::Array(_) => Err(de::Error::invalid_type(de::Unexpected::Seq, &visitor)),
+            Value::Object(_) => Err(de::Error::invalid_type(de::Unexpected::Map, &visitor)),
         };
-        read.map_err(|e| e.at(&path))
+        read.map_err(|e: Error| e.at(&path))
     }
 
     /// A field that is there is never `None`, even when it is `null`: only a field left out
@@ -255,13 +250,6 @@ impl<'de> Deserializer<'de> for Reader<'de, '_> {
                 })
                 .map_err(|e| e.at(&path)),
             _ => Err(self.wrong("an array")),
-        }
-    }
-
-    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
-        match self.value {
-            Value::Object(_) => self.deserialize_any(visitor),
-            _ => Err(self.wrong("an object")),
         }
     }
 
@@ -313,7 +301,7 @@ impl<'de> Deserializer<'de> for Reader<'de, '_> {
 
     serde::forward_to_deserialize_any! {
         i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char bytes byte_buf unit unit_struct
-        tuple tuple_struct
+        tuple tuple_struct map
     }
 }
 
@@ -378,39 +366,6 @@ impl<'de> MapAccess<'de> for Fields<'de, '_> {
         seed.deserialize(Reader {
             value,
             path: Path::Field(self.path, name),
-        })
-    }
-}
-
-/// Any object's entries, each at `path.key` (for a type that reads a map, not a struct).
-struct Entries<'v, 'p> {
-    entries: serde_json::map::Iter<'v>,
-    path: &'p Path<'p>,
-    next: Option<(&'v str, &'v Value)>,
-}
-
-impl<'de> MapAccess<'de> for Entries<'de, '_> {
-    type Error = Error;
-
-    fn next_key_seed<K: DeserializeSeed<'de>>(
-        &mut self,
-        seed: K,
-    ) -> Result<Option<K::Value>, Error> {
-        let Some((key, value)) = self.entries.next() else {
-            return Ok(None);
-        };
-        self.next = Some((key, value));
-        seed.deserialize(BorrowedStrDeserializer::new(key))
-            .map(Some)
-    }
-
-    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Error> {
-        let Some((key, value)) = self.next.take() else {
-            return Err(Error::here("a value without its field".to_owned()));
-        };
-        seed.deserialize(Reader {
-            value,
-            path: Path::Field(self.path, key),
         })
     }
 }
