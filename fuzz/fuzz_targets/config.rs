@@ -1,16 +1,17 @@
 //! Config parsing: `Config::try_from(bytes)` never panics, on any bytes.
 //!
-//! A `Config` that parses must hold the invariants config.rs promises (limits in range, names safe for
-//! a Redis key); an error must be one line. Every parsed rule is also run against one fixed request,
-//! so rules the fuzzer invents reach rule.rs too.
+//! A `Config` that parses must hold the invariants config/ promises (limits in range, names safe for
+//! a Redis key); an error must be one line, in the reference's words (never serde's). Both artifacts
+//! read the same bytes: they may differ only on the other artifact's backend fields. Every parsed
+//! rule is also run against one fixed request, so rules the fuzzer invents reach rule.rs too.
 #![no_main]
 
 use std::borrow::Cow;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_core::bucket::Limits;
+use tollgate_core::bucket::{Limits, MAX_FULL_UNITS};
 use tollgate_core::config::{
-    Config, KeySource, MAX_BURST_PERIOD, MAX_KEY_PREFIX_LEN, MAX_KEY_SOURCES, MAX_PERIOD_MS,
+    Artifact, Config, ConfigError, KeySource, MAX_KEY_PREFIX_LEN, MAX_KEY_SOURCES, MAX_PERIOD_MS,
     MAX_RULES, MAX_RULE_NAME_LEN, MAX_TOKENS,
 };
 use tollgate_core::rule::{applies, KeyCache, RequestView};
@@ -45,7 +46,7 @@ fn check_limits(l: &Limits, what: &str) {
     assert!(
         l.burst
             .checked_mul(l.period_ms)
-            .is_some_and(|p| p <= MAX_BURST_PERIOD),
+            .is_some_and(|p| p <= MAX_FULL_UNITS),
         "{what}: burst x period {l:?}"
     );
 }
@@ -86,6 +87,7 @@ fn check_valid(c: &Config) {
             "duplicate name {n:?}"
         );
         check_limits(&r.limits, n);
+        assert!(r.limits.is_valid(), "{n}: limits the script refuses");
         if let Some(f) = &r.fallback {
             check_limits(f, n);
             assert!(r.cost <= f.burst, "{n}: fallback burst below cost");
@@ -199,15 +201,62 @@ fn check_valid(c: &Config) {
     let _ = c.summary();
 }
 
-fuzz_target!(|data: &[u8]| {
-    match Config::try_from(data) {
-        Ok(c) => check_valid(&c),
-        Err(e) => {
-            let line = e.to_string();
-            assert!(
-                !line.contains(['\n', '\r']),
-                "error is not one line: {line:?}"
-            );
-        }
+/// A configuration error as the reference words it: one line, and a reason that is not serde's
+/// (whose messages start like these; user text inside ours may say anything).
+fn check_error(e: &ConfigError) {
+    let line = e.to_string();
+    assert!(
+        !line.contains(['\n', '\r']),
+        "error is not one line: {line:?}"
+    );
+    for serde_start in [
+        "invalid type",
+        "invalid value",
+        "invalid length",
+        "unknown variant",
+        "unknown field `",
+        "missing field",
+        "duplicate field",
+    ] {
+        assert!(
+            !e.reason.starts_with(serde_start),
+            "serde's words: {line:?}"
+        );
     }
+}
+
+/// The Higress artifact reads the same document but for `backend`: both load it the same, or one
+/// of them refuses a field only the other's transport has.
+fn check_artifacts_agree(envoy: &Result<Config, String>, higress: &Result<Config, String>) {
+    let foreign = |e: &String| e.starts_with("backend.") && e.contains(": only in ");
+    match (envoy, higress) {
+        (Ok(e), Ok(h)) => {
+            // The same but for how calls travel.
+            let mut h = h.clone();
+            h.backend.protocol = e.backend.protocol;
+            assert_eq!(*e, h, "the artifacts read the same bytes differently");
+        }
+        (Err(e), Err(h)) => assert!(e == h || foreign(e) || foreign(h), "{e} / {h}"),
+        (Err(e), Ok(_)) => assert!(foreign(e), "refused by the Envoy artifact only: {e}"),
+        (Ok(_), Err(h)) => assert!(foreign(h), "refused by the Higress artifact only: {h}"),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let read = |artifact| {
+        let parsed = Config::parse(data, artifact);
+        match &parsed {
+            Ok(c) => check_valid(c),
+            Err(e) => check_error(e),
+        }
+        parsed.map_err(|e| e.to_string())
+    };
+    let envoy = read(Artifact::Envoy);
+    let higress = read(Artifact::Higress);
+    assert_eq!(
+        envoy.as_ref().ok(),
+        Config::try_from(data).ok().as_ref(),
+        "try_from is the Envoy artifact's parse"
+    );
+    check_artifacts_agree(&envoy, &higress);
 });

@@ -14,6 +14,7 @@ pub mod hash;
 pub mod host;
 pub mod ip;
 pub mod path;
+pub mod pattern;
 pub mod reading;
 pub mod value;
 
@@ -530,7 +531,7 @@ pub fn applies(
     };
     Some(Applied {
         key: keys.bucket_key(idx, (prefix, &rule.name, &rule.key), values),
-        limits,
+        limits: limits.limits(),
         unlimited,
         ambiguous: false,
     })
@@ -545,7 +546,7 @@ pub fn applies(
 fn ambiguous(prefix: &str, rule: &Rule, parts: &[Part<'_>]) -> Applied {
     Applied {
         key: bucket_key_of(prefix, &rule.name, &rule.key, parts),
-        limits: rule.limits,
+        limits: rule.limits.limits(),
         unlimited: false,
         ambiguous: true,
     }
@@ -555,7 +556,7 @@ fn ambiguous(prefix: &str, rule: &Rule, parts: &[Part<'_>]) -> Applied {
 mod tests {
     use super::*;
     use crate::bucket::Limits;
-    use crate::config::{HeaderMatch, Mode, Override};
+    use crate::config::{HeaderMatch, Mode, Override, Quota};
     use std::collections::HashMap;
 
     #[derive(Default)]
@@ -660,11 +661,12 @@ mod tests {
             name: "per-user".into(),
             matcher,
             key,
-            limits: Limits {
+            limits: Quota::try_from(Limits {
                 burst: 10,
                 rate: 10,
                 period_ms: 1000,
-            },
+            })
+            .unwrap(),
             cost: 1,
             cost_header: None,
             mode: Mode::Exact,
@@ -1207,7 +1209,9 @@ mod tests {
         assert!(!matches(&absent, &get(&[("x-internal", "1")])));
         let re = header_rule(
             "x-tier",
-            HeaderValueMatch::Regex(crate::config::Pattern::new("free|trial-[0-9]+").unwrap()),
+            HeaderValueMatch::Regex(
+                crate::rule::pattern::Pattern::new("free|trial-[0-9]+").unwrap(),
+            ),
         );
         assert!(matches(&re, &get(&[("x-tier", "free")])));
         assert!(matches(&re, &get(&[("x-tier", "trial-12")])));
@@ -1437,7 +1441,10 @@ mod tests {
                 shared.key,
                 bucket_key_of("tg", &r.name, &r.key, &[Part::Ambiguous])
             );
-            assert_eq!((shared.limits, shared.unlimited), (r.limits, false));
+            assert_eq!(
+                (shared.limits, shared.unlimited),
+                (r.limits.limits(), false)
+            );
             for (a, b) in [
                 ("R2", "VALID"),
                 ("VALID", "R3"),
@@ -1584,7 +1591,7 @@ mod tests {
         };
         two.overrides.insert(
             vec![b"GET".to_vec(), b"/health".to_vec()],
-            Override::Limits(wide),
+            Override::Limits(Quota::try_from(wide).unwrap()),
         );
         let limits = |p: &str| {
             applies(
@@ -1647,8 +1654,10 @@ mod tests {
             rate: 1000,
             period_ms: 1000,
         };
-        r.overrides
-            .insert(vec![b"acme".to_vec()], Override::Limits(acme));
+        r.overrides.insert(
+            vec![b"acme".to_vec()],
+            Override::Limits(Quota::try_from(acme).unwrap()),
+        );
         r.overrides
             .insert(vec![b"internal".to_vec()], Override::Unlimited);
         let tenant = |t: &str| {
@@ -1673,7 +1682,7 @@ mod tests {
         assert_eq!(i.limits, r.limits);
         assert_eq!(i.key, plain_key("internal"));
         let d = tenant("other");
-        assert_eq!((d.limits, d.unlimited), (r.limits, false));
+        assert_eq!((d.limits, d.unlimited), (r.limits.limits(), false));
         // Matched on the value as requests give it: "ACME" is another tenant.
         assert_eq!(tenant("ACME").limits, r.limits);
     }

@@ -833,7 +833,7 @@ impl Engine {
             FailureMode::Open => Outcome::FailOpen,
             FailureMode::Closed => Outcome::FailClosed,
             FailureMode::Local => {
-                let limits = rule.fallback.unwrap_or(call.limits());
+                let limits = rule.fallback.map_or(call.limits(), |f| f.limits());
                 let table = format!("{}|{}", self.plugin.ns, rule.name);
                 match fallback::take(host.store(), &table, &call.key, &limits, call.cost, now) {
                     Ok(r) => match Outcome::of_reply(&r) {
