@@ -5,7 +5,7 @@
 #                Webdis) and tollgate-higress.wasm (the same filter importing Higress' Redis callouts;
 #                built in target/higress, then copied beside the first)
 #   make lint    rustfmt + clippy (the workspace natively, and the filter for wasm in both artifacts)
-#   make check   the fast loop: rustfmt, clippy, and the core's unit tests (no Envoy, Redis or Webdis)
+#   make check   the fast loop: rustfmt, clippy, and the unit tests of the core and the ABI (no servers)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
 #   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/), and
 #                  `promtool check rules` + `promtool test rules` on deploy/prometheus/
@@ -83,7 +83,7 @@ lint: setup-rust
 check: setup-rust
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo test -p tollgate-core
+	cargo test -p tollgate-core -p tollgate-abi
 
 # Serial on purpose: setup must finish before build, build before the tests that load the wasm.
 test:
