@@ -1,0 +1,133 @@
+//! A rule applied to a request: whether its match holds and every key source is present, and if
+//! so its bucket key and the limits that hold for it.
+//!
+//! Invariant: overrides change a bucket's limits, never its key, and apply only where every
+//! reading agrees on the key: never to an ambiguous source, nor to a path that some reading
+//! spells otherwise. An ambiguous source keys the request into one bucket per rule (and per the
+//! other sources' values), under the rule's own limits.
+
+use super::source::key_value;
+use super::{bucket_key_of, matches, path, KeyCache, Part, Read, RequestView};
+use crate::bucket::Limits;
+use crate::config::{KeySource, Override, Rule};
+
+/// A rule that applies to a request: its bucket and the limits that hold for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// `<prefix>:{<rule>:<digest>}`: the same whatever override applies.
+    pub key: String,
+    /// The rule's limits, or its override's for this key.
+    pub limits: Limits,
+    /// An override says this key is not limited: admit without a backend call (still count it).
+    /// `limits` are then the rule's, for headers.
+    pub unlimited: bool,
+    /// A key source was ambiguous ([`Read::Ambiguous`]): `key` is the rule's bucket for ambiguous
+    /// requests, under the rule's own limits.
+    pub ambiguous: bool,
+}
+
+/// The override of `rule`, which has overrides, for key `values` of `req`, if there is one and
+/// every reading of the request agrees on its key: when a source reads the path (`path`, or the
+/// attributes `request.path` and `request.url_path`), only if the path as sent is that path under
+/// every reading ([`path::agreed`]), as a path match holds under any. Out of line: few rules have
+/// overrides, and [`applies`] calls it only for those.
+#[inline(never)]
+fn override_of<'r>(
+    rule: &'r Rule,
+    values: &[&[u8]],
+    req: &dyn RequestView,
+) -> Option<&'r Override> {
+    if rule.key.iter().any(reads_the_path) {
+        let full = req.header(":path")?;
+        path::agreed(&full)?;
+    }
+    let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();
+    rule.overrides.get(&values)
+}
+
+/// Whether `source`'s value is the request's path, in some spelling.
+fn reads_the_path(source: &KeySource) -> bool {
+    match source {
+        KeySource::Path => true,
+        KeySource::Property { path, .. } => {
+            matches!(path.as_slice(), [r, p] if r == "request" && (p == "path" || p == "url_path"))
+        }
+        _ => false,
+    }
+}
+
+/// The bucket key and effective limits if the rule's match holds and all key sources are present.
+/// `idx` is the rule's index in its configuration (for `keys`).
+pub fn applies(
+    prefix: &str,
+    (idx, rule): (usize, &Rule),
+    req: &dyn RequestView,
+    keys: &mut KeyCache,
+) -> Option<Applied> {
+    if !matches(&rule.matcher, req) {
+        return None;
+    }
+    // One source (the usual rule) needs no Vec of values.
+    let (one, single, many, refs);
+    let values: &[&[u8]] = match rule.key.as_slice() {
+        [source] => {
+            one = match key_value(source, req) {
+                Read::Value(v) => v,
+                Read::Missing => return None,
+                Read::Ambiguous => return Some(ambiguous(prefix, rule, &[Part::Ambiguous])),
+            };
+            single = [&*one];
+            &single[..]
+        }
+        sources => {
+            many = sources
+                .iter()
+                .map(|s| match key_value(s, req) {
+                    Read::Value(v) => Some(Some(v)),
+                    Read::Missing => None,
+                    Read::Ambiguous => Some(None),
+                })
+                .collect::<Option<Vec<_>>>()?;
+            if many.iter().any(Option::is_none) {
+                let parts: Vec<Part<'_>> = many
+                    .iter()
+                    .map(|v| v.as_deref().map_or(Part::Ambiguous, Part::Value))
+                    .collect();
+                return Some(ambiguous(prefix, rule, &parts));
+            }
+            refs = many.iter().flatten().map(|v| &**v).collect::<Vec<_>>();
+            &refs
+        }
+    };
+    let overridden = if rule.overrides.is_empty() {
+        None
+    } else {
+        override_of(rule, values, req)
+    };
+    let (limits, unlimited) = match overridden {
+        None => (rule.limits, false),
+        Some(Override::Limits(l)) => (*l, false),
+        Some(Override::Unlimited) => (rule.limits, true),
+    };
+    Some(Applied {
+        key: keys.bucket_key(idx, (prefix, &rule.name, &rule.key), values),
+        limits: limits.limits(),
+        unlimited,
+        ambiguous: false,
+    })
+}
+
+/// A request one of whose key sources is ambiguous (`parts`, none missing): the rule's bucket for
+/// ambiguous requests, under the rule's limits (no override), its key digested each time (the
+/// key cache holds values only). Out of line and cold: only a client that repeats a key source's
+/// name comes here.
+#[cold]
+#[inline(never)]
+fn ambiguous(prefix: &str, rule: &Rule, parts: &[Part<'_>]) -> Applied {
+    Applied {
+        key: bucket_key_of(prefix, &rule.name, &rule.key, parts),
+        limits: rule.limits.limits(),
+        unlimited: false,
+        ambiguous: true,
+    }
+}

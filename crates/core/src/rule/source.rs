@@ -1,0 +1,86 @@
+//! A key source's reading of a request: a value every reading agrees on, ambiguous (its name
+//! appears more than once, however spelled), or missing.
+//!
+//! Invariant: a value is what a server would see, or what Envoy verified (`client_ip` is Envoy's
+//! `source.address`, never `x-forwarded-for`); a source whose name a request repeats reads as
+//! [`Read::Ambiguous`], never as one of the values, so repeating it mints no bucket.
+
+use std::borrow::Cow;
+
+use super::{ip, path, reading, value, Read, RequestView};
+use crate::config::KeySource;
+
+/// A key source's reading of `req`, borrowed from the request where it is taken as sent (a
+/// header, the method, a literal): the local path then copies no key value.
+pub(super) fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a> {
+    match source {
+        KeySource::Header(name) => reading::header(req.header_lines(name)),
+        KeySource::Method => req.header(":method").map_or(Read::Missing, Read::Value),
+        KeySource::Literal(text) => Read::Value(Cow::Borrowed(text.as_bytes())),
+        derived => derived_value(derived, req),
+    }
+}
+
+/// The reading of a key source that is derived from what the request sent (normalised, parsed or
+/// looked up); the others [`key_value`] borrows. Out of line: a header-keyed rule's path never
+/// runs it.
+#[inline(never)]
+fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a> {
+    let owned = |v: Option<Vec<u8>>| v.map_or(Read::Missing, |v| Read::Value(Cow::Owned(v)));
+    match source {
+        KeySource::Header(_) | KeySource::Method | KeySource::Literal(_) => key_value(source, req),
+        KeySource::Query(name) => match req.header(":path") {
+            Some(full) => reading::query(&full, name),
+            None => Read::Missing,
+        },
+        KeySource::ClientIp {
+            v4_prefix,
+            v6_prefix,
+        } => owned(
+            req.client_ip()
+                .map(|ip| ip::key_value(&ip, *v4_prefix, *v6_prefix)),
+        ),
+        KeySource::Path => owned(req.header(":path").map(|p| path::key_value(&p))),
+        KeySource::Authority => owned(req.header(":authority").map(|a| a.to_ascii_lowercase())),
+        KeySource::Cookie(name) => reading::cookie(&req.header_lines("cookie"), name),
+        // Envoy's `request.headers` attribute joins a header's lines with `,`: read as the header
+        // source reads it, so a repeated line is ambiguous here too.
+        KeySource::Property { path, .. } => match request_header(path) {
+            Some(name) => reading::header(req.header_lines(&name)),
+            None => {
+                let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+                owned(
+                    req.property(&segments)
+                        .map(|raw| value::attribute_text(path, raw)),
+                )
+            }
+        },
+        KeySource::Metadata { namespace, fields } => owned(
+            req.property(&["metadata"])
+                .and_then(|metadata| value::metadata_value(&metadata, namespace, fields))
+                .as_ref()
+                .and_then(value::key_text),
+        ),
+    }
+}
+
+/// The header an attribute path `request.headers.<name>` names (lower-cased), if it is one.
+fn request_header(path: &[String]) -> Option<String> {
+    match path {
+        [request, headers, name] if request == "request" && headers == "headers" => {
+            Some(name.to_ascii_lowercase())
+        }
+        _ => None,
+    }
+}
+/// The rule's key sources' readings in order (each a value or ambiguous), or None if any source
+/// is missing (then the rule does not apply).
+pub fn key_values<'a>(sources: &'a [KeySource], req: &'a dyn RequestView) -> Option<Vec<Read<'a>>> {
+    sources
+        .iter()
+        .map(|s| match key_value(s, req) {
+            Read::Missing => None,
+            read => Some(read),
+        })
+        .collect()
+}

@@ -1,0 +1,257 @@
+//! Each key source's reading of a request: present, missing, or ambiguous.
+
+use super::*;
+
+#[test]
+fn each_key_source() {
+    let req = Req::new("PATCH", "/a/b?x=1#frag")
+        .with(":authority", "Api.Example.COM:8443")
+        .with("x-user-id", "Alice")
+        .ip("10.0.0.7");
+    assert_eq!(
+        one(KeySource::Header("x-user-id".into()), &req),
+        Some(b"Alice".to_vec())
+    );
+    assert_eq!(one(KeySource::Query("x".into()), &req), Some(b"1".to_vec()));
+    assert_eq!(one(KeySource::CLIENT_IP, &req), Some(b"10.0.0.7".to_vec()));
+    assert_eq!(one(KeySource::Path, &req), Some(b"/a/b".to_vec()));
+    assert_eq!(one(KeySource::Method, &req), Some(b"PATCH".to_vec()));
+    assert_eq!(
+        one(KeySource::Authority, &req),
+        Some(b"api.example.com:8443".to_vec())
+    );
+    assert_eq!(
+        one(KeySource::Literal("all".into()), &req),
+        Some(b"all".to_vec())
+    );
+    assert_eq!(
+        key_values(
+            &[KeySource::Method, KeySource::Header("x-user-id".into())],
+            &req
+        ),
+        Some(vec![
+            Read::Value(Cow::Borrowed(&b"PATCH"[..])),
+            Read::Value(Cow::Borrowed(&b"Alice"[..]))
+        ])
+    );
+    assert_eq!(key_values(&[], &req), Some(vec![]));
+}
+
+#[test]
+fn missing_source_gives_none() {
+    let req = Req::new("GET", "/a?x=1");
+    assert_eq!(one(KeySource::Header("x-user-id".into()), &req), None);
+    assert_eq!(one(KeySource::Query("y".into()), &req), None);
+    assert_eq!(one(KeySource::CLIENT_IP, &req), None);
+    assert_eq!(one(KeySource::Authority, &req), None);
+    assert_eq!(one(KeySource::Path, &Req::default()), None);
+    assert_eq!(one(KeySource::Method, &Req::default()), None);
+    assert_eq!(one(KeySource::Query("x".into()), &Req::default()), None);
+    // One missing source among present ones: the whole tuple is missing.
+    assert_eq!(
+        key_values(
+            &[KeySource::Path, KeySource::Header("x-user-id".into())],
+            &req
+        ),
+        None
+    );
+}
+
+#[test]
+fn empty_header_value_is_present() {
+    let req = Req::new("GET", "/").with("x-user-id", "");
+    assert_eq!(
+        one(KeySource::Header("x-user-id".into()), &req),
+        Some(vec![])
+    );
+}
+
+#[test]
+fn query_percent_decoding() {
+    assert_eq!(query("user", "/?user=%61lice"), Some(b"alice".to_vec()));
+    assert_eq!(query("user", "/?%75ser=alice"), Some(b"alice".to_vec()));
+    assert_eq!(query("p", "/?p=a%2Fb"), Some(b"a/b".to_vec()));
+    assert_eq!(query("p", "/?p=a%2fb"), Some(b"a/b".to_vec()));
+    assert_eq!(query("p", "/?p=a+b"), Some(b"a b".to_vec()));
+    assert_eq!(query("p", "/?p=a%2Bb"), Some(b"a+b".to_vec()));
+    assert_eq!(query("a b", "/?a+b=1"), Some(b"1".to_vec()));
+    assert_eq!(query("p", "/?p=%00%FF"), Some(vec![0, 0xff]));
+    // `%61` and `a` are the same user.
+    let k = |p: &str| {
+        let r = rule(Match::default(), vec![KeySource::Query("u".into())]);
+        key_of("tg", &r, &Req::new("GET", p))
+    };
+    assert_eq!(k("/?u=a"), k("/?u=%61"));
+    assert_eq!(k("/?u=a%20b"), k("/?u=a+b"));
+    assert_ne!(k("/?u=a"), k("/?u=b"));
+}
+
+#[test]
+fn query_bad_escapes_kept_literally() {
+    assert_eq!(query("p", "/?p=%"), Some(b"%".to_vec()));
+    assert_eq!(query("p", "/?p=%4"), Some(b"%4".to_vec()));
+    assert_eq!(query("p", "/?p=%zz"), Some(b"%zz".to_vec()));
+    assert_eq!(query("p", "/?p=%4g1"), Some(b"%4g1".to_vec()));
+    assert_eq!(query("p", "/?p=100%"), Some(b"100%".to_vec()));
+    assert_eq!(query("p", "/?p=%%41"), Some(b"%A".to_vec()));
+}
+
+#[test]
+fn query_structure() {
+    // A name that appears twice is ambiguous, however it is spelled (more in `reading`).
+    let q = |p: &str| read(KeySource::Query("a".into()), &Req::new("GET", p));
+    assert_eq!(q("/?a=1&a=2"), Read::Ambiguous);
+    assert_eq!(q("/?a=1&%61=2"), Read::Ambiguous);
+    assert_eq!(q("/?%61=2&a=1"), Read::Ambiguous);
+    assert_eq!(q("/?a=1;a=2"), Read::Ambiguous);
+    assert_eq!(q("/?a=1&A=2"), Read::Ambiguous);
+    // A name alone has an empty value; so does `a=`.
+    assert_eq!(query("a", "/?a"), Some(vec![]));
+    assert_eq!(query("a", "/?a="), Some(vec![]));
+    assert_eq!(query("a", "/?b=1&a&c=2"), Some(vec![]));
+    // Only the first '=' splits.
+    assert_eq!(query("a", "/?a=1=2"), Some(b"1=2".to_vec()));
+    // Empty pairs are skipped.
+    assert_eq!(query("a", "/?&&a=1&"), Some(b"1".to_vec()));
+    // The fragment is not part of the query.
+    assert_eq!(query("a", "/?a=1#x"), Some(b"1".to_vec()));
+    assert_eq!(query("a", "/?b=1#&a=2"), None);
+    assert_eq!(query("a", "/#?a=1"), None);
+    // A second '?' is part of the query.
+    assert_eq!(query("a", "/?b=?&a=?1"), Some(b"?1".to_vec()));
+    // Names match after decoding, as the most lenient server folds them.
+    assert_eq!(query("a", "/?A=1"), Some(b"1".to_vec()));
+    assert_eq!(query("a", "/?a[]=1"), Some(b"1".to_vec()));
+    assert_eq!(query("a", "/?ab=1"), None);
+    assert_eq!(query("a", "/a"), None);
+    assert_eq!(query("a", "/?"), None);
+}
+
+#[test]
+fn client_ip_keys_by_address_or_network() {
+    let v6_56 = KeySource::ClientIp {
+        v4_prefix: 32,
+        v6_prefix: 56,
+    };
+    let ip = |a: &str, s: &KeySource| one(s.clone(), &Req::default().ip(a));
+    let d = &KeySource::CLIENT_IP;
+    assert_eq!(ip("10.0.0.7", d), Some(b"10.0.0.7".to_vec()));
+    assert_eq!(ip("::ffff:10.0.0.7", d), Some(b"10.0.0.7".to_vec()));
+    assert_eq!(
+        ip("2001:db8:0:1::7", d),
+        Some(b"2001:db8:0:1::/64".to_vec())
+    );
+    assert_eq!(
+        ip("2001:db8:0:1::7", &v6_56),
+        Some(b"2001:db8::/56".to_vec())
+    );
+    assert_eq!(ip("::1", d), Some(b"::/64".to_vec()));
+    // Two addresses of one /64 share a bucket.
+    let r = rule(Match::default(), vec![KeySource::CLIENT_IP]);
+    assert_eq!(
+        key_of("tg", &r, &Req::default().ip("2001:db8:0:1::1")),
+        key_of("tg", &r, &Req::default().ip("2001:db8:0:1:ffff::2"))
+    );
+    assert_ne!(
+        key_of("tg", &r, &Req::default().ip("2001:db8:0:1::1")),
+        key_of("tg", &r, &Req::default().ip("2001:db8:0:2::1"))
+    );
+}
+
+#[test]
+fn cookies() {
+    let c = |lines: &[&str], name: &str| {
+        let mut req = Req::new("GET", "/");
+        for line in lines {
+            req = req.line("cookie", line);
+        }
+        read(KeySource::Cookie(name.into()), &req)
+    };
+    let v = |s: &'static str| Read::Value(Cow::Borrowed(s.as_bytes()));
+    assert_eq!(c(&["sid=abc"], "sid"), v("abc"));
+    assert_eq!(c(&["a=1; sid=abc; b=2"], "sid"), v("abc"));
+    // Several cookie lines.
+    assert_eq!(c(&["a=1", "sid=abc"], "sid"), v("abc"));
+    assert_eq!(c(&["sid=1", "sid=2"], "sid"), Read::Ambiguous);
+    assert_eq!(c(&["sid=1; sid=2"], "sid"), Read::Ambiguous);
+    assert_eq!(c(&["sid=1; SID=2"], "sid"), Read::Ambiguous);
+    // Values as servers decode them: unquoted, percent-decoded.
+    assert_eq!(c(&["sid=\"q v\""], "sid"), v("q v"));
+    assert_eq!(c(&["sid=a%20b"], "sid"), v("a b"));
+    assert_eq!(c(&["sid="], "sid"), v(""));
+    assert_eq!(c(&["sid=a=b"], "sid"), v("a=b"));
+    assert_eq!(c(&["sidx=1; xsid=2"], "sid"), Read::Missing);
+    assert_eq!(c(&[], "sid"), Read::Missing);
+}
+
+#[test]
+fn property_sources() {
+    let req = Req::new("GET", "/")
+        .prop(
+            "connection.uri_san_peer_certificate",
+            "spiffe://td/ns/a/sa/alice",
+        )
+        .prop("source.port", 40000i64.to_le_bytes())
+        .prop("connection.mtls", [1])
+        .prop("connection.requested_server_name", "");
+    let v = |p: &str| one(property(p), &req).map(|v| String::from_utf8(v).unwrap());
+    assert_eq!(
+        v("source.principal").as_deref(),
+        Some("spiffe://td/ns/a/sa/alice")
+    );
+    assert_eq!(
+        v("connection.uri_san_peer_certificate").as_deref(),
+        Some("spiffe://td/ns/a/sa/alice")
+    );
+    assert_eq!(v("source.port").as_deref(), Some("40000"));
+    assert_eq!(v("connection.mtls").as_deref(), Some("true"));
+    // An empty value is a value; a missing one is not.
+    assert_eq!(v("connection.requested_server_name").as_deref(), Some(""));
+    assert_eq!(v("connection.dns_san_peer_certificate"), None);
+    // The alias and the attribute it names are different sources (different buckets).
+    assert_ne!(
+        property("source.principal").to_string(),
+        property("connection.uri_san_peer_certificate").to_string()
+    );
+}
+
+#[test]
+fn metadata_sources() {
+    // `sub: "alice"` and `uid: 42` in namespace `jwt`, field `p` (a struct), serialised as
+    // Envoy's Metadata (filter_metadata entry -> Struct -> Value.struct_value -> fields).
+    fn field(n: u8, b: &[u8]) -> Vec<u8> {
+        let mut out = vec![n << 3 | 2, u8::try_from(b.len()).unwrap()];
+        out.extend_from_slice(b);
+        out
+    }
+    fn entry(k: &str, v: &[u8]) -> Vec<u8> {
+        [field(1, k.as_bytes()), field(2, v)].concat()
+    }
+    let sub = field(3, b"alice");
+    let mut uid = vec![2 << 3 | 1];
+    uid.extend_from_slice(&42f64.to_bits().to_le_bytes());
+    let payload = [field(1, &entry("sub", &sub)), field(1, &entry("uid", &uid))].concat();
+    let ns = field(1, &entry("p", &field(5, &payload)));
+    let md = field(1, &entry("jwt", &ns));
+    let req = Req::new("GET", "/").prop("metadata", md);
+    let src = |f: &str| KeySource::Metadata {
+        namespace: "jwt".into(),
+        fields: f.split('.').map(str::to_owned).collect(),
+    };
+    assert_eq!(one(src("p.sub"), &req), Some(b"alice".to_vec()));
+    assert_eq!(one(src("p.uid"), &req), Some(b"42".to_vec()));
+    assert_eq!(one(src("p.gone"), &req), None);
+    assert_eq!(one(src("p.sub"), &Req::new("GET", "/")), None);
+    // The rule does not apply without the claim.
+    let r = rule(Match::default(), vec![src("p.sub")]);
+    assert!(applies("tg", (0, &r), &req, &mut KeyCache::default()).is_some());
+    assert_eq!(
+        applies(
+            "tg",
+            (0, &r),
+            &Req::new("GET", "/").prop("metadata", ""),
+            &mut KeyCache::default()
+        ),
+        None
+    );
+}
