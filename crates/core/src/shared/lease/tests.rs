@@ -1,0 +1,467 @@
+//! The lease pool against an in-memory store with the host's semantics: every token is deposited
+//! once and spent once, reservations vest only as the bucket refills, and the table stays bounded.
+
+use super::*;
+use crate::shared::mem::MemStore;
+
+const SIZING: Sizing = Sizing {
+    burst: 100,
+    rate: 100,
+    period_ms: 1000,
+    lease_max: 50,
+    horizon_ms: 200,
+};
+
+/// A deposit of `tokens` with no waiter spending from it.
+fn deposit(
+    pool: &LeasePool,
+    c: Claim,
+    (tokens, global_remaining, reset_after_ms, refill_ms): (u64, u64, u64, u64),
+    now: u64,
+) -> Deposit {
+    let grant = Grant {
+        tokens,
+        global_remaining,
+        reset_after_ms,
+        refill_ms,
+    };
+    pool.deposit(c, &grant, &[], now, &SIZING).unwrap().0
+}
+
+fn claim(pool: &LeasePool, key: &str, now: u64) -> Claim {
+    match pool
+        .begin_flight(key, 1, 0, now, now + 100, &SIZING)
+        .unwrap()
+    {
+        (Flight::Claimed(c, _), _) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn spent(t: &Take) -> usize {
+    t.spent.len()
+}
+
+#[test]
+fn tokens_are_spent_once_then_missed() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    assert_eq!(spent(&pool.take("k", &[1], 0, &SIZING).unwrap()), 0);
+    let c = claim(&pool, "k", 0);
+    assert_eq!(
+        pool.begin_flight("k", 1, 0, 1, 50, &SIZING).unwrap().0,
+        Flight::Busy,
+        "one call per key"
+    );
+    deposit(&pool, c, (3, 10, 500, 0), 1);
+    let t = pool.take("k", &[1, 1, 5], 2, &SIZING).unwrap();
+    assert_eq!(spent(&t), 2, "stops at the first cost that does not fit");
+    assert_eq!(t.spent[1].remaining, 1 + 10);
+    assert_eq!(spent(&pool.take("k", &[1], 3, &SIZING).unwrap()), 1);
+    let writes = s.writes();
+    assert_eq!(spent(&pool.take("k", &[1], 4, &SIZING).unwrap()), 0);
+    assert_eq!(s.writes(), writes, "a miss writes nothing");
+}
+
+/// Workers read the clock apart: a worker whose reading is a millisecond behind the one that
+/// deposited a grant with no reservation in it must see every token as spendable (at a high
+/// rate a millisecond of refill is many tokens, and it used to answer 429s far below the limit).
+#[test]
+fn a_grant_without_a_reservation_is_spendable_by_a_clock_behind_it() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 1000);
+    deposit(&pool, c, (3, 90, 100, 0), 1001);
+    assert_eq!(batch(&pool, 1, 1000, true).map(|b| b.tokens), Some(1));
+    let t = pool.take("k", &[1, 1], 1000, &SIZING).unwrap();
+    assert_eq!(
+        spent(&t),
+        2,
+        "both remaining tokens, by the clock behind too"
+    );
+    assert!(
+        pool.peek("k").is_some_and(|l| l.expires_ms > 1001),
+        "the grant still lives two horizons"
+    );
+}
+
+#[test]
+fn a_deposit_serves_the_waiters_in_the_same_write() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    let writes = s.writes();
+    let grant = Grant {
+        tokens: 5,
+        global_remaining: 10,
+        reset_after_ms: 500,
+        refill_ms: 0,
+    };
+    let (_, t) = pool.deposit(c, &grant, &[2, 2, 2], 1, &SIZING).unwrap();
+    assert_eq!(
+        s.writes(),
+        writes + 1,
+        "one write for the grant and the waiters"
+    );
+    assert_eq!(spent(&t), 2, "stops at the first cost that does not fit");
+    assert_eq!(t.spent[1].remaining, 1 + 10);
+    assert_eq!(
+        spent(&pool.take("k", &[1, 1], 2, &SIZING).unwrap()),
+        1,
+        "one left"
+    );
+    // A reservation's tokens are not there for the waiters before they refill.
+    let c = claim(&pool, "k", 3);
+    let reserved = Grant {
+        tokens: 20,
+        global_remaining: 0,
+        reset_after_ms: 1200,
+        refill_ms: 200,
+    };
+    let (_, t) = pool.deposit(c, &reserved, &[1], 3, &SIZING).unwrap();
+    assert_eq!(spent(&t), 0, "20 tokens still refilling at 100/s");
+}
+
+/// A batch moved out of `k`'s lease at `now`, if any.
+fn batch(pool: &LeasePool, cost: u64, now: u64, exact: bool) -> Option<Batch> {
+    match pool
+        .take_batch("k", cost, now, &SIZING, (exact, Back::default()))
+        .unwrap()
+    {
+        Taken::Batch(b) => Some(b),
+        Taken::Refilling(_) | Taken::Miss | Taken::Unknown => None,
+    }
+}
+
+#[test]
+fn batches_move_a_quarter_and_never_more_than_is_there() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    assert_eq!(batch(&pool, 1, 0, false), None);
+    let c = claim(&pool, "k", 0);
+    deposit(&pool, c, (10, 7, 500, 0), 0);
+    let b = batch(&pool, 1, 1, false).unwrap();
+    assert_eq!((b.tokens, b.expires_ms, b.global_remaining), (2, 400, 7));
+    assert_eq!(batch(&pool, 3, 1, true).unwrap().tokens, 3);
+    assert_eq!(batch(&pool, 6, 1, false), None, "5 left");
+    assert_eq!(batch(&pool, 5, 1, false).unwrap().tokens, 5);
+    assert_eq!(pool.peek("k").unwrap().tokens, 0);
+}
+
+#[test]
+fn leases_expire_after_two_horizons() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    deposit(&pool, c, (5, 10, 500, 0), 0);
+    assert_eq!(spent(&pool.take("k", &[1], 399, &SIZING).unwrap()), 1);
+    let t = pool.take("k", &[1], 400, &SIZING).unwrap();
+    assert_eq!(
+        (spent(&t), t.dropped),
+        (0, 4),
+        "the expired tokens are counted when dropped"
+    );
+    let c = claim(&pool, "k", 401);
+    deposit(&pool, c, (5, 10, 500, 0), 402);
+    assert_eq!(pool.peek("k").unwrap().expires_ms, 802);
+    let c = claim(&pool, "k", 900);
+    let d = deposit(&pool, c, (1, 10, 500, 0), 901);
+    assert_eq!(d.dropped, 5, "or when the next grant lands");
+}
+
+#[test]
+fn released_claims_free_the_key_and_record_what_redis_said() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    pool.release(c, Some(7), 5).unwrap();
+    let l = pool.peek("k").unwrap();
+    assert_eq!(
+        (l.flight_until_ms, l.global_remaining, l.known),
+        (0, 7, true)
+    );
+    let c = claim(&pool, "k", 6);
+    pool.release(c, None, 7).unwrap();
+    assert_eq!(pool.peek("k").unwrap().flight_until_ms, 0);
+}
+
+/// Keys that land in one set.
+fn same_set_keys(pool: &LeasePool, n: usize) -> Vec<String> {
+    let target = pool.set_key("k0");
+    (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| pool.set_key(k) == target)
+        .take(n)
+        .collect()
+}
+
+#[test]
+fn a_newcomer_never_evicts_paid_tokens() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let keys = same_set_keys(&pool, WAYS + 2);
+    for k in keys.iter().take(WAYS) {
+        let c = claim(&pool, k, 0);
+        deposit(&pool, c, (5, 10, 500, 0), 1);
+    }
+    let newcomer = &keys[WAYS];
+    assert_eq!(
+        pool.begin_flight(newcomer, 1, 0, 2, 100, &SIZING)
+            .unwrap()
+            .0,
+        Flight::NoSlot
+    );
+    for k in keys.iter().take(WAYS) {
+        assert_eq!(
+            spent(&pool.take(k, &[5], 3, &SIZING).unwrap()),
+            1,
+            "{k} kept its lease"
+        );
+    }
+    // Spent out, the ways are free again: the least recently touched one goes.
+    match pool
+        .begin_flight(newcomer, 1, 0, 4, 100, &SIZING)
+        .unwrap()
+        .0
+    {
+        Flight::Claimed(c, placed) => {
+            assert_eq!(
+                placed,
+                Placed {
+                    evicted: 1,
+                    dropped: 0
+                }
+            );
+            pool.release(c, None, 5).unwrap();
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_expired_lease_may_be_evicted_and_its_tokens_are_counted() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let keys = same_set_keys(&pool, WAYS + 1);
+    for k in keys.iter().take(WAYS) {
+        let c = claim(&pool, k, 0);
+        deposit(&pool, c, (2, 10, 500, 0), 0);
+    }
+    match pool
+        .begin_flight(&keys[WAYS], 1, 0, 500, 600, &SIZING)
+        .unwrap()
+        .0
+    {
+        Flight::Claimed(c, placed) => {
+            assert_eq!(
+                placed,
+                Placed {
+                    evicted: 1,
+                    dropped: 2
+                }
+            );
+            let d = deposit(&pool, c, (3, 10, 500, 0), 501);
+            assert_eq!(d.dropped, 0);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn concurrent_workers_never_spend_more_than_deposited() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    deposit(&pool, c, (10, 0, 500, 0), 0);
+    let mut admitted = 0;
+    for i in 0..40 {
+        s.inject_conflicts.set(i % 3);
+        admitted += spent(&pool.take("k", &[1], 1, &SIZING).unwrap_or_default());
+    }
+    assert_eq!(admitted, 10);
+}
+
+#[test]
+fn lease_size_follows_demand_and_is_capped_by_a_fair_share() {
+    assert_eq!(SIZING.reservation(), 40, "two horizons of refill at 100/s");
+    let mut l = Lease::default();
+    assert_eq!(SIZING.want(&l, 1, 0, 0), 1, "no history: what waits");
+    l.win_demand = 30;
+    assert_eq!(SIZING.want(&l, 2, 0, 0), 32);
+    assert_eq!(SIZING.want(&l, 2, 9, 0), 41, "requests denied here count");
+    l.prev_demand = 500;
+    assert_eq!(SIZING.want(&l, 2, 0, 0), 50, "lease_max caps");
+    l.known = true;
+    l.reset_at_ms = 800; // the bucket lacks 80 of its 100 at 0
+    assert_eq!(
+        SIZING.want(&l, 2, 0, 0),
+        40,
+        "a low bucket: one reservation (the bucket's 20 and 20 of its refill)"
+    );
+    l.reset_at_ms = 1500;
+    assert_eq!(SIZING.want(&l, 2, 0, 0), 40, "in debt: one reservation");
+    assert_eq!(SIZING.want(&l, 60, 0, 0), 60, "never below what waits");
+    l.reset_at_ms = 0;
+    l.win_demand = 4;
+    l.prev_demand = 0;
+    assert_eq!(
+        SIZING.want(&l, 1, 0, 0),
+        5,
+        "a light key takes what it needs"
+    );
+    let big = Sizing {
+        lease_max: 100,
+        ..SIZING
+    };
+    l.prev_demand = 500;
+    assert_eq!(big.want(&l, 1, 0, 0), 50, "a full bucket: half of it");
+}
+
+#[test]
+fn a_young_window_is_extrapolated_once_it_has_seen_a_tenth_of_a_horizon() {
+    let l = Lease {
+        win_demand: 10,
+        ..Lease::default()
+    };
+    assert_eq!(SIZING.want(&l, 0, 0, 19), 10, "a burst at once: as it is");
+    assert_eq!(SIZING.want(&l, 0, 0, 20), 40, "four times at most");
+    assert_eq!(SIZING.want(&l, 0, 0, 100), 20, "10 in 100 ms: 20 in 200");
+    assert_eq!(SIZING.want(&l, 0, 0, 200), 10);
+    let more = Lease {
+        win_demand: 40,
+        ..Lease::default()
+    };
+    assert_eq!(
+        SIZING.want(&more, 0, 0, 50),
+        50,
+        "by one reservation at most, then lease_max"
+    );
+}
+
+/// A lease call reports how what the proxy holds fell since its grant: each eighth of it
+/// from when it first held no more, then what it holds now since the entry was last touched;
+/// after the lease expired, nothing since then.
+/// Only the latest claim of a key deposits, ends or renews its flight: a call whose claim
+/// lapsed (and a later one was made) has its grant dropped, since the later call's report
+/// does not count it.
+#[test]
+fn only_the_latest_claim_deposits() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let first = claim(&pool, "k", 0);
+    pool.renew(&first, 500).unwrap();
+    assert_eq!(
+        pool.begin_flight("k", 1, 0, 200, 300, &SIZING).unwrap().0,
+        Flight::Busy,
+        "renewed: still out at 200"
+    );
+    let second = claim(&pool, "k", 600);
+    assert!(second.seq() > first.seq());
+    assert_eq!(deposit(&pool, first, (5, 0, 50, 0), 601).dropped, 5);
+    assert_eq!(pool.peek("k").unwrap().tokens, 0);
+    assert!(
+        pool.peek("k").unwrap().flight_until_ms > 601,
+        "the later flight stays"
+    );
+    assert_eq!(deposit(&pool, second, (5, 0, 50, 0), 602).dropped, 0);
+    assert_eq!(pool.peek("k").unwrap().tokens, 5);
+}
+
+#[test]
+fn the_report_steps_down_as_the_lease_is_spent() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    assert_eq!(
+        c.report(),
+        [(0, 0)],
+        "a key with no entry: nothing now, nothing more"
+    );
+    deposit(&pool, c, (80, 0, 800, 0), 0);
+    pool.take("k", &[40], 50, &SIZING).unwrap();
+    pool.take("k", &[30], 150, &SIZING).unwrap();
+    let lease = pool.peek("k").unwrap();
+    assert_eq!(
+        lease.report(200),
+        [
+            (70, 150),
+            (60, 150),
+            (50, 150),
+            (40, 150),
+            (30, 50),
+            (20, 50),
+            (10, 50),
+            (10, 50)
+        ]
+    );
+    assert_eq!(
+        lease.report(lease.expires_ms + 5),
+        [(0, 0)],
+        "a stash may spend late"
+    );
+    assert_eq!(lease.report(lease.expires_ms + 1500), [(0, 1400)]);
+}
+
+#[test]
+fn a_reservation_is_spent_only_as_the_bucket_refills_it() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    // 30 granted: the 10 the bucket held, and 20 it refills over the next 200 ms.
+    deposit(&pool, c, (30, 0, 1200, 200), 0);
+    let l = pool.peek("k").unwrap();
+    assert_eq!((l.vest_until_ms, l.expires_ms), (200, 600));
+    assert_eq!(l.spendable(0, &SIZING), 10);
+    assert_eq!(l.spendable(100, &SIZING), 20);
+    assert_eq!(l.spendable(200, &SIZING), 30);
+    let mut taken = 0;
+    for now in 0..=200 {
+        taken += spent(&pool.take("k", &[1, 1, 1, 1, 1, 1], now, &SIZING).unwrap());
+        assert!(
+            taken as u64 <= 10 + now / 10,
+            "{taken} spent by {now} ms: more than held + refilled"
+        );
+        if now == 0 {
+            assert_eq!(taken, 6);
+            assert_eq!(batch(&pool, 5, 0, false), None, "4 left now");
+            assert_eq!(
+                pool.take_batch("k", 5, 0, &SIZING, (false, Back::default()))
+                    .unwrap(),
+                Taken::Refilling(10),
+                "the fifth in 10 ms"
+            );
+            assert_eq!(
+                pool.begin_flight("k", 1, 0, 0, 100, &SIZING).unwrap().0,
+                Flight::Refilling(1),
+                "no second call while it refills"
+            );
+        }
+    }
+    assert_eq!(taken, 30, "all of it by the time it has refilled");
+    let c = claim(&pool, "k", 201);
+    pool.release(c, None, 202).unwrap();
+}
+
+#[test]
+fn demand_window_rolls() {
+    let mut l = Lease {
+        win_demand: 7,
+        ..Lease::default()
+    };
+    l.roll(200, 200);
+    assert_eq!((l.prev_demand, l.win_demand), (7, 0));
+    l.win_demand = 3;
+    l.roll(800, 200);
+    assert_eq!((l.prev_demand, l.win_demand), (0, 0));
+}
+
+#[test]
+fn garbage_sets_decode_as_empty() {
+    for bytes in [&b""[..], b"\xff\xff\xff\xff\xff\xff\xff\xff", &[0u8; 200]] {
+        let _ = Set::decode(Some(bytes));
+    }
+    let mut big = Vec::new();
+    write_u64s(&mut big, &[u64::MAX]);
+    big.extend_from_slice(&[0; 96]);
+    assert!(Set::decode(Some(&big)).entries.is_empty());
+}
