@@ -32,7 +32,7 @@ use std::rc::Rc;
 use tollgate_core::backend::{Answer, BackendError, Outgoing, Payload};
 use tollgate_core::bucket::{self, Ask, Holder, Holders, Limits, State};
 use tollgate_core::config::Config;
-use tollgate_core::engine::{Action, Engine, Host, LocalReply, Plugin};
+use tollgate_core::engine::{Action, ContextId, Engine, Host, LocalReply, Plugin};
 use tollgate_core::metrics::{Counter, Recorder};
 use tollgate_core::rule::RequestView;
 use tollgate_core::shared::lease::LeasePool;
@@ -234,17 +234,17 @@ impl Host for SimHost {
             .push((self.next_token, self.current, call.payload().to_vec()));
         Ok(self.next_token)
     }
-    fn resume(&mut self, ctx: u32) {
-        self.resumed.push(ctx);
+    fn resume(&mut self, ctx: ContextId) {
+        self.resumed.push(ctx.get());
     }
-    fn respond(&mut self, ctx: u32, reply: &LocalReply) {
-        self.responded.push((ctx, reply.status));
+    fn respond(&mut self, ctx: ContextId, reply: &LocalReply) {
+        self.responded.push((ctx.get(), reply.status));
     }
-    fn add_response_headers(&mut self, _: u32, _: &[(&str, &str)]) {}
+    fn add_response_headers(&mut self, _: ContextId, _: &[(&str, &str)]) {}
     fn set_tick(&mut self, period_ms: u64) {
         self.tick = Some(period_ms);
     }
-    fn request_header(&mut self, _: u32, _: &str) -> Option<Vec<u8>> {
+    fn request_header(&mut self, _: ContextId, _: &str) -> Option<Vec<u8>> {
         None
     }
     // Lease mode only: no worker shares exact calls through a queue here.
@@ -758,7 +758,7 @@ impl<'o> Sim<'o> {
         wk.reqs.insert(ctx, c);
         wk.host.now_us = now;
         wk.host.current = ctx;
-        let action = wk.engine.request_headers(&mut wk.host, ctx, &Req);
+        let action = wk.engine.request_headers(&mut wk.host, ctx.into(), &Req);
         if action == Action::Continue {
             self.at(now + UPSTREAM_US, Ev::Complete(p, w, ctx, 200));
         }
@@ -912,11 +912,12 @@ impl<'o> Sim<'o> {
         wk.host.now_us = now;
         wk.host.current = ctx;
         if status == 200 {
-            wk.engine.response_headers(&mut wk.host, ctx, &NoHeaders);
+            wk.engine
+                .response_headers(&mut wk.host, ctx.into(), &NoHeaders);
             // Admitted by the engine when it let the request go on, the upstream's time ago.
             self.admits.push(now - UPSTREAM_US);
         }
-        wk.engine.done(&mut wk.host, ctx);
+        wk.engine.done(&mut wk.host, ctx.into());
         self.after(p, w);
         if status == 429 && self.now_us < self.end_us && self.level(now) >= 1 {
             self.run.limited_with_tokens += 1;

@@ -13,6 +13,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use crate::backend::ErrorClass;
+use crate::engine::RuleId;
 
 /// A per-rule counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -210,20 +211,20 @@ pub fn name(rule: &str, suffix: &str) -> String {
     format!("tollgate.{rule}.{suffix}")
 }
 
-/// Where metrics go. Rules are named by their index in the configuration.
+/// Where metrics go. Rules are named by their id: their place in the configuration.
 pub trait Metrics {
-    fn count(&self, rule: usize, counter: Counter, n: u64);
-    fn latency(&self, rule: usize, ms: u64);
+    fn count(&self, rule: RuleId, counter: Counter, n: u64);
+    fn latency(&self, rule: RuleId, ms: u64);
     fn breaker_open(&self, open: bool);
 }
 
 /// A shared handle to metrics (the caller keeps one to read them back).
 impl<M: Metrics + ?Sized> Metrics for std::rc::Rc<M> {
-    fn count(&self, rule: usize, counter: Counter, n: u64) {
+    fn count(&self, rule: RuleId, counter: Counter, n: u64) {
         self.as_ref().count(rule, counter, n)
     }
 
-    fn latency(&self, rule: usize, ms: u64) {
+    fn latency(&self, rule: RuleId, ms: u64) {
         self.as_ref().latency(rule, ms)
     }
 
@@ -236,8 +237,8 @@ impl<M: Metrics + ?Sized> Metrics for std::rc::Rc<M> {
 pub struct NoMetrics;
 
 impl Metrics for NoMetrics {
-    fn count(&self, _: usize, _: Counter, _: u64) {}
-    fn latency(&self, _: usize, _: u64) {}
+    fn count(&self, _: RuleId, _: Counter, _: u64) {}
+    fn latency(&self, _: RuleId, _: u64) {}
     fn breaker_open(&self, _: bool) {}
 }
 
@@ -316,7 +317,7 @@ impl Batched {
             if n == 0 {
                 continue;
             }
-            let rule = slot / Counter::COUNT;
+            let rule = RuleId::new(slot / Counter::COUNT);
             if let Some(counter) = Counter::ALL.get(slot % Counter::COUNT) {
                 self.inner.count(rule, *counter, n);
             }
@@ -325,11 +326,12 @@ impl Batched {
 }
 
 impl Metrics for Batched {
-    fn count(&self, rule: usize, counter: Counter, n: u64) {
+    fn count(&self, rule: RuleId, counter: Counter, n: u64) {
         if n == 0 {
             return;
         }
         let slot = rule
+            .index()
             .checked_mul(Counter::COUNT)
             .and_then(|base| self.pending.get(base.checked_add(counter.index())?));
         match slot {
@@ -341,7 +343,7 @@ impl Metrics for Batched {
         }
     }
 
-    fn latency(&self, rule: usize, ms: u64) {
+    fn latency(&self, rule: RuleId, ms: u64) {
         self.inner.latency(rule, ms);
     }
 
@@ -350,7 +352,7 @@ impl Metrics for Batched {
     }
 }
 
-/// Keeps every count in memory (tests, and anything that wants to read them back).
+/// Keeps every count in memory (tests, and anything that wants to read them back), by rule index.
 #[derive(Default)]
 pub struct Recorder {
     counts: RefCell<HashMap<(usize, Counter), u64>>,
@@ -373,14 +375,15 @@ impl Recorder {
 }
 
 impl Metrics for Recorder {
-    fn count(&self, rule: usize, counter: Counter, n: u64) {
+    fn count(&self, rule: RuleId, counter: Counter, n: u64) {
         if n > 0 {
-            *self.counts.borrow_mut().entry((rule, counter)).or_insert(0) += n;
+            let mut counts = self.counts.borrow_mut();
+            *counts.entry((rule.index(), counter)).or_insert(0) += n;
         }
     }
 
-    fn latency(&self, rule: usize, ms: u64) {
-        self.latencies.borrow_mut().push((rule, ms));
+    fn latency(&self, rule: RuleId, ms: u64) {
+        self.latencies.borrow_mut().push((rule.index(), ms));
     }
 
     fn breaker_open(&self, open: bool) {
@@ -399,10 +402,10 @@ mod tests {
     struct Log(RefCell<Vec<(usize, Counter, u64)>>);
 
     impl Metrics for Log {
-        fn count(&self, rule: usize, counter: Counter, n: u64) {
-            self.0.borrow_mut().push((rule, counter, n));
+        fn count(&self, rule: RuleId, counter: Counter, n: u64) {
+            self.0.borrow_mut().push((rule.index(), counter, n));
         }
-        fn latency(&self, _: usize, _: u64) {}
+        fn latency(&self, _: RuleId, _: u64) {}
         fn breaker_open(&self, _: bool) {}
     }
 
@@ -421,11 +424,11 @@ mod tests {
     #[test]
     fn counts_are_summed_in_memory_and_pushed_once_per_counter() {
         let (b, log) = batched(2);
-        b.count(0, Counter::Allowed, 1);
-        b.count(1, Counter::BackendError(ErrorClass::Auth), 2);
-        b.count(0, Counter::Allowed, 1);
-        b.count(1, Counter::UsageInvalid, 5);
-        b.count(0, Counter::Denied, 0);
+        b.count(RuleId::new(0), Counter::Allowed, 1);
+        b.count(RuleId::new(1), Counter::BackendError(ErrorClass::Auth), 2);
+        b.count(RuleId::new(0), Counter::Allowed, 1);
+        b.count(RuleId::new(1), Counter::UsageInvalid, 5);
+        b.count(RuleId::new(0), Counter::Denied, 0);
         assert!(log.0.borrow().is_empty(), "nothing before the flush");
         assert!(b.pending());
         b.flush();
@@ -445,7 +448,7 @@ mod tests {
     #[test]
     fn a_count_of_zero_is_nothing_to_flush() {
         let (b, _) = batched(1);
-        b.count(0, Counter::Allowed, 0);
+        b.count(RuleId::new(0), Counter::Allowed, 0);
         assert!(!b.pending());
         assert_eq!(b.due(0), None);
     }
@@ -453,8 +456,8 @@ mod tests {
     #[test]
     fn a_rule_outside_the_table_is_counted_at_once() {
         let (b, log) = batched(1);
-        b.count(1, Counter::Allowed, 3);
-        b.count(usize::MAX, Counter::UsageInvalid, 1);
+        b.count(RuleId::new(1), Counter::Allowed, 3);
+        b.count(RuleId::new(usize::MAX), Counter::UsageInvalid, 1);
         assert_eq!(
             *log.0.borrow(),
             [
@@ -469,9 +472,9 @@ mod tests {
     fn the_deadline_starts_at_the_first_call_that_sees_counts() {
         let (b, log) = batched(1);
         assert_eq!(b.flush_if_due(100), None, "nothing pending");
-        b.count(0, Counter::Allowed, 1);
+        b.count(RuleId::new(0), Counter::Allowed, 1);
         assert_eq!(b.flush_if_due(100), Some(100 + METRICS_FLUSH_MS));
-        b.count(0, Counter::Allowed, 1);
+        b.count(RuleId::new(0), Counter::Allowed, 1);
         assert_eq!(
             b.flush_if_due(600),
             Some(100 + METRICS_FLUSH_MS),
@@ -481,7 +484,7 @@ mod tests {
         assert_eq!(b.flush_if_due(100 + METRICS_FLUSH_MS), None);
         assert_eq!(*log.0.borrow(), [(0, Counter::Allowed, 2)]);
         // A new batch gets a new deadline.
-        b.count(0, Counter::Allowed, 1);
+        b.count(RuleId::new(0), Counter::Allowed, 1);
         assert_eq!(b.due(5000), Some(5000 + METRICS_FLUSH_MS));
     }
 
@@ -489,7 +492,7 @@ mod tests {
     fn latencies_and_the_gauge_are_not_batched() {
         let rec = Rc::new(Recorder::default());
         let b = Batched::new(Box::new(rec.clone()), 1);
-        b.latency(0, 7);
+        b.latency(RuleId::new(0), 7);
         b.breaker_open(true);
         assert_eq!(rec.latencies(), [(0, 7)]);
         assert!(rec.breaker.get());

@@ -170,7 +170,7 @@ pub extern "C" fn proxy_on_http_call_response(
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32) -> Action {
     match with_engine(ctx, |e, h| {
-        e.request_headers(h, ctx, &HostRequest::default())
+        e.request_headers(h, ctx.into(), &HostRequest::default())
     }) {
         Some(engine::Action::Pause) => Action::Pause,
         Some(engine::Action::Continue) | None => Action::Continue,
@@ -182,11 +182,12 @@ pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32)
     // The ABI's flags are u32s (a Rust `bool` parameter would trust the host to send 0 or 1).
     let end = end != 0;
     let view = HostResponse::headers();
-    let wants_body = with_engine(ctx, |e, h| e.response_headers(h, ctx, &view)) == Some(true);
+    let wants_body =
+        with_engine(ctx, |e, h| e.response_headers(h, ctx.into(), &view)) == Some(true);
     if wants_body {
         if end {
             // No body follows: the readers see it end empty.
-            with_engine(ctx, |e, h| e.response_body(h, ctx, &[], true));
+            with_engine(ctx, |e, h| e.response_body(h, ctx.into(), &[], true));
         } else {
             with_stream(ctx, |s| s.watch_body = true);
         }
@@ -210,7 +211,7 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> Act
     // Only looked at: every chunk goes on at once, nothing is buffered.
     if watched == Some(true) {
         let chunk = host::response_body(size);
-        with_engine(ctx, |e, h| e.response_body(h, ctx, &chunk, end));
+        with_engine(ctx, |e, h| e.response_body(h, ctx.into(), &chunk, end));
     }
     Action::Continue
 }
@@ -220,7 +221,7 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> Act
 pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> Action {
     with_stream(ctx, |s| s.watch_body = false);
     let view = HostResponse::trailers();
-    with_engine(ctx, |e, h| e.response_trailers(h, ctx, &view));
+    with_engine(ctx, |e, h| e.response_trailers(h, ctx.into(), &view));
     Action::Continue
 }
 
@@ -249,7 +250,7 @@ pub extern "C" fn proxy_on_delete(ctx: u32) {
             e.plugin().metrics.flush();
             hand_to_other_roots(e.hand_over(false), ctx);
         }
-        Some(e) => e.done(&mut WasmHost::new(ctx), ctx),
+        Some(e) => e.done(&mut WasmHost::new(ctx), ctx.into()),
         None => {}
     }
 }

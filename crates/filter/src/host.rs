@@ -8,7 +8,7 @@
 
 use tollgate_abi::{self as abi, BufferType, MapType, StreamType};
 use tollgate_core::backend::{Answer, BackendError, Outgoing};
-use tollgate_core::engine::{Host, LocalReply};
+use tollgate_core::engine::{ContextId, Host, LocalReply};
 use tollgate_core::property;
 use tollgate_core::shared::{Store, StoreError};
 
@@ -149,13 +149,15 @@ impl Host for WasmHost {
         }
     }
 
-    fn resume(&mut self, ctx: u32) {
+    fn resume(&mut self, ctx: ContextId) {
+        let ctx = ctx.get();
         if let Err(s) = self.in_context(ctx, || abi::continue_stream(StreamType::HttpRequest)) {
             log::warn!("tollgate: resuming request {ctx} failed ({s})");
         }
     }
 
-    fn respond(&mut self, ctx: u32, reply: &LocalReply) {
+    fn respond(&mut self, ctx: ContextId, reply: &LocalReply) {
+        let ctx = ctx.get();
         let headers = tollgate_core::pairs::encode(&reply.headers);
         let details = b"tollgate";
         let sent = self.in_context(ctx, || {
@@ -167,7 +169,8 @@ impl Host for WasmHost {
         }
     }
 
-    fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]) {
+    fn add_response_headers(&mut self, ctx: ContextId, headers: &[(&str, &str)]) {
+        let ctx = ctx.get();
         for (k, v) in headers {
             let added =
                 self.in_context(ctx, || abi::add_header(MapType::HttpResponseHeaders, k, v));
@@ -177,7 +180,8 @@ impl Host for WasmHost {
         }
     }
 
-    fn set_request_header(&mut self, ctx: u32, name: &str, value: &str) {
+    fn set_request_header(&mut self, ctx: ContextId, name: &str, value: &str) {
+        let ctx = ctx.get();
         let set = self.in_context(ctx, || {
             abi::replace_header(MapType::HttpRequestHeaders, name, value)
         });
@@ -186,7 +190,8 @@ impl Host for WasmHost {
         }
     }
 
-    fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>> {
+    fn request_header(&mut self, ctx: ContextId, name: &str) -> Option<Vec<u8>> {
+        let ctx = ctx.get();
         // The attribute, as `HostRequest::header` reads it, in the request's own context.
         self.act_for(ctx).ok()?;
         property(&["request", "headers", name])

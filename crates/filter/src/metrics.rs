@@ -7,6 +7,7 @@
 
 use tollgate_abi::{self as abi, MetricType};
 use tollgate_core::config::Config;
+use tollgate_core::engine::RuleId;
 use tollgate_core::metrics::{self, Counter, Metrics};
 
 pub struct HostMetrics {
@@ -55,18 +56,18 @@ impl HostMetrics {
 }
 
 impl Metrics for HostMetrics {
-    fn count(&self, rule: usize, counter: Counter, n: u64) {
+    fn count(&self, rule: RuleId, counter: Counter, n: u64) {
         let id = self
             .counters
-            .get(rule)
+            .get(rule.index())
             .and_then(|ids| ids.get(counter.index()).copied().flatten());
         if let (Some(id), Ok(n @ 1..)) = (id, i64::try_from(n)) {
             let _ = abi::increment_metric(id, n);
         }
     }
 
-    fn latency(&self, rule: usize, ms: u64) {
-        if let Some(id) = self.latency.get(rule).copied().flatten() {
+    fn latency(&self, rule: RuleId, ms: u64) {
+        if let Some(id) = self.latency.get(rule.index()).copied().flatten() {
             let _ = abi::record_metric(id, ms);
         }
     }

@@ -8,9 +8,11 @@
 //! by the engine); what moves is the schedule that flushes them and, on the same root, the calls
 //! in flight that carry some, whose failure must put them back.
 
-use std::cmp::Reverse;
-
-use super::{Call, Engine, Host, Purpose};
+use super::calls::{Call, Purpose};
+use super::host::Host;
+use super::ids::Token;
+use super::usage::Flush;
+use super::Engine;
 use crate::backend::ScriptCall;
 use crate::bucket::Limits;
 
@@ -24,7 +26,7 @@ pub struct Pending {
     flushes: Vec<(u64, String, String, Limits)>,
     /// Calls in flight that carry a settlement: (token, rule name, the call, when it was sent,
     /// whether it was the EVAL resend).
-    calls: Vec<(u32, String, ScriptCall, u64, bool)>,
+    calls: Vec<(Token, String, ScriptCall, u64, bool)>,
 }
 
 impl Pending {
@@ -44,31 +46,24 @@ impl Engine {
     /// the answers to this engine's calls in flight will reach the next engine (it replaces this
     /// one on the same root context); otherwise they are left out, as no engine will see them.
     pub fn hand_over(&mut self, calls_too: bool) -> Pending {
-        let name = |rule: usize| self.plugin.rule(rule).map(|r| r.name.clone());
         // One flush per key (the earliest): it takes whatever the key has pending then.
-        let mut by_key = std::collections::BTreeMap::<String, (u64, usize, Limits)>::new();
-        for Reverse((due, rule, key, limits)) in std::mem::take(&mut self.flushes) {
-            let first = by_key.entry(key).or_insert((due, rule, limits));
-            if due < first.0 {
-                *first = (due, rule, limits);
-            }
-        }
-        let flushes = by_key
+        let flushes = self
+            .usage
+            .hand_over_flushes()
             .into_iter()
-            .filter_map(|(key, (due, rule, limits))| Some((due, name(rule)?, key, limits)))
+            .map(|f| (f.due, f.rule.name.clone(), f.key, f.limits))
             .collect();
         let calls = if calls_too {
             self.calls
-                .iter()
-                .filter(|(_, c)| c.call.settle != 0)
-                .filter_map(|(token, c)| {
+                .settling()
+                .map(|(token, c)| {
                     // Only the settlement matters now: the request the call was for belongs to
                     // the outgoing engine.
                     let settle = ScriptCall {
                         settle: c.call.settle,
                         ..ScriptCall::new(c.call.key.clone(), &c.call.limits(), 0)
                     };
-                    Some((*token, name(c.rule)?, settle, c.sent_ms, c.with_source))
+                    (token, c.rule.name.clone(), settle, c.sent_ms, c.with_source)
                 })
                 .collect()
         } else {
@@ -88,30 +83,35 @@ impl Engine {
         if pending.ns != self.plugin.ns {
             return pending;
         }
-        let index = |name: &str| self.plugin.config.rules.iter().position(|r| r.name == name);
+        let rules = self.plugin.rules().clone();
         let mut left = Pending {
             ns: pending.ns,
             ..Pending::default()
         };
-        for (due, rule, key, limits) in pending.flushes {
-            match index(&rule) {
-                Some(i) => self.flushes.push(Reverse((due, i, key, limits))),
-                None => left.flushes.push((due, rule, key, limits)),
+        for (due, name, key, limits) in pending.flushes {
+            match rules.named(&name) {
+                Some(rule) => self.usage.adopt_flush(Flush {
+                    due,
+                    rule: rule.clone(),
+                    key,
+                    limits,
+                }),
+                None => left.flushes.push((due, name, key, limits)),
             }
         }
-        for (token, rule, call, sent_ms, with_source) in pending.calls {
-            match index(&rule) {
-                Some(i) => {
+        for (token, name, call, sent_ms, with_source) in pending.calls {
+            match rules.named(&name) {
+                Some(rule) => {
                     let adopted = Call {
                         with_source,
-                        ..Call::new(i, call, Purpose::Settle, sent_ms)
+                        ..Call::new(rule.clone(), call, Purpose::Settle, sent_ms)
                     };
-                    self.calls.insert(token, adopted);
+                    self.calls.sent(token, adopted);
                 }
-                None => left.calls.push((token, rule, call, sent_ms, with_source)),
+                None => left.calls.push((token, name, call, sent_ms, with_source)),
             }
         }
-        let now = self.now(host);
+        let now = self.timer.read(host);
         self.schedule(host, now, false);
         left
     }

@@ -14,136 +14,28 @@
 //! waiter. Every claim taken for a lease call is ended (deposit or release) on every path: answer,
 //! error, failed dispatch or resend, or the carrying context going away.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+mod waits;
 
-use super::{Call, Engine, Host, Outcome, Purpose};
+pub(super) use waits::Waits;
+use waits::{Head, State, Waiter};
+
+use super::calls::{Call, Purpose};
+use super::host::Host;
+use super::ids::{CheckId, ContextId};
+use super::rules::{RuleId, RuleRef};
+use super::verdict::Outcome;
+use super::Engine;
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::bucket::{Holder, Limits, MAX_HOLD_MS};
 use crate::config::Rule;
 use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
-use crate::shared::lease::{Claim, Flight, Grant, LeasePool, Sizing, Take};
+use crate::shared::lease::{Back, Claim, Flight, Grant, LeasePool, Sizing, Take};
 
-/// One waiting check.
-#[derive(Debug, Clone, Copy)]
-struct Waiter {
-    ctx: u32,
-    idx: usize,
-    cost: u64,
-}
-
-/// Where the key's lease call stands, from this worker's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// No call out: the next waiter starts one.
-    Idle,
-    /// This worker's call is out; its answer serves the queue.
-    Own,
-    /// Another worker's call is out; polled until it ends.
-    Foreign,
-    /// No call could be kept (its NOSCRIPT resend failed): the next tick starts one.
-    Lost,
-}
-
-#[derive(Debug)]
-struct Queue {
-    rule: usize,
-    /// The key's effective limits.
-    limits: Limits,
-    waiters: VecDeque<Waiter>,
-    state: State,
-}
-
-/// The lease waits of one worker.
-#[derive(Debug, Default)]
-pub(super) struct Queues {
-    /// By bucket key (a digest no client chooses bits of: the fast seeded hash is safe here).
-    by_key: HashMap<String, Queue, crate::rule::hash::Seeded>,
-    /// Keys in `Foreign` or `Lost` state (polled by the tick).
-    polled: HashSet<String, crate::rule::hash::Seeded>,
-    /// (deadline, ctx, check) in arrival order; deadlines are arrival + a constant patience, so
-    /// the front is always the nearest.
-    patience: VecDeque<(u64, u32, usize)>,
-}
-
-impl Queues {
-    pub(super) fn waiters(&self) -> usize {
-        self.by_key.values().map(|q| q.waiters.len()).sum()
-    }
-
-    pub(super) fn patience_front(&self) -> Option<(u32, usize)> {
-        self.patience.front().map(|(_, ctx, idx)| (*ctx, *idx))
-    }
-
-    pub(super) fn pop_patience(&mut self) {
-        self.patience.pop_front();
-    }
-
-    /// The nearest time the tick must look at lease waits.
-    pub(super) fn next_due(&self, now: u64) -> Option<u64> {
-        let poll = (!self.polled.is_empty()).then_some(now.saturating_add(1));
-        let patience = self.patience.front().map(|(due, _, _)| *due);
-        match (poll, patience) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    fn set_state(&mut self, key: &str, state: State) {
-        if let Some(q) = self.by_key.get_mut(key) {
-            q.state = state;
-        }
-        if matches!(state, State::Foreign | State::Lost) {
-            self.polled.insert(key.to_string());
-        } else {
-            self.polled.remove(key);
-        }
-    }
-
-    /// The call for `key` will never be answered here.
-    pub(super) fn flight_lost(&mut self, key: &str) {
-        if self.by_key.contains_key(key) {
-            self.set_state(key, State::Lost);
-        }
-    }
-
-    /// Removes every waiter of `ctx` on `key`.
-    pub(super) fn remove_waiter(&mut self, key: &str, ctx: u32) {
-        if let Some(q) = self.by_key.get_mut(key) {
-            q.waiters.retain(|w| w.ctx != ctx);
-        }
-        self.forget_if_idle(key);
-    }
-
-    fn forget_if_idle(&mut self, key: &str) {
-        if self
-            .by_key
-            .get(key)
-            .is_some_and(|q| q.waiters.is_empty() && q.state == State::Idle)
-        {
-            self.by_key.remove(key);
-            self.polled.remove(key);
-        }
-    }
-
-    /// What `key`'s waiters need, in order.
-    fn costs(&self, key: &str) -> Vec<u64> {
-        self.by_key
-            .get(key)
-            .map(|q| q.waiters.iter().map(|w| w.cost).collect())
-            .unwrap_or_default()
-    }
-
-    fn drain(&mut self, key: &str) -> Vec<Waiter> {
-        let out = self
-            .by_key
-            .get_mut(key)
-            .map(|q| q.waiters.drain(..).collect())
-            .unwrap_or_default();
-        self.forget_if_idle(key);
-        out
-    }
-}
+/// A lease call keeps its claim this long past the call's own timeout, so a lost answer frees it.
+const CLAIM_SLACK_MS: u64 = 50;
+/// Slack on how long the script counts a grant as held by this proxy.
+const HOLD_SLACK_MS: u64 = 1000;
 
 /// Lease sizing for `rule` on a key with `limits` (the rule's, or an override's).
 pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
@@ -156,58 +48,60 @@ pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
     }
 }
 
+/// A worker's batch of `key` (of rule `rule`) goes back to the proxy's pool; what the pool drops
+/// of it (its lease expired, or the store failed) is counted.
+pub(super) fn give_back(
+    pool: &LeasePool,
+    metrics: &dyn Metrics,
+    (rule, key, back): (RuleId, &str, Back),
+    now: u64,
+) {
+    let dropped = pool.take_back(key, back, now).unwrap_or(back.unspent);
+    metrics.count(rule, Counter::LeaseDropped, dropped);
+}
+
 impl Engine {
-    /// Lease check `idx` of `ctx` found no leased token: it waits for its key's lease call,
+    /// Lease check `check` of `ctx` found no leased token: it waits for its key's lease call,
     /// starting one if none is out.
-    pub(super) fn wait_for_lease(&mut self, host: &mut dyn Host, ctx: u32, idx: usize, now: u64) {
-        let Some((rule, call)) = self.check_call(ctx, idx) else {
+    pub(super) fn wait_for_lease(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: ContextId,
+        check: CheckId,
+        now: u64,
+    ) {
+        let Some(c) = self.requests.waiting(ctx, check) else {
             return;
         };
-        let patience = self.plugin.config.backend.timeout_ms.saturating_mul(2);
-        let queues = &mut self.queues;
-        let q = queues.by_key.entry(call.key.clone()).or_insert(Queue {
-            rule,
-            limits: call.limits(),
-            waiters: VecDeque::new(),
-            state: State::Idle,
-        });
-        q.waiters.push_back(Waiter {
+        let waiter = Waiter {
             ctx,
-            idx,
-            cost: call.cost,
-        });
-        let idle = q.state == State::Idle;
-        queues
-            .patience
-            .push_back((now.saturating_add(patience), ctx, idx));
-        if idle {
-            self.kick(host, &call.key, now);
+            check,
+            cost: c.call.cost,
+        };
+        let due = now.saturating_add(self.plugin.patience_ms());
+        let key = c.call.key.clone();
+        if self
+            .waits
+            .add(&key, (&c.rule, c.call.limits()), waiter, due)
+        {
+            self.kick(host, &key, now);
         }
     }
 
     /// Starts the lease call for `key`'s waiters, if this proxy has none out. Any callback can:
     /// the host owns every callout on the root context.
     fn kick(&mut self, host: &mut dyn Host, key: &str, now: u64) {
-        let Some(q) = self.queues.by_key.get(key) else {
+        let Some(Head {
+            rule,
+            limits,
+            first,
+            waiting,
+        }) = self.waits.head(key)
+        else {
             return;
         };
-        let Some(first) = q.waiters.front().map(|w| w.cost) else {
-            self.queues.set_state(key, State::Idle);
-            self.queues.forget_if_idle(key);
-            return;
-        };
-        let rule_idx = q.rule;
-        let unmet = self.unmet.remove(key).unwrap_or(0);
-        let waiting = q
-            .waiters
-            .iter()
-            .map(|w| w.cost)
-            .fold(0, u64::saturating_add);
-        let Some(rule) = self.plugin.rule(rule_idx) else {
-            return;
-        };
-        let limits = q.limits;
-        let sizing = sizing(rule, &limits);
+        let unmet = self.waits.take_unmet(key);
+        let sizing = sizing(&rule, &limits);
         if !self.backend_allowed(host, now) {
             self.fail_waiters(host, key, &BackendError::CircuitOpen, now);
             return;
@@ -222,8 +116,8 @@ impl Engine {
         match flight {
             Ok((Flight::Claimed(claim, placed), want, holder_id)) => {
                 let m = &self.plugin.metrics;
-                m.count(rule_idx, Counter::LeaseEvicted, placed.evicted);
-                m.count(rule_idx, Counter::LeaseDropped, placed.dropped);
+                m.count(rule.id(), Counter::LeaseEvicted, placed.evicted);
+                m.count(rule.id(), Counter::LeaseDropped, placed.dropped);
                 // The call needs what the first waiter needs, and asks for the whole lease with a
                 // wait: what the bucket lacks of it is reserved from its refill (and becomes
                 // spendable as it refills). It names this proxy as the holder, with what it still
@@ -240,29 +134,28 @@ impl Engine {
                     holder: Some(Box::new(holder)),
                     ..ScriptCall::new(key.to_string(), &limits, first)
                 };
-                self.queues.set_state(key, State::Own);
+                self.waits.set_state(key, State::Own);
                 let purpose = Purpose::Lease(claim);
-                if let Err((e, purpose)) = self.send(host, Call::new(rule_idx, call, purpose, now))
-                {
+                if let Err((e, purpose)) = self.send(host, Call::new(rule, call, purpose, now)) {
                     self.end_claim(host, purpose, now);
-                    self.queues.set_state(key, State::Idle);
+                    self.waits.set_state(key, State::Idle);
                     self.fail_waiters(host, key, &e, now);
                 }
             }
             Ok((Flight::Busy, ..)) => {
-                self.unmet.insert(key.to_string(), unmet);
-                self.queues.set_state(key, State::Foreign);
+                self.waits.keep_unmet(key, unmet);
+                self.waits.set_state(key, State::Foreign);
             }
             Ok((Flight::Refilling(retry_ms), ..)) => {
-                self.unmet.insert(key.to_string(), unmet);
-                self.queues.set_state(key, State::Idle);
+                self.waits.keep_unmet(key, unmet);
+                self.waits.set_state(key, State::Idle);
                 self.deny_waiters(host, key, retry_ms);
             }
             // No slot for this key (or shared data failing): its waiters go to Redis one by one.
             Ok((Flight::NoSlot, ..)) | Err(_) => {
-                self.queues.set_state(key, State::Idle);
-                for w in self.queues.drain(key) {
-                    self.send_check(host, w.ctx, w.idx, now);
+                self.waits.set_state(key, State::Idle);
+                for w in self.waits.drain(key) {
+                    self.send_check(host, w.ctx, w.check, now);
                 }
             }
         }
@@ -272,7 +165,7 @@ impl Engine {
     /// a lost answer frees it.
     pub(super) fn claim_until(&self, now: u64) -> u64 {
         now.saturating_add(self.plugin.config.backend.timeout_ms)
-            .saturating_add(50)
+            .saturating_add(CLAIM_SLACK_MS)
     }
 
     /// How long, after a grant's reservation has refilled, the script must count it as held by
@@ -283,14 +176,14 @@ impl Engine {
             .horizon_ms
             .saturating_mul(2)
             .saturating_add(self.plugin.config.backend.timeout_ms)
-            .saturating_add(1000)
+            .saturating_add(HOLD_SLACK_MS)
             .min(MAX_HOLD_MS)
     }
 
     /// Every waiter on `key` gets a 429: this proxy's reservation covers them only later.
     fn deny_waiters(&mut self, host: &mut dyn Host, key: &str, retry_ms: u64) {
-        for w in self.queues.drain(key) {
-            self.settle(host, w.ctx, w.idx, Outcome::Denied { retry_ms });
+        for w in self.waits.drain(key) {
+            self.settle(host, w.ctx, w.check, Outcome::Denied { retry_ms });
         }
     }
 
@@ -301,22 +194,17 @@ impl Engine {
         }
     }
 
-    /// The answer to this worker's lease call on `claim`'s key.
-    #[allow(clippy::too_many_arguments)]
+    /// The answer to this worker's lease call on `claim`'s key (a call of `rule`).
     pub(super) fn lease_answer(
         &mut self,
         host: &mut dyn Host,
-        rule_idx: usize,
+        rule: &RuleRef,
         claim: Claim,
         asked: &ScriptCall,
         (reply, sent_ms): (Result<Reply, BackendError>, u64),
         now: u64,
     ) {
         let key = claim.key().to_string();
-        let Some(rule) = self.plugin.rule(rule_idx) else {
-            self.end_claim(host, Purpose::Lease(claim), now);
-            return;
-        };
         let sizing = sizing(rule, &asked.limits());
         let store = host.store();
         let pool = LeasePool::new(store, &self.plugin.ns);
@@ -326,7 +214,7 @@ impl Engine {
             Ok(r) if r.allowed => {
                 // Never more than asked for: a garbled reply must not mint tokens.
                 let granted = r.granted.min(asked.lease_want.max(asked.cost));
-                m.count(rule_idx, Counter::LeaseGranted, granted);
+                m.count(rule.id(), Counter::LeaseGranted, granted);
                 // A wait means a reservation: the bucket is refilling part of the grant until
                 // then (the key is saturated); those tokens are spent as they refill.
                 let grant = Grant {
@@ -335,10 +223,10 @@ impl Engine {
                     reset_after_ms: r.reset_after_ms,
                     refill_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
                 };
-                let costs = self.queues.costs(&key);
+                let costs = self.waits.costs(&key);
                 if let Ok((d, take)) = pool.deposit(claim, &grant, &costs, now, &sizing) {
-                    m.count(rule_idx, Counter::LeaseDropped, d.dropped);
-                    m.count(rule_idx, Counter::LeaseEvicted, d.evicted);
+                    m.count(rule.id(), Counter::LeaseDropped, d.dropped);
+                    m.count(rule.id(), Counter::LeaseEvicted, d.evicted);
                     taken = Some(take);
                 }
             }
@@ -352,12 +240,12 @@ impl Engine {
             }
             Err(e) => {
                 let _ = pool.release(claim, None, now);
-                self.queues.set_state(&key, State::Idle);
+                self.waits.set_state(&key, State::Idle);
                 self.fail_waiters(host, &key, &e, now);
                 return;
             }
         }
-        self.queues.set_state(&key, State::Idle);
+        self.waits.set_state(&key, State::Idle);
         self.serve(host, &key, taken, now);
     }
 
@@ -365,54 +253,29 @@ impl Engine {
     /// call for those still waiting. `taken`: what the waiters already spent, in order (when
     /// the answer's deposit did it); None takes from the pool here.
     fn serve(&mut self, host: &mut dyn Host, key: &str, taken: Option<Take>, now: u64) {
-        let Some(q) = self.queues.by_key.get(key) else {
+        let Some((rule, limits)) = self.waits.rule_of(key) else {
             return;
         };
-        let rule_idx = q.rule;
-        let Some(sizing) = self.plugin.rule(rule_idx).map(|r| sizing(r, &q.limits)) else {
-            return;
-        };
+        let sizing = sizing(&rule, &limits);
         let store = host.store();
         let take = taken.unwrap_or_else(|| {
-            let costs = self.queues.costs(key);
+            let costs = self.waits.costs(key);
             LeasePool::new(store, &self.plugin.ns)
                 .take(key, &costs, now, &sizing)
                 .unwrap_or_default()
         });
         self.plugin
             .metrics
-            .count(rule_idx, Counter::LeaseDropped, take.dropped);
+            .count(rule.id(), Counter::LeaseDropped, take.dropped);
         let deny = DenyCache::new(store, &self.plugin.ns);
-        let mut settled = Vec::new();
-        if let Some(q) = self.queues.by_key.get_mut(key) {
-            for s in &take.spent {
-                let Some(w) = q.waiters.pop_front() else {
-                    break;
-                };
-                let outcome = Outcome::Allowed {
-                    remaining: s.remaining,
-                    reset_ms: s.reset_ms,
-                };
-                settled.push((w, outcome));
-            }
-            q.waiters.retain(|w| match deny.denied(key, w.cost, now) {
-                Some(retry_ms) => {
-                    settled.push((*w, Outcome::Denied { retry_ms }));
-                    false
-                }
-                None => true,
-            });
+        let served = self
+            .waits
+            .serve(key, &take.spent, |cost| deny.denied(key, cost, now));
+        for (w, outcome) in served {
+            self.settle(host, w.ctx, w.check, outcome);
         }
-        for (w, outcome) in settled {
-            self.settle(host, w.ctx, w.idx, outcome);
-        }
-        let still_waiting = self
-            .queues
-            .by_key
-            .get(key)
-            .is_some_and(|q| !q.waiters.is_empty() && q.state == State::Idle);
-        if !still_waiting {
-            self.queues.forget_if_idle(key);
+        if !self.waits.idle_with_waiters(key) {
+            self.waits.forget_if_idle(key);
             return;
         }
         let pool = LeasePool::new(host.store(), &self.plugin.ns);
@@ -423,6 +286,7 @@ impl Engine {
             self.kick(host, key, now);
         }
     }
+
     /// Every waiter on `key` gets the failure mode for `err`.
     pub(super) fn fail_waiters(
         &mut self,
@@ -431,53 +295,44 @@ impl Engine {
         err: &BackendError,
         now: u64,
     ) {
-        for w in self.queues.drain(key) {
-            self.fail_check(host, w.ctx, w.idx, err, now);
+        for w in self.waits.drain(key) {
+            self.fail_check(host, w.ctx, w.check, err, now);
         }
     }
 
     /// Waiters whose patience ran out get the failure mode (their call was lost somewhere).
     pub(super) fn expire_waiters(&mut self, host: &mut dyn Host, now: u64) {
-        while let Some(&(due, ctx, idx)) = self.queues.patience.front() {
-            if due > now {
-                break;
-            }
-            self.queues.patience.pop_front();
-            if !self.is_waiting(ctx, idx) {
+        while let Some((ctx, check)) = self.waits.pop_expired(now) {
+            let Some(c) = self.requests.waiting(ctx, check) else {
                 continue;
-            }
-            if let Some((_, call)) = self.check_call(ctx, idx) {
-                self.queues.remove_waiter(&call.key, ctx);
-            }
-            self.fail_check(host, ctx, idx, &BackendError::Reset, now);
+            };
+            let key = c.call.key.clone();
+            self.waits.remove_waiter(&key, ctx);
+            self.fail_check(host, ctx, check, &BackendError::Reset, now);
         }
     }
 
     /// Keys waiting on another worker's call, or on a lost one: serve them once that call has
     /// ended or its tokens are in the pool (reads only, unless there is something to take).
     pub(super) fn poll_leases(&mut self, host: &mut dyn Host, now: u64) {
-        let keys: Vec<String> = self.queues.polled.iter().cloned().collect();
-        for key in keys {
-            let Some(q) = self.queues.by_key.get(&key) else {
-                self.queues.polled.remove(&key);
+        for key in self.waits.polled_keys() {
+            let Some(q) = self.waits.polled(&key) else {
                 continue;
             };
             let ready = match q.state {
                 State::Lost => true,
                 State::Foreign => {
-                    let first = q.waiters.front().map_or(1, |w| w.cost);
-                    let sizing = self.plugin.rule(q.rule).map(|r| sizing(r, &q.limits));
+                    let sizing = sizing(&q.rule, &q.limits);
                     LeasePool::new(host.store(), &self.plugin.ns)
                         .peek(&key)
                         .is_none_or(|l| {
-                            l.flight_until_ms <= now
-                                || sizing.is_some_and(|s| l.spendable(now, &s) >= first)
+                            l.flight_until_ms <= now || l.spendable(now, &sizing) >= q.first
                         })
                 }
                 State::Idle | State::Own => false,
             };
             if ready {
-                self.queues.set_state(&key, State::Idle);
+                self.waits.set_state(&key, State::Idle);
                 self.serve(host, &key, None, now);
             }
         }

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use super::rules::RuleId;
 use crate::shared::lease::{Back, Batch, Spent};
 
 /// Most keys one worker stashes tokens for.
@@ -21,7 +22,7 @@ pub const MAX_KEYS: usize = 1024;
 #[derive(Debug, Clone, Copy)]
 struct Stash {
     /// The rule the key is of (its dropped tokens are counted there).
-    rule: usize,
+    rule: RuleId,
     tokens: u64,
     /// The batch these tokens came from (handed back to the pool with the next take, so the
     /// proxy counts each worker's batch as held until then).
@@ -76,7 +77,7 @@ impl Stashes {
 
     /// Whether a batch for `key` could be kept, making room by letting go of expired or empty
     /// stashes: their rules, keys and batches, to hand back to the pool.
-    pub fn room_for(&mut self, key: &str, now_ms: u64) -> (bool, Vec<(usize, String, Back)>) {
+    pub fn room_for(&mut self, key: &str, now_ms: u64) -> (bool, Vec<(RuleId, String, Back)>) {
         if self.by_key.len() < MAX_KEYS || self.by_key.contains_key(key) {
             return (true, Vec::new());
         }
@@ -107,7 +108,7 @@ impl Stashes {
     /// what was spent.
     pub fn keep(
         &mut self,
-        (rule, key): (usize, &str),
+        (rule, key): (RuleId, &str),
         batch: &Batch,
         cost: u64,
         now_ms: u64,
@@ -141,7 +142,7 @@ impl Stashes {
     /// (its tokens unspent and the batch they came from go back to the proxy's pool). It looks at
     /// every stash (at most [`MAX_KEYS`]), on a tick at most once per millisecond and only once one
     /// has expired.
-    pub fn expire(&mut self, now_ms: u64, mut back: impl FnMut(usize, &str, Back)) {
+    pub fn expire(&mut self, now_ms: u64, mut back: impl FnMut(RuleId, &str, Back)) {
         if now_ms < self.earliest_ms {
             return;
         }
@@ -191,7 +192,11 @@ mod tests {
     fn spends_each_token_once_until_the_lease_expires() {
         let mut s = Stashes::default();
         assert_eq!(s.spend("k", 1, 0), None);
-        assert_eq!(s.keep((0, "k"), &batch(4, 100), 1, 0).remaining, 3 + 10);
+        assert_eq!(
+            s.keep((RuleId::new(0), "k"), &batch(4, 100), 1, 0)
+                .remaining,
+            3 + 10
+        );
         assert!(s.spend("k", 2, 1).is_some());
         assert!(s.spend("k", 2, 1).is_none(), "one left");
         assert!(s.spend("k", 1, 100).is_none(), "expired: not spent");
@@ -210,7 +215,7 @@ mod tests {
     fn memory_is_bounded_and_expired_stashes_make_room() {
         let mut s = Stashes::default();
         for i in 0..MAX_KEYS {
-            s.keep((0, &format!("k{i}")), &batch(2, 100), 1, 0);
+            s.keep((RuleId::new(0), &format!("k{i}")), &batch(2, 100), 1, 0);
         }
         assert_eq!(s.room_for("new", 50), (false, Vec::new()));
         assert_eq!(
@@ -233,14 +238,14 @@ mod tests {
     fn the_tick_at_the_next_expiry_hands_back_what_ran_out_by_rule() {
         let mut s = Stashes::default();
         assert_eq!(s.next_expiry(), None);
-        s.keep((0, "a"), &batch(5, 100), 1, 0);
-        s.keep((1, "b"), &batch(3, 300), 1, 0);
-        s.keep((1, "c"), &batch(1, 200), 1, 0);
+        s.keep((RuleId::new(0), "a"), &batch(5, 100), 1, 0);
+        s.keep((RuleId::new(1), "b"), &batch(3, 300), 1, 0);
+        s.keep((RuleId::new(1), "c"), &batch(1, 200), 1, 0);
         assert_eq!(s.next_expiry(), Some(100));
         let mut back = Vec::new();
         let mut expire = |s: &mut Stashes, now| {
             s.expire(now, |rule, key: &str, b| {
-                back.push((rule, key.to_string(), b.batch, b.unspent))
+                back.push((rule.index(), key.to_string(), b.batch, b.unspent))
             })
         };
         expire(&mut s, 99);

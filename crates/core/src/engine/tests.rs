@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::*;
+use crate::backend::Outgoing;
 use crate::config::Config;
-use crate::metrics::{Batched, Recorder};
+use crate::metrics::{Batched, Counter, Recorder, METRICS_FLUSH_MS};
 use crate::shared::lease::LeasePool;
 use crate::shared::mem::MemStore;
+use crate::shared::Store;
 
 #[derive(Default)]
 struct Fake {
@@ -54,27 +56,27 @@ impl Host for Fake {
         self.sent.push(body);
         Ok(self.next_token)
     }
-    fn resume(&mut self, ctx: u32) {
-        self.resumed.push(ctx);
+    fn resume(&mut self, ctx: ContextId) {
+        self.resumed.push(ctx.get());
     }
-    fn respond(&mut self, ctx: u32, reply: &LocalReply) {
-        self.responded.push((ctx, reply.clone()));
+    fn respond(&mut self, ctx: ContextId, reply: &LocalReply) {
+        self.responded.push((ctx.get(), reply.clone()));
     }
-    fn add_response_headers(&mut self, ctx: u32, headers: &[(&str, &str)]) {
+    fn add_response_headers(&mut self, ctx: ContextId, headers: &[(&str, &str)]) {
         let owned = headers.iter().map(|(k, v)| (k.to_string(), v.to_string()));
-        self.added.push((ctx, owned.collect()));
+        self.added.push((ctx.get(), owned.collect()));
     }
     fn set_tick(&mut self, period_ms: u64) {
         self.tick = period_ms;
         self.tick_sets += 1;
     }
-    fn request_header(&mut self, ctx: u32, name: &str) -> Option<Vec<u8>> {
-        self.request_headers.get(&ctx)?.get(name).cloned()
+    fn request_header(&mut self, ctx: ContextId, name: &str) -> Option<Vec<u8>> {
+        self.request_headers.get(&ctx.get())?.get(name).cloned()
     }
-    fn set_request_header(&mut self, ctx: u32, name: &str, value: &str) {
+    fn set_request_header(&mut self, ctx: ContextId, name: &str, value: &str) {
         self.set_headers
-            .push((ctx, name.to_string(), value.to_string()));
-        if let Some(headers) = self.request_headers.get_mut(&ctx) {
+            .push((ctx.get(), name.to_string(), value.to_string()));
+        if let Some(headers) = self.request_headers.get_mut(&ctx.get()) {
             headers.insert(name.to_string(), value.as_bytes().to_vec());
         }
     }
@@ -96,7 +98,7 @@ impl Host for Fake {
 /// a paused request's.
 fn send(e: &mut Engine, h: &mut Fake, ctx: u32, r: &Req) -> Action {
     h.request_headers.insert(ctx, r.0.clone());
-    e.request_headers(h, ctx, r)
+    e.request_headers(h, ctx.into(), r)
 }
 
 /// A fake host whose clock reads `now`.
@@ -288,19 +290,22 @@ fn deliver(e: &mut Engine, h: &mut Fake, token: u32, status: u32, body: &[u8]) {
 fn exact_admits_on_the_backend_answer_and_adds_headers_to_the_response() {
     let (mut e, rec) = engine("", EXACT);
     let mut h = Fake::default();
-    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &user("a")),
+        Action::Pause
+    );
     let [t] = h.tokens()[..] else { panic!() };
     assert!(h.sent[0].starts_with("EVALSHA/") && h.sent[0].ends_with("/20/10/1000/1/0/0/0"));
     deliver(&mut e, &mut h, t, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
-    e.response_headers(&mut h, 10, &resp(&[]));
+    e.response_headers(&mut h, 10.into(), &resp(&[]));
     assert_eq!(
         header(&h.added[0].1, "ratelimit"),
         Some("\"per-user\";r=19;t=1")
     );
     assert_eq!(rec.get(0, Counter::Allowed), 1);
     assert_eq!(rec.get(0, Counter::BackendCalls), 1);
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     assert_eq!(e.load(), (0, 0, 0));
 }
 
@@ -315,13 +320,13 @@ fn an_ambiguous_key_is_checked_in_the_shared_bucket_and_counted() {
     );
     let mut h = Fake::default();
     assert_eq!(
-        e.request_headers(&mut h, 10, &req("/?k=internal", &[])),
+        e.request_headers(&mut h, 10.into(), &req("/?k=internal", &[])),
         Action::Continue
     );
     assert!(h.sent.is_empty(), "the override: no call");
     assert_eq!(rec.get(0, Counter::Ambiguous), 0);
     assert_eq!(
-        e.request_headers(&mut h, 11, &req("/?k=internal&k=x", &[])),
+        e.request_headers(&mut h, 11.into(), &req("/?k=internal&k=x", &[])),
         Action::Pause
     );
     let shared = crate::rule::bucket_key_of(
@@ -334,7 +339,7 @@ fn an_ambiguous_key_is_checked_in_the_shared_bucket_and_counted() {
     assert!(h.sent[0].contains(digest), "{} has {digest}", h.sent[0]);
     assert_eq!(rec.get(0, Counter::Ambiguous), 1);
     deliver(&mut e, &mut h, 1, 200, &answer(true, 2, 0, 100, 1));
-    e.request_headers(&mut h, 12, &req("/?k=y;k=z", &[]));
+    e.request_headers(&mut h, 12.into(), &req("/?k=y;k=z", &[]));
     assert!(h.sent[1].contains(digest), "the same bucket");
     assert_eq!(rec.get(0, Counter::Ambiguous), 2);
 }
@@ -343,16 +348,16 @@ fn an_ambiguous_key_is_checked_in_the_shared_bucket_and_counted() {
 fn a_denial_is_cached_and_answers_locally_until_its_retry_time() {
     let (mut e, rec) = engine("", EXACT);
     let mut h = fake_at(1000);
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 300, 2000, 0));
     assert_eq!(h.status_of(10), Some(429));
     h.now = 1299;
-    e.request_headers(&mut h, 11, &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(h.status_of(11), Some(429));
     assert_eq!(h.sent.len(), 1, "answered from the deny cache");
     assert_eq!(rec.get(0, Counter::LocalDenied), 1);
     h.now = 1300;
-    e.request_headers(&mut h, 12, &user("a"));
+    e.request_headers(&mut h, 12.into(), &user("a"));
     assert_eq!(h.sent.len(), 2, "expired: asks Redis again");
 }
 
@@ -360,7 +365,7 @@ fn a_denial_is_cached_and_answers_locally_until_its_retry_time() {
 fn noscript_resends_once_with_eval_on_exact_calls() {
     let (mut e, rec) = engine(r#""failure_mode":"open","#, EXACT);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, NOSCRIPT);
     assert!(h.sent[1].starts_with("EVAL/"), "{}", &h.sent[1][..20]);
     assert_eq!(
@@ -385,7 +390,7 @@ fn failure_modes_answer_a_failed_call() {
     ] {
         let (mut e, _) = engine(top, EXACT);
         let mut h = Fake::default();
-        e.request_headers(&mut h, 10, &user("a"));
+        e.request_headers(&mut h, 10.into(), &user("a"));
         deliver(&mut e, &mut h, 1, 0, b"");
         assert_eq!(h.status_of(10), want, "{top}");
         if want.is_some() {
@@ -400,7 +405,7 @@ fn failure_modes_answer_a_failed_call() {
     );
     let mut h = Fake::default();
     for ctx in 10..13 {
-        e.request_headers(&mut h, ctx, &user("a"));
+        e.request_headers(&mut h, ctx.into(), &user("a"));
         let t = *h.tokens().last().unwrap();
         deliver(&mut e, &mut h, t, 503, b"");
     }
@@ -415,7 +420,10 @@ fn a_failed_dispatch_gets_the_failure_mode_at_once() {
         fail_dispatch: true,
         ..Fake::default()
     };
-    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &user("a")),
+        Action::Pause
+    );
     assert_eq!(h.status_of(10), Some(503));
     assert_eq!(
         rec.get(0, Counter::BackendError(ErrorClass::Unreachable)),
@@ -430,20 +438,32 @@ fn the_cost_header_raises_the_cost_but_never_lowers_it() {
         "cost_header":"x-cost"}"#;
     let (mut e, _) = engine("", rule);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &req("/", &[("x-user", "a"), ("x-cost", "1")]));
+    e.request_headers(
+        &mut h,
+        10.into(),
+        &req("/", &[("x-user", "a"), ("x-cost", "1")]),
+    );
     assert!(
         h.sent[0].ends_with("/100/10/1000/10/0/0/0"),
         "{}",
         h.sent[0]
     );
-    e.request_headers(&mut h, 11, &req("/", &[("x-user", "a"), ("x-cost", "40")]));
+    e.request_headers(
+        &mut h,
+        11.into(),
+        &req("/", &[("x-user", "a"), ("x-cost", "40")]),
+    );
     assert!(
         h.sent[1].ends_with("/100/10/1000/40/0/0/0"),
         "{}",
         h.sent[1]
     );
     for (ctx, bad) in [(12, "0"), (13, "-1"), (14, "1.5"), (15, " 1"), (16, "101")] {
-        e.request_headers(&mut h, ctx, &req("/", &[("x-user", "a"), ("x-cost", bad)]));
+        e.request_headers(
+            &mut h,
+            ctx.into(),
+            &req("/", &[("x-user", "a"), ("x-cost", bad)]),
+        );
         assert_eq!(h.status_of(ctx), Some(400), "{bad:?}");
     }
 }
@@ -455,7 +475,7 @@ fn every_enforced_rule_must_admit_and_the_most_restrictive_is_reported() {
     );
     let (mut e, rec) = engine("", &rules);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     assert_eq!(h.tokens(), [1, 2, 3]);
     deliver(&mut e, &mut h, 1, 200, &answer(true, 3, 0, 100, 1));
     deliver(&mut e, &mut h, 3, 200, &answer(false, 0, 900, 900, 0));
@@ -463,13 +483,13 @@ fn every_enforced_rule_must_admit_and_the_most_restrictive_is_reported() {
     deliver(&mut e, &mut h, 2, 200, &answer(true, 50, 0, 100, 1));
     assert_eq!(h.resumed, [10], "a shadow denial does not deny");
     assert_eq!(rec.get(2, Counter::ShadowDenied), 1);
-    e.response_headers(&mut h, 10, &resp(&[]));
+    e.response_headers(&mut h, 10.into(), &resp(&[]));
     assert_eq!(
         header(&h.added[0].1, "ratelimit"),
         Some("\"per-user\";r=3;t=1")
     );
     // An enforced denial answers at once, whatever is still out.
-    e.request_headers(&mut h, 11, &user("b"));
+    e.request_headers(&mut h, 11.into(), &user("b"));
     deliver(&mut e, &mut h, 5, 200, &answer(false, 0, 300, 300, 0));
     assert_eq!(h.status_of(11), Some(429));
     let ratelimit = header(&h.responded[0].1.headers, "ratelimit");
@@ -526,7 +546,10 @@ fn the_content_type_is_read_only_for_a_local_answer() {
     let mut h = Fake::default();
     let r = user("a");
     let counted = Counting(&r, "content-type", std::cell::Cell::new(0));
-    assert_eq!(e.request_headers(&mut h, 10, &counted), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &counted),
+        Action::Pause
+    );
     deliver(&mut e, &mut h, 1, 200, &answer(true, 5, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
     assert_eq!(counted.2.get(), 0, "admitted: never read");
@@ -538,7 +561,7 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
                    {"name":"try","rate":1,"shadow":true,"max_wait_ms":800}"#;
     let (mut e, rec) = engine("", rules);
     let mut h = fake_at(1000);
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     assert!(h.sent[0].ends_with("/5/10/1000/1/0/800/0"), "{}", h.sent[0]);
     assert!(h.sent[1].ends_with("/1/0/0/0"), "a shadow rule never holds");
     deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
@@ -552,7 +575,7 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     e.tick(&mut h);
     assert_eq!(h.resumed, [10]);
     assert_eq!(h.tick, 0, "nothing due: the tick stops");
-    e.response_headers(&mut h, 10, &resp(&[]));
+    e.response_headers(&mut h, 10.into(), &resp(&[]));
     assert_eq!(header(&h.added[0].1, "x-ratelimit-delay-ms"), Some("300"));
     assert_eq!(rec.get(0, Counter::DelayMs), 300);
 }
@@ -561,9 +584,9 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
 fn a_held_request_whose_client_left_is_never_resumed() {
     let (mut e, _) = engine("", r#"{"name":"h","rate":10,"burst":5,"max_wait_ms":800}"#);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     h.now = 400;
     e.tick(&mut h);
     assert!(h.resumed.is_empty());
@@ -579,7 +602,7 @@ fn an_open_breaker_answers_with_the_failure_mode_without_calls_then_probes_once(
     for ctx in [10, 11] {
         e.request_headers(
             &mut h,
-            ctx,
+            ctx.into(),
             &req("/x", &[("x-other", "1"), ("x-user", "z")]),
         );
     }
@@ -590,14 +613,18 @@ fn an_open_breaker_answers_with_the_failure_mode_without_calls_then_probes_once(
     }
     assert!(rec.breaker.get(), "breaker gauge");
     let sent = h.sent.len();
-    e.request_headers(&mut h, 12, &user("a"));
+    e.request_headers(&mut h, 12.into(), &user("a"));
     assert_eq!(h.status_of(12), Some(503));
     assert_eq!(h.sent.len(), sent, "no call while open");
     h.now = 1600;
-    e.request_headers(&mut h, 13, &req("/", &[("x-user", "b"), ("x-tier", "1")]));
+    e.request_headers(
+        &mut h,
+        13.into(),
+        &req("/", &[("x-user", "b"), ("x-tier", "1")]),
+    );
     let probes = h.sent.len() - sent;
     assert!(probes >= 1);
-    e.request_headers(&mut h, 14, &user("c"));
+    e.request_headers(&mut h, 14.into(), &user("c"));
     assert_eq!(h.status_of(14), Some(503), "only one probe per cool-off");
     let t = h.tokens()[0];
     deliver(&mut e, &mut h, t, 200, &answer(true, 5, 0, 100, 1));
@@ -612,7 +639,7 @@ fn too_many_calls_in_flight_get_the_failure_mode_and_are_counted() {
     );
     let mut h = Fake::default();
     for ctx in 10..13 {
-        e.request_headers(&mut h, ctx, &user(&format!("u{ctx}")));
+        e.request_headers(&mut h, ctx.into(), &user(&format!("u{ctx}")));
     }
     assert_eq!(h.sent.len(), 2);
     assert_eq!(h.status_of(12), Some(503));
@@ -637,7 +664,10 @@ fn one_lease_call_per_key_serves_every_waiter_then_admits_locally() {
     let (mut e, rec) = engine("", LEASE);
     let mut h = Fake::default();
     for ctx in 10..13 {
-        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Pause);
+        assert_eq!(
+            e.request_headers(&mut h, ctx.into(), &user("a")),
+            Action::Pause
+        );
     }
     assert_eq!(h.sent.len(), 1, "one call for the key");
     assert_eq!(
@@ -656,12 +686,15 @@ fn one_lease_call_per_key_serves_every_waiter_then_admits_locally() {
     assert_eq!(h.resumed, [10, 11, 12], "served in arrival order");
     let local = granted - 2;
     for ctx in 13..13 + local as u32 {
-        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Continue);
+        assert_eq!(
+            e.request_headers(&mut h, ctx.into(), &user("a")),
+            Action::Continue
+        );
     }
     assert_eq!(h.sent.len(), 2, "leased tokens spent with no call");
     assert_eq!(rec.get(0, Counter::LocalAllowed), local);
     assert_eq!(rec.get(0, Counter::LeaseGranted), 1 + granted);
-    e.request_headers(&mut h, 99, &user("a"));
+    e.request_headers(&mut h, 99.into(), &user("a"));
     assert_eq!(h.sent.len(), 3, "lease spent: the next miss asks again");
 }
 
@@ -669,7 +702,7 @@ fn one_lease_call_per_key_serves_every_waiter_then_admits_locally() {
 fn a_grant_above_what_was_asked_is_clamped() {
     let (mut e, rec) = engine("", LEASE);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1_000_000));
     assert!(rec.get(0, Counter::LeaseGranted) <= 20);
     let l = LeasePool::new(&h.store, &e.plugin.ns)
@@ -682,8 +715,8 @@ fn a_grant_above_what_was_asked_is_clamped() {
 fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
     let (mut e, _) = engine("", LEASE);
     let mut h = fake_at(1000);
-    e.request_headers(&mut h, 10, &user("a"));
-    e.request_headers(&mut h, 11, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
     assert!(
         is_lease_call(&h.sent[0], 1, 1),
         "cost 1, lease 1, waits up to ten horizons: {}",
@@ -693,11 +726,11 @@ fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
     deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 300, 5000, 0));
     assert_eq!((h.status_of(10), h.status_of(11)), (Some(429), Some(429)));
     h.now = 1299;
-    e.request_headers(&mut h, 12, &user("a"));
+    e.request_headers(&mut h, 12.into(), &user("a"));
     assert_eq!(h.status_of(12), Some(429));
     assert_eq!(h.sent.len(), 1, "answered here until then");
     h.now = 1300;
-    e.request_headers(&mut h, 13, &user("a"));
+    e.request_headers(&mut h, 13.into(), &user("a"));
     assert_eq!(h.sent.len(), 2);
     assert_eq!(e.load().2, 1);
 }
@@ -706,13 +739,16 @@ fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
 fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
     let (mut e, rec) = engine("", LEASE);
     let mut h = fake_at(1000);
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     // The bucket held nothing: the script reserved the token, refilled in 10 ms (100/s).
     deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 10, 510, 1));
     assert_eq!(h.status_of(10), Some(429), "not refilled yet");
     assert_eq!(rec.get(0, Counter::LeaseGranted), 1);
     h.now = 1009;
-    assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 11.into(), &user("a")),
+        Action::Pause
+    );
     assert_eq!(h.status_of(11), Some(429));
     assert_eq!(
         h.sent.len(),
@@ -720,10 +756,13 @@ fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
         "no second call while the reservation refills"
     );
     h.now = 1010;
-    assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 12.into(), &user("a")),
+        Action::Continue
+    );
     assert_eq!(h.sent.len(), 1, "spent from the pool, no call");
     assert_eq!(rec.get(0, Counter::LocalAllowed), 1);
-    e.request_headers(&mut h, 13, &user("a"));
+    e.request_headers(&mut h, 13.into(), &user("a"));
     assert_eq!(h.sent.len(), 2, "spent: the next miss asks again");
     assert!(e.load().2 == 1 && h.tick > 0);
 }
@@ -732,10 +771,10 @@ fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
 fn lease_noscript_resends_eval_under_the_same_claim() {
     let (mut e, _) = engine("", LEASE);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, NOSCRIPT);
     assert!(h.sent[1].starts_with("EVAL/"));
-    e.request_headers(&mut h, 11, &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(h.sent.len(), 2, "the claim is still held: no second call");
     deliver(&mut e, &mut h, 2, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
@@ -762,20 +801,20 @@ fn the_claim_is_released_on_every_failure_path() {
         fail_dispatch: true,
         ..Fake::default()
     };
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     assert_eq!(h.status_of(10), Some(503));
     assert!(claim_free(&e, &h, "a"), "dispatch failure");
     // 2. The call is answered with an error.
     let (mut e, _) = engine(closed, LEASE);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 0, b"");
     assert_eq!(h.status_of(10), Some(503));
     assert!(claim_free(&e, &h, "a"), "error answer");
     // 3. The EVAL resend after NOSCRIPT fails to dispatch.
     let (mut e, _) = engine(closed, LEASE);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     h.fail_dispatch = true;
     deliver(&mut e, &mut h, 1, 200, NOSCRIPT);
     assert_eq!(h.status_of(10), Some(503));
@@ -784,9 +823,9 @@ fn the_claim_is_released_on_every_failure_path() {
     // context (it owns every callout), and the answer serves the other waiter.
     let (mut e, _) = engine(closed, LEASE);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
-    e.request_headers(&mut h, 11, &user("a"));
-    e.done(&mut h, 10);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    e.done(&mut h, 10.into());
     assert!(!claim_free(&e, &h, "a"), "the call is still out");
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 5));
     assert!(
@@ -804,7 +843,7 @@ fn a_waiter_whose_call_is_lost_gets_the_failure_mode_after_its_patience() {
         LEASE,
     );
     let mut h = fake_at(1000);
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     assert_eq!(h.tick, 100);
     h.now = 1099;
     e.tick(&mut h);
@@ -816,16 +855,19 @@ fn a_waiter_whose_call_is_lost_gets_the_failure_mode_after_its_patience() {
     assert_eq!(h.tick, 0);
     // The late answer still lands in the pool for later requests.
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 5));
-    assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 11.into(), &user("a")),
+        Action::Continue
+    );
 }
 
 #[test]
 fn a_client_that_hangs_up_mid_wait_is_dropped_from_the_queue() {
     let (mut e, _) = engine("", LEASE);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
-    e.request_headers(&mut h, 11, &user("a"));
-    e.done(&mut h, 11);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    e.done(&mut h, 11.into());
     assert_eq!(e.load().2, 1);
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 5));
     assert_eq!(h.resumed, [10], "the gone context is never touched");
@@ -836,14 +878,14 @@ fn a_key_another_worker_is_calling_for_is_polled_without_writes_then_served() {
     let (mut w1, _) = engine("", LEASE);
     let (mut w2, _) = engine("", LEASE);
     let mut h = Fake::default();
-    w1.request_headers(&mut h, 10, &user("a"));
-    w2.request_headers(&mut h, 20, &user("a"));
+    w1.request_headers(&mut h, 10.into(), &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
     assert_eq!(h.sent.len(), 1, "one call per key per proxy");
     assert_eq!(h.tick, 1, "worker 2 polls the shared pool");
     let writes = h.store.writes();
     w2.tick(&mut h);
     assert_eq!(h.store.writes(), writes, "polling writes nothing");
-    w1.request_headers(&mut h, 11, &user("a"));
+    w1.request_headers(&mut h, 11.into(), &user("a"));
     // Worker 1's first call asked for one token; its answer serves worker 1's first waiter, and
     // its second waiter's call, which goes out with that answer, carries worker 2's demand too
     // (counted in the shared lease).
@@ -868,7 +910,7 @@ fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
     let (mut e, _) = engine(r#""backend":{"max_inflight":5000},"#, LEASE);
     let mut h = Fake::default();
     for ctx in 100..1100 {
-        e.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
+        e.request_headers(&mut h, ctx.into(), &user(&format!("k{ctx}")));
     }
     assert_eq!(h.sent.len(), 1000);
     let lease_calls = h.sent.iter().filter(|s| is_lease_call(s, 1, 1)).count();
@@ -890,8 +932,8 @@ fn a_flood_of_distinct_keys_costs_one_call_each_and_leaves_nothing_behind() {
         "only the leases' deposits write the pool"
     );
     for ctx in 100..1100 {
-        e.response_headers(&mut h, ctx, &resp(&[]));
-        e.done(&mut h, ctx);
+        e.response_headers(&mut h, ctx.into(), &resp(&[]));
+        e.done(&mut h, ctx.into());
     }
     assert_eq!(e.load(), (0, 0, 0));
     h.now = 10_000;
@@ -904,12 +946,15 @@ fn under_a_flood_of_new_keys_a_key_leases_once_it_comes_back() {
     let (mut e, rec) = engine(r#""backend":{"max_inflight":5000},"#, LEASE);
     let mut h = Fake::default();
     for ctx in 100..200 {
-        e.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
+        e.request_headers(&mut h, ctx.into(), &user(&format!("k{ctx}")));
     }
     h.sent.clear();
     h.out.clear();
     let writes = h.store.writes();
-    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &user("a")),
+        Action::Pause
+    );
     assert!(
         h.sent[0].ends_with("/1/0/0/0"),
         "its own call: {}",
@@ -924,8 +969,14 @@ fn under_a_flood_of_new_keys_a_key_leases_once_it_comes_back() {
         .is_none());
     let granted = rec.get(0, Counter::LeaseGranted);
     // Back again: now it waits for a lease call, which the requests after it share.
-    assert_eq!(e.request_headers(&mut h, 11, &user("a")), Action::Pause);
-    assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 11.into(), &user("a")),
+        Action::Pause
+    );
+    assert_eq!(
+        e.request_headers(&mut h, 12.into(), &user("a")),
+        Action::Pause
+    );
     assert_eq!(h.sent.len(), 2, "one lease call for both");
     assert!(is_lease_call(&h.sent[1], 1, 1), "a lease: {}", h.sent[1]);
     assert!(!claim_free(&e, &h, "a"));
@@ -936,10 +987,10 @@ fn under_a_flood_of_new_keys_a_key_leases_once_it_comes_back() {
     // first request there spends leased tokens or waits for a lease.
     let (mut w2, _) = engine(r#""backend":{"max_inflight":5000},"#, LEASE);
     for ctx in 300..400 {
-        w2.request_headers(&mut h, ctx, &user(&format!("k{ctx}")));
+        w2.request_headers(&mut h, ctx.into(), &user(&format!("k{ctx}")));
     }
     let sent = h.sent.len();
-    w2.request_headers(&mut h, 20, &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
     assert!(
         h.sent[sent..].iter().all(|s| !s.ends_with("/1/0/0/0")),
         "not on its own: {:?}",
@@ -950,8 +1001,8 @@ fn under_a_flood_of_new_keys_a_key_leases_once_it_comes_back() {
 /// Two requests for `u` at `ctx`, `ctx + 1`: the second call is sized for demand, and leaves
 /// leased tokens unspent in the pool. Returns how many.
 fn lease_with_leftover(e: &mut Engine, h: &mut Fake, u: &str, ctx: u32) -> u64 {
-    e.request_headers(h, ctx, &user(u));
-    e.request_headers(h, ctx + 1, &user(u));
+    e.request_headers(h, ctx.into(), &user(u));
+    e.request_headers(h, ContextId::from(ctx + 1), &user(u));
     let t = *h.tokens().last().unwrap();
     deliver(e, h, t, 200, &answer(true, 40, 0, 300, 1));
     // The second waiter's call goes out with that answer (the clock stands still here, so that
@@ -960,8 +1011,8 @@ fn lease_with_leftover(e: &mut Engine, h: &mut Fake, u: &str, ctx: u32) -> u64 {
         return 0; // went exact: no slot
     };
     let granted = grant_all(e, h, t);
-    e.done(h, ctx);
-    e.done(h, ctx + 1);
+    e.done(h, ctx.into());
+    e.done(h, ContextId::from(ctx + 1));
     granted.saturating_sub(1)
 }
 
@@ -986,7 +1037,7 @@ fn under_slot_pressure_a_tenants_paid_tokens_survive_and_newcomers_go_exact() {
     );
     for ctx in 0..left as u32 {
         assert_eq!(
-            e.request_headers(&mut h, 50_000 + ctx, &user("tenant")),
+            e.request_headers(&mut h, ContextId::from(50_000 + ctx), &user("tenant")),
             Action::Continue
         );
     }
@@ -996,14 +1047,17 @@ fn under_slot_pressure_a_tenants_paid_tokens_survive_and_newcomers_go_exact() {
 fn an_idle_engine_stops_ticking() {
     let (mut e, _) = engine("", LEASE);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1));
-    e.request_headers(&mut h, 11, &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
     grant_all(&mut e, &mut h, 2);
     h.now = 200;
     e.tick(&mut h);
     assert_eq!(h.tick, 0);
-    assert_eq!(e.request_headers(&mut h, 12, &user("a")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 12.into(), &user("a")),
+        Action::Continue
+    );
     // It moved a batch out of the pool: the worker ticks when that batch's lease expires
     // (at 400) to drop what is left of it, then goes idle again.
     assert_eq!(h.tick, 200, "a tick at the batch's expiry");
@@ -1019,16 +1073,22 @@ fn stash_admissions_read_no_clock_and_the_tick_at_the_lease_expiry_ends_them() {
     deposit_at_0(&h, &e, TWENTY_LEASED);
     // The first admission moves a batch from the proxy's pool into the worker's stash: it reads
     // the clock, and arms a tick at the lease's expiry.
-    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &user("a")),
+        Action::Continue
+    );
     let (stashed, expiry) = e.stashed(&lease_key(&e, "a")).unwrap();
     assert!(stashed >= 2, "a batch: {stashed}");
     assert_eq!(h.tick, expiry);
     let reads = h.clock_reads.get();
     h.now = expiry - 1;
     for ctx in 11..11 + stashed as u32 {
-        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Continue);
-        e.response_headers(&mut h, ctx, &resp(&[]));
-        e.done(&mut h, ctx);
+        assert_eq!(
+            e.request_headers(&mut h, ctx.into(), &user("a")),
+            Action::Continue
+        );
+        e.response_headers(&mut h, ctx.into(), &resp(&[]));
+        e.done(&mut h, ctx.into());
     }
     assert_eq!(
         h.clock_reads.get(),
@@ -1039,14 +1099,20 @@ fn stash_admissions_read_no_clock_and_the_tick_at_the_lease_expiry_ends_them() {
     assert_eq!(rec.get(0, Counter::LocalAllowed), 1 + stashed);
     // Another batch, then its lease runs out: the tick drops it, and the next request is not
     // admitted from it.
-    assert_eq!(e.request_headers(&mut h, 40, &user("a")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 40.into(), &user("a")),
+        Action::Continue
+    );
     let (left, _) = e.stashed(&lease_key(&e, "a")).unwrap();
     h.now = expiry;
     e.tick(&mut h);
     assert_eq!(e.stashed(&lease_key(&e, "a")), None, "expired: dropped");
     assert_eq!(rec.get(0, Counter::LeaseDropped), left);
     let sent = h.sent.len();
-    assert_eq!(e.request_headers(&mut h, 41, &user("a")), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 41.into(), &user("a")),
+        Action::Pause
+    );
     assert_eq!(h.sent.len(), sent + 1, "a lease call, not a stashed token");
 }
 
@@ -1074,7 +1140,7 @@ fn workers_stashing_batches_never_spend_more_than_was_granted() {
         if *missed {
             continue;
         }
-        match w.request_headers(&mut h, ctx, &user("a")) {
+        match w.request_headers(&mut h, ctx.into(), &user("a")) {
             Action::Continue => admitted += 1,
             Action::Pause => *missed = true,
         }
@@ -1103,7 +1169,7 @@ fn two_workers_spend_a_reservation_no_faster_than_the_bucket_refills_it() {
         for w in [&mut w1, &mut w2] {
             for _ in 0..2 {
                 ctx += 1;
-                if w.request_headers(&mut h, ctx, &user("a")) == Action::Continue {
+                if w.request_headers(&mut h, ctx.into(), &user("a")) == Action::Continue {
                     admitted += 1;
                 }
             }
@@ -1123,7 +1189,7 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
     let (mut e, rec) = engine("", EXACT);
     let mut h = Fake::default();
     for ctx in 10..14 {
-        e.request_headers(&mut h, ctx, &user("a"));
+        e.request_headers(&mut h, ctx.into(), &user("a"));
     }
     assert_eq!(h.sent.len(), 1, "one call out; the others queue behind it");
     deliver(&mut e, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
@@ -1135,7 +1201,7 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
         h.sent[1]
     );
     // Meanwhile another arrives: it waits for the next call.
-    e.request_headers(&mut h, 14, &user("a"));
+    e.request_headers(&mut h, 14.into(), &user("a"));
     deliver(&mut e, &mut h, 2, 200, &answer(true, 6, 0, 100, 3));
     assert_eq!(h.resumed, [10, 11, 12, 13]);
     assert!(
@@ -1148,8 +1214,8 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
     assert_eq!(rec.get(0, Counter::BackendCalls), 3);
     assert_eq!(rec.get(0, Counter::Allowed), 5);
     for ctx in 10..15 {
-        e.response_headers(&mut h, ctx, &resp(&[]));
-        e.done(&mut h, ctx);
+        e.response_headers(&mut h, ctx.into(), &resp(&[]));
+        e.done(&mut h, ctx.into());
     }
     assert_eq!(e.load(), (0, 0, 0));
 }
@@ -1159,7 +1225,7 @@ fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
     let (mut e, _) = engine("", EXACT);
     let mut h = Fake::default();
     for ctx in 10..13 {
-        e.request_headers(&mut h, ctx, &user("a"));
+        e.request_headers(&mut h, ctx.into(), &user("a"));
     }
     deliver(&mut e, &mut h, 1, 200, &answer(true, 2, 0, 100, 1));
     e.tick(&mut h);
@@ -1169,8 +1235,8 @@ fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
     let retry = header(&h.responded[0].1.headers, "retry-after");
     assert_eq!(retry, Some("1"), "the next token, at 10/s");
     // A denial of the whole batch denies each.
-    e.request_headers(&mut h, 20, &user("b"));
-    e.request_headers(&mut h, 21, &user("b"));
+    e.request_headers(&mut h, 20.into(), &user("b"));
+    e.request_headers(&mut h, 21.into(), &user("b"));
     deliver(&mut e, &mut h, 3, 200, &answer(true, 0, 0, 100, 1));
     e.tick(&mut h);
     deliver(&mut e, &mut h, 4, 200, &answer(false, 0, 300, 2000, 0));
@@ -1181,9 +1247,9 @@ fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
 fn a_chain_survives_the_request_that_sent_its_call_going_away_and_other_costs_go_alone() {
     let (mut e, _) = engine("", EXACT);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
-    e.request_headers(&mut h, 11, &user("a"));
-    e.done(&mut h, 10);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    e.done(&mut h, 10.into());
     assert_eq!(
         h.sent.len(),
         1,
@@ -1194,8 +1260,16 @@ fn a_chain_survives_the_request_that_sent_its_call_going_away_and_other_costs_go
     deliver(&mut e, &mut h, 2, 200, &answer(true, 4, 0, 100, 1));
     assert_eq!(h.resumed, [11], "the gone request is never touched");
     // A cost of 2 is never coalesced (a grant must cover whole requests).
-    e.request_headers(&mut h, 20, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
-    e.request_headers(&mut h, 21, &req("/", &[("x-user", "c"), ("x-cost", "2")]));
+    e.request_headers(
+        &mut h,
+        20.into(),
+        &req("/", &[("x-user", "c"), ("x-cost", "2")]),
+    );
+    e.request_headers(
+        &mut h,
+        21.into(),
+        &req("/", &[("x-user", "c"), ("x-cost", "2")]),
+    );
     assert_eq!(h.sent.len(), 4);
 }
 
@@ -1222,8 +1296,8 @@ fn ready(w: &mut Engine, h: &mut Fake, q: u32) {
 /// Worker `w` (queue 1) gets hot on user "a": a call out (token 1, answered) and a second check
 /// that goes in the chain's next call (token 2, out), so it claims the key.
 fn lead_a(w: &mut Engine, h: &mut Fake) {
-    w.request_headers(h, 10, &user("a"));
-    w.request_headers(h, 11, &user("a"));
+    w.request_headers(h, 10.into(), &user("a"));
+    w.request_headers(h, 11.into(), &user("a"));
     deliver(w, h, 1, 200, &answer(true, 9, 0, 100, 1));
     w.tick(h);
     assert_eq!(h.sent.len(), 2);
@@ -1237,8 +1311,8 @@ fn lead_a(w: &mut Engine, h: &mut Fake) {
 fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     let ((mut w1, rec1), (mut w2, rec2), mut h) = two_workers();
     lead_a(&mut w1, &mut h);
-    w2.request_headers(&mut h, 20, &user("a"));
-    w2.request_headers(&mut h, 21, &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
+    w2.request_headers(&mut h, 21.into(), &user("a"));
     assert_eq!(
         h.sent.len(),
         2,
@@ -1246,7 +1320,7 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     );
     assert_eq!(rec2.get(0, Counter::Forwarded), 2);
     ready(&mut w1, &mut h, 1);
-    w1.request_headers(&mut h, 12, &user("a"));
+    w1.request_headers(&mut h, 12.into(), &user("a"));
     deliver(&mut w1, &mut h, 2, 200, &answer(true, 8, 0, 100, 1));
     assert_eq!(h.sent.len(), 3, "one call for the three waiting");
     assert!(h.sent[2].ends_with("/1/3/0/0"), "{}", h.sent[2]);
@@ -1260,8 +1334,8 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     assert_eq!(rec2.get(0, Counter::BackendCalls), 0);
     assert_eq!(rec2.get(0, Counter::Allowed), 2);
     for ctx in [20, 21] {
-        w2.response_headers(&mut h, ctx, &resp(&[]));
-        w2.done(&mut h, ctx);
+        w2.response_headers(&mut h, ctx.into(), &resp(&[]));
+        w2.done(&mut h, ctx.into());
     }
     let sent: Vec<_> = h
         .added
@@ -1280,11 +1354,11 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
 #[test]
 fn a_worker_whose_chain_goes_on_while_another_leads_ends_it_with_one_last_call() {
     let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
-    w2.request_headers(&mut h, 20, &user("a"));
-    w2.request_headers(&mut h, 21, &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
+    w2.request_headers(&mut h, 21.into(), &user("a"));
     assert_eq!(h.sent.len(), 1, "nobody leads yet: worker 2 calls");
-    w1.request_headers(&mut h, 10, &user("a"));
-    w1.request_headers(&mut h, 11, &user("a"));
+    w1.request_headers(&mut h, 10.into(), &user("a"));
+    w1.request_headers(&mut h, 11.into(), &user("a"));
     deliver(&mut w1, &mut h, 2, 200, &answer(true, 9, 0, 100, 1));
     w1.tick(&mut h);
     assert_eq!(
@@ -1298,7 +1372,7 @@ fn a_worker_whose_chain_goes_on_while_another_leads_ends_it_with_one_last_call()
     // the leader would make it wait for the leader's call out too). That call is the chain's last.
     assert_eq!(h.sent.len(), 4);
     assert_eq!(rec2.get(0, Counter::Forwarded), 0);
-    w2.request_headers(&mut h, 22, &user("a"));
+    w2.request_headers(&mut h, 22.into(), &user("a"));
     assert_eq!(h.sent.len(), 4, "worker 2's next check went to the leader");
     assert_eq!(rec2.get(0, Counter::Forwarded), 1);
     deliver(&mut w2, &mut h, 4, 200, &answer(true, 8, 0, 100, 1));
@@ -1314,7 +1388,7 @@ fn a_worker_whose_chain_goes_on_while_another_leads_ends_it_with_one_last_call()
 fn a_failed_shared_call_gives_the_asking_worker_its_failure_mode() {
     let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
     lead_a(&mut w1, &mut h);
-    w2.request_headers(&mut h, 20, &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
     ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 2, 503, b"");
     assert_eq!(h.sent.len(), 3, "worker 2's check rides the next call");
@@ -1330,7 +1404,7 @@ fn a_failed_shared_call_gives_the_asking_worker_its_failure_mode() {
 fn a_check_sent_to_a_silent_leader_goes_again_from_its_worker() {
     let ((mut w1, _), (mut w2, _), mut h) = two_workers();
     lead_a(&mut w1, &mut h);
-    w2.request_headers(&mut h, 20, &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
     assert_eq!(h.sent.len(), 2);
     let patience = 2 * w2.plugin.config.backend.timeout_ms;
     assert_eq!(h.tick, patience, "the tick watches the leader's answer");
@@ -1364,7 +1438,7 @@ fn a_check_sent_to_a_worker_with_no_call_out_goes_at_once() {
         Some(1),
         "a record left behind"
     );
-    w2.request_headers(&mut h, 20, &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
     assert!(h.sent.is_empty());
     ready(&mut w1, &mut h, 1);
     assert_eq!(h.sent.len(), 1, "sent from worker 1's root context");
@@ -1384,7 +1458,7 @@ fn a_check_sent_to_a_workers_older_queue_is_served() {
     // Worker 1 is configured again in the same VM: a new queue; the table still names the old.
     h.queues.insert(3, Default::default());
     w1.set_queue(3);
-    w2.request_headers(&mut h, 20, &user("a"));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
     ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 2, 200, &answer(true, 5, 0, 100, 1));
     deliver(&mut w1, &mut h, 3, 200, &answer(true, 4, 0, 100, 1));
@@ -1398,10 +1472,10 @@ fn a_check_sent_to_a_workers_older_queue_is_served() {
 fn counts_reach_the_host_once_due_and_exactly_once_with_a_tick_only_meanwhile() {
     let (mut e, rec) = batched_engine("", EXACT);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.resumed, [10]);
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::Allowed), 0, "counted in the VM only");
     assert_eq!(rec.get(0, Counter::BackendCalls), 0);
     assert_eq!(rec.latencies().len(), 1, "a latency goes at once");
@@ -1438,13 +1512,19 @@ fn a_busy_worker_flushes_on_a_request_once_due_with_no_host_call_per_admission()
     let (mut e, rec) = batched_engine("", LEASE);
     let mut h = Fake::default();
     deposit_at_0(&h, &e, TWENTY_LEASED);
-    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &user("a")),
+        Action::Continue
+    );
     let sets = h.tick_sets;
     for ctx in 11..20 {
         h.now = u64::from(ctx);
-        assert_eq!(e.request_headers(&mut h, ctx, &user("a")), Action::Continue);
-        e.response_headers(&mut h, ctx, &resp(&[]));
-        e.done(&mut h, ctx);
+        assert_eq!(
+            e.request_headers(&mut h, ctx.into(), &user("a")),
+            Action::Continue
+        );
+        e.response_headers(&mut h, ctx.into(), &resp(&[]));
+        e.done(&mut h, ctx.into());
     }
     assert_eq!(h.tick_sets, sets, "local admissions arm nothing");
     assert_eq!(rec.get(0, Counter::LocalAllowed), 0);
@@ -1454,7 +1534,10 @@ fn a_busy_worker_flushes_on_a_request_once_due_with_no_host_call_per_admission()
     assert_eq!(rec.get(0, Counter::LocalAllowed), 0);
     // The lease has expired by then: this one sends a lease call.
     h.now = METRICS_FLUSH_MS;
-    assert_eq!(e.request_headers(&mut h, 20, &user("a")), Action::Pause);
+    assert_eq!(
+        e.request_headers(&mut h, 20.into(), &user("a")),
+        Action::Pause
+    );
     assert_eq!(rec.get(0, Counter::LocalAllowed), 10);
     assert_eq!(rec.get(0, Counter::Allowed), 10);
     assert_eq!(
@@ -1469,14 +1552,14 @@ fn a_busy_worker_flushes_on_a_request_once_due_with_no_host_call_per_admission()
 fn counts_made_on_a_response_get_a_tick_too() {
     let (mut e, rec) = batched_engine("", LLM);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
     h.now = METRICS_FLUSH_MS + 1;
     e.tick(&mut h);
     assert_eq!(rec.get(0, Counter::Allowed), 1);
     assert_eq!(h.tick, 0, "idle");
-    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
-    e.done(&mut h, 10);
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
+    e.done(&mut h, 10.into());
     assert_eq!(h.tick, 100, "the settlement's flush_ms");
     h.now += 100;
     e.tick(&mut h);
@@ -1503,12 +1586,12 @@ fn usage_rides_on_the_next_call_of_the_key() {
     let (mut e, rec) = engine("", LLM);
     let mut h = Fake::default();
     for (i, ctx) in (10..13u32).enumerate() {
-        e.request_headers(&mut h, ctx, &user("a"));
+        e.request_headers(&mut h, ctx.into(), &user("a"));
         let t = *h.tokens().last().unwrap();
         assert_eq!(settle_arg(&h.out[&t]), if i == 0 { 0 } else { 39 });
         deliver(&mut e, &mut h, t, 200, &answer(true, 59, 0, 100, 1));
-        assert!(!e.response_headers(&mut h, ctx, &resp(&[("x-usage-tokens", "40")])));
-        e.done(&mut h, ctx);
+        assert!(!e.response_headers(&mut h, ctx.into(), &resp(&[("x-usage-tokens", "40")])));
+        e.done(&mut h, ctx.into());
     }
     assert_eq!(rec.get(0, Counter::UsageCharged), 3 * 39);
     assert_eq!(
@@ -1521,7 +1604,7 @@ fn usage_rides_on_the_next_call_of_the_key() {
     assert!(flush.ends_with("/0/0/0/39"), "settle only, cost 0: {flush}");
     deliver(&mut e, &mut h, 4, 200, &answer(true, 0, 0, 100, 0));
     // Nothing pending any more: the next call carries nothing, and no flush is due.
-    e.request_headers(&mut h, 20, &user("a"));
+    e.request_headers(&mut h, 20.into(), &user("a"));
     assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
 }
 
@@ -1529,11 +1612,11 @@ fn usage_rides_on_the_next_call_of_the_key() {
 fn a_settlement_kept_pending_on_an_idle_worker_gets_its_tick() {
     let (mut e, _) = engine("", LLM);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
     assert_eq!(h.tick, 0, "idle");
-    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
-    e.done(&mut h, 10);
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
+    e.done(&mut h, 10.into());
     assert_eq!(h.tick, 100, "the settlement's flush_ms");
     h.now = 100;
     e.tick(&mut h);
@@ -1548,14 +1631,14 @@ fn a_settlement_kept_pending_on_an_idle_worker_gets_its_tick() {
 fn a_failed_call_puts_its_settlement_back() {
     let (mut e, _) = engine(r#""failure_mode":"open","#, LLM);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
-    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "11")]));
-    e.request_headers(&mut h, 11, &user("a"));
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "11")]));
+    e.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(settle_arg(&h.out[&2]), 10);
     deliver(&mut e, &mut h, 2, 0, b"");
     assert_eq!(h.resumed, [10, 11], "failure mode open");
-    e.request_headers(&mut h, 12, &user("a"));
+    e.request_headers(&mut h, 12.into(), &user("a"));
     assert_eq!(settle_arg(&h.out[&3]), 10, "carried again");
 }
 
@@ -1571,13 +1654,13 @@ fn a_flush_with_the_breaker_open_waits_for_the_breaker() {
     let mut h = Fake::default();
     // Two keys with usage pending, then a failed call opens the breaker until 5000.
     for (ctx, u) in [(10, "a"), (11, "b")] {
-        e.request_headers(&mut h, ctx, &user(u));
+        e.request_headers(&mut h, ctx.into(), &user(u));
         let t = *h.tokens().last().unwrap();
         deliver(&mut e, &mut h, t, 200, &answer(true, 59, 0, 100, 1));
-        e.response_headers(&mut h, ctx, &resp(&[("x-usage-tokens", "40")]));
-        e.done(&mut h, ctx);
+        e.response_headers(&mut h, ctx.into(), &resp(&[("x-usage-tokens", "40")]));
+        e.done(&mut h, ctx.into());
     }
-    e.request_headers(&mut h, 12, &user("c"));
+    e.request_headers(&mut h, 12.into(), &user("c"));
     let t = *h.tokens().last().unwrap();
     deliver(&mut e, &mut h, t, 0, b"");
     let sent = h.sent.len();
@@ -1613,10 +1696,10 @@ fn a_flush_with_the_breaker_open_waits_for_the_breaker() {
 fn a_pending_settlement_survives_a_new_configuration() {
     let (mut old, _) = engine("", LLM);
     let mut h = Fake::default();
-    old.request_headers(&mut h, 10, &user("a"));
+    old.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
-    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
-    old.done(&mut h, 10);
+    old.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
+    old.done(&mut h, 10.into());
     assert_eq!(h.tick, 100, "the old engine's flush");
     // What the filter did before: a fresh engine in its place knows of nothing to flush.
     let reordered = [EXACT, LLM].join(",");
@@ -1649,11 +1732,11 @@ fn a_pending_settlement_survives_a_new_configuration() {
 fn a_settlement_in_flight_survives_a_new_configuration() {
     let (mut old, _) = engine(r#""failure_mode":"open","#, LLM);
     let mut h = Fake::default();
-    old.request_headers(&mut h, 10, &user("a"));
+    old.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
-    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
-    old.done(&mut h, 10);
-    old.request_headers(&mut h, 11, &user("a"));
+    old.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
+    old.done(&mut h, 10.into());
+    old.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(settle_arg(&h.out[&2]), 39, "the next call carries it");
     let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
     let pending = old.hand_over(true);
@@ -1667,7 +1750,7 @@ fn a_settlement_in_flight_survives_a_new_configuration() {
     assert_eq!(settle_arg(h.sent.last().unwrap()), 39, "put back whole");
     // Answered this time: nothing is pending any more.
     deliver(&mut new, &mut h, 3, 200, &answer(true, 20, 0, 100, 0));
-    new.request_headers(&mut h, 12, &user("a"));
+    new.request_headers(&mut h, 12.into(), &user("a"));
     assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
 }
 
@@ -1677,9 +1760,9 @@ fn a_settlement_in_flight_survives_a_new_configuration() {
 fn settlements_of_a_gone_rule_are_not_adopted() {
     let (mut old, _) = engine("", LLM);
     let mut h = Fake::default();
-    old.request_headers(&mut h, 10, &user("a"));
+    old.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
-    old.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    old.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
     let (mut renamed, _) = engine("", &LLM.replace("\"llm\"", "\"llm2\""));
     let left = renamed.adopt(&mut h, old.hand_over(false));
     assert_eq!(left.len(), 1);
@@ -1698,37 +1781,45 @@ fn refunds_trailers_bodies_and_bad_values() {
             "usage":{"body_field":"usage.total_tokens"}}"#;
     let (mut e, rec) = engine("", rules);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 50, 0, 100, 5));
     deliver(&mut e, &mut h, 2, 200, &answer(true, 50, 0, 100, 1));
     let sse = resp(&[("content-type", "text/event-stream")]);
-    assert!(e.response_headers(&mut h, 10, &sse), "the body is watched");
-    e.response_body(&mut h, 10, b"data: {\"usage\":{\"total_", false);
-    e.response_body(&mut h, 10, b"tokens\":30}}\n\ndata: [DONE]\n\n", true);
+    assert!(
+        e.response_headers(&mut h, 10.into(), &sse),
+        "the body is watched"
+    );
+    e.response_body(&mut h, 10.into(), b"data: {\"usage\":{\"total_", false);
+    e.response_body(
+        &mut h,
+        10.into(),
+        b"tokens\":30}}\n\ndata: [DONE]\n\n",
+        true,
+    );
     assert_eq!(rec.get(1, Counter::UsageCharged), 29);
-    e.response_trailers(&mut h, 10, &resp(&[("x-used", "2")]));
+    e.response_trailers(&mut h, 10.into(), &resp(&[("x-used", "2")]));
     assert_eq!(
         rec.get(0, Counter::UsageRefunded),
         3,
         "used 2 of the 5 paid"
     );
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     // Bad values are counted and charged the worst case: the largest usage read (2 and 30),
     // never below the up-front cost (5 and 1).
-    e.request_headers(&mut h, 11, &user("b"));
+    e.request_headers(&mut h, 11.into(), &user("b"));
     deliver(&mut e, &mut h, 3, 200, &answer(true, 50, 0, 100, 5));
     deliver(&mut e, &mut h, 4, 200, &answer(true, 50, 0, 100, 1));
     let html = resp(&[("x-used", "-4"), ("content-type", "text/html")]);
-    assert!(!e.response_headers(&mut h, 11, &html));
+    assert!(!e.response_headers(&mut h, 11.into(), &html));
     assert_eq!(rec.get(0, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(1, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(0, Counter::UsageRefunded), 3, "5 paid, 5 charged");
     assert_eq!(rec.get(1, Counter::UsageCharged), 2 * 29);
     // Absurd usage is clamped to four bursts.
-    e.request_headers(&mut h, 12, &user("c"));
+    e.request_headers(&mut h, 12.into(), &user("c"));
     deliver(&mut e, &mut h, 5, 200, &answer(true, 50, 0, 100, 5));
     deliver(&mut e, &mut h, 6, 200, &answer(true, 50, 0, 100, 1));
-    e.response_headers(&mut h, 12, &resp(&[("x-used", "999999999999")]));
+    e.response_headers(&mut h, 12.into(), &resp(&[("x-used", "999999999999")]));
     assert_eq!(rec.get(0, Counter::UsageClamped), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 395);
 }
@@ -1737,9 +1828,9 @@ fn refunds_trailers_bodies_and_bad_values() {
 fn a_failure_mode_admission_settles_nothing() {
     let (mut e, rec) = engine(r#""failure_mode":"open","#, LLM);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 0, b"");
-    e.response_headers(&mut h, 10, &resp(&[("x-usage-tokens", "40")]));
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
     assert_eq!(rec.get(0, Counter::UsageCharged), 0);
 }
 
@@ -1751,17 +1842,23 @@ fn a_verdict_reached_inside_request_headers_is_returned_not_resumed() {
         fail_dispatch: true,
         ..Fake::default()
     };
-    assert_eq!(e.request_headers(&mut h, 10, &user("a")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &user("a")),
+        Action::Continue
+    );
     assert!(h.resumed.is_empty(), "never resumed from its own callback");
-    e.response_headers(&mut h, 10, &resp(&[]));
+    e.response_headers(&mut h, 10.into(), &resp(&[]));
     assert!(header(&h.added[0].1, "ratelimit").is_some());
     // The breaker open, failure_mode open: the same.
     let top = r#""failure_mode":"open","backend":{"breaker_failures":1},"#;
     let (mut e, _) = engine(top, EXACT);
     let mut h = Fake::default();
-    e.request_headers(&mut h, 10, &user("a"));
+    e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 0, b"");
-    assert_eq!(e.request_headers(&mut h, 11, &user("b")), Action::Continue);
+    assert_eq!(
+        e.request_headers(&mut h, 11.into(), &user("b")),
+        Action::Continue
+    );
     assert_eq!(h.resumed, [10]);
 }
 
@@ -1809,12 +1906,12 @@ fn profile_local_path() {
     let none = resp(&[]);
     for ctx in 10..200_010u32 {
         h.now = u64::from(ctx) / 100;
-        e.request_headers(&mut h, ctx, &r);
+        e.request_headers(&mut h, ctx.into(), &r);
         for token in h.tokens() {
             grant_all(&mut e, &mut h, token);
         }
-        e.response_headers(&mut h, ctx, &none);
-        e.done(&mut h, ctx);
+        e.response_headers(&mut h, ctx.into(), &none);
+        e.done(&mut h, ctx.into());
         if h.now % 50 == 0 {
             e.tick(&mut h);
         }
@@ -1834,8 +1931,8 @@ fn profile_hot_exact() {
     let mut ctx = 100u32;
     for round in 0..20_000u32 {
         for _ in 0..4 {
-            w1.request_headers(&mut h, ctx, &a);
-            w2.request_headers(&mut h, ctx + 1, &a);
+            w1.request_headers(&mut h, ctx.into(), &a);
+            w2.request_headers(&mut h, ContextId::from(ctx + 1), &a);
             ctx += 2;
         }
         ready(&mut w1, &mut h, 1);
@@ -1844,8 +1941,8 @@ fn profile_hot_exact() {
         ready(&mut w2, &mut h, 2);
         for c in ctx - 8..ctx {
             let w = if c % 2 == 0 { &mut w1 } else { &mut w2 };
-            w.response_headers(&mut h, c, &resp(&[]));
-            w.done(&mut h, c);
+            w.response_headers(&mut h, c.into(), &resp(&[]));
+            w.done(&mut h, c.into());
         }
         h.now = u64::from(round);
         h.resumed.clear();
@@ -1869,14 +1966,14 @@ fn the_policy_header_follows_an_overrides_limits() {
         (11, "vip", "\"per-user\";q=400;w=4"),
         (12, "b", "\"per-user\";q=20;w=2"),
     ] {
-        e.request_headers(&mut h, ctx, &user(who));
+        e.request_headers(&mut h, ctx.into(), &user(who));
         let [t] = h.tokens()[..] else { panic!() };
         deliver(&mut e, &mut h, t, 200, &answer(true, 3, 0, 100, 1));
-        e.response_headers(&mut h, ctx, &resp(&[]));
+        e.response_headers(&mut h, ctx.into(), &resp(&[]));
         let added = &h.added.last().unwrap().1;
         assert_eq!(header(added, "ratelimit-policy"), Some(policy), "{who}");
         assert_eq!(header(added, "ratelimit"), Some("\"per-user\";r=3;t=1"));
-        e.done(&mut h, ctx);
+        e.done(&mut h, ctx.into());
     }
 }
 
@@ -1891,12 +1988,12 @@ fn profile_lease_new_keys() {
     for ctx in 10..40_010u32 {
         h.now = u64::from(ctx) / 10;
         let r = user(&format!("user-{ctx}"));
-        e.request_headers(&mut h, ctx, &r);
+        e.request_headers(&mut h, ctx.into(), &r);
         for token in h.tokens() {
             grant_all(&mut e, &mut h, token);
         }
-        e.response_headers(&mut h, ctx, &none);
-        e.done(&mut h, ctx);
+        e.response_headers(&mut h, ctx.into(), &none);
+        e.done(&mut h, ctx.into());
         e.tick(&mut h);
         h.resumed.clear();
         h.added.clear();

@@ -20,9 +20,9 @@ fn admit(e: &mut Engine, h: &mut Fake, ctx: u32, u: &str) {
 
 /// A whole event stream for `ctx`, `events` in one chunk.
 fn stream(e: &mut Engine, h: &mut Fake, ctx: u32, events: &[u8]) {
-    assert!(e.response_headers(h, ctx, &resp(SSE)));
-    e.response_body(h, ctx, events, true);
-    e.done(h, ctx);
+    assert!(e.response_headers(h, ctx.into(), &resp(SSE)));
+    e.response_body(h, ctx.into(), events, true);
+    e.done(h, ctx.into());
 }
 
 const USED_40: &[u8] = b"data: {\"usage\":{\"total_tokens\":40}}\n\ndata: [DONE]\n\n";
@@ -79,29 +79,29 @@ fn a_stream_cut_short_settles_what_it_showed_or_the_worst_case() {
     let (mut e, rec) = engine("", BODY);
     let mut h = Fake::default();
     admit(&mut e, &mut h, 10, "a");
-    assert!(e.response_headers(&mut h, 10, &resp(SSE)));
+    assert!(e.response_headers(&mut h, 10.into(), &resp(SSE)));
     e.response_body(
         &mut h,
-        10,
+        10.into(),
         b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"total_tokens\":30}}\n\n",
         false,
     );
     // The client leaves before the end.
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 1);
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 0, "its usage was seen");
     assert_eq!(rec.get(0, Counter::UsageCharged), 29);
     // Cut before any usage: the worst case (30, read just now).
     admit(&mut e, &mut h, 11, "a");
-    assert!(e.response_headers(&mut h, 11, &resp(SSE)));
-    e.response_body(&mut h, 11, b"data: {\"choices\":[]}\n\n", false);
-    e.done(&mut h, 11);
+    assert!(e.response_headers(&mut h, 11.into(), &resp(SSE)));
+    e.response_body(&mut h, 11.into(), b"data: {\"choices\":[]}\n\n", false);
+    e.done(&mut h, 11.into());
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 2);
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 29);
     // Gone before the response even started: the worst case too.
     admit(&mut e, &mut h, 12, "a");
-    e.done(&mut h, 12);
+    e.done(&mut h, 12.into());
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 3);
     assert_eq!(rec.get(0, Counter::UsageCharged), 3 * 29);
     assert_eq!(e.load().0, 0, "every request forgotten");
@@ -112,13 +112,13 @@ fn trailers_end_the_body() {
     let (mut e, rec) = engine("", BODY);
     let mut h = Fake::default();
     admit(&mut e, &mut h, 10, "a");
-    assert!(e.response_headers(&mut h, 10, &resp(SSE)));
+    assert!(e.response_headers(&mut h, 10.into(), &resp(SSE)));
     // The body's last chunk does not end the stream: trailers do.
-    e.response_body(&mut h, 10, USED_40, false);
-    e.response_trailers(&mut h, 10, &resp(&[("grpc-status", "0")]));
+    e.response_body(&mut h, 10.into(), USED_40, false);
+    e.response_trailers(&mut h, 10.into(), &resp(&[("grpc-status", "0")]));
     assert_eq!(rec.get(0, Counter::UsageCharged), 39);
     assert_eq!(e.load().0, 0, "settled and forgotten at the trailers");
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::UsageCharged), 39, "settled once");
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 0);
 }
@@ -134,8 +134,8 @@ fn a_body_usage_is_asked_for_unencoded_and_an_encoded_answer_is_the_worst_case()
         [(10, "accept-encoding".to_string(), "identity".to_string())]
     );
     deliver(&mut e, &mut h, 1, 200, &answer(true, 50, 0, 100, 1));
-    assert!(e.response_headers(&mut h, 10, &resp(SSE)));
-    e.response_body(&mut h, 10, USED_40, true);
+    assert!(e.response_headers(&mut h, 10.into(), &resp(SSE)));
+    e.response_body(&mut h, 10.into(), USED_40, true);
     // An upstream that compresses anyway: not read, the worst case (40).
     send(&mut e, &mut h, 11, &req("/api/x", &gzip));
     deliver(&mut e, &mut h, 2, 200, &answer(true, 50, 0, 100, 1));
@@ -143,7 +143,10 @@ fn a_body_usage_is_asked_for_unencoded_and_an_encoded_answer_is_the_worst_case()
         ("content-type", "application/json"),
         ("content-encoding", "gzip"),
     ]);
-    assert!(!e.response_headers(&mut h, 11, &gzipped), "not watched");
+    assert!(
+        !e.response_headers(&mut h, 11.into(), &gzipped),
+        "not watched"
+    );
     assert_eq!(rec.get(0, Counter::UsageEncoded), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
     // A rule reading a header leaves the request's headers alone.
@@ -161,8 +164,8 @@ fn a_missing_or_invalid_usage_header_is_the_worst_case() {
     let mut h = Fake::default();
     // Neither in the headers nor in the trailers.
     admit(&mut e, &mut h, 10, "a");
-    e.response_headers(&mut h, 10, &resp(&[]));
-    e.response_trailers(&mut h, 10, &resp(&[]));
+    e.response_headers(&mut h, 10.into(), &resp(&[]));
+    e.response_trailers(&mut h, 10.into(), &resp(&[]));
     assert_eq!(rec.get(0, Counter::UsageMissing), 1);
     assert_eq!(
         rec.get(0, Counter::UsageCharged),
@@ -171,24 +174,24 @@ fn a_missing_or_invalid_usage_header_is_the_worst_case() {
     );
     // No trailers at all: missing when the request ends.
     admit(&mut e, &mut h, 11, "a");
-    e.response_headers(&mut h, 11, &resp(&[]));
+    e.response_headers(&mut h, 11.into(), &resp(&[]));
     assert_eq!(
         rec.get(0, Counter::UsageMissing),
         1,
         "maybe in the trailers"
     );
-    e.done(&mut h, 11);
+    e.done(&mut h, 11.into());
     assert_eq!(rec.get(0, Counter::UsageMissing), 2);
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 0);
     // Invalid.
     admit(&mut e, &mut h, 12, "a");
-    e.response_headers(&mut h, 12, &resp(&[("x-used", "-4")]));
+    e.response_headers(&mut h, 12.into(), &resp(&[("x-used", "-4")]));
     assert_eq!(rec.get(0, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 3);
     assert_eq!(rec.get(0, Counter::UsageCharged), 3 * 59);
     // A readable usage is what it says, even below the worst case.
     admit(&mut e, &mut h, 13, "a");
-    e.response_headers(&mut h, 13, &resp(&[("x-used", "0")]));
+    e.response_headers(&mut h, 13.into(), &resp(&[("x-used", "0")]));
     assert_eq!(rec.get(0, Counter::UsageRefunded), 1);
 }
 
@@ -200,8 +203,8 @@ fn the_worst_case_is_never_below_the_up_front_cost() {
     let mut h = Fake::default();
     send(&mut e, &mut h, 10, &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 20, 0, 100, 80));
-    e.response_headers(&mut h, 10, &resp(&[]));
-    e.done(&mut h, 10);
+    e.response_headers(&mut h, 10.into(), &resp(&[]));
+    e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1);
     assert_eq!(rec.get(0, Counter::UsageRefunded), 0);
     assert_eq!(rec.get(0, Counter::UsageCharged), 0);
@@ -213,11 +216,11 @@ fn a_body_that_ends_with_the_headers_is_missing() {
     let mut h = Fake::default();
     admit(&mut e, &mut h, 10, "a");
     let json = resp(&[("content-type", "application/json")]);
-    assert!(e.response_headers(&mut h, 10, &json));
+    assert!(e.response_headers(&mut h, 10.into(), &json));
     // What the filter does when the headers end the stream.
-    e.response_body(&mut h, 10, &[], true);
+    e.response_body(&mut h, 10.into(), &[], true);
     assert_eq!(rec.get(0, Counter::UsageMissing), 1);
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1, "settled once");
 }
 
@@ -229,15 +232,15 @@ fn a_body_too_large_to_read_is_the_worst_case() {
     stream(&mut e, &mut h, 10, USED_40);
     admit(&mut e, &mut h, 11, "a");
     let json = resp(&[("content-type", "application/json")]);
-    assert!(e.response_headers(&mut h, 11, &json));
+    assert!(e.response_headers(&mut h, 11.into(), &json));
     let body = format!(
         r#"{{"usage":{{"total_tokens":1}},"text":"{}"}}"#,
         "x".repeat(usage::WINDOW)
     );
     for chunk in body.as_bytes().chunks(4096) {
-        e.response_body(&mut h, 11, chunk, false);
+        e.response_body(&mut h, 11.into(), chunk, false);
     }
-    e.response_body(&mut h, 11, &[], true);
+    e.response_body(&mut h, 11.into(), &[], true);
     assert_eq!(rec.get(0, Counter::UsageTooLarge), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
 }
@@ -251,7 +254,7 @@ fn a_request_gone_while_held_for_its_reservation_used_nothing_more() {
     send(&mut e, &mut h, 10, &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
     assert!(h.resumed.is_empty(), "held");
-    e.done(&mut h, 10);
+    e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 0);
     assert_eq!(rec.get(0, Counter::UsageCharged), 0);
     // Once resumed it may have reached the upstream: gone before its answer is the worst case.
@@ -260,7 +263,7 @@ fn a_request_gone_while_held_for_its_reservation_used_nothing_more() {
     h.now = 300;
     e.tick(&mut h);
     assert_eq!(h.resumed, [11]);
-    e.done(&mut h, 11);
+    e.done(&mut h, 11.into());
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 59);
 }
@@ -282,55 +285,65 @@ fn past_the_readers_cap_a_response_is_not_read_and_charged_the_worst_case() {
     for ctx in first..first + cap {
         admit(&mut e, &mut h, ctx, &format!("u{ctx}"));
         let headers = resp(if ctx % 2 == 0 { SSE } else { &json });
-        assert!(e.response_headers(&mut h, ctx, &headers), "read");
-        e.response_body(&mut h, ctx, b"data: {\"choices\":[]}\n\n", false);
+        assert!(e.response_headers(&mut h, ctx.into(), &headers), "read");
+        e.response_body(&mut h, ctx.into(), b"data: {\"choices\":[]}\n\n", false);
     }
-    assert_eq!(e.readers.alive(), usage::MAX_READERS);
+    assert_eq!(e.usage.readers().alive(), usage::MAX_READERS);
     // One more: not read, and charged the worst case at once, before its body.
     let late = first + cap;
     admit(&mut e, &mut h, late, "late");
-    assert!(!e.response_headers(&mut h, late, &resp(SSE)), "not read");
+    assert!(
+        !e.response_headers(&mut h, late.into(), &resp(SSE)),
+        "not read"
+    );
     assert_eq!(rec.get(0, Counter::UsageReadersFull), 1);
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
-    assert_eq!(e.readers.alive(), usage::MAX_READERS, "no reader for it");
+    assert_eq!(
+        e.usage.readers().alive(),
+        usage::MAX_READERS,
+        "no reader for it"
+    );
     // Its body changes nothing: it was settled once.
     e.response_body(
         &mut h,
-        late,
+        late.into(),
         b"data: {\"usage\":{\"total_tokens\":0}}\n\n",
         true,
     );
-    e.done(&mut h, late);
+    e.done(&mut h, late.into());
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
     assert_eq!(rec.get(0, Counter::UsageRefunded), 0);
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1);
     // A stream that ends gives its place back: the next response is read.
     e.response_body(
         &mut h,
-        first,
+        first.into(),
         b"data: {\"usage\":{\"total_tokens\":5}}\n\n",
         true,
     );
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39 + 4);
-    assert_eq!(e.readers.alive(), usage::MAX_READERS - 1);
+    assert_eq!(e.usage.readers().alive(), usage::MAX_READERS - 1);
     let next = late + 1;
     admit(&mut e, &mut h, next, "next");
-    assert!(e.response_headers(&mut h, next, &resp(SSE)), "read again");
+    assert!(
+        e.response_headers(&mut h, next.into(), &resp(SSE)),
+        "read again"
+    );
     e.response_body(
         &mut h,
-        next,
+        next.into(),
         b"data: {\"usage\":{\"total_tokens\":7}}\n\n",
         true,
     );
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39 + 4 + 6);
     assert_eq!(rec.get(0, Counter::UsageReadersFull), 1);
     // Trailers end a body, a hang-up ends the rest: every place is given back.
-    e.response_trailers(&mut h, first + 1, &resp(&[]));
-    assert_eq!(e.readers.alive(), usage::MAX_READERS - 2);
+    e.response_trailers(&mut h, ContextId::from(first + 1), &resp(&[]));
+    assert_eq!(e.usage.readers().alive(), usage::MAX_READERS - 2);
     for ctx in first..first + cap {
-        e.done(&mut h, ctx);
+        e.done(&mut h, ctx.into());
     }
-    assert_eq!(e.readers.alive(), 0);
+    assert_eq!(e.usage.readers().alive(), 0);
     assert_eq!(e.load().0, 0, "every request forgotten");
 }

@@ -1,0 +1,188 @@
+//! Messages between workers on their shared queues: a check sent to the worker leading its key
+//! (an ask), and answers to checks (one line each).
+//!
+//! Invariant: what is written reads back as it was; anything else (another version's message, a
+//! garbled one) reads as nothing, never as another check or answer. A message holds no user
+//! text: the key is the bucket key, a digest.
+
+use super::super::host::Host;
+use super::super::rules::RuleId;
+use super::super::verdict::Outcome;
+use crate::backend::ScriptCall;
+use crate::bucket::Limits;
+use crate::decimal;
+
+/// An ask: one check another worker sends to the leader of its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    /// The asking worker's queue, where the answer goes.
+    pub queue: u32,
+    /// The asking worker's number for the check.
+    pub ask: u64,
+    pub rule: RuleId,
+    /// The one-token call it asks for.
+    pub call: ScriptCall,
+}
+
+/// `a <queue> <ask> <rule> <burst> <rate> <period_ms> <key>`: the key last, as it is (it is the
+/// bucket key, free of user text; a message holds one ask).
+pub fn ask(queue: u32, ask: u64, rule: RuleId, call: &ScriptCall) -> Vec<u8> {
+    let mut m = Vec::with_capacity(48 + call.key.len());
+    m.extend_from_slice(b"a");
+    for n in [
+        u64::from(queue),
+        ask,
+        rule.index() as u64,
+        call.burst,
+        call.rate,
+        call.period_ms,
+    ] {
+        m.push(b' ');
+        decimal::push_bytes(&mut m, n);
+    }
+    m.push(b' ');
+    m.extend_from_slice(call.key.as_bytes());
+    m
+}
+
+/// An ask, if `m` is one.
+pub fn parse_ask(m: &[u8]) -> Option<Ask> {
+    let mut parts = m.strip_prefix(b"a ")?.splitn(7, |b| *b == b' ');
+    let mut num = || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
+    let queue = u32::try_from(num()?).ok()?;
+    let ask = num()?;
+    let rule = RuleId::new(usize::try_from(num()?).ok()?);
+    let (burst, rate, period_ms) = (num()?, num()?, num()?);
+    let key = String::from_utf8(parts.next()?.to_vec()).ok()?;
+    let limits = Limits {
+        burst,
+        rate,
+        period_ms,
+    };
+    Some(Ask {
+        queue,
+        ask,
+        rule,
+        call: ScriptCall::new(key, &limits, 1),
+    })
+}
+
+/// One answer line: `r <ask> a <remaining> <reset_ms>` (admitted), `r <ask> d <retry_ms>`
+/// (denied) or `r <ask> f` (the call failed: the asking worker applies its failure mode).
+fn push_answer(out: &mut Vec<u8>, ask: u64, outcome: Option<Outcome>) {
+    out.extend_from_slice(b"r ");
+    decimal::push_bytes(out, ask);
+    match outcome {
+        Some(Outcome::Allowed {
+            remaining,
+            reset_ms,
+        }) => {
+            out.extend_from_slice(b" a ");
+            decimal::push_bytes(out, remaining);
+            out.push(b' ');
+            decimal::push_bytes(out, reset_ms);
+        }
+        Some(Outcome::Denied { retry_ms }) => {
+            out.extend_from_slice(b" d ");
+            decimal::push_bytes(out, retry_ms);
+        }
+        _ => out.extend_from_slice(b" f"),
+    }
+    out.push(b'\n');
+}
+
+/// An answer line: the ask and its outcome (None: the call failed).
+pub fn parse_answer(line: &[u8]) -> Option<(u64, Option<Outcome>)> {
+    let mut parts = std::str::from_utf8(line.strip_prefix(b"r ")?)
+        .ok()?
+        .split(' ');
+    let ask = parts.next()?.parse().ok()?;
+    let kind = parts.next()?;
+    let nums: Vec<u64> = parts.map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let outcome = match (kind, nums.as_slice()) {
+        ("a", &[remaining, reset_ms]) => Some(Outcome::Allowed {
+            remaining,
+            reset_ms,
+        }),
+        ("d", &[retry_ms]) => Some(Outcome::Denied { retry_ms }),
+        ("f", []) => None,
+        _ => return None,
+    };
+    Some((ask, outcome))
+}
+
+/// Answers to other workers' checks, one message per worker.
+#[derive(Default)]
+pub struct Answers(Vec<(u32, Vec<u8>)>);
+
+impl Answers {
+    /// The answer to check `ask` of the worker on `queue` (None: its call failed).
+    pub fn add(&mut self, queue: u32, ask: u64, outcome: Option<Outcome>) {
+        let at = match self.0.iter().position(|(q, _)| *q == queue) {
+            Some(at) => at,
+            None => {
+                self.0.push((queue, Vec::new()));
+                self.0.len() - 1
+            }
+        };
+        if let Some((_, message)) = self.0.get_mut(at) {
+            push_answer(message, ask, outcome);
+        }
+    }
+
+    pub fn send(self, host: &mut dyn Host) {
+        for (queue, message) in self.0 {
+            // A worker that is gone has no check waiting for this.
+            host.enqueue(queue, &message);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asks_and_answers_read_back_as_written() {
+        let limits = Limits {
+            burst: 20,
+            rate: 10,
+            period_ms: 1000,
+        };
+        let call = ScriptCall::new("tg:{r 1:abc}".into(), &limits, 1);
+        let m = ask(7, 42, RuleId::new(3), &call);
+        let want = Ask {
+            queue: 7,
+            ask: 42,
+            rule: RuleId::new(3),
+            call,
+        };
+        assert_eq!(parse_ask(&m), Some(want));
+        assert_eq!(parse_ask(b"a 7 42 3 20 10"), None, "no key");
+        assert_eq!(parse_ask(b"a 7 x 3 20 10 1000 k"), None);
+
+        let mut out = Vec::new();
+        let allowed = Outcome::Allowed {
+            remaining: 5,
+            reset_ms: 900,
+        };
+        push_answer(&mut out, 1, Some(allowed));
+        push_answer(&mut out, 2, Some(Outcome::Denied { retry_ms: 100 }));
+        push_answer(&mut out, 3, None);
+        let lines: Vec<_> = out
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(parse_answer)
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                Some((1, Some(allowed))),
+                Some((2, Some(Outcome::Denied { retry_ms: 100 }))),
+                Some((3, None)),
+            ]
+        );
+        assert_eq!(parse_answer(b"r 1 a 5"), None);
+        assert_eq!(parse_answer(b"r 1 x"), None);
+    }
+}

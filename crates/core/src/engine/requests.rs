@@ -1,0 +1,268 @@
+//! The requests a worker is deciding, holding for a reservation, or keeping response headers and
+//! usage admissions for; each with one check per matching rule.
+//!
+//! Invariant: a check gets at most one outcome, and only while its request is still deciding; a
+//! request is kept by its context id until it is decided and, if admitted, until its response
+//! has nothing more to say (headers written, usage settled) or its context is gone. A request
+//! decided inside its own `request_headers` is never kept: its action is returned from there.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use super::host::Action;
+use super::ids::{ById, CheckId, ContextId};
+use super::rules::RuleRef;
+use super::usage::Admitted;
+use super::verdict::{verdict, Outcome, Shown, Source, Verdict};
+use crate::backend::ScriptCall;
+use crate::config::Config;
+
+/// One matching rule's check of a request.
+#[derive(Debug, Clone)]
+pub(super) struct Check {
+    pub rule: RuleRef,
+    pub call: ScriptCall,
+    pub outcome: Option<Outcome>,
+    pub route: Route,
+    /// The outcome came from a script call (so the global bucket charged the up-front cost).
+    pub backend: bool,
+}
+
+/// Where a check goes when the local stage has no answer for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Its own call, or its share of one call for its key (exact mode).
+    Exact,
+    /// The proxy's lease call for its key.
+    Lease,
+    /// Its own call: a lease key new to this worker and its proxy, while most new keys lately
+    /// were seen only once ([`sightings`](super::sightings)).
+    Alone,
+}
+
+/// A request the engine is deciding, holding, or keeping response headers for.
+#[derive(Debug)]
+pub(super) struct Request {
+    checks: Vec<Check>,
+    /// Whether the client speaks gRPC: read only for a local answer (None until then).
+    grpc: Option<bool>,
+    /// Still deciding (false once the verdict is applied).
+    deciding: bool,
+    /// What the response's headers say, once admitted (until they are added).
+    headers: Option<Shown>,
+    /// Usage rules that admitted it, until the response says what it used.
+    usage: Vec<Admitted>,
+}
+
+impl Request {
+    /// A request being decided by `checks`.
+    pub fn deciding(checks: Vec<Check>) -> Request {
+        Request {
+            checks,
+            grpc: None,
+            deciding: true,
+            headers: None,
+            usage: Vec::new(),
+        }
+    }
+
+    /// An admitted request, kept for what its response's headers say and its usage admissions.
+    pub fn admitted(grpc: bool, shown: Shown, usage: Vec<Admitted>) -> Request {
+        Request {
+            checks: Vec::new(),
+            grpc: Some(grpc),
+            deciding: false,
+            headers: Some(shown),
+            usage,
+        }
+    }
+
+    /// Its checks, one per matching rule, in the configuration's order.
+    pub fn checks(&self) -> &[Check] {
+        &self.checks
+    }
+
+    /// Its checks, once it is decided.
+    pub fn into_checks(self) -> Vec<Check> {
+        self.checks
+    }
+
+    /// Whether the client speaks gRPC, if that was read.
+    pub fn grpc(&self) -> Option<bool> {
+        self.grpc
+    }
+
+    /// What `content-type` said about gRPC (read only for a local answer).
+    pub fn set_grpc(&mut self, grpc: bool) {
+        self.grpc = Some(grpc);
+    }
+
+    /// What the response's headers say, once (None: nothing, or written already).
+    pub fn take_headers(&mut self) -> Option<Shown> {
+        self.headers.take()
+    }
+
+    /// The usage admissions still waiting for the response to say what it used.
+    pub fn usage(&self) -> &[Admitted] {
+        &self.usage
+    }
+
+    pub fn usage_mut(&mut self) -> &mut Vec<Admitted> {
+        &mut self.usage
+    }
+
+    /// Check `check` of this request, if it has no outcome yet.
+    pub fn waiting(&self, check: CheckId) -> Option<&Check> {
+        self.checks
+            .get(check.place())
+            .filter(|c| c.outcome.is_none())
+    }
+
+    /// Records `outcome` for `check`, once, while the request is still deciding: the check's rule
+    /// and where the outcome came from, to count it (None: nothing recorded).
+    pub fn record(&mut self, check: CheckId, outcome: Outcome) -> Option<(&RuleRef, Source)> {
+        if !self.deciding {
+            return None;
+        }
+        let check = self.checks.get_mut(check.place())?;
+        if check.outcome.is_some() {
+            return None;
+        }
+        check.outcome = Some(outcome);
+        let source = match outcome {
+            Outcome::FailOpen | Outcome::FailClosed => Source::Failure,
+            _ => Source::Backend,
+        };
+        check.backend = source == Source::Backend;
+        Some((&check.rule, source))
+    }
+
+    /// The verdict, once every check has an outcome or an enforced rule refused.
+    pub fn verdict_if_done(&self, cfg: &Config) -> Option<Verdict> {
+        let refused = self
+            .checks
+            .iter()
+            .filter(|c| !c.rule.shadow)
+            .any(|c| c.outcome.is_some_and(|o| o.refuses()));
+        let complete = self.checks.iter().all(|c| c.outcome.is_some());
+        (refused || complete).then(|| {
+            verdict(
+                cfg,
+                self.checks
+                    .iter()
+                    .filter_map(|c| Some((&c.rule, c.outcome?, c.call.limits()))),
+                self.grpc.unwrap_or(false),
+            )
+        })
+    }
+}
+
+/// A worker's requests, by context id.
+#[derive(Debug, Default)]
+pub(super) struct Requests {
+    by_ctx: HashMap<ContextId, Request, ById>,
+    /// Admitted requests held for a reservation, by due time.
+    held: BinaryHeap<Reverse<(u64, ContextId)>>,
+    /// The request whose `request_headers` is running, and what its verdict says Envoy should do
+    /// when that callback returns (a verdict reached inside it is returned, never resumed).
+    in_headers: Option<(ContextId, Option<Action>)>,
+    /// An empty Vec for the next request's checks: one decided inside its `request_headers`
+    /// gives its own back, so the local path allocates none.
+    spare_checks: Vec<Check>,
+}
+
+impl Requests {
+    pub fn len(&self) -> usize {
+        self.by_ctx.len()
+    }
+
+    pub fn insert(&mut self, ctx: ContextId, request: Request) {
+        self.by_ctx.insert(ctx, request);
+    }
+
+    pub fn get(&self, ctx: ContextId) -> Option<&Request> {
+        self.by_ctx.get(&ctx)
+    }
+
+    pub fn get_mut(&mut self, ctx: ContextId) -> Option<&mut Request> {
+        self.by_ctx.get_mut(&ctx)
+    }
+
+    pub fn remove(&mut self, ctx: ContextId) -> Option<Request> {
+        self.by_ctx.remove(&ctx)
+    }
+
+    /// Check `check` of request `ctx`, if the request is still here and the check has no outcome.
+    pub fn waiting(&self, ctx: ContextId, check: CheckId) -> Option<&Check> {
+        self.by_ctx.get(&ctx)?.waiting(check)
+    }
+
+    pub fn is_waiting(&self, ctx: ContextId, check: CheckId) -> bool {
+        self.waiting(ctx, check).is_some()
+    }
+
+    // ----- the running `request_headers` -----
+
+    /// `request_headers` of `ctx` starts.
+    pub fn begin_headers(&mut self, ctx: ContextId) {
+        self.in_headers = Some((ctx, None));
+    }
+
+    /// `request_headers` ends: what its verdict said Envoy should do (None: undecided).
+    pub fn end_headers(&mut self) -> Option<Action> {
+        self.in_headers.take().and_then(|(_, action)| action)
+    }
+
+    /// Records `action` as the answer of `ctx`'s running `request_headers`; false if `ctx` is not
+    /// the request whose headers are being handled (it is paused, and must be resumed).
+    pub fn decided_in_headers(&mut self, ctx: ContextId, action: Action) -> bool {
+        match &mut self.in_headers {
+            Some((current, decided)) if *current == ctx => {
+                *decided = Some(action);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// An empty Vec for a new request's checks.
+    pub fn spare_checks(&mut self) -> Vec<Check> {
+        std::mem::take(&mut self.spare_checks)
+    }
+
+    /// The (emptied) checks of a request decided inside its `request_headers`, for the next one.
+    pub fn give_back_checks(&mut self, checks: Vec<Check>) {
+        self.spare_checks = checks;
+    }
+
+    // ----- requests held for a reservation -----
+
+    /// Holds admitted request `ctx` until `due`.
+    pub fn hold(&mut self, ctx: ContextId, due: u64) {
+        self.held.push(Reverse((due, ctx)));
+    }
+
+    /// When the first held request is due.
+    pub fn next_held(&self) -> Option<u64> {
+        self.held.peek().map(|Reverse((due, _))| *due)
+    }
+
+    /// The next held request due at `now` that is still here (its client may have left).
+    pub fn pop_held(&mut self, now: u64) -> Option<ContextId> {
+        while let Some(Reverse((due, ctx))) = self.held.peek().copied() {
+            if due > now {
+                return None;
+            }
+            self.held.pop();
+            if self.by_ctx.contains_key(&ctx) {
+                return Some(ctx);
+            }
+        }
+        None
+    }
+
+    /// Whether `ctx` is held for its reservation (it never went upstream).
+    pub fn is_held(&self, ctx: ContextId) -> bool {
+        self.held.iter().any(|Reverse((_, held))| *held == ctx)
+    }
+}

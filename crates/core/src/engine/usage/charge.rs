@@ -1,0 +1,254 @@
+//! From responses to settlements: the engine's side of usage. What a response said (or why it
+//! said nothing readable) becomes the difference from the up-front cost, kept pending for the key
+//! in shared data until a call carries it or its flush sends it.
+//!
+//! Invariant: each admission settles once: the usage its response reported, clamped to
+//! `[0, cap]`, or a worst case never below what it paid up front; a settlement is pending in
+//! shared data, in flight on a call, or applied by the script, never lost on a failed call (it is
+//! put back) and never sent twice.
+
+use super::{settlement, Admitted, Flush, Known, Usage};
+use crate::backend::ScriptCall;
+use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
+use crate::config::{WorstCase, DEFAULT_USAGE_FLUSH_MS};
+use crate::engine::calls::{Call, Purpose};
+use crate::engine::host::Host;
+use crate::engine::ids::ContextId;
+use crate::engine::rules::RuleRef;
+use crate::engine::Engine;
+use crate::metrics::{Counter, Metrics};
+use crate::rule::RequestView;
+use crate::shared::{peak, settle};
+
+impl Engine {
+    /// Usage from response headers (or, with `trailers`, trailers); starts body readers, and
+    /// finishes them at the trailers (the body has ended). True if a body reader wants the body.
+    pub(in crate::engine) fn usage_from_headers(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: ContextId,
+        view: &dyn RequestView,
+        trailers: bool,
+    ) -> bool {
+        let Some(r) = self.requests.get_mut(ctx).filter(|r| !r.usage().is_empty()) else {
+            return false;
+        };
+        let (found, watch) = self.usage.read_headers(r.usage_mut(), view, trailers);
+        self.settle_known(host, ctx, found);
+        watch
+    }
+
+    /// A chunk of a response body: fed to the readers; at the end, their usage is settled.
+    pub(in crate::engine) fn usage_from_body(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: ContextId,
+        chunk: &[u8],
+        end: bool,
+    ) {
+        let Some(r) = self.requests.get_mut(ctx) else {
+            return;
+        };
+        let found = Usage::read_body(r.usage_mut(), chunk, end);
+        self.settle_known(host, ctx, found);
+    }
+
+    /// The request of these admissions ended (its context is gone) before their usage was
+    /// settled (see [`Usage::at_end`]).
+    pub(in crate::engine) fn usage_at_end(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: ContextId,
+        usage: Vec<Admitted>,
+    ) {
+        let found = Usage::at_end(&usage, &self.plugin.metrics);
+        self.settle_known(host, ctx, found);
+    }
+
+    /// Settles the usages just learnt of `ctx`'s admissions, and forgets `ctx` if none is left
+    /// to learn.
+    fn settle_known(&mut self, host: &mut dyn Host, ctx: ContextId, found: Vec<Known>) {
+        if self.requests.get(ctx).is_some_and(|r| r.usage().is_empty()) {
+            self.requests.remove(ctx);
+        }
+        if found.is_empty() {
+            return;
+        }
+        let now = self.timer.read(host);
+        for k in found {
+            self.settle_usage(host, k, now);
+        }
+        // The flush of a settlement kept pending, and the counts, need the tick.
+        self.schedule(host, now, false);
+    }
+
+    /// What an admission of `rule` whose usage cannot be read is charged: the rule's
+    /// `usage.unreadable`, or the largest usage this proxy read for the rule lately; never less
+    /// than the `upfront` cost it paid.
+    fn worst_case(&self, host: &dyn Host, rule: &RuleRef, upfront: u64, now: u64) -> u64 {
+        let worst = match rule.usage.as_ref().map(|u| u.unreadable) {
+            Some(WorstCase::Fixed(n)) => n,
+            Some(WorstCase::Recent) | None => {
+                // A failed read of shared data knows nothing more than the up-front cost.
+                peak::recent(host.store(), &self.plugin.ns, &rule.name, now)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0)
+            }
+        };
+        worst.max(upfront)
+    }
+
+    /// Records what one admission used (or the worst case, if that cannot be read): the
+    /// difference from its up-front cost becomes pending for its key (flushed after the rule's
+    /// `flush_ms` unless a call carries it first).
+    fn settle_usage(&mut self, host: &mut dyn Host, k: Known, now: u64) {
+        let Known {
+            rule,
+            key,
+            limits,
+            upfront,
+            result,
+        } = k;
+        let cap = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+        let m = &self.plugin.metrics;
+        let used = match result {
+            Ok(used) => {
+                if let Some(WorstCase::Recent) = rule.usage.as_ref().map(|u| u.unreadable) {
+                    // Best effort: a lost update leaves the estimate where it was.
+                    let _ = peak::record(
+                        host.store(),
+                        &self.plugin.ns,
+                        &rule.name,
+                        used.min(cap),
+                        now,
+                    );
+                }
+                used
+            }
+            Err(why) => {
+                let worst = self.worst_case(host, &rule, upfront, now);
+                m.count(rule.id(), why.counter(), 1);
+                m.count(rule.id(), Counter::UsageWorstCase, 1);
+                if self.usage.first_unreadable() {
+                    log::warn!(
+                        "tollgate: rule {}: a response's usage could not be read ({why:?}); \
+                         such an admission is charged the worst case, here {worst} \
+                         (counted in usage_worst_case; logged once per worker)",
+                        rule.name
+                    );
+                }
+                worst
+            }
+        };
+        let (delta, clamped) = settlement(used, upfront, cap);
+        if clamped && result.is_ok() {
+            m.count(rule.id(), Counter::UsageClamped, 1);
+        }
+        match delta {
+            0 => return,
+            d if d > 0 => m.count(rule.id(), Counter::UsageCharged, d.unsigned_abs()),
+            d => m.count(rule.id(), Counter::UsageRefunded, d.unsigned_abs()),
+        }
+        if !self.keep_pending(host, &rule, &key, limits, delta, now) {
+            // No room in the shared table: settle this one now.
+            self.send_settlement(host, rule, &key, limits, delta, now);
+        }
+    }
+
+    /// Adds `delta` to `key`'s pending settlement and schedules its flush; false if the shared
+    /// table has no room for the key.
+    fn keep_pending(
+        &mut self,
+        host: &mut dyn Host,
+        rule: &RuleRef,
+        key: &str,
+        limits: Limits,
+        delta: i64,
+        now: u64,
+    ) -> bool {
+        let limit = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let kept = settle::add(host.store(), &self.plugin.ns, key, delta, limit) == Ok(true);
+        if kept {
+            self.schedule_flush(rule.clone(), key.to_string(), limits, now);
+        }
+        kept
+    }
+
+    /// Flushes `key`'s pending settlement after the rule's `usage.flush_ms`, unless a call
+    /// carries it first.
+    fn schedule_flush(&mut self, rule: RuleRef, key: String, limits: Limits, now: u64) {
+        let flush_ms = rule
+            .usage
+            .as_ref()
+            .map_or(DEFAULT_USAGE_FLUSH_MS, |u| u.flush_ms);
+        self.usage.flushes.push(Flush {
+            due: now.saturating_add(flush_ms),
+            rule,
+            key,
+            limits,
+        });
+    }
+
+    fn send_settlement(
+        &mut self,
+        host: &mut dyn Host,
+        rule: RuleRef,
+        key: &str,
+        limits: Limits,
+        delta: i64,
+        now: u64,
+    ) {
+        let call = ScriptCall {
+            settle: delta,
+            ..ScriptCall::new(key.to_string(), &limits, 0)
+        };
+        // A failure to send puts it back (`settlement_failed`, called by `send`).
+        let _ = self.send(host, Call::new(rule, call, Purpose::Settle, now));
+    }
+
+    /// A call of `rule` that carried a settlement failed: the settlement is pending again.
+    pub(in crate::engine) fn settlement_failed(
+        &mut self,
+        host: &mut dyn Host,
+        rule: &RuleRef,
+        call: &ScriptCall,
+        now: u64,
+    ) {
+        if call.settle != 0 {
+            self.keep_pending(host, rule, &call.key, call.limits(), call.settle, now);
+        }
+    }
+
+    /// Flushes the settlements whose time is up and that no call has carried meanwhile (from the
+    /// root context; while the breaker is open they wait another round).
+    pub(in crate::engine) fn flush_settlements(&mut self, host: &mut dyn Host, now: u64) {
+        while let Some(f) = self.usage.flushes.pop_due(now) {
+            if !self.backend_allowed(host, now) {
+                self.schedule_flush(f.rule, f.key, f.limits, now);
+                break;
+            }
+            let pending = settle::take(host.store(), &self.plugin.ns, &f.key).unwrap_or(0);
+            if pending != 0 {
+                self.send_settlement(host, f.rule, &f.key, f.limits, pending, now);
+            }
+        }
+    }
+
+    /// While the breaker is open no settlement can go out: every flush due before it would let a
+    /// call through waits until then, so the tick fires once at that time instead of every
+    /// millisecond (a flush the breaker refused would otherwise stay due, or come back after
+    /// `flush_ms`). The settlements stay pending in shared data meanwhile; a call for the key
+    /// still carries its own.
+    pub(in crate::engine) fn defer_flushes_while_open(&mut self, host: &mut dyn Host, now: u64) {
+        if self.usage.flushes.next_due().is_none_or(|due| due > now) {
+            return;
+        }
+        let Some(until) = self.health(host.store()).open_until().filter(|t| *t > now) else {
+            return;
+        };
+        // One flush per key is enough: it takes whatever the key has pending by then.
+        self.usage.flushes.defer_until(until);
+    }
+}

@@ -1,0 +1,239 @@
+//! What a request's checks decide together: each rule's outcome, and the verdict that combines
+//! them (admit, with the headers of the most restrictive rule; or a local answer).
+//!
+//! Invariant: a request is admitted only if every enforced (non-shadow) rule that matched admits
+//! it: any enforced denial answers with the configured `deny` reply (and the longest wait), a
+//! `closed` failure mode with 503.
+
+use super::rules::RuleRef;
+use crate::backend::Reply;
+use crate::bucket::Limits;
+use crate::config::{Config, HeaderStyle};
+use crate::headers::{self, Report};
+
+/// gRPC status codes used in local replies.
+pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
+pub const GRPC_UNAVAILABLE: u32 = 14;
+/// The HTTP status of the answer when the backend failed and the failure mode refuses.
+pub const BACKEND_UNAVAILABLE_STATUS: u32 = 503;
+/// The `retry-after` (seconds) of that answer.
+const BACKEND_UNAVAILABLE_RETRY_S: &str = "1";
+
+/// How one rule decided (or failed to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed {
+        remaining: u64,
+        reset_ms: u64,
+    },
+    Denied {
+        retry_ms: u64,
+    },
+    /// Admitted on tokens reserved from the future: hold the request `delay_ms` first.
+    Reserved {
+        delay_ms: u64,
+        reset_ms: u64,
+    },
+    /// The backend failed and the failure mode admits / refuses.
+    FailOpen,
+    FailClosed,
+}
+
+impl Outcome {
+    /// An admission on leased tokens.
+    pub fn leased(s: crate::shared::lease::Spent) -> Outcome {
+        Outcome::Allowed {
+            remaining: s.remaining,
+            reset_ms: s.reset_ms,
+        }
+    }
+
+    /// What a script reply means for a check (a denial's retry is never negative: -1 only comes
+    /// for a cost above the burst, which the engine refuses before calling).
+    pub fn of_reply(r: &Reply) -> Outcome {
+        match r {
+            r if r.allowed && r.retry_after_ms > 0 => Outcome::Reserved {
+                delay_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
+                reset_ms: r.reset_after_ms,
+            },
+            r if r.allowed => Outcome::Allowed {
+                remaining: r.remaining,
+                reset_ms: r.reset_after_ms,
+            },
+            r => Outcome::Denied {
+                retry_ms: u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms),
+            },
+        }
+    }
+
+    /// Whether this outcome refuses the request (if its rule is enforced).
+    pub fn refuses(&self) -> bool {
+        matches!(self, Outcome::Denied { .. } | Outcome::FailClosed)
+    }
+}
+
+/// Where an outcome came from (for metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// This proxy's lease or deny cache, no call.
+    Local,
+    /// The global bucket in Redis.
+    Backend,
+    /// The failure mode (open/closed) or the per-proxy fallback bucket (local).
+    Failure,
+}
+
+/// A local answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    /// For a gRPC request: the grpc-status to answer with (None: Envoy derives it).
+    pub grpc_status: Option<u32>,
+}
+
+/// What happens to the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let it through (after holding it `shown.delay_ms`, for a reservation), and say so on the
+    /// response.
+    Allow(Shown),
+    Respond(LocalReply),
+}
+
+/// What an admitted request's response headers say (written only when the response comes, see
+/// [`Plugin::write_headers`](super::Plugin::write_headers)).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Shown {
+    /// The most restrictive enforced rule that admitted it with numbers to tell.
+    pub admit: Option<Admit>,
+    /// How long it was held for a reservation.
+    pub delay_ms: u64,
+}
+
+impl Shown {
+    /// Whether the response gets any header in `style`.
+    pub fn any(&self, style: HeaderStyle) -> bool {
+        self.delay_ms > 0 || (self.admit.is_some() && style != HeaderStyle::None)
+    }
+}
+
+/// One enforced rule's admission, for the response headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admit {
+    pub rule: RuleRef,
+    /// The key's effective limits.
+    pub limits: Limits,
+    pub remaining: u64,
+    pub reset_ms: u64,
+}
+
+/// Combines the outcomes `(rule, outcome, effective limits)` of a request: denied if any enforced
+/// rule denies (with the headers of the longest wait); 503 if a `closed` failure mode refused;
+/// otherwise admitted with the headers of the most restrictive rule. `grpc` adapts the answer to a
+/// gRPC client.
+pub fn verdict<'a>(
+    cfg: &Config,
+    outcomes: impl Iterator<Item = (&'a RuleRef, Outcome, Limits)>,
+    grpc: bool,
+) -> Verdict {
+    // Folded as they come, nothing collected: this runs on every request.
+    let mut worst_denial: Option<Report> = None;
+    let mut admit: Option<(Admit, Report)> = None;
+    let mut closed = false;
+    let mut delay_ms = 0;
+    for (rule, outcome, limits) in outcomes.filter(|(rule, ..)| !rule.shadow) {
+        let report = |remaining, reset_ms| Report {
+            rule: &rule.name,
+            limits,
+            remaining,
+            reset_ms,
+        };
+        let (remaining, reset_ms) = match outcome {
+            Outcome::Denied { retry_ms } => {
+                // The longest wait (the last of equal ones).
+                if worst_denial.as_ref().is_none_or(|w| retry_ms >= w.reset_ms) {
+                    worst_denial = Some(report(0, retry_ms));
+                }
+                continue;
+            }
+            Outcome::Reserved {
+                delay_ms: d,
+                reset_ms,
+            } => {
+                delay_ms = delay_ms.max(d);
+                (0, reset_ms)
+            }
+            Outcome::Allowed {
+                remaining,
+                reset_ms,
+            } => (remaining, reset_ms),
+            Outcome::FailClosed => {
+                closed = true;
+                continue;
+            }
+            Outcome::FailOpen => continue,
+        };
+        let r = report(remaining, reset_ms);
+        if admit
+            .as_ref()
+            .is_none_or(|(_, a)| headers::more_restrictive(&r, a))
+        {
+            let a = Admit {
+                rule: rule.clone(),
+                limits,
+                remaining,
+                reset_ms,
+            };
+            admit = Some((a, r));
+        }
+    }
+    if let Some(worst) = worst_denial {
+        return denial(cfg, &worst, grpc);
+    }
+    if closed {
+        return backend_unavailable(grpc);
+    }
+    Verdict::Allow(Shown {
+        admit: admit.map(|(a, _)| a),
+        delay_ms,
+    })
+}
+
+/// The local reply to a request an enforced rule refused (`worst`: the longest wait). Cold, as
+/// the other local replies: most requests are admitted, and this code would otherwise sit in the
+/// middle of theirs.
+#[cold]
+fn denial(cfg: &Config, worst: &Report, grpc: bool) -> Verdict {
+    let mut hdrs = vec![(
+        "retry-after".to_string(),
+        headers::retry_after_secs(worst.reset_ms).to_string(),
+    )];
+    hdrs.extend(headers::rate_limit_headers(cfg.response_headers, worst));
+    Verdict::Respond(LocalReply {
+        status: cfg.deny.status,
+        headers: hdrs,
+        body: cfg.deny.body.clone(),
+        grpc_status: (grpc && cfg.deny.grpc_resource_exhausted).then_some(GRPC_RESOURCE_EXHAUSTED),
+    })
+}
+
+/// The local reply when the backend failed and the failure mode refuses.
+#[cold]
+fn backend_unavailable(grpc: bool) -> Verdict {
+    Verdict::Respond(LocalReply {
+        status: BACKEND_UNAVAILABLE_STATUS,
+        headers: vec![(
+            "retry-after".to_string(),
+            BACKEND_UNAVAILABLE_RETRY_S.to_string(),
+        )],
+        body: "rate limit backend unavailable\n".to_string(),
+        grpc_status: grpc.then_some(GRPC_UNAVAILABLE),
+    })
+}
+
+/// Whether `content-type` names a gRPC request.
+pub fn is_grpc(content_type: Option<&[u8]>) -> bool {
+    content_type.is_some_and(|ct| ct.starts_with(b"application/grpc"))
+}
