@@ -7,10 +7,11 @@
 
 use super::host::{Action, Host};
 use super::ids::{CheckId, ContextId};
+use super::local::LocalStage;
 use super::plugin::Plan;
-use super::requests::{Check, Request, Route};
+use super::requests::{Check, Local, Request, Route};
 use super::usage::{self, Admitted};
-use super::verdict::{is_grpc, Outcome, Source, Verdict};
+use super::verdict::{is_grpc, Fold, Outcome, Source, Verdict};
 use super::{cost, describe, Engine};
 use crate::backend::BackendError;
 use crate::config::Mode;
@@ -24,74 +25,118 @@ impl Engine {
         ctx: ContextId,
         req: &dyn RequestView,
     ) {
-        let mut checks = self.requests.spare_checks();
-        // A handle on the rules (a reference count), so the local stage can change the engine.
-        let rules = self.plugin.rules().clone();
+        let rules = self.plugin.rules();
+        // One slot per rule, in order: a matching rule's check, or None.
+        let mut slots = self.requests.spare_slots();
+        let mut stage = LocalStage {
+            plugin: &self.plugin,
+            stashes: &mut self.stashes,
+            sightings: &mut self.sightings,
+            waits: &mut self.waits,
+            timer: &mut self.timer,
+        };
+        // The local path's verdict, folded as the checks get their outcomes: no check is built
+        // (nor a rule handle taken) unless the request must be kept.
+        let mut fold = Fold::default();
+        let mut undecided = false;
+        let mut bad_cost = None;
         for rule in rules.iter() {
             let call = match self.plugin.check_for(rule, req, &mut self.keys) {
-                Plan::Skip => continue,
+                Plan::Skip => {
+                    slots.push(None);
+                    continue;
+                }
                 Plan::Unlimited => {
                     self.plugin.metrics.count(rule.id(), Counter::Allowed, 1);
+                    slots.push(None);
                     continue;
                 }
                 Plan::BadCost(e) => {
-                    return self.apply(host, ctx, None, cost::bad_cost(&e), false);
+                    bad_cost = Some(e);
+                    break;
                 }
                 Plan::Check(call) => call,
             };
             let lease = rule.mode == Mode::Lease;
-            let (outcome, route) = self.local_outcome(host, rule, &call, lease);
-            if let Some(o) = outcome {
-                self.plugin.count(rule, (o, Source::Local));
+            let (outcome, route) = stage.outcome(host, rule, &call, lease);
+            match outcome {
+                Some(o) => {
+                    self.plugin.count(rule, (o, Source::Local));
+                    fold.add(rule, o, call.limits());
+                }
+                None => undecided = true,
             }
-            checks.push(Check {
-                rule: rule.clone(),
+            slots.push(Some(Local {
                 call,
                 outcome,
                 route,
-                backend: false,
-            });
+            }));
         }
-        let mut request = Request::deciding(checks);
-        let cfg = &self.plugin.config;
+        if let Some(e) = bad_cost {
+            self.requests.give_back_slots(slots);
+            return self.apply(host, ctx, cost::bad_cost(&e), Vec::new());
+        }
+        if undecided && !fold.refuses() {
+            return self.keep_undecided(host, ctx, slots);
+        }
         // Whether the client speaks gRPC matters only for a local answer: read it only then.
-        let verdict = match request.verdict_if_done(cfg) {
-            Some(Verdict::Respond(_)) => {
-                request.set_grpc(is_grpc(req.header("content-type").as_deref()));
-                request.verdict_if_done(cfg)
-            }
-            other => other,
-        };
-        if let Some(verdict) = verdict {
-            let grpc = request.grpc().unwrap_or(false);
-            let mut checks = request.into_checks();
-            for c in checks.drain(..) {
-                self.keys.recycle(c.call.key);
-            }
-            self.requests.give_back_checks(checks);
-            return self.apply(host, ctx, None, verdict, grpc);
+        let grpc = fold.refuses() && is_grpc(req.header("content-type").as_deref());
+        let verdict = fold.verdict(&self.plugin.config, grpc);
+        for local in slots.drain(..).flatten() {
+            self.keys.recycle(local.call.key);
         }
-        self.send_undecided(host, ctx, request);
+        self.requests.give_back_slots(slots);
+        self.apply(host, ctx, verdict, Vec::new());
     }
 
-    /// Keeps `request`, which the local stage left undecided, and sends (or queues) the calls its
-    /// undecided checks need. Out of line: the local path, which answers most requests, never
-    /// runs it, and its code would sit between that path's instructions.
+    /// Keeps the request of `ctx`, which the local stage left undecided (`slots`: its checks as
+    /// the local stage left them, one slot per rule), and sends (or queues) the calls its
+    /// undecided checks need. Each check takes its rule: the one of its slot (the local stage
+    /// pushed one slot per rule, in order, so the two line up). Out of line: the local path,
+    /// which answers most requests, never runs it, and its code would sit between that path's
+    /// instructions.
     #[inline(never)]
-    fn send_undecided(&mut self, host: &mut dyn Host, ctx: ContextId, request: Request) {
-        let undecided: Vec<(CheckId, Route)> = request
-            .checks()
+    fn keep_undecided(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: ContextId,
+        mut slots: Vec<Option<Local>>,
+    ) {
+        let checks = self
+            .plugin
+            .rules()
+            .iter()
+            .zip(slots.drain(..))
+            .filter_map(|(rule, slot)| {
+                let local = slot?;
+                Some(Check {
+                    rule: rule.clone(),
+                    call: local.call,
+                    outcome: local.outcome,
+                    route: local.route,
+                    backend: false,
+                })
+            })
+            .collect();
+        self.requests.give_back_slots(slots);
+        self.send_undecided(host, ctx, checks);
+    }
+
+    /// Keeps the request of `ctx`, decided by `checks`, and sends (or queues) the calls its
+    /// undecided checks need.
+    fn send_undecided(&mut self, host: &mut dyn Host, ctx: ContextId, checks: Vec<Check>) {
+        let undecided: Vec<(CheckId, Route)> = checks
             .iter()
             .enumerate()
             .filter(|(_, c)| c.outcome.is_none())
             .map(|(i, c)| (CheckId::at(i), c.route))
             .collect();
-        if request.checks().iter().any(|c| c.rule.reads_body()) {
+        if checks.iter().any(|c| c.rule.reads_body()) {
             // Its usage will be read from the body, which the filter reads only unencoded: ask
             // the upstream for that (an answer encoded anyway is charged the worst case).
             host.set_request_header(ctx, "accept-encoding", "identity");
         }
-        self.requests.insert(ctx, request);
+        self.requests.insert(ctx, Request::Deciding(checks));
         let now = self.timer.read(host);
         // A lease call checks the breaker when it is about to go out; the others check it here.
         let own_call = |route: &Route| *route != Route::Lease;
@@ -128,36 +173,31 @@ impl Engine {
             return;
         };
         self.plugin.count(rule, (outcome, source));
-        let cfg = &self.plugin.config;
-        let mut verdict = request.verdict_if_done(cfg);
-        if matches!(verdict, Some(Verdict::Respond(_))) && request.grpc().is_none() {
-            // A local answer after all: its shape depends on whether the client speaks gRPC.
-            request.set_grpc(is_grpc(host.request_header(ctx, "content-type").as_deref()));
-            verdict = request.verdict_if_done(cfg);
+        let (fold, complete) = request.fold();
+        if !fold.refuses() && !complete {
+            return;
         }
-        let grpc = request.grpc().unwrap_or(false);
-        if let Some(verdict) = verdict {
-            let request = self.requests.remove(ctx);
-            self.apply(host, ctx, request, verdict, grpc);
-        }
+        // A local answer after all: its shape depends on whether the client speaks gRPC.
+        let grpc = fold.refuses() && is_grpc(host.request_header(ctx, "content-type").as_deref());
+        let verdict = fold.verdict(&self.plugin.config, grpc);
+        let Some(request) = self.requests.remove(ctx) else {
+            return;
+        };
+        let usage = self.close_request(ctx, &request);
+        self.apply(host, ctx, verdict, usage);
     }
 
-    /// Applies a verdict to `ctx`, whose `request` the caller took out of the engine's requests
-    /// (None: decided inside its `request_headers`, it was never kept). Inside its own
-    /// `request_headers` the action is returned to Envoy from there; otherwise the paused request
-    /// is resumed or answered here.
+    /// Applies the verdict of `ctx` (`usage`: the usage admissions of its request, if it was kept).
+    /// Inside its own `request_headers` the action is returned to Envoy from there; otherwise the
+    /// paused request is resumed or answered here.
     fn apply(
         &mut self,
         host: &mut dyn Host,
         ctx: ContextId,
-        request: Option<Request>,
         verdict: Verdict,
-        grpc: bool,
+        usage: Vec<Admitted>,
     ) {
         log::debug!("tollgate: {}", describe(&verdict));
-        let usage = request
-            .map(|r| self.close_request(ctx, &r))
-            .unwrap_or_default();
         match verdict {
             Verdict::Respond(reply) => {
                 host.respond(ctx, &reply);
@@ -167,8 +207,7 @@ impl Engine {
                 let delay_ms = shown.delay_ms;
                 let style = self.plugin.config.response_headers;
                 if shown.any(style) || !usage.is_empty() {
-                    self.requests
-                        .insert(ctx, Request::admitted(grpc, shown, usage));
+                    self.requests.insert(ctx, Request::admitted(shown, usage));
                 }
                 if delay_ms > 0 {
                     let now = self.timer.read(host);
@@ -183,8 +222,7 @@ impl Engine {
     }
 
     /// Takes decided request `r` of `ctx` off the lease queues it still waits in; its usage
-    /// admissions. Out of line: a request decided inside its `request_headers` has none.
-    #[inline(never)]
+    /// admissions.
     fn close_request(&mut self, ctx: ContextId, r: &Request) -> Vec<Admitted> {
         for c in r
             .checks()

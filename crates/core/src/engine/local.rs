@@ -8,11 +8,14 @@
 //! check the bucket would not have.
 
 use super::host::Host;
-use super::lease::{self, give_back};
+use super::lease::{self, give_back, Waits};
+use super::plugin::Plugin;
 use super::requests::Route;
 use super::rules::RuleRef;
+use super::sightings::Sightings;
+use super::stash::Stashes;
+use super::tick::Timer;
 use super::verdict::Outcome;
-use super::Engine;
 use crate::backend::ScriptCall;
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{LeasePool, Spent, Taken};
@@ -28,10 +31,21 @@ enum NoLease {
     Unknown,
 }
 
-impl Engine {
+/// What the local stage reads and changes, borrowed from the engine for one request's checks
+/// (while the engine walks its configuration's rules).
+pub(super) struct LocalStage<'a> {
+    pub plugin: &'a Plugin,
+    pub stashes: &'a mut Stashes,
+    pub sightings: &'a mut Sightings,
+    /// For the demand denied here (the next lease call of the key asks for it too).
+    pub waits: &'a mut Waits,
+    pub timer: &'a mut Timer,
+}
+
+impl LocalStage<'_> {
     /// What the local stage answers for a check of `rule` (`lease`: a lease rule's): a leased
     /// token or a cached denial; and where the check goes if neither.
-    pub(super) fn local_outcome(
+    pub fn outcome(
         &mut self,
         host: &dyn Host,
         rule: &RuleRef,
@@ -49,7 +63,7 @@ impl Engine {
         self.shared_outcome(host, rule, call, lease)
     }
 
-    /// [`Engine::local_outcome`] past this worker's stash: the proxy's pool and deny cache in
+    /// [`LocalStage::outcome`] past this worker's stash: the proxy's pool and deny cache in
     /// shared data. Out of line, as `send_undecided`.
     #[inline(never)]
     fn shared_outcome(

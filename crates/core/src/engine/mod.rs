@@ -45,7 +45,7 @@ use crate::metrics::Metrics;
 use crate::rule::{KeyCache, RequestView};
 
 use calls::Purpose;
-use requests::Route;
+use requests::{Request, Route};
 
 pub use cost::{bad_cost, cost_of, parse_cost, CostError, BAD_COST_STATUS};
 pub use handover::Pending;
@@ -211,27 +211,33 @@ impl Engine {
     /// gone (proxy-wasm-cpp-host `http_call` and Higress' Redis calls), so their grants still
     /// serve the other waiters and the pool.
     pub fn done(&mut self, host: &mut dyn Host, ctx: ContextId) {
-        let Some(mut r) = self.requests.remove(ctx) else {
+        let Some(request) = self.requests.remove(ctx) else {
             return;
         };
-        // A request still held for its reservation never went upstream: it used nothing beyond
-        // what it paid up front.
-        if !r.usage().is_empty() && !self.requests.is_held(ctx) {
-            let usage = std::mem::take(r.usage_mut());
-            self.usage_at_end(host, ctx, usage);
-        }
-        let mut waited = false;
-        for c in r.checks().iter().filter(|c| c.outcome.is_none()) {
-            waited = true;
-            match c.route {
-                Route::Lease => self.waits.remove_waiter(&c.call.key, ctx),
-                Route::Exact => self.chains.remove_waiter(&c.call.key, ctx),
-                Route::Alone => {}
+        match request {
+            Request::Admitted { usage, .. } => {
+                // A request still held for its reservation never went upstream: it used nothing
+                // beyond what it paid up front.
+                if usage.is_empty() || self.requests.is_held(ctx) {
+                    return;
+                }
+                self.usage_at_end(host, ctx, usage);
             }
-        }
-        if waited {
-            let now = self.timer.read(host);
-            self.schedule(host, now, false);
+            Request::Deciding(checks) => {
+                let mut waited = false;
+                for c in checks.iter().filter(|c| c.outcome.is_none()) {
+                    waited = true;
+                    match c.route {
+                        Route::Lease => self.waits.remove_waiter(&c.call.key, ctx),
+                        Route::Exact => self.chains.remove_waiter(&c.call.key, ctx),
+                        Route::Alone => {}
+                    }
+                }
+                if waited {
+                    let now = self.timer.read(host);
+                    self.schedule(host, now, false);
+                }
+            }
         }
     }
 }

@@ -8,10 +8,10 @@
 
 use super::cost::{cost_of, CostError};
 use super::rules::{RuleRef, Rules};
-use super::verdict::{Outcome, Shown, Source};
+use super::verdict::{Admit, Outcome, Shown, Source};
 use crate::backend::{ScriptCall, Transport};
 use crate::config::{Config, Protocol};
-use crate::headers::{self, Report};
+use crate::headers;
 use crate::metrics::{Batched, Counter, Metrics, NoMetrics};
 use crate::rule::{KeyCache, RequestView};
 
@@ -117,12 +117,7 @@ impl Plugin {
     /// comes from the configuration's, unless an override changed its limits).
     pub fn write_headers(&self, shown: &Shown, buf: &mut String) -> headers::Written {
         let admit = shown.admit.as_ref();
-        let report = admit.map(|a| Report {
-            rule: &a.rule.name,
-            limits: a.limits,
-            remaining: a.remaining,
-            reset_ms: a.reset_ms,
-        });
+        let report = admit.map(Admit::report);
         let policy = admit
             .filter(|a| a.limits == a.rule.limits)
             .map(|a| a.rule.policy());

@@ -13,9 +13,8 @@ use super::host::Action;
 use super::ids::{ById, CheckId, ContextId};
 use super::rules::RuleRef;
 use super::usage::Admitted;
-use super::verdict::{verdict, Outcome, Shown, Source, Verdict};
+use super::verdict::{Fold, Outcome, Shown, Source};
 use crate::backend::ScriptCall;
-use crate::config::Config;
 
 /// One matching rule's check of a request.
 #[derive(Debug, Clone)]
@@ -26,6 +25,15 @@ pub(super) struct Check {
     pub route: Route,
     /// The outcome came from a script call (so the global bucket charged the up-front cost).
     pub backend: bool,
+}
+
+/// A matching rule's check as the local stage leaves it, while its request is decided inside its
+/// `request_headers` (its rule is the one at the same place in the configuration).
+#[derive(Debug)]
+pub(super) struct Local {
+    pub call: ScriptCall,
+    pub outcome: Option<Outcome>,
+    pub route: Route,
 }
 
 /// Where a check goes when the local stage has no answer for it.
@@ -42,78 +50,62 @@ pub(super) enum Route {
 
 /// A request the engine is deciding, holding, or keeping response headers for.
 #[derive(Debug)]
-pub(super) struct Request {
-    checks: Vec<Check>,
-    /// Whether the client speaks gRPC: read only for a local answer (None until then).
-    grpc: Option<bool>,
-    /// Still deciding (false once the verdict is applied).
-    deciding: bool,
-    /// What the response's headers say, once admitted (until they are added).
-    headers: Option<Shown>,
-    /// Usage rules that admitted it, until the response says what it used.
-    usage: Vec<Admitted>,
+pub(super) enum Request {
+    /// Still deciding: one check per matching rule, in the configuration's order.
+    Deciding(Vec<Check>),
+    /// Admitted, and kept for its response.
+    Admitted {
+        /// What the response's headers say (until they are added).
+        headers: Option<Shown>,
+        /// Usage rules that admitted it, until the response says what it used.
+        usage: Vec<Admitted>,
+    },
 }
 
 impl Request {
-    /// A request being decided by `checks`.
-    pub fn deciding(checks: Vec<Check>) -> Request {
-        Request {
-            checks,
-            grpc: None,
-            deciding: true,
-            headers: None,
-            usage: Vec::new(),
-        }
-    }
-
     /// An admitted request, kept for what its response's headers say and its usage admissions.
-    pub fn admitted(grpc: bool, shown: Shown, usage: Vec<Admitted>) -> Request {
-        Request {
-            checks: Vec::new(),
-            grpc: Some(grpc),
-            deciding: false,
+    pub fn admitted(shown: Shown, usage: Vec<Admitted>) -> Request {
+        Request::Admitted {
             headers: Some(shown),
             usage,
         }
     }
 
-    /// Its checks, one per matching rule, in the configuration's order.
+    /// Its checks while it is being decided.
     pub fn checks(&self) -> &[Check] {
-        &self.checks
-    }
-
-    /// Its checks, once it is decided.
-    pub fn into_checks(self) -> Vec<Check> {
-        self.checks
-    }
-
-    /// Whether the client speaks gRPC, if that was read.
-    pub fn grpc(&self) -> Option<bool> {
-        self.grpc
-    }
-
-    /// What `content-type` said about gRPC (read only for a local answer).
-    pub fn set_grpc(&mut self, grpc: bool) {
-        self.grpc = Some(grpc);
+        match self {
+            Request::Deciding(checks) => checks,
+            Request::Admitted { .. } => &[],
+        }
     }
 
     /// What the response's headers say, once (None: nothing, or written already).
     pub fn take_headers(&mut self) -> Option<Shown> {
-        self.headers.take()
+        match self {
+            Request::Admitted { headers, .. } => headers.take(),
+            Request::Deciding(_) => None,
+        }
     }
 
     /// The usage admissions still waiting for the response to say what it used.
     pub fn usage(&self) -> &[Admitted] {
-        &self.usage
+        match self {
+            Request::Admitted { usage, .. } => usage,
+            Request::Deciding(_) => &[],
+        }
     }
 
-    pub fn usage_mut(&mut self) -> &mut Vec<Admitted> {
-        &mut self.usage
+    /// The usage admissions, to read the response's usage into (None while deciding).
+    pub fn usage_mut(&mut self) -> Option<&mut Vec<Admitted>> {
+        match self {
+            Request::Admitted { usage, .. } => Some(usage),
+            Request::Deciding(_) => None,
+        }
     }
 
     /// Check `check` of this request, if it has no outcome yet.
     pub fn waiting(&self, check: CheckId) -> Option<&Check> {
-        self.checks
+        self.checks()
             .get(check.place())
             .filter(|c| c.outcome.is_none())
     }
@@ -121,10 +113,10 @@ impl Request {
     /// Records `outcome` for `check`, once, while the request is still deciding: the check's rule
     /// and where the outcome came from, to count it (None: nothing recorded).
     pub fn record(&mut self, check: CheckId, outcome: Outcome) -> Option<(&RuleRef, Source)> {
-        if !self.deciding {
+        let Request::Deciding(checks) = self else {
             return None;
-        }
-        let check = self.checks.get_mut(check.place())?;
+        };
+        let check = checks.get_mut(check.place())?;
         if check.outcome.is_some() {
             return None;
         }
@@ -137,23 +129,17 @@ impl Request {
         Some((&check.rule, source))
     }
 
-    /// The verdict, once every check has an outcome or an enforced rule refused.
-    pub fn verdict_if_done(&self, cfg: &Config) -> Option<Verdict> {
-        let refused = self
-            .checks
-            .iter()
-            .filter(|c| !c.rule.shadow)
-            .any(|c| c.outcome.is_some_and(|o| o.refuses()));
-        let complete = self.checks.iter().all(|c| c.outcome.is_some());
-        (refused || complete).then(|| {
-            verdict(
-                cfg,
-                self.checks
-                    .iter()
-                    .filter_map(|c| Some((&c.rule, c.outcome?, c.call.limits()))),
-                self.grpc.unwrap_or(false),
-            )
-        })
+    /// Its checks' outcomes folded into a verdict, and whether every check has one.
+    pub fn fold(&self) -> (Fold<'_>, bool) {
+        let mut fold = Fold::default();
+        let mut complete = true;
+        for c in self.checks() {
+            match c.outcome {
+                Some(o) => fold.add(&c.rule, o, c.call.limits()),
+                None => complete = false,
+            }
+        }
+        (fold, complete)
     }
 }
 
@@ -166,9 +152,9 @@ pub(super) struct Requests {
     /// The request whose `request_headers` is running, and what its verdict says Envoy should do
     /// when that callback returns (a verdict reached inside it is returned, never resumed).
     in_headers: Option<(ContextId, Option<Action>)>,
-    /// An empty Vec for the next request's checks: one decided inside its `request_headers`
-    /// gives its own back, so the local path allocates none.
-    spare_checks: Vec<Check>,
+    /// An empty Vec for the next request's local stage, one slot per rule: a request decided
+    /// inside its `request_headers` gives it back, so the local path allocates none.
+    spare_slots: Vec<Option<Local>>,
 }
 
 impl Requests {
@@ -225,14 +211,15 @@ impl Requests {
         }
     }
 
-    /// An empty Vec for a new request's checks.
-    pub fn spare_checks(&mut self) -> Vec<Check> {
-        std::mem::take(&mut self.spare_checks)
+    /// An empty Vec for a request's local stage.
+    pub fn spare_slots(&mut self) -> Vec<Option<Local>> {
+        std::mem::take(&mut self.spare_slots)
     }
 
-    /// The (emptied) checks of a request decided inside its `request_headers`, for the next one.
-    pub fn give_back_checks(&mut self, checks: Vec<Check>) {
-        self.spare_checks = checks;
+    /// The local stage's Vec, emptied, for the next request.
+    pub fn give_back_slots(&mut self, mut slots: Vec<Option<Local>>) {
+        slots.clear();
+        self.spare_slots = slots;
     }
 
     // ----- requests held for a reservation -----

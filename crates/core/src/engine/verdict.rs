@@ -129,21 +129,41 @@ pub struct Admit {
     pub reset_ms: u64,
 }
 
-/// Combines the outcomes `(rule, outcome, effective limits)` of a request: denied if any enforced
-/// rule denies (with the headers of the longest wait); 503 if a `closed` failure mode refused;
-/// otherwise admitted with the headers of the most restrictive rule. `grpc` adapts the answer to a
-/// gRPC client.
-pub fn verdict<'a>(
-    cfg: &Config,
-    outcomes: impl Iterator<Item = (&'a RuleRef, Outcome, Limits)>,
-    grpc: bool,
-) -> Verdict {
-    // Folded as they come, nothing collected: this runs on every request.
-    let mut worst_denial: Option<Report> = None;
-    let mut admit: Option<(Admit, Report)> = None;
-    let mut closed = false;
-    let mut delay_ms = 0;
-    for (rule, outcome, limits) in outcomes.filter(|(rule, ..)| !rule.shadow) {
+impl Admit {
+    /// What the response's rate-limit headers say of it.
+    pub fn report(&self) -> Report<'_> {
+        Report {
+            rule: &self.rule.name,
+            limits: self.limits,
+            remaining: self.remaining,
+            reset_ms: self.reset_ms,
+        }
+    }
+}
+
+/// The verdict of a request, folded from its checks' outcomes as they come (nothing collected:
+/// this runs on every request): denied if any enforced rule denies (with the headers of the
+/// longest wait); 503 if a `closed` failure mode refused; otherwise admitted with the headers of
+/// the most restrictive rule. It borrows the checks' rules; the verdict keeps the one its
+/// response's headers name.
+#[derive(Debug, Default)]
+pub struct Fold<'a> {
+    /// The enforced denial with the longest wait (the last of equal ones).
+    worst: Option<Report<'a>>,
+    /// The most restrictive enforced admission, and its rule.
+    admit: Option<(&'a RuleRef, Report<'a>)>,
+    /// A `closed` failure mode refused.
+    closed: bool,
+    /// The longest hold for a reservation.
+    delay_ms: u64,
+}
+
+impl<'a> Fold<'a> {
+    /// One check's outcome: of `rule`, under the key's effective `limits`.
+    pub fn add(&mut self, rule: &'a RuleRef, outcome: Outcome, limits: Limits) {
+        if rule.shadow {
+            return;
+        }
         let report = |remaining, reset_ms| Report {
             rule: &rule.name,
             limits,
@@ -152,17 +172,13 @@ pub fn verdict<'a>(
         };
         let (remaining, reset_ms) = match outcome {
             Outcome::Denied { retry_ms } => {
-                // The longest wait (the last of equal ones).
-                if worst_denial.as_ref().is_none_or(|w| retry_ms >= w.reset_ms) {
-                    worst_denial = Some(report(0, retry_ms));
+                if self.worst.as_ref().is_none_or(|w| retry_ms >= w.reset_ms) {
+                    self.worst = Some(report(0, retry_ms));
                 }
-                continue;
+                return;
             }
-            Outcome::Reserved {
-                delay_ms: d,
-                reset_ms,
-            } => {
-                delay_ms = delay_ms.max(d);
+            Outcome::Reserved { delay_ms, reset_ms } => {
+                self.delay_ms = self.delay_ms.max(delay_ms);
                 (0, reset_ms)
             }
             Outcome::Allowed {
@@ -170,35 +186,58 @@ pub fn verdict<'a>(
                 reset_ms,
             } => (remaining, reset_ms),
             Outcome::FailClosed => {
-                closed = true;
-                continue;
+                self.closed = true;
+                return;
             }
-            Outcome::FailOpen => continue,
+            Outcome::FailOpen => return,
         };
         let r = report(remaining, reset_ms);
-        if admit
+        if self
+            .admit
             .as_ref()
             .is_none_or(|(_, a)| headers::more_restrictive(&r, a))
         {
-            let a = Admit {
-                rule: rule.clone(),
-                limits,
-                remaining,
-                reset_ms,
-            };
-            admit = Some((a, r));
+            self.admit = Some((rule, r));
         }
     }
-    if let Some(worst) = worst_denial {
-        return denial(cfg, &worst, grpc);
+
+    /// Whether an enforced rule refused: the verdict is a local answer, whatever the other
+    /// checks say.
+    pub fn refuses(&self) -> bool {
+        self.worst.is_some() || self.closed
     }
-    if closed {
-        return backend_unavailable(grpc);
+
+    /// The verdict (`grpc` adapts a local answer to a gRPC client).
+    pub fn verdict(self, cfg: &Config, grpc: bool) -> Verdict {
+        if let Some(worst) = self.worst {
+            return denial(cfg, &worst, grpc);
+        }
+        if self.closed {
+            return backend_unavailable(grpc);
+        }
+        Verdict::Allow(Shown {
+            admit: self.admit.map(|(rule, r)| Admit {
+                rule: rule.clone(),
+                limits: r.limits,
+                remaining: r.remaining,
+                reset_ms: r.reset_ms,
+            }),
+            delay_ms: self.delay_ms,
+        })
     }
-    Verdict::Allow(Shown {
-        admit: admit.map(|(a, _)| a),
-        delay_ms,
-    })
+}
+
+/// The verdict of the outcomes `(rule, outcome, effective limits)` of a request (see [`Fold`]).
+pub fn verdict<'a>(
+    cfg: &Config,
+    outcomes: impl Iterator<Item = (&'a RuleRef, Outcome, Limits)>,
+    grpc: bool,
+) -> Verdict {
+    let mut fold = Fold::default();
+    for (rule, outcome, limits) in outcomes {
+        fold.add(rule, outcome, limits);
+    }
+    fold.verdict(cfg, grpc)
 }
 
 /// The local reply to a request an enforced rule refused (`worst`: the longest wait). Cold, as

@@ -14,6 +14,7 @@ use crate::config::{WorstCase, DEFAULT_USAGE_FLUSH_MS};
 use crate::engine::calls::{Call, Purpose};
 use crate::engine::host::Host;
 use crate::engine::ids::ContextId;
+use crate::engine::requests::Request;
 use crate::engine::rules::RuleRef;
 use crate::engine::Engine;
 use crate::metrics::{Counter, Metrics};
@@ -30,10 +31,15 @@ impl Engine {
         view: &dyn RequestView,
         trailers: bool,
     ) -> bool {
-        let Some(r) = self.requests.get_mut(ctx).filter(|r| !r.usage().is_empty()) else {
+        let Some(usage) = self
+            .requests
+            .get_mut(ctx)
+            .and_then(Request::usage_mut)
+            .filter(|u| !u.is_empty())
+        else {
             return false;
         };
-        let (found, watch) = self.usage.read_headers(r.usage_mut(), view, trailers);
+        let (found, watch) = self.usage.read_headers(usage, view, trailers);
         self.settle_known(host, ctx, found);
         watch
     }
@@ -49,7 +55,10 @@ impl Engine {
         let Some(r) = self.requests.get_mut(ctx) else {
             return;
         };
-        let found = Usage::read_body(r.usage_mut(), chunk, end);
+        let found = r
+            .usage_mut()
+            .map(|usage| Usage::read_body(usage, chunk, end))
+            .unwrap_or_default();
         self.settle_known(host, ctx, found);
     }
 
