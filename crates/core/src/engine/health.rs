@@ -20,6 +20,12 @@ pub enum Event {
     Recovered(Vec<ErrorClass>),
 }
 
+/// Where each field of the shared value lies: three u64s, in this order.
+const FAILURES_AT: usize = 0;
+const OPEN_UNTIL_AT: usize = 8;
+const FAILING_AT: usize = 16;
+const STATE_LEN: usize = 24;
+
 /// (consecutive breaker failures, open until ms or 0, bit set of failing classes)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct State {
@@ -34,14 +40,14 @@ impl State {
             return State::default();
         };
         State {
-            failures: read_u64(b, 0).unwrap_or(0),
-            open_until: read_u64(b, 8).unwrap_or(0),
-            failing: read_u64(b, 16).unwrap_or(0),
+            failures: read_u64(b, FAILURES_AT).unwrap_or(0),
+            open_until: read_u64(b, OPEN_UNTIL_AT).unwrap_or(0),
+            failing: read_u64(b, FAILING_AT).unwrap_or(0),
         }
     }
 
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(24);
+        let mut out = Vec::with_capacity(STATE_LEN);
         write_u64s(&mut out, &[self.failures, self.open_until, self.failing]);
         out
     }

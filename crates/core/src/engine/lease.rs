@@ -36,6 +36,8 @@ use crate::shared::lease::{Back, Claim, Flight, Grant, LeasePool, Sizing, Take};
 const CLAIM_SLACK_MS: u64 = 50;
 /// Slack on how long the script counts a grant as held by this proxy.
 const HOLD_SLACK_MS: u64 = 1000;
+/// A lease lives this many horizons after its grant has refilled (`shared::lease`).
+const LEASE_LIFE_HORIZONS: u64 = 2;
 
 /// Lease sizing for `rule` on a key with `limits` (the rule's, or an override's).
 pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
@@ -174,7 +176,7 @@ impl Engine {
     fn hold_ms(&self, sizing: &Sizing) -> u64 {
         sizing
             .horizon_ms
-            .saturating_mul(2)
+            .saturating_mul(LEASE_LIFE_HORIZONS)
             .saturating_add(self.plugin.config.backend.timeout_ms)
             .saturating_add(HOLD_SLACK_MS)
             .min(MAX_HOLD_MS)

@@ -26,6 +26,8 @@ pub const SLOTS: usize = 4096;
 const HALF_LIFE: u32 = 64;
 /// Fewer new keys than this lately say nothing about whether new keys come back.
 const JUDGED_FROM: u32 = 16;
+/// New keys go alone while fewer than one in this many lately came back.
+const RETURN_SHARE: u32 = 4;
 /// A slot's low bit: its key was seen a second time.
 const RETURNED: u64 = 1;
 
@@ -81,7 +83,7 @@ impl Sightings {
 
     /// Whether fewer than a quarter of the keys new to this worker lately were seen again.
     fn mostly_once(&self) -> bool {
-        self.new >= JUDGED_FROM && self.returned.saturating_mul(4) < self.new
+        self.new >= JUDGED_FROM && self.returned.saturating_mul(RETURN_SHARE) < self.new
     }
 
     /// Records a sighting of `key` (every check that found no leased token is one, so that keys

@@ -12,6 +12,11 @@ use crate::backend::ScriptCall;
 use crate::bucket::Limits;
 use crate::decimal;
 
+/// The parts of an ask after its `a `: six numbers and the key.
+const ASK_PARTS: usize = 7;
+/// Room for an ask before its key (six numbers, usually short).
+const ASK_HEAD_CAPACITY: usize = 48;
+
 /// An ask: one check another worker sends to the leader of its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ask {
@@ -27,7 +32,7 @@ pub struct Ask {
 /// `a <queue> <ask> <rule> <burst> <rate> <period_ms> <key>`: the key last, as it is (it is the
 /// bucket key, free of user text; a message holds one ask).
 pub fn ask(queue: u32, ask: u64, rule: RuleId, call: &ScriptCall) -> Vec<u8> {
-    let mut m = Vec::with_capacity(48 + call.key.len());
+    let mut m = Vec::with_capacity(ASK_HEAD_CAPACITY + call.key.len());
     m.extend_from_slice(b"a");
     for n in [
         u64::from(queue),
@@ -47,7 +52,7 @@ pub fn ask(queue: u32, ask: u64, rule: RuleId, call: &ScriptCall) -> Vec<u8> {
 
 /// An ask, if `m` is one.
 pub fn parse_ask(m: &[u8]) -> Option<Ask> {
-    let mut parts = m.strip_prefix(b"a ")?.splitn(7, |b| *b == b' ');
+    let mut parts = m.strip_prefix(b"a ")?.splitn(ASK_PARTS, |b| *b == b' ');
     let mut num = || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
     let queue = u32::try_from(num()?).ok()?;
     let ask = num()?;

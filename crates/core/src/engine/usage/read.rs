@@ -13,6 +13,9 @@ use crate::rule::RequestView;
 /// Most bytes kept per response: the current SSE line, or the tail of a JSON body.
 pub const WINDOW: usize = 16 * 1024;
 
+/// Most digits of a usage header: `u64::MAX` has 20.
+const MAX_USAGE_DIGITS: usize = 20;
+
 /// Why a response's usage could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unreadable {
@@ -61,7 +64,7 @@ pub fn encoded(view: &dyn RequestView) -> bool {
 /// Parses a usage header value: digits only (a repeated header, which Envoy joins with a comma,
 /// is not a number and so is invalid).
 pub fn parse_header(value: &[u8]) -> Result<u64, Unreadable> {
-    if value.is_empty() || value.len() > 20 || !value.iter().all(u8::is_ascii_digit) {
+    if value.is_empty() || value.len() > MAX_USAGE_DIGITS || !value.iter().all(u8::is_ascii_digit) {
         return Err(Unreadable::Invalid);
     }
     std::str::from_utf8(value)
