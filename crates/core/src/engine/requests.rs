@@ -253,3 +253,39 @@ impl Requests {
         self.held.iter().any(|Reverse((_, held))| *held == ctx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_requests_are_let_go_when_due_and_only_if_still_here() {
+        let mut r = Requests::default();
+        let (a, b, c) = (ContextId::from(1), ContextId::from(2), ContextId::from(3));
+        for ctx in [a, b, c] {
+            r.insert(ctx, Request::admitted(Shown::default(), Vec::new()));
+        }
+        r.hold(a, 30);
+        r.hold(b, 10);
+        r.hold(c, 20);
+        assert!(r.is_held(a));
+        assert_eq!(r.next_held(), Some(10));
+        r.remove(c);
+        assert_eq!(r.pop_held(9), None, "none due yet");
+        assert_eq!(r.pop_held(25), Some(b));
+        assert_eq!(r.pop_held(25), None, "c went away: never let go");
+        assert_eq!(r.next_held(), Some(30));
+        assert_eq!(r.pop_held(30), Some(a));
+    }
+
+    #[test]
+    fn a_verdict_inside_request_headers_is_kept_for_that_request_only() {
+        let mut r = Requests::default();
+        let (a, b) = (ContextId::from(1), ContextId::from(2));
+        r.begin_headers(a);
+        assert!(!r.decided_in_headers(b, Action::Continue), "b is paused");
+        assert!(r.decided_in_headers(a, Action::Pause));
+        assert_eq!(r.end_headers(), Some(Action::Pause));
+        assert_eq!(r.end_headers(), None, "once");
+    }
+}

@@ -276,3 +276,79 @@ fn backend_unavailable(grpc: bool) -> Verdict {
 pub fn is_grpc(content_type: Option<&[u8]>) -> bool {
     content_type.is_some_and(|ct| ct.starts_with(b"application/grpc"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::rules::{RuleId, Rules};
+
+    fn rules() -> (Config, Rules) {
+        let json = br#"{"rules":[
+            {"name":"a","key":["header:x"],"rate":10},
+            {"name":"b","key":["header:x"],"rate":10},
+            {"name":"shadow","key":["header:x"],"rate":10,"shadow":true}]}"#;
+        let cfg = Config::try_from(&json[..]).unwrap();
+        let rules = Rules::new(&cfg.rules);
+        (cfg, rules)
+    }
+
+    fn allowed(remaining: u64) -> Outcome {
+        Outcome::Allowed {
+            remaining,
+            reset_ms: 100,
+        }
+    }
+
+    #[test]
+    fn the_fold_names_the_most_restrictive_admission_and_ignores_shadow_rules() {
+        let (cfg, rules) = rules();
+        let [a, b, shadow] = [0, 1, 2].map(|i| rules.get(RuleId::new(i)).unwrap());
+        let limits = a.limits.limits();
+        let mut fold = Fold::default();
+        fold.add(a, allowed(5), limits);
+        fold.add(shadow, Outcome::Denied { retry_ms: 900 }, limits);
+        assert!(!fold.refuses(), "a shadow rule never refuses");
+        fold.add(b, allowed(2), limits);
+        let Verdict::Allow(shown) = fold.verdict(&cfg, false) else {
+            panic!("admitted");
+        };
+        let admit = shown.admit.unwrap();
+        assert_eq!((admit.rule.name.as_str(), admit.remaining), ("b", 2));
+    }
+
+    #[test]
+    fn the_fold_refuses_with_the_longest_wait_the_last_of_equal_ones() {
+        let (cfg, rules) = rules();
+        let [a, b] = [0, 1].map(|i| rules.get(RuleId::new(i)).unwrap());
+        let limits = a.limits.limits();
+        let mut fold = Fold::default();
+        fold.add(a, Outcome::Denied { retry_ms: 2000 }, limits);
+        fold.add(b, Outcome::Denied { retry_ms: 2000 }, limits);
+        assert!(fold.refuses());
+        let Verdict::Respond(reply) = fold.verdict(&cfg, false) else {
+            panic!("refused");
+        };
+        let policy = reply
+            .headers
+            .iter()
+            .find(|(k, _)| k == "ratelimit-policy")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(reply.status, cfg.deny.status);
+        assert!(policy.is_some_and(|p| p.starts_with("\"b\"")), "{policy:?}");
+    }
+
+    #[test]
+    fn a_closed_failure_mode_answers_503_unless_a_rule_denies() {
+        let (cfg, rules) = rules();
+        let a = rules.get(RuleId::new(0)).unwrap();
+        let limits = a.limits.limits();
+        let mut fold = Fold::default();
+        fold.add(a, Outcome::FailClosed, limits);
+        assert!(fold.refuses());
+        let Verdict::Respond(reply) = fold.verdict(&cfg, true) else {
+            panic!("refused");
+        };
+        assert_eq!(reply.status, BACKEND_UNAVAILABLE_STATUS);
+        assert_eq!(reply.grpc_status, Some(GRPC_UNAVAILABLE));
+    }
+}

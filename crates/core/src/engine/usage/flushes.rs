@@ -82,3 +82,65 @@ impl Flushes {
         by_key.into_values().collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::engine::rules::Rules;
+
+    fn flush(rule: &RuleRef, due: u64, key: &str) -> Flush {
+        Flush {
+            due,
+            rule: rule.clone(),
+            key: key.to_string(),
+            limits: rule.limits.limits(),
+        }
+    }
+
+    fn rules() -> Rules {
+        let json = br#"{"rules":[{"name":"llm","key":["header:x-user"],"rate":1,
+            "usage":{"header":"x-used"}}]}"#;
+        Rules::new(&Config::try_from(&json[..]).unwrap().rules)
+    }
+
+    #[test]
+    fn flushes_come_due_in_order_and_a_deferral_keeps_one_per_key() {
+        let rules = rules();
+        let r = rules.iter().next().unwrap();
+        let mut f = Flushes::default();
+        for (due, key) in [(30, "b"), (10, "a"), (20, "a"), (90, "c")] {
+            f.push(flush(r, due, key));
+        }
+        assert_eq!(f.next_due(), Some(10));
+        assert_eq!(f.pop_due(9), None, "nothing due yet");
+        f.defer_until(50);
+        let mut due = Vec::new();
+        while let Some(x) = f.pop_due(50) {
+            due.push((x.due, x.key));
+        }
+        assert_eq!(
+            due,
+            [(50, "a".to_string()), (50, "b".to_string())],
+            "one flush per key, moved to the deferral"
+        );
+        assert_eq!(f.next_due(), Some(90), "a flush due after it stays put");
+    }
+
+    #[test]
+    fn a_hand_over_takes_the_earliest_flush_of_each_key() {
+        let rules = rules();
+        let r = rules.iter().next().unwrap();
+        let mut f = Flushes::default();
+        for (due, key) in [(30, "b"), (20, "a"), (10, "a"), (40, "b")] {
+            f.push(flush(r, due, key));
+        }
+        let taken: Vec<(u64, String)> = f
+            .take_earliest_per_key()
+            .into_iter()
+            .map(|x| (x.due, x.key))
+            .collect();
+        assert_eq!(taken, [(10, "a".to_string()), (30, "b".to_string())]);
+        assert_eq!(f.next_due(), None, "all taken");
+    }
+}
