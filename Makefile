@@ -11,7 +11,9 @@
 #                  `promtool check rules` + `promtool test rules` on deploy/prometheus/
 #   make e2e     setup, build, then only the end-to-end tests (real Envoy)
 #   make demo    setup, build, then run the demo: three users against one Envoy with a global limit
-#   make bench   setup, build, then the benchmark (examples/bench.rs); flags via BENCH_ARGS='--rounds 3'
+#   make bench   setup, build, then the benchmark (tools/src/bin/bench); flags via BENCH_ARGS='--rounds 3'
+#   make sim     the lease simulator (tools/src/bin/lease-sim: the engine on a simulated clock, no Envoy);
+#                flags via SIM_ARGS (default '--sweep': every standard shape, one line each)
 #   make fuzz    every fuzz target (fuzz/README.md) for FUZZ_SECONDS seconds each (default 60)
 #   make fuzz-smoke  every fuzz target for FUZZ_SMOKE_SECONDS seconds each (default 10)
 
@@ -33,7 +35,7 @@ APT_PACKAGES  := redis-server webdis wrk nghttp2-client prometheus openssl curl
 APT_COMMANDS  := redis-server webdis wrk h2load promtool openssl curl
 SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-apt setup-envoy setup-rust build lint test e2e demo bench
+.PHONY: setup setup-apt setup-envoy setup-rust build lint test e2e demo bench sim
 
 setup: setup-apt setup-envoy setup-rust
 
@@ -99,16 +101,24 @@ e2e:
 	@$(MAKE) --no-print-directory build
 	cargo test --test e2e
 
+# The tools are binaries of tools/ (package tollgate-tools), built natively in release.
+TOOLS := cargo run --quiet --release -p tollgate-tools --bin
+
 demo: setup
 	@$(MAKE) --no-print-directory wasm
-	@cargo run --quiet --release --example demo
+	@$(TOOLS) demo
 
 # Envoy CPU per request, throughput, latency and Redis calls for plain Envoy, native local_ratelimit, an
-# empty wasm filter and tollgate; report on stdout and in target/bench/ (see examples/bench.rs).
+# empty wasm filter and tollgate; report on stdout and in target/bench/ (see tools/src/bin/bench).
 BENCH_ARGS ?=
 bench: setup
 	@$(MAKE) --no-print-directory wasm
-	@cargo run --quiet --release --example bench -- $(BENCH_ARGS)
+	@$(TOOLS) bench -- $(BENCH_ARGS)
+
+# Deterministic: no Envoy, Redis or clock, so no setup and no wasm build.
+SIM_ARGS ?= --sweep
+sim:
+	@$(TOOLS) lease-sim -- $(SIM_ARGS)
 
 # `envoy --mode validate` on every Envoy bootstrap under envoy/ and deploy/, rendered with dummy ports, the
 # demo plugin config and the real wasm (so the filter's on_configure runs too); see deploy/validate-envoy.sh.

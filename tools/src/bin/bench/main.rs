@@ -35,7 +35,7 @@
 //! connection, each with its own list of URIs, fresh for every load and long enough for the load
 //! (a key that repeats anyway is counted and reported).
 //!
-//! Run with `make bench` (setup + build first), or `cargo run --release --example bench -- --help`.
+//! Run with `make bench` (setup + build first), or `cargo run --release -p tollgate-tools --bin bench -- --help`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -86,7 +86,7 @@ const EXACT_SYSTEM_LIMIT_X: f64 = 0.5 * EXACT_SYSTEM_BASELINE_US / BASELINE_PLAI
 const BASELINE_COMMIT: &str = "a22f9510c876d91edd8effccfcd210792b4509bd";
 
 const USAGE: &str = "\
-usage: cargo run --release --example bench -- [options]      (make bench BENCH_ARGS='[options]')
+usage: cargo run --release -p tollgate-tools --bin bench -- [options]   (make bench BENCH_ARGS='[options]')
 
   --rounds N          interleaved rounds; each figure is the median over them    (default 5)
   --duration SECS     length of each measured load, closed loop and paced        (default 3)

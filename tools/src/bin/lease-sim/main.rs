@@ -1,4 +1,4 @@
-//! A deterministic simulator of lease mode: `cargo run --release --example lease_sim -- [options]`.
+//! A deterministic simulator of lease mode: `make sim SIM_ARGS='[options]'`.
 //!
 //! It runs the real engine (`tollgate_core::engine::Engine`, one per worker, the proxy's shared data an
 //! in-memory store shared by the workers of one proxy) against a simulated clock, paced clients like
@@ -40,7 +40,7 @@ use tollgate_core::shared::mem::MemStore;
 use tollgate_core::shared::Store;
 
 const USAGE: &str = "\
-usage: cargo run --release --example lease_sim -- [options]
+usage: cargo run --release -p tollgate-tools --bin lease-sim -- [options]   (make sim SIM_ARGS='[options]')
   --rate N           tokens per second of the hot key                       (default 200)
   --burst N          its burst                                              (default 200)
   --load N           requests per second offered in total                   (default 1000)
@@ -1336,7 +1336,7 @@ fn main() {
     );
 }
 
-/// `cargo test` runs these (Cargo.toml: the example is a test target too): the bound in every
+/// `cargo test --workspace` runs these: the bound in every
 /// window, for the shapes of the sweep and the on/off load that broke it.
 #[cfg(test)]
 mod tests {
