@@ -43,6 +43,7 @@
 //!
 //! Run with `make bench` (setup + build first), or
 //! `cargo run --release -p tollgate-tools --bin bench -- --help`.
+
 // A tool run natively, never in the VM: a broken invariant here fails the run with its message.
 #![allow(
     clippy::unwrap_used,

@@ -12,6 +12,7 @@
 //!
 //! requests.rs is part one, tokens.rs part two. Run with `make demo` (installs what is missing and
 //! builds the wasm first).
+
 // A tool run natively, never in the VM: a broken invariant here fails the run with its message.
 #![allow(
     clippy::unwrap_used,
