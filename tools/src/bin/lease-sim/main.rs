@@ -45,6 +45,10 @@ use run::Run;
 fn main() {
     let o = match parse_args() {
         Ok(o) => o,
+        Err(e) if e == opts::USAGE => {
+            println!("{e}");
+            return;
+        }
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(2);
