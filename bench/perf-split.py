@@ -11,7 +11,7 @@ difference between two scenarios' wasm parts is the steadier measure of what a f
 costs in Envoy.
 
     perf record -a -F 1999 -o target/bench/perf.data -- \\
-        cargo run --release --example bench -- --only wasm-floor,wasm-floor-calls,tollgate-lease
+        cargo run --release -p tollgate-tools --bin bench -- --only wasm-floor,wasm-floor-calls,tollgate-lease
     python3 bench/perf-split.py target/bench/perf.data target/bench/latest.json
 
 Needs `perf` (linux-perf) and root or kernel.perf_event_paranoid <= 0. The JSON's rounds name their

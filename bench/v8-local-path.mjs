@@ -33,7 +33,7 @@ const MODULES = {
   tollgate: args.tollgate ?? "target/wasm32-wasip1/release/tollgate.wasm",
   floor: args.floor ?? "target/wasm-floor/wasm32-wasip1/release/wasm_floor.wasm",
 };
-// `make bench`'s tollgate-lease rule (examples/bench.rs): one key, a limit never reached.
+// `make bench`'s tollgate-lease rule (tools/src/bin/bench): one key, a limit never reached.
 const CONFIG = JSON.stringify({
   backend: { cluster: "tollgate_backend", authority: "webdis", timeout_ms: 2000 },
   response_headers: "ietf",

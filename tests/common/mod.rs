@@ -260,7 +260,7 @@ impl Redis {
     }
 }
 
-// Webdis, Envoy, the HTTP client and the whole stack (used by tests/e2e.rs and examples/demo.rs).
+// Webdis, Envoy, the HTTP client and the whole stack (used by the tests and the tools).
 pub mod envoy;
 pub mod hosted;
 pub mod http;

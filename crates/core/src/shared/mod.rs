@@ -13,7 +13,7 @@ pub mod lease;
 pub mod peak;
 pub mod settle;
 
-/// An in-memory store for tests and `examples/lease_sim.rs` (no host needed).
+/// An in-memory store for tests and the lease simulator (tools/src/bin/lease-sim; no host needed).
 pub mod mem;
 
 /// Bounded compare-and-swap retries before giving up on an update.
