@@ -36,6 +36,7 @@ mod rules;
 mod send;
 mod sightings;
 mod stash;
+pub mod testkit;
 mod tick;
 pub mod usage;
 mod verdict;
@@ -102,7 +103,7 @@ impl Engine {
     }
 
     /// Leased tokens this worker holds in its stash for bucket `key`, and when they expire (for
-    /// `examples/lease_sim.rs`' account of where tokens went).
+    /// the lease simulator's account of where tokens went).
     pub fn stashed(&self, key: &str) -> Option<(u64, u64)> {
         self.stashes.held(key)
     }

@@ -1,126 +1,23 @@
-//! The engine against a fake host that keeps the real host's semantics: shared data with CAS and
-//! no empty values, callout tokens, answers delivered later on the root context (whichever callback
-//! sent the call), a tick that fires only when asked for.
+//! The engine against a fake host that keeps the real host's semantics ([`super::testkit`], the
+//! one the lease simulator runs on too): shared data with CAS and no empty values, callout tokens,
+//! answers delivered later on the root context (whichever callback sent the call), a tick that
+//! fires only when asked for.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::testkit::FakeHost as Fake;
 use super::*;
-use crate::backend::Outgoing;
 use crate::config::Config;
 use crate::metrics::{Batched, Counter, Recorder, METRICS_FLUSH_MS};
 use crate::shared::lease::LeasePool;
-use crate::shared::mem::MemStore;
-use crate::shared::Store;
-
-#[derive(Default)]
-struct Fake {
-    now: u64,
-    /// How many times the engine read the clock.
-    clock_reads: std::cell::Cell<u64>,
-    store: MemStore,
-    next_token: u32,
-    /// Calls out: token -> body.
-    out: HashMap<u32, String>,
-    sent: Vec<String>,
-    fail_dispatch: bool,
-    resumed: Vec<u32>,
-    responded: Vec<(u32, LocalReply)>,
-    added: Vec<(u32, Vec<(String, String)>)>,
-    tick: u64,
-    tick_sets: usize,
-    /// The workers' shared queues, by token.
-    queues: HashMap<u32, std::collections::VecDeque<Vec<u8>>>,
-    /// Request headers the host keeps readable after `request_headers` (see [`send`]).
-    request_headers: HashMap<u32, HashMap<String, Vec<u8>>>,
-    /// Request headers the engine set, in order.
-    set_headers: Vec<(u32, String, String)>,
-}
-
-impl Host for Fake {
-    fn now_ms(&self) -> u64 {
-        self.clock_reads.set(self.clock_reads.get() + 1);
-        self.now
-    }
-    fn store(&self) -> &dyn Store {
-        &self.store
-    }
-    fn dispatch(&mut self, _: &str, call: &Outgoing, _: u64) -> Result<u32, BackendError> {
-        if self.fail_dispatch {
-            return Err(BackendError::Dispatch("BadArgument".into()));
-        }
-        self.next_token += 1;
-        let body = String::from_utf8(call.payload().to_vec()).unwrap();
-        self.out.insert(self.next_token, body.clone());
-        self.sent.push(body);
-        Ok(self.next_token)
-    }
-    fn resume(&mut self, ctx: ContextId) {
-        self.resumed.push(ctx.get());
-    }
-    fn respond(&mut self, ctx: ContextId, reply: &LocalReply) {
-        self.responded.push((ctx.get(), reply.clone()));
-    }
-    fn add_response_headers(&mut self, ctx: ContextId, headers: &[(&str, &str)]) {
-        let owned = headers.iter().map(|(k, v)| (k.to_string(), v.to_string()));
-        self.added.push((ctx.get(), owned.collect()));
-    }
-    fn set_tick(&mut self, period_ms: u64) {
-        self.tick = period_ms;
-        self.tick_sets += 1;
-    }
-    fn request_header(&mut self, ctx: ContextId, name: &str) -> Option<Vec<u8>> {
-        self.request_headers.get(&ctx.get())?.get(name).cloned()
-    }
-    fn set_request_header(&mut self, ctx: ContextId, name: &str, value: &str) {
-        self.set_headers
-            .push((ctx.get(), name.to_string(), value.to_string()));
-        if let Some(headers) = self.request_headers.get_mut(&ctx.get()) {
-            headers.insert(name.to_string(), value.as_bytes().to_vec());
-        }
-    }
-    fn enqueue(&mut self, queue: u32, message: &[u8]) -> bool {
-        match self.queues.get_mut(&queue) {
-            Some(q) => {
-                q.push_back(message.to_vec());
-                true
-            }
-            None => false,
-        }
-    }
-    fn dequeue(&mut self, queue: u32) -> Option<Vec<u8>> {
-        self.queues.get_mut(&queue)?.pop_front()
-    }
-}
 
 /// `request_headers` of `r` as `ctx`, with `r`'s headers kept readable later, as the host keeps
 /// a paused request's.
 fn send(e: &mut Engine, h: &mut Fake, ctx: u32, r: &Req) -> Action {
     h.request_headers.insert(ctx, r.0.clone());
     e.request_headers(h, ctx.into(), r)
-}
-
-/// A fake host whose clock reads `now`.
-fn fake_at(now: u64) -> Fake {
-    Fake {
-        now,
-        ..Fake::default()
-    }
-}
-
-impl Fake {
-    fn tokens(&self) -> Vec<u32> {
-        let mut t: Vec<u32> = self.out.keys().copied().collect();
-        t.sort();
-        t
-    }
-    fn status_of(&self, ctx: u32) -> Option<u32> {
-        self.responded
-            .iter()
-            .find(|(c, _)| *c == ctx)
-            .map(|(_, r)| r.status)
-    }
 }
 
 struct Req(HashMap<String, Vec<u8>>);
@@ -207,7 +104,7 @@ fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 /// What call `token` asked for: max(cost, lease_want).
 fn asked(h: &Fake, token: u32) -> u64 {
-    let body = &h.out[&token];
+    let body = &h.out[&token].body;
     // .../<cost>/<lease>/<max_wait_ms>/<settle>, the lease `<want>` or `<want>:<holder>:...`
     // (its colons encoded).
     let mut nums = body
@@ -253,7 +150,7 @@ const TWENTY_LEASED: crate::shared::lease::Grant = crate::shared::lease::Grant {
 /// Puts `grant` into user "a"'s lease in the proxy pool of `e` at time 0, as a lease call of
 /// its own would (a key at 100/s, burst 50, leases of at most 20).
 fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
-    let pool = LeasePool::new(&h.store, &e.plugin.ns);
+    let pool = LeasePool::new(&*h.store, &e.plugin.ns);
     let sizing = crate::shared::lease::Sizing {
         burst: 50,
         rate: 100,
@@ -347,7 +244,7 @@ fn an_ambiguous_key_is_checked_in_the_shared_bucket_and_counted() {
 #[test]
 fn a_denial_is_cached_and_answers_locally_until_its_retry_time() {
     let (mut e, rec) = engine("", EXACT);
-    let mut h = fake_at(1000);
+    let mut h = Fake::at(1000);
     e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 300, 2000, 0));
     assert_eq!(h.status_of(10), Some(429));
@@ -560,7 +457,7 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     let rules = r#"{"name":"hooks","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800},
                    {"name":"try","rate":1,"shadow":true,"max_wait_ms":800}"#;
     let (mut e, rec) = engine("", rules);
-    let mut h = fake_at(1000);
+    let mut h = Fake::at(1000);
     e.request_headers(&mut h, 10.into(), &user("a"));
     assert!(h.sent[0].ends_with("/5/10/1000/1/0/800/0"), "{}", h.sent[0]);
     assert!(h.sent[1].ends_with("/1/0/0/0"), "a shadow rule never holds");
@@ -598,7 +495,7 @@ fn an_open_breaker_answers_with_the_failure_mode_without_calls_then_probes_once(
     let top =
         r#""failure_mode":"closed","backend":{"breaker_failures":2,"breaker_cooloff_ms":500},"#;
     let (mut e, rec) = engine(top, &format!("{EXACT}, {LEASE}"));
-    let mut h = fake_at(1000);
+    let mut h = Fake::at(1000);
     for ctx in [10, 11] {
         e.request_headers(
             &mut h,
@@ -705,7 +602,7 @@ fn a_grant_above_what_was_asked_is_clamped() {
     e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1_000_000));
     assert!(rec.get(0, Counter::LeaseGranted) <= 20);
-    let l = LeasePool::new(&h.store, &e.plugin.ns)
+    let l = LeasePool::new(&*h.store, &e.plugin.ns)
         .peek(&lease_key(&e, "a"))
         .unwrap();
     assert!(l.tokens < 20, "{l:?}");
@@ -714,7 +611,7 @@ fn a_grant_above_what_was_asked_is_clamped() {
 #[test]
 fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
     let (mut e, _) = engine("", LEASE);
-    let mut h = fake_at(1000);
+    let mut h = Fake::at(1000);
     e.request_headers(&mut h, 10.into(), &user("a"));
     e.request_headers(&mut h, 11.into(), &user("a"));
     assert!(
@@ -738,7 +635,7 @@ fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
 #[test]
 fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
     let (mut e, rec) = engine("", LEASE);
-    let mut h = fake_at(1000);
+    let mut h = Fake::at(1000);
     e.request_headers(&mut h, 10.into(), &user("a"));
     // The bucket held nothing: the script reserved the token, refilled in 10 ms (100/s).
     deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 10, 510, 1));
@@ -787,7 +684,7 @@ fn lease_noscript_resends_eval_under_the_same_claim() {
 }
 
 fn claim_free(e: &Engine, h: &Fake, u: &str) -> bool {
-    LeasePool::new(&h.store, &e.plugin.ns)
+    LeasePool::new(&*h.store, &e.plugin.ns)
         .peek(&lease_key(e, u))
         .is_none_or(|l| l.flight_until_ms == 0)
 }
@@ -842,7 +739,7 @@ fn a_waiter_whose_call_is_lost_gets_the_failure_mode_after_its_patience() {
         r#""failure_mode":"open","backend":{"timeout_ms":50},"#,
         LEASE,
     );
-    let mut h = fake_at(1000);
+    let mut h = Fake::at(1000);
     e.request_headers(&mut h, 10.into(), &user("a"));
     assert_eq!(h.tick, 100);
     h.now = 1099;
@@ -964,7 +861,7 @@ fn under_a_flood_of_new_keys_a_key_leases_once_it_comes_back() {
     deliver(&mut e, &mut h, t, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
     assert_eq!(h.store.writes(), writes, "no flight, no deposit");
-    assert!(LeasePool::new(&h.store, &e.plugin.ns)
+    assert!(LeasePool::new(&*h.store, &e.plugin.ns)
         .peek(&lease_key(&e, "a"))
         .is_none());
     let granted = rec.get(0, Counter::LeaseGranted);
@@ -1302,7 +1199,7 @@ fn lead_a(w: &mut Engine, h: &mut Fake) {
     w.tick(h);
     assert_eq!(h.sent.len(), 2);
     assert_eq!(
-        crate::shared::lead::Leaders::new(&h.store, &w.plugin.ns).leader(&lease_key(w, "a")),
+        crate::shared::lead::Leaders::new(&*h.store, &w.plugin.ns).leader(&lease_key(w, "a")),
         Some(1)
     );
 }
@@ -1346,7 +1243,7 @@ fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     assert_eq!(sent, remaining.map(Some), "what the leader's answer said");
     // The leader's chain ends with nothing waiting: the key is free again.
     assert_eq!(w1.load().1, 0);
-    let leaders = crate::shared::lead::Leaders::new(&h.store, &w1.plugin.ns);
+    let leaders = crate::shared::lead::Leaders::new(&*h.store, &w1.plugin.ns);
     assert_eq!(leaders.leader(&lease_key(&w1, "a")), None);
     assert_eq!(w2.load(), (0, 0, 0));
 }
@@ -1411,7 +1308,7 @@ fn a_check_sent_to_a_silent_leader_goes_again_from_its_worker() {
     h.now += patience;
     w2.tick(&mut h);
     assert_eq!(h.sent.len(), 3, "worker 2 calls itself");
-    let leaders = crate::shared::lead::Leaders::new(&h.store, &w2.plugin.ns);
+    let leaders = crate::shared::lead::Leaders::new(&*h.store, &w2.plugin.ns);
     assert_eq!(
         leaders.leader(&lease_key(&w2, "a")),
         None,
@@ -1432,7 +1329,7 @@ fn a_check_sent_to_a_silent_leader_goes_again_from_its_worker() {
 fn a_check_sent_to_a_worker_with_no_call_out_goes_at_once() {
     let ((mut w1, _), (mut w2, _), mut h) = two_workers();
     let key = lease_key(&w1, "a");
-    let leaders = crate::shared::lead::Leaders::new(&h.store, &w1.plugin.ns);
+    let leaders = crate::shared::lead::Leaders::new(&*h.store, &w1.plugin.ns);
     assert_eq!(
         leaders.claim(&key, 1).unwrap(),
         Some(1),
@@ -1588,7 +1485,7 @@ fn usage_rides_on_the_next_call_of_the_key() {
     for (i, ctx) in (10..13u32).enumerate() {
         e.request_headers(&mut h, ctx.into(), &user("a"));
         let t = *h.tokens().last().unwrap();
-        assert_eq!(settle_arg(&h.out[&t]), if i == 0 { 0 } else { 39 });
+        assert_eq!(settle_arg(&h.out[&t].body), if i == 0 { 0 } else { 39 });
         deliver(&mut e, &mut h, t, 200, &answer(true, 59, 0, 100, 1));
         assert!(!e.response_headers(&mut h, ctx.into(), &resp(&[("x-usage-tokens", "40")])));
         e.done(&mut h, ctx.into());
@@ -1635,11 +1532,11 @@ fn a_failed_call_puts_its_settlement_back() {
     deliver(&mut e, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
     e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "11")]));
     e.request_headers(&mut h, 11.into(), &user("a"));
-    assert_eq!(settle_arg(&h.out[&2]), 10);
+    assert_eq!(settle_arg(&h.out[&2].body), 10);
     deliver(&mut e, &mut h, 2, 0, b"");
     assert_eq!(h.resumed, [10, 11], "failure mode open");
     e.request_headers(&mut h, 12.into(), &user("a"));
-    assert_eq!(settle_arg(&h.out[&3]), 10, "carried again");
+    assert_eq!(settle_arg(&h.out[&3].body), 10, "carried again");
 }
 
 /// A flush the open breaker refuses waits for the breaker, not for the next millisecond: the tick
@@ -1737,7 +1634,7 @@ fn a_settlement_in_flight_survives_a_new_configuration() {
     old.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
     old.done(&mut h, 10.into());
     old.request_headers(&mut h, 11.into(), &user("a"));
-    assert_eq!(settle_arg(&h.out[&2]), 39, "the next call carries it");
+    assert_eq!(settle_arg(&h.out[&2].body), 39, "the next call carries it");
     let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
     let pending = old.hand_over(true);
     assert_eq!(pending.len(), 2, "the flush and the call");

@@ -7,10 +7,11 @@
 //! the Lua script) answering each call after a random latency. No Envoy, no Redis, no wall clock:
 //! the same options and seed give the same figures.
 //!
-//! What the host does is modelled on Envoy: a callout belongs to the worker's root context (as
-//! proxy-wasm-cpp-host's `http_call` does), so its answer comes there even after the request whose
-//! callback sent it is done; a resumed request completes at once (the bench's route is a direct
-//! response); the tick fires only when asked for, at the period asked.
+//! What the host does is modelled on Envoy, on the host the engine's tests use: a callout belongs
+//! to the worker's root context (as proxy-wasm-cpp-host's `http_call` does), so its answer comes
+//! there even after the request whose callback sent it is done; a resumed request completes at
+//! once (the bench's route is a direct response); the tick fires only when asked for, at the
+//! period asked.
 //!
 //! It prints admitted ÷ ideal (ideal = burst + rate × T, T = first request start to last
 //! completion, as the bench), script calls per 1000 admitted, and where the tokens went: refill
@@ -18,9 +19,10 @@
 //! tokens dropped (expired or evicted) or still held in pools and stashes at the end; and the calls
 //! by kind. `--sweep` runs a set of shapes.
 //!
-//! The files: opts.rs (options and the sweep's shapes), host.rs (a worker's host), sim.rs (the
-//! event loop and the clients), sim/calls.rs (script calls to the bucket model and back),
-//! sim/account.rs (the ledger), run.rs (a load's figures), report.rs (printing), tests.rs.
+//! The files: opts.rs (options and the sweep's shapes), worker.rs (a worker: its engine on the
+//! engine tests' fake host, `tollgate_core::engine::testkit`), sim.rs (the event loop and the
+//! clients), sim/calls.rs (script calls to the bucket model and back), sim/account.rs (the
+//! ledger), run.rs (a load's figures), report.rs (printing), tests.rs.
 
 // A tool run natively, never in the VM: a broken invariant here fails the run with its message.
 #![allow(
@@ -30,13 +32,13 @@
     clippy::indexing_slicing
 )]
 
-mod host;
 mod opts;
 mod report;
 mod run;
 mod sim;
 #[cfg(test)]
 mod tests;
+mod worker;
 
 use opts::{parse_args, shapes};
 use report::{mean, median, report, run_shape};

@@ -14,13 +14,14 @@ use std::rc::Rc;
 
 use tollgate_core::bucket::{Holders, Limits, State};
 use tollgate_core::config::Config;
+use tollgate_core::engine::testkit::FakeHost;
 use tollgate_core::engine::{Action, Engine, Plugin};
 use tollgate_core::metrics::Recorder;
 use tollgate_core::shared::mem::MemStore;
 
-use crate::host::{NoHeaders, Req, SimHost, Worker, ROOT, USER_HEADER};
 use crate::opts::{Assign, Opts};
 use crate::run::Run;
+use crate::worker::{NoHeaders, Req, Worker, ROOT, USER_HEADER};
 use calls::CallRec;
 
 /// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
@@ -148,15 +149,9 @@ impl<'o> Sim<'o> {
                 let plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
                 ws.push(Worker {
                     engine: Engine::new(plugin),
-                    host: SimHost {
-                        now_us: 0,
-                        store: store.clone(),
+                    host: FakeHost {
                         current: ROOT,
-                        next_token: 0,
-                        dispatched: Vec::new(),
-                        resumed: Vec::new(),
-                        responded: Vec::new(),
-                        tick: None,
+                        ..FakeHost::sharing(store.clone())
                     },
                     rec,
                     tick_ms: 0,
@@ -323,7 +318,7 @@ impl<'o> Sim<'o> {
         let ctx = wk.next_ctx;
         wk.next_ctx += 1;
         wk.reqs.insert(ctx, c);
-        wk.host.now_us = now;
+        wk.host.now = now / 1000;
         wk.host.current = ctx;
         let action = wk.engine.request_headers(&mut wk.host, ctx.into(), &Req);
         if action == Action::Continue {
@@ -338,7 +333,7 @@ impl<'o> Sim<'o> {
         let Some(c) = wk.reqs.remove(&ctx) else {
             return;
         };
-        wk.host.now_us = now;
+        wk.host.now = now / 1000;
         wk.host.current = ctx;
         if status == 200 {
             wk.engine

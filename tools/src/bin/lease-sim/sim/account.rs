@@ -6,8 +6,8 @@ use tollgate_core::metrics::Counter;
 use tollgate_core::shared::lease::LeasePool;
 
 use super::Sim;
-use crate::host::ROOT;
 use crate::run::{Run, Window, WINDOWS_MS};
+use crate::worker::ROOT;
 
 impl Sim<'_> {
     /// Whole tokens in the global bucket at `t_us` (without changing it).

@@ -6,7 +6,7 @@ use tollgate_core::backend::{Answer, Payload};
 use tollgate_core::bucket::{self, Ask, Holder, Limits};
 
 use super::{Ev, Sim, UPSTREAM_US};
-use crate::host::ROOT;
+use crate::worker::ROOT;
 
 #[derive(Debug, Clone)]
 pub(super) struct CallRec {
@@ -80,12 +80,18 @@ impl Sim<'_> {
     pub(super) fn after(&mut self, p: usize, w: usize) {
         let now = self.now_us;
         let wk = &mut self.workers[p][w];
-        let dispatched = std::mem::take(&mut wk.host.dispatched);
-        let resumed = std::mem::take(&mut wk.host.resumed);
-        let responded = std::mem::take(&mut wk.host.responded);
-        let tick = wk.host.tick.take();
-        for (token, carrier, body) in dispatched {
-            let text = String::from_utf8(body).unwrap();
+        let host = &mut wk.host;
+        // The calls go to Redis; what the host logged for the tests is not needed here.
+        let out = std::mem::take(&mut host.out);
+        host.sent.clear();
+        host.added.clear();
+        let resumed = std::mem::take(&mut host.resumed);
+        let responded = std::mem::take(&mut host.responded);
+        // The tick period, if the engine asked for one during the callback.
+        let tick = (host.tick_sets > 0).then_some(host.tick);
+        host.tick_sets = 0;
+        for (token, call) in out {
+            let (carrier, text) = (call.sent_during, call.body);
             let parts: Vec<&str> = text.split('/').collect();
             let num = |i: usize| parts[i].parse::<u64>().unwrap();
             let key = unescape(parts[3]);
@@ -127,8 +133,8 @@ impl Sim<'_> {
         for ctx in resumed {
             self.at(now + UPSTREAM_US, Ev::Complete(p, w, ctx, 200));
         }
-        for (ctx, status) in responded {
-            self.at(now + UPSTREAM_US, Ev::Complete(p, w, ctx, status));
+        for (ctx, reply) in responded {
+            self.at(now + UPSTREAM_US, Ev::Complete(p, w, ctx, reply.status));
         }
         if let Some(period) = tick {
             let wk = &mut self.workers[p][w];
@@ -185,7 +191,7 @@ impl Sim<'_> {
             reply.reset_after_ms,
             reply.granted
         );
-        wk.host.now_us = now;
+        wk.host.now = now / 1000;
         // On the root context, whichever callback sent it.
         wk.host.current = ROOT;
         let answer = Answer::Http {
@@ -202,7 +208,7 @@ impl Sim<'_> {
         if gen != wk.tick_gen || wk.tick_ms == 0 {
             return;
         }
-        wk.host.now_us = now;
+        wk.host.now = now / 1000;
         wk.host.current = ROOT;
         wk.engine.tick(&mut wk.host);
         self.last_tick = now;
