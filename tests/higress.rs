@@ -1,4 +1,4 @@
-//! The Higress build (tollgate-higress.wasm, feature `redis-callout`): script calls go to Redis through
+//! The Higress build (tollgate-higress.wasm, the filter crate's feature `higress`): script calls go to Redis through
 //! Higress' Redis callouts. Run through the proxy-wasm test host (testhost/, Higress mode) against a real
 //! redis-server; tests/testhost.rs shows the host agrees with real Envoy on the HTTP build. Also: which
 //! host functions each build imports, that stock Envoy refuses the Higress build, and that
