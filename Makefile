@@ -4,7 +4,8 @@
 #   make build   build target/wasm32-wasip1/release/tollgate.wasm (stock Envoy / Istio: HTTP callouts to
 #                Webdis) and tollgate-higress.wasm (the same filter importing Higress' Redis callouts;
 #                built in target/higress, then copied beside the first)
-#   make lint    rustfmt + clippy (the workspace natively, and the filter for wasm in both artifacts)
+#   make lint    rustfmt (the workspace and the fuzz crate) + clippy (the workspace natively, and the
+#                filter for wasm in both artifacts)
 #   make check   the fast loop: rustfmt, clippy, and the unit tests of the core and the ABI (no servers)
 #   make test    setup, build, validate, lint, fuzz-smoke, then every unit, integration and e2e test
 #   make validate  `envoy --mode validate` on every Envoy configuration shipped (envoy/, deploy/), and
@@ -76,6 +77,7 @@ wasm: setup-rust
 
 lint: setup-rust
 	cargo fmt --all --check
+	cd fuzz && cargo fmt --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --release --target $(WASM_TARGET) $(FILTER) -p tollgate-abi -- -D warnings
 	cargo clippy --release --target $(WASM_TARGET) $(FILTER) $(HIGRESS_FEATURES) -- -D warnings

@@ -84,11 +84,19 @@ fuzz_target!(|data: &[u8]| {
                     r.reset_after_ms,
                     r.granted
                 );
-                assert_eq!(canonical.as_bytes(), reply, "accepted a non-canonical reply");
+                assert_eq!(
+                    canonical.as_bytes(),
+                    reply,
+                    "accepted a non-canonical reply"
+                );
             }
             Err(BackendError::Redis(msg)) => {
                 assert!(msg.len() <= 200, "{} bytes", msg.len());
-                assert_eq!(reply.first(), Some(&b'-'), "Redis error from a non-error reply");
+                assert_eq!(
+                    reply.first(),
+                    Some(&b'-'),
+                    "Redis error from a non-error reply"
+                );
             }
             Err(BackendError::NoScript) => assert!(reply.starts_with(b"-NOSCRIPT")),
             Err(BackendError::Malformed(_)) => {}
@@ -133,8 +141,12 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(arg, n.as_bytes());
     }
     // Left out means 0, the script's default.
-    let max_wait = args.get(9).map_or("0".to_string(), |a| String::from_utf8_lossy(a).into_owned());
+    let max_wait = args
+        .get(9)
+        .map_or("0".to_string(), |a| String::from_utf8_lossy(a).into_owned());
     assert_eq!(max_wait, input.max_wait_ms.to_string());
-    let settle = args.get(10).map_or("0".to_string(), |a| String::from_utf8_lossy(a).into_owned());
+    let settle = args
+        .get(10)
+        .map_or("0".to_string(), |a| String::from_utf8_lossy(a).into_owned());
     assert_eq!(settle, input.settle.to_string());
 });
