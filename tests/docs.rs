@@ -73,7 +73,7 @@ fn json_files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn readme_json_blocks_are_valid_configurations() {
-    let path = repo_root().join("README.md");
+    let path = repo_root().join("docs/reference/configuration.md");
     let readme =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let blocks = json_blocks(&readme);
@@ -125,15 +125,8 @@ fn json_blocks_are_found_and_other_fences_skipped() {
 
 /// The README's configuration reference: from its heading to the next `## ` heading.
 fn reference() -> String {
-    let path = repo_root().join("README.md");
-    let readme =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    let start = readme
-        .find("\n## Configuration reference\n")
-        .expect("README.md has a `## Configuration reference` section");
-    let rest = &readme[start + 1..];
-    let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
-    rest[..end].to_string()
+    let path = repo_root().join("docs/reference/configuration.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
 /// The rows of the first `| field | …` table under the `### {heading}` heading of `reference`:

@@ -196,7 +196,7 @@ pub struct Override {
 }
 
 /// Every object of the document and its fields, as the derives declare them: what the
-/// reference (README.md) must document, and all it may (tests/docs.rs checks both ways).
+/// reference (docs/reference/configuration.md) must document, and all it may (tests/docs.rs checks both ways).
 pub fn schema() -> Vec<(&'static str, &'static [&'static str])> {
     vec![
         ("top level", fields_of::<Document>()),
