@@ -274,7 +274,7 @@ const TABLES: &[(&str, &str)] = &[
     ("rules[]", "Rules"),
     ("match", "match"),
     ("match.headers[]", "match.headers"),
-    ("usage", "usage"),
+    ("usage", "Usage-based limits"),
     ("fallback", "fallback"),
     ("overrides[]", "Overrides"),
 ];
