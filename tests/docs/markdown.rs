@@ -48,9 +48,15 @@ fn closes(line: &str, c: char, run: usize) -> bool {
     t.len() >= run && t.chars().all(|x| x == c)
 }
 
+/// A file read line by line: each line with its kind, and the fenced blocks.
+struct Scan<'a> {
+    lines: Vec<(Kind, &'a str)>,
+    fences: Vec<Fence>,
+}
+
 /// Each line of `md` with its kind, and the fenced blocks. An unclosed fence is an error (GitHub
 /// would render the rest of the file as code).
-fn scan(md: &str) -> Result<(Vec<(Kind, &str)>, Vec<Fence>), String> {
+fn scan(md: &str) -> Result<Scan<'_>, String> {
     let mut lines = Vec::new();
     let mut fences = Vec::new();
     let mut open: Option<(char, usize, Fence)> = None;
@@ -87,12 +93,12 @@ fn scan(md: &str) -> Result<(Vec<(Kind, &str)>, Vec<Fence>), String> {
             fence.info, fence.line
         ));
     }
-    Ok((lines, fences))
+    Ok(Scan { lines, fences })
 }
 
 /// The fenced code blocks of `md`, in order.
 pub fn fences(md: &str) -> Result<Vec<Fence>, String> {
-    scan(md).map(|(_, fences)| fences)
+    scan(md).map(|scan| scan.fences)
 }
 
 /// `line` without its inline code spans (a run of n backticks up to the next run of exactly n);
@@ -208,7 +214,7 @@ fn heading(line: &str) -> Option<&str> {
 /// Every anchor a link may name in `md`: each heading's slug (a repeated one with `-1`, `-2`,
 /// ...), and the `id`/`name` of HTML anchors written in the prose.
 pub fn anchors(md: &str) -> Result<BTreeSet<String>, String> {
-    let (lines, _) = scan(md)?;
+    let lines = scan(md)?.lines;
     let mut seen = BTreeSet::new();
     for (kind, line) in lines {
         if kind == Kind::Code {
@@ -284,7 +290,7 @@ fn reference_definition(line: &str) -> Option<String> {
 /// Every link and image of `md`'s prose: inline `[text](target)` / `![alt](target)` and reference
 /// definitions `[label]: target`. Links inside fenced blocks and code spans are not links.
 pub fn links(md: &str) -> Result<Vec<Link>, String> {
-    let (lines, _) = scan(md)?;
+    let lines = scan(md)?.lines;
     let mut out = Vec::new();
     for (i, (kind, line)) in lines.into_iter().enumerate() {
         if kind == Kind::Code {
