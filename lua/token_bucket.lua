@@ -54,7 +54,7 @@ e<id>), h<id>, e<id> and q<id> per holder. A missing key is a FULL bucket with n
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack). Debt is kept in whole tokens when period_ms changes (down to 2^52
 units at most, more than 75 minutes of refill at the highest rate).
-src/bucket.rs is the Rust model of this script; tests/model.rs checks they agree bit for bit.
+crates/core/src/bucket.rs is the Rust model of this script; tests/model.rs checks they agree bit for bit.
 ]]
 
 local MAX_EXACT = 9007199254740992 -- 2^53

@@ -55,7 +55,7 @@ pub struct Backend {
 pub enum FailureMode {
     Open,
     Closed,
-    /// The rule's fallback bucket, per proxy (or open, for a rule without one).
+    /// The rule's fallback bucket, per proxy (a rule without one falls back to its own limits).
     #[default]
     Local,
 }
