@@ -329,6 +329,8 @@ const ISTIO_VARS: &[(&str, &str)] = &[
     ("APP_NAMESPACE", "shop"),
     ("APP", "orders"),
     ("TRUST_DOMAIN", "cluster.local"),
+    ("JWT_ISSUER", "https://issuer.example.com"),
+    ("JWKS_URI", "https://issuer.example.com/.well-known/jwks.json"),
 ];
 
 /// The Istio manifests under envoy/istio/, and which of them run the filter.
@@ -336,6 +338,7 @@ const ISTIO_FILES: &[&str] = &[
     "backend.yaml",
     "gateway-api.yaml",
     "gateway-clusters.yaml",
+    "request-authentication.yaml",
     "sidecar.yaml",
     "stats-tags.yaml",
     "trafficextension.yaml",
@@ -429,6 +432,36 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
         "gateway.networking.k8s.io"
     );
     assert_eq!(gateway_api["targetRefs"][0]["kind"], "Gateway");
+
+    // The shipped limits are what a platform engineer asks for: 100 per minute per verified user,
+    // with an explicit burst, in exact mode, and a per-client-address catch-all. The user is the
+    // `sub` that Istio's jwt_authn wrote under "payload" (Istio 1.24+: pilot/pkg/security/authn/
+    // policy_applier.go sets PayloadInMetadata to filters.EnvoyJwtFilterPayload, "payload").
+    let rules = reference["pluginConfig"]["rules"].as_array().unwrap();
+    let per_user = &rules[0];
+    assert_eq!(
+        per_user["key"],
+        json!(["metadata:envoy.filters.http.jwt_authn:payload.sub"])
+    );
+    assert_eq!(
+        (&per_user["rate"], &per_user["period_ms"], &per_user["mode"]),
+        (&json!(100), &json!(60000), &json!("exact")),
+        "per-user: 100 per minute, exact"
+    );
+    assert!(per_user["burst"].is_u64(), "per-user: an explicit burst");
+    let catch_all = rules.last().unwrap();
+    assert_eq!(catch_all["key"], json!(["client_ip"]));
+    assert!(
+        catch_all.get("match").is_none(),
+        "the catch-all applies to every request"
+    );
+    // Its RequestAuthentication runs on the same proxies as the plugin.
+    let authn = istio_file("request-authentication.yaml");
+    assert_eq!(
+        find(&authn, "RequestAuthentication", "tollgate-jwt")["spec"]["selector"],
+        plugin_spec("wasmplugin.yaml").0["selector"],
+        "the JWT is verified where the plugin runs"
+    );
 
     let json_config = serde_json::to_string(&reference["pluginConfig"]).unwrap();
     let config = tollgate_core::config::Config::try_from(json_config.as_bytes())
@@ -686,6 +719,7 @@ fn istio_manifests_match_the_istio_crd_schemas() {
         "EnvoyFilter",
         "AuthorizationPolicy",
         "PeerAuthentication",
+        "RequestAuthentication",
     ] {
         assert!(
             checked.iter().any(|c| c.contains(&format!("\"{kind}\""))),
