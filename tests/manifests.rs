@@ -1142,3 +1142,56 @@ fn shipped_envoy_configs_are_edge_safe() {
         assert!(checked.iter().any(|c| c == want), "{want} in {checked:?}");
     }
 }
+
+/// The text of every fenced block of `info` (the words after the opening fence) in `markdown`.
+fn fenced(markdown: &str, info: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(bool, String)> = None;
+    for line in markdown.lines() {
+        let fence = line.trim();
+        match open.take() {
+            None => {
+                if let Some(lang) = fence.strip_prefix("```") {
+                    open = Some((lang.trim() == info, String::new()));
+                }
+            }
+            Some((wanted, mut text)) => {
+                if fence == "```" {
+                    if wanted {
+                        blocks.push(text);
+                    }
+                } else {
+                    text.push_str(line);
+                    text.push('\n');
+                    open = Some((wanted, text));
+                }
+            }
+        }
+    }
+    blocks
+}
+
+/// The configurations the deploy guides show are the ones the manifests ship: docs/deploy/istio.md's
+/// ```json block is the Istio plugins' pluginConfig, docs/deploy/higress.md's ```json higress block
+/// the Higress WasmPlugin's defaultConfig (its password variable filled in as the page fills it).
+#[test]
+fn deploy_guides_show_the_shipped_configurations() {
+    let istio = fenced(&read("docs/deploy/istio.md"), "json");
+    assert_eq!(istio.len(), 1, "docs/deploy/istio.md: one ```json block");
+    let shown: Value = serde_json::from_str(&istio[0]).unwrap();
+    assert_eq!(
+        shown,
+        plugin_spec("wasmplugin.yaml").1["pluginConfig"],
+        "docs/deploy/istio.md shows the manifests' pluginConfig"
+    );
+
+    let higress = fenced(&read("docs/deploy/higress.md"), "json higress");
+    assert_eq!(higress.len(), 1, "docs/deploy/higress.md: one ```json higress block");
+    let shown: Value = serde_json::from_str(&higress[0]).unwrap();
+    let manifest = read("envoy/higress/wasmplugin.yaml").replace("${REDIS_PASSWORD}", "secret");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&manifest).unwrap();
+    assert_eq!(
+        shown, docs[0]["spec"]["defaultConfig"],
+        "docs/deploy/higress.md shows the WasmPlugin's defaultConfig"
+    );
+}
