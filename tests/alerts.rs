@@ -196,9 +196,11 @@ fn expected_series(rules: &[String]) -> BTreeSet<Series> {
         for c in Counter::ALL {
             let suffix = c.suffix();
             match suffix.split_once('.') {
-                Some((name, class)) => {
-                    want.insert((format!("tollgate_{name}"), r.clone(), Some(class.to_string())))
-                }
+                Some((name, class)) => want.insert((
+                    format!("tollgate_{name}"),
+                    r.clone(),
+                    Some(class.to_string()),
+                )),
                 None => want.insert((format!("tollgate_{suffix}"), r.clone(), None)),
             };
         }
@@ -227,7 +229,12 @@ fn query_value(text: &str) -> String {
 /// leftover label (a temporary, Istio's tag) fails the comparison.
 fn prometheus_series(port: u16) -> std::collections::BTreeMap<String, BTreeSet<Series>> {
     let selector = query_value(r#"{__name__=~"tollgate.*"}"#);
-    let resp = common::http::try_http(port, "GET", &format!("/api/v1/series?match[]={selector}"), &[]);
+    let resp = common::http::try_http(
+        port,
+        "GET",
+        &format!("/api/v1/series?match[]={selector}"),
+        &[],
+    );
     let mut by_job = std::collections::BTreeMap::new();
     let Ok(resp) = resp else { return by_job };
     let Ok(doc) = serde_json::from_str::<Value>(&resp.body) else {
@@ -241,10 +248,9 @@ fn prometheus_series(port: u16) -> std::collections::BTreeMap<String, BTreeSet<S
         let name = get("__name__").unwrap_or_default();
         let set: &mut BTreeSet<Series> = by_job.entry(get("job").unwrap_or_default()).or_default();
         set.insert((name.clone(), get("rule"), get("class")));
-        for extra in labels
-            .keys()
-            .filter(|k| !["__name__", "job", "instance", "rule", "class", "le"].contains(&k.as_str()))
-        {
+        for extra in labels.keys().filter(|k| {
+            !["__name__", "job", "instance", "rule", "class", "le"].contains(&k.as_str())
+        }) {
             set.insert((name.clone(), Some(format!("extra label: {extra}")), None));
         }
     }
@@ -269,8 +275,12 @@ fn relabel_rules_give_every_counter_its_rule_label() {
     let rules = ["per-user", "api_key", "llm_usage", "try"];
     // The Istio-like proxy: Istio's stats_config in place of envoy.yaml's.
     let stack = Stack::start_edited("relabel", cfg, |yaml, _| {
-        let start = yaml.find("\nstats_config:").expect("envoy.yaml has stats_config");
-        let end = yaml.find("\nstatic_resources:").expect("envoy.yaml has static_resources");
+        let start = yaml
+            .find("\nstats_config:")
+            .expect("envoy.yaml has stats_config");
+        let end = yaml
+            .find("\nstatic_resources:")
+            .expect("envoy.yaml has static_resources");
         format!(
             "{}\nstats_config: {ISTIO_STATS_CONFIG}\n{}",
             &yaml[..start],
@@ -289,11 +299,16 @@ fn relabel_rules_give_every_counter_its_rule_label() {
         istio_names.contains("tollgate_per_user_usage_charged")
             && istio_names.contains("tollgate_try{authz_dry_run_result=\"denied\"}"),
         "the Istio-like proxy has the rule in the names and Istio's shadow tag:\n{}",
-        istio_names.lines().filter(|l| l.contains("tollgate")).collect::<Vec<_>>().join("\n")
+        istio_names
+            .lines()
+            .filter(|l| l.contains("tollgate"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 
     let relabel: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(repo_root().join(RELABEL)).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(repo_root().join(RELABEL)).unwrap())
+            .unwrap();
     let job = |name: &str, port: u16| {
         serde_json::json!({
             "job_name": name,
@@ -316,7 +331,10 @@ fn relabel_rules_give_every_counter_its_rule_label() {
     let port = free_port();
     let mut cmd = Command::new("prometheus");
     cmd.arg(format!("--config.file={}", config_path.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"));
     let mut prometheus = Proc::spawn("prometheus", cmd, &dir.join("prometheus.log"));
 
@@ -331,12 +349,26 @@ fn relabel_rules_give_every_counter_its_rule_label() {
     let empty = BTreeSet::new();
     for (job, want) in [("istio", &want_istio), ("tagged", &want_tagged)] {
         let got = have.get(job).unwrap_or(&empty);
-        eprintln!("job {job}: {} series names/labels as expected of {}", got.intersection(want).count(), want.len());
+        eprintln!(
+            "job {job}: {} series names/labels as expected of {}",
+            got.intersection(want).count(),
+            want.len()
+        );
         if !arrived {
-            eprintln!("job {job}: missing {:#?}", want.difference(got).collect::<Vec<_>>());
-            eprintln!("job {job}: unexpected {:#?}", got.difference(want).collect::<Vec<_>>());
+            eprintln!(
+                "job {job}: missing {:#?}",
+                want.difference(got).collect::<Vec<_>>()
+            );
+            eprintln!(
+                "job {job}: unexpected {:#?}",
+                got.difference(want).collect::<Vec<_>>()
+            );
         }
     }
-    assert!(arrived, "Prometheus did not get every counter with its rule label (above); log:\n{}", prometheus.log_text());
+    assert!(
+        arrived,
+        "Prometheus did not get every counter with its rule label (above); log:\n{}",
+        prometheus.log_text()
+    );
     prometheus.stop();
 }

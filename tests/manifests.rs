@@ -330,7 +330,10 @@ const ISTIO_VARS: &[(&str, &str)] = &[
     ("APP", "orders"),
     ("TRUST_DOMAIN", "cluster.local"),
     ("JWT_ISSUER", "https://issuer.example.com"),
-    ("JWKS_URI", "https://issuer.example.com/.well-known/jwks.json"),
+    (
+        "JWKS_URI",
+        "https://issuer.example.com/.well-known/jwks.json",
+    ),
 ];
 
 /// The Istio manifests under envoy/istio/, and which of them run the filter.
@@ -1186,7 +1189,11 @@ fn deploy_guides_show_the_shipped_configurations() {
     );
 
     let higress = fenced(&read("docs/deploy/higress.md"), "json higress");
-    assert_eq!(higress.len(), 1, "docs/deploy/higress.md: one ```json higress block");
+    assert_eq!(
+        higress.len(),
+        1,
+        "docs/deploy/higress.md: one ```json higress block"
+    );
     let shown: Value = serde_json::from_str(&higress[0]).unwrap();
     let manifest = read("envoy/higress/wasmplugin.yaml").replace("${REDIS_PASSWORD}", "secret");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&manifest).unwrap();
