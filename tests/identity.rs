@@ -15,37 +15,12 @@ use tollgate_e2e as common;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::http::base64url;
+use common::jwt::{openssl, Jwt};
 use common::Stack;
 use tollgate_core::config::Config;
 use tollgate_core::rule::bucket_key;
-
-/// Runs `openssl` with `args` in `dir` (stdin from `input`), panicking with its stderr on failure.
-fn openssl(dir: &Path, args: &[&str], input: Option<&[u8]>) -> Vec<u8> {
-    use std::io::Write;
-    let mut child = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run openssl (make setup installs it): {e}"));
-    let mut stdin = child.stdin.take().unwrap();
-    if let Some(bytes) = input {
-        stdin.write_all(bytes).unwrap();
-    }
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
 
 /// The bucket key of rule `name` in `config` for `values`, as the filter computes it.
 fn key_of(config: &str, name: &str, values: &[&str]) -> String {
@@ -72,57 +47,19 @@ fn with_filter_first(yaml: &str, filter: &str) -> String {
 
 // ---- JWT ----
 
-/// An RSA key for RS256, its JWKS, and tokens signed with it.
-struct Jwt {
-    dir: PathBuf,
-    jwks: String,
-}
+/// The issuer of the tests' tokens.
+const ISSUER: &str = "tollgate-test";
 
-impl Jwt {
-    fn new(dir: &Path) -> Jwt {
-        openssl(dir, &["genrsa", "-out", "jwt.key", "2048"], None);
-        let modulus = openssl(dir, &["rsa", "-in", "jwt.key", "-noout", "-modulus"], None);
-        let hex = String::from_utf8(modulus).unwrap();
-        let hex = hex.trim().strip_prefix("Modulus=").unwrap();
-        let n: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
-        let jwks = serde_json::json!({ "keys": [ {
-            "kty": "RSA", "alg": "RS256", "use": "sig", "kid": "k1",
-            "n": base64url(&n), "e": "AQAB" } ] })
-        .to_string();
-        Jwt {
-            dir: dir.to_path_buf(),
-            jwks,
-        }
-    }
-
-    /// A signed token with these claims (and the test issuer).
-    fn token(&self, claims: serde_json::Value) -> String {
-        let mut claims = claims;
-        claims["iss"] = "tollgate-test".into();
-        let header = base64url(br#"{"alg":"RS256","typ":"JWT","kid":"k1"}"#);
-        let payload = base64url(claims.to_string().as_bytes());
-        let signing_input = format!("{header}.{payload}");
-        let sig = openssl(
-            &self.dir,
-            &["dgst", "-sha256", "-sign", "jwt.key"],
-            Some(signing_input.as_bytes()),
-        );
-        format!("{signing_input}.{}", base64url(&sig))
-    }
-
-    /// Envoy's jwt_authn filter: under /strict/ a valid token is required (else 401); elsewhere a
-    /// missing or failed token lets the request through without metadata.
-    fn filter(&self) -> String {
-        format!(
-            r#"          - name: envoy.filters.http.jwt_authn
+/// Envoy's jwt_authn filter for the tokens of `jwt`: under /strict/ a valid token is required
+/// (else 401); elsewhere a missing or failed token lets the request through without metadata.
+fn jwt_filter(jwt: &Jwt) -> String {
+    format!(
+        r#"          - name: envoy.filters.http.jwt_authn
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
               providers:
                 test:
-                  issuer: tollgate-test
+                  issuer: {ISSUER}
                   local_jwks:
                     inline_string: '{}'
                   payload_in_metadata: jwt_payload
@@ -136,9 +73,8 @@ impl Jwt {
                     - provider_name: test
                     - allow_missing_or_failed: {{}}
 "#,
-            self.jwks
-        )
-    }
+        jwt.jwks
+    )
 }
 
 const JWT_CONFIG: &str = r#"{ "backend": { "timeout_ms": 2000 },
@@ -155,10 +91,10 @@ const JWT_CONFIG: &str = r#"{ "backend": { "timeout_ms": 2000 },
 #[test]
 fn jwt_claims_key_the_buckets() {
     let dir = common::scratch_dir("identity-jwt-keys");
-    let jwt = Jwt::new(&dir);
+    let jwt = Jwt::new(&dir, ISSUER);
     let alice = jwt.token(serde_json::json!({ "sub": "alice", "uid": 42 }));
     let bob = jwt.token(serde_json::json!({ "sub": "bob", "uid": 7 }));
-    let filter = jwt.filter();
+    let filter = jwt_filter(&jwt);
     let stack = Stack::start_edited("identity-jwt", JWT_CONFIG, |yaml, _| {
         with_filter_first(&yaml, &filter)
     });

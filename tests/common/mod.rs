@@ -264,6 +264,7 @@ impl Redis {
 pub mod envoy;
 pub mod hosted;
 pub mod http;
+pub mod jwt;
 pub mod stack;
 pub mod webdis;
 
