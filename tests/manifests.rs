@@ -453,7 +453,7 @@ fn istio_manifests_fit_together_and_plugin_config_is_accepted() {
     );
     assert!(per_user["burst"].is_u64(), "per-user: an explicit burst");
     let catch_all = rules.last().unwrap();
-    assert_eq!(catch_all["key"], json!(["client_ip"]));
+    assert_eq!(catch_all["key"], json!(["client_ip:v6=/56"]));
     assert!(
         catch_all.get("match").is_none(),
         "the catch-all applies to every request"

@@ -420,8 +420,27 @@ fn llm_stand_in() -> Upstream {
     })
 }
 
+/// `config` with a backend timeout of 2 s unless it sets one: the tests share two cores, and a call
+/// that outlived the default 50 ms would be answered by the failure mode, not by the bucket the page
+/// describes.
+fn with_patient_backend(config: &str) -> String {
+    let mut doc: serde_json::Value = serde_json::from_str(config).unwrap();
+    let backend = doc
+        .as_object_mut()
+        .unwrap()
+        .entry("backend")
+        .or_insert_with(|| serde_json::json!({}));
+    backend
+        .as_object_mut()
+        .unwrap()
+        .entry("timeout_ms")
+        .or_insert(serde_json::json!(2000));
+    doc.to_string()
+}
+
 /// Starts what `setup` needs, with `config` in the filter.
 fn start(name: &str, setup: Setup, config: &str, jwt_filter: Option<&str>) -> Run {
+    let config = &with_patient_backend(config);
     let dir = common::scratch_dir(name);
     let redis = Redis::start(&dir);
     let webdis = Webdis::start(&dir, redis.port);
