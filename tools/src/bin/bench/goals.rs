@@ -207,7 +207,7 @@ pub fn goals(rows: &[Row], idle: &[Idle]) -> Vec<Goal> {
     goal(
         format!(
             "tollgate-exact Envoy + Webdis + Redis CPU/request ≤ 0.5× tollgate-exact-baseline's \
-             (issue 17's baseline build, {}; its figure then: {EXACT_SYSTEM_BASELINE_US:.1} µs)",
+             (the baseline build, {}, before the engine's rewrite; its figure then: {EXACT_SYSTEM_BASELINE_US:.1} µs)",
             &BASELINE_COMMIT[..7]
         ),
         paired(
