@@ -47,7 +47,7 @@ impl Builds {
             builds.floor = common::build_wasm_floor()?;
         }
         if runs(defs, |s| *s == Setup::Baseline) {
-            eprintln!("bench: building the filter of issue 17's baseline ({BASELINE_COMMIT})");
+            eprintln!("bench: building the baseline filter ({BASELINE_COMMIT}: before the engine's rewrite)");
             match build_baseline() {
                 Ok(path) => builds.baseline = path,
                 Err(e) => leave_out(defs, Setup::Baseline, &e),

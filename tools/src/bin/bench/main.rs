@@ -39,7 +39,8 @@
 //! The files: args.rs (options), scenarios.rs (what each scenario runs), builds.rs and exports.rs
 //! (the filters besides tollgate.wasm), h2load.rs (the load), probe.rs (CPU, Redis and Envoy
 //! counters), measure.rs (loads, slices, idle), sample.rs and rows.rs (figures and medians),
-//! goals.rs (the targets), report.rs and notes.rs (stdout), json.rs (the JSON report).
+//! goals.rs (the targets), report.rs and notes.rs (stdout), json.rs (the JSON report), chart.rs
+//! (the table as a chart, target/bench/bench.svg).
 //!
 //! Run with `make bench` (setup + build first), or
 //! `cargo run --release -p tollgate-tools --bin bench -- --help`.
@@ -54,6 +55,7 @@
 
 mod args;
 mod builds;
+mod chart;
 mod exports;
 mod goals;
 mod h2load;
@@ -224,6 +226,9 @@ fn run(settings: &Settings) -> Result<(), String> {
     report::print(settings, &outcome);
     let out = json::write(settings, &outcome)?;
     println!("- JSON: {} (and target/bench/latest.json)", out.display());
+    let svg = tollgate_e2e::repo_root().join("target/bench/bench.svg");
+    chart::write(&svg, &outcome, settings.rounds)?;
+    println!("- chart: {}", svg.display());
     println!("- took {:.0} s", began.elapsed().as_secs_f64());
 
     // Stop every Envoy, then Webdis, then Redis (each killed by its pid when dropped).

@@ -71,7 +71,7 @@ pub fn print(settings: &Settings, run: &Outcome) {
     println!(
         "- tollgate-flood-*: one rule keyed on query:{QUERY_KEY}, limit {HUGE_RATE}/s; every request \
          carries a key never sent before, so every request is a miss (a script call for its cost in \
-         both modes: lease mode, seeing most new keys only once, leases only a key that comes back): the random-key exact scenario of issue 17 is tollgate-flood-exact. \
+         both modes: lease mode, seeing most new keys only once, leases only a key that comes back). tollgate-flood-exact is also the random-key exact scenario: one script call per request is its floor. \
          Its load runs as {} h2load processes (h2load's -i starts every client at the top of its list), \
          so its req/s is not quite the same load generator as plain's.",
         settings.connections

@@ -87,7 +87,7 @@ pub const SCENARIOS: [Def; 15] = [
     Def {
         name: "tollgate-exact-baseline",
         setup: Setup::Baseline,
-        what: "tollgate-exact with the filter of issue 17's baseline (BASELINE_COMMIT)",
+        what: "tollgate-exact with the filter before the engine's rewrite (BASELINE_COMMIT)",
     },
     Def {
         name: "tollgate-lease",

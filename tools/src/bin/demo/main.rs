@@ -10,6 +10,9 @@
 //! bucket after the fact. A user with few but expensive requests is limited; one with many cheap
 //! requests is not.
 //!
+//! Both parts are drawn in target/demo/demo.svg (chart.rs): each user's admissions over time against
+//! what its bucket allows.
+//!
 //! requests.rs is part one, tokens.rs part two. Run with `make demo` (installs what is missing and
 //! builds the wasm first).
 
@@ -21,6 +24,7 @@
     clippy::indexing_slicing
 )]
 
+mod chart;
 mod requests;
 mod tokens;
 
@@ -30,7 +34,7 @@ use std::time::Duration;
 
 use tollgate_e2e::http::{raw_request_from, Resp};
 use tollgate_e2e::webdis::{Webdis, WebdisOpts};
-use tollgate_e2e::{scratch_dir, Redis};
+use tollgate_e2e::{repo_root, scratch_dir, Redis};
 
 /// How long each user sends, in both parts.
 const RUN_FOR: Duration = Duration::from_secs(4);
@@ -51,15 +55,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut ok = match requests::run(&dir, &redis, &webdis) {
-        Ok(ok) => ok,
+    let (mut ok, requests) = match requests::run(&dir, &redis, &webdis) {
+        Ok(part) => part,
         Err(e) => {
             eprintln!("demo: {e}");
             return ExitCode::FAILURE;
         }
     };
     println!();
-    ok &= tokens::run(&dir, webdis.port);
+    let (tokens_ok, tokens) = tokens::run(&dir, webdis.port);
+    ok &= tokens_ok;
+
+    let svg = repo_root().join("target/demo/demo.svg");
+    let panels: Vec<chart::Panel> = std::iter::once(requests).chain(tokens).collect();
+    match chart::write(&svg, &panels) {
+        Ok(()) => println!("\nchart: {}", svg.display()),
+        Err(e) => {
+            ok = false;
+            eprintln!("demo: the chart: {e}");
+        }
+    }
 
     // Stop Webdis, then Redis (each killed by its pid).
     drop(webdis);

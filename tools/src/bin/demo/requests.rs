@@ -13,6 +13,7 @@ use common::http::Resp;
 use common::webdis::Webdis;
 use common::Redis;
 
+use crate::chart::{Line, Panel};
 use crate::{get_from, RUN_FOR};
 
 const PATH: &str = "/api/orders";
@@ -37,6 +38,9 @@ struct Tally {
     /// between the first and the last decision.
     elapsed: Duration,
     sample_429: Option<Resp>,
+    /// For the chart: (seconds since the first request was sent, admitted so far) at each
+    /// admission's answer.
+    admissions: Vec<(f64, f64)>,
 }
 
 /// Sends `per_second` requests a second for RUN_FOR, on a fixed schedule (never catching up in a burst).
@@ -53,6 +57,7 @@ fn run_user(port: u16, (user, client, per_second): (&'static str, Ipv4Addr, u32)
         errors: Vec::new(),
         elapsed: Duration::ZERO,
         sample_429: None,
+        admissions: Vec::new(),
     };
     let count = per_second * RUN_FOR.as_secs() as u32;
     let start = Instant::now();
@@ -63,7 +68,11 @@ fn run_user(port: u16, (user, client, per_second): (&'static str, Ipv4Addr, u32)
         }
         t.sent += 1;
         match get_from(client, port, PATH) {
-            Ok(r) if r.status == 200 => t.admitted += 1,
+            Ok(r) if r.status == 200 => {
+                t.admitted += 1;
+                t.admissions
+                    .push((start.elapsed().as_secs_f64(), f64::from(t.admitted)));
+            }
             Ok(r) if r.status == 429 => {
                 t.limited += 1;
                 t.sample_429.get_or_insert(r);
@@ -111,8 +120,8 @@ fn reason(status: u16) -> &'static str {
 }
 
 /// Part one: three users send paced requests for [`RUN_FOR`]; prints what each got and one 429.
-/// Returns whether it behaved; Err if its Envoy did not start.
-pub fn run(dir: &Path, redis: &Redis, webdis: &Webdis) -> Result<bool, String> {
+/// Returns whether it behaved, and its panel of the chart; Err if its Envoy did not start.
+pub fn run(dir: &Path, redis: &Redis, webdis: &Webdis) -> Result<(bool, Panel), String> {
     let config = demo_config();
     let (rate, period_ms, burst) = first_rule(&config);
     let envoy = Envoy::try_start(dir, &config, webdis.port)
@@ -216,5 +225,20 @@ pub fn run(dir: &Path, redis: &Redis, webdis: &Webdis) -> Result<bool, String> {
         }
     }
 
-    Ok(ok)
+    let panel = Panel {
+        title: format!("requests: rule per-client, {rate} per {period_ms} ms, burst {burst}"),
+        y_desc: "requests admitted",
+        burst,
+        per_second: rate * 1000.0 / period_ms,
+        seconds: RUN_FOR.as_secs_f64(),
+        note: "",
+        lines: tallies
+            .iter()
+            .map(|t| Line {
+                user: t.user,
+                steps: t.admissions.clone(),
+            })
+            .collect(),
+    };
+    Ok((ok, panel))
 }

@@ -12,6 +12,7 @@ use tollgate_e2e as common;
 use common::envoy::{brief_log, Envoy};
 use common::upstream::Upstream;
 
+use crate::chart::{Line, Panel};
 use crate::{get_from, RUN_FOR};
 
 /// The token budget of the usage part: tokens per second and burst, per user.
@@ -44,8 +45,9 @@ fn llm_stand_in() -> Upstream {
     })
 }
 
-/// Part two: tokens, not requests. Returns whether it behaved.
-pub fn run(dir: &Path, webdis_port: u16) -> bool {
+/// Part two: tokens, not requests. Returns whether it behaved, and its panel of the chart (None
+/// if its Envoy did not start).
+pub fn run(dir: &Path, webdis_port: u16) -> (bool, Option<Panel>) {
     let app = llm_stand_in();
     let config = format!(
         r#"{{ "backend": {{ "timeout_ms": 500 }},
@@ -61,7 +63,7 @@ pub fn run(dir: &Path, webdis_port: u16) -> bool {
                 "demo: envoy (usage) failed to start; log:\n{}",
                 brief_log(&log)
             );
-            return false;
+            return (false, None);
         }
     };
     println!(
@@ -77,6 +79,9 @@ pub fn run(dir: &Path, webdis_port: u16) -> bool {
                 let interval = Duration::from_secs(1) / per_second;
                 let start = Instant::now();
                 let (mut admitted, mut limited, mut used, mut other) = (0u32, 0u32, 0u64, 0u32);
+                // For the chart: (seconds since the first request, tokens used so far) at each
+                // admission's answer.
+                let mut steps = Vec::new();
                 for i in 0..per_second * RUN_FOR.as_secs() as u32 {
                     if let Some(wait) =
                         (start + interval * i).checked_duration_since(Instant::now())
@@ -88,6 +93,7 @@ pub fn run(dir: &Path, webdis_port: u16) -> bool {
                         Ok(r) if r.status == 200 => {
                             admitted += 1;
                             used += tokens;
+                            steps.push((start.elapsed().as_secs_f64(), used as f64));
                         }
                         Ok(r) if r.status == 429 => limited += 1,
                         _ => other += 1,
@@ -102,6 +108,7 @@ pub fn run(dir: &Path, webdis_port: u16) -> bool {
                     other,
                     used,
                     start.elapsed(),
+                    steps,
                 )
             })
         })
@@ -119,10 +126,12 @@ pub fn run(dir: &Path, webdis_port: u16) -> bool {
     );
     let mut ok = true;
     let mut results = Vec::new();
+    let mut lines = Vec::new();
     let (mut answered, mut charged) = (0u64, 0u64);
     for h in handles {
-        let (user, rps, tokens, admitted, limited, other, used, elapsed) =
+        let (user, rps, tokens, admitted, limited, other, used, elapsed, steps) =
             h.join().expect("sender");
+        lines.push(Line { user, steps });
         answered += u64::from(admitted + limited);
         // Each admission paid 1 token up front; its answer's usage charged the rest.
         charged += used - u64::from(admitted);
@@ -166,5 +175,16 @@ pub fn run(dir: &Path, webdis_port: u16) -> bool {
             println!("  {full}: {v}");
         }
     }
-    ok
+    let panel = Panel {
+        title: format!(
+            "tokens: rule tokens-per-client, {TOKENS_PER_SECOND} per s, burst {TOKEN_BURST}"
+        ),
+        y_desc: "tokens used by admitted requests",
+        burst: TOKEN_BURST as f64,
+        per_second: TOKENS_PER_SECOND as f64,
+        seconds: RUN_FOR.as_secs_f64(),
+        note: " (charged after each answer)",
+        lines,
+    };
+    (ok, Some(panel))
 }
