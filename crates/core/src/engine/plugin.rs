@@ -15,7 +15,7 @@ use crate::headers;
 use crate::metrics::{Batched, Counter, Metrics, NoMetrics};
 use crate::rule::{KeyCache, RequestView};
 
-/// The version of the shared-data layout (set-associative leases of 12 fields, one health value),
+/// The version of the shared-data layout (set-associative leases of `shared::lease` entries, one health value),
 /// part of every shared-data key: a module upgrade in place starts with fresh tables instead of
 /// misreading old ones.
 const SHARED_LAYOUT: &str = "v3";
