@@ -158,6 +158,45 @@ fn envoy_version() -> String {
         .expect("ENVOY_VERSION in the Makefile")
 }
 
+/// Every healthcheck of docker-compose.yaml runs under podman-compose as written: it joins a `CMD`
+/// list into one shell string with `' '` between the quoted arguments, so an argument holding a space,
+/// a quote or another character the shell reads breaks the check (it never passes). And the local
+/// override `make compose-test` adds (deploy/compose/local/compose.local.yaml) swaps only `image:`.
+#[test]
+fn compose_healthchecks_survive_podman_compose_and_the_override_swaps_only_images() {
+    let doc = compose();
+    let services = doc["services"].as_object().expect("services");
+    let mut checked = 0;
+    for (name, service) in services {
+        let Some(check) = service.get("healthcheck") else {
+            continue;
+        };
+        let test = strings(&check["test"]);
+        assert_eq!(test[0], "CMD", "{name}: healthcheck test is a CMD list");
+        for arg in &test[1..] {
+            assert!(
+                arg.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "/._-:=".contains(c)),
+                "{name}: healthcheck argument {arg:?} holds a character podman-compose re-quotes; \
+                 put the check in deploy/compose/healthcheck.sh"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 3, "redis, webdis and envoy have healthchecks");
+
+    let mut docs = yaml_file("deploy/compose/local/compose.local.yaml");
+    assert_eq!(docs.len(), 1, "the override is one document");
+    let over = docs.remove(0);
+    let keys: Vec<&String> = over.as_object().expect("a mapping").keys().collect();
+    assert_eq!(keys, ["services"], "the override holds only services");
+    for (name, service) in over["services"].as_object().expect("services") {
+        assert!(services.contains_key(name), "override of unknown service {name}");
+        let fields: Vec<&String> = service.as_object().expect("a mapping").keys().collect();
+        assert_eq!(fields, ["image"], "{name}: the override swaps only image:");
+    }
+}
+
 /// Every host path docker-compose.yaml mounts or builds from exists, and the services agree with each
 /// other on ports, paths and versions.
 #[test]
@@ -776,14 +815,17 @@ fn dockerfile_packages_plugin_wasm() {
             "COPY ${WASM} ./plugin.wasm"
         ]
     );
-    let context: PathBuf = repo_root().join("target/wasm32-wasip1/release");
+    // The documented build context holds only the module, copied from where `make build` puts it.
     assert!(
-        text.contains("-f Dockerfile target/wasm32-wasip1/release"),
+        text.contains("cp target/wasm32-wasip1/release/tollgate.wasm target/oci/")
+            && text.contains("-f Dockerfile target/oci\n"),
         "the documented build context"
     );
     assert!(
-        context.join("tollgate.wasm").is_file(),
-        "tollgate.wasm in the build context (run `make build`)"
+        repo_root()
+            .join("target/wasm32-wasip1/release/tollgate.wasm")
+            .is_file(),
+        "tollgate.wasm, copied into the build context (run `make build`)"
     );
 }
 
@@ -1020,11 +1062,24 @@ fn compose_starts_in_readiness_order_and_restarts() {
 #[test]
 fn compose_healthchecks_probe_real_processes() {
     let doc = compose();
+    let dir = scratch_dir("compose-health");
+    // The check as the container runs it, on this host: an argument naming a file the service mounts
+    // (deploy/compose/healthcheck.sh) becomes a copy of that file, and the port becomes `to`.
     let probe = |service: &str, from: u16, to: u16| -> bool {
         let test = strings(&doc["services"][service]["healthcheck"]["test"]);
+        let mounted = mounts(&doc["services"][service]);
         let args: Vec<String> = test[1..]
             .iter()
-            .map(|a| a.replace(&from.to_string(), &to.to_string()))
+            .map(|a| match mounted.iter().find(|(_, dst)| dst == a) {
+                Some((src, _)) => {
+                    let copy = dir.join(format!("{service}-{to}.sh"));
+                    let text = read(src.trim_start_matches("./"));
+                    std::fs::write(&copy, text.replace(&from.to_string(), &to.to_string()))
+                        .unwrap_or_else(|e| panic!("write {}: {e}", copy.display()));
+                    copy.display().to_string()
+                }
+                None => a.replace(&from.to_string(), &to.to_string()),
+            })
             .collect();
         Command::new(&args[0])
             .args(&args[1..])
@@ -1034,7 +1089,6 @@ fn compose_healthchecks_probe_real_processes() {
             .success()
     };
     let acl = json!([{ "disabled": ["*"] }, { "enabled": ["EVALSHA", "EVAL"] }]);
-    let dir = scratch_dir("compose-health");
     let redis = common::Redis::start(&dir);
     let webdis = common::Webdis::start_with(
         &dir,
