@@ -191,7 +191,10 @@ fn compose_healthchecks_survive_podman_compose_and_the_override_swaps_only_image
     let keys: Vec<&String> = over.as_object().expect("a mapping").keys().collect();
     assert_eq!(keys, ["services"], "the override holds only services");
     for (name, service) in over["services"].as_object().expect("services") {
-        assert!(services.contains_key(name), "override of unknown service {name}");
+        assert!(
+            services.contains_key(name),
+            "override of unknown service {name}"
+        );
         let fields: Vec<&String> = service.as_object().expect("a mapping").keys().collect();
         assert_eq!(fields, ["image"], "{name}: the override swaps only image:");
     }
