@@ -16,6 +16,14 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
          after a later one of the same holder are ignored (q<id> keeps the latest seq that ran).
          A plain integer n is a lease without a holder: up to n tokens granted at once, for a
          caller that spends them at once (the model tests); the filter never sends it.
+         Or an operator's operation on the bucket (the `tollgate` command; the filter never sends
+         one), with cost "0" and no settle; the bucket is first refilled to now as for any call:
+           "reset"     the bucket holds all it can again: burst, less the tokens holders hold (they
+                       stay on record until they expire), less the tokens still reserved by held
+                       requests (at most max_wait_ms (ARGV[6]) of refill of its debt), so what it
+                       holds, what is on lease and what is reserved never pass burst together
+           "credit:n"  n more tokens (n >= 1), never past what the bucket can hold (burst less
+                       what holders hold): a credit repays debt first
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
          would be within this many ms, RESERVE them (the bucket goes into debt) and answer allowed
          with the delay the caller must hold the request for.
@@ -34,6 +42,7 @@ Returns a FLAT array of integers (Webdis turns nested arrays into null):
     never admissible),
     reset_after_ms (time until the bucket holds all it can again), granted (tokens taken: >= cost
     when allowed, 0 when denied; a cost of 0 is always allowed and takes nothing) }
+An operation ("reset", "credit:n") answers { 1, remaining, 0, reset_after_ms, 0 }: the bucket after it.
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
 
 Tokens out on lease count against the capacity. The bucket holds at most burst minus what the
@@ -123,6 +132,19 @@ if cost == nil then return bad('cost') end
 local lease_want, holder, seq, hold_ms
 local steps = {}
 local lease = ARGV[5]
+-- An operator's operation instead of a lease: no take, no holder, no settlement.
+local op, credit
+if lease == 'reset' then
+  op = 'reset'
+elseif type(lease) == 'string' and string.sub(lease, 1, 7) == 'credit:' then
+  credit = int_arg(string.sub(lease, 8), 1)
+  if credit == nil then return bad('credit') end
+  op = 'credit'
+end
+if op ~= nil then
+  if cost ~= 0 then return bad('cost') end
+  lease = '0'
+end
 if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
     or string.find(lease, '::') or string.find(lease, ':$') then
   return bad('lease')
@@ -165,6 +187,7 @@ if ARGV[7] ~= nil then
   settle = int_arg(magnitude, 0)
   if settle == nil or settle > 4 * burst then return bad('settle') end
   settle = sign * settle
+  if op ~= nil and settle ~= 0 then return bad('settle') end
 end
 
 local now
@@ -316,6 +339,20 @@ if settle > 0 then
   u = math.max(u - settle * period_ms, math.min(u, -4 * full))
 elseif settle < 0 then
   u = math.max(u, math.min(u - settle * period_ms, capacity()))
+end
+
+-- 2c. An operator's operation (cost is 0: step 3 takes nothing).
+if op == 'reset' then
+  -- Tokens reserved by requests still held are out, as leased ones are: at most the debt, and
+  -- at most what max_wait_ms of refill repays (no reservation reaches deeper).
+  local reserved = math.min(math.max(-u, 0), max_wait_ms * rate)
+  u = math.max(u, capacity() - reserved)
+elseif op == 'credit' and u < capacity() then
+  if credit >= ceil_div(capacity() - u, period_ms) then
+    u = capacity()
+  else
+    u = u + credit * period_ms
+  end
 end
 
 -- 3. Decide.

@@ -518,3 +518,59 @@ fn a_late_call_of_a_holder_reports_nothing() {
     let [allowed, remaining, ..] = run(&mut c, "41", "0", 2000);
     assert_eq!((allowed, remaining), (0, 40), "60 still counted as held");
 }
+
+/// The operator's operations (`tollgate reset`, `tollgate credit`): a reset fills the bucket to
+/// burst less what is out (tokens on lease, tokens reserved by held requests), a credit adds
+/// tokens up to the same ceiling; neither ever lowers the bucket, and their arguments are checked.
+#[test]
+fn reset_and_credit_never_hand_out_what_is_out() {
+    let (_r, mut c) = start("lua-operations");
+    let run = |c: &mut redis::Connection, cost: &str, lease: &str, wait: &str, ms: u64| {
+        let now = (T0 + ms * 1000).to_string();
+        let args = ["100", "10", "1000", cost, lease, wait, "0", now.as_str()];
+        eval_raw(c, KEY, &args)
+    };
+    // Holder 7 leases 30 for 60 s; exact callers drain the rest and reserve 20 more (2 s wait).
+    assert_eq!(run(&mut c, "1", "30:7:1:60000:0:0", "0", 0).unwrap()[4], 30);
+    assert_eq!(run(&mut c, "70", "0", "0", 0).unwrap()[0], 1);
+    assert_eq!(
+        run(&mut c, "20", "0", "2000", 0).unwrap(),
+        [1, 0, 2000, 9000, 20]
+    );
+    // A reset keeps the 30 on lease and the 20 reserved out: 50 in the bucket, not 100.
+    assert_eq!(
+        run(&mut c, "0", "reset", "2000", 0).unwrap(),
+        [1, 50, 0, 2000, 0]
+    );
+    assert_eq!(stored(&mut c).0.as_deref(), Some("50000"));
+    // A credit adds, up to the same ceiling (70 = 100 less the 30 on lease).
+    assert_eq!(
+        run(&mut c, "0", "credit:5", "0", 0).unwrap(),
+        [1, 55, 0, 1500, 0]
+    );
+    assert_eq!(
+        run(&mut c, "0", "credit:9007199254740992", "0", 0).unwrap(),
+        [1, 70, 0, 0, 0]
+    );
+    // The holder is still on record: once its lease expired, the bucket refills to full and
+    // the key goes away.
+    assert!(exists(&mut c));
+    assert_eq!(run(&mut c, "0", "reset", "0", 61_000).unwrap()[1], 100);
+    assert!(!exists(&mut c), "full and no holders: no key");
+    // Bad operations touch nothing.
+    for (cost, lease, settle, name) in [
+        ("1", "reset", "0", "cost"),
+        ("0", "reset", "3", "settle"),
+        ("0", "credit:0", "0", "credit"),
+        ("0", "credit:", "0", "credit"),
+        ("0", "credit:-1", "0", "credit"),
+        ("0", "credit:9007199254740994", "0", "credit"),
+        ("0", "resets", "0", "lease"),
+    ] {
+        let args = ["100", "10", "1000", cost, lease, "0", settle];
+        let err = eval_raw(&mut c, KEY, &args).expect_err(&format!("{args:?} accepted"));
+        let want = format!("tollgate: bad argument {name}");
+        assert!(err.to_string().contains(&want), "{args:?}: {err}");
+    }
+    assert!(!exists(&mut c));
+}

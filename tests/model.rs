@@ -13,7 +13,9 @@ use tollgate_e2e as common;
 
 use common::{scratch_dir, Redis};
 use redis::Value;
-use tollgate_core::bucket::{take_held, Ask, Holder, Holders, Holding, Limits, Reply, State};
+use tollgate_core::bucket::{
+    operate, take_held, Ask, Holder, Holders, Holding, Limits, Operation, Reply, State,
+};
 
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 const T0: u64 = 1_700_000_000_000_000;
@@ -69,7 +71,19 @@ struct Harness {
 impl Harness {
     /// Runs the script and returns its reply and the key's PTTL right after it.
     fn script(&mut self, l: &Limits, ask: &Ask, now: u64) -> ([i64; 5], i64) {
+        self.script_with(l, ask, None, now)
+    }
+
+    /// Runs the script with `op` (an operator's operation) instead of the lease when there is one.
+    fn script_with(
+        &mut self,
+        l: &Limits,
+        ask: &Ask,
+        op: Option<Operation>,
+        now: u64,
+    ) -> ([i64; 5], i64) {
         let lease = match ask.holder {
+            _ if op.is_some() => op.map(|o| o.argument()).unwrap(),
             Some(h) => {
                 let mut lease = format!("{}:{}:{}:{}", ask.lease_want, h.id, h.seq, h.hold_ms);
                 for (held, quiet) in h.steps() {
@@ -289,10 +303,29 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
             settle,
         };
 
-        let ctx = format!("seed {seed} step {step}: {l:?} {ask:?} now {now}");
+        // Now and then an operator's reset (with the wait of the step) or credit instead.
+        let op = match rng.below(100) {
+            0..=2 => Some(Operation::Reset),
+            3..=5 => Some(Operation::Credit(
+                std::num::NonZeroU64::new(1 + rng.below(l.burst * 6)).unwrap(),
+            )),
+            _ => None,
+        };
+        let ask = match op {
+            Some(_) => Ask {
+                max_wait_ms: wait,
+                ..Ask::default()
+            },
+            None => ask,
+        };
+
+        let ctx = format!("seed {seed} step {step}: {l:?} {ask:?} {op:?} now {now}");
         let before = (state, holders.clone());
-        let (next, reply) = take_held(state, &mut holders, &l, &ask, now);
-        let (got, ttl) = h.script(&l, &ask, now);
+        let (next, reply) = match op {
+            Some(op) => operate(state, &mut holders, &l, op, wait, now),
+            None => take_held(state, &mut holders, &l, &ask, now),
+        };
+        let (got, ttl) = h.script_with(&l, &ask, op, now);
         assert_eq!(
             got,
             as_ints(&reply),
@@ -319,6 +352,12 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
             ttl <= want && ttl > want - 1000,
             "{ctx}: PTTL {ttl}, want {want}"
         );
+        if let (Some(_), Some(s)) = (op, next) {
+            // What the bucket holds and what holders hold never pass burst together.
+            let out = (holders.held() * l.period_ms) as i64;
+            let capacity = ((l.burst * l.period_ms) as i64 - out).max(0);
+            assert!(s.units <= capacity, "{ctx}: an operation passed burst");
+        }
         state = next;
         if reply.allowed {
             allowed += 1;

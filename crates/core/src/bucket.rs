@@ -428,6 +428,94 @@ pub fn take_held(
     (next, reply)
 }
 
+/// An operator's operation on a bucket (the script's `ARGV[5]` = `reset` or `credit:<n>`): what
+/// the `tollgate` command sends, never the filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// The bucket holds all it can again, less what is out: tokens holders hold (they stay on
+    /// record until they expire) and tokens still reserved by held requests.
+    Reset,
+    /// This many more tokens, never past what the bucket can hold (debt is repaid first).
+    Credit(std::num::NonZeroU64),
+}
+
+impl Operation {
+    /// The script's `ARGV[5]` for this operation.
+    pub fn argument(&self) -> String {
+        match self {
+            Operation::Reset => "reset".to_string(),
+            Operation::Credit(n) => format!("credit:{n}"),
+        }
+    }
+}
+
+/// An operator's operation, exactly as `lua/token_bucket.lua` does it: the bucket is refilled to
+/// `now_us` (expired holders dropped) as by any call, then [`Operation::Reset`] raises it to what
+/// it can hold (`burst` less what holders hold) less the tokens reserved by requests still held
+/// (its debt, up to `max_wait_ms` of refill: no reservation reaches deeper), and
+/// [`Operation::Credit`] raises it by `n` tokens up to what it can hold. It never lowers a bucket,
+/// so tokens on lease or reserved and tokens in the bucket never pass `burst` together.
+///
+/// The reply is the bucket after it: `{1, remaining, 0, reset_after_ms, 0}`. Arguments the
+/// script would refuse (invalid limits, `max_wait_ms` above [`MAX_WAIT_MS`], a credit above
+/// 2^53) change nothing and answer "never admissible", as [`take_held`] does.
+pub fn operate(
+    state: Option<State>,
+    holders: &mut Holders,
+    limits: &Limits,
+    op: Operation,
+    max_wait_ms: u64,
+    now_us: u64,
+) -> (Option<State>, Reply) {
+    let credit_ok = !matches!(op, Operation::Credit(n) if n.get() > MAX_EXACT);
+    if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !credit_ok {
+        return (state, Reply::REJECT);
+    }
+    let ask = Ask {
+        max_wait_ms,
+        ..Ask::default()
+    };
+    // A cost of 0 takes nothing: this is the bucket refilled to now, stored as the script stores it.
+    let (next, reply) = take_held(state, holders, limits, &ask, now_us);
+    let Some(mut refilled) = next else {
+        // Full with no holders (or refused): nothing to raise.
+        return (next, reply);
+    };
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let (rate, period) = (int(limits.rate), int(limits.period_ms));
+    let full = int(limits.burst).saturating_mul(period);
+    let capacity = full
+        .saturating_sub(int(holders.held()).saturating_mul(period))
+        .max(0);
+    let units = refilled.units;
+    refilled.units = match op {
+        Operation::Reset => {
+            let reserved = units
+                .saturating_neg()
+                .max(0)
+                .min(int(max_wait_ms).saturating_mul(rate));
+            units.max(capacity - reserved)
+        }
+        Operation::Credit(n) if units < capacity => {
+            if int(n.get()) >= ceil_div_i(capacity - units, period) {
+                capacity
+            } else {
+                units + int(n.get()) * period
+            }
+        }
+        Operation::Credit(_) => units,
+    };
+    let reply = Reply {
+        allowed: true,
+        remaining: u64::try_from(refilled.units.max(0) / period).unwrap_or(0),
+        retry_after_ms: 0,
+        reset_after_ms: u64::try_from(ceil_div_i(capacity - refilled.units, rate)).unwrap_or(0),
+        granted: 0,
+    };
+    let next = (refilled.units < full || !holders.0.is_empty()).then_some(refilled);
+    (next, reply)
+}
+
 /// `a / b` rounded up, for `a >= 0`, `b >= 1`.
 fn ceil_div_i(a: i64, b: i64) -> i64 {
     let b = b.max(1);
@@ -807,5 +895,74 @@ mod tests {
             -2 * 2000,
             "1.5 tokens of debt round up to 2"
         );
+    }
+
+    fn credit(n: u64) -> Operation {
+        Operation::Credit(std::num::NonZeroU64::new(n).unwrap())
+    }
+
+    #[test]
+    fn reset_refills_to_burst_less_what_is_out() {
+        let l = lim(10, 1, 1000);
+        // Drained: a reset fills it again, and a full bucket with no holders is no key at all.
+        let (s, _) = take(None, &l, 10, 0, 0, 0, T0);
+        let (next, r) = operate(s, &mut Holders::default(), &l, Operation::Reset, 0, T0);
+        assert_eq!(next, None);
+        assert_eq!((r.allowed, r.remaining, r.reset_after_ms), (true, 10, 0));
+        // Four tokens out on lease stay out: the bucket holds 6 and the holder stays on record.
+        let mut holders = Holders::default();
+        let ask = Ask {
+            cost: 1,
+            lease_want: 4,
+            holder: Some(Holder::new(7, 1, 60_000, &[(0, 0)])),
+            ..Ask::default()
+        };
+        let (s, r) = take_held(None, &mut holders, &l, &ask, T0);
+        assert_eq!(r.granted, 4);
+        let (s, _) = take(s, &l, 6, 0, 0, 0, T0);
+        let (next, r) = operate(s, &mut holders, &l, Operation::Reset, 0, T0);
+        assert_eq!(r.remaining, 6);
+        assert_eq!(next.unwrap().units, 6000);
+        assert_eq!(holders.held(), 4);
+    }
+
+    #[test]
+    fn reset_keeps_what_held_requests_reserved() {
+        let l = lim(10, 1, 1000);
+        // 10 taken, then 3 reserved within a 5 s wait: 3 tokens of debt, requests held for them.
+        let (s, _) = take(None, &l, 10, 0, 0, 0, T0);
+        let (s, r) = take(s, &l, 3, 0, 5000, 0, T0);
+        assert_eq!((r.allowed, r.retry_after_ms), (true, 3000));
+        let (next, r) = operate(s, &mut Holders::default(), &l, Operation::Reset, 5000, T0);
+        assert_eq!((r.remaining, next.unwrap().units), (7, 7000));
+        // Debt deeper than the wait can reach is not a reservation: a reset forgives it.
+        let (s, _) = take(None, &l, 10, 0, 0, 0, T0);
+        let (s, _) = take(s, &l, 0, 0, 0, 40, T0);
+        assert_eq!(s.unwrap().units, -40_000);
+        let (next, r) = operate(s, &mut Holders::default(), &l, Operation::Reset, 2000, T0);
+        assert_eq!((r.remaining, next.unwrap().units), (8, 8000));
+    }
+
+    #[test]
+    fn credit_repays_debt_first_and_never_passes_burst() {
+        let l = lim(10, 1, 1000);
+        let (s, _) = take(None, &l, 10, 0, 0, 0, T0);
+        let (s, _) = take(s, &l, 0, 0, 0, 5, T0);
+        assert_eq!(s.unwrap().units, -5000);
+        let (s, r) = operate(s, &mut Holders::default(), &l, credit(7), 0, T0);
+        assert_eq!((r.remaining, s.unwrap().units), (2, 2000));
+        let (s, r) = operate(
+            s,
+            &mut Holders::default(),
+            &l,
+            credit(u64::MAX >> 12),
+            0,
+            T0,
+        );
+        assert_eq!((s, r.remaining, r.reset_after_ms), (None, 10, 0));
+        // Over 2^53 the script refuses it: nothing changes.
+        let (s, _) = take(None, &l, 4, 0, 0, 0, T0);
+        let (next, r) = operate(s, &mut Holders::default(), &l, credit(u64::MAX), 0, T0);
+        assert_eq!((next, r.retry_after_ms), (s, -1));
     }
 }
