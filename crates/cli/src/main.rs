@@ -1,0 +1,308 @@
+//! `tollgate`: check a configuration, explain a request, inspect, reset or credit a bucket.
+//!
+//! Invariant: every answer comes from the core's own code (configuration, matching, keys, the
+//! bucket model) and every change to a bucket from `lua/token_bucket.lua`, so the command can
+//! never disagree with the filter. Exit status: 0 done, 1 the configuration or Redis refused,
+//! 2 a usage error (clap's).
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+mod describe;
+mod explain;
+mod load;
+mod metadata;
+mod request;
+mod state;
+mod store;
+mod target;
+
+use std::num::NonZeroU64;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tollgate_core::bucket::Operation;
+use tollgate_core::config::Artifact;
+
+use load::{load, Loaded};
+use request::Described;
+use store::{Options, Store};
+use target::target;
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "Check, explain, inspect, reset and credit tollgate rate limits")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a configuration offline, with the filter's messages, and summarise each rule.
+    Check {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Which rules apply to a request, the key values each reads, its bucket and cost.
+    Explain {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        request: RequestArgs,
+    },
+    /// A bucket's state in Redis: tokens now, debt, leases, time until full.
+    Inspect {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        bucket: BucketArgs,
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+    /// Refill one bucket, atomically, through the filter's script: it holds burst again, less the
+    /// tokens proxies hold on lease and the tokens reserved by held requests.
+    Reset {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        bucket: BucketArgs,
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+    /// Give one bucket N more tokens, atomically, through the filter's script (debt is repaid
+    /// first; never past burst less what is on lease).
+    Credit {
+        /// Tokens to add (at least 1).
+        tokens: NonZeroU64,
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        bucket: BucketArgs,
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+}
+
+#[derive(Args)]
+struct ConfigArg {
+    /// The configuration: JSON, or an Istio WasmPlugin / TrafficExtension or Higress WasmPlugin
+    /// manifest (YAML).
+    config: PathBuf,
+    /// The artifact that loads it (default: higress for a Higress manifest, envoy otherwise).
+    #[arg(long, value_enum)]
+    artifact: Option<ArtifactArg>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ArtifactArg {
+    /// tollgate.wasm (Envoy, Istio): Webdis.
+    Envoy,
+    /// tollgate-higress.wasm: Redis callouts.
+    Higress,
+}
+
+#[derive(Args)]
+struct RequestArgs {
+    #[arg(long, default_value = "GET")]
+    method: String,
+    /// The path as sent, with its query.
+    #[arg(long, default_value = "/")]
+    path: String,
+    /// The :authority (host[:port]).
+    #[arg(long)]
+    host: Option<String>,
+    /// A header line, `name: value` (repeat for more; a repeated name is two lines).
+    #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+    /// The client's address as Envoy sees it (source.address).
+    #[arg(long = "client-ip", value_name = "ADDRESS")]
+    client_ip: Option<String>,
+    /// Dynamic metadata of one namespace, `NAMESPACE=JSON object`, e.g.
+    /// envoy.filters.http.jwt_authn='{"payload":{"sub":"alice"}}' (repeat per namespace).
+    #[arg(long = "metadata", value_name = "NAMESPACE=JSON")]
+    metadata: Vec<String>,
+    /// An Envoy attribute, `path=value`, e.g. connection.uri_san_peer_certificate=spiffe://… .
+    #[arg(long = "property", value_name = "PATH=VALUE")]
+    properties: Vec<String>,
+}
+
+#[derive(Args)]
+struct BucketArgs {
+    /// The rule's name.
+    #[arg(long, required = true)]
+    rule: String,
+    /// The key values, one per key source of the rule in order (literal: sources excepted),
+    /// as the request carries them (a client address, a JWT claim, a header value).
+    #[arg(long = "key", value_name = "VALUE", required = true, num_args = 1..)]
+    keys: Vec<String>,
+}
+
+#[derive(Args)]
+struct RedisArgs {
+    /// redis://[user:password@]host:port[/db], rediss:// for TLS; a Cluster is found out by itself.
+    #[arg(long, env = "TOLLGATE_REDIS", default_value = "redis://127.0.0.1:6379", hide_env_values = true)]
+    redis: String,
+    /// PEM CA certificate to trust for rediss:// (default: the system's roots).
+    #[arg(long = "tls-ca", value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// PEM client certificate, when Redis asks for one.
+    #[arg(long = "tls-cert", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM client key.
+    #[arg(long = "tls-key", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+}
+
+/// A failure, already worded for the operator.
+struct Failed(String);
+
+fn main() -> ExitCode {
+    // redis-rs leaves rustls' cryptography to the application.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(Failed(message)) => {
+            eprintln!("tollgate: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(command: Command) -> Result<Vec<String>, Failed> {
+    match command {
+        Command::Check { config } => {
+            let loaded = configured(&config)?;
+            let artifact = match loaded.artifact {
+                Artifact::Envoy => "tollgate.wasm",
+                Artifact::Higress => "tollgate-higress.wasm",
+            };
+            let mut out = vec![format!(
+                "ok: {} ({}), for {artifact}",
+                config.config.display(),
+                loaded.origin
+            )];
+            out.extend(describe::summary(&loaded.config));
+            Ok(out)
+        }
+        Command::Explain { config, request } => {
+            let loaded = configured(&config)?;
+            let req = described(&request)?;
+            Ok(explain::explain(&loaded.config, &req))
+        }
+        Command::Inspect { config, bucket, redis } => {
+            let loaded = configured(&config)?;
+            let t = target(&loaded.config, &bucket.rule, &bucket.keys).map_err(|e| Failed(e.to_string()))?;
+            let mut store = connect(&redis)?;
+            let (now, fields) = store.snapshot(&t.key).map_err(|e| Failed(e.to_string()))?;
+            let mut out = vec![store.describe()];
+            out.extend(state::report(&t, now, &fields));
+            Ok(out)
+        }
+        Command::Reset { config, bucket, redis } => operate(&config, &bucket, &redis, Operation::Reset),
+        Command::Credit {
+            tokens,
+            config,
+            bucket,
+            redis,
+        } => operate(&config, &bucket, &redis, Operation::Credit(tokens)),
+    }
+}
+
+fn configured(arg: &ConfigArg) -> Result<Loaded, Failed> {
+    let artifact = arg.artifact.map(|a| match a {
+        ArtifactArg::Envoy => Artifact::Envoy,
+        ArtifactArg::Higress => Artifact::Higress,
+    });
+    load(&arg.config, artifact).map_err(|e| Failed(e.to_string()))
+}
+
+fn connect(args: &RedisArgs) -> Result<Store, Failed> {
+    Store::connect(&Options {
+        url: args.redis.clone(),
+        ca: args.tls_ca.clone(),
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+    })
+    .map_err(|e| Failed(e.to_string()))
+}
+
+/// A reset or a credit through the script, then the bucket as it is after it.
+fn operate(config: &ConfigArg, bucket: &BucketArgs, redis: &RedisArgs, op: Operation) -> Result<Vec<String>, Failed> {
+    let loaded = configured(config)?;
+    let t = target(&loaded.config, &bucket.rule, &bucket.keys).map_err(|e| Failed(e.to_string()))?;
+    let mut store = connect(redis)?;
+    let l = t.limits;
+    let args = [
+        l.burst.to_string(),
+        l.rate.to_string(),
+        l.period_ms.to_string(),
+        "0".to_string(),
+        op.argument(),
+        t.rule.max_wait_ms.to_string(),
+    ];
+    let reply = store.script(&t.key, &args).map_err(|e| Failed(e.to_string()))?;
+    let [1, remaining, _, _, _] = reply.as_slice() else {
+        return Err(Failed(format!("unexpected reply from the script: {reply:?}")));
+    };
+    let done = match op {
+        Operation::Reset => format!("reset: {remaining} tokens now"),
+        Operation::Credit(n) => format!("credited {n} tokens (up to what the bucket can hold): {remaining} tokens now"),
+    };
+    let (now, fields) = store.snapshot(&t.key).map_err(|e| Failed(e.to_string()))?;
+    let mut out = vec![store.describe(), done];
+    out.extend(state::report(&t, now, &fields));
+    Ok(out)
+}
+
+/// The request a description says.
+fn described(args: &RequestArgs) -> Result<Described, Failed> {
+    let mut req = Described::default();
+    req.line(":method", args.method.as_bytes());
+    req.line(":path", args.path.as_bytes());
+    if let Some(host) = &args.host {
+        req.line(":authority", host.as_bytes());
+    }
+    for h in &args.headers {
+        let Some((name, value)) = h.split_once(':') else {
+            return Err(Failed(format!("--header {h:?}: expected NAME: VALUE")));
+        };
+        req.line(&name.trim().to_ascii_lowercase(), value.trim_start().as_bytes());
+    }
+    if let Some(ip) = &args.client_ip {
+        req.client_ip(ip);
+    }
+    let mut namespaces = Vec::new();
+    for m in &args.metadata {
+        let Some((ns, json)) = m.split_once('=') else {
+            return Err(Failed(format!("--metadata {m:?}: expected NAMESPACE=JSON")));
+        };
+        match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(serde_json::Value::Object(fields)) => namespaces.push((ns.to_string(), fields)),
+            Ok(_) => return Err(Failed(format!("--metadata {ns}: the value must be a JSON object"))),
+            Err(e) => return Err(Failed(format!("--metadata {ns}: not JSON: {e}"))),
+        }
+    }
+    if !namespaces.is_empty() {
+        req.metadata(metadata::encode(&namespaces));
+    }
+    for p in &args.properties {
+        let Some((path, value)) = p.split_once('=') else {
+            return Err(Failed(format!("--property {p:?}: expected PATH=VALUE")));
+        };
+        req.property(path, value);
+    }
+    Ok(req)
+}

@@ -1,0 +1,105 @@
+//! A bucket's state in human units: what `inspect` prints, and what `reset` and `credit` print
+//! after changing it.
+//!
+//! Invariant: the numbers are the model's (`bucket::take_held` with a cost of 0, the script's
+//! own arithmetic) over the hash as Redis stores it, at Redis' TIME: the refill to now and the
+//! holders that expired are what the script's next call would see. Nothing here writes.
+
+use tollgate_core::bucket::{take_held, Ask, Holders, Holding, State};
+
+use crate::describe;
+use crate::target::Target;
+
+/// The stored hash as the model's state and holders (a hash without a readable `u`, `t`, `p` is
+/// a full bucket, as the script reads it).
+pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
+    let get = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v.as_str());
+    let state = match (
+        get("u").and_then(|v| v.parse::<i64>().ok()),
+        get("t").and_then(|v| v.parse::<u64>().ok()),
+        get("p").and_then(|v| v.parse::<u64>().ok()),
+    ) {
+        (Some(units), Some(ts_us), Some(period_ms)) if period_ms >= 1 => Some(State {
+            units,
+            ts_us,
+            period_ms,
+        }),
+        _ => None,
+    };
+    let mut holders = Vec::new();
+    for (f, v) in fields {
+        let Some(id) = f.strip_prefix('e') else {
+            continue;
+        };
+        let num = |name: String| get(&name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        holders.push(Holding {
+            holder: id.parse().unwrap_or(0),
+            held: num(format!("h{id}")),
+            expires_us: v.parse().unwrap_or(0),
+            seq: num(format!("q{id}")),
+        });
+    }
+    holders.sort();
+    (state, Holders(holders))
+}
+
+/// The lines describing `target`'s bucket at `now_us`, from its stored `fields`.
+pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> Vec<String> {
+    let l = target.limits;
+    let mut out = vec![format!("bucket: {}", target.key)];
+    let values: Vec<String> = target
+        .rule
+        .key
+        .iter()
+        .zip(&target.values)
+        .map(|(s, v)| format!("{s} = {:?}", String::from_utf8_lossy(v)))
+        .collect();
+    out.push(format!("rule {}: key {}", target.rule.name, values.join(", ")));
+    let whose = if l == target.rule.limits.limits() { "the rule's" } else { "an override's" };
+    out.push(format!("limits: {} ({whose})", describe::limits(&l)));
+    if target.unlimited {
+        out.push("an override makes this key unlimited: the filter never calls Redis for it".to_string());
+    }
+    let (stored, mut holders) = parse(fields);
+    if stored.is_none() && fields.is_empty() {
+        out.push(format!("no state in Redis: the bucket is full ({} tokens)", l.burst));
+        return out;
+    }
+    let ask = Ask::default();
+    let (now, reply) = take_held(stored, &mut holders, &l, &ask, now_us);
+    let period = i64::try_from(l.period_ms).unwrap_or(i64::MAX).max(1);
+    let units = now.map_or(i64::MAX, |s| s.units);
+    out.push(format!("tokens now: {} of {}", reply.remaining, l.burst));
+    if units < 0 {
+        let debt_tokens = (-units).div_euclid(period) + i64::from((-units).rem_euclid(period) != 0);
+        let repaid = (-units).div_euclid(i64::try_from(l.rate).unwrap_or(1).max(1));
+        out.push(format!(
+            "debt: {debt_tokens} token{} (reservations or usage charged after the fact), repaid in {}",
+            if debt_tokens == 1 { "" } else { "s" },
+            describe::duration(u64::try_from(repaid).unwrap_or(0))
+        ));
+        if target.rule.max_wait_ms > 0 {
+            out.push(format!(
+                "reservations outstanding: requests may be held for up to {} of it",
+                describe::duration(target.rule.max_wait_ms)
+            ));
+        }
+    } else {
+        out.push("debt: none".to_string());
+    }
+    if holders.0.is_empty() {
+        out.push("on lease: none".to_string());
+    } else {
+        let last = holders.last_expiry_us().saturating_sub(now_us) / 1000;
+        out.push(format!(
+            "on lease: up to {} token{} held by {} prox{} (counted against the bucket until they report or expire, at the latest in {})",
+            holders.held(),
+            if holders.held() == 1 { "" } else { "s" },
+            holders.0.len(),
+            if holders.0.len() == 1 { "y" } else { "ies" },
+            describe::duration(last)
+        ));
+    }
+    out.push(format!("full again in: {}", describe::duration(reply.reset_after_ms)));
+    out
+}

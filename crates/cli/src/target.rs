@@ -1,0 +1,165 @@
+//! One bucket, named the way an operator knows it: a rule and the values of its key sources.
+//!
+//! Invariant: the values go through the core's own readings (a request carrying them is built and
+//! read by `rule::key_values`), so `client_ip` is masked to its network, a path normalised, a
+//! host lower-cased, a JWT claim read as the filter reads it; the bucket key is the core's
+//! `bucket_key` of them and the limits are the rule's, or its override's for these values.
+
+use std::fmt;
+
+use tollgate_core::bucket::Limits;
+use tollgate_core::config::{Config, KeySource, Override, Rule};
+use tollgate_core::rule::{bucket_key, key_values, Read};
+
+use crate::metadata;
+use crate::request::Described;
+
+/// A bucket of a configured rule.
+#[derive(Debug, Clone)]
+pub struct Target<'c> {
+    pub rule: &'c Rule,
+    /// `<prefix>:{<rule>:<digest>}`, as Redis stores it.
+    pub key: String,
+    /// The key values as the filter reads them, one per source.
+    pub values: Vec<Vec<u8>>,
+    pub limits: Limits,
+    /// An override says this key is never checked against Redis.
+    pub unlimited: bool,
+}
+
+/// Why no bucket is named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetError {
+    UnknownRule { rule: String, known: Vec<String> },
+    WrongCount { rule: String, sources: Vec<String>, got: usize },
+    Unreadable { source: String, value: String },
+}
+
+impl fmt::Display for TargetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TargetError::UnknownRule { rule, known } => write!(
+                f,
+                "unknown rule {rule:?}: the configuration has {}",
+                known.join(", ")
+            ),
+            TargetError::WrongCount { rule, sources, got } => write!(
+                f,
+                "rule {rule:?} needs {} key value{} (--key), one for each of: {}; got {got}",
+                sources.len(),
+                if sources.len() == 1 { "" } else { "s" },
+                sources.join(", ")
+            ),
+            TargetError::Unreadable { source, value } => write!(
+                f,
+                "the value {value:?} is not one the filter can read for key source {source}"
+            ),
+        }
+    }
+}
+
+/// The sources an operator gives a value for: all but `literal:` (fixed by the configuration).
+fn asked(rule: &Rule) -> impl Iterator<Item = &KeySource> {
+    rule.key
+        .iter()
+        .filter(|s| !matches!(s, KeySource::Literal(_)))
+}
+
+/// The bucket of rule `name` for `values` (one per key source that is not a literal, in order).
+pub fn target<'c>(config: &'c Config, name: &str, values: &[String]) -> Result<Target<'c>, TargetError> {
+    let rule = config
+        .rules
+        .iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| TargetError::UnknownRule {
+            rule: name.to_string(),
+            known: config.rules.iter().map(|r| r.name.clone()).collect(),
+        })?;
+    let sources: Vec<&KeySource> = asked(rule).collect();
+    if sources.len() != values.len() {
+        return Err(TargetError::WrongCount {
+            rule: name.to_string(),
+            sources: sources.iter().map(|s| s.to_string()).collect(),
+            got: values.len(),
+        });
+    }
+    let mut read = Vec::with_capacity(rule.key.len());
+    for (source, value) in sources.iter().zip(values) {
+        let req = carrying(source, value);
+        let v = match key_values(std::slice::from_ref(*source), &req).as_deref() {
+            Some([Read::Value(v)]) => v.to_vec(),
+            _ => {
+                return Err(TargetError::Unreadable {
+                    source: source.to_string(),
+                    value: value.clone(),
+                })
+            }
+        };
+        read.push(v);
+    }
+    // Literals in their places.
+    let mut given = read.into_iter();
+    let values: Vec<Vec<u8>> = rule
+        .key
+        .iter()
+        .map(|s| match s {
+            KeySource::Literal(text) => text.as_bytes().to_vec(),
+            _ => given.next().unwrap_or_default(),
+        })
+        .collect();
+    let (limits, unlimited) = match rule.overrides.get(&values) {
+        Some(Override::Limits(q)) => (q.limits(), false),
+        Some(Override::Unlimited) => (rule.limits.limits(), true),
+        None => (rule.limits.limits(), false),
+    };
+    Ok(Target {
+        rule,
+        key: bucket_key(&config.key_prefix, &rule.name, &rule.key, &values),
+        values,
+        limits,
+        unlimited,
+    })
+}
+
+/// A request that carries `value` where `source` reads it.
+fn carrying(source: &KeySource, value: &str) -> Described {
+    let mut req = Described::default();
+    match source {
+        KeySource::Header(name) => req.line(name, value.as_bytes()),
+        KeySource::Query(name) => req.line(":path", format!("/?{}={}", encode(name), encode(value)).as_bytes()),
+        KeySource::Cookie(name) => req.line("cookie", format!("{name}={value}").as_bytes()),
+        KeySource::ClientIp { .. } => req.client_ip(value),
+        KeySource::Path => req.line(":path", value.as_bytes()),
+        KeySource::Method => req.line(":method", value.as_bytes()),
+        KeySource::Authority => req.line(":authority", value.as_bytes()),
+        KeySource::Literal(_) => {}
+        KeySource::Property { path, .. } => req.property(&path.join("."), value),
+        KeySource::Metadata { namespace, fields } => {
+            // The value as a string at the field's path: its key text is the value itself, as it
+            // is for a number or a boolean the filter reads (`42`, `true`).
+            let mut node = serde_json::Value::String(value.to_string());
+            for field in fields.iter().rev() {
+                let mut m = serde_json::Map::new();
+                m.insert(field.clone(), node);
+                node = serde_json::Value::Object(m);
+            }
+            if let serde_json::Value::Object(m) = node {
+                req.metadata(metadata::encode(&[(namespace.clone(), m)]));
+            }
+        }
+    }
+    req
+}
+
+/// Percent-encodes every byte but the unreserved ones.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
