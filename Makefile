@@ -3,7 +3,8 @@
 #   make setup   install what the tests need (quiet and quick when it is already there)
 #   make build   build target/wasm32-wasip1/release/tollgate.wasm (stock Envoy / Istio: HTTP callouts to
 #                Webdis) and tollgate-higress.wasm (the same filter importing Higress' Redis callouts;
-#                built in target/higress, then copied beside the first)
+#                built in target/higress, then copied beside the first), and the operator's command
+#                target/release/tollgate (native; docs/cli.md)
 #   make lint    rustfmt (the workspace and the fuzz crate) + clippy (the workspace natively, and the
 #                filter for wasm in both artifacts)
 #   make check   the fast loop: rustfmt, clippy, and the unit tests of the core and the ABI (no servers)
@@ -86,6 +87,7 @@ build: setup-rust
 	cargo build --release --target $(WASM_TARGET) $(FILTER)
 	cargo build --release --target $(WASM_TARGET) $(FILTER) $(HIGRESS_FEATURES)
 	cp target/higress/$(WASM_TARGET)/release/tollgate.wasm $(HIGRESS_WASM)
+	cargo build --release -p tollgate-cli
 
 # The filter quietly (make demo, bench, validate).
 .PHONY: wasm

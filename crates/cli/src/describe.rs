@@ -65,7 +65,9 @@ pub fn source(s: &KeySource) -> String {
         KeySource::Method => "method".to_string(),
         KeySource::Authority => "host (authority)".to_string(),
         KeySource::Literal(text) => format!("the fixed value {text:?} (one bucket for all)"),
-        KeySource::Metadata { namespace, fields } if namespace == "envoy.filters.http.jwt_authn" => {
+        KeySource::Metadata { namespace, fields }
+            if namespace == "envoy.filters.http.jwt_authn" =>
+        {
             let claim = fields.get(1..).unwrap_or_default().join(".");
             if claim.is_empty() {
                 format!("the whole verified JWT payload ({s})")
@@ -93,7 +95,11 @@ pub fn scope(m: &Match) -> String {
         parts.push(format!("on {}", m.hosts.join(", ")));
     }
     for h in &m.headers {
-        parts.push(format!("when header {} {}", h.name, header_condition(&h.value)));
+        parts.push(format!(
+            "when header {} {}",
+            h.name,
+            header_condition(&h.value)
+        ));
     }
     if parts.is_empty() {
         "every request".to_string()
@@ -160,7 +166,11 @@ pub fn rule_line(rule: &Rule) -> String {
         rule.name,
         limits(&rule.limits.limits()),
         keys.join(" + "),
-        if rule.shadow { ", SHADOW (denials only counted)" } else { "" },
+        if rule.shadow {
+            ", SHADOW (denials only counted)"
+        } else {
+            ""
+        },
         scope(&rule.matcher)
     )
 }
@@ -174,7 +184,10 @@ fn rule_details(rule: &Rule) -> Vec<String> {
         d.push(format!("cost raised by header {h}"));
     }
     if rule.max_wait_ms > 0 {
-        d.push(format!("waits up to {} for tokens", duration(rule.max_wait_ms)));
+        d.push(format!(
+            "waits up to {} for tokens",
+            duration(rule.max_wait_ms)
+        ));
     }
     if rule.mode == Mode::Lease {
         d.push(format!(
@@ -195,7 +208,9 @@ fn rule_details(rule: &Rule) -> Vec<String> {
             WorstCase::Recent => "the largest recent usage".to_string(),
             WorstCase::Fixed(n) => format!("{n}"),
         };
-        d.push(format!("charged the usage from {from} (unreadable: {worst})"));
+        d.push(format!(
+            "charged the usage from {from} (unreadable: {worst})"
+        ));
     }
     let (mut unlimited, mut other) = (0, 0);
     for o in rule.overrides.values() {

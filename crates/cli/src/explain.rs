@@ -18,35 +18,56 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
     let mut applying = 0;
     for (idx, rule) in config.rules.iter().enumerate() {
         let Some(applied) = applies(&config.key_prefix, (idx, rule), req, &mut keys) else {
-            out.push(format!("{}: does not apply: {}", rule.name, why_not(rule, req)));
+            out.push(format!(
+                "{}: does not apply: {}",
+                rule.name,
+                why_not(rule, req)
+            ));
             continue;
         };
         applying += 1;
         out.push(format!(
             "{}: applies{}",
             rule.name,
-            if rule.shadow { " (shadow: a denial is only counted, never answered)" } else { "" }
+            if rule.shadow {
+                " (shadow: a denial is only counted, never answered)"
+            } else {
+                ""
+            }
         ));
         let readings = key_values(&rule.key, req).unwrap_or_default();
         for (source, read) in rule.key.iter().zip(&readings) {
             let shown = match read {
                 Read::Value(v) => format!("{:?}", String::from_utf8_lossy(v)),
                 Read::Missing => "(missing)".to_string(),
-                Read::Ambiguous => "AMBIGUOUS (sent more than once, or read differently by different servers)".to_string(),
+                Read::Ambiguous => {
+                    "AMBIGUOUS (sent more than once, or read differently by different servers)"
+                        .to_string()
+                }
             };
             out.push(format!("  key {source} = {shown}"));
         }
         if applied.ambiguous {
-            out.push("  bucket (the rule's one bucket for ambiguous requests): ".to_string() + &applied.key);
+            out.push(
+                "  bucket (the rule's one bucket for ambiguous requests): ".to_string()
+                    + &applied.key,
+            );
         } else {
             out.push(format!("  bucket: {}", applied.key));
         }
-        let whose = if applied.limits == rule.limits.limits() { "the rule's" } else { "an override's" };
+        let whose = if applied.limits == rule.limits.limits() {
+            "the rule's"
+        } else {
+            "an override's"
+        };
         if applied.unlimited {
             out.push("  limits: unlimited by an override: admitted without a call to Redis (still counted)".to_string());
             continue;
         }
-        out.push(format!("  limits: {} ({whose})", describe::limits(&applied.limits)));
+        out.push(format!(
+            "  limits: {} ({whose})",
+            describe::limits(&applied.limits)
+        ));
         match cost_of(rule, &applied.limits, req) {
             Ok(cost) => out.push(format!(
                 "  cost: {cost} token{}{}",
@@ -69,8 +90,13 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
                 "exact: one call to Redis; waits up to {} for tokens",
                 describe::duration(rule.max_wait_ms)
             ),
-            Mode::Exact => "exact: one call to Redis per request (shared by concurrent requests of the key)".to_string(),
-            Mode::Lease => "lease: spends tokens the proxy leased; calls Redis when it has none".to_string(),
+            Mode::Exact => {
+                "exact: one call to Redis per request (shared by concurrent requests of the key)"
+                    .to_string()
+            }
+            Mode::Lease => {
+                "lease: spends tokens the proxy leased; calls Redis when it has none".to_string()
+            }
         };
         out.push(format!("  mode: {mode}"));
     }
@@ -87,8 +113,9 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
 fn why_not(rule: &tollgate_core::config::Rule, req: &dyn RequestView) -> String {
     let m = &rule.matcher;
     let shown = |name: &str| {
-        req.header(name)
-            .map_or("none".to_string(), |v| format!("{:?}", String::from_utf8_lossy(&v)))
+        req.header(name).map_or("none".to_string(), |v| {
+            format!("{:?}", String::from_utf8_lossy(&v))
+        })
     };
     if m.path_prefix.is_some() {
         let only = Match {
@@ -105,19 +132,36 @@ fn why_not(rule: &tollgate_core::config::Rule, req: &dyn RequestView) -> String 
         }
     }
     if !m.methods.is_empty() {
-        let only = Match { methods: m.methods.clone(), ..Match::default() };
+        let only = Match {
+            methods: m.methods.clone(),
+            ..Match::default()
+        };
         if !matches(&only, req) {
-            return format!("method {} is not one of {}", shown(":method"), m.methods.join(", "));
+            return format!(
+                "method {} is not one of {}",
+                shown(":method"),
+                m.methods.join(", ")
+            );
         }
     }
     if !m.hosts.is_empty() {
-        let only = Match { hosts: m.hosts.clone(), ..Match::default() };
+        let only = Match {
+            hosts: m.hosts.clone(),
+            ..Match::default()
+        };
         if !matches(&only, req) {
-            return format!("host {} is not one of {}", shown(":authority"), m.hosts.join(", "));
+            return format!(
+                "host {} is not one of {}",
+                shown(":authority"),
+                m.hosts.join(", ")
+            );
         }
     }
     for h in &m.headers {
-        let only = Match { headers: vec![h.clone()], ..Match::default() };
+        let only = Match {
+            headers: vec![h.clone()],
+            ..Match::default()
+        };
         if !matches(&only, req) {
             return format!(
                 "header {} {} does not hold (it is {})",
@@ -129,7 +173,10 @@ fn why_not(rule: &tollgate_core::config::Rule, req: &dyn RequestView) -> String 
     }
     for source in &rule.key {
         if key_values(std::slice::from_ref(source), req).is_none() {
-            return format!("no value for key source {source} ({})", describe::source(source));
+            return format!(
+                "no value for key source {source} ({})",
+                describe::source(source)
+            );
         }
     }
     "its match does not hold".to_string()

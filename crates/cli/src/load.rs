@@ -62,7 +62,8 @@ impl fmt::Display for LoadError {
 
 /// The configuration in `path`; `artifact` overrides the one the file implies.
 pub fn load(path: &Path, artifact: Option<Artifact>) -> Result<Loaded, LoadError> {
-    let bytes = std::fs::read(path).map_err(|e| LoadError::Read(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| LoadError::Read(format!("{}: {e}", path.display())))?;
     let (json, origin) = extract(&bytes)?;
     let artifact = artifact.unwrap_or(match origin {
         Origin::HigressWasmPlugin => Artifact::Higress,
@@ -101,7 +102,8 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
             Origin::IstioWasmPlugin,
         ),
         ("TrafficExtension", "extensions.istio.io") => (
-            spec.and_then(|s| s.get("wasm")).and_then(|w| w.get("pluginConfig")),
+            spec.and_then(|s| s.get("wasm"))
+                .and_then(|w| w.get("pluginConfig")),
             Origin::IstioTrafficExtension,
         ),
         ("WasmPlugin", "extensions.higress.io") => (
@@ -122,7 +124,9 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
             Origin::HigressWasmPlugin => "spec.defaultConfig",
             _ => "spec.pluginConfig",
         };
-        return Err(LoadError::NotAConfiguration(format!("the {kind} has no {field}")));
+        return Err(LoadError::NotAConfiguration(format!(
+            "the {kind} has no {field}"
+        )));
     };
     let json = serde_json::to_vec(config)
         .map_err(|e| LoadError::NotAConfiguration(format!("cannot re-encode as JSON: {e}")))?;

@@ -37,7 +37,11 @@ use store::{Options, Store};
 use target::target;
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "Check, explain, inspect, reset and credit tollgate rate limits")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Check, explain, inspect, reset and credit tollgate rate limits"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -147,7 +151,12 @@ struct BucketArgs {
 #[derive(Args)]
 struct RedisArgs {
     /// redis://[user:password@]host:port[/db], rediss:// for TLS; a Cluster is found out by itself.
-    #[arg(long, env = "TOLLGATE_REDIS", default_value = "redis://127.0.0.1:6379", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
     redis: String,
     /// PEM CA certificate to trust for rediss:// (default: the system's roots).
     #[arg(long = "tls-ca", value_name = "FILE")]
@@ -202,16 +211,25 @@ fn run(command: Command) -> Result<Vec<String>, Failed> {
             let req = described(&request)?;
             Ok(explain::explain(&loaded.config, &req))
         }
-        Command::Inspect { config, bucket, redis } => {
+        Command::Inspect {
+            config,
+            bucket,
+            redis,
+        } => {
             let loaded = configured(&config)?;
-            let t = target(&loaded.config, &bucket.rule, &bucket.keys).map_err(|e| Failed(e.to_string()))?;
+            let t = target(&loaded.config, &bucket.rule, &bucket.keys)
+                .map_err(|e| Failed(e.to_string()))?;
             let mut store = connect(&redis)?;
             let (now, fields) = store.snapshot(&t.key).map_err(|e| Failed(e.to_string()))?;
             let mut out = vec![store.describe()];
             out.extend(state::report(&t, now, &fields));
             Ok(out)
         }
-        Command::Reset { config, bucket, redis } => operate(&config, &bucket, &redis, Operation::Reset),
+        Command::Reset {
+            config,
+            bucket,
+            redis,
+        } => operate(&config, &bucket, &redis, Operation::Reset),
         Command::Credit {
             tokens,
             config,
@@ -240,9 +258,15 @@ fn connect(args: &RedisArgs) -> Result<Store, Failed> {
 }
 
 /// A reset or a credit through the script, then the bucket as it is after it.
-fn operate(config: &ConfigArg, bucket: &BucketArgs, redis: &RedisArgs, op: Operation) -> Result<Vec<String>, Failed> {
+fn operate(
+    config: &ConfigArg,
+    bucket: &BucketArgs,
+    redis: &RedisArgs,
+    op: Operation,
+) -> Result<Vec<String>, Failed> {
     let loaded = configured(config)?;
-    let t = target(&loaded.config, &bucket.rule, &bucket.keys).map_err(|e| Failed(e.to_string()))?;
+    let t =
+        target(&loaded.config, &bucket.rule, &bucket.keys).map_err(|e| Failed(e.to_string()))?;
     let mut store = connect(redis)?;
     let l = t.limits;
     let args = [
@@ -253,13 +277,19 @@ fn operate(config: &ConfigArg, bucket: &BucketArgs, redis: &RedisArgs, op: Opera
         op.argument(),
         t.rule.max_wait_ms.to_string(),
     ];
-    let reply = store.script(&t.key, &args).map_err(|e| Failed(e.to_string()))?;
+    let reply = store
+        .script(&t.key, &args)
+        .map_err(|e| Failed(e.to_string()))?;
     let [1, remaining, _, _, _] = reply.as_slice() else {
-        return Err(Failed(format!("unexpected reply from the script: {reply:?}")));
+        return Err(Failed(format!(
+            "unexpected reply from the script: {reply:?}"
+        )));
     };
     let done = match op {
         Operation::Reset => format!("reset: {remaining} tokens now"),
-        Operation::Credit(n) => format!("credited {n} tokens (up to what the bucket can hold): {remaining} tokens now"),
+        Operation::Credit(n) => {
+            format!("credited {n} tokens (up to what the bucket can hold): {remaining} tokens now")
+        }
     };
     let (now, fields) = store.snapshot(&t.key).map_err(|e| Failed(e.to_string()))?;
     let mut out = vec![store.describe(), done];
@@ -279,7 +309,10 @@ fn described(args: &RequestArgs) -> Result<Described, Failed> {
         let Some((name, value)) = h.split_once(':') else {
             return Err(Failed(format!("--header {h:?}: expected NAME: VALUE")));
         };
-        req.line(&name.trim().to_ascii_lowercase(), value.trim_start().as_bytes());
+        req.line(
+            &name.trim().to_ascii_lowercase(),
+            value.trim_start().as_bytes(),
+        );
     }
     if let Some(ip) = &args.client_ip {
         req.client_ip(ip);
@@ -291,7 +324,11 @@ fn described(args: &RequestArgs) -> Result<Described, Failed> {
         };
         match serde_json::from_str::<serde_json::Value>(json) {
             Ok(serde_json::Value::Object(fields)) => namespaces.push((ns.to_string(), fields)),
-            Ok(_) => return Err(Failed(format!("--metadata {ns}: the value must be a JSON object"))),
+            Ok(_) => {
+                return Err(Failed(format!(
+                    "--metadata {ns}: the value must be a JSON object"
+                )))
+            }
             Err(e) => return Err(Failed(format!("--metadata {ns}: not JSON: {e}"))),
         }
     }

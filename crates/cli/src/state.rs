@@ -13,7 +13,12 @@ use crate::target::Target;
 /// The stored hash as the model's state and holders (a hash without a readable `u`, `t`, `p` is
 /// a full bucket, as the script reads it).
 pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
-    let get = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v.as_str());
+    let get = |name: &str| {
+        fields
+            .iter()
+            .find(|(f, _)| f == name)
+            .map(|(_, v)| v.as_str())
+    };
     let state = match (
         get("u").and_then(|v| v.parse::<i64>().ok()),
         get("t").and_then(|v| v.parse::<u64>().ok()),
@@ -54,15 +59,28 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
         .zip(&target.values)
         .map(|(s, v)| format!("{s} = {:?}", String::from_utf8_lossy(v)))
         .collect();
-    out.push(format!("rule {}: key {}", target.rule.name, values.join(", ")));
-    let whose = if l == target.rule.limits.limits() { "the rule's" } else { "an override's" };
+    out.push(format!(
+        "rule {}: key {}",
+        target.rule.name,
+        values.join(", ")
+    ));
+    let whose = if l == target.rule.limits.limits() {
+        "the rule's"
+    } else {
+        "an override's"
+    };
     out.push(format!("limits: {} ({whose})", describe::limits(&l)));
     if target.unlimited {
-        out.push("an override makes this key unlimited: the filter never calls Redis for it".to_string());
+        out.push(
+            "an override makes this key unlimited: the filter never calls Redis for it".to_string(),
+        );
     }
     let (stored, mut holders) = parse(fields);
     if stored.is_none() && fields.is_empty() {
-        out.push(format!("no state in Redis: the bucket is full ({} tokens)", l.burst));
+        out.push(format!(
+            "no state in Redis: the bucket is full ({} tokens)",
+            l.burst
+        ));
         return out;
     }
     let ask = Ask::default();
@@ -100,6 +118,9 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
             describe::duration(last)
         ));
     }
-    out.push(format!("full again in: {}", describe::duration(reply.reset_after_ms)));
+    out.push(format!(
+        "full again in: {}",
+        describe::duration(reply.reset_after_ms)
+    ));
     out
 }

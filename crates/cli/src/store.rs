@@ -32,12 +32,24 @@ pub struct Options {
 /// Why Redis gave no answer.
 #[derive(Debug)]
 pub enum StoreError {
-    BadUrl { url: String, reason: String },
+    BadUrl {
+        url: String,
+        reason: String,
+    },
     Tls(String),
-    Unreachable { url: String, reason: String },
-    Auth { url: String, reason: String },
+    Unreachable {
+        url: String,
+        reason: String,
+    },
+    Auth {
+        url: String,
+        reason: String,
+    },
     /// Redis answered with an error.
-    Refused { url: String, reason: String },
+    Refused {
+        url: String,
+        reason: String,
+    },
     /// Redis answered something the script never returns.
     Unexpected(String),
 }
@@ -183,7 +195,10 @@ impl Store {
         let (secs, micros) = (reply.0.parse::<u64>(), reply.1.parse::<u64>());
         match (secs, micros) {
             (Ok(s), Ok(us)) => Ok((s.saturating_mul(1_000_000).saturating_add(us), reply.2)),
-            _ => Err(StoreError::Unexpected(format!("TIME {} {}", reply.0, reply.1))),
+            _ => Err(StoreError::Unexpected(format!(
+                "TIME {} {}",
+                reply.0, reply.1
+            ))),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::fmt;
 
 use tollgate_core::bucket::Limits;
 use tollgate_core::config::{Config, KeySource, Override, Rule};
-use tollgate_core::rule::{bucket_key, key_values, Read};
+use tollgate_core::rule::{bucket_key, ip, key_values, Read};
 
 use crate::metadata;
 use crate::request::Described;
@@ -30,9 +30,19 @@ pub struct Target<'c> {
 /// Why no bucket is named.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetError {
-    UnknownRule { rule: String, known: Vec<String> },
-    WrongCount { rule: String, sources: Vec<String>, got: usize },
-    Unreadable { source: String, value: String },
+    UnknownRule {
+        rule: String,
+        known: Vec<String>,
+    },
+    WrongCount {
+        rule: String,
+        sources: Vec<String>,
+        got: usize,
+    },
+    Unreadable {
+        source: String,
+        value: String,
+    },
 }
 
 impl fmt::Display for TargetError {
@@ -52,7 +62,8 @@ impl fmt::Display for TargetError {
             ),
             TargetError::Unreadable { source, value } => write!(
                 f,
-                "the value {value:?} is not one the filter can read for key source {source}"
+                "the value {value:?} is not one the filter can read for key source {source} \
+                 (a client_ip source takes an address, or its network at the source's prefix)"
             ),
         }
     }
@@ -66,7 +77,11 @@ fn asked(rule: &Rule) -> impl Iterator<Item = &KeySource> {
 }
 
 /// The bucket of rule `name` for `values` (one per key source that is not a literal, in order).
-pub fn target<'c>(config: &'c Config, name: &str, values: &[String]) -> Result<Target<'c>, TargetError> {
+pub fn target<'c>(
+    config: &'c Config,
+    name: &str,
+    values: &[String],
+) -> Result<Target<'c>, TargetError> {
     let rule = config
         .rules
         .iter()
@@ -85,6 +100,30 @@ pub fn target<'c>(config: &'c Config, name: &str, values: &[String]) -> Result<T
     }
     let mut read = Vec::with_capacity(rule.key.len());
     for (source, value) in sources.iter().zip(values) {
+        // A client address or its network (`198.51.100.0/24`), as an override names it: a typo
+        // is refused rather than read as a socket path.
+        if let KeySource::ClientIp {
+            v4_prefix,
+            v6_prefix,
+        } = source
+        {
+            let read_as = match value.parse::<std::net::IpAddr>() {
+                Ok(_) => Some(ip::key_value(value.as_bytes(), *v4_prefix, *v6_prefix)),
+                Err(_) => ip::canonical(value, *v4_prefix, *v6_prefix),
+            };
+            match read_as {
+                Some(v) => {
+                    read.push(v);
+                    continue;
+                }
+                None => {
+                    return Err(TargetError::Unreadable {
+                        source: source.to_string(),
+                        value: value.clone(),
+                    })
+                }
+            }
+        }
         let req = carrying(source, value);
         let v = match key_values(std::slice::from_ref(*source), &req).as_deref() {
             Some([Read::Value(v)]) => v.to_vec(),
@@ -126,7 +165,10 @@ fn carrying(source: &KeySource, value: &str) -> Described {
     let mut req = Described::default();
     match source {
         KeySource::Header(name) => req.line(name, value.as_bytes()),
-        KeySource::Query(name) => req.line(":path", format!("/?{}={}", encode(name), encode(value)).as_bytes()),
+        KeySource::Query(name) => req.line(
+            ":path",
+            format!("/?{}={}", encode(name), encode(value)).as_bytes(),
+        ),
         KeySource::Cookie(name) => req.line("cookie", format!("{name}={value}").as_bytes()),
         KeySource::ClientIp { .. } => req.client_ip(value),
         KeySource::Path => req.line(":path", value.as_bytes()),

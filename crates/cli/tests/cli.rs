@@ -1,0 +1,745 @@
+//! The `tollgate` command as an operator runs it: the built binary against real redis-server
+//! (standalone, the 3-master Cluster, an ACL user, TLS with certificates made here by openssl),
+//! each command's output and each bad input's message.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tollgate_core::backend::script;
+use tollgate_core::config::KeySource;
+use tollgate_core::rule::bucket_key;
+use tollgate_e2e::redis_cluster::RedisCluster;
+use tollgate_e2e::{free_port, repo_root, scratch_dir, Redis};
+
+/// Three rules: per-user (exact, 10 per minute), per-client (lease, client_ip /24), bulk (cost
+/// header, waits up to 2 s).
+const CONFIG: &str = r#"{
+  "backend": {"cluster": "webdis", "timeout_ms": 25},
+  "rules": [
+    {"name": "per-user", "match": {"path_prefix": "/api/", "hosts": ["api.example.com"]},
+     "key": ["metadata:envoy.filters.http.jwt_authn:payload.sub"],
+     "rate": 10, "period_ms": 60000, "burst": 10},
+    {"name": "per-client", "key": ["client_ip:v4=/24"], "rate": 100, "period_ms": 1000,
+     "burst": 100, "mode": "lease"},
+    {"name": "bulk", "match": {"methods": ["POST"]}, "key": ["header:x-tenant", "literal:bulk"],
+     "rate": 5, "period_ms": 1000, "burst": 20, "cost_header": "x-cost", "max_wait_ms": 2000}
+  ]
+}"#;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn tollgate(args: &[&str]) -> Out {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .env_remove("TOLLGATE_REDIS")
+        .output()
+        .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `args` and returns stdout; the command must succeed.
+fn ok(args: &[&str]) -> String {
+    let out = tollgate(args);
+    assert_eq!(out.code, 0, "{args:?}: {}{}", out.stdout, out.stderr);
+    out.stdout
+}
+
+/// Runs `args`, which must fail with exit status 1 and `message` on stderr.
+fn fails(args: &[&str], message: &str) {
+    let out = tollgate(args);
+    assert_eq!(out.code, 1, "{args:?}: {}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains(message),
+        "{args:?}: want {message:?} in {}",
+        out.stderr
+    );
+}
+
+fn config_file(dir: &Path) -> String {
+    let path = dir.join("tollgate.json");
+    std::fs::write(&path, CONFIG).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// The per-user bucket of `sub`, computed by the core itself.
+fn user_key(sub: &str) -> String {
+    let source = KeySource::Metadata {
+        namespace: "envoy.filters.http.jwt_authn".into(),
+        fields: vec!["payload".into(), "sub".into()],
+    };
+    bucket_key("tollgate", "per-user", &[source], &[sub])
+}
+
+/// One script call as the filter makes it (EVAL of the shipped script, Redis' clock).
+fn script(conn: &mut dyn redis::ConnectionLike, key: &str, args: &[&str]) -> Vec<i64> {
+    redis::cmd("EVAL")
+        .arg(script::SOURCE)
+        .arg(1)
+        .arg(key)
+        .arg(args)
+        .query(conn)
+        .unwrap()
+}
+
+#[test]
+fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
+    let dir = scratch_dir("cli-check");
+    let config = config_file(&dir);
+    let out = ok(&["check", &config]);
+    assert!(
+        out.starts_with(&format!(
+            "ok: {config} (JSON configuration), for tollgate.wasm\n"
+        )),
+        "{out}"
+    );
+    for line in [
+        "  per-user: 10 per minute, burst 10, key: JWT sub (metadata:envoy.filters.http.jwt_authn:payload.sub), exact mode, applies to paths under /api/ on api.example.com",
+        "  per-client: 100 per second, burst 100, key: client address (client_ip:v4=/24), lease mode, applies to every request",
+        "  bulk: 5 per second, burst 20, key: header x-tenant + the fixed value \"bulk\" (one bucket for all), exact mode, applies to methods POST",
+        "      cost raised by header x-cost; waits up to 2 s for tokens",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+    // The shipped manifests: Istio's pluginConfig, Higress' defaultConfig (for its own artifact).
+    let root = repo_root();
+    for (file, origin) in [
+        (
+            "envoy/istio/wasmplugin.yaml",
+            "(Istio WasmPlugin, spec.pluginConfig), for tollgate.wasm",
+        ),
+        (
+            "envoy/istio/trafficextension.yaml",
+            "(Istio TrafficExtension, spec.wasm.pluginConfig), for tollgate.wasm",
+        ),
+        (
+            "envoy/higress/wasmplugin.yaml",
+            "(Higress WasmPlugin, spec.defaultConfig), for tollgate-higress.wasm",
+        ),
+    ] {
+        let path = root.join(file);
+        let out = ok(&["check", path.to_str().unwrap()]);
+        assert!(out.lines().next().unwrap().ends_with(origin), "{out}");
+    }
+    // Refusals carry the filter's own line (what on_configure logs).
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"backend":{"cluster":"w"},"rules":[{"name":"a","key":["client_ip"],"rate":0,"period_ms":1000,"burst":1}]}"#).unwrap();
+    fails(
+        &["check", bad.to_str().unwrap()],
+        "tollgate: bad configuration: rules[0].rate: ",
+    );
+    let err = tollgate_core::config::Config::parse(
+        &std::fs::read(&bad).unwrap(),
+        tollgate_core::config::Artifact::Envoy,
+    )
+    .unwrap_err();
+    fails(
+        &["check", bad.to_str().unwrap()],
+        &format!("tollgate: bad configuration: {err}\n"),
+    );
+    // A Webdis backend field is refused for the Higress build, with the filter's message.
+    let webdis = dir.join("webdis.json");
+    let text = CONFIG.replace(
+        r#""timeout_ms": 25"#,
+        r#""timeout_ms": 25, "authority": "webdis""#,
+    );
+    std::fs::write(&webdis, &text).unwrap();
+    let err = tollgate_core::config::Config::parse(
+        text.as_bytes(),
+        tollgate_core::config::Artifact::Higress,
+    )
+    .unwrap_err();
+    fails(
+        &["check", webdis.to_str().unwrap(), "--artifact", "higress"],
+        &format!("tollgate: bad configuration: {err}\n"),
+    );
+    let other = dir.join("deployment.yaml");
+    std::fs::write(&other, "apiVersion: apps/v1\nkind: Deployment\nspec: {}\n").unwrap();
+    fails(
+        &["check", other.to_str().unwrap()],
+        "not a tollgate configuration: a YAML document of kind \"Deployment\"",
+    );
+    fails(
+        &["check", dir.join("missing.json").to_str().unwrap()],
+        "cannot read the configuration",
+    );
+}
+
+#[test]
+fn explain_says_which_rules_apply_and_why_not() {
+    let dir = scratch_dir("cli-explain");
+    let config = config_file(&dir);
+    let out = ok(&[
+        "explain",
+        &config,
+        "--path",
+        "/api/orders?id=7",
+        "--host",
+        "API.example.com:443",
+        "--client-ip",
+        "198.51.100.23",
+        "--metadata",
+        r#"envoy.filters.http.jwt_authn={"payload":{"sub":"alice","admin":true}}"#,
+    ]);
+    let want = format!(
+        "per-user: applies\n\
+         \x20 key metadata:envoy.filters.http.jwt_authn:payload.sub = \"alice\"\n\
+         \x20 bucket: {}\n\
+         \x20 limits: 10 per minute, burst 10 (the rule's)\n\
+         \x20 cost: 1 token\n\
+         \x20 mode: exact: one call to Redis per request (shared by concurrent requests of the key)\n\
+         per-client: applies\n\
+         \x20 key client_ip:v4=/24 = \"198.51.100.0/24\"\n",
+        user_key("alice")
+    );
+    assert!(out.starts_with(&want), "want\n{want}\ngot\n{out}");
+    assert!(
+        out.contains("bulk: does not apply: method \"GET\" is not one of POST\n"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("2 rules apply: the request is denied if any enforced one denies it\n"),
+        "{out}"
+    );
+    // Why not: the host, a missing key, the path.
+    let out = ok(&[
+        "explain",
+        &config,
+        "--path",
+        "/api/x",
+        "--host",
+        "other.example.com",
+    ]);
+    assert!(
+        out.contains(
+            "per-user: does not apply: host \"other.example.com\" is not one of api.example.com\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("per-client: does not apply: no value for key source client_ip:v4=/24"),
+        "{out}"
+    );
+    let out = ok(&[
+        "explain",
+        &config,
+        "--path",
+        "/web",
+        "--host",
+        "api.example.com",
+    ]);
+    assert!(
+        out.contains("per-user: does not apply: path \"/web\" is not under /api/\n"),
+        "{out}"
+    );
+    let out = ok(&[
+        "explain",
+        &config,
+        "--path",
+        "/api/x",
+        "--host",
+        "api.example.com",
+    ]);
+    assert!(out.contains("per-user: does not apply: no value for key source metadata:envoy.filters.http.jwt_authn:payload.sub"), "{out}");
+    // A cost header raises the cost; one above the burst is answered 400; a repeated key header
+    // goes to the rule's bucket for ambiguous requests.
+    let out = ok(&[
+        "explain",
+        &config,
+        "--method",
+        "POST",
+        "-H",
+        "x-tenant: acme",
+        "-H",
+        "x-cost: 4",
+    ]);
+    assert!(
+        out.contains("  cost: 4 tokens (from header x-cost, never below the rule's cost 1)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  mode: exact: one call to Redis; waits up to 2 s for tokens\n"),
+        "{out}"
+    );
+    let out = ok(&[
+        "explain",
+        &config,
+        "--method",
+        "POST",
+        "-H",
+        "x-tenant: acme",
+        "-H",
+        "x-cost: 21",
+    ]);
+    assert!(
+        out.contains(
+            "  cost: above the burst (20): it can never be admitted, the request is answered 400\n"
+        ),
+        "{out}"
+    );
+    let out = ok(&[
+        "explain",
+        &config,
+        "--method",
+        "POST",
+        "-H",
+        "x-tenant: acme",
+        "-H",
+        "X-Tenant: evil",
+    ]);
+    assert!(out.contains("  key header:x-tenant = AMBIGUOUS"), "{out}");
+    assert!(
+        out.contains("  bucket (the rule's one bucket for ambiguous requests): tollgate:{bulk:"),
+        "{out}"
+    );
+    fails(
+        &["explain", &config, "--metadata", "x={"],
+        "--metadata x: not JSON",
+    );
+    fails(
+        &["explain", &config, "-H", "novalue"],
+        "--header \"novalue\": expected NAME: VALUE",
+    );
+}
+
+/// Inspect, credit and reset on one Redis, then the bad inputs; `url` reaches it.
+fn operate_against(url: &str, extra: &[&str], conn: &mut dyn redis::ConnectionLike, dir: &Path) {
+    let config = config_file(dir);
+    let key = user_key("alice");
+    let with = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.extend(["--redis".to_string(), url.to_string()]);
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |args: &[&str]| {
+        let v = with(args);
+        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+        ok(&refs)
+    };
+    let user = ["--rule", "per-user", "--key", "alice"];
+    let inspect: Vec<&str> = ["inspect", config.as_str()]
+        .into_iter()
+        .chain(user)
+        .collect();
+    let out = run(&inspect);
+    assert!(out.contains(&format!("bucket: {key}\n")), "{out}");
+    assert!(
+        out.contains("no state in Redis: the bucket is full (10 tokens)\n"),
+        "{out}"
+    );
+    // The filter takes 7, then the clock of Redis is what inspect reads.
+    assert_eq!(script(conn, &key, &["10", "10", "60000", "7", "0"])[0], 1);
+    let out = run(&inspect);
+    assert!(out.contains("tokens now: 3 of 10\n"), "{out}");
+    assert!(out.contains("debt: none\non lease: none\n"), "{out}");
+    assert!(
+        out.contains("full again in: 4"),
+        "7 tokens at 10 per minute: 42 s, {out}"
+    );
+    // A credit adds, never past burst.
+    let credit: Vec<&str> = ["credit", "4", config.as_str()]
+        .into_iter()
+        .chain(user)
+        .collect();
+    let out = run(&credit);
+    assert!(
+        out.contains("credited 4 tokens (up to what the bucket can hold): 7 tokens now\n"),
+        "{out}"
+    );
+    let credit: Vec<&str> = ["credit", "1000", config.as_str()]
+        .into_iter()
+        .chain(user)
+        .collect();
+    let out = run(&credit);
+    assert!(out.contains(": 10 tokens now\n"), "{out}");
+    assert!(
+        out.contains("no state in Redis: the bucket is full (10 tokens)\n"),
+        "{out}"
+    );
+    // A lease of 60 on the per-client bucket of 198.51.100.0/24, then the rest taken: a reset
+    // gives back what is not on lease, and keeps the lease counted.
+    let client = bucket_key(
+        "tollgate",
+        "per-client",
+        &[KeySource::ClientIp {
+            v4_prefix: 24,
+            v6_prefix: 64,
+        }],
+        &["198.51.100.0/24"],
+    );
+    assert_eq!(
+        script(
+            conn,
+            &client,
+            &["100", "100", "1000", "1", "60:7:1:600000:0:0"]
+        )[4],
+        60
+    );
+    assert_eq!(
+        script(conn, &client, &["100", "100", "1000", "40", "0"])[0],
+        1
+    );
+    let reset = [
+        "reset",
+        config.as_str(),
+        "--rule",
+        "per-client",
+        "--key",
+        "198.51.100.77",
+    ];
+    let out = run(&reset);
+    assert!(
+        out.contains(&format!("reset: 40 tokens now\nbucket: {client}\n")),
+        "{out}"
+    );
+    assert!(
+        out.contains("on lease: up to 60 tokens held by 1 proxy"),
+        "{out}"
+    );
+    assert_eq!(
+        script(conn, &client, &["100", "100", "1000", "41", "0"])[0],
+        0,
+        "60 stay out"
+    );
+    // Bad inputs.
+    let bad = |args: &[&str], message: &str| {
+        let v = with(args);
+        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+        fails(&refs, message);
+    };
+    bad(
+        &["inspect", &config, "--rule", "nope", "--key", "a"],
+        "unknown rule \"nope\": the configuration has per-user, per-client, bulk",
+    );
+    bad(&["reset", &config, "--rule", "per-user", "--key", "a", "b"], "rule \"per-user\" needs 1 key value (--key), one for each of: metadata:envoy.filters.http.jwt_authn:payload.sub; got 2");
+    bad(
+        &["inspect", &config, "--rule", "per-client", "--key", "198.51.100.777"],
+        "the value \"198.51.100.777\" is not one the filter can read for key source client_ip:v4=/24",
+    );
+    bad(
+        &[
+            "inspect",
+            &config,
+            "--rule",
+            "per-client",
+            "--key",
+            "198.51.100.0/16",
+        ],
+        "for key source client_ip:v4=/24",
+    );
+    // The network names the same bucket as any address in it.
+    let out = run(&[
+        "inspect",
+        &config,
+        "--rule",
+        "per-client",
+        "--key",
+        "198.51.100.0/24",
+    ]);
+    assert!(out.contains(&format!("bucket: {client}\n")), "{out}");
+    let out = tollgate(
+        &with(&["reset", &config, "--key", "a"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("the following required arguments were not provided:\n  --rule <RULE>"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn standalone_redis() {
+    let dir = scratch_dir("cli-standalone");
+    let redis = Redis::start(&dir);
+    let mut conn = redis.conn();
+    operate_against(&redis.url(), &[], &mut conn, &dir);
+    let out = ok(&[
+        "inspect",
+        &config_file(&dir),
+        "--rule",
+        "per-user",
+        "--key",
+        "bob",
+        "--redis",
+        &redis.url(),
+    ]);
+    assert!(
+        out.starts_with(&format!("redis: {} (standalone)\n", redis.url())),
+        "{out}"
+    );
+    // A bad URL, an unreachable Redis.
+    let config = config_file(&dir);
+    let args = |url: &'static str| {
+        [
+            "inspect", "CONFIG", "--rule", "per-user", "--key", "a", "--redis", url,
+        ]
+    };
+    let run = |url: &'static str, message: &str| {
+        let mut a = args(url);
+        a[1] = &config;
+        fails(&a, message);
+    };
+    run("http://127.0.0.1:6379", "bad Redis URL");
+    run("redis://", "bad Redis URL");
+    let closed = free_port();
+    let url: &'static str = Box::leak(format!("redis://127.0.0.1:{closed}").into_boxed_str());
+    run(
+        url,
+        &format!("cannot reach Redis at redis://127.0.0.1:{closed}"),
+    );
+}
+
+#[test]
+fn redis_cluster_follows_the_key_to_its_master() {
+    let dir = scratch_dir("cli-cluster");
+    let cluster = RedisCluster::start(&dir, 3);
+    let key = user_key("alice");
+    let owner = cluster.owner_of_key(&key);
+    // Enter through a master that does not own the key: the command must follow MOVED.
+    let seed = cluster.ports().into_iter().find(|&p| p != owner).unwrap();
+    let url = format!("redis://127.0.0.1:{seed}");
+    let out = ok(&[
+        "inspect",
+        &config_file(&dir),
+        "--rule",
+        "per-user",
+        "--key",
+        "alice",
+        "--redis",
+        &url,
+    ]);
+    assert!(
+        out.starts_with(&format!("redis: {url} (Redis Cluster)\n")),
+        "{out}"
+    );
+    let mut client = redis::cluster::ClusterClient::new(vec![url.clone()])
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    operate_against(&url, &[], &mut client, &dir);
+    // The reset's lease bucket lives on the master that owns its slot, and on no other.
+    let client = bucket_key(
+        "tollgate",
+        "per-client",
+        &[KeySource::ClientIp {
+            v4_prefix: 24,
+            v6_prefix: 64,
+        }],
+        &["198.51.100.0/24"],
+    );
+    for port in cluster.ports() {
+        let here = cluster.keys_on(port, "tollgate:*").contains(&client);
+        assert_eq!(here, port == cluster.owner_of_key(&client), "node {port}");
+    }
+}
+
+#[test]
+fn acl_user_and_password_in_the_url() {
+    let dir = scratch_dir("cli-acl");
+    // The operator's user may run the scripts and INFO on tollgate's keys, nothing else.
+    let redis = Redis::start_with(
+        &dir,
+        &[
+            "--user",
+            "default",
+            "off",
+            "--user",
+            "operator",
+            "on",
+            ">s3cret",
+            "~tollgate:*",
+            "+eval",
+            "+evalsha",
+            "+info",
+            "+ping",
+            "+client",
+            "+hmget",
+            "+hgetall",
+            "+hset",
+            "+hdel",
+            "+del",
+            "+pexpire",
+            "+time",
+        ],
+    );
+    let mut conn =
+        redis::Client::open(format!("redis://operator:s3cret@127.0.0.1:{}/", redis.port))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+    let url = format!("redis://operator:s3cret@127.0.0.1:{}", redis.port);
+    operate_against(&url, &[], &mut conn, &dir);
+    let config = config_file(&dir);
+    let wrong = format!("redis://operator:nope@127.0.0.1:{}", redis.port);
+    let out = tollgate(&[
+        "inspect", &config, "--rule", "per-user", "--key", "a", "--redis", &wrong,
+    ]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "Redis at redis://operator:***@127.0.0.1:{}",
+            redis.port
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("refused the credentials"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("nope"),
+        "the password is never printed: {}",
+        out.stderr
+    );
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a server certificate for 127.0.0.1, made here.
+fn pki(dir: &Path) -> PathBuf {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tollgate cli test CA",
+        ],
+    );
+    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=redis",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+    dir.to_path_buf()
+}
+
+#[test]
+fn tls_with_a_ca_made_here() {
+    let dir = scratch_dir("cli-tls");
+    let pki = pki(&dir);
+    let tls_port = free_port().to_string();
+    let file = |n: &str| pki.join(n).to_str().unwrap().to_string();
+    let redis = Redis::start_with(
+        &dir,
+        &[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &file("server.pem"),
+            "--tls-key-file",
+            &file("server.key"),
+            "--tls-ca-cert-file",
+            &file("ca.pem"),
+            "--tls-auth-clients",
+            "no",
+        ],
+    );
+    let mut conn = redis.conn();
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let ca = file("ca.pem");
+    operate_against(&url, &["--tls-ca", &ca], &mut conn, &dir);
+    // Without the CA the server's certificate is not trusted; a plain URL with --tls-ca is refused.
+    let config = config_file(&dir);
+    let out = tollgate(&[
+        "inspect", &config, "--rule", "per-user", "--key", "a", "--redis", &url,
+    ]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("cannot reach Redis at {url}")),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.to_lowercase().contains("certificate"),
+        "{}",
+        out.stderr
+    );
+    fails(
+        &[
+            "inspect",
+            &config,
+            "--rule",
+            "per-user",
+            "--key",
+            "a",
+            "--redis",
+            &redis.url(),
+            "--tls-ca",
+            &ca,
+        ],
+        "need a rediss:// URL",
+    );
+}
