@@ -27,7 +27,7 @@ pub fn period(ms: u64) -> String {
         if ms == unit {
             return name.to_string();
         }
-        if ms % unit == 0 {
+        if ms.is_multiple_of(unit) {
             return format!("{} {name}s", ms / unit);
         }
     }
@@ -40,7 +40,7 @@ pub fn duration(ms: u64) -> String {
         format!("{ms} ms")
     } else if ms < 60_000 {
         let tenths = ms.div_ceil(100);
-        if tenths % 10 == 0 {
+        if tenths.is_multiple_of(10) {
             format!("{} s", tenths / 10)
         } else {
             format!("{}.{} s", tenths / 10, tenths % 10)

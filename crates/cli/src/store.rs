@@ -79,14 +79,18 @@ pub fn redacted(url: &str) -> String {
             }
             u.to_string()
         }
-        None => "(unparsable URL)".to_string(),
+        // Not a URL: anything up to an `@` may be credentials.
+        None => match url.rsplit_once('@') {
+            Some((_, host)) => format!("***@{host}"),
+            None => url.to_string(),
+        },
     }
 }
 
 /// A connection to the node(s) holding the buckets.
 pub enum Store {
     Single(redis::Connection, String),
-    Cluster(redis::cluster::ClusterConnection, String),
+    Cluster(Box<redis::cluster::ClusterConnection>, String),
 }
 
 impl Store {
@@ -132,13 +136,13 @@ impl Store {
             .build()
             .and_then(|c| c.get_connection())
             .map_err(|e| classify(&shown, e))?;
-        Ok(Store::Cluster(cluster, shown))
+        Ok(Store::Cluster(Box::new(cluster), shown))
     }
 
     fn conn(&mut self) -> (&mut dyn ConnectionLike, &str) {
         match self {
             Store::Single(c, url) => (c, url),
-            Store::Cluster(c, url) => (c, url),
+            Store::Cluster(c, url) => (&mut **c, url),
         }
     }
 

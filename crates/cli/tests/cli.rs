@@ -230,7 +230,7 @@ fn explain_says_which_rules_apply_and_why_not() {
         "{out}"
     );
     assert!(
-        out.contains("per-client: does not apply: no value for key source client_ip:v4=/24"),
+        out.contains("per-client: does not apply: the request has no value for key source client_ip:v4=/24\n"),
         "{out}"
     );
     let out = ok(&[
@@ -253,7 +253,7 @@ fn explain_says_which_rules_apply_and_why_not() {
         "--host",
         "api.example.com",
     ]);
-    assert!(out.contains("per-user: does not apply: no value for key source metadata:envoy.filters.http.jwt_authn:payload.sub"), "{out}");
+    assert!(out.contains("per-user: does not apply: the request has no value for key source metadata:envoy.filters.http.jwt_authn:payload.sub\n"), "{out}");
     // A cost header raises the cost; one above the burst is answered 400; a repeated key header
     // goes to the rule's bucket for ambiguous requests.
     let out = ok(&[
