@@ -83,8 +83,9 @@ enum Command {
     /// Give one bucket N more tokens, atomically, through the filter's script (debt is repaid
     /// first; never past burst less what is on lease).
     Credit {
-        /// Tokens to add (at least 1).
-        tokens: NonZeroU64,
+        /// Tokens to add: 1 to 1000000000, the largest burst a rule can have.
+        #[arg(value_parser = clap::value_parser!(u64).range(1..=tollgate_core::bucket::MAX_RATE))]
+        tokens: u64,
         #[command(flatten)]
         config: ConfigArg,
         #[command(flatten)]
@@ -235,7 +236,10 @@ fn run(command: Command) -> Result<Vec<String>, Failed> {
             config,
             bucket,
             redis,
-        } => operate(&config, &bucket, &redis, Operation::Credit(tokens)),
+        } => match NonZeroU64::new(tokens) {
+            Some(n) => operate(&config, &bucket, &redis, Operation::Credit(n)),
+            None => Err(Failed("credit: at least 1 token".to_string())),
+        },
     }
 }
 
