@@ -443,7 +443,24 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
     linker.func_wrap(
         "env",
         "proxy_set_property",
-        |c: C, _: i32, _: i32, _: i32, _: i32| unmodelled(&c, "proxy_set_property"),
+        |mut c: C, pp: i32, pl: i32, vp: i32, vl: i32| -> Result<i32, Error> {
+            guard(&c, "proxy_set_property")?;
+            let (Some(path), Some(value)) = (read(&c, pp, pl), read(&c, vp, vl)) else {
+                return Ok(INVALID_MEMORY_ACCESS);
+            };
+            // Envoy Context::setProperty: the stream's filter state `wasm.<path>` (the path as
+            // it is), a later value replacing an earlier one; NotFound without a stream (a root
+            // context).
+            let h = c.data_mut();
+            let ctx = h.context();
+            match h.streams.get_mut(&ctx) {
+                Some(s) => {
+                    s.filter_state.insert(format!("wasm.{}", text(path)), value);
+                    Ok(OK)
+                }
+                None => Ok(NOT_FOUND),
+            }
+        },
     )?;
     linker.func_wrap(
         "env",
@@ -777,7 +794,7 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
          _grpc: i32|
          -> Result<i32, Error> {
             guard(&c, "proxy_send_local_response")?;
-            let (Some(_details), Some(body), Some(pairs)) =
+            let (Some(details), Some(body), Some(pairs)) =
                 (read(&c, dp, dl), read(&c, bp, bl), read(&c, hp, hl))
             else {
                 return Ok(INVALID_MEMORY_ACCESS);
@@ -794,6 +811,10 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
                 Some(s) if s.local_reply_hold => Ok(BAD_ARGUMENT),
                 Some(s) => {
                     s.local_reply_hold = true;
+                    // Envoy replaces whitespace in the details with `_`
+                    // (StringUtil::replaceAllEmptySpace).
+                    let details = text(details).replace(char::is_whitespace, "_");
+                    s.details = Some(details);
                     h.after.push_back(After::LocalReply {
                         ctx,
                         status: status as u16,

@@ -16,7 +16,7 @@
 //! After every VM call the deferred actions run in order (Envoy's `DeferAfterCallActions`): resuming a
 //! request and sending a local reply never happen inside the call that asked for them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -90,6 +90,10 @@ pub struct Stream {
     pub peer: SocketAddr,
     pub path: String,
     pub local_reply_hold: bool,
+    /// The response code details of the local reply sent, if any.
+    pub details: Option<String>,
+    /// Filter state the module set (`proxy_set_property`), by key: `wasm.<path>`.
+    pub filter_state: BTreeMap<String, Vec<u8>>,
     pub reply: Option<mpsc::Sender<Response>>,
 }
 
@@ -509,6 +513,8 @@ impl Worker {
                 peer: req.peer,
                 path,
                 local_reply_hold: false,
+                details: None,
+                filter_state: BTreeMap::new(),
                 reply: Some(req.reply),
             },
         );

@@ -123,6 +123,18 @@ pub fn property(serialized_path: &[u8]) -> Result<Vec<u8>, Status> {
     }
 }
 
+/// Sets property `path` of the effective context's stream to `value`. Envoy keeps it as the
+/// stream's filter state `wasm.<path>` (a byte string, for the filter chain's life: access logs
+/// print it with `%FILTER_STATE(wasm.<path>:PLAIN)%`), replacing an earlier value; NotFound when
+/// the effective context has no stream (a root context). The path goes as it is: one segment,
+/// no NUL.
+pub fn set_property(path: &str, value: &[u8]) -> Result<(), Status> {
+    // SAFETY: pointer/length pairs of live buffers.
+    Status::check(unsafe {
+        raw::proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len())
+    })
+}
+
 /// Lets the paused stream of the effective context go on.
 pub fn continue_stream(stream: StreamType) -> Result<(), Status> {
     // SAFETY: plain integer argument.

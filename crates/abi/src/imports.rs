@@ -52,6 +52,12 @@ extern "C" {
         return_data: *mut *mut u8,
         return_size: *mut usize,
     ) -> u32;
+    pub fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     pub fn proxy_continue_stream(stream_type: u32) -> u32;
     pub fn proxy_send_local_response(
         status_code: u32,

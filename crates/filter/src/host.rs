@@ -8,7 +8,7 @@
 
 use tollgate_abi::{self as abi, BufferType, MapType, StreamType};
 use tollgate_core::backend::{Answer, BackendError, Outgoing};
-use tollgate_core::engine::{ContextId, Host, LocalReply};
+use tollgate_core::engine::{decision, ContextId, Host, LocalReply};
 use tollgate_core::property;
 use tollgate_core::shared::{Store, StoreError};
 
@@ -159,13 +159,24 @@ impl Host for WasmHost {
     fn respond(&mut self, ctx: ContextId, reply: &LocalReply) {
         let ctx = ctx.get();
         let headers = tollgate_core::pairs::encode(&reply.headers);
-        let details = b"tollgate";
+        let details = reply.details.as_bytes();
         let sent = self.in_context(ctx, || {
             let body = reply.body.as_bytes();
             abi::send_local_response(reply.status, details, body, &headers, reply.grpc_status)
         });
         if let Err(s) = sent {
             log::warn!("tollgate: local reply to request {ctx} failed ({s})");
+        }
+    }
+
+    fn record_decision(&mut self, ctx: ContextId, record: &str) {
+        let ctx = ctx.get();
+        let set = self.in_context(ctx, || {
+            abi::set_property(decision::PROPERTY, record.as_bytes())
+        });
+        if let Err(s) = set {
+            // Per request: not worth a warning each time (the access log shows "-" instead).
+            log::debug!("tollgate: recording the decision of request {ctx} failed ({s})");
         }
     }
 

@@ -23,6 +23,7 @@ pub(super) use chains::{Chains, Waiter};
 use wire::Answers;
 
 use super::calls::{Call, Purpose};
+use super::decision::By;
 use super::host::Host;
 use super::ids::{CheckId, ContextId};
 use super::rules::RuleRef;
@@ -187,7 +188,7 @@ impl Engine {
                 Outcome::Denied { retry_ms }
             };
             match w {
-                Waiter::Local(ctx, check) => self.settle(host, ctx, check, outcome),
+                Waiter::Local(ctx, check) => self.settle(host, ctx, check, (outcome, By::Redis)),
                 Waiter::Remote { queue, ask } => answers.add(queue, ask, Some(outcome)),
             }
         }
@@ -261,7 +262,8 @@ impl Engine {
             return;
         };
         match outcome {
-            Some(o) => self.settle(host, f.ctx, f.check, o),
+            // The leader's call answered it.
+            Some(o) => self.settle(host, f.ctx, f.check, (o, By::Redis)),
             None => self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now),
         }
     }

@@ -3,6 +3,7 @@
 //! Invariant: the cost a rule charges is never below the rule's `cost`, and never above the
 //! burst of the key's limits (such a request could never be admitted: it is refused with 400).
 
+use super::decision::Refusal;
 use super::verdict::{LocalReply, Verdict};
 use crate::bucket::Limits;
 use crate::config::Rule;
@@ -53,8 +54,9 @@ pub fn cost_of(rule: &Rule, limits: &Limits, req: &dyn RequestView) -> Result<u6
     Ok(cost)
 }
 
+/// The local reply to a request whose cost for `rule` is unusable.
 #[cold]
-pub fn bad_cost(e: &CostError) -> Verdict {
+pub fn bad_cost(rule: &str, e: &CostError) -> Verdict {
     let body = match e {
         CostError::Invalid => "invalid cost header: expected a positive integer\n".to_string(),
         CostError::OverBurst { rule, burst } => format!(
@@ -66,5 +68,6 @@ pub fn bad_cost(e: &CostError) -> Verdict {
         headers: Vec::new(),
         body,
         grpc_status: None,
+        details: Refusal::BadCost.details(rule),
     })
 }

@@ -5,11 +5,13 @@
 //! returned to Envoy from there; otherwise the paused request is resumed, held until its
 //! reservation is due, or answered here. A request decided is taken off every wait it was in.
 
+use super::decision::{self, By};
 use super::host::{Action, Host};
 use super::ids::{CheckId, ContextId};
 use super::local::LocalStage;
 use super::plugin::Plan;
 use super::requests::{Check, Local, Request, Route};
+use super::rules::RuleRef;
 use super::usage::{self, Admitted};
 use super::verdict::{is_grpc, Fold, Outcome, Source, Verdict};
 use super::{cost, describe, Engine};
@@ -52,7 +54,7 @@ impl Engine {
                     continue;
                 }
                 Plan::BadCost(e) => {
-                    bad_cost = Some(e);
+                    bad_cost = Some((rule.clone(), e));
                     break;
                 }
                 Plan::Check(call) => call,
@@ -60,7 +62,7 @@ impl Engine {
             let lease = rule.mode == Mode::Lease;
             let (outcome, route) = stage.outcome(host, rule, &call, lease);
             match outcome {
-                Some(o) => {
+                Some((o, _)) => {
                     self.plugin.count(rule, (o, Source::Local));
                     fold.add(rule, o, call.limits());
                 }
@@ -72,9 +74,9 @@ impl Engine {
                 route,
             }));
         }
-        if let Some(e) = bad_cost {
+        if let Some((rule, e)) = bad_cost {
             self.requests.give_back_slots(slots);
-            return self.apply(host, ctx, cost::bad_cost(&e), Vec::new());
+            return self.apply(host, ctx, cost::bad_cost(&rule.name, &e), Vec::new());
         }
         if undecided && !fold.refuses() {
             return self.keep_undecided(host, ctx, slots);
@@ -82,6 +84,11 @@ impl Engine {
         // Whether the client speaks gRPC matters only for a local answer: read it only then.
         let grpc = fold.refuses() && is_grpc(req.header("content-type").as_deref());
         let verdict = fold.verdict(&self.plugin.config, grpc);
+        let answered = rules.iter().zip(&slots).filter_map(|(rule, slot)| {
+            let (outcome, by) = slot.as_ref()?.outcome?;
+            Some((rule, outcome, by))
+        });
+        record(host, ctx, &mut self.record, answered);
         for local in slots.drain(..).flatten() {
             self.keys.recycle(local.call.key);
         }
@@ -158,18 +165,19 @@ impl Engine {
         }
     }
 
-    /// Records check `check`'s outcome (once), and applies the verdict when the request has one.
+    /// Records check `check`'s outcome (once), answered `by`, and applies the verdict when the
+    /// request has one.
     pub(super) fn settle(
         &mut self,
         host: &mut dyn Host,
         ctx: ContextId,
         check: CheckId,
-        outcome: Outcome,
+        (outcome, by): (Outcome, By),
     ) {
         let Some(request) = self.requests.get_mut(ctx) else {
             return;
         };
-        let Some((rule, source)) = request.record(check, outcome) else {
+        let Some((rule, source)) = request.record(check, outcome, by) else {
             return;
         };
         self.plugin.count(rule, (outcome, source));
@@ -183,6 +191,11 @@ impl Engine {
         let Some(request) = self.requests.remove(ctx) else {
             return;
         };
+        let answered = request.checks().iter().filter_map(|c| {
+            let (outcome, by) = c.outcome?;
+            Some((&c.rule, outcome, by))
+        });
+        record(host, ctx, &mut self.record, answered);
         let usage = self.close_request(ctx, &request);
         self.apply(host, ctx, verdict, usage);
     }
@@ -232,5 +245,19 @@ impl Engine {
             self.waits.remove_waiter(&c.call.key, ctx);
         }
         usage::admissions(r.checks())
+    }
+}
+
+/// Writes the decision record of request `ctx` from its answered checks into `buf` (the engine's,
+/// reused), and gives it to the host; nothing if no check was answered.
+fn record<'a>(
+    host: &mut dyn Host,
+    ctx: ContextId,
+    buf: &mut String,
+    answered: impl Iterator<Item = (&'a RuleRef, Outcome, By)>,
+) {
+    decision::write(buf, answered);
+    if !buf.is_empty() {
+        host.record_decision(ctx, buf);
     }
 }

@@ -33,6 +33,11 @@ pub trait Host {
     /// A header of paused request `ctx` (every line, joined with `,`), read after its
     /// `request_headers` callback.
     fn request_header(&mut self, ctx: ContextId, name: &str) -> Option<Vec<u8>>;
+    /// Keeps `record`, the decision record of request `ctx` ([`decision`](super::decision)),
+    /// where the proxy's access log can print it: Envoy keeps it as the request's filter state
+    /// `wasm.tollgate` (a later record of the same request replaces it). Called once per request
+    /// a rule checked, when its verdict is applied.
+    fn record_decision(&mut self, ctx: ContextId, record: &str);
     /// Adds headers to the response of `ctx` (called while its response headers are processed).
     fn add_response_headers(&mut self, ctx: ContextId, headers: &[(&str, &str)]);
     /// Sets request header `name` of `ctx` to `value`, replacing every line of it (called inside

@@ -20,6 +20,7 @@ pub(super) use waits::Waits;
 use waits::{Head, State, Waiter};
 
 use super::calls::{Call, Purpose};
+use super::decision::By;
 use super::host::Host;
 use super::ids::{CheckId, ContextId};
 use super::rules::{RuleId, RuleRef};
@@ -185,7 +186,12 @@ impl Engine {
     /// Every waiter on `key` gets a 429: this proxy's reservation covers them only later.
     fn deny_waiters(&mut self, host: &mut dyn Host, key: &str, retry_ms: u64) {
         for w in self.waits.drain(key) {
-            self.settle(host, w.ctx, w.check, Outcome::Denied { retry_ms });
+            self.settle(
+                host,
+                w.ctx,
+                w.check,
+                (Outcome::Denied { retry_ms }, By::Lease),
+            );
         }
     }
 
@@ -274,7 +280,12 @@ impl Engine {
             .waits
             .serve(key, &take.spent, |cost| deny.denied(key, cost, now));
         for (w, outcome) in served {
-            self.settle(host, w.ctx, w.check, outcome);
+            // Leased tokens, or a denial the deny cache holds.
+            let by = match outcome {
+                Outcome::Denied { .. } => By::DenyCache,
+                _ => By::Lease,
+            };
+            self.settle(host, w.ctx, w.check, (outcome, by));
         }
         if !self.waits.idle_with_waiters(key) {
             self.waits.forget_if_idle(key);

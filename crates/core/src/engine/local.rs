@@ -7,6 +7,7 @@
 //! bucket gave, or while this proxy's reservation for the key refills. Nothing here admits a
 //! check the bucket would not have.
 
+use super::decision::By;
 use super::host::Host;
 use super::lease::{self, give_back, Waits};
 use super::plugin::Plugin;
@@ -44,20 +45,20 @@ pub(super) struct LocalStage<'a> {
 
 impl LocalStage<'_> {
     /// What the local stage answers for a check of `rule` (`lease`: a lease rule's): a leased
-    /// token or a cached denial; and where the check goes if neither.
+    /// token or a cached denial, and who gave it; and where the check goes if neither.
     pub fn outcome(
         &mut self,
         host: &dyn Host,
         rule: &RuleRef,
         call: &ScriptCall,
         lease: bool,
-    ) -> (Option<Outcome>, Route) {
+    ) -> (Option<(Outcome, By)>, Route) {
         if lease {
             // By the worker's latest clock reading (see [`stash`](super::stash)): the local
             // path's one clock-free answer.
             let latest = self.timer.latest();
             if let Some(spent) = self.stashes.spend(&call.key, call.cost, latest) {
-                return (Some(Outcome::leased(spent)), Route::Lease);
+                return (Some((Outcome::leased(spent), By::Lease)), Route::Lease);
             }
         }
         self.shared_outcome(host, rule, call, lease)
@@ -72,14 +73,14 @@ impl LocalStage<'_> {
         rule: &RuleRef,
         call: &ScriptCall,
         lease: bool,
-    ) -> (Option<Outcome>, Route) {
+    ) -> (Option<(Outcome, By)>, Route) {
         let now = self.timer.read(host);
         let store = host.store();
         let mut refilling = None;
         let mut route = Route::Exact;
         if lease {
             let why = match self.spend_leased(host, rule, call, now) {
-                Ok(s) => return (Some(Outcome::leased(s)), Route::Lease),
+                Ok(s) => return (Some((Outcome::leased(s), By::Lease)), Route::Lease),
                 Err(why) => why,
             };
             let alone = self.sightings.goes_alone(&call.key);
@@ -92,10 +93,12 @@ impl LocalStage<'_> {
                 NoLease::Unknown | NoLease::Spent => Route::Lease,
             };
         }
-        let denied = DenyCache::new(store, &self.plugin.ns)
+        let cached = DenyCache::new(store, &self.plugin.ns)
             .denied(&call.key, call.cost, now)
-            .or(refilling)
-            .map(|retry_ms| Outcome::Denied { retry_ms });
+            .map(|retry_ms| (retry_ms, By::DenyCache));
+        let denied = cached
+            .or(refilling.map(|retry_ms| (retry_ms, By::Lease)))
+            .map(|(retry_ms, by)| (Outcome::Denied { retry_ms }, by));
         if lease && denied.is_some() {
             self.waits.unmet(&call.key, call.cost);
         }

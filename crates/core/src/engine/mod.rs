@@ -24,6 +24,7 @@ mod calls;
 mod coalesce;
 mod cost;
 mod decide;
+pub mod decision;
 mod handover;
 pub mod health;
 mod host;
@@ -74,6 +75,8 @@ pub struct Engine {
     timer: tick::Timer,
     /// Where response headers are written (kept: its capacity is reused).
     header_buf: String,
+    /// Where a request's decision record is written (kept: its capacity is reused).
+    record: String,
 }
 
 impl Engine {
@@ -90,6 +93,7 @@ impl Engine {
             usage: usage::Usage::default(),
             timer: tick::Timer::default(),
             header_buf: String::new(),
+            record: String::new(),
         }
     }
 
@@ -148,7 +152,10 @@ impl Engine {
             match call.purpose {
                 Purpose::Check { ctx, check } => {
                     let outcome = match reply {
-                        Ok(r) => self.reply_outcome(host, &call.call, &r, call.sent_ms),
+                        Ok(r) => (
+                            self.reply_outcome(host, &call.call, &r, call.sent_ms),
+                            decision::By::Redis,
+                        ),
                         Err(e) => self.failure_outcome(host, &call.rule, &call.call, &e, now),
                     };
                     self.settle(host, ctx, check, outcome);

@@ -9,6 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use super::decision::By;
 use super::host::Action;
 use super::ids::{ById, CheckId, ContextId};
 use super::rules::RuleRef;
@@ -21,7 +22,8 @@ use crate::backend::ScriptCall;
 pub(super) struct Check {
     pub rule: RuleRef,
     pub call: ScriptCall,
-    pub outcome: Option<Outcome>,
+    /// Its outcome, and who answered it.
+    pub outcome: Option<(Outcome, By)>,
     pub route: Route,
     /// The outcome came from a script call (so the global bucket charged the up-front cost).
     pub backend: bool,
@@ -32,7 +34,7 @@ pub(super) struct Check {
 #[derive(Debug)]
 pub(super) struct Local {
     pub call: ScriptCall,
-    pub outcome: Option<Outcome>,
+    pub outcome: Option<(Outcome, By)>,
     pub route: Route,
 }
 
@@ -110,9 +112,14 @@ impl Request {
             .filter(|c| c.outcome.is_none())
     }
 
-    /// Records `outcome` for `check`, once, while the request is still deciding: the check's rule
-    /// and where the outcome came from, to count it (None: nothing recorded).
-    pub fn record(&mut self, check: CheckId, outcome: Outcome) -> Option<(&RuleRef, Source)> {
+    /// Records `outcome` for `check` (answered `by`), once, while the request is still deciding:
+    /// the check's rule and where the outcome came from, to count it (None: nothing recorded).
+    pub fn record(
+        &mut self,
+        check: CheckId,
+        outcome: Outcome,
+        by: By,
+    ) -> Option<(&RuleRef, Source)> {
         let Request::Deciding(checks) = self else {
             return None;
         };
@@ -120,7 +127,7 @@ impl Request {
         if check.outcome.is_some() {
             return None;
         }
-        check.outcome = Some(outcome);
+        check.outcome = Some((outcome, by));
         let source = match outcome {
             Outcome::FailOpen | Outcome::FailClosed => Source::Failure,
             _ => Source::Backend,
@@ -135,7 +142,7 @@ impl Request {
         let mut complete = true;
         for c in self.checks() {
             match c.outcome {
-                Some(o) => fold.add(&c.rule, o, c.call.limits()),
+                Some((o, _)) => fold.add(&c.rule, o, c.call.limits()),
                 None => complete = false,
             }
         }

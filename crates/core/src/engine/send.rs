@@ -8,6 +8,7 @@
 //! a call that is not out.
 
 use super::calls::{Call, Purpose};
+use super::decision::By;
 use super::health::{Event, Health};
 use super::host::Host;
 use super::ids::{CheckId, ContextId, Token};
@@ -161,7 +162,8 @@ impl Engine {
         outcome
     }
 
-    /// The failure mode's outcome for a check of `rule` whose call failed (or was never sent).
+    /// The failure mode's outcome for a check of `rule` whose call failed (or was never sent),
+    /// and which failure mode gave it.
     pub(super) fn failure_outcome(
         &self,
         host: &mut dyn Host,
@@ -169,14 +171,21 @@ impl Engine {
         call: &ScriptCall,
         _err: &BackendError,
         now: u64,
-    ) -> Outcome {
+    ) -> (Outcome, By) {
         match self.plugin.config.failure_mode {
-            FailureMode::Open => Outcome::FailOpen,
-            FailureMode::Closed => Outcome::FailClosed,
+            FailureMode::Open => (Outcome::FailOpen, By::FailureOpen),
+            FailureMode::Closed => (Outcome::FailClosed, By::FailureClosed),
             FailureMode::Local => {
                 let limits = rule.fallback.map_or(call.limits(), |f| f.limits());
                 let table = format!("{}|{}", self.plugin.ns, rule.name);
-                match fallback::take(host.store(), &table, &call.key, &limits, call.cost, now) {
+                let outcome = match fallback::take(
+                    host.store(),
+                    &table,
+                    &call.key,
+                    &limits,
+                    call.cost,
+                    now,
+                ) {
                     Ok(r) => match Outcome::of_reply(&r) {
                         Outcome::Reserved { .. } => Outcome::FailClosed,
                         o => o,
@@ -185,7 +194,8 @@ impl Engine {
                     Err(_) => Outcome::Denied {
                         retry_ms: FALLBACK_FAILING_RETRY_MS,
                     },
-                }
+                };
+                (outcome, By::Fallback)
             }
         }
     }

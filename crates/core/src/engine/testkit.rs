@@ -61,6 +61,9 @@ pub struct FakeHost {
     pub responded: Vec<(u32, LocalReply)>,
     /// Response headers added, per request, in order.
     pub added: Vec<(u32, Vec<(String, String)>)>,
+    /// Each request's decision record, as Envoy keeps it (filter state `wasm.tollgate`): the
+    /// latest one set for the request replaces any earlier.
+    pub decisions: HashMap<u32, String>,
     /// The tick period the engine asked for last (0: none), and how many times it asked.
     pub tick: u64,
     pub tick_sets: usize,
@@ -92,6 +95,11 @@ impl FakeHost {
     /// The tokens of the calls out, in the order sent.
     pub fn tokens(&self) -> Vec<u32> {
         self.out.keys().copied().collect()
+    }
+
+    /// The decision record of request `ctx`, if one was set.
+    pub fn decision(&self, ctx: u32) -> Option<&str> {
+        self.decisions.get(&ctx).map(String::as_str)
     }
 
     /// The status request `ctx` was answered with here, if it was.
@@ -134,6 +142,9 @@ impl Host for FakeHost {
     }
     fn respond(&mut self, ctx: ContextId, reply: &LocalReply) {
         self.responded.push((ctx.get(), reply.clone()));
+    }
+    fn record_decision(&mut self, ctx: ContextId, record: &str) {
+        self.decisions.insert(ctx.get(), record.to_string());
     }
     fn add_response_headers(&mut self, ctx: ContextId, headers: &[(&str, &str)]) {
         let owned = headers.iter().map(|(k, v)| (k.to_string(), v.to_string()));

@@ -1898,5 +1898,7 @@ fn profile_lease_new_keys() {
     }
 }
 
+/// The decision record and the local replies' details.
+mod decision;
 /// Usage that never becomes readable.
 mod unreadable;

@@ -62,7 +62,7 @@ pub(super) fn admissions(checks: &[Check]) -> Vec<Admitted> {
         .filter(|c| {
             matches!(
                 c.outcome,
-                Some(Outcome::Allowed { .. } | Outcome::Reserved { .. })
+                Some((Outcome::Allowed { .. } | Outcome::Reserved { .. }, _))
             )
         })
         .filter(|c| c.rule.usage.is_some())

@@ -5,6 +5,7 @@
 //! it: any enforced denial answers with the configured `deny` reply (and the longest wait), a
 //! `closed` failure mode with 503.
 
+use super::decision::Refusal;
 use super::rules::RuleRef;
 use crate::backend::Reply;
 use crate::bucket::Limits;
@@ -91,6 +92,9 @@ pub struct LocalReply {
     pub body: String,
     /// For a gRPC request: the grpc-status to answer with (None: Envoy derives it).
     pub grpc_status: Option<u32>,
+    /// The response code details (Envoy's `%RESPONSE_CODE_DETAILS%`): why, and which rule
+    /// ([`Refusal::details`]).
+    pub details: String,
 }
 
 /// What happens to the request.
@@ -152,8 +156,8 @@ pub struct Fold<'a> {
     worst: Option<Report<'a>>,
     /// The most restrictive enforced admission, and its rule.
     admit: Option<(&'a RuleRef, Report<'a>)>,
-    /// A `closed` failure mode refused.
-    closed: bool,
+    /// A `closed` failure mode refused: the first rule it refused for.
+    closed: Option<&'a str>,
     /// The longest hold for a reservation.
     delay_ms: u64,
 }
@@ -186,7 +190,7 @@ impl<'a> Fold<'a> {
                 reset_ms,
             } => (remaining, reset_ms),
             Outcome::FailClosed => {
-                self.closed = true;
+                self.closed = self.closed.or(Some(&rule.name));
                 return;
             }
             Outcome::FailOpen => return,
@@ -204,7 +208,7 @@ impl<'a> Fold<'a> {
     /// Whether an enforced rule refused: the verdict is a local answer, whatever the other
     /// checks say.
     pub fn refuses(&self) -> bool {
-        self.worst.is_some() || self.closed
+        self.worst.is_some() || self.closed.is_some()
     }
 
     /// The verdict (`grpc` adapts a local answer to a gRPC client).
@@ -212,8 +216,8 @@ impl<'a> Fold<'a> {
         if let Some(worst) = self.worst {
             return denial(cfg, &worst, grpc);
         }
-        if self.closed {
-            return backend_unavailable(grpc);
+        if let Some(rule) = self.closed {
+            return backend_unavailable(rule, grpc);
         }
         Verdict::Allow(Shown {
             admit: self.admit.map(|(rule, r)| Admit {
@@ -255,12 +259,13 @@ fn denial(cfg: &Config, worst: &Report, grpc: bool) -> Verdict {
         headers: hdrs,
         body: cfg.deny.body.clone(),
         grpc_status: (grpc && cfg.deny.grpc_resource_exhausted).then_some(GRPC_RESOURCE_EXHAUSTED),
+        details: Refusal::RateLimited.details(worst.rule),
     })
 }
 
-/// The local reply when the backend failed and the failure mode refuses.
+/// The local reply when the backend failed and the failure mode refuses (for `rule`).
 #[cold]
-fn backend_unavailable(grpc: bool) -> Verdict {
+fn backend_unavailable(rule: &str, grpc: bool) -> Verdict {
     Verdict::Respond(LocalReply {
         status: BACKEND_UNAVAILABLE_STATUS,
         headers: vec![(
@@ -269,6 +274,7 @@ fn backend_unavailable(grpc: bool) -> Verdict {
         )],
         body: "rate limit backend unavailable\n".to_string(),
         grpc_status: grpc.then_some(GRPC_UNAVAILABLE),
+        details: Refusal::BackendUnavailable.details(rule),
     })
 }
 
@@ -335,6 +341,10 @@ mod tests {
             .map(|(_, v)| v.as_str());
         assert_eq!(reply.status, cfg.deny.status);
         assert!(policy.is_some_and(|p| p.starts_with("\"b\"")), "{policy:?}");
+        assert_eq!(
+            reply.details, "tollgate_rate_limited{b}",
+            "the rule its headers name"
+        );
     }
 
     #[test]
@@ -350,5 +360,6 @@ mod tests {
         };
         assert_eq!(reply.status, BACKEND_UNAVAILABLE_STATUS);
         assert_eq!(reply.grpc_status, Some(GRPC_UNAVAILABLE));
+        assert_eq!(reply.details, "tollgate_backend_unavailable{a}");
     }
 }

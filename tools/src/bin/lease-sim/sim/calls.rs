@@ -85,6 +85,7 @@ impl Sim<'_> {
         let out = std::mem::take(&mut host.out);
         host.sent.clear();
         host.added.clear();
+        host.decisions.clear();
         let resumed = std::mem::take(&mut host.resumed);
         let responded = std::mem::take(&mut host.responded);
         // The tick period, if the engine asked for one during the callback.
