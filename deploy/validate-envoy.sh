@@ -50,6 +50,7 @@ while IFS= read -r file; do
       -e "s|{{LISTEN_PORT}}|10000|g" \
       -e "s|{{BACKEND_PORT}}|17379|g" \
       -e "s|{{UPSTREAM_PORT}}|18080|g" \
+      -e "s|{{ACCESS_LOG}}|/dev/stdout|g" \
       -e "s|{{SEED_PORT_1}}|17001|g" -e "s|{{SEED_PORT_2}}|17002|g" -e "s|{{SEED_PORT_3}}|17003|g" \
       -e "s|{{WASM_PATH}}|$(sed_escape "$(yaml_single "$wasm")")|g" \
       -e "s|'/etc/tollgate/tollgate.wasm'|'$(sed_escape "$(yaml_single "$wasm")")'|g" \

@@ -18,7 +18,7 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
-use common::envoy::{brief_log, envoy_file, render_envoy_yaml};
+use common::envoy::{brief_log, envoy_file, render_envoy_yaml, render_envoy_yaml_logging};
 use common::redis_cluster::render_redis_proxy_yaml;
 use common::{demo_config, envoy_bin, repo_root, scratch_dir, wasm_path};
 
@@ -81,13 +81,15 @@ fn compose_envoy_yaml() -> String {
          # 127.0.0.1:{COMPOSE_LISTEN_PORT}, Webdis 127.0.0.1:{COMPOSE_WEBDIS_PORT}, the app 127.0.0.1:{COMPOSE_APP_PORT},\n\
          # the wasm mounted at {COMPOSE_WASM}.\n"
     );
-    let rendered = render_envoy_yaml(
+    // The access log goes to Envoy's stdout: `docker compose logs envoy` shows it.
+    let rendered = render_envoy_yaml_logging(
         &demo_config(),
         COMPOSE_WEBDIS_PORT,
         COMPOSE_LISTEN_PORT,
         COMPOSE_ADMIN_PORT,
         Path::new(COMPOSE_WASM),
         COMPOSE_APP_PORT,
+        "/dev/stdout",
     );
     // The template's leading comment explains its placeholders; the rendered file has none left.
     let body: String = rendered

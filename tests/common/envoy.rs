@@ -64,8 +64,13 @@ fn yaml_single_quoted(text: &str) -> String {
     text.replace('\'', "''")
 }
 
-/// Renders envoy/envoy.yaml. `plugin_config_json` is compacted to one line when it is valid JSON; text
-/// that is not JSON goes in as it is (newlines become spaces), so tests can feed Envoy a broken config.
+/// Where the access log of envoy/envoy.yaml goes unless a test reads it: nowhere (a test that sends
+/// many requests would fill its Envoy's log with them).
+pub const NO_ACCESS_LOG: &str = "/dev/null";
+
+/// Renders envoy/envoy.yaml, its access log discarded. `plugin_config_json` is compacted to one line
+/// when it is valid JSON; text that is not JSON goes in as it is (newlines become spaces), so tests
+/// can feed Envoy a broken config.
 pub fn render_envoy_yaml(
     plugin_config_json: &str,
     backend_port: u16,
@@ -73,6 +78,27 @@ pub fn render_envoy_yaml(
     admin_port: u16,
     wasm_path: &Path,
     upstream_port: u16,
+) -> String {
+    render_envoy_yaml_logging(
+        plugin_config_json,
+        backend_port,
+        listen_port,
+        admin_port,
+        wasm_path,
+        upstream_port,
+        NO_ACCESS_LOG,
+    )
+}
+
+/// [`render_envoy_yaml`] with the access log written to `access_log` (a file, `/dev/stdout`).
+pub fn render_envoy_yaml_logging(
+    plugin_config_json: &str,
+    backend_port: u16,
+    listen_port: u16,
+    admin_port: u16,
+    wasm_path: &Path,
+    upstream_port: u16,
+    access_log: &str,
 ) -> String {
     let config = match serde_json::from_str::<serde_json::Value>(plugin_config_json) {
         Ok(v) => v.to_string(),
@@ -87,6 +113,7 @@ pub fn render_envoy_yaml(
             "{{WASM_PATH}}",
             &yaml_single_quoted(&wasm_path.to_string_lossy()),
         )
+        .replace("{{ACCESS_LOG}}", &yaml_single_quoted(access_log))
         // Last, so nothing inside the plugin config is taken for a placeholder.
         .replace("{{PLUGIN_CONFIG}}", &yaml_single_quoted(&config))
 }
@@ -159,6 +186,16 @@ impl Envoy {
         dir: &Path,
         render: impl Fn(u16, u16) -> String,
     ) -> Result<Envoy, String> {
+        Self::try_start_yaml_args(dir, &[], render)
+    }
+
+    /// Like [`Envoy::try_start_yaml`], with more command-line arguments for Envoy (e.g.
+    /// `--file-flush-interval-msec 100` for a test that reads the access log).
+    pub fn try_start_yaml_args(
+        dir: &Path,
+        args: &[&str],
+        render: impl Fn(u16, u16) -> String,
+    ) -> Result<Envoy, String> {
         let bin = envoy_bin();
         let mut last_log = String::new();
         for _attempt in 0..3 {
@@ -175,6 +212,7 @@ impl Envoy {
                 "-l",
                 "info",
             ]);
+            cmd.args(args);
             let proc = Proc::spawn("envoy", cmd, &dir.join(format!("envoy-{listen_port}.log")));
             let mut envoy = Envoy {
                 listen_port,

@@ -231,6 +231,7 @@ pub fn render_bench_template(
         .replace("{{BACKEND_PORT}}", &backend_port.to_string())
         .replace("{{UPSTREAM_PORT}}", &common::envoy::NO_UPSTREAM.to_string())
         .replace("{{WASM_PATH}}", &wasm.to_string_lossy().replace('\'', "''"))
+        .replace("{{ACCESS_LOG}}", common::envoy::NO_ACCESS_LOG)
 }
 
 /// The parts of an Envoy template outside `http_filters`, without comments: the bench templates must
