@@ -87,6 +87,7 @@ const CLOSED: &str = r#"{
   "backend": { "cluster": "tollgate_backend", "timeout_ms": 300 },
   "failure_mode": "closed",
   "response_headers": "ietf",
+  "record_decisions": true,
   "rules": [
     { "name": "per-user", "match": { "path_prefix": "/api/" }, "key": ["header:x-user-id"],
       "rate": 1, "period_ms": 60000, "burst": 2 },
@@ -185,6 +186,7 @@ fn the_access_log_names_the_rule_the_outcome_and_who_answered() {
     // Failure mode local: the fallback bucket answers, and is named.
     let local = r#"{
       "backend": { "cluster": "tollgate_backend", "timeout_ms": 300 },
+      "record_decisions": true,
       "rules": [ { "name": "per-user", "key": ["header:x-user-id"], "rate": 1,
                    "period_ms": 60000, "burst": 5,
                    "fallback": { "rate": 1, "period_ms": 60000, "burst": 1 } } ]

@@ -23,6 +23,7 @@ pub fn compile(doc: doc::Document, artifact: Artifact) -> Result<Config, ConfigE
         failure_mode: doc.failure_mode,
         response_headers: doc.response_headers,
         deny: deny(doc.deny)?,
+        record_decisions: doc.record_decisions,
         rules: rules(doc.rules)?,
     })
 }

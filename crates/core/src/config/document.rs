@@ -31,6 +31,10 @@ pub struct Document {
     pub response_headers: HeaderStyle,
     #[serde(default)]
     pub deny: Deny,
+    /// Leave each checked request's decision record for the access log (off by default: it
+    /// costs the lease path a host call per request).
+    #[serde(default)]
+    pub record_decisions: bool,
     pub rules: Vec<Rule>,
 }
 

@@ -21,6 +21,9 @@ pub struct Config {
     pub failure_mode: FailureMode,
     pub response_headers: HeaderStyle,
     pub deny: Deny,
+    /// Each request a rule checked leaves its decision record with the host, for the access log
+    /// (`engine::decision`).
+    pub record_decisions: bool,
     pub rules: Vec<Rule>,
 }
 

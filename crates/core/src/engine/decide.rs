@@ -84,11 +84,13 @@ impl Engine {
         // Whether the client speaks gRPC matters only for a local answer: read it only then.
         let grpc = fold.refuses() && is_grpc(req.header("content-type").as_deref());
         let verdict = fold.verdict(&self.plugin.config, grpc);
-        let answered = rules.iter().zip(&slots).filter_map(|(rule, slot)| {
-            let (outcome, by) = slot.as_ref()?.outcome?;
-            Some((rule, outcome, by))
-        });
-        record(host, ctx, &mut self.record, answered);
+        if self.plugin.config.record_decisions {
+            let answered = rules.iter().zip(&slots).filter_map(|(rule, slot)| {
+                let (outcome, by) = slot.as_ref()?.outcome?;
+                Some((rule, outcome, by))
+            });
+            record(host, ctx, &mut self.record, answered);
+        }
         for local in slots.drain(..).flatten() {
             self.keys.recycle(local.call.key);
         }
@@ -191,11 +193,13 @@ impl Engine {
         let Some(request) = self.requests.remove(ctx) else {
             return;
         };
-        let answered = request.checks().iter().filter_map(|c| {
-            let (outcome, by) = c.outcome?;
-            Some((&c.rule, outcome, by))
-        });
-        record(host, ctx, &mut self.record, answered);
+        if self.plugin.config.record_decisions {
+            let answered = request.checks().iter().filter_map(|c| {
+                let (outcome, by) = c.outcome?;
+                Some((&c.rule, outcome, by))
+            });
+            record(host, ctx, &mut self.record, answered);
+        }
         let usage = self.close_request(ctx, &request);
         self.apply(host, ctx, verdict, usage);
     }

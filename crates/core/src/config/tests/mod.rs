@@ -96,6 +96,7 @@ fn design_example_parses() {
             body: "rate limited\n".into(),
             grpc_resource_exhausted: true,
         },
+        record_decisions: false,
         rules: vec![Rule {
             name: "per-user".into(),
             matcher: Match {
@@ -162,6 +163,7 @@ fn defaults() {
             body: "rate limited\n".into(),
             grpc_resource_exhausted: true,
         },
+        record_decisions: false,
         rules: vec![Rule {
             name: "all".into(),
             matcher: Match::default(),
@@ -382,6 +384,18 @@ fn bad_failure_mode() {
     assert_eq!(
         error(r#"{"failure_mode":"x","rules":[{"name":"a","rate":1}]}"#),
         r#"failure_mode: must be one of "open", "closed", "local" (got "x")"#
+    );
+}
+
+#[test]
+fn record_decisions_is_off_unless_asked_for() {
+    let base = r#""rules":[{"name":"a","rate":1}]}"#;
+    assert!(!Config::try_from(format!("{{{base}").as_bytes()).unwrap().record_decisions);
+    let on = format!(r#"{{"record_decisions":true,{base}"#);
+    assert!(Config::try_from(on.as_bytes()).unwrap().record_decisions);
+    assert_eq!(
+        error(&format!(r#"{{"record_decisions":"yes",{base}"#)),
+        "record_decisions: must be a boolean"
     );
 }
 
@@ -626,6 +640,7 @@ fn the_schema_lists_every_object_of_the_document() {
             "failure_mode",
             "response_headers",
             "deny",
+            "record_decisions",
             "rules"
         ]
     );

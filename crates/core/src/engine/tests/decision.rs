@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The configuration's top-level field that turns the record on.
+const ON: &str = r#""record_decisions":true,"#;
+
 /// The details the local reply to `ctx` carried.
 fn details(h: &Fake, ctx: u32) -> Option<&str> {
     h.responded
@@ -16,7 +19,7 @@ fn details(h: &Fake, ctx: u32) -> Option<&str> {
 fn a_call_records_each_rule_that_answered_in_configuration_order() {
     let rules =
         format!(r#"{EXACT}, {{"name":"try","key":["header:x-user"],"rate":1,"shadow":true}}"#);
-    let (mut e, _) = engine("", &rules);
+    let (mut e, _) = engine(ON, &rules);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10.into(), &user("a"));
     // The shadow rule answers first; the record keeps the configuration's order.
@@ -32,7 +35,7 @@ fn a_call_records_each_rule_that_answered_in_configuration_order() {
 
 #[test]
 fn a_denial_names_its_rule_in_the_details_then_the_deny_cache_answers() {
-    let (mut e, _) = engine("", EXACT);
+    let (mut e, _) = engine(ON, EXACT);
     let mut h = Fake::at(1000);
     e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 500, 500, 0));
@@ -51,7 +54,7 @@ fn a_denial_names_its_rule_in_the_details_then_the_deny_cache_answers() {
 
 #[test]
 fn leased_tokens_are_recorded_as_the_lease_s_answer() {
-    let (mut e, _) = engine("", LEASE);
+    let (mut e, _) = engine(ON, LEASE);
     let mut h = Fake::default();
     deposit_at_0(&h, &e, TWENTY_LEASED);
     assert_eq!(
@@ -72,7 +75,7 @@ fn leased_tokens_are_recorded_as_the_lease_s_answer() {
 
 #[test]
 fn a_lease_waiter_records_the_lease_when_the_grant_comes() {
-    let (mut e, _) = engine("", LEASE);
+    let (mut e, _) = engine(ON, LEASE);
     let mut h = Fake::default();
     assert_eq!(
         e.request_headers(&mut h, 10.into(), &user("a")),
@@ -102,7 +105,7 @@ fn each_failure_mode_is_named_and_closed_names_its_rule() {
             Some(503),
         ),
     ] {
-        let (mut e, _) = engine(top, EXACT);
+        let (mut e, _) = engine(&format!("{ON}{top}"), EXACT);
         let mut h = Fake::default();
         e.request_headers(&mut h, 10.into(), &user("a"));
         deliver(&mut e, &mut h, 1, 0, b"");
@@ -117,7 +120,7 @@ fn each_failure_mode_is_named_and_closed_names_its_rule() {
     }
     // local (the default): the rule's fallback bucket answers, and is named.
     let (mut e, _) = engine(
-        "",
+        ON,
         r#"{"name":"r","key":["header:x-user"],"rate":1,"burst":10,
             "fallback":{"rate":1,"period_ms":1000,"burst":2}}"#,
     );
@@ -135,7 +138,7 @@ fn each_failure_mode_is_named_and_closed_names_its_rule() {
 
 #[test]
 fn a_bad_cost_names_its_rule_and_a_request_no_rule_checked_records_nothing() {
-    let (mut e, _) = engine("", EXACT);
+    let (mut e, _) = engine(ON, EXACT);
     let mut h = Fake::default();
     let bad = req("/api/x", &[("x-user", "a"), ("x-cost", "-1")]);
     assert_eq!(e.request_headers(&mut h, 10.into(), &bad), Action::Pause);
@@ -154,11 +157,30 @@ fn a_bad_cost_names_its_rule_and_a_request_no_rule_checked_records_nothing() {
 #[test]
 fn an_enforced_denial_records_only_the_checks_that_answered() {
     let rules = format!(r#"{EXACT}, {{"name":"global","rate":100,"burst":100}}"#);
-    let (mut e, _) = engine("", &rules);
+    let (mut e, _) = engine(ON, &rules);
     let mut h = Fake::default();
     e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 2, 200, &answer(false, 0, 300, 300, 0));
     assert_eq!(h.status_of(10), Some(429));
     assert_eq!(details(&h, 10), Some("tollgate_rate_limited{global}"));
     assert_eq!(h.decision(10), Some("global:denied:0:redis"));
+}
+
+#[test]
+fn without_record_decisions_nothing_is_recorded_but_replies_keep_their_details() {
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 500, 500, 0));
+    assert_eq!(h.status_of(10), Some(429));
+    assert_eq!(details(&h, 10), Some("tollgate_rate_limited{per-user}"));
+    assert!(h.decisions.is_empty());
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake::default();
+    deposit_at_0(&h, &e, TWENTY_LEASED);
+    assert_eq!(
+        e.request_headers(&mut h, 10.into(), &user("a")),
+        Action::Continue
+    );
+    assert!(h.decisions.is_empty(), "the lease path makes no host call for it");
 }
