@@ -390,7 +390,11 @@ fn bad_failure_mode() {
 #[test]
 fn record_decisions_is_off_unless_asked_for() {
     let base = r#""rules":[{"name":"a","rate":1}]}"#;
-    assert!(!Config::try_from(format!("{{{base}").as_bytes()).unwrap().record_decisions);
+    assert!(
+        !Config::try_from(format!("{{{base}").as_bytes())
+            .unwrap()
+            .record_decisions
+    );
     let on = format!(r#"{{"record_decisions":true,{base}"#);
     assert!(Config::try_from(on.as_bytes()).unwrap().record_decisions);
     assert_eq!(

@@ -182,5 +182,8 @@ fn without_record_decisions_nothing_is_recorded_but_replies_keep_their_details()
         e.request_headers(&mut h, 10.into(), &user("a")),
         Action::Continue
     );
-    assert!(h.decisions.is_empty(), "the lease path makes no host call for it");
+    assert!(
+        h.decisions.is_empty(),
+        "the lease path makes no host call for it"
+    );
 }
