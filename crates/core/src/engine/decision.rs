@@ -1,6 +1,7 @@
 //! The decision record: what the filter decided for a request, as one short line that Envoy's
-//! access log can print (the host keeps it as the request's filter state `wasm.tollgate`), and
-//! the response code details its local replies carry.
+//! access log can print (the host keeps it as the request's filter state `wasm.tollgate`; written
+//! only with `record_decisions`, since it costs the lease path a host call), and the response
+//! code details its local replies carry (always).
 //!
 //! Invariant: a record and a details string hold only rule names (1 to 64 of `[A-Za-z0-9_-]`,
 //! checked by the configuration), fixed words and integers: never a request's bytes (no key,

@@ -36,7 +36,8 @@ pub trait Host {
     /// Keeps `record`, the decision record of request `ctx` ([`decision`](super::decision)),
     /// where the proxy's access log can print it: Envoy keeps it as the request's filter state
     /// `wasm.tollgate` (a later record of the same request replaces it). Called once per request
-    /// a rule checked, when its verdict is applied.
+    /// a rule checked, when its verdict is applied, if the configuration's `record_decisions`
+    /// says so.
     fn record_decision(&mut self, ctx: ContextId, record: &str);
     /// Adds headers to the response of `ctx` (called while its response headers are processed).
     fn add_response_headers(&mut self, ctx: ContextId, headers: &[(&str, &str)]);
