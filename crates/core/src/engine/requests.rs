@@ -128,8 +128,10 @@ impl Request {
             return None;
         }
         check.outcome = Some((outcome, by));
-        let source = match outcome {
-            Outcome::FailOpen | Outcome::FailClosed => Source::Failure,
+        // The fallback bucket answers for the failure mode: its admissions are the failure mode's
+        // (counted in failure_mode_allowed, settling no usage in Redis), as open's are.
+        let source = match (outcome, by) {
+            (Outcome::FailOpen | Outcome::FailClosed, _) | (_, By::Fallback) => Source::Failure,
             _ => Source::Backend,
         };
         check.backend = source == Source::Backend;

@@ -294,8 +294,9 @@ fn failure_modes_answer_a_failed_call() {
             assert_eq!(header(&h.responded[0].1.headers, "retry-after"), Some("1"));
         }
     }
-    // The default is local: the rule's fallback bucket, per proxy.
-    let (mut e, _) = engine(
+    // The default is local: the rule's fallback bucket, per proxy. Its admissions are the failure
+    // mode's (failure_mode_allowed, which the alerts watch), its denials are denials.
+    let (mut e, rec) = engine(
         "",
         r#"{"name":"r","key":["header:x-user"],"rate":1,"burst":10,
             "fallback":{"rate":1,"period_ms":1000,"burst":2}}"#,
@@ -308,6 +309,9 @@ fn failure_modes_answer_a_failed_call() {
     }
     assert_eq!(h.resumed, [10, 11]);
     assert_eq!(h.status_of(12), Some(429));
+    assert_eq!(rec.get(0, Counter::Allowed), 2);
+    assert_eq!(rec.get(0, Counter::FailureModeAllowed), 2);
+    assert_eq!(rec.get(0, Counter::Denied), 1);
 }
 
 #[test]
