@@ -186,7 +186,7 @@ impl Envoy {
         dir: &Path,
         render: impl Fn(u16, u16) -> String,
     ) -> Result<Envoy, String> {
-        Self::try_start_yaml_args(dir, &[], render)
+        Self::try_start_yaml_with(dir, &[], &[], render)
     }
 
     /// Like [`Envoy::try_start_yaml`], with more command-line arguments for Envoy (e.g.
@@ -194,6 +194,26 @@ impl Envoy {
     pub fn try_start_yaml_args(
         dir: &Path,
         args: &[&str],
+        render: impl Fn(u16, u16) -> String,
+    ) -> Result<Envoy, String> {
+        Self::try_start_yaml_with(dir, args, &[], render)
+    }
+
+    /// Like [`Envoy::try_start_yaml`], with these variables set in Envoy's environment (where a
+    /// template's `environment_variable` data sources read secrets).
+    pub fn try_start_yaml_env(
+        dir: &Path,
+        env: &[(&str, &str)],
+        render: impl Fn(u16, u16) -> String,
+    ) -> Result<Envoy, String> {
+        Self::try_start_yaml_with(dir, &[], env, render)
+    }
+
+    /// [`Envoy::try_start_yaml`] with more command-line arguments and environment variables.
+    pub fn try_start_yaml_with(
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
         render: impl Fn(u16, u16) -> String,
     ) -> Result<Envoy, String> {
         let bin = envoy_bin();
@@ -205,6 +225,7 @@ impl Envoy {
             std::fs::write(&config_path, render(listen_port, admin_port))
                 .map_err(|e| format!("write {}: {e}", config_path.display()))?;
             let mut cmd = Command::new(&bin);
+            cmd.envs(env.iter().copied());
             cmd.arg("-c").arg(&config_path).args([
                 "--concurrency",
                 "2",

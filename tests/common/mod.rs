@@ -277,6 +277,7 @@ pub use stack::Stack;
 #[allow(unused_imports)]
 pub use webdis::{Webdis, WebdisOpts};
 pub mod redis_cluster;
+pub mod redis_tls;
 pub mod upstream;
 
 /// Script calls a Redis node has run so far, (EVALSHA, EVAL), from `INFO commandstats`.
