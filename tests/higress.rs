@@ -370,6 +370,78 @@ fn redis_error_replies_and_passwords() {
     assert_clean(&bad);
 }
 
+/// `backend.username` and `backend.password` against a real Redis ACL user, created with the
+/// `ACL SETUSER` line of docs/deploy/redis.md (the `default` user has another password): the right
+/// password admits the burst then 429, as that user; a wrong one gives the failure mode and the
+/// `auth` class, and writes nothing.
+#[test]
+fn acl_user_from_the_docs_admits_and_a_wrong_password_is_auth() {
+    const ADMIN: &str = "admin-s3cret";
+    const PASSWORD: &str = "tollgate-acl-s3cret";
+    let dir = scratch_dir("higress-acl");
+    let redis = Redis::start_with(&dir, &["--requirepass", ADMIN]);
+    let mut admin =
+        redis::Client::open(format!("redis://default:{ADMIN}@127.0.0.1:{}/", redis.port))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+    let (user, acl) = common::redis_tls::documented_acl(PASSWORD);
+    let mut setuser = redis::cmd(&acl[0]);
+    setuser.arg(&acl[1..]);
+    let _: () = setuser.query(&mut admin).unwrap();
+
+    let credentials =
+        |password: &str| format!(r#", "username": "{user}", "password": "{password}""#);
+    let good = start(
+        &exact_config(&credentials(PASSWORD), r#""failure_mode": "closed","#, 3),
+        redis.port,
+    );
+    let admitted = statuses(&good, "a", 5);
+    eprintln!("ACL user {user}, right password: {admitted:?}");
+    assert_eq!(admitted, [200, 200, 200, 429, 429], "{}", good.log_text());
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
+    assert!(
+        clients
+            .lines()
+            .any(|l| l.contains(&format!(" user={user} "))),
+        "no connection as {user}: {clients}"
+    );
+    let keys: u64 = redis::cmd("DBSIZE").query(&mut admin).unwrap();
+    assert_eq!(keys, 1, "the bucket of a");
+    assert_clean(&good);
+
+    let bad = start(
+        &exact_config(
+            &credentials("not-the-password"),
+            r#""failure_mode": "closed","#,
+            3,
+        ),
+        redis.port,
+    );
+    let refused = statuses(&bad, "b", 6);
+    let auth = stat_when(&bad, "backend_error.auth", |v| v >= 1);
+    let log = bad.log_text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("tollgate: backend"))
+        .collect();
+    eprintln!(
+        "wrong password: {refused:?}, backend_error.auth {auth}\n{}",
+        lines.join("\n")
+    );
+    assert_eq!(refused, vec![503; 6], "{log}");
+    assert!(auth >= 1, "{log}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("(auth): Redis error: NOAUTH")),
+        "{lines:#?}"
+    );
+    let keys: u64 = redis::cmd("DBSIZE").query(&mut admin).unwrap();
+    assert_eq!(keys, 1, "nothing written for b");
+    assert_clean(&bad);
+}
+
 /// A fake Redis that answers every command with `reply`, then keeps the connection.
 fn fake_redis(reply: Vec<u8>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

