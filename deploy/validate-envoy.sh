@@ -52,6 +52,8 @@ while IFS= read -r file; do
       -e "s|{{UPSTREAM_PORT}}|18080|g" \
       -e "s|{{ACCESS_LOG}}|/dev/stdout|g" \
       -e "s|{{SEED_PORT_1}}|17001|g" -e "s|{{SEED_PORT_2}}|17002|g" -e "s|{{SEED_PORT_3}}|17003|g" \
+      -e "s|{{REDIS_HOST}}|redis.example.internal|g" -e "s|{{REDIS_PORT}}|6379|g" \
+      -e "s|{{CA_FILE}}|/etc/ssl/certs/ca-certificates.crt|g" \
       -e "s|{{WASM_PATH}}|$(sed_escape "$(yaml_single "$wasm")")|g" \
       -e "s|'/etc/tollgate/tollgate.wasm'|'$(sed_escape "$(yaml_single "$wasm")")'|g" \
       -e "s|{{PLUGIN_CONFIG}}|$(sed_escape "$(yaml_single "$plugin_config")")|g" \
