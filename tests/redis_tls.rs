@@ -21,7 +21,10 @@ use std::path::Path;
 
 use common::envoy::brief_log;
 use common::redis_cluster::webdis_post;
-use common::redis_tls::{documented_acl, Ca, FrontOpts, ServerCert, TlsChain, TlsRedis};
+use common::redis_tls::{
+    documented_acl, documented_cluster_acl, start_tls_cluster_front, start_webdis, Ca, FrontOpts,
+    ServerCert, TlsChain, TlsCluster, TlsRedis,
+};
 use common::{scratch_dir, wait_until, Envoy};
 use std::time::Duration;
 
@@ -348,4 +351,61 @@ fn untrusted_certificate_gives_the_failure_mode_and_the_unreachable_class() {
             "{case}: nothing reached Redis"
         );
     }
+}
+
+/// The same blocks on envoy/redis-cluster/envoy.yaml in front of a 3-master Redis Cluster over TLS,
+/// the ACL user made with both lines of docs/deploy/redis.md (the front asks `CLUSTER SLOTS` as that
+/// user): each key admits its burst then 429, and the keys spread over the masters.
+#[test]
+fn redis_cluster_over_tls_with_the_documented_acl() {
+    let dir = scratch_dir("redis-tls-cluster");
+    let ca = Ca::new(&dir, "ca");
+    let cert = ca.issue("redis", HOST);
+    let cluster = TlsCluster::start(&dir, 3, &cert, &ca);
+    let (user, acl) = documented_acl(PASSWORD);
+    let extra = documented_cluster_acl();
+    for node in &cluster.nodes {
+        for line in std::iter::once(&acl).chain(&extra) {
+            let line: Vec<&str> = line.iter().map(String::as_str).collect();
+            assert_eq!(node.admin(&line).trim(), "OK", "{line:?}");
+        }
+    }
+    let front = start_tls_cluster_front(&dir, &cluster, HOST, &ca.cert, (&user, PASSWORD));
+    let webdis = start_webdis(&dir, front.listen_port);
+    let envoy = Envoy::start(&dir, &config(), webdis.port);
+    let logs = || {
+        format!(
+            "--- webdis ---\n{}\n--- front ---\n{}\n--- tollgate envoy ---\n{}\n{}",
+            webdis.log_text(),
+            brief_log(&front.log_text()),
+            brief_log(&envoy.log_text()),
+            cluster.logs()
+        )
+    };
+    let users: Vec<String> = (0..12).map(|i| format!("user-{i:02}")).collect();
+    for u in &users {
+        let got = statuses(&envoy, "/api/x", u, 2 * BURST);
+        assert_eq!(got, burst_then_429(2 * BURST), "{u}\n{}", logs());
+    }
+    let per_node: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            n.admin(&["KEYS", "tollgate:{per-user:*"])
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count()
+        })
+        .collect();
+    eprintln!(
+        "TLS cluster {:?}: 12 users each [200, 200, 200, 429, 429, 429]; keys per master {per_node:?}; \
+         front ssl.handshake {}",
+        cluster.ports(),
+        front.stat_value("cluster.redis_cluster.ssl.handshake").unwrap_or(0)
+    );
+    assert_eq!(per_node.iter().sum::<usize>(), users.len(), "{}", logs());
+    assert!(
+        per_node.iter().filter(|&&k| k > 0).count() >= 2,
+        "keys on one master only: {per_node:?}"
+    );
 }

@@ -18,36 +18,57 @@ use super::{free_port, wait_until, Proc};
 /// ACL user and to read what the filter wrote.
 pub const ADMIN_PASSWORD: &str = "admin-s3cret";
 
-/// The `ACL SETUSER` command docs/deploy/redis.md gives, as arguments, with its password
-/// placeholder (`><password>`) replaced by `password`; (user name, arguments).
-pub fn documented_acl(password: &str) -> (String, Vec<String>) {
+/// Every `ACL SETUSER` line of docs/deploy/redis.md, as arguments, its password placeholder
+/// (`><password>`) replaced by `password`.
+fn documented_acl_lines(password: &str) -> Vec<Vec<String>> {
     let page = std::fs::read_to_string(super::repo_root().join("docs/deploy/redis.md")).unwrap();
-    let lines: Vec<&str> = page
-        .lines()
+    page.lines()
         .map(str::trim)
         .filter(|l| l.starts_with("ACL SETUSER "))
+        .map(|l| {
+            l.split_whitespace()
+                .map(|a| match a {
+                    "><password>" => format!(">{password}"),
+                    _ => a.to_string(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The `ACL SETUSER` line of docs/deploy/redis.md that creates the user (the one line that sets
+/// its password), as arguments with `password`; (user name, arguments).
+pub fn documented_acl(password: &str) -> (String, Vec<String>) {
+    let set = format!(">{password}");
+    let lines: Vec<Vec<String>> = documented_acl_lines(password)
+        .into_iter()
+        .filter(|l| l.contains(&set))
         .collect();
     assert_eq!(
         lines.len(),
         1,
-        "docs/deploy/redis.md gives one ACL SETUSER line: {lines:?}"
+        "docs/deploy/redis.md creates the user in one ACL SETUSER line with `><password>`: {lines:?}"
     );
-    let args: Vec<String> = lines[0]
-        .split_whitespace()
-        .map(|a| {
-            if a == "><password>" {
-                format!(">{password}")
-            } else {
-                a.to_string()
-            }
-        })
+    let args = lines.into_iter().next().unwrap();
+    (args[2].clone(), args)
+}
+
+/// The other `ACL SETUSER` lines of docs/deploy/redis.md: what a Redis Cluster adds for the front,
+/// as arguments. Each names the user that [`documented_acl`] creates.
+pub fn documented_cluster_acl() -> Vec<Vec<String>> {
+    let (user, _) = documented_acl("p");
+    let lines: Vec<Vec<String>> = documented_acl_lines("p")
+        .into_iter()
+        .filter(|l| !l.iter().any(|a| a == ">p"))
         .collect();
     assert!(
-        args.iter().any(|a| a == &format!(">{password}")),
-        "the line sets the password as `><password>`: {}",
-        lines[0]
+        !lines.is_empty(),
+        "docs/deploy/redis.md gives the cluster's ACL line"
     );
-    (args[2].clone(), args)
+    for l in &lines {
+        assert_eq!(l[2], user, "{l:?} names the user");
+    }
+    lines
 }
 
 /// Runs `openssl` with `args` in `dir`; panics with its output if it fails.
@@ -135,7 +156,9 @@ impl Ca {
         );
         std::fs::write(
             self.dir.join(&ext),
-            format!("subjectAltName=DNS:{dns}\nextendedKeyUsage=serverAuth\n"),
+            // No extendedKeyUsage: Redis Cluster nodes present theirs as client certificates too,
+            // on the cluster bus.
+            format!("subjectAltName=DNS:{dns}\n"),
         )
         .expect("write the extensions file");
         openssl(
@@ -179,6 +202,11 @@ impl TlsRedis {
     /// Starts Redis in `dir` and waits until it answers PING over TLS; retries on a fresh port when
     /// another process took the port meanwhile.
     pub fn start(dir: &Path, cert: &ServerCert, ca: &Ca) -> TlsRedis {
+        Self::start_with(dir, cert, ca, &[])
+    }
+
+    /// Like [`TlsRedis::start`], with extra command-line arguments (e.g. cluster mode).
+    pub fn start_with(dir: &Path, cert: &ServerCert, ca: &Ca, extra: &[&str]) -> TlsRedis {
         let mut last = String::new();
         for _attempt in 0..3 {
             let port = free_port();
@@ -194,7 +222,8 @@ impl TlsRedis {
                 .arg("--tls-ca-cert-file")
                 .arg(&ca.cert)
                 .args(["--tls-auth-clients", "no"])
-                .args(["--requirepass", ADMIN_PASSWORD]);
+                .args(["--requirepass", ADMIN_PASSWORD])
+                .args(extra);
             let proc = Proc::spawn("redis-server", cmd, &dir.join(format!("redis-{port}.log")));
             let mut redis = TlsRedis {
                 port,
@@ -353,4 +382,147 @@ impl TlsChain {
             brief_log(&self.front.log_text())
         )
     }
+}
+
+/// A Redis Cluster of masters only over TLS: each node a [`TlsRedis`] serving the same certificate,
+/// on a TLS port only, with `tls-cluster yes` (the cluster bus is TLS, and `CLUSTER SLOTS` announces
+/// the TLS ports, which is what the front connects to).
+pub struct TlsCluster {
+    pub nodes: Vec<TlsRedis>,
+}
+
+impl TlsCluster {
+    /// Starts `n` nodes, joins them as `n` masters (`redis-cli --tls --cluster create`) and waits
+    /// until every node reports `cluster_state:ok` and knows the others.
+    pub fn start(dir: &Path, n: usize, cert: &ServerCert, ca: &Ca) -> TlsCluster {
+        let nodes: Vec<TlsRedis> = (0..n)
+            .map(|i| {
+                let node_dir = dir.join(format!("redis-node-{i}"));
+                std::fs::create_dir_all(&node_dir).expect("create node dir");
+                TlsRedis::start_with(
+                    &node_dir,
+                    cert,
+                    ca,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                        "--cluster-require-full-coverage",
+                        "no",
+                        "--tls-cluster",
+                        "yes",
+                    ],
+                )
+            })
+            .collect();
+        let cluster = TlsCluster { nodes };
+        let mut create = Command::new("redis-cli");
+        create.args(["--tls", "--cacert"]).arg(&ca.cert).args([
+            "-a",
+            ADMIN_PASSWORD,
+            "--no-auth-warning",
+            "--cluster",
+            "create",
+        ]);
+        for node in &cluster.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        // It waits for the nodes to agree, forever if they cannot reach each other: bounded here.
+        let mut proc = Proc::spawn(
+            "redis-cli --cluster create",
+            create,
+            &dir.join("create.log"),
+        );
+        let mut status = None;
+        let done = wait_until(Duration::from_secs(60), || {
+            status = proc
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            status.is_some()
+        });
+        proc.stop();
+        assert!(
+            done && status.is_some_and(|s| s.success()),
+            "redis-cli --cluster create failed or did not finish in 60 s ({status:?}):\n{}\n{}",
+            proc.log_text(),
+            cluster.logs()
+        );
+        let ok = wait_until(Duration::from_secs(30), || {
+            cluster.nodes.iter().all(|node| {
+                let info = node.admin(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{n}"))
+            })
+        });
+        assert!(ok, "TLS cluster not ok in 30 s\n{}", cluster.logs());
+        cluster
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- redis {} ---\n{}", n.port, n.log_text()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// envoy/redis-cluster/envoy.yaml with the last two blocks of envoy/redis-tls/envoy.yaml's cluster
+/// (`typed_extension_protocol_options` and `transport_socket`, rendered for `host` and `ca_file`)
+/// added, as they are, to its `redis_cluster` cluster: what docs/deploy/redis.md tells a Redis
+/// Cluster front to do.
+pub fn render_tls_cluster_front_yaml(
+    listen_port: u16,
+    admin_port: u16,
+    seeds: &[u16],
+    host: &str,
+    ca_file: &Path,
+) -> String {
+    let tls = render_tls_front_yaml(0, 0, host, 0, ca_file);
+    let blocks = tls
+        .find("\n    typed_extension_protocol_options:\n")
+        .and_then(|at| tls.get(at + 1..))
+        .expect("envoy/redis-tls/envoy.yaml: the cluster's typed_extension_protocol_options");
+    assert!(
+        blocks.contains("\n    transport_socket:\n"),
+        "envoy/redis-tls/envoy.yaml ends with the cluster's two blocks"
+    );
+    let plain = super::redis_cluster::render_redis_proxy_yaml(listen_port, admin_port, seeds);
+    let anchor = "    load_assignment:\n      cluster_name: redis_cluster\n";
+    let at = plain
+        .find(anchor)
+        .expect("envoy/redis-cluster/envoy.yaml: the redis_cluster cluster's load_assignment");
+    format!("{}{blocks}{}", &plain[..at], &plain[at..])
+}
+
+/// Starts Envoy with [`render_tls_cluster_front_yaml`]; ready once it has the topology (its
+/// /ready waits for the first `CLUSTER SLOTS`, which it asks as the ACL user).
+pub fn start_tls_cluster_front(
+    dir: &Path,
+    cluster: &TlsCluster,
+    host: &str,
+    ca_file: &Path,
+    (username, password): (&str, &str),
+) -> Envoy {
+    let seeds = cluster.ports();
+    let env = [("REDIS_USERNAME", username), ("REDIS_PASSWORD", password)];
+    Envoy::try_start_yaml_env(dir, &env, |listen, admin| {
+        render_tls_cluster_front_yaml(listen, admin, &seeds, host, ca_file)
+    })
+    .unwrap_or_else(|log| {
+        panic!(
+            "redis-cluster front with TLS did not start; log:\n{}\n{}",
+            brief_log(&log),
+            cluster.logs()
+        )
+    })
 }
