@@ -108,6 +108,16 @@ fn tls_and_acl_user_burst_then_429_and_bucket_in_redis() {
                  Ok((200, body)) if body.contains(":1}"))
     });
     assert!(through, "chain not answering\n{}", chain.logs());
+    // The page's check of the chain.
+    let check = chain
+        .webdis
+        .try_get("/EVAL/return%201/1/tollgate:check")
+        .unwrap();
+    assert_eq!(
+        (check.status, check.body.as_str()),
+        (200, r#"{"EVAL":1}"#),
+        "docs/deploy/redis.md's check"
+    );
     let envoy = tollgate(&dir, &chain);
     let logs = || {
         format!(
