@@ -133,6 +133,27 @@ impl Proc {
         }
     }
 
+    /// Runs `cmd` to its end, or for at most `timeout` (a tool that waits on something that never
+    /// happens is stopped, not waited on forever): its exit status, if it ended, and its log.
+    pub fn run_bounded(
+        name: &str,
+        cmd: Command,
+        log: &Path,
+        timeout: Duration,
+    ) -> (Option<std::process::ExitStatus>, String) {
+        let mut proc = Proc::spawn(name, cmd, log);
+        let mut status = None;
+        wait_until(timeout, || {
+            status = proc
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            status.is_some()
+        });
+        proc.stop();
+        (status, proc.log_text())
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }

@@ -65,15 +65,16 @@ impl RedisCluster {
             create.arg(format!("127.0.0.1:{}", node.port));
         }
         create.args(["--cluster-replicas", "0", "--cluster-yes"]);
-        let out = create
-            .output()
-            .unwrap_or_else(|e| panic!("run redis-cli --cluster create: {e}"));
+        // It waits for the nodes to agree, forever if they cannot reach each other: bounded.
+        let (status, log) = Proc::run_bounded(
+            "redis-cli --cluster create",
+            create,
+            &dir.join("create.log"),
+            Duration::from_secs(60),
+        );
         assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed ({}):\n{}{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
+            status.is_some_and(|s| s.success()),
+            "redis-cli --cluster create failed or did not finish in 60 s ({status:?}):\n{log}\n{}",
             cluster.logs()
         );
         let ok = wait_until(Duration::from_secs(30), || {

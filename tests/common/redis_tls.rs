@@ -431,25 +431,16 @@ impl TlsCluster {
             create.arg(format!("127.0.0.1:{}", node.port));
         }
         create.args(["--cluster-replicas", "0", "--cluster-yes"]);
-        // It waits for the nodes to agree, forever if they cannot reach each other: bounded here.
-        let mut proc = Proc::spawn(
+        // It waits for the nodes to agree, forever if they cannot reach each other: bounded.
+        let (status, log) = Proc::run_bounded(
             "redis-cli --cluster create",
             create,
             &dir.join("create.log"),
+            Duration::from_secs(60),
         );
-        let mut status = None;
-        let done = wait_until(Duration::from_secs(60), || {
-            status = proc
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            status.is_some()
-        });
-        proc.stop();
         assert!(
-            done && status.is_some_and(|s| s.success()),
-            "redis-cli --cluster create failed or did not finish in 60 s ({status:?}):\n{}\n{}",
-            proc.log_text(),
+            status.is_some_and(|s| s.success()),
+            "redis-cli --cluster create failed or did not finish in 60 s ({status:?}):\n{log}\n{}",
             cluster.logs()
         );
         let ok = wait_until(Duration::from_secs(30), || {
