@@ -313,6 +313,23 @@ pub fn webdis_post(port: u16, body: &str) -> Result<(u16, String), String> {
 /// Starts Webdis with envoy/redis-cluster/webdis.json pointed at the redis_proxy listener on
 /// `redis_port`; ready when a one-key EVAL goes through Webdis, Envoy and the cluster.
 pub fn start_webdis(dir: &Path, redis_port: u16) -> Webdis {
+    start_webdis_ready_when(dir, redis_port, Duration::from_secs(15), |webdis| {
+        matches!(
+            webdis_post(webdis.port, "EVAL/return 1/1/tollgate:{ready}"),
+            Ok((200, body)) if body.contains(":1}")
+        )
+    })
+}
+
+/// Starts Webdis with envoy/redis-cluster/webdis.json pointed at a front on `redis_port`, ready
+/// when `ready` says so within `timeout`; another port when it exits early (a port taken between
+/// choosing and binding it).
+pub fn start_webdis_ready_when(
+    dir: &Path,
+    redis_port: u16,
+    timeout: Duration,
+    ready: impl Fn(&Webdis) -> bool,
+) -> Webdis {
     let mut last = String::new();
     for _attempt in 0..3 {
         let port = free_port();
@@ -328,26 +345,23 @@ pub fn start_webdis(dir: &Path, redis_port: u16) -> Webdis {
             basic_auth: None,
         };
         let mut exited = false;
-        let ready = wait_until(Duration::from_secs(15), || {
+        let is_ready = wait_until(timeout, || {
             if let Some(Ok(Some(_))) = webdis.proc.child.as_mut().map(|c| c.try_wait()) {
                 exited = true;
                 return true;
             }
-            matches!(
-                webdis_post(port, "EVAL/return 1/1/tollgate:{ready}"),
-                Ok((200, body)) if body.contains(":1}")
-            )
+            ready(&webdis)
         });
-        if ready && !exited {
+        if is_ready && !exited {
             return webdis;
         }
         webdis.proc.stop();
         last = format!(
             "webdis on {port} {}; log:\n{}",
             if exited {
-                "exited early"
+                "exited early".to_string()
             } else {
-                "not ready in 15 s"
+                format!("not ready in {} s", timeout.as_secs())
             },
             webdis.log_text()
         );

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::envoy::{brief_log, envoy_file, Envoy};
-use super::redis_cluster::render_webdis_json;
+use super::redis_cluster::start_webdis_ready_when;
 use super::webdis::Webdis;
 use super::{free_port, wait_until, Proc};
 
@@ -323,38 +323,9 @@ pub fn start_tls_front(dir: &Path, opts: &FrontOpts) -> Envoy {
 /// when it answers HTTP (`GET /PING`: 403, the command is not allowed), which needs no Redis, so a
 /// chain whose Redis refuses the front starts too.
 pub fn start_webdis(dir: &Path, redis_port: u16) -> Webdis {
-    let mut last = String::new();
-    for _attempt in 0..3 {
-        let port = free_port();
-        let config_path = dir.join(format!("webdis-{port}.json"));
-        let cfg = render_webdis_json(redis_port, port, &dir.join(format!("webdis-{port}.log")));
-        std::fs::write(&config_path, cfg.to_string()).expect("write webdis config");
-        let mut cmd = Command::new("webdis");
-        cmd.arg(&config_path);
-        let proc = Proc::spawn("webdis", cmd, &dir.join(format!("webdis-{port}.out")));
-        let mut webdis = Webdis {
-            port,
-            proc,
-            basic_auth: None,
-        };
-        let mut exited = false;
-        let ready = wait_until(Duration::from_secs(10), || {
-            if let Some(Ok(Some(_))) = webdis.proc.child.as_mut().map(|c| c.try_wait()) {
-                exited = true;
-                return true;
-            }
-            webdis.try_get("/PING").is_ok()
-        });
-        if ready && !exited {
-            return webdis;
-        }
-        webdis.proc.stop();
-        last = webdis.log_text();
-        if !exited {
-            break;
-        }
-    }
-    panic!("webdis did not start; log:\n{last}");
+    start_webdis_ready_when(dir, redis_port, Duration::from_secs(10), |webdis| {
+        webdis.try_get("/PING").is_ok()
+    })
 }
 
 /// The backend chain in front of a TLS Redis: the front, then Webdis. Drops Webdis first.
