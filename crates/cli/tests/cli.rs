@@ -8,13 +8,14 @@
     clippy::indexing_slicing
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use tollgate_core::backend::script;
 use tollgate_core::config::KeySource;
 use tollgate_core::rule::bucket_key;
 use tollgate_e2e::redis_cluster::RedisCluster;
+use tollgate_e2e::redis_tls::Ca;
 use tollgate_e2e::{free_port, repo_root, scratch_dir, Redis};
 
 /// Three rules: per-user (exact, 10 per minute), per-client (lease, client_ip /24), bulk (cost
@@ -614,102 +615,32 @@ fn acl_user_and_password_in_the_url() {
     );
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA and a server certificate for 127.0.0.1, made here.
-fn pki(dir: &Path) -> PathBuf {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tollgate cli test CA",
-        ],
-    );
-    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=redis",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ],
-    );
-    dir.to_path_buf()
-}
-
 #[test]
 fn tls_with_a_ca_made_here() {
     let dir = scratch_dir("cli-tls");
-    let pki = pki(&dir);
+    let ca = Ca::new(&dir, "cli-test-ca");
+    let server = ca.issue("server", "localhost");
     let tls_port = free_port().to_string();
-    let file = |n: &str| pki.join(n).to_str().unwrap().to_string();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
     let redis = Redis::start_with(
         &dir,
         &[
             "--tls-port",
             &tls_port,
             "--tls-cert-file",
-            &file("server.pem"),
+            &path(&server.cert),
             "--tls-key-file",
-            &file("server.key"),
+            &path(&server.key),
             "--tls-ca-cert-file",
-            &file("ca.pem"),
+            &path(&ca.cert),
             "--tls-auth-clients",
             "no",
         ],
     );
     let mut conn = redis.conn();
-    let url = format!("rediss://127.0.0.1:{tls_port}");
-    let ca = file("ca.pem");
+    // The certificate names localhost, as a client connecting by that name checks it.
+    let url = format!("rediss://localhost:{tls_port}");
+    let ca = path(&ca.cert);
     operate_against(&url, &["--tls-ca", &ca], &mut conn, &dir);
     // Without the CA the server's certificate is not trusted; a plain URL with --tls-ca is refused.
     let config = config_file(&dir);
