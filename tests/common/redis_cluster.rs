@@ -59,24 +59,8 @@ impl RedisCluster {
             })
             .collect();
         let cluster = RedisCluster { nodes };
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for node in &cluster.nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
-        }
-        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
-        // It waits for the nodes to agree, forever if they cannot reach each other: bounded.
-        let (status, log) = Proc::run_bounded(
-            "redis-cli --cluster create",
-            create,
-            &dir.join("create.log"),
-            Duration::from_secs(60),
-        );
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "redis-cli --cluster create failed or did not finish in 60 s ({status:?}):\n{log}\n{}",
-            cluster.logs()
-        );
+        let ports: Vec<u16> = cluster.nodes.iter().map(|node| node.port).collect();
+        join_as_masters(dir, &[], &ports, || cluster.logs());
         let ok = wait_until(Duration::from_secs(30), || {
             cluster.nodes.iter().all(|node| {
                 let info: String = redis::cmd("CLUSTER")
@@ -370,6 +354,28 @@ pub fn start_webdis_ready_when(
         }
     }
     panic!("{last}");
+}
+
+/// Joins the nodes on `ports` as masters with `redis-cli <connection> --cluster create`, which
+/// waits for the nodes to agree, forever if they cannot reach each other: bounded here.
+pub fn join_as_masters(dir: &Path, connection: &[&str], ports: &[u16], logs: impl Fn() -> String) {
+    let mut create = Command::new("redis-cli");
+    create.args(connection).args(["--cluster", "create"]);
+    for port in ports {
+        create.arg(format!("127.0.0.1:{port}"));
+    }
+    create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+    let (status, log) = Proc::run_bounded(
+        "redis-cli --cluster create",
+        create,
+        &dir.join("create.log"),
+        Duration::from_secs(60),
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "redis-cli --cluster create failed or did not finish in 60 s ({status:?}):\n{log}\n{}",
+        logs()
+    );
 }
 
 /// The whole backend chain: cluster, redis_proxy front and Webdis. Drops Webdis first, then the front,

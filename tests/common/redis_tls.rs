@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::envoy::{brief_log, envoy_file, Envoy};
-use super::redis_cluster::start_webdis_ready_when;
+use super::redis_cluster::{join_as_masters, start_webdis_ready_when};
 use super::webdis::Webdis;
 use super::{free_port, wait_until, Proc};
 
@@ -390,30 +390,17 @@ impl TlsCluster {
             })
             .collect();
         let cluster = TlsCluster { nodes };
-        let mut create = Command::new("redis-cli");
-        create.args(["--tls", "--cacert"]).arg(&ca.cert).args([
+        let ports: Vec<u16> = cluster.nodes.iter().map(|node| node.port).collect();
+        let ca_file = ca.cert.to_str().expect("a UTF-8 path");
+        let connection = [
+            "--tls",
+            "--cacert",
+            ca_file,
             "-a",
             ADMIN_PASSWORD,
             "--no-auth-warning",
-            "--cluster",
-            "create",
-        ]);
-        for node in &cluster.nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
-        }
-        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
-        // It waits for the nodes to agree, forever if they cannot reach each other: bounded.
-        let (status, log) = Proc::run_bounded(
-            "redis-cli --cluster create",
-            create,
-            &dir.join("create.log"),
-            Duration::from_secs(60),
-        );
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "redis-cli --cluster create failed or did not finish in 60 s ({status:?}):\n{log}\n{}",
-            cluster.logs()
-        );
+        ];
+        join_as_masters(dir, &connection, &ports, || cluster.logs());
         let ok = wait_until(Duration::from_secs(30), || {
             cluster.nodes.iter().all(|node| {
                 let info = node.admin(&["CLUSTER", "INFO"]);
