@@ -158,6 +158,8 @@ pub enum WorstCase {
     Recent,
     /// The rule's `usage.unreadable` (1 ..= [`super::MAX_TOKENS`]).
     Fixed(u64),
+    /// What the admission paid up front: a `charge_on` rule's answer that never came.
+    Upfront,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,6 +168,9 @@ pub enum UsageSource {
     Header(String),
     /// A dotted field of a JSON body, or of the last server-sent event that carries it.
     BodyField(Vec<String>),
+    /// `charge_on`: the response's status. In the set, the admission used its up-front cost;
+    /// otherwise nothing (a refund of the whole cost).
+    Status(super::StatusSet),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
