@@ -6,7 +6,7 @@
 //! Invariant: the page and this test cannot drift apart. A heading this test does not know fails
 //! it, a recipe without its blocks fails it, and the only changes made to what the page says are
 //! the ones the page's "How these recipes are tested" lists (ports, the token, the JWKS, Istio's
-//! cluster name, the LLM route). How answers are compared (counts within what the rules refill
+//! cluster name, the LLM and login routes). How answers are compared (counts within what the rules refill
 //! while the loops run) is written there too, and unit-tested here.
 //! Needs `make setup` (Envoy, Redis, Webdis, curl, openssl) and `make build`.
 #![allow(

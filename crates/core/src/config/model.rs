@@ -110,7 +110,8 @@ pub struct Rule {
     pub lease_horizon_ms: u64,
     pub shadow: bool,
     pub fallback: Option<Quota>,
-    /// Where the real cost comes from once the response arrives (exact mode only).
+    /// Where the real cost comes from once the response arrives: `usage`, or `charge_on`'s
+    /// statuses (exact mode only).
     pub usage: Option<Usage>,
     /// Other limits for some key value tuples (in the form `rule::key_values` gives them).
     pub overrides: BTreeMap<Vec<Vec<u8>>, Override>,
