@@ -275,6 +275,7 @@ const TABLES: &[(&str, &str)] = &[
     ("match", "match"),
     ("match.headers[]", "match.headers"),
     ("usage", "Usage-based limits"),
+    ("charge_on", "charge_on"),
     ("fallback", "fallback"),
     ("overrides[]", "Overrides"),
 ];

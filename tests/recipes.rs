@@ -6,7 +6,7 @@
 //! Invariant: the page and this test cannot drift apart. A heading this test does not know fails
 //! it, a recipe without its blocks fails it, and the only changes made to what the page says are
 //! the ones the page's "How these recipes are tested" lists (ports, the token, the JWKS, Istio's
-//! cluster name, the LLM route). How answers are compared (counts within what the rules refill
+//! cluster name, the LLM and login routes). How answers are compared (counts within what the rules refill
 //! while the loops run) is written there too, and unit-tested here.
 //! Needs `make setup` (Envoy, Redis, Webdis, curl, openssl) and `make build`.
 #![allow(
@@ -42,8 +42,8 @@ enum Setup {
     Istio,
     /// The `jwt_authn` filter of the per-user recipe and a stand-in LLM API under `/v1/`.
     Llm,
-    /// A goal the page says is not possible yet: no configuration, no loop.
-    NotYet,
+    /// A stand-in login service under `/login` that answers 401 to a wrong password.
+    Login,
 }
 
 /// Every recipe heading of the page and what it needs.
@@ -62,7 +62,7 @@ const RECIPES: &[(&str, Setup)] = &[
     ("LLM tokens: charge what each answer used", Setup::Llm),
     ("Wait instead of reject", Setup::Plain),
     ("gRPC", Setup::Plain),
-    ("Login brute force", Setup::NotYet),
+    ("Login brute force", Setup::Login),
 ];
 
 /// The page's `##` headings that are not recipes.
@@ -420,6 +420,36 @@ fn llm_stand_in() -> Upstream {
     })
 }
 
+/// The user and password the stand-in login service accepts (the page says so).
+const LOGIN: (&str, &str) = ("alice", "secret");
+
+/// The stand-in login service: `200` to HTTP Basic credentials of [`LOGIN`], `401` to any other.
+fn login_stand_in() -> Upstream {
+    let right = format!(
+        "basic {}",
+        common::http::base64(format!("{}:{}", LOGIN.0, LOGIN.1).as_bytes())
+    );
+    Upstream::start_with(move |head| {
+        let authorized = head.lines().any(|line| {
+            line.split_once(':').is_some_and(|(name, value)| {
+                name.eq_ignore_ascii_case("authorization")
+                    && value.trim().eq_ignore_ascii_case(&right)
+            })
+        });
+        let (status, body) = if authorized {
+            ("200 OK", "welcome\n")
+        } else {
+            ("401 Unauthorized", "wrong user or password\n")
+        };
+        vec![format!(
+            "HTTP/1.1 {status}\r\nwww-authenticate: Basic realm=\"login\"\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()]
+    })
+}
+
 /// `config` with a backend timeout of 2 s unless it sets one: the tests share two cores, and a call
 /// that outlived the default 50 ms would be answered by the failure mode, not by the bucket the page
 /// describes.
@@ -463,7 +493,11 @@ fn start(name: &str, setup: Setup, config: &str, jwt_filter: Option<&str>) -> Ru
             .map(|l| format!("          {l}\n"))
             .collect::<String>()
     });
-    let app = (setup == Setup::Llm).then(llm_stand_in);
+    let app = match setup {
+        Setup::Llm => Some(llm_stand_in()),
+        Setup::Login => Some(login_stand_in()),
+        _ => None,
+    };
     let upstream = app.as_ref().map_or(NO_UPSTREAM, |a| a.port);
     let cluster = serde_json::from_str::<serde_json::Value>(config).unwrap()["backend"]["cluster"]
         .as_str()
@@ -489,6 +523,9 @@ fn start(name: &str, setup: Setup, config: &str, jwt_filter: Option<&str>) -> Ru
         }
         if setup == Setup::Llm {
             yaml = yaml.replace("prefix: \"/app/\"", "prefix: \"/v1/\"");
+        }
+        if setup == Setup::Login {
+            yaml = yaml.replace("prefix: \"/app/\"", "prefix: \"/login\"");
         }
         yaml
     })
@@ -580,7 +617,7 @@ fn run_recipe(heading: &str) -> Run {
                 .unwrap_or_else(|| panic!("{PAGE} `## {heading}`: no ```yaml jwt_authn filter")),
         ),
         Setup::Llm => recipe(&section(JWT_RECIPE)).jwt_filter,
-        Setup::Plain | Setup::NotYet => None,
+        Setup::Plain | Setup::Login => None,
     };
     let slug: String = heading
         .chars()
@@ -610,7 +647,7 @@ fn bucket_in_redis(run: &Run, rule: &str, values: &[&str]) -> bool {
 // ---- the page ----
 
 /// Every `##` heading is a recipe this test runs or one of the page's other sections, every recipe
-/// has its blocks, and a goal that is not possible yet shows no configuration.
+/// has its blocks.
 #[test]
 fn every_heading_is_a_recipe_this_test_runs() {
     let sections = page();
@@ -620,11 +657,6 @@ fn every_heading_is_a_recipe_this_test_runs() {
             None => assert!(
                 NOT_RECIPES.contains(&s.heading.as_str()),
                 "{PAGE}: `## {}` is a recipe no test runs (add it to RECIPES in tests/recipes.rs)",
-                s.heading
-            ),
-            Some((_, Setup::NotYet)) => assert!(
-                s.blocks.is_empty(),
-                "{PAGE} `## {}`: a goal that is not possible yet shows no configuration or loop",
                 s.heading
             ),
             Some(_) => {
@@ -727,6 +759,25 @@ fn wait_instead_of_reject() {
 #[test]
 fn grpc() {
     run_recipe("gRPC");
+}
+
+/// Wrong passwords use up a client's bucket, right ones never do; the stand-in saw every login
+/// but the refused ones.
+#[test]
+fn login_brute_force() {
+    let heading = "Login brute force";
+    let run = run_recipe(heading);
+    let text = std::fs::read_to_string(common::repo_root().join(PAGE)).unwrap();
+    // Words as a reader sees them, whatever the line breaks.
+    let prose = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        prose.contains(&format!(
+            "user `{}` with the password `{}`",
+            LOGIN.0, LOGIN.1
+        )),
+        "{PAGE}: the login recipe names the stand-in's user and password"
+    );
+    drop(run);
 }
 
 // ---- the comparison itself ----

@@ -201,16 +201,25 @@ fn rule_details(rule: &Rule) -> Vec<String> {
     }
     if let Some(u) = &rule.usage {
         let from = match &u.source {
-            UsageSource::Header(h) => format!("response header {h}"),
-            UsageSource::BodyField(f) => format!("response body field {}", f.join(".")),
+            UsageSource::Header(h) => Some(format!("response header {h}")),
+            UsageSource::BodyField(f) => Some(format!("response body field {}", f.join("."))),
+            UsageSource::Status(statuses) => {
+                d.push(format!(
+                    "keeps its cost only for answers {statuses}; other answers refund it"
+                ));
+                None
+            }
         };
         let worst = match u.unreadable {
             WorstCase::Recent => "the largest recent usage".to_string(),
             WorstCase::Fixed(n) => format!("{n}"),
+            WorstCase::Upfront => "the up-front cost".to_string(),
         };
-        d.push(format!(
-            "charged the usage from {from} (unreadable: {worst})"
-        ));
+        if let Some(from) = from {
+            d.push(format!(
+                "charged the usage from {from} (unreadable: {worst})"
+            ));
+        }
     }
     let (mut unlimited, mut other) = (0, 0);
     for o in rule.overrides.values() {

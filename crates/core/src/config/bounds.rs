@@ -70,3 +70,8 @@ pub const DEFAULT_PERIOD_MS: u64 = 1000;
 pub const DEFAULT_COST: u64 = 1;
 pub const DEFAULT_LEASE_HORIZON_MS: u64 = 200;
 pub const DEFAULT_USAGE_FLUSH_MS: u64 = 100;
+
+/// `charge_on.status`: the HTTP status codes it may list, and how many entries at most.
+pub const MIN_STATUS: u16 = 100;
+pub const MAX_STATUS: u16 = 599;
+pub const MAX_CHARGE_ON_STATUSES: usize = 32;

@@ -13,7 +13,7 @@ use super::document as doc;
 use super::error::{err, index, join, quoted, ConfigError};
 use super::model::*;
 use super::quota::{PeriodMs, Quota, Tokens};
-use super::{keys, matcher};
+use super::{keys, matcher, outcome};
 
 /// `doc` as the configuration `artifact` runs on.
 pub fn compile(doc: doc::Document, artifact: Artifact) -> Result<Config, ConfigError> {
@@ -310,6 +310,7 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
              could not be counted before the next admission)",
         ));
     }
+    let usage = outcome::usage(usage, r.charge_on, r.mode, &at("charge_on"))?;
     let overrides = keys::overrides(r.overrides, &at("overrides"), &key, r.period_ms, cost)?;
 
     Ok(Rule {

@@ -15,6 +15,7 @@ use super::bounds::*;
 use super::de::fields_of;
 use super::int::Int;
 use super::model::{FailureMode, HeaderStyle, Mode};
+use super::outcome::StatusEntry;
 use super::quota::{PeriodMs, Tokens};
 
 /// The whole configuration.
@@ -135,6 +136,7 @@ pub struct Rule {
     pub shadow: bool,
     pub fallback: Option<Limits>,
     pub usage: Option<Usage>,
+    pub charge_on: Option<ChargeOn>,
     #[serde(default)]
     pub overrides: Vec<Override>,
 }
@@ -174,6 +176,16 @@ pub struct Usage {
     pub unreadable: Option<Tokens>,
 }
 
+/// A rule's `charge_on`: the answers whose admission keeps its tokens (`outcome.rs` checks the
+/// list).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeOn {
+    pub status: Vec<StatusEntry>,
+    #[serde(default = "Int::of::<DEFAULT_USAGE_FLUSH_MS>")]
+    pub flush_ms: Int<1, MAX_USAGE_FLUSH_MS>,
+}
+
 /// A rule's `fallback`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -210,6 +222,7 @@ pub fn schema() -> Vec<(&'static str, &'static [&'static str])> {
         ("match", fields_of::<Match>()),
         ("match.headers[]", fields_of::<HeaderMatch>()),
         ("usage", fields_of::<Usage>()),
+        ("charge_on", fields_of::<ChargeOn>()),
         ("fallback", fields_of::<Limits>()),
         ("overrides[]", fields_of::<Override>()),
     ]

@@ -21,6 +21,7 @@ mod int;
 mod keys;
 mod matcher;
 mod model;
+mod outcome;
 mod quota;
 #[cfg(test)]
 mod tests;
@@ -31,6 +32,7 @@ pub use document::schema;
 pub use error::ConfigError;
 pub use int::Int;
 pub use model::*;
+pub use outcome::StatusSet;
 pub use quota::{CapacityError, NotAQuota, PeriodMs, Quota, Tokens};
 
 use error::{err, DOCUMENT};

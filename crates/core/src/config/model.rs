@@ -110,7 +110,8 @@ pub struct Rule {
     pub lease_horizon_ms: u64,
     pub shadow: bool,
     pub fallback: Option<Quota>,
-    /// Where the real cost comes from once the response arrives (exact mode only).
+    /// Where the real cost comes from once the response arrives: `usage`, or `charge_on`'s
+    /// statuses (exact mode only).
     pub usage: Option<Usage>,
     /// Other limits for some key value tuples (in the form `rule::key_values` gives them).
     pub overrides: BTreeMap<Vec<Vec<u8>>, Override>,
@@ -158,6 +159,8 @@ pub enum WorstCase {
     Recent,
     /// The rule's `usage.unreadable` (1 ..= [`super::MAX_TOKENS`]).
     Fixed(u64),
+    /// What the admission paid up front: a `charge_on` rule's answer that never came.
+    Upfront,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,6 +169,9 @@ pub enum UsageSource {
     Header(String),
     /// A dotted field of a JSON body, or of the last server-sent event that carries it.
     BodyField(Vec<String>),
+    /// `charge_on`: the response's status. In the set, the admission used its up-front cost;
+    /// otherwise nothing (a refund of the whole cost).
+    Status(super::StatusSet),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -1904,5 +1904,7 @@ fn profile_lease_new_keys() {
 
 /// The decision record and the local replies' details.
 mod decision;
+/// `charge_on`: settled by the answer's status.
+mod outcome;
 /// Usage that never becomes readable.
 mod unreadable;

@@ -8,11 +8,14 @@
 //! reading its most bodies, a request that ended before its response did), a worst case that is
 //! never below what the admission paid up front. So nothing a client or upstream does to the
 //! answer lowers a charge below the up-front cost, and only a readable usage below it refunds.
+//! A `charge_on` rule's usage is its status ([`status`]): the up-front cost, or nothing for a
+//! status outside its set, read at the response headers.
 
 mod charge;
 mod flushes;
 mod read;
 mod readers;
+mod status;
 pub use read::{encoded, from_headers, parse_header, BodyReader, Unreadable, WINDOW};
 pub use readers::{Readers, MAX_READERS};
 
@@ -170,6 +173,16 @@ impl Usage {
                     // Not in the headers: maybe in the trailers, else missing at the end.
                     None => true,
                 },
+                // Settled at the headers; trailers without headers (never from Envoy) have no
+                // status, so they are charged.
+                UsageSource::Status(_) if trailers => {
+                    found.push(known(a, Err(Unreadable::Missing)));
+                    false
+                }
+                UsageSource::Status(statuses) => {
+                    found.push(known(a, status::used(view, statuses, a.upfront)));
+                    false
+                }
                 UsageSource::BodyField(_) if trailers => {
                     let result = a
                         .reader

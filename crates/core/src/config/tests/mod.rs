@@ -70,6 +70,7 @@ mod backend;
 mod keys;
 mod limits;
 mod matching;
+mod outcome;
 
 #[test]
 fn design_example_parses() {
@@ -543,6 +544,7 @@ fn serde_s_words_never_reach_users() {
         ("match", &["rules", "0", "match"]),
         ("match.headers[]", &["rules", "0", "match", "headers", "0"]),
         ("usage", &["rules", "0", "usage"]),
+        ("charge_on", &["rules", "0", "charge_on"]),
         ("fallback", &["rules", "0", "fallback"]),
         ("overrides[]", &["rules", "0", "overrides", "0"]),
     ];
@@ -631,6 +633,7 @@ fn the_schema_lists_every_object_of_the_document() {
             "match",
             "match.headers[]",
             "usage",
+            "charge_on",
             "fallback",
             "overrides[]"
         ]

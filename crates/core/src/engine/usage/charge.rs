@@ -97,6 +97,7 @@ impl Engine {
     fn worst_case(&self, host: &dyn Host, rule: &RuleRef, upfront: u64, now: u64) -> u64 {
         let worst = match rule.usage.as_ref().map(|u| u.unreadable) {
             Some(WorstCase::Fixed(n)) => n,
+            Some(WorstCase::Upfront) => upfront,
             Some(WorstCase::Recent) | None => {
                 // A failed read of shared data knows nothing more than the up-front cost.
                 peak::recent(host.store(), &self.plugin.ns, &rule.name, now)
@@ -139,7 +140,11 @@ impl Engine {
                 let worst = self.worst_case(host, &rule, upfront, now);
                 m.count(rule.id(), why.counter(), 1);
                 m.count(rule.id(), Counter::UsageWorstCase, 1);
-                if self.usage.first_unreadable() {
+                // A `charge_on` answer that never came (a client that hung up) is no fault of
+                // the configuration or the upstream: counted, not logged.
+                let expected =
+                    rule.usage.as_ref().map(|u| u.unreadable) == Some(WorstCase::Upfront);
+                if !expected && self.usage.first_unreadable() {
                     log::warn!(
                         "tollgate: rule {}: a response's usage could not be read ({why:?}); \
                          such an admission is charged the worst case, here {worst} \

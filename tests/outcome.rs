@@ -1,0 +1,267 @@
+//! Charge by outcome through a real Envoy, Webdis and Redis: a login application behind Envoy
+//! answers 401 to a wrong password and 200 to the right one, and a `charge_on` rule keyed by the
+//! client's address keeps a token only for a 401. Each client is its own loopback address
+//! (127.0.0.x), so `client_ip` tells them apart.
+//!
+//! What it shows: the sixth wrong password of a client is refused with 429 and never reaches the
+//! application; right passwords, from another client, never use up its bucket; parallel guesses
+//! get only the burst (each admission pays before any answer); a client that hangs up before the
+//! answer is charged; Envoy's own 503 counts by its status.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use tollgate_e2e as common;
+
+use common::envoy::{brief_log, stat_in, Envoy, NO_UPSTREAM};
+use common::http::{raw_request_from, Resp};
+use common::upstream::{Upstream, HOLD};
+use common::{Redis, Webdis};
+
+/// 5 failed logins per client address at once, refilled at 5 per 15 minutes (one every three
+/// minutes: no token refills while a test runs); only a 401 keeps its token.
+const LOGIN: &str = r#"{ "backend": { "timeout_ms": 2000 },
+  "rules": [ { "name": "login", "match": { "path_prefix": "/app/login" }, "key": ["client_ip"],
+               "rate": 5, "period_ms": 900000, "burst": 5,
+               "charge_on": { "status": [401] } } ] }"#;
+
+/// The login application: `x-password: secret` is right (200), anything else wrong (401);
+/// `x-hold: 1` makes it take the request and never answer.
+fn login_app() -> Upstream {
+    Upstream::start_with(|head| {
+        let head = head.to_ascii_lowercase();
+        let answer = |status: &str, body: &str| {
+            vec![format!(
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()]
+        };
+        if head.contains("\nx-hold: 1\r") {
+            vec![HOLD.to_vec()]
+        } else if head.contains("\nx-password: secret\r") {
+            answer("200 OK", "welcome\n")
+        } else {
+            answer("401 Unauthorized", "wrong password\n")
+        }
+    })
+}
+
+/// Redis, Webdis, the application and Envoy with `config`.
+struct Run {
+    envoy: Envoy,
+    app: Upstream,
+    webdis: Webdis,
+    redis: Redis,
+}
+
+impl Run {
+    fn start(name: &str, config: &str, app: Upstream, upstream_port: u16) -> Run {
+        let dir = common::scratch_dir(name);
+        let redis = Redis::start(&dir);
+        let webdis = Webdis::start(&dir, redis.port);
+        let envoy = Envoy::try_start_with_upstream(&dir, config, webdis.port, upstream_port)
+            .unwrap_or_else(|log| panic!("envoy did not start:\n{}", brief_log(&log)));
+        Run {
+            envoy,
+            app,
+            webdis,
+            redis,
+        }
+    }
+
+    fn login(name: &str) -> Run {
+        let app = login_app();
+        let port = app.port;
+        Run::start(name, LOGIN, app, port)
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- envoy ---\n{}\n--- webdis ---\n{}\n--- redis ---\n{}",
+            brief_log(&self.envoy.log_text()),
+            self.webdis.log_text(),
+            self.redis.proc.log_text()
+        )
+    }
+
+    fn listener(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.envoy.listen_port))
+    }
+
+    /// `GET path` from client address 127.0.0.`client` with `password`.
+    fn from(&self, client: u8, path: &str, password: &str) -> Resp {
+        let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, client));
+        raw_request_from(
+            Some(source),
+            self.listener(),
+            "GET",
+            path,
+            &[("x-password", password)],
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
+    }
+
+    /// The statuses of `n` logins from `client` with `password`, in order.
+    fn logins(&self, client: u8, password: &str, n: usize) -> Vec<u16> {
+        (0..n)
+            .map(|_| self.from(client, "/app/login", password).status)
+            .collect()
+    }
+
+    /// Counter `name` of rule `rule` once it reads `want` (the last value read if it never does).
+    fn counter(&self, rule: &str, name: &str, want: u64) -> u64 {
+        let stat = format!("wasmcustom.tollgate.{rule}.{name}");
+        let stats = self
+            .envoy
+            .stats_when(|s| stat_in(s, &stat).unwrap_or(0) == want);
+        stat_in(&stats, &stat).unwrap_or(0)
+    }
+}
+
+/// `n` of `status`.
+fn times(status: u16, n: usize) -> Vec<u16> {
+    vec![status; n]
+}
+
+#[test]
+fn the_sixth_wrong_password_is_refused_while_right_ones_never_use_up_the_bucket() {
+    let run = Run::login("outcome-login");
+    // A guesser: five wrong passwords are answered by the application, the sixth by tollgate.
+    let guesses = run.logins(11, "wrong", 6);
+    eprintln!("guesser, 6 wrong passwords: {guesses:?}");
+    assert_eq!(guesses, [401, 401, 401, 401, 401, 429], "{}", run.logs());
+    assert_eq!(run.app.hits(), 5, "the sixth never reached the application");
+    let refused = run.from(11, "/app/login", "wrong");
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (1..=180).contains(&retry),
+        "the next token in at most three minutes: {retry}"
+    );
+    // Now locked out, even with the right password, until a token refills.
+    assert_eq!(run.from(11, "/app/login", "secret").status, 429);
+
+    // A user who knows the password, from another address: twenty logins in a row with a burst
+    // of five, every one admitted; each 200 gives its token back before the next call.
+    let user = run.logins(12, "secret", 20);
+    eprintln!("user, 20 right passwords: {user:?}");
+    assert_eq!(user, times(200, 20), "{}", run.logs());
+    // And that address's bucket is still full: five wrong passwords before its first 429.
+    let after = run.logins(12, "wrong", 6);
+    eprintln!("user, then 6 wrong passwords: {after:?}");
+    assert_eq!(after, [401, 401, 401, 401, 401, 429], "{}", run.logs());
+    assert_eq!(run.app.hits(), 5 + 20 + 5);
+    assert_eq!(
+        run.counter("login", "usage_refunded", 20),
+        20,
+        "one per 200"
+    );
+    assert_eq!(run.counter("login", "usage_charged", 0), 0);
+}
+
+/// Each admission takes its token before its answer exists, so parallel guesses cannot all pass
+/// while the first answers are still on their way: with a burst of 5, exactly 5 of 40 reach the
+/// application.
+#[test]
+fn parallel_guesses_get_only_the_burst() {
+    let run = std::sync::Arc::new(Run::login("outcome-parallel"));
+    let threads: Vec<_> = (0..40)
+        .map(|_| {
+            let run = run.clone();
+            std::thread::spawn(move || run.from(13, "/app/login", "wrong").status)
+        })
+        .collect();
+    let mut statuses: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    statuses.sort_unstable();
+    let count = |s: u16| statuses.iter().filter(|&&x| x == s).count();
+    eprintln!(
+        "40 parallel wrong passwords: {} x 401, {} x 429",
+        count(401),
+        count(429)
+    );
+    assert_eq!((count(401), count(429)), (5, 35), "{}", run.logs());
+    assert_eq!(run.app.hits(), 5);
+}
+
+/// A client that hangs up before its answer would have gained a refund had the answer come (the
+/// right password answers 200): it is charged instead. After five hang-ups its address is refused.
+#[test]
+fn a_client_that_hangs_up_before_the_answer_is_charged() {
+    let run = Run::login("outcome-hangup");
+    let source = SocketAddr::from((Ipv4Addr::new(127, 0, 0, 14), 0));
+    for n in 1..=5u64 {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.bind(&source.into()).expect("bind 127.0.0.14");
+        socket
+            .connect_timeout(&run.listener().into(), Duration::from_secs(10))
+            .expect("connect");
+        let mut conn: TcpStream = socket.into();
+        conn.write_all(
+            b"GET /app/login HTTP/1.1\r\nhost: localhost\r\nx-password: secret\r\nx-hold: 1\r\n\r\n",
+        )
+        .expect("write");
+        // Admitted (it reached the application), then the client leaves before any answer.
+        assert!(
+            common::wait_until(Duration::from_secs(10), || run.app.hits() == n),
+            "request {n} never reached the application\n{}",
+            run.logs()
+        );
+        drop(conn);
+        assert!(
+            common::wait_until(Duration::from_secs(10), || run.app.held_closed() == n),
+            "Envoy never ended request {n}\n{}",
+            run.logs()
+        );
+    }
+    let next = run.from(14, "/app/login", "secret");
+    eprintln!("after 5 hang-ups, the right password: {}", next.status);
+    assert_eq!(
+        next.status,
+        429,
+        "five hang-ups took the burst\n{}",
+        run.logs()
+    );
+    assert_eq!(
+        run.counter("login", "usage_unfinished", 5),
+        5,
+        "{}",
+        run.logs()
+    );
+    assert_eq!(run.counter("login", "usage_worst_case", 5), 5);
+    assert_eq!(
+        run.counter("login", "usage_refunded", 0),
+        0,
+        "never a refund"
+    );
+    assert_eq!(run.app.hits(), 5);
+}
+
+/// Envoy's own replies count by their status: with no upstream to reach, Envoy answers 503, which
+/// a `"5xx"` rule keeps and a `401` rule on the same requests gives back.
+#[test]
+fn envoy_s_own_503_counts_by_its_status() {
+    let config = r#"{ "backend": { "timeout_ms": 2000 },
+      "rules": [
+        { "name": "failures", "match": { "path_prefix": "/app/" }, "key": ["client_ip"],
+          "rate": 5, "period_ms": 900000, "burst": 5, "charge_on": { "status": ["5xx"] } },
+        { "name": "logins", "match": { "path_prefix": "/app/" }, "key": ["client_ip"],
+          "rate": 3, "period_ms": 900000, "burst": 3, "charge_on": { "status": [401, 403] } } ] }"#;
+    // No application: the `app` cluster points at a port where nothing listens.
+    let run = Run::start("outcome-503", config, login_app(), NO_UPSTREAM);
+    let statuses = run.logins(15, "wrong", 6);
+    eprintln!("no upstream, 6 requests: {statuses:?}");
+    // The `logins` bucket holds 3: without its refunds the fourth would be refused.
+    assert_eq!(statuses, [503, 503, 503, 503, 503, 429], "{}", run.logs());
+    assert_eq!(run.counter("logins", "usage_refunded", 5), 5);
+    assert_eq!(run.counter("failures", "usage_refunded", 0), 0);
+    assert_eq!(run.app.hits(), 0);
+}
