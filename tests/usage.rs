@@ -442,6 +442,8 @@ fn an_upstream_that_compresses_anyway_is_charged_the_worst_case() {
 fn hang_up(envoy: &Envoy, app: &Upstream, until: &str) -> u16 {
     use std::io::{Read, Write};
     let closed = app.held_closed();
+    let unfinished = "wasmcustom.tollgate.llm.usage_unfinished";
+    let unfinished_before = envoy.stat_value(unfinished).unwrap_or(0);
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", envoy.listen_port)).unwrap();
     conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
@@ -474,6 +476,14 @@ fn hang_up(envoy: &Envoy, app: &Upstream, until: &str) -> u16 {
         assert!(
             gone,
             "Envoy never closed the app's stream\n{}",
+            brief_log(&envoy.log_text())
+        );
+        // The app sees its stream closed before Envoy ends the filter's request, where the
+        // charge is recorded: the next request waits for the charge, or it could go out before it.
+        let counted = envoy.stat_eventually(unfinished, |v| v.unwrap_or(0) > unfinished_before);
+        assert!(
+            counted.unwrap_or(0) > unfinished_before,
+            "the hang-up was never counted in usage_unfinished\n{}",
             brief_log(&envoy.log_text())
         );
     }
