@@ -130,6 +130,7 @@ fn rule(matcher: Match, key: Vec<KeySource>) -> Rule {
         fallback: None,
         usage: None,
         overrides: Default::default(),
+        tiers: None,
     }
 }
 
