@@ -4,6 +4,7 @@
 mod keys;
 mod matching;
 mod sources;
+mod tiers;
 
 use std::collections::HashMap;
 
