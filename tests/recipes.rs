@@ -900,3 +900,14 @@ fn refill_counts_the_fastest_rule_and_overrides() {
     assert_eq!(r.any(Duration::from_secs(2)), 10);
     assert_eq!(r.any(Duration::from_millis(1)), 1);
 }
+
+#[test]
+fn refill_counts_a_rule_s_fastest_tier() {
+    let r = Refill::of(
+        r#"{ "rules": [ { "name": "a", "rate": 60, "period_ms": 60000,
+             "tiers": { "from": "metadata:m:plan", "limits": {
+               "pro": { "rate": 600 }, "fast": { "rate": 20, "period_ms": 1000 } } } } ] }"#,
+    );
+    // a: 20 per second (its `fast` tier, on its own period).
+    assert_eq!(r.rule("a", Duration::from_secs(2)), 40);
+}
