@@ -314,7 +314,7 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
     let overrides = keys::overrides(r.overrides, &at("overrides"), &key, r.period_ms, cost)?;
     let tiers = r
         .tiers
-        .map(|t| tiers::tiers(t, &at("tiers"), r.period_ms, cost))
+        .map(|t| tiers::tiers(t, &at("tiers"), &key, r.period_ms, cost))
         .transpose()?;
 
     Ok(Rule {

@@ -1,6 +1,7 @@
 //! A rule's `tiers`: which key source may pick a bucket's limits, and the table it picks from.
 //!
-//! Invariant: a compiled `Tiers` reads its tier from a source the client cannot write (dynamic
+//! Invariant: a compiled `Tiers` belongs to a rule with a key, and reads its tier from a source
+//! the client cannot write (dynamic
 //! metadata, filter state, the peer certificate's identity), or from one the configuration
 //! explicitly said is `"trusted": true`; never from a literal (the same tier for every request).
 //! Each tier's limits are checked as an override's are (`keys::limits_of`), and each tier name is
@@ -65,9 +66,19 @@ fn client_controlled(from: &KeySource) -> Option<&'static str> {
 pub fn tiers(
     t: doc::Tiers,
     path: &str,
+    key: &[KeySource],
     rule_period: PeriodMs,
     cost: u64,
 ) -> Result<Tiers, ConfigError> {
+    // Each check takes the bucket under its own tier's limits (a smaller burst clamps it): one
+    // bucket for every caller would be cut to the smallest tier by each of its requests.
+    if key.is_empty() {
+        return Err(err(
+            path,
+            "needs key sources: a rule without a key has one bucket for every caller, which each \
+             request would take under its own tier's limits; key the rule on who the tier is for",
+        ));
+    }
     let from_path = join(path, "from");
     let from = keys::source(&t.from, &from_path)?;
     if let KeySource::Literal(_) = from {

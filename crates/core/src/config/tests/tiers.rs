@@ -74,14 +74,18 @@ fn tiers_from_a_jwt_claim() {
     );
 }
 
-/// A rule without a key has one bucket; tiers still pick its limits (the bucket is shared).
+/// A rule without a key has one bucket for every caller: each request would take it under its
+/// own tier's limits, a smaller tier's clamping it for the others.
 #[test]
-fn tiers_need_no_key() {
-    let r = one_rule(&format!(
-        r#""rate":1,"tiers":{{"from":"{JWT_PLAN}","limits":{{"pro":{{"rate":9}}}}}}"#
-    ));
-    assert!(r.key.is_empty());
-    assert_eq!(r.tiers.unwrap().limits.len(), 1);
+fn tiers_need_a_key() {
+    assert_eq!(
+        rule_error(&format!(
+            r#""rate":1,"tiers":{{"from":"{JWT_PLAN}","limits":{{"pro":{{"rate":9}}}}}}"#
+        )),
+        "rules[0].tiers: needs key sources: a rule without a key has one bucket for every caller, \
+         which each request would take under its own tier's limits; key the rule on who the tier \
+         is for"
+    );
 }
 
 #[test]
@@ -202,7 +206,7 @@ fn bad_tiers_are_refused_with_their_field() {
     // A tier's burst must hold the rule's cost.
     assert_eq!(
         rule_error(&format!(
-            r#""rate":10,"cost":3,"tiers":{{"from":"{JWT_PLAN}","limits":{{"free":{{"rate":2}}}}}}"#
+            r#""rate":10,"cost":3,"key":["header:x"],"tiers":{{"from":"{JWT_PLAN}","limits":{{"free":{{"rate":2}}}}}}"#
         )),
         "rules[0].tiers.limits.free.burst: must be at least the rule's cost (3)"
     );

@@ -207,10 +207,10 @@ fn an_ambiguous_key_gets_no_tier() {
 #[test]
 fn a_path_tier_needs_every_reading_to_agree() {
     let r = rule_of(
-        r#"{"rules":[{"name":"all","rate":1,"burst":3,
+        r#"{"rules":[{"name":"all","key":["header:x-user"],"rate":1,"burst":3,
             "tiers":{"from":"path","trusted":true,"limits":{"/bulk":{"rate":10,"burst":20}}}}]}"#,
     );
-    let by = |p: &str| apply(&r, &Req::new("GET", p)).by;
+    let by = |p: &str| apply(&r, &Req::new("GET", p).with("x-user", "a")).by;
     assert_eq!(by("/bulk"), LimitsBy::Tier);
     assert_eq!(by("/bulk?x=1"), LimitsBy::Tier);
     assert_eq!(by("/other"), LimitsBy::Rule);
