@@ -102,3 +102,53 @@ fn the_fallback_bucket_has_the_tier_s_limits() {
     assert_eq!(admitted("?plan=pro"), 20);
     assert_eq!(admitted("?plan=free"), 3);
 }
+
+/// A cost header is measured against the tier's burst: within `pro`'s 20 it is checked, above the
+/// rule's 3 (a request of no tier) it can never be admitted and is answered 400.
+#[test]
+fn a_cost_header_is_measured_against_the_tier_s_burst() {
+    let rules = TIERS.replace(r#""burst":3,"#, r#""burst":3,"cost_header":"x-cost","#);
+    let (mut e, _) = engine("", &rules);
+    let mut h = Fake::default();
+    let costly = |query: &str| {
+        req(
+            &format!("/api/x{query}"),
+            &[("x-user", "a"), ("x-cost", "10")],
+        )
+    };
+    assert_eq!(
+        send(&mut e, &mut h, 10, &costly("?plan=pro")),
+        Action::Pause
+    );
+    let t = *h.tokens().last().unwrap();
+    assert!(
+        h.out[&t].body.ends_with("/20/100/1000/10/0/0/0"),
+        "{}",
+        h.out[&t].body
+    );
+    send(&mut e, &mut h, 11, &costly("?plan=free"));
+    assert_eq!(h.status_of(11), Some(400));
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "no call for a cost that can never be admitted"
+    );
+}
+
+/// A shadow rule with tiers checks under the tier's limits and only counts its denials.
+#[test]
+fn a_shadow_rule_checks_under_the_tier_and_never_refuses() {
+    let rules = TIERS.replace(r#""burst":3,"#, r#""burst":3,"shadow":true,"#);
+    let (mut e, rec) = engine("", &rules);
+    let mut h = Fake::default();
+    assert_eq!(
+        send(&mut e, &mut h, 10, &plan_req("a", "?plan=pro")),
+        Action::Pause
+    );
+    let t = *h.tokens().last().unwrap();
+    assert_eq!(sent(&h.out[&t].body).1, 20);
+    deliver(&mut e, &mut h, t, 200, &answer(false, 0, 500, 1000, 0));
+    assert_eq!(h.resumed, [10], "a shadow denial lets the request through");
+    assert_eq!(rec.get(0, Counter::ShadowDenied), 1);
+    assert_eq!(rec.get(0, Counter::Denied), 0);
+}
