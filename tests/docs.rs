@@ -278,6 +278,8 @@ const TABLES: &[(&str, &str)] = &[
     ("charge_on", "charge_on"),
     ("fallback", "fallback"),
     ("overrides[]", "Overrides"),
+    ("tiers", "Tiers"),
+    ("tiers.limits.*", "Tier limits"),
 ];
 
 #[test]

@@ -44,6 +44,8 @@ enum Setup {
     Llm,
     /// A stand-in login service under `/login` that answers 401 to a wrong password.
     Login,
+    /// The `jwt_authn` filter of the per-user recipe, and tokens of two users with a `plan` claim.
+    Tiers,
 }
 
 /// Every recipe heading of the page and what it needs.
@@ -58,6 +60,7 @@ const RECIPES: &[(&str, Setup)] = &[
         "API keys, with a bigger limit for one customer",
         Setup::Plain,
     ),
+    ("Tiers from the caller's plan", Setup::Tiers),
     ("Shadow rollout: watch before you enforce", Setup::Plain),
     ("LLM tokens: charge what each answer used", Setup::Llm),
     ("Wait instead of reject", Setup::Plain),
@@ -76,6 +79,9 @@ const LLM_TOKENS: u64 = 1500;
 
 /// The user the test signs tokens for (the page says so).
 const USER: &str = "alice";
+
+/// The `pro` user of the tiers recipe (the page says so).
+const PRO_USER: &str = "bob";
 
 /// A fenced block: its language (the fence's info string), text and opening line.
 #[derive(Debug, Clone)]
@@ -194,12 +200,13 @@ fn recipe(s: &Section) -> Recipe {
 
 /// How far a count may be from the page's: tokens that refill while the loops run, per rule.
 struct Refill {
-    /// (rule name, fastest rate in requests per millisecond of the rule or its overrides)
+    /// (rule name, fastest rate in requests per millisecond of the rule, its overrides or tiers)
     rules: Vec<(String, f64)>,
 }
 
 impl Refill {
-    /// From a configuration: each rule's rate (and its overrides'), per millisecond, in requests.
+    /// From a configuration: each rule's rate (and its overrides' and tiers'), per millisecond, in
+    /// requests.
     /// A usage rule's requests cost what the stand-in LLM reports.
     fn of(config: &str) -> Refill {
         let doc: serde_json::Value = serde_json::from_str(config).expect("a JSON configuration");
@@ -215,7 +222,11 @@ impl Refill {
                     1
                 };
                 let mut rate = r["rate"].as_u64().unwrap() as f64 / period as f64;
-                for o in r["overrides"].as_array().into_iter().flatten() {
+                let tiers = r["tiers"]["limits"]
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|t| t.values());
+                for o in r["overrides"].as_array().into_iter().flatten().chain(tiers) {
                     if let Some(or) = o["rate"].as_u64() {
                         let op = o["period_ms"].as_u64().unwrap_or(period);
                         rate = rate.max(or as f64 / op as f64);
@@ -484,6 +495,15 @@ fn start(name: &str, setup: Setup, config: &str, jwt_filter: Option<&str>) -> Ru
             "TOKEN".to_string(),
             jwt.token(serde_json::json!({ "sub": USER })),
         ));
+        if setup == Setup::Tiers {
+            for (name, sub, plan) in [("FREE_TOKEN", USER, "free"), ("PRO_TOKEN", PRO_USER, "pro")]
+            {
+                env.push((
+                    name.to_string(),
+                    jwt.token(serde_json::json!({ "sub": sub, "plan": plan })),
+                ));
+            }
+        }
         yaml.replace("/etc/envoy/jwks.json", jwks_file.to_str().unwrap())
             .replace(
                 "'<the JWKS istiod fetched from jwksUri>'",
@@ -616,7 +636,7 @@ fn run_recipe(heading: &str) -> Run {
                 .clone()
                 .unwrap_or_else(|| panic!("{PAGE} `## {heading}`: no ```yaml jwt_authn filter")),
         ),
-        Setup::Llm => recipe(&section(JWT_RECIPE)).jwt_filter,
+        Setup::Llm | Setup::Tiers => recipe(&section(JWT_RECIPE)).jwt_filter,
         Setup::Plain | Setup::Login => None,
     };
     let slug: String = heading
@@ -739,6 +759,15 @@ fn per_client_address() {
 #[test]
 fn api_keys_with_an_override() {
     run_recipe("API keys, with a bigger limit for one customer");
+}
+
+/// Each user's bucket is keyed on its `sub` alone, whatever its plan.
+#[test]
+fn tiers_from_the_caller_s_plan() {
+    let run = run_recipe("Tiers from the caller's plan");
+    for user in [USER, PRO_USER] {
+        assert!(bucket_in_redis(&run, "per-user", &[user]), "{user}");
+    }
 }
 
 #[test]
@@ -870,4 +899,15 @@ fn refill_counts_the_fastest_rule_and_overrides() {
     assert_eq!(r.rule("b", Duration::from_secs(2)), 1);
     assert_eq!(r.any(Duration::from_secs(2)), 10);
     assert_eq!(r.any(Duration::from_millis(1)), 1);
+}
+
+#[test]
+fn refill_counts_a_rule_s_fastest_tier() {
+    let r = Refill::of(
+        r#"{ "rules": [ { "name": "a", "rate": 60, "period_ms": 60000,
+             "tiers": { "from": "metadata:m:plan", "limits": {
+               "pro": { "rate": 600 }, "fast": { "rate": 20, "period_ms": 1000 } } } } ] }"#,
+    );
+    // a: 20 per second (its `fast` tier, on its own period).
+    assert_eq!(r.rule("a", Duration::from_secs(2)), 40);
 }

@@ -6,7 +6,7 @@
 
 use tollgate_core::bucket::Limits;
 use tollgate_core::config::{
-    Config, FailureMode, HeaderValueMatch, KeySource, Match, Mode, Override, Protocol, Rule,
+    Config, FailureMode, HeaderValueMatch, KeySource, Match, Mode, Override, Protocol, Rule, Tiers,
     UsageSource, WorstCase,
 };
 
@@ -235,7 +235,31 @@ fn rule_details(rule: &Rule) -> Vec<String> {
             if other + unlimited == 1 { "" } else { "s" }
         ));
     }
+    if let Some(t) = &rule.tiers {
+        d.push(tiers(t));
+    }
     d
+}
+
+/// `tiers by JWT claim plan: "free" 100 per minute, burst 20, "pro" unlimited (other values: the
+/// rule's limits)`.
+fn tiers(t: &Tiers) -> String {
+    let each: Vec<String> = t
+        .limits
+        .iter()
+        .map(|(name, given)| {
+            let given = match given {
+                Override::Unlimited => "unlimited".to_string(),
+                Override::Limits(q) => limits(&q.limits()),
+            };
+            format!("{:?} {given}", String::from_utf8_lossy(name))
+        })
+        .collect();
+    format!(
+        "tiers by {}: {} (other values: the rule's limits)",
+        source(&t.from),
+        each.join(", ")
+    )
 }
 
 #[cfg(test)]

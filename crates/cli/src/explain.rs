@@ -7,7 +7,7 @@
 
 use tollgate_core::config::{Config, Match, Mode};
 use tollgate_core::engine::{cost_of, CostError};
-use tollgate_core::rule::{applies, key_values, matches, KeyCache, Read, RequestView};
+use tollgate_core::rule::{applies, key_values, matches, KeyCache, LimitsBy, Read, RequestView};
 
 use crate::describe;
 
@@ -55,13 +55,21 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
         } else {
             out.push(format!("  bucket: {}", applied.key));
         }
-        let whose = if applied.limits == rule.limits.limits() {
-            "the rule's"
-        } else {
-            "an override's"
+        let whose = match applied.by {
+            LimitsBy::Rule => "the rule's",
+            LimitsBy::Override => "an override's",
+            LimitsBy::Tier => "its tier's",
+            LimitsBy::AmbiguousTier => "the rule's: the tier source is AMBIGUOUS",
         };
         if applied.unlimited {
-            out.push("  limits: unlimited by an override: admitted without a call to Redis (still counted)".to_string());
+            let by = if applied.by == LimitsBy::Tier {
+                "its tier"
+            } else {
+                "an override"
+            };
+            out.push(format!(
+                "  limits: unlimited by {by}: admitted without a call to Redis (still counted)"
+            ));
             continue;
         }
         out.push(format!(

@@ -674,3 +674,60 @@ fn tls_with_a_ca_made_here() {
         "need a rediss:// URL",
     );
 }
+
+/// A tiered rule: `check` lists its tiers, `explain` says whose limits a request gets.
+#[test]
+fn tiers_are_described_and_explained() {
+    let dir = scratch_dir("cli-tiers");
+    let path = dir.join("tiers.json");
+    std::fs::write(
+        &path,
+        r#"{"rules":[{"name":"per-user","key":["metadata:envoy.filters.http.jwt_authn:payload.sub"],
+            "rate":100,"period_ms":60000,"burst":20,
+            "tiers":{"from":"metadata:envoy.filters.http.jwt_authn:payload.plan",
+                     "limits":{"pro":{"rate":1000,"burst":200},"staff":{"unlimited":true}}}}]}"#,
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let out = ok(&["check", config]);
+    assert!(
+        out.contains(r#"tiers by JWT plan (metadata:envoy.filters.http.jwt_authn:payload.plan): "pro" 1000 per minute, burst 200, "staff" unlimited (other values: the rule's limits)"#),
+        "{out}"
+    );
+    let explain = |plan: &str| {
+        ok(&[
+            "explain",
+            config,
+            "--path",
+            "/x",
+            "--metadata",
+            &format!(
+                r#"envoy.filters.http.jwt_authn={{"payload":{{"sub":"alice","plan":{plan}}}}}"#
+            ),
+        ])
+    };
+    let out = explain(r#""pro""#);
+    assert!(
+        out.contains("  limits: 1000 per minute, burst 200 (its tier's)\n"),
+        "{out}"
+    );
+    let out = explain(r#""free""#);
+    assert!(
+        out.contains("  limits: 100 per minute, burst 20 (the rule's)\n"),
+        "{out}"
+    );
+    let out = explain(r#"["pro"]"#);
+    assert!(
+        out.contains(
+            "  limits: 100 per minute, burst 20 (the rule's: the tier source is AMBIGUOUS)\n"
+        ),
+        "{out}"
+    );
+    let out = explain(r#""staff""#);
+    assert!(
+        out.contains(
+            "  limits: unlimited by its tier: admitted without a call to Redis (still counted)\n"
+        ),
+        "{out}"
+    );
+}

@@ -76,7 +76,8 @@ pub enum Counter {
     /// counters above).
     UsageWorstCase,
     /// Checks whose key source was ambiguous (its name appeared more than once): keyed into the
-    /// rule's one bucket for ambiguous requests.
+    /// rule's one bucket for ambiguous requests. Also checks whose tier source could not be read
+    /// as one value (named twice, a list or a struct): under the rule's own limits.
     Ambiguous,
     /// Responses not read because their worker was already reading its most bodies at once
     /// (1024, 16 KiB each): charged the worst case.

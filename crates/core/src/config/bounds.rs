@@ -20,6 +20,9 @@ pub const MAX_RULE_NAME_LEN: usize = 64;
 pub const MAX_KEY_PREFIX_LEN: usize = 64;
 /// Most overrides a rule may have.
 pub const MAX_OVERRIDES: usize = 10_000;
+/// Most tiers a rule's `tiers.limits` may name, and the longest tier name (the shortest is 1).
+pub const MAX_TIERS: usize = 256;
+pub const MAX_TIER_NAME_LEN: usize = 64;
 /// Most hosts a rule's match may list.
 pub const MAX_HOSTS: usize = 256;
 /// Most segments of a `property:` path or fields of a `metadata:` source.

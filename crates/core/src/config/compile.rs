@@ -5,7 +5,7 @@
 //! defaults that depend on another field (a burst is its rate's, a fallback's period its rule's, a
 //! `lease_max` its burst), a cost within every burst of its rule, exact mode for what needs a call
 //! per admission, unique rule names; the normal forms of `match` (`matcher.rs`) and the key-source
-//! grammar and overrides (`keys.rs`).
+//! grammar and overrides (`keys.rs`), and tiers (`tiers.rs`).
 
 use super::artifact::Artifact;
 use super::bounds::*;
@@ -13,7 +13,7 @@ use super::document as doc;
 use super::error::{err, index, join, quoted, ConfigError};
 use super::model::*;
 use super::quota::{PeriodMs, Quota, Tokens};
-use super::{keys, matcher, outcome};
+use super::{keys, matcher, outcome, tiers};
 
 /// `doc` as the configuration `artifact` runs on.
 pub fn compile(doc: doc::Document, artifact: Artifact) -> Result<Config, ConfigError> {
@@ -312,6 +312,10 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
     }
     let usage = outcome::usage(usage, r.charge_on, r.mode, &at("charge_on"))?;
     let overrides = keys::overrides(r.overrides, &at("overrides"), &key, r.period_ms, cost)?;
+    let tiers = r
+        .tiers
+        .map(|t| tiers::tiers(t, &at("tiers"), &key, r.period_ms, cost))
+        .transpose()?;
 
     Ok(Rule {
         name: r.name,
@@ -328,6 +332,7 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
         fallback,
         usage,
         overrides,
+        tiers,
     })
 }
 

@@ -253,6 +253,22 @@ impl<'de> Deserializer<'de> for Reader<'de, '_> {
         }
     }
 
+    /// An object whose keys the user names (`tiers.limits`), each value at `path.<key>`, in the
+    /// object's key order (sorted: the order does not depend on the text).
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Error> {
+        let path = self.path;
+        match self.value {
+            Value::Object(map) => visitor
+                .visit_map(Entries {
+                    entries: map.iter(),
+                    path: &path,
+                    next: None,
+                })
+                .map_err(|e| e.at(&path)),
+            _ => Err(self.wrong("an object")),
+        }
+    }
+
     /// An object whose keys are all `fields`, read in their order.
     fn deserialize_struct<V: Visitor<'de>>(
         self,
@@ -301,7 +317,7 @@ impl<'de> Deserializer<'de> for Reader<'de, '_> {
 
     serde::forward_to_deserialize_any! {
         i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char bytes byte_buf unit unit_struct
-        tuple tuple_struct map
+        tuple tuple_struct
     }
 }
 
@@ -367,6 +383,43 @@ impl<'de> MapAccess<'de> for Fields<'de, '_> {
             value,
             path: Path::Field(self.path, name),
         })
+    }
+}
+
+/// An object's entries, each value at `path.<key>` (a map whose keys the user names).
+struct Entries<'v, 'p> {
+    entries: serde_json::map::Iter<'v>,
+    path: &'p Path<'p>,
+    next: Option<(&'v str, &'v Value)>,
+}
+
+impl<'de> MapAccess<'de> for Entries<'de, '_> {
+    type Error = Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Error> {
+        let Some((key, value)) = self.entries.next() else {
+            return Ok(None);
+        };
+        self.next = Some((key, value));
+        seed.deserialize(BorrowedStrDeserializer::new(key))
+            .map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Error> {
+        let Some((key, value)) = self.next.take() else {
+            return Err(Error::here("a value without its key".to_owned()));
+        };
+        seed.deserialize(Reader {
+            value,
+            path: Path::Field(self.path, key),
+        })
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.entries.len())
     }
 }
 

@@ -139,6 +139,7 @@ pub struct Rule {
     pub charge_on: Option<ChargeOn>,
     #[serde(default)]
     pub overrides: Vec<Override>,
+    pub tiers: Option<Tiers>,
 }
 
 /// A rule's `match`: every condition given must hold.
@@ -211,6 +212,31 @@ pub struct Override {
     pub burst: Option<Tokens>,
 }
 
+/// A rule's `tiers`: limits picked by the value of one key source (`tiers.rs` compiles it).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tiers {
+    pub from: String,
+    /// Must be said for a source the client controls.
+    #[serde(default)]
+    pub trusted: bool,
+    /// Tier name -> its limits (an object whose keys the user names).
+    pub limits: std::collections::BTreeMap<String, Tier>,
+}
+
+/// One of `tiers.limits`: either `unlimited` or limits, as an override.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tier {
+    pub unlimited: Option<bool>,
+    /// Required, unless `unlimited`.
+    pub rate: Option<Tokens>,
+    /// Default: the rule's `period_ms`.
+    pub period_ms: Option<PeriodMs>,
+    /// Default: `rate`.
+    pub burst: Option<Tokens>,
+}
+
 /// Every object of the document and its fields, as the derives declare them: what the
 /// reference (docs/reference/configuration.md) must document, and all it may (tests/docs.rs checks both ways).
 pub fn schema() -> Vec<(&'static str, &'static [&'static str])> {
@@ -225,5 +251,7 @@ pub fn schema() -> Vec<(&'static str, &'static [&'static str])> {
         ("charge_on", fields_of::<ChargeOn>()),
         ("fallback", fields_of::<Limits>()),
         ("overrides[]", fields_of::<Override>()),
+        ("tiers", fields_of::<Tiers>()),
+        ("tiers.limits.*", fields_of::<Tier>()),
     ]
 }

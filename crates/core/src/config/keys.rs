@@ -13,7 +13,7 @@ use super::compile::{has_control, is_token, quota};
 use super::document as doc;
 use super::error::{err, index, join, quoted, ConfigError};
 use super::model::{KeySource, Override};
-use super::quota::PeriodMs;
+use super::quota::{PeriodMs, Tokens};
 use crate::rule::ip::{DEFAULT_V4_PREFIX, DEFAULT_V6_PREFIX};
 
 const KEY_SOURCE_HELP: &str = "expected header:NAME, query:NAME, cookie:NAME, client_ip, \
@@ -61,7 +61,8 @@ pub fn sources(items: &[String], path: &str) -> Result<Vec<KeySource>, ConfigErr
         .collect()
 }
 
-fn source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
+/// One key source (also a tier's `from`).
+pub(super) fn source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
     match s {
         "client_ip" => return Ok(KeySource::CLIENT_IP),
         "path" => return Ok(KeySource::Path),
@@ -224,8 +225,13 @@ fn client_ip(spec: &str, whole: &str, path: &str) -> Result<KeySource, ConfigErr
     })
 }
 
-/// The value an override names for `source`, in the form a request's value would take.
-fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
+/// The value an override (or a tier) names for `source`, in the form a request's value would
+/// take.
+pub(super) fn override_value(
+    source: &KeySource,
+    text: &str,
+    path: &str,
+) -> Result<Vec<u8>, ConfigError> {
     match source {
         KeySource::ClientIp {
             v4_prefix,
@@ -303,34 +309,58 @@ pub fn overrides(
             .enumerate()
             .map(|(j, (v, source))| override_value(source, v, &index(&key_path, j)))
             .collect::<Result<Vec<_>, _>>()?;
-        let has_limits = o.rate.is_some() || o.period_ms.is_some() || o.burst.is_some();
-        let value = match (o.unlimited, o.rate) {
-            (Some(true), _) if has_limits => return Err(err(
-                &p,
-                "must have either \"unlimited\": true or limits (rate, period_ms, burst), not both",
-            )),
-            (Some(true), _) => Override::Unlimited,
-            (Some(false), _) => return Err(err(join(&p, "unlimited"), "must be true")),
-            (None, None) => return Err(err(join(&p, "rate"), "required")),
-            (None, Some(rate)) => {
-                let limits = quota(
-                    &p,
-                    rate,
-                    o.period_ms.unwrap_or(rule_period),
-                    o.burst.unwrap_or(rate),
-                )?;
-                if cost > limits.burst {
-                    return Err(err(
-                        join(&p, "burst"),
-                        format!("must be at least the rule's cost ({cost})"),
-                    ));
-                }
-                Override::Limits(limits)
-            }
-        };
+        let value = limits_of(
+            &p,
+            (o.unlimited, o.rate, o.period_ms, o.burst),
+            rule_period,
+            cost,
+        )?;
         if out.insert(tuple, value).is_some() {
             return Err(err(&key_path, "names the same key as an earlier override"));
         }
     }
     Ok(out)
+}
+
+/// What the object at `path` gives instead of the rule's limits: `unlimited`, or `rate`,
+/// `period_ms` (default the rule's) and `burst` (default its rate, at least the rule's `cost`).
+/// An override's and a tier's, checked alike.
+pub(super) fn limits_of(
+    path: &str,
+    (unlimited, rate, period_ms, burst): (
+        Option<bool>,
+        Option<Tokens>,
+        Option<PeriodMs>,
+        Option<Tokens>,
+    ),
+    rule_period: PeriodMs,
+    cost: u64,
+) -> Result<Override, ConfigError> {
+    let has_limits = rate.is_some() || period_ms.is_some() || burst.is_some();
+    Ok(match (unlimited, rate) {
+        (Some(true), _) if has_limits => {
+            return Err(err(
+                path,
+                "must have either \"unlimited\": true or limits (rate, period_ms, burst), not both",
+            ))
+        }
+        (Some(true), _) => Override::Unlimited,
+        (Some(false), _) => return Err(err(join(path, "unlimited"), "must be true")),
+        (None, None) => return Err(err(join(path, "rate"), "required")),
+        (None, Some(rate)) => {
+            let limits = quota(
+                path,
+                rate,
+                period_ms.unwrap_or(rule_period),
+                burst.unwrap_or(rate),
+            )?;
+            if cost > limits.burst {
+                return Err(err(
+                    join(path, "burst"),
+                    format!("must be at least the rule's cost ({cost})"),
+                ));
+            }
+            Override::Limits(limits)
+        }
+    })
 }

@@ -8,7 +8,8 @@
 //! every level, fixed defaults filled in, each integer within its bounds (`Int`), read by `de`
 //! so that errors name their path in the reference's words. `compile` turns it into the validated
 //! types of `model` for one artifact (`artifact` has refused what is for the other):
-//! cross-field rules, the normal forms of `match` (`matcher`) and the key-source grammar and overrides (`keys`). Every bound is
+//! cross-field rules, the normal forms of `match` (`matcher`) and the key-source grammar and overrides (`keys`), and
+//! `tiers` (which sources may pick limits). Every bound is
 //! defined once (`bounds`, and the script's own in `bucket`); limits are `Quota`s.
 
 mod artifact;
@@ -25,6 +26,7 @@ mod outcome;
 mod quota;
 #[cfg(test)]
 mod tests;
+mod tiers;
 
 pub use artifact::{Artifact, Protocol};
 pub use bounds::*;

@@ -115,6 +115,8 @@ pub struct Rule {
     pub usage: Option<Usage>,
     /// Other limits for some key value tuples (in the form `rule::key_values` gives them).
     pub overrides: BTreeMap<Vec<Vec<u8>>, Override>,
+    /// Limits picked by the value of an attribute Envoy verified (an override still wins).
+    pub tiers: Option<Tiers>,
 }
 
 impl Rule {
@@ -136,6 +138,16 @@ pub enum Override {
     Limits(Quota),
     /// Admitted without a backend call (still counted).
     Unlimited,
+}
+
+/// A rule's `tiers`: the value of one key source picks the limits of a key's bucket, never the
+/// bucket. A source the client controls is here only if the configuration said it is trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tiers {
+    pub from: KeySource,
+    /// Tier name, in the form the source's value takes (as an override's key value) -> what it
+    /// gives instead of the rule's limits. A value no tier names gets the rule's limits.
+    pub limits: BTreeMap<Vec<u8>, Override>,
 }
 
 /// A rule's usage source: the response says what the request really cost, and the difference from
@@ -314,5 +326,13 @@ fn rule_summary(r: &Rule) -> String {
         1 => s.push_str(" (1 override)"),
         n => s.push_str(&format!(" ({n} overrides)")),
     }
+    if let Some(t) = &r.tiers {
+        s.push_str(&tiers_summary(t));
+    }
     s
+}
+
+fn tiers_summary(t: &Tiers) -> String {
+    let noun = if t.limits.len() == 1 { "tier" } else { "tiers" };
+    format!(" ({} {noun} by {})", t.limits.len(), t.from)
 }

@@ -40,7 +40,7 @@ const HOLD_SLACK_MS: u64 = 1000;
 /// A lease lives this many horizons after its grant has refilled (`shared::lease`).
 const LEASE_LIFE_HORIZONS: u64 = 2;
 
-/// Lease sizing for `rule` on a key with `limits` (the rule's, or an override's).
+/// Lease sizing for `rule` on a key with `limits` (the rule's, an override's or a tier's).
 pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
     Sizing {
         burst: limits.burst,

@@ -95,7 +95,7 @@ impl Plugin {
         else {
             return Plan::Skip;
         };
-        if applied.ambiguous {
+        if applied.ambiguous || applied.by == crate::rule::LimitsBy::AmbiguousTier {
             self.metrics.count(rule.id(), Counter::Ambiguous, 1);
         }
         if applied.unlimited {

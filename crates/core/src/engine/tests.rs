@@ -1906,5 +1906,7 @@ fn profile_lease_new_keys() {
 mod decision;
 /// `charge_on`: settled by the answer's status.
 mod outcome;
+/// Limits picked by a tier.
+mod tiers;
 /// Usage that never becomes readable.
 mod unreadable;

@@ -1,12 +1,15 @@
 //! A rule applied to a request: whether its match holds and every key source is present, and if
 //! so its bucket key and the limits that hold for it.
 //!
-//! Invariant: overrides change a bucket's limits, never its key, and apply only where every
-//! reading agrees on the key: never to an ambiguous source, nor to a path that some reading
+//! Invariant: overrides and tiers change a bucket's limits, never its key, and apply only where
+//! every reading agrees on the key: never to an ambiguous source, nor to a path that some reading
 //! spells otherwise. An ambiguous source keys the request into one bucket per rule (and per the
-//! other sources' values), under the rule's own limits.
+//! other sources' values), under the rule's own limits. An override for the key wins over the
+//! tier; a tier wins over the rule's limits (`tiers`: only a value every reading agrees on picks
+//! one).
 
 use super::source::key_value;
+use super::tiers::{pick, Pick};
 use super::{bucket_key_of, matches, path, KeyCache, Part, Read, RequestView};
 use crate::bucket::Limits;
 use crate::config::{KeySource, Override, Rule};
@@ -24,6 +27,22 @@ pub struct Applied {
     /// A key source was ambiguous ([`Read::Ambiguous`]): `key` is the rule's bucket for ambiguous
     /// requests, under the rule's own limits.
     pub ambiguous: bool,
+    /// What decided `limits` (and `unlimited`).
+    pub by: LimitsBy,
+}
+
+/// What decided the limits of an applying rule's check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitsBy {
+    /// The rule's own: no override, no tier (or a value no tier names).
+    Rule,
+    /// The override for the key.
+    Override,
+    /// The tier the rule's tier source named.
+    Tier,
+    /// The rule's own, because the tier source could not be read as one value (named twice, a
+    /// list or a struct, a path read differently): counted as ambiguous.
+    AmbiguousTier,
 }
 
 /// The override of `rule`, which has overrides, for key `values` of `req`, if there is one and
@@ -46,7 +65,7 @@ fn override_of<'r>(
 }
 
 /// Whether `source`'s value is the request's path, in some spelling.
-fn reads_the_path(source: &KeySource) -> bool {
+pub(super) fn reads_the_path(source: &KeySource) -> bool {
     match source {
         KeySource::Path => true,
         KeySource::Property { path, .. } => {
@@ -104,7 +123,16 @@ pub fn applies(
     } else {
         override_of(rule, values, req)
     };
-    let (limits, unlimited) = match overridden {
+    let (given, by) = match (overridden, &rule.tiers) {
+        (Some(o), _) => (Some(o), LimitsBy::Override),
+        (None, None) => (None, LimitsBy::Rule),
+        (None, Some(tiers)) => match pick(tiers, req) {
+            Pick::Tier(t) => (Some(t), LimitsBy::Tier),
+            Pick::Default => (None, LimitsBy::Rule),
+            Pick::Ambiguous => (None, LimitsBy::AmbiguousTier),
+        },
+    };
+    let (limits, unlimited) = match given {
         None => (rule.limits, false),
         Some(Override::Limits(l)) => (*l, false),
         Some(Override::Unlimited) => (rule.limits, true),
@@ -114,11 +142,12 @@ pub fn applies(
         limits: limits.limits(),
         unlimited,
         ambiguous: false,
+        by,
     })
 }
 
 /// A request one of whose key sources is ambiguous (`parts`, none missing): the rule's bucket for
-/// ambiguous requests, under the rule's limits (no override), its key digested each time (the
+/// ambiguous requests, under the rule's limits (no override, no tier), its key digested each time (the
 /// key cache holds values only). Out of line and cold: only a client that repeats a key source's
 /// name comes here.
 #[cold]
@@ -129,5 +158,6 @@ fn ambiguous(prefix: &str, rule: &Rule, parts: &[Part<'_>]) -> Applied {
         limits: rule.limits.limits(),
         unlimited: false,
         ambiguous: true,
+        by: LimitsBy::Rule,
     }
 }

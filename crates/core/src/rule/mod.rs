@@ -6,13 +6,14 @@
 //! key sources starts fresh buckets. A request cannot escape a rule by how it spells its path
 //! (see `path`) or its address (see `ip`), nor get a fresh bucket by repeating a key source's name
 //! (see `reading`): an ambiguous source keys the request into one bucket per rule (and per the
-//! other sources' values), marked in the digest so that no value can name it. Overrides change a
-//! bucket's limits, never its key, and apply only where every reading agrees on the key: never to
-//! an ambiguous source, nor to a path that some reading spells otherwise.
+//! other sources' values), marked in the digest so that no value can name it. Overrides and tiers
+//! change a bucket's limits, never its key, and apply only where every reading agrees on the key:
+//! never to an ambiguous source, nor to a path that some reading spells otherwise.
 //!
 //! The files: [`matching`] (a rule's `match`), [`source`] (a key source's reading of a request),
 //! [`digest`] (the bucket key), [`cache`] (bucket keys of recently seen values), [`apply`] (a rule
-//! applied to a request: its key and limits); and under them [`path`] (path readings), [`ip`]
+//! applied to a request: its key and limits), [`tiers`] (the tier a request's verified attribute
+//! picks); and under them [`path`] (path readings), [`ip`]
 //! (client networks), [`reading`] (headers, query parameters, cookies: one reading or
 //! ambiguous), [`value`] (attribute and metadata values), [`host`] (authority normal form),
 //! [`pattern`] (header regex), [`hash`].
@@ -28,9 +29,10 @@ pub mod path;
 pub mod pattern;
 pub mod reading;
 mod source;
+mod tiers;
 pub mod value;
 
-pub use apply::{applies, Applied};
+pub use apply::{applies, Applied, LimitsBy};
 pub use cache::KeyCache;
 pub use digest::{bucket_key, bucket_key_of, Part};
 pub use matching::matches;

@@ -71,6 +71,7 @@ mod keys;
 mod limits;
 mod matching;
 mod outcome;
+mod tiers;
 
 #[test]
 fn design_example_parses() {
@@ -130,6 +131,7 @@ fn design_example_parses() {
             })),
             usage: None,
             overrides: BTreeMap::new(),
+            tiers: None,
         }],
     };
     assert_eq!(c, want);
@@ -184,6 +186,7 @@ fn defaults() {
             fallback: None,
             usage: None,
             overrides: BTreeMap::new(),
+            tiers: None,
         }],
     };
     assert_eq!(c, want);
@@ -547,6 +550,8 @@ fn serde_s_words_never_reach_users() {
         ("charge_on", &["rules", "0", "charge_on"]),
         ("fallback", &["rules", "0", "fallback"]),
         ("overrides[]", &["rules", "0", "overrides", "0"]),
+        ("tiers", &["rules", "0", "tiers"]),
+        ("tiers.limits.*", &["rules", "0", "tiers", "limits", "pro"]),
     ];
     let mut checked = 0;
     for (object, fields) in schema() {
@@ -635,7 +640,9 @@ fn the_schema_lists_every_object_of_the_document() {
             "usage",
             "charge_on",
             "fallback",
-            "overrides[]"
+            "overrides[]",
+            "tiers",
+            "tiers.limits.*"
         ]
     );
     let fields = |object: &str| schema.iter().find(|(n, _)| *n == object).unwrap().1;

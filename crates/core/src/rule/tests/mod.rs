@@ -4,6 +4,7 @@
 mod keys;
 mod matching;
 mod sources;
+mod tiers;
 
 use std::collections::HashMap;
 
@@ -130,6 +131,7 @@ fn rule(matcher: Match, key: Vec<KeySource>) -> Rule {
         fallback: None,
         usage: None,
         overrides: Default::default(),
+        tiers: None,
     }
 }
 
