@@ -187,11 +187,29 @@ impl Harness {
                 Some(State {
                     units,
                     ts_us: parse("t", &t),
-                    period_ms: parse("p", &p),
+                    per_token: parse("p", &p),
                 })
             }
             other => panic!("partial hash: {other:?}"),
         }
+    }
+}
+
+/// The PTTL the script sets after leaving `s`: until every holder expired, then until the bucket
+/// is full (whole steps after its refill point), plus 1 s of slack; -1 (no expiry) when that is
+/// more than 2^53 ms.
+fn expiry_ms(l: &Limits, s: State, holders: &Holders, now: u64) -> i64 {
+    let (per_token, step) = (l.units_per_token().unwrap(), l.step_ms().unwrap());
+    let to_full = (l.burst * per_token) as i64 - s.units;
+    let steps = (to_full + l.rate as i64 - 1) / l.rate as i64;
+    let since_ms = (now - s.ts_us) as i64 / 1000;
+    let refill = i128::from(steps) * i128::from(step) - i128::from(since_ms * i64::from(steps > 0));
+    let last = holders.last_expiry_us().saturating_sub(now).div_ceil(1000) as i128;
+    let ttl = refill + last + 1000;
+    if ttl > 1 << 53 {
+        -1
+    } else {
+        ttl as i64
     }
 }
 
@@ -340,22 +358,18 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
         // PEXPIRE: until every holder expired, then until the bucket is full, plus 1 s of slack;
         // a full bucket with no holders has no key (PTTL -2).
         let want = match next {
-            Some(s) => {
-                let to_full = (l.burst * l.period_ms) as i64 - s.units;
-                let refill = (to_full + l.rate as i64 - 1) / l.rate as i64;
-                let last = holders.last_expiry_us().saturating_sub(now).div_ceil(1000) as i64;
-                refill + last + 1000
-            }
+            Some(s) => expiry_ms(&l, s, &holders, now),
             None => -2,
         };
         assert!(
-            ttl <= want && ttl > want - 1000,
+            ttl == want || (ttl <= want && ttl > want - 1000),
             "{ctx}: PTTL {ttl}, want {want}"
         );
         if let (Some(_), Some(s)) = (op, next) {
             // What the bucket holds and what holders hold never pass burst together.
-            let out = (holders.held() * l.period_ms) as i64;
-            let capacity = ((l.burst * l.period_ms) as i64 - out).max(0);
+            let per_token = l.units_per_token().unwrap();
+            let out = (holders.held() * per_token) as i64;
+            let capacity = ((l.burst * per_token) as i64 - out).max(0);
             assert!(s.units <= capacity, "{ctx}: an operation passed burst");
         }
         state = next;
@@ -480,7 +494,7 @@ fn settlement_never_lifts_a_bucket() {
             assert_eq!(got, as_ints(&reply), "{ctx}: script vs model");
             assert_eq!(h.stored(), next, "{ctx}: stored state");
             let units = |s: Option<State>| s.map_or(i64::MAX, |s| s.units);
-            let same_period = before.is_none_or(|b| b.period_ms == l.period_ms);
+            let same_period = before.is_none_or(|b| Some(b.per_token) == l.units_per_token());
             if ask.settle > 0 && same_period {
                 assert!(
                     units(next) <= units(before),
@@ -498,9 +512,9 @@ fn settlement_never_lifts_a_bucket() {
                     let tokens = |u: i64, p: u64| {
                         (-u).div_euclid(p as i64) + i64::from((-u) % p as i64 != 0)
                     };
-                    let after = next.map_or(0, |s| tokens(s.units.min(0), s.period_ms));
+                    let after = next.map_or(0, |s| tokens(s.units.min(0), s.per_token));
                     assert!(
-                        after >= tokens(b.units, b.period_ms),
+                        after >= tokens(b.units, b.per_token),
                         "{ctx}: a rescale shrank the debt"
                     );
                     checked[2] += 1;
