@@ -1038,4 +1038,172 @@ mod tests {
         let (next, r) = operate(s, &mut Holders::default(), &l, credit(u64::MAX), 0, T0);
         assert_eq!((next, r.retry_after_ms), (s, -1));
     }
+
+    const DAY_US: u64 = 86_400_000_000;
+    const MONTH_MS: u64 = 2_592_000_000; // 30 days
+
+    #[test]
+    fn the_step_is_a_ms_until_the_units_pass_2_50_then_a_second_then_a_minute() {
+        assert_eq!(lim(67_108_864, 1, 1 << 24).step_ms(), Some(1));
+        assert_eq!(lim(400_000, 1, MONTH_MS).step_ms(), Some(1));
+        assert_eq!(lim(1_000_000, 1, MONTH_MS).step_ms(), Some(1000));
+        assert_eq!(lim(MAX_RATE, 1, MONTH_MS).step_ms(), Some(60_000));
+        assert_eq!(lim(MAX_RATE, 1, 31_622_400_000).step_ms(), Some(60_000));
+        // Not whole seconds (or minutes) where they are needed: the script refuses them.
+        for bad in [
+            lim(1_000_000, 1, MONTH_MS + 1),
+            lim(MAX_RATE, 1, MONTH_MS + 1000),
+            lim(1, 1, 0),
+        ] {
+            assert_eq!(bad.step_ms(), None, "{bad:?}");
+            assert!(!bad.is_valid());
+        }
+    }
+
+    #[test]
+    fn a_thirty_day_quota_refills_exactly_by_the_day() {
+        // 1,000,000 per 30 days: a token is 2,592,000 units, 1,000,000 units a second.
+        let l = lim(1_000_000, 1_000_000, MONTH_MS);
+        assert_eq!(
+            (l.step_ms(), l.units_per_token()),
+            (Some(1000), Some(2_592_000))
+        );
+        let mut s = None;
+        // Day 0: the million, and not one more; the next token is 2.592 s of refill: 3 whole
+        // steps.
+        let r = step(&mut s, &l, 1_000_000, 0, T0);
+        assert_eq!(
+            (r.allowed, r.remaining, r.reset_after_ms),
+            (true, 0, MONTH_MS)
+        );
+        let r = step(&mut s, &l, 1, 0, T0);
+        assert_eq!((r.allowed, r.retry_after_ms), (false, 3000));
+        // Day 15: exactly half.
+        let r = step(&mut s, &l, 500_001, 0, T0 + 15 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (false, 500_000));
+        let r = step(&mut s, &l, 500_000, 0, T0 + 15 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // Day 30: another half; take a quarter.
+        let r = step(&mut s, &l, 250_000, 0, T0 + 30 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (true, 250_000));
+        // Day 45: 250,000 + 500,000.
+        let r = step(&mut s, &l, 750_001, 0, T0 + 45 * DAY_US);
+        assert_eq!(
+            (r.allowed, r.remaining, r.retry_after_ms),
+            (false, 750_000, 3000)
+        );
+        let r = step(&mut s, &l, 750_000, 0, T0 + 45 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // Refill comes by whole seconds: 2.999999 s later there are 2,000,000 units (no token),
+        // and the third second, due in 1 ms, brings one.
+        let r = step(&mut s, &l, 1, 0, T0 + 45 * DAY_US + 2_999_999);
+        assert_eq!((r.allowed, r.retry_after_ms), (false, 1));
+        assert_eq!(s.unwrap().ts_us, T0 + 45 * DAY_US + 2_000_000);
+        let r = step(&mut s, &l, 1, 0, T0 + 45 * DAY_US + 3_000_000);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // 60 days after that, full: the key is gone.
+        let (next, r) = take(s, &l, 0, 0, 0, 0, T0 + 105 * DAY_US);
+        assert_eq!((next, r.remaining, r.reset_after_ms), (None, 1_000_000, 0));
+    }
+
+    #[test]
+    fn a_reservation_at_a_step_of_a_second_waits_for_whole_steps() {
+        let l = lim(1_000_000, 1_000_000, MONTH_MS);
+        let (s, _) = take(None, &l, 1_000_000, 0, 0, 0, T0);
+        // A token is due in 3 s; 2.999 s of patience reserves nothing.
+        let (s2, r) = take(s, &l, 1, 0, 2999, 0, T0);
+        assert_eq!((r.allowed, r.retry_after_ms, s2), (false, 1, s));
+        let (_, r) = take(s, &l, 1, 0, 3000, 0, T0);
+        assert_eq!((r.allowed, r.retry_after_ms, r.granted), (true, 3000, 1));
+        // Half a second into a step, the same steps are 500 ms nearer.
+        let (_, r) = take(s, &l, 1, 0, 2500, 0, T0 + 500_000);
+        assert_eq!((r.allowed, r.retry_after_ms), (true, 2500));
+    }
+
+    #[test]
+    fn tokens_survive_a_change_of_step_exactly() {
+        let ms = lim(400_000, 400_000, MONTH_MS); // a ms step: 2,592,000,000 units a token
+        let secs = lim(1_000_000, 400_000, MONTH_MS); // a second: 2,592,000 units a token
+        assert_eq!((ms.step_ms(), secs.step_ms()), (Some(1), Some(1000)));
+        let mut s = None;
+        step(&mut s, &ms, 123_457, 0, T0);
+        assert_eq!(
+            s.unwrap().per_token,
+            MONTH_MS,
+            "p is period_ms at a ms step"
+        );
+        let r = step(&mut s, &secs, 1, 0, T0);
+        assert_eq!(r.remaining, 276_542);
+        assert_eq!(
+            s,
+            Some(State {
+                units: 276_542 * 2_592_000,
+                ts_us: T0,
+                per_token: 2_592_000
+            })
+        );
+        let r = step(&mut s, &ms, 2, 0, T0);
+        assert_eq!(r.remaining, 276_540);
+        assert_eq!(s.unwrap().units, 276_540 * MONTH_MS as i64);
+        // A partial token rounds down, never up (7 tokens and 999/1000 of a ms's refill); a debt
+        // rounds up, in whole tokens.
+        let part = Some(State {
+            units: 7 * MONTH_MS as i64 + 999,
+            ts_us: T0,
+            per_token: MONTH_MS,
+        });
+        let (next, _) = take(part, &secs, 0, 0, 0, 0, T0);
+        assert_eq!(next.unwrap().units, 7 * 2_592_000);
+        let debt = Some(State {
+            units: -(7 * 2_592_000 + 1),
+            ts_us: T0,
+            per_token: 2_592_000,
+        });
+        let (next, _) = take(debt, &ms, 0, 0, 0, 0, T0);
+        assert_eq!(next.unwrap().units, -8 * MONTH_MS as i64);
+    }
+
+    #[test]
+    fn state_written_at_a_ms_step_reads_the_same_after_an_upgrade() {
+        // What the script wrote for 1000 a day (p = period_ms) reads as the same 500 tokens
+        // under the same limits, and under a burst of 10^9 a day (a step of a second).
+        let old = State {
+            units: 500 * 86_400_000,
+            ts_us: T0,
+            per_token: 86_400_000,
+        };
+        let day = lim(1000, 1000, 86_400_000);
+        let (next, r) = take(Some(old), &day, 0, 0, 0, 0, T0);
+        assert_eq!((next, r.remaining), (Some(old), 500));
+        let big = lim(MAX_RATE, 1000, 86_400_000);
+        let (next, r) = take(Some(old), &big, 0, 0, 0, 0, T0);
+        assert_eq!(r.remaining, 500);
+        assert_eq!(next.unwrap().units, 500 * 86_400);
+    }
+
+    #[test]
+    fn a_billion_tokens_at_one_a_year_saturate_times_at_2_53_ms() {
+        let year = 31_622_400_000;
+        let l = lim(MAX_RATE, 1, year);
+        assert_eq!(
+            (l.step_ms(), l.units_per_token()),
+            (Some(60_000), Some(527_040))
+        );
+        let (s, r) = take(None, &l, 1, 0, 0, 0, T0);
+        assert_eq!(r.reset_after_ms, year, "one token takes a year");
+        let (s, r) = take(s, &l, MAX_RATE - 1, 0, 0, 0, T0);
+        assert_eq!(
+            (r.allowed, r.remaining, r.reset_after_ms),
+            (true, 0, MAX_REPLY_MS)
+        );
+        // Five minutes (and a µs) later: five units refilled, a token still a year less five
+        // minutes away.
+        let (_, r) = take(s, &l, 1, 0, 0, 0, T0 + 300_000_001);
+        assert_eq!(
+            (r.allowed, r.retry_after_ms),
+            (false, year as i64 - 300_000)
+        );
+        let (_, r) = take(s, &l, MAX_RATE, 0, 0, 0, T0);
+        assert_eq!(r.retry_after_ms, MAX_REPLY_MS as i64);
+    }
 }

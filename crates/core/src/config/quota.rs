@@ -35,7 +35,8 @@ impl fmt::Display for CapacityError {
         let (burst, period_ms) = (self.burst, self.period_ms);
         // The first step whose count of the period would fit, were the period a multiple of it.
         let fits = |step: u64| {
-            u128::from(burst) * u128::from(period_ms) <= u128::from(MAX_FULL_UNITS) * u128::from(step)
+            u128::from(burst) * u128::from(period_ms)
+                <= u128::from(MAX_FULL_UNITS) * u128::from(step)
         };
         match STEPS_MS.into_iter().skip(1).find(|&step| fits(step)) {
             Some(1000) => write!(
@@ -152,7 +153,14 @@ mod tests {
     fn every_quota_is_limits_the_script_accepts() {
         // The corners of the ranges, and both sides of the capacity.
         for rate in [1, 2, MAX_TOKENS - 1, MAX_TOKENS] {
-            for period_ms in [1, 1000, 16_777_216, 86_400_001, 2_592_000_000, MAX_PERIOD_MS] {
+            for period_ms in [
+                1,
+                1000,
+                16_777_216,
+                86_400_001,
+                2_592_000_000,
+                MAX_PERIOD_MS,
+            ] {
                 for burst in [1, 67_108_864, 67_108_865, MAX_TOKENS] {
                     let l = Limits {
                         burst,
@@ -166,8 +174,7 @@ mod tests {
                             assert_eq!(Limits::from(q), l);
                         }
                         Err(e) => assert!(
-                            u128::from(burst) * u128::from(period_ms)
-                                > u128::from(MAX_FULL_UNITS),
+                            u128::from(burst) * u128::from(period_ms) > u128::from(MAX_FULL_UNITS),
                             "{e}"
                         ),
                     }
@@ -181,7 +188,10 @@ mod tests {
         // 2^26 × 2^24 = 2^50 exactly is accepted in milliseconds; one token more is not, and
         // 2^24 ms is not whole seconds.
         let q = quota(1, 1 << 24, 1 << 26).unwrap();
-        assert_eq!((q.burst * q.period_ms, q.step_ms()), (MAX_FULL_UNITS, Some(1)));
+        assert_eq!(
+            (q.burst * q.period_ms, q.step_ms()),
+            (MAX_FULL_UNITS, Some(1))
+        );
         let e = Quota::new(
             Tokens::of::<1>(),
             PeriodMs::of::<16_777_216>(),
