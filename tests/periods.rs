@@ -94,7 +94,10 @@ fn a_thirty_day_quota_refills_exactly_what_the_days_give() {
     assert_eq!(spend("100000").status, 429, "only 99,999 left");
     let r = spend("99999");
     assert_eq!(r.status, 200, "{r:?}\n{}", stack.logs());
-    assert_eq!(r.header("ratelimit").map(|h| &h[..13]), Some("\"monthly\";r=0"));
+    assert_eq!(
+        r.header("ratelimit").map(|h| &h[..13]),
+        Some("\"monthly\";r=0")
+    );
 }
 
 /// Two rules on one key: a monthly quota and a cap per minute. The cap binds first; a minute
