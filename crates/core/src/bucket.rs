@@ -1206,4 +1206,32 @@ mod tests {
         let (_, r) = take(s, &l, MAX_RATE, 0, 0, 0, T0);
         assert_eq!(r.retry_after_ms, MAX_REPLY_MS as i64);
     }
+
+    #[test]
+    fn a_holder_reserves_what_whole_steps_refill_within_its_wait() {
+        // A second's step: 1,000,000 units a second, 2,592,000 a token.
+        let l = lim(1_000_000, 1_000_000, MONTH_MS);
+        let (s, _) = take(None, &l, 1_000_000, 0, 0, 0, T0);
+        let mut holders = Holders::default();
+        let ask = Ask {
+            cost: 1,
+            lease_want: 5,
+            holder: Some(Holder::new(7, 1, 1000, &[(0, 0)])),
+            max_wait_ms: 10_000,
+            ..Ask::default()
+        };
+        // Ten seconds refill 10,000,000 units: 3 whole tokens, paid after 8 whole seconds.
+        let (s, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (true, 3, 8000));
+        assert_eq!(s.unwrap().units, -3 * 2_592_000);
+        assert_eq!(
+            holders.0,
+            [Holding {
+                holder: 7,
+                held: 3,
+                expires_us: T0 + 9_000_000,
+                seq: 1
+            }]
+        );
+    }
 }
