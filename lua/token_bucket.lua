@@ -4,7 +4,7 @@ tollgate token bucket: one atomic step of a global token bucket.
 KEYS[1]  the bucket key, "<key_prefix>:{<rule>:<digest>}" (one hash-tagged key: works on Redis Cluster).
 ARGV[1]  burst       bucket capacity in tokens                     (integer >= 1)
 ARGV[2]  rate        tokens added every period_ms                  (integer >= 1, <= 1e9)
-ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1, burst*period_ms <= 2^50)
+ARGV[3]  period_ms   refill period in milliseconds                 (integer >= 1; see "Units and steps")
 ARGV[4]  cost        tokens this request needs                     (integer >= 0; 0 only settles)
 ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held>:<quiet_ms>" with up
          to seven more ":<held>:<quiet_ms>" steps (lease mode): the proxy `holder` (an integer
@@ -54,15 +54,29 @@ burst + rate * W in any window of W ms. Holders together never hold more than bu
 the number of live holders (at least cost), so one proxy cannot hold a key's whole capacity while
 others ask.
 
-Arithmetic is on integers only (Lua numbers are doubles: every value here stays below 2^53).
-One token is period_ms units; the bucket gains `rate` units per whole millisecond, so refill is exact.
+Units and steps. Arithmetic is on integers only (Lua numbers are doubles: every value here stays
+below 2^53). The bucket refills by whole STEPS of step_ms, derived from burst and period_ms:
+  step_ms = 1      when burst * period_ms <= 2^50
+          = 1000   else, when period_ms is a multiple of 1000 and burst * (period_ms / 1000) <= 2^50
+          = 60000  else, when period_ms is a multiple of 60000 and burst * (period_ms / 60000) <= 2^50
+and any other (burst, period_ms) is the error "bad argument burst*period_ms". One token is
+period_ms / step_ms units (at most 2^50 in a full bucket); the bucket gains `rate` units per whole
+step, and t advances by whole steps only (it keeps the remainder), so refill is exact and never
+drifts. Every time the script reports (retry_after_ms, reset_after_ms, a reservation's delay) is
+when those steps will have come, in ms rounded up (never before the tokens are there), saturated at
+2^53 ms (285,000 years). The refill comes in whole steps, so with a step of s the promise "at most
+burst + rate * W in any window of W" holds for W rounded up to a whole step.
 State: a hash at KEYS[1] with u (units held; negative while reservations are outstanding), t
-(microsecond timestamp of the last refill point), p (the period_ms the units are scaled by), and
+(microsecond timestamp of the last refill point), p (the units per token u is scaled by: period_ms
+when the step is 1 ms), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
 e<id>), h<id>, e<id> and q<id> per holder. A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
-holder expired (+ 1 s of slack). Debt is kept in whole tokens when period_ms changes (down to 2^52
-units at most, more than 75 minutes of refill at the highest rate).
+holder expired (+ 1 s of slack); a key that would be full only after more than 2^53 ms is kept
+without an expiry (PERSIST). When the units per token change (period_ms, or the step), u is
+rescaled to the new ones: whole tokens kept exactly, a partial token rounded down, a debt kept in
+whole tokens rounded up (down to 2^52 units at most, more than 75 minutes of refill at the highest
+rate).
 crates/core/src/bucket.rs is the Rust model of this script; tests/model.rs checks they agree bit for bit.
 ]]
 
@@ -124,7 +138,18 @@ local rate = int_arg(ARGV[2], 1)
 if rate == nil or rate > MAX_RATE then return bad('rate') end
 local period_ms = int_arg(ARGV[3], 1)
 if period_ms == nil then return bad('period_ms') end
-if burst > idiv(MAX_FULL, period_ms) then return bad('burst*period_ms') end
+-- The refill step: 1 ms when burst*period_ms fits in 2^50 units; else whole seconds, else whole
+-- minutes, when period_ms is a multiple of them and burst*(period_ms/step_ms) fits.
+local step_ms = nil
+for _, s in ipairs({ 1, 1000, 60000 }) do
+  if step_ms == nil and period_ms % s == 0 and burst <= idiv(MAX_FULL, period_ms / s) then
+    step_ms = s
+  end
+end
+if step_ms == nil then return bad('burst*period_ms') end
+-- Units per token: the bucket gains `rate` units per whole step.
+local per_token = period_ms / step_ms
+local step_us = step_ms * 1000
 local cost = int_arg(ARGV[4], 0)
 if cost == nil then return bad('cost') end
 
@@ -199,9 +224,9 @@ else
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
 
--- 1. Load (absent or unreadable = full, no holders), rescale to this period_ms, clamp to what the
+-- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
 -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
-local full = burst * period_ms
+local full = burst * per_token
 local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm')
 local u = tonumber(h[1])
 local t = tonumber(h[2])
@@ -214,44 +239,62 @@ if u == nil or t == nil or p == nil or t < 0 or p < 1
     or u ~= math.floor(u) or t ~= math.floor(t) or p ~= math.floor(p) then
   u = full
   t = now
-elseif p ~= period_ms then
+elseif p ~= per_token then
   if u < 0 then
     -- Debt: rescale by whole tokens, rounding the debt up, never down (kept exact: at most
     -- 2^52 units deep).
     local debt = ceil_div(-u, p)
-    if debt > idiv(-DEBT_FLOOR, period_ms) then
-      u = -(idiv(-DEBT_FLOOR, period_ms) * period_ms)
+    if debt > idiv(-DEBT_FLOOR, per_token) then
+      u = -(idiv(-DEBT_FLOOR, per_token) * per_token)
     else
-      u = -(debt * period_ms)
+      u = -(debt * per_token)
     end
-  elseif u <= idiv(MAX_EXACT, period_ms) then
-    u = idiv(u * period_ms, p)
+  elseif u <= idiv(MAX_EXACT, per_token) then
+    u = idiv(u * per_token, p)
   else
-    -- u * period_ms could pass 2^53: drop the partial token instead (rounds down, never up).
-    u = idiv(u, p) * period_ms
+    -- u * per_token could pass 2^53: drop the partial token instead (rounds down, never up).
+    u = idiv(u, p) * per_token
   end
 end
 
 -- What the bucket can hold: burst less what holders hold (never below 0, so debt always
 -- refills; only a lowered burst leaves holders holding more than it).
 local function capacity()
-  return math.max(full - o * period_ms, 0)
+  return math.max(full - o * per_token, 0)
 end
 
--- Refills by whole milliseconds up to `to` (t keeps the sub-millisecond remainder, so there is
--- no drift), never past what the bucket can hold.
+-- Refills by whole steps up to `to` (t keeps the remainder, so there is no drift), never past
+-- what the bucket can hold.
 local function refill(to)
-  local elapsed_ms = idiv(to - t, 1000)
-  if elapsed_ms > 0 then
+  local elapsed = idiv(to - t, step_us)
+  if elapsed > 0 then
     local to_full = ceil_div(capacity() - u, rate)
-    if elapsed_ms >= to_full then
+    if elapsed >= to_full then
       u = capacity()
       t = to
     else
-      u = u + elapsed_ms * rate
-      t = t + elapsed_ms * 1000
+      u = u + elapsed * rate
+      t = t + elapsed * step_us
     end
   end
+end
+
+-- Once refilled to now (now - t is less than a step): ms from now until `units` more units have
+-- refilled, rounded up (the refill comes at whole steps after t), saturated at 2^53 ms.
+local function wait_for(units)
+  if units <= 0 then
+    return 0
+  end
+  local steps = ceil_div(units, rate)
+  if steps > idiv(MAX_EXACT, step_ms) then
+    return MAX_EXACT
+  end
+  return steps * step_ms - idiv(now - t, 1000)
+end
+
+-- Once refilled to now: the units the refill adds by `ms` from now (the whole steps due by then).
+local function refill_within(ms)
+  return idiv(ms + idiv(now - t, 1000), step_ms) * rate
 end
 
 if now < t then
@@ -298,7 +341,7 @@ if u > capacity() then
   u = capacity()
 end
 
--- 2. Refill by whole milliseconds (t keeps the sub-millisecond remainder, so there is no drift),
+-- 2. Refill by whole steps (t keeps the remainder, so there is no drift),
 -- never past what the bucket can hold. The holder's report only lowers what it holds, each step
 -- from its quiet_ms ago on: the refill before then counts what it held on record.
 local held = 0
@@ -336,22 +379,22 @@ refill(now)
 -- 2b. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
 -- bursts into debt), a refund only raises it (never past what it can hold).
 if settle > 0 then
-  u = math.max(u - settle * period_ms, math.min(u, -4 * full))
+  u = math.max(u - settle * per_token, math.min(u, -4 * full))
 elseif settle < 0 then
-  u = math.max(u, math.min(u - settle * period_ms, capacity()))
+  u = math.max(u, math.min(u - settle * per_token, capacity()))
 end
 
 -- 2c. An operator's operation (cost is 0: step 3 takes nothing).
 if op == 'reset' then
   -- Tokens reserved by requests still held are out, as leased ones are: at most the debt, and
   -- at most what max_wait_ms of refill repays (no reservation reaches deeper).
-  local reserved = math.min(math.max(-u, 0), max_wait_ms * rate)
+  local reserved = math.min(math.max(-u, 0), refill_within(max_wait_ms))
   u = math.max(u, capacity() - reserved)
 elseif op == 'credit' and u < capacity() then
-  if credit >= ceil_div(capacity() - u, period_ms) then
+  if credit >= ceil_div(capacity() - u, per_token) then
     u = capacity()
   else
-    u = u + credit * period_ms
+    u = u + credit * per_token
   end
 end
 
@@ -371,10 +414,10 @@ else
   end
   if want < cost then
     allowed, granted = 0, 0
-    retry_after_ms = ceil_div(share * period_ms, rate)
-  elseif u >= want * period_ms or (holder == nil and u >= cost * period_ms) then
-    granted = math.min(want, idiv(u, period_ms))
-    u = u - granted * period_ms
+    retry_after_ms = wait_for(share * per_token)
+  elseif u >= want * per_token or (holder == nil and u >= cost * per_token) then
+    granted = math.min(want, idiv(u, per_token))
+    u = u - granted * per_token
     allowed, retry_after_ms = 1, 0
   else
     -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
@@ -383,11 +426,11 @@ else
     -- reserves exactly cost.
     local take = cost
     if holder ~= nil then
-      take = math.max(cost, math.min(want, idiv(u + max_wait_ms * rate, period_ms)))
+      take = math.max(cost, math.min(want, idiv(u + refill_within(max_wait_ms), per_token)))
     end
-    local wait_ms = ceil_div(math.max(take * period_ms - u, 0), rate)
+    local wait_ms = wait_for(take * per_token - u)
     if wait_ms <= max_wait_ms then
-      u = u - take * period_ms
+      u = u - take * per_token
       allowed, granted, retry_after_ms = 1, take, wait_ms
     else
       -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
@@ -415,16 +458,16 @@ end
 -- 4. Report.
 local remaining = 0
 if u > 0 then
-  remaining = idiv(u, period_ms)
+  remaining = idiv(u, per_token)
 end
-local reset_after_ms = ceil_div(capacity() - u, rate)
+local reset_after_ms = wait_for(capacity() - u)
 
 -- 5. Store: a full bucket with no holders is no key at all.
 if u >= full and k == 0 then
   redis.call('DEL', key)
 else
-  redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(period_ms))
-  local ttl_ms = ceil_div(full - u, rate)
+  redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(per_token))
+  local ttl_ms = wait_for(full - u)
   if k > 0 then
     redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
     -- The bucket stays short of full until its last holder expires, then refills.
@@ -432,7 +475,13 @@ else
   else
     redis.call('HDEL', key, 'o', 'k', 'n', 'm')
   end
-  redis.call('PEXPIRE', key, fmt(ttl_ms + EXPIRE_SLACK_MS))
+  if ttl_ms + EXPIRE_SLACK_MS > MAX_EXACT then
+    -- Full again only in more than 2^53 ms (285,000 years): kept without an expiry, since
+    -- expiring early would hand out tokens (and PEXPIRE would not be exact).
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIRE', key, fmt(ttl_ms + EXPIRE_SLACK_MS))
+  end
 end
 
 return { allowed, remaining, retry_after_ms, reset_after_ms, granted }

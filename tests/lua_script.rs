@@ -254,6 +254,15 @@ fn bad_arguments_give_an_error_reply() {
     );
     let max = ["1125899906842624", "1", "1", "1", "0"];
     assert!(eval_raw(&mut c, "tollgate:{max}", &max).is_ok());
+    // Past 2^50 in ms, whole seconds or minutes that fit: 10^9 per 30 days (minutes) is fine,
+    // 10^9 per 30 days and a second (neither ms nor minutes fit) is not.
+    let month = ["1000000000", "1", "2592000000", "1", "0"];
+    assert!(eval_raw(&mut c, "tollgate:{month}", &month).is_ok());
+    let err = eval_raw(&mut c, KEY, &["1000000000", "1", "2592001000", "1", "0"]).unwrap_err();
+    assert!(
+        err.to_string().contains("bad argument burst*period_ms"),
+        "{err}"
+    );
     // Missing arguments.
     let err = eval_raw(&mut c, KEY, &["10", "1", "1000", "1"]).unwrap_err();
     assert!(err.to_string().contains("bad argument lease"), "{err}");

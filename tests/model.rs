@@ -187,11 +187,29 @@ impl Harness {
                 Some(State {
                     units,
                     ts_us: parse("t", &t),
-                    period_ms: parse("p", &p),
+                    per_token: parse("p", &p),
                 })
             }
             other => panic!("partial hash: {other:?}"),
         }
+    }
+}
+
+/// The PTTL the script sets after leaving `s`: until every holder expired, then until the bucket
+/// is full (whole steps after its refill point), plus 1 s of slack; -1 (no expiry) when that is
+/// more than 2^53 ms.
+fn expiry_ms(l: &Limits, s: State, holders: &Holders, now: u64) -> i64 {
+    let (per_token, step) = (l.units_per_token().unwrap(), l.step_ms().unwrap());
+    let to_full = (l.burst * per_token) as i64 - s.units;
+    let steps = (to_full + l.rate as i64 - 1) / l.rate as i64;
+    let since_ms = (now - s.ts_us) as i64 / 1000;
+    let refill = i128::from(steps) * i128::from(step) - i128::from(since_ms * i64::from(steps > 0));
+    let last = holders.last_expiry_us().saturating_sub(now).div_ceil(1000) as i128;
+    let ttl = refill + last + 1000;
+    if ttl > 1 << 53 {
+        -1
+    } else {
+        ttl as i64
     }
 }
 
@@ -206,7 +224,7 @@ fn as_ints(r: &Reply) -> [i64; 5] {
 }
 
 /// Runs `STEPS` calls, switching from `first` to `second` limits halfway, comparing model and script.
-fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usize) {
+fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) -> (usize, usize) {
     let mut rng = Rng(seed);
     let mut state: Option<State> = None;
     let mut holders = Holders::default();
@@ -215,13 +233,13 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
     for step in 0..STEPS {
         let l = if step < STEPS / 2 { first } else { second };
         // Time: mostly small moves (sub-ms and a few refill periods), some standing still,
-        // rare big jumps forward (up to a day) and back (up to a minute).
+        // rare big jumps forward (up to `jump_us`) and back (up to a minute).
         let period_us = l.period_ms * 1000;
         match rng.below(100) {
             0..=19 => {}
             20..=59 => now += rng.below(2000),
             60..=89 => now += rng.below(period_us.min(10_000_000) * 2),
-            90..=95 => now += rng.below(86_400_000_000),
+            90..=95 => now += rng.below(jump_us),
             _ => now = now.saturating_sub(rng.below(60_000_000)),
         }
         // Cost: usually small, sometimes up to burst, sometimes more than burst.
@@ -340,22 +358,18 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits) -> (usize, usi
         // PEXPIRE: until every holder expired, then until the bucket is full, plus 1 s of slack;
         // a full bucket with no holders has no key (PTTL -2).
         let want = match next {
-            Some(s) => {
-                let to_full = (l.burst * l.period_ms) as i64 - s.units;
-                let refill = (to_full + l.rate as i64 - 1) / l.rate as i64;
-                let last = holders.last_expiry_us().saturating_sub(now).div_ceil(1000) as i64;
-                refill + last + 1000
-            }
+            Some(s) => expiry_ms(&l, s, &holders, now),
             None => -2,
         };
         assert!(
-            ttl <= want && ttl > want - 1000,
+            ttl == want || (ttl <= want && ttl > want - 1000),
             "{ctx}: PTTL {ttl}, want {want}"
         );
         if let (Some(_), Some(s)) = (op, next) {
             // What the bucket holds and what holders hold never pass burst together.
-            let out = (holders.held() * l.period_ms) as i64;
-            let capacity = ((l.burst * l.period_ms) as i64 - out).max(0);
+            let per_token = l.units_per_token().unwrap();
+            let out = (holders.held() * per_token) as i64;
+            let capacity = ((l.burst * per_token) as i64 - out).max(0);
             assert!(s.units <= capacity, "{ctx}: an operation passed burst");
         }
         state = next;
@@ -384,7 +398,15 @@ fn harness(name: &str) -> (Redis, Harness) {
     (redis, h)
 }
 
+/// A day: the longest jump forward of the clock in `check`'s sequences.
+const DAY_US: u64 = 86_400_000_000;
+
 fn check(name: &str, cases: &[(Limits, Limits)]) {
+    check_jumping(name, cases, DAY_US);
+}
+
+/// `check`, with the clock's big jumps forward up to `jump_us`.
+fn check_jumping(name: &str, cases: &[(Limits, Limits)], jump_us: u64) {
     let (_redis, mut h) = harness(name);
     for (i, &(first, second)) in cases.iter().enumerate() {
         h.key = format!("tollgate:{{{name}:{i}}}");
@@ -393,6 +415,7 @@ fn check(name: &str, cases: &[(Limits, Limits)]) {
             0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
             first,
             second,
+            jump_us,
         );
         // The sequences must exercise both outcomes to mean anything.
         assert!(
@@ -480,7 +503,7 @@ fn settlement_never_lifts_a_bucket() {
             assert_eq!(got, as_ints(&reply), "{ctx}: script vs model");
             assert_eq!(h.stored(), next, "{ctx}: stored state");
             let units = |s: Option<State>| s.map_or(i64::MAX, |s| s.units);
-            let same_period = before.is_none_or(|b| b.period_ms == l.period_ms);
+            let same_period = before.is_none_or(|b| Some(b.per_token) == l.units_per_token());
             if ask.settle > 0 && same_period {
                 assert!(
                     units(next) <= units(before),
@@ -498,9 +521,9 @@ fn settlement_never_lifts_a_bucket() {
                     let tokens = |u: i64, p: u64| {
                         (-u).div_euclid(p as i64) + i64::from((-u) % p as i64 != 0)
                     };
-                    let after = next.map_or(0, |s| tokens(s.units.min(0), s.period_ms));
+                    let after = next.map_or(0, |s| tokens(s.units.min(0), s.per_token));
                     assert!(
-                        after >= tokens(b.units, b.period_ms),
+                        after >= tokens(b.units, b.per_token),
                         "{ctx}: a rescale shrank the debt"
                     );
                     checked[2] += 1;
@@ -512,4 +535,118 @@ fn settlement_never_lifts_a_bucket() {
     // The sequences reached what they are about: charges on buckets already deeper than four
     // bursts, refunds, and rescales of a debt.
     assert!(checked.iter().all(|&c| c > 5), "checked {checked:?}");
+}
+
+/// Periods up to 366 days with bursts up to 10^9: refill by whole seconds or minutes, a change
+/// of step midway (the units rescaled), times that saturate at 2^53 ms and keys kept without an
+/// expiry.
+#[test]
+fn model_matches_script_long_periods() {
+    const MONTH: u64 = 2_592_000_000;
+    const YEAR: u64 = 31_622_400_000;
+    // Jumps of up to 100 days: 3000 steps stay below 2^53 µs (the script's largest now).
+    check_jumping(
+        "model-long",
+        &[
+            // 1,000,000 a month (a second's step), then 400,000 (a ms step).
+            (
+                lim(1_000_000, 1_000_000, MONTH),
+                lim(400_000, 1_000_000, MONTH),
+            ),
+            // 10^9 a year at 1 a year (a minute's step, saturating), then 10^9 a year.
+            (
+                lim(1_000_000_000, 1, YEAR),
+                lim(1_000_000_000, 1_000_000_000, YEAR),
+            ),
+            // 10^9 a month (minutes), then 10^9 an hour (seconds).
+            (
+                lim(1_000_000_000, 1_000_000_000, MONTH),
+                lim(1_000_000_000, 3, 3_600_000),
+            ),
+            // A week of seconds, then small and fast.
+            (lim(1_000_000_000, 7, 604_800_000), lim(3, 2, 1000)),
+        ],
+        100 * DAY_US,
+    );
+}
+
+/// A 30-day quota of 1,000,000 driven over 45 days of the script's clock: what it admits at day
+/// 0, 15, 30 and 45 is the arithmetic's exact integers, in the script and its model.
+#[test]
+fn a_thirty_day_quota_over_45_days_of_test_clock() {
+    let (_redis, mut h) = harness("model-month");
+    h.key = "tollgate:{month:1}".to_string();
+    let l = lim(1_000_000, 1_000_000, 2_592_000_000);
+    let mut state = None;
+    let mut holders = Holders::default();
+    let mut call = |h: &mut Harness, cost: u64, now: u64| {
+        let ask = Ask {
+            cost,
+            ..Ask::default()
+        };
+        let (next, reply) = take_held(state, &mut holders, &l, &ask, now);
+        let (got, ttl) = h.script(&l, &ask, now);
+        assert_eq!(
+            got,
+            as_ints(&reply),
+            "cost {cost} at {now}: script vs model"
+        );
+        assert_eq!(h.stored(), next);
+        state = next;
+        (got, ttl)
+    };
+    // [allowed, remaining, retry_after_ms, reset_after_ms, granted]
+    let (got, ttl) = call(&mut h, 1_000_000, T0);
+    assert_eq!(got, [1, 0, 0, 2_592_000_000, 1_000_000]);
+    assert_eq!(ttl, 2_592_001_000, "full in 30 days, plus 1 s");
+    assert_eq!(call(&mut h, 1, T0).0, [0, 0, 3000, 2_592_000_000, 0]);
+    let day15 = T0 + 15 * DAY_US;
+    assert_eq!(
+        call(&mut h, 500_001, day15).0,
+        [0, 500_000, 3000, 1_296_000_000, 0]
+    );
+    assert_eq!(
+        call(&mut h, 500_000, day15).0,
+        [1, 0, 0, 2_592_000_000, 500_000]
+    );
+    let day30 = T0 + 30 * DAY_US;
+    assert_eq!(
+        call(&mut h, 250_000, day30).0,
+        [1, 250_000, 0, 1_944_000_000, 250_000]
+    );
+    let day45 = T0 + 45 * DAY_US;
+    assert_eq!(
+        call(&mut h, 750_001, day45).0,
+        [0, 750_000, 3000, 648_000_000, 0]
+    );
+    assert_eq!(
+        call(&mut h, 750_000, day45).0,
+        [1, 0, 0, 2_592_000_000, 750_000]
+    );
+}
+
+/// 10^9 tokens at 1 a year: replies saturate at 2^53 ms, and a key that would be full only
+/// after that is kept without an expiry (PTTL -1), by the script.
+#[test]
+fn a_bucket_full_only_after_2_53_ms_has_no_expiry() {
+    let (_redis, mut h) = harness("model-persist");
+    h.key = "tollgate:{persist:1}".to_string();
+    let l = lim(1_000_000_000, 1, 31_622_400_000);
+    let ask = |cost| Ask {
+        cost,
+        ..Ask::default()
+    };
+    let (got, ttl) = h.script(&l, &ask(1), T0);
+    assert_eq!(got, [1, 999_999_999, 0, 31_622_400_000, 1]);
+    assert_eq!(ttl, 31_622_401_000);
+    let (got, ttl) = h.script(&l, &ask(999_999_999), T0);
+    assert_eq!(got, [1, 0, 0, 1 << 53, 999_999_999]);
+    assert_eq!(ttl, -1, "kept without an expiry");
+    // Once it is less than 2^53 ms from full again, it gets an expiry back.
+    let (got, ttl) = h.script(&l, &ask(0), T0);
+    assert_eq!((got[0], ttl), (1, -1));
+    let credit = Operation::Credit(std::num::NonZeroU64::new(999_999_000).unwrap());
+    let (got, ttl) = h.script_with(&l, &Ask::default(), Some(credit), T0);
+    assert_eq!(got, [1, 999_999_000, 0, 1000 * 31_622_400_000, 0]);
+    assert_eq!(ttl, 1000 * 31_622_400_000 + 1000);
 }

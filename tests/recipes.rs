@@ -64,6 +64,7 @@ const RECIPES: &[(&str, Setup)] = &[
     ("Shadow rollout: watch before you enforce", Setup::Plain),
     ("LLM tokens: charge what each answer used", Setup::Llm),
     ("Wait instead of reject", Setup::Plain),
+    ("Monthly quota with a per-minute cap", Setup::Plain),
     ("gRPC", Setup::Plain),
     ("Login brute force", Setup::Login),
 ];
@@ -783,6 +784,11 @@ fn llm_tokens() {
 #[test]
 fn wait_instead_of_reject() {
     run_recipe("Wait instead of reject");
+}
+
+#[test]
+fn monthly_quota_with_a_per_minute_cap() {
+    run_recipe("Monthly quota with a per-minute cap");
 }
 
 #[test]

@@ -24,10 +24,10 @@ pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
         get("t").and_then(|v| v.parse::<u64>().ok()),
         get("p").and_then(|v| v.parse::<u64>().ok()),
     ) {
-        (Some(units), Some(ts_us), Some(period_ms)) if period_ms >= 1 => Some(State {
+        (Some(units), Some(ts_us), Some(per_token)) if per_token >= 1 => Some(State {
             units,
             ts_us,
-            period_ms,
+            per_token,
         }),
         _ => None,
     };
@@ -85,12 +85,18 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
     }
     let ask = Ask::default();
     let (now, reply) = take_held(stored, &mut holders, &l, &ask, now_us);
-    let period = i64::try_from(l.period_ms).unwrap_or(i64::MAX).max(1);
+    let period = i64::try_from(l.units_per_token().unwrap_or(1))
+        .unwrap_or(i64::MAX)
+        .max(1);
+    let step_ms = l.step_ms().unwrap_or(1);
     let units = now.map_or(i64::MAX, |s| s.units);
     out.push(format!("tokens now: {} of {}", reply.remaining, l.burst));
     if units < 0 {
         let debt_tokens = (-units).div_euclid(period) + i64::from((-units).rem_euclid(period) != 0);
-        let repaid = (-units).div_euclid(i64::try_from(l.rate).unwrap_or(1).max(1));
+        // The refill repays `rate` units per step.
+        let repaid = (-units)
+            .div_euclid(i64::try_from(l.rate).unwrap_or(1).max(1))
+            .saturating_mul(i64::try_from(step_ms).unwrap_or(1));
         out.push(format!(
             "debt: {debt_tokens} token{} (reservations or usage charged after the fact), repaid in {}",
             if debt_tokens == 1 { "" } else { "s" },

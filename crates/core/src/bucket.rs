@@ -13,9 +13,20 @@ pub struct Limits {
     pub period_ms: u64,
 }
 
-/// Largest `burst * period_ms` (the bucket's capacity in units) the script accepts: 2^50, so every
-/// value the script computes stays an exact integer in a Lua number (a double, exact below 2^53).
+/// Largest capacity of a bucket in units (`burst` × units per token) the script accepts: 2^50, so
+/// every value the script computes stays an exact integer in a Lua number (a double, exact below
+/// 2^53).
 pub const MAX_FULL_UNITS: u64 = 1 << 50;
+
+/// The refill steps the script may take, finest first: a bucket refills by whole steps of the
+/// finest one that divides `period_ms` and keeps `burst × period_ms / step` within
+/// [`MAX_FULL_UNITS`].
+pub const STEPS_MS: [u64; 3] = [1, 1000, 60_000];
+
+/// The longest time the script reports (and the longest key expiry it sets): 2^53 ms, about
+/// 285,000 years. Longer times saturate here; a key that would be full only later is kept without
+/// an expiry.
+pub const MAX_REPLY_MS: u64 = MAX_EXACT;
 
 /// Largest `rate` the script accepts.
 pub const MAX_RATE: u64 = 1_000_000_000;
@@ -33,13 +44,14 @@ pub const MAX_SETTLE_BURSTS: u64 = 4;
 /// A bucket's stored state (the Redis hash `u`, `t`, `p`). No state at all means a full bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
-    /// Units held; one token is `period_ms` units. Negative while reservations are outstanding
+    /// Units held; one token is `per_token` units. Negative while reservations are outstanding
     /// (the bucket is in debt).
     pub units: i64,
-    /// Microsecond timestamp of the last refill point (advanced by whole milliseconds only).
+    /// Microsecond timestamp of the last refill point (advanced by whole steps only).
     pub ts_us: u64,
-    /// The `period_ms` that `units` are scaled by.
-    pub period_ms: u64,
+    /// The units per token `units` are scaled by ([`Limits::units_per_token`] of the limits that
+    /// wrote it: `per_token` when the step is 1 ms).
+    pub per_token: u64,
 }
 
 /// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
@@ -72,11 +84,23 @@ impl Reply {
 impl Limits {
     /// Whether the script accepts these limits (it answers an error reply otherwise).
     pub fn is_valid(&self) -> bool {
-        self.burst >= 1
-            && self.rate >= 1
-            && self.rate <= MAX_RATE
-            && self.period_ms >= 1
-            && self.burst <= MAX_FULL_UNITS / self.period_ms
+        self.burst >= 1 && self.rate >= 1 && self.rate <= MAX_RATE && self.step_ms().is_some()
+    }
+
+    /// The refill step the script takes for these limits: the first of [`STEPS_MS`] that divides
+    /// `period_ms` with `burst × period_ms / step` at most [`MAX_FULL_UNITS`]; None if there is
+    /// none (or `period_ms` is 0).
+    pub fn step_ms(&self) -> Option<u64> {
+        STEPS_MS.into_iter().find(|&step| {
+            self.period_ms >= 1
+                && self.period_ms.is_multiple_of(step)
+                && self.burst <= MAX_FULL_UNITS / (self.period_ms / step)
+        })
+    }
+
+    /// Units per token: `period_ms / step_ms` (the bucket gains `rate` units per step).
+    pub fn units_per_token(&self) -> Option<u64> {
+        self.step_ms().map(|step| self.period_ms / step)
     }
 }
 
@@ -251,27 +275,30 @@ pub fn take_held(
     // Every value below stays under 2^53 (valid limits, cost <= burst where it matters), so i64
     // holds it exactly.
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    let (burst, rate, period) = (int(limits.burst), int(limits.rate), int(limits.period_ms));
-    let full = burst.saturating_mul(period);
+    let step_ms = limits.step_ms().unwrap_or(1);
+    let step_us = step_ms.saturating_mul(1000);
+    let (burst, rate) = (int(limits.burst), int(limits.rate));
+    let per_token = int(limits.period_ms / step_ms);
+    let full = burst.saturating_mul(per_token);
 
-    // 1. Load (absent = full, no holders), rescale to this period_ms; drop expired holders and
-    // clamp to what the bucket can hold.
+    // 1. Load (absent = full, no holders), rescale to these units per token; drop expired holders
+    // and clamp to what the bucket can hold.
     let (mut units, mut ts_us) = match state {
-        Some(s) if s.period_ms >= 1 => {
-            let p = int(s.period_ms);
-            let units = if p == period {
+        Some(s) if s.per_token >= 1 => {
+            let p = int(s.per_token);
+            let units = if p == per_token {
                 s.units
             } else if s.units < 0 {
                 // Debt: rescale by whole tokens, rounding the debt up, never down (2^52 units
                 // deep at most, so it stays exact).
                 let debt = ceil_div_i(-s.units, p);
-                let deepest = -DEBT_FLOOR / period;
-                -debt.min(deepest).saturating_mul(period)
-            } else if s.units <= int(MAX_EXACT) / period {
-                s.units.saturating_mul(period).div_euclid(p)
+                let deepest = -DEBT_FLOOR / per_token;
+                -debt.min(deepest).saturating_mul(per_token)
+            } else if s.units <= int(MAX_EXACT) / per_token {
+                s.units.saturating_mul(per_token).div_euclid(p)
             } else {
                 // As the script: the product could pass 2^53, so drop the partial token (rounds down).
-                s.units.div_euclid(p).saturating_mul(period)
+                s.units.div_euclid(p).saturating_mul(per_token)
             };
             (units, s.ts_us)
         }
@@ -281,22 +308,22 @@ pub fn take_held(
         }
     };
     let mut out = int(holders.held());
-    let capacity = |out: i64| full.saturating_sub(out.saturating_mul(period)).max(0);
+    let capacity = |out: i64| full.saturating_sub(out.saturating_mul(per_token)).max(0);
     units = units.min(capacity(out));
-    // 2. Refill by whole milliseconds (ts_us keeps the sub-millisecond remainder), never past what
-    // the bucket can hold. The holder's report only lowers what it holds, each step from its
-    // quiet_ms ago on.
+    // 2. Refill by whole steps (ts_us keeps the remainder), never past what the bucket can hold.
+    // The holder's report only lowers what it holds, each step from its quiet_ms ago on.
     let refill = |units: &mut i64, ts_us: &mut u64, to_us: u64, out: i64| {
-        let elapsed_ms = int(to_us.saturating_sub(*ts_us) / 1000);
-        if elapsed_ms > 0 {
+        let elapsed = int(to_us.saturating_sub(*ts_us) / step_us);
+        if elapsed > 0 {
             let to_full = ceil_div_i(capacity(out) - *units, rate);
-            if elapsed_ms >= to_full {
+            if elapsed >= to_full {
                 *units = capacity(out);
                 *ts_us = to_us;
             } else {
-                // elapsed_ms < to_full, so neither can overflow.
-                *units = units.saturating_add(elapsed_ms.saturating_mul(rate));
-                *ts_us = ts_us.saturating_add(u64::try_from(elapsed_ms).unwrap_or(0) * 1000);
+                // elapsed < to_full, so neither can overflow.
+                *units = units.saturating_add(elapsed.saturating_mul(rate));
+                *ts_us = ts_us
+                    .saturating_add(u64::try_from(elapsed).unwrap_or(0).saturating_mul(step_us));
             }
         }
     };
@@ -343,20 +370,23 @@ pub fn take_held(
         }
     }
     refill(&mut units, &mut ts_us, now_us, out);
+    // Refilled to now: less than a step has passed since ts_us, and the refill comes at whole
+    // steps after it.
+    let clock = Clock::new(limits, ts_us, now_us);
     let holder_count = i64::try_from(holders.0.len()).unwrap_or(i64::MAX)
         + i64::from(record.is_some_and(|r| r.expires_us == 0));
 
     // 2c. Settle: a charge only lowers (at most MAX_SETTLE_BURSTS bursts into debt), a refund
     // only raises (never past what the bucket can hold).
     let floor = -full.saturating_mul(int(MAX_SETTLE_BURSTS));
-    let delta = settle.saturating_mul(period);
+    let delta = settle.saturating_mul(per_token);
     if settle > 0 {
         units = units.saturating_sub(delta).max(units.min(floor));
     } else if settle < 0 {
         units = units.max(units.saturating_sub(delta).min(capacity(out)));
     }
 
-    // 3. Decide. cost * period_ms is only computed once cost <= burst (so it is <= full).
+    // 3. Decide. cost * per_token is only computed once cost <= burst (so it is <= full).
     let (allowed, granted, retry_after_ms) = if cost == 0 {
         (true, 0, 0)
     } else if int(cost) > burst {
@@ -369,23 +399,23 @@ pub fn take_held(
             share = cost.max(burst / holder_count.max(1));
             want = want.min(share - share.min(int(rec.held))).min(burst - out);
         }
-        let need = cost.saturating_mul(period);
+        let need = cost.saturating_mul(per_token);
         if want < cost {
-            (false, 0, ceil_div_i(share.saturating_mul(period), rate))
-        } else if units >= want.saturating_mul(period) || (record.is_none() && units >= need) {
-            let granted = want.min(units / period);
-            units -= granted.saturating_mul(period);
+            (false, 0, clock.wait_ms(share.saturating_mul(per_token)))
+        } else if units >= want.saturating_mul(per_token) || (record.is_none() && units >= need) {
+            let granted = want.min(units / per_token);
+            units -= granted.saturating_mul(per_token);
             (true, granted, 0)
         } else {
             let take = if record.is_some() {
-                let reach = units.saturating_add(int(max_wait_ms).saturating_mul(rate)) / period;
+                let reach = units.saturating_add(clock.refill_within(int(max_wait_ms))) / per_token;
                 cost.max(want.min(reach))
             } else {
                 cost
             };
-            let wait_ms = ceil_div_i((take.saturating_mul(period) - units).max(0), rate);
+            let wait_ms = clock.wait_ms(take.saturating_mul(per_token) - units);
             if wait_ms <= int(max_wait_ms) {
-                units -= take.saturating_mul(period);
+                units -= take.saturating_mul(per_token);
                 (true, take, wait_ms)
             } else {
                 (false, 0, wait_ms - int(max_wait_ms))
@@ -413,9 +443,9 @@ pub fn take_held(
     // 4. Report.
     let reply = Reply {
         allowed,
-        remaining: u64::try_from(units.max(0) / period).unwrap_or(0),
+        remaining: u64::try_from(units.max(0) / per_token).unwrap_or(0),
         retry_after_ms,
-        reset_after_ms: u64::try_from(ceil_div_i(capacity(out) - units, rate)).unwrap_or(0),
+        reset_after_ms: u64::try_from(clock.wait_ms(capacity(out) - units)).unwrap_or(0),
         granted: u64::try_from(granted).unwrap_or(0),
     };
 
@@ -423,7 +453,7 @@ pub fn take_held(
     let next = (units < full || !holders.0.is_empty()).then_some(State {
         units,
         ts_us,
-        period_ms: limits.period_ms,
+        per_token: limits.period_ms / step_ms,
     });
     (next, reply)
 }
@@ -482,10 +512,11 @@ pub fn operate(
         return (next, reply);
     };
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    let (rate, period) = (int(limits.rate), int(limits.period_ms));
-    let full = int(limits.burst).saturating_mul(period);
+    let per_token = int(limits.units_per_token().unwrap_or(1));
+    let clock = Clock::new(limits, refilled.ts_us, now_us);
+    let full = int(limits.burst).saturating_mul(per_token);
     let capacity = full
-        .saturating_sub(int(holders.held()).saturating_mul(period))
+        .saturating_sub(int(holders.held()).saturating_mul(per_token))
         .max(0);
     let units = refilled.units;
     refilled.units = match op {
@@ -493,27 +524,69 @@ pub fn operate(
             let reserved = units
                 .saturating_neg()
                 .max(0)
-                .min(int(max_wait_ms).saturating_mul(rate));
+                .min(clock.refill_within(int(max_wait_ms)));
             units.max(capacity - reserved)
         }
         Operation::Credit(n) if units < capacity => {
-            if int(n.get()) >= ceil_div_i(capacity - units, period) {
+            if int(n.get()) >= ceil_div_i(capacity - units, per_token) {
                 capacity
             } else {
-                units + int(n.get()) * period
+                units + int(n.get()) * per_token
             }
         }
         Operation::Credit(_) => units,
     };
     let reply = Reply {
         allowed: true,
-        remaining: u64::try_from(refilled.units.max(0) / period).unwrap_or(0),
+        remaining: u64::try_from(refilled.units.max(0) / per_token).unwrap_or(0),
         retry_after_ms: 0,
-        reset_after_ms: u64::try_from(ceil_div_i(capacity - refilled.units, rate)).unwrap_or(0),
+        reset_after_ms: u64::try_from(clock.wait_ms(capacity - refilled.units)).unwrap_or(0),
         granted: 0,
     };
     let next = (refilled.units < full || !holders.0.is_empty()).then_some(refilled);
     (next, reply)
+}
+
+/// A bucket's refill seen from now, once it is refilled to now: `rate` units at each whole step
+/// after its refill point, which is `since_ms` (less than a step) ago.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    rate: i64,
+    step_ms: i64,
+    since_ms: i64,
+}
+
+impl Clock {
+    fn new(limits: &Limits, ts_us: u64, now_us: u64) -> Clock {
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Clock {
+            rate: int(limits.rate),
+            step_ms: int(limits.step_ms().unwrap_or(1)),
+            since_ms: int(now_us.saturating_sub(ts_us) / 1000),
+        }
+    }
+
+    /// Milliseconds until `units` more units have refilled (0 if none are missing), rounded up,
+    /// saturated at [`MAX_REPLY_MS`]: the script's `wait_for`.
+    fn wait_ms(&self, units: i64) -> i64 {
+        if units <= 0 {
+            return 0;
+        }
+        let steps = ceil_div_i(units, self.rate);
+        let max = i64::try_from(MAX_REPLY_MS).unwrap_or(i64::MAX);
+        if steps > max / self.step_ms.max(1) {
+            return max;
+        }
+        steps * self.step_ms - self.since_ms
+    }
+
+    /// The units the refill adds within `ms` from now (the whole steps due by then): the script's
+    /// `refill_within`.
+    fn refill_within(&self, ms: i64) -> i64 {
+        ms.saturating_add(self.since_ms)
+            .div_euclid(self.step_ms.max(1))
+            .saturating_mul(self.rate)
+    }
 }
 
 /// `a / b` rounded up, for `a >= 0`, `b >= 1`.
@@ -562,7 +635,7 @@ mod tests {
             Some(State {
                 units: 9000,
                 ts_us: T0,
-                period_ms: 1000
+                per_token: 1000
             })
         );
     }
@@ -709,7 +782,7 @@ mod tests {
         let odd = State {
             units: i64::MAX,
             ts_us: 0,
-            period_ms: 3,
+            per_token: 3,
         };
         let l = lim(1 << 40, MAX_RATE, 1 << 10);
         let (_, r) = take(Some(odd), &l, 1, u64::MAX, 0, 0, u64::MAX);
@@ -789,21 +862,21 @@ mod tests {
             Some(State {
                 units: 60,
                 ts_us: T0,
-                period_ms: 10
+                per_token: 10
             })
         );
         // Partial tokens scale down, never up: 6 tokens + 7/10 at p=10 -> 6.7 tokens at p=1000.
         let part = Some(State {
             units: 67,
             ts_us: T0,
-            period_ms: 10,
+            per_token: 10,
         });
         let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 6700 - 1000);
         let part = Some(State {
             units: 7,
             ts_us: T0,
-            period_ms: 3,
+            per_token: 3,
         });
         let (s, _) = take(part, &lim(10, 1, 2), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 4 - 2); // floor(7*2/3) = 4
@@ -881,7 +954,7 @@ mod tests {
         let debt = State {
             units: -1500,
             ts_us: T0,
-            period_ms: 1000,
+            per_token: 1000,
         };
         let l2 = Limits {
             burst: 2,
@@ -964,5 +1037,201 @@ mod tests {
         let (s, _) = take(None, &l, 4, 0, 0, 0, T0);
         let (next, r) = operate(s, &mut Holders::default(), &l, credit(u64::MAX), 0, T0);
         assert_eq!((next, r.retry_after_ms), (s, -1));
+    }
+
+    const DAY_US: u64 = 86_400_000_000;
+    const MONTH_MS: u64 = 2_592_000_000; // 30 days
+
+    #[test]
+    fn the_step_is_a_ms_until_the_units_pass_2_50_then_a_second_then_a_minute() {
+        assert_eq!(lim(67_108_864, 1, 1 << 24).step_ms(), Some(1));
+        assert_eq!(lim(400_000, 1, MONTH_MS).step_ms(), Some(1));
+        assert_eq!(lim(1_000_000, 1, MONTH_MS).step_ms(), Some(1000));
+        assert_eq!(lim(MAX_RATE, 1, MONTH_MS).step_ms(), Some(60_000));
+        assert_eq!(lim(MAX_RATE, 1, 31_622_400_000).step_ms(), Some(60_000));
+        // Not whole seconds (or minutes) where they are needed: the script refuses them.
+        for bad in [
+            lim(1_000_000, 1, MONTH_MS + 1),
+            lim(MAX_RATE, 1, MONTH_MS + 1000),
+            lim(1, 1, 0),
+        ] {
+            assert_eq!(bad.step_ms(), None, "{bad:?}");
+            assert!(!bad.is_valid());
+        }
+    }
+
+    #[test]
+    fn a_thirty_day_quota_refills_exactly_by_the_day() {
+        // 1,000,000 per 30 days: a token is 2,592,000 units, 1,000,000 units a second.
+        let l = lim(1_000_000, 1_000_000, MONTH_MS);
+        assert_eq!(
+            (l.step_ms(), l.units_per_token()),
+            (Some(1000), Some(2_592_000))
+        );
+        let mut s = None;
+        // Day 0: the million, and not one more; the next token is 2.592 s of refill: 3 whole
+        // steps.
+        let r = step(&mut s, &l, 1_000_000, 0, T0);
+        assert_eq!(
+            (r.allowed, r.remaining, r.reset_after_ms),
+            (true, 0, MONTH_MS)
+        );
+        let r = step(&mut s, &l, 1, 0, T0);
+        assert_eq!((r.allowed, r.retry_after_ms), (false, 3000));
+        // Day 15: exactly half.
+        let r = step(&mut s, &l, 500_001, 0, T0 + 15 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (false, 500_000));
+        let r = step(&mut s, &l, 500_000, 0, T0 + 15 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // Day 30: another half; take a quarter.
+        let r = step(&mut s, &l, 250_000, 0, T0 + 30 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (true, 250_000));
+        // Day 45: 250,000 + 500,000.
+        let r = step(&mut s, &l, 750_001, 0, T0 + 45 * DAY_US);
+        assert_eq!(
+            (r.allowed, r.remaining, r.retry_after_ms),
+            (false, 750_000, 3000)
+        );
+        let r = step(&mut s, &l, 750_000, 0, T0 + 45 * DAY_US);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // Refill comes by whole seconds: 2.999999 s later there are 2,000,000 units (no token),
+        // and the third second, due in 1 ms, brings one.
+        let r = step(&mut s, &l, 1, 0, T0 + 45 * DAY_US + 2_999_999);
+        assert_eq!((r.allowed, r.retry_after_ms), (false, 1));
+        assert_eq!(s.unwrap().ts_us, T0 + 45 * DAY_US + 2_000_000);
+        let r = step(&mut s, &l, 1, 0, T0 + 45 * DAY_US + 3_000_000);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // 60 days after that, full: the key is gone.
+        let (next, r) = take(s, &l, 0, 0, 0, 0, T0 + 105 * DAY_US);
+        assert_eq!((next, r.remaining, r.reset_after_ms), (None, 1_000_000, 0));
+    }
+
+    #[test]
+    fn a_reservation_at_a_step_of_a_second_waits_for_whole_steps() {
+        let l = lim(1_000_000, 1_000_000, MONTH_MS);
+        let (s, _) = take(None, &l, 1_000_000, 0, 0, 0, T0);
+        // A token is due in 3 s; 2.999 s of patience reserves nothing.
+        let (s2, r) = take(s, &l, 1, 0, 2999, 0, T0);
+        assert_eq!((r.allowed, r.retry_after_ms, s2), (false, 1, s));
+        let (_, r) = take(s, &l, 1, 0, 3000, 0, T0);
+        assert_eq!((r.allowed, r.retry_after_ms, r.granted), (true, 3000, 1));
+        // Half a second into a step, the same steps are 500 ms nearer.
+        let (_, r) = take(s, &l, 1, 0, 2500, 0, T0 + 500_000);
+        assert_eq!((r.allowed, r.retry_after_ms), (true, 2500));
+    }
+
+    #[test]
+    fn tokens_survive_a_change_of_step_exactly() {
+        let ms = lim(400_000, 400_000, MONTH_MS); // a ms step: 2,592,000,000 units a token
+        let secs = lim(1_000_000, 400_000, MONTH_MS); // a second: 2,592,000 units a token
+        assert_eq!((ms.step_ms(), secs.step_ms()), (Some(1), Some(1000)));
+        let mut s = None;
+        step(&mut s, &ms, 123_457, 0, T0);
+        assert_eq!(
+            s.unwrap().per_token,
+            MONTH_MS,
+            "p is period_ms at a ms step"
+        );
+        let r = step(&mut s, &secs, 1, 0, T0);
+        assert_eq!(r.remaining, 276_542);
+        assert_eq!(
+            s,
+            Some(State {
+                units: 276_542 * 2_592_000,
+                ts_us: T0,
+                per_token: 2_592_000
+            })
+        );
+        let r = step(&mut s, &ms, 2, 0, T0);
+        assert_eq!(r.remaining, 276_540);
+        assert_eq!(s.unwrap().units, 276_540 * MONTH_MS as i64);
+        // A partial token rounds down, never up (7 tokens and 999/1000 of a ms's refill); a debt
+        // rounds up, in whole tokens.
+        let part = Some(State {
+            units: 7 * MONTH_MS as i64 + 999,
+            ts_us: T0,
+            per_token: MONTH_MS,
+        });
+        let (next, _) = take(part, &secs, 0, 0, 0, 0, T0);
+        assert_eq!(next.unwrap().units, 7 * 2_592_000);
+        let debt = Some(State {
+            units: -(7 * 2_592_000 + 1),
+            ts_us: T0,
+            per_token: 2_592_000,
+        });
+        let (next, _) = take(debt, &ms, 0, 0, 0, 0, T0);
+        assert_eq!(next.unwrap().units, -8 * MONTH_MS as i64);
+    }
+
+    #[test]
+    fn state_written_at_a_ms_step_reads_the_same_after_an_upgrade() {
+        // What the script wrote for 1000 a day (p = period_ms) reads as the same 500 tokens
+        // under the same limits, and under a burst of 10^9 a day (a step of a second).
+        let old = State {
+            units: 500 * 86_400_000,
+            ts_us: T0,
+            per_token: 86_400_000,
+        };
+        let day = lim(1000, 1000, 86_400_000);
+        let (next, r) = take(Some(old), &day, 0, 0, 0, 0, T0);
+        assert_eq!((next, r.remaining), (Some(old), 500));
+        let big = lim(MAX_RATE, 1000, 86_400_000);
+        let (next, r) = take(Some(old), &big, 0, 0, 0, 0, T0);
+        assert_eq!(r.remaining, 500);
+        assert_eq!(next.unwrap().units, 500 * 86_400);
+    }
+
+    #[test]
+    fn a_billion_tokens_at_one_a_year_saturate_times_at_2_53_ms() {
+        let year = 31_622_400_000;
+        let l = lim(MAX_RATE, 1, year);
+        assert_eq!(
+            (l.step_ms(), l.units_per_token()),
+            (Some(60_000), Some(527_040))
+        );
+        let (s, r) = take(None, &l, 1, 0, 0, 0, T0);
+        assert_eq!(r.reset_after_ms, year, "one token takes a year");
+        let (s, r) = take(s, &l, MAX_RATE - 1, 0, 0, 0, T0);
+        assert_eq!(
+            (r.allowed, r.remaining, r.reset_after_ms),
+            (true, 0, MAX_REPLY_MS)
+        );
+        // Five minutes (and a µs) later: five units refilled, a token still a year less five
+        // minutes away.
+        let (_, r) = take(s, &l, 1, 0, 0, 0, T0 + 300_000_001);
+        assert_eq!(
+            (r.allowed, r.retry_after_ms),
+            (false, year as i64 - 300_000)
+        );
+        let (_, r) = take(s, &l, MAX_RATE, 0, 0, 0, T0);
+        assert_eq!(r.retry_after_ms, MAX_REPLY_MS as i64);
+    }
+
+    #[test]
+    fn a_holder_reserves_what_whole_steps_refill_within_its_wait() {
+        // A second's step: 1,000,000 units a second, 2,592,000 a token.
+        let l = lim(1_000_000, 1_000_000, MONTH_MS);
+        let (s, _) = take(None, &l, 1_000_000, 0, 0, 0, T0);
+        let mut holders = Holders::default();
+        let ask = Ask {
+            cost: 1,
+            lease_want: 5,
+            holder: Some(Holder::new(7, 1, 1000, &[(0, 0)])),
+            max_wait_ms: 10_000,
+            ..Ask::default()
+        };
+        // Ten seconds refill 10,000,000 units: 3 whole tokens, paid after 8 whole seconds.
+        let (s, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (true, 3, 8000));
+        assert_eq!(s.unwrap().units, -3 * 2_592_000);
+        assert_eq!(
+            holders.0,
+            [Holding {
+                holder: 7,
+                held: 3,
+                expires_us: T0 + 9_000_000,
+                seq: 1
+            }]
+        );
     }
 }

@@ -31,13 +31,14 @@ pub fn retry_after_secs(ms: u64) -> u64 {
     ceil_secs(ms).max(1)
 }
 
-/// The policy window: seconds to refill a whole burst (so `q`/`w` is the long-run rate).
+/// The policy window: seconds to refill a whole burst (so `q`/`w` is the long-run rate). Counted
+/// in u128: a burst of 10^9 over a year's period is 3 × 10^19 token-ms, past u64.
 pub fn window_secs(limits: &Limits) -> u64 {
-    let refill_ms = limits
-        .burst
-        .saturating_mul(limits.period_ms)
-        .div_ceil(limits.rate.max(1));
-    ceil_secs(refill_ms).max(1)
+    let refill_ms = (u128::from(limits.burst) * u128::from(limits.period_ms))
+        .div_ceil(u128::from(limits.rate.max(1)));
+    u64::try_from(refill_ms.div_ceil(1000))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// Whether report `a` is more restrictive than `b`: fewer tokens left, or as few and a longer
@@ -229,6 +230,22 @@ mod tests {
             period_ms: 1000,
         };
         assert_eq!(window_secs(&fast), 1);
+        // 1,000,000 per 30 days: 30 days. 10^9 per 366 days, burst 10^9: 366 days, though
+        // burst × period_ms passes u64. 10^9 tokens at 1 per 366 days: 10^9 × 366 days.
+        let month = Limits {
+            burst: 1_000_000,
+            rate: 1_000_000,
+            period_ms: 2_592_000_000,
+        };
+        assert_eq!(window_secs(&month), 2_592_000);
+        let year = Limits {
+            burst: 1_000_000_000,
+            rate: 1_000_000_000,
+            period_ms: 31_622_400_000,
+        };
+        assert_eq!(window_secs(&year), 31_622_400);
+        let slowest = Limits { rate: 1, ..year };
+        assert_eq!(window_secs(&slowest), 31_622_400 * 1_000_000_000);
     }
 
     #[test]

@@ -7,8 +7,9 @@
 
 /// Largest `rate`, `burst`, `cost` and `usage.unreadable`: the largest rate the script accepts.
 pub const MAX_TOKENS: u64 = crate::bucket::MAX_RATE;
-/// Largest `period_ms` (one day).
-pub const MAX_PERIOD_MS: u64 = 86_400_000;
+/// Largest `period_ms`: 366 days, so a calendar year (leap or not) fits. With a `burst` up to
+/// [`MAX_TOKENS`] the script counts such a period in whole minutes (`bucket::STEPS_MS`).
+pub const MAX_PERIOD_MS: u64 = 31_622_400_000;
 
 /// Most rules a configuration may hold.
 pub const MAX_RULES: usize = 64;

@@ -1,16 +1,17 @@
 //! `Quota`: the limits a rule, a fallback or an override may have.
 //!
 //! Invariant: a `Quota` holds `rate` in 1..=[`MAX_TOKENS`], `period_ms` in 1..=[`MAX_PERIOD_MS`],
-//! `burst` in 1..=[`MAX_TOKENS`], and `burst × period_ms` at most the script's capacity
-//! ([`MAX_FULL_UNITS`], 2^50): limits the script always accepts ([`Limits::is_valid`]), so a
-//! configured rule never sends a call the script refuses. The bounds are the ones `bucket` and
-//! `bounds` define; a `Quota` reads as the `Limits` it holds.
+//! `burst` in 1..=[`MAX_TOKENS`], and a refill step the script can take for them
+//! ([`Limits::step_ms`]: `burst × period_ms / step` at most [`MAX_FULL_UNITS`], 2^50, for a step
+//! of 1 ms, or of whole seconds or minutes that divide `period_ms`): limits the script always
+//! accepts ([`Limits::is_valid`]), so a configured rule never sends a call the script refuses.
+//! The bounds are the ones `bucket` and `bounds` define; a `Quota` reads as the `Limits` it holds.
 
 use std::fmt;
 
 use super::bounds::{MAX_PERIOD_MS, MAX_TOKENS};
 use super::int::Int;
-use crate::bucket::{Limits, MAX_FULL_UNITS};
+use crate::bucket::{Limits, MAX_FULL_UNITS, STEPS_MS};
 
 /// A `rate` or `burst` (and a `cost`): 1..=`MAX_TOKENS`.
 pub type Tokens = Int<1, MAX_TOKENS>;
@@ -21,7 +22,8 @@ pub type PeriodMs = Int<1, MAX_PERIOD_MS>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Quota(Limits);
 
-/// `burst × period_ms` is above the script's capacity.
+/// No refill step fits: `burst × period_ms` is above the script's capacity counted in
+/// milliseconds, and `period_ms` is not whole seconds or minutes that would fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CapacityError {
     pub burst: u64,
@@ -31,13 +33,27 @@ pub struct CapacityError {
 impl fmt::Display for CapacityError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (burst, period_ms) = (self.burst, self.period_ms);
-        write!(
-            f,
-            "burst × period_ms must be at most 2^50 = {MAX_FULL_UNITS} (got {burst} × {period_ms} = "
-        )?;
-        match burst.checked_mul(period_ms) {
-            Some(product) => write!(f, "{product})"),
-            None => f.write_str("overflow)"),
+        // The first step whose count of the period would fit, were the period a multiple of it.
+        let fits = |step: u64| {
+            u128::from(burst) * u128::from(period_ms)
+                <= u128::from(MAX_FULL_UNITS) * u128::from(step)
+        };
+        match STEPS_MS.into_iter().skip(1).find(|&step| fits(step)) {
+            Some(1000) => write!(
+                f,
+                "with burst {burst}, a period this long must be whole seconds: period_ms must be \
+                 a multiple of 1000 (burst × period_ms is above 2^50 = {MAX_FULL_UNITS})"
+            ),
+            Some(step) => write!(
+                f,
+                "with burst {burst}, a period this long must be whole minutes: period_ms must be \
+                 a multiple of {step} (burst × period_ms / 1000 is above 2^50 = {MAX_FULL_UNITS})"
+            ),
+            None => write!(
+                f,
+                "burst × period_ms / 60000 must be at most 2^50 = {MAX_FULL_UNITS} \
+                 (got {burst} × {period_ms} / 60000)"
+            ),
         }
     }
 }
@@ -49,17 +65,15 @@ impl Quota {
     /// product is left to check.
     pub fn new(rate: Tokens, period_ms: PeriodMs, burst: Tokens) -> Result<Quota, CapacityError> {
         let (rate, period_ms, burst) = (rate.get(), period_ms.get(), burst.get());
-        if burst
-            .checked_mul(period_ms)
-            .is_none_or(|units| units > MAX_FULL_UNITS)
-        {
-            return Err(CapacityError { burst, period_ms });
-        }
-        Ok(Quota(Limits {
+        let limits = Limits {
             burst,
             rate,
             period_ms,
-        }))
+        };
+        if limits.step_ms().is_none() {
+            return Err(CapacityError { burst, period_ms });
+        }
+        Ok(Quota(limits))
     }
 
     /// The limits, as a script call carries them.
@@ -139,7 +153,14 @@ mod tests {
     fn every_quota_is_limits_the_script_accepts() {
         // The corners of the ranges, and both sides of the capacity.
         for rate in [1, 2, MAX_TOKENS - 1, MAX_TOKENS] {
-            for period_ms in [1, 1000, 16_777_216, MAX_PERIOD_MS] {
+            for period_ms in [
+                1,
+                1000,
+                16_777_216,
+                86_400_001,
+                2_592_000_000,
+                MAX_PERIOD_MS,
+            ] {
                 for burst in [1, 67_108_864, 67_108_865, MAX_TOKENS] {
                     let l = Limits {
                         burst,
@@ -152,7 +173,10 @@ mod tests {
                             assert_eq!(q, l);
                             assert_eq!(Limits::from(q), l);
                         }
-                        Err(e) => assert!(burst * period_ms > MAX_FULL_UNITS, "{e}"),
+                        Err(e) => assert!(
+                            u128::from(burst) * u128::from(period_ms) > u128::from(MAX_FULL_UNITS),
+                            "{e}"
+                        ),
                     }
                 }
             }
@@ -160,10 +184,14 @@ mod tests {
     }
 
     #[test]
-    fn the_capacity_is_burst_times_period() {
-        // 2^26 × 2^24 = 2^50 exactly is accepted; one token more is not.
+    fn the_capacity_is_burst_times_period_counted_in_steps() {
+        // 2^26 × 2^24 = 2^50 exactly is accepted in milliseconds; one token more is not, and
+        // 2^24 ms is not whole seconds.
         let q = quota(1, 1 << 24, 1 << 26).unwrap();
-        assert_eq!(q.burst * q.period_ms, MAX_FULL_UNITS);
+        assert_eq!(
+            (q.burst * q.period_ms, q.step_ms()),
+            (MAX_FULL_UNITS, Some(1))
+        );
         let e = Quota::new(
             Tokens::of::<1>(),
             PeriodMs::of::<16_777_216>(),
@@ -172,17 +200,47 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "burst × period_ms must be at most 2^50 = 1125899906842624 \
-             (got 67108865 × 16777216 = 1125899923619840)"
+            "with burst 67108865, a period this long must be whole seconds: period_ms must be \
+             a multiple of 1000 (burst × period_ms is above 2^50 = 1125899906842624)"
+        );
+        // 1,000,000 per 30 days: whole seconds. 10^9 per 366 days: whole minutes.
+        let month = quota(1_000_000, 2_592_000_000, 1_000_000).unwrap();
+        assert_eq!(
+            (month.step_ms(), month.units_per_token()),
+            (Some(1000), Some(2_592_000))
+        );
+        let year = quota(MAX_TOKENS, MAX_PERIOD_MS, MAX_TOKENS).unwrap();
+        assert_eq!(
+            (year.step_ms(), year.units_per_token()),
+            (Some(60_000), Some(527_040))
+        );
+        // 10^9 per 30 days and a second: neither minutes nor ms fit.
+        let e = quota(1, 2_592_001_000, MAX_TOKENS).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "limits outside the configuration's bounds: Limits { burst: 1000000000, rate: 1, \
+             period_ms: 2592001000 }"
+        );
+        let e = Quota::new(
+            Tokens::of::<1>(),
+            PeriodMs::of::<2_592_001_000>(),
+            Tokens::of::<MAX_TOKENS>(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "with burst 1000000000, a period this long must be whole minutes: period_ms must be \
+             a multiple of 60000 (burst × period_ms / 1000 is above 2^50 = 1125899906842624)"
         );
         assert_eq!(
             CapacityError {
                 burst: u64::MAX,
-                period_ms: 2
+                period_ms: u64::MAX
             }
             .to_string(),
             format!(
-                "burst × period_ms must be at most 2^50 = 1125899906842624 (got {} × 2 = overflow)",
+                "burst × period_ms / 60000 must be at most 2^50 = 1125899906842624 (got {} × {} / 60000)",
+                u64::MAX,
                 u64::MAX
             )
         );

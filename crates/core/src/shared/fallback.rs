@@ -40,7 +40,7 @@ fn encode_state(state: Option<State>) -> Vec<u8> {
         &[
             u64::from_le_bytes(s.units.to_le_bytes()),
             s.ts_us,
-            s.period_ms,
+            s.per_token,
         ],
     );
     out
@@ -50,7 +50,7 @@ fn decode_state(bytes: &[u8]) -> Option<State> {
     Some(State {
         units: i64::from_le_bytes(read_u64(bytes, 0)?.to_le_bytes()),
         ts_us: read_u64(bytes, 8)?,
-        period_ms: read_u64(bytes, 16)?,
+        per_token: read_u64(bytes, 16)?,
     })
 }
 

@@ -233,7 +233,7 @@ fn overrides() {
         (r#""key":["client_ip"],"overrides":[{"key":["2001:db8::1"],"rate":1}]"#, r#"rules[0].overrides[0].key[0]: must be an address or network as client_ip gives it: IPv4 /32, IPv6 /64, host bits zero (got "2001:db8::1")"#),
         (r#""key":["client_ip:v4=/24"],"overrides":[{"key":["10.0.0.7/24"],"rate":1}]"#, r#"rules[0].overrides[0].key[0]: must be an address or network as client_ip:v4=/24 gives it: IPv4 /24, IPv6 /64, host bits zero (got "10.0.0.7/24")"#),
         (r#""key":["header:x"],"cost":3,"burst":5,"overrides":[{"key":["a"],"rate":2}]"#, "rules[0].overrides[0].burst: must be at least the rule's cost (3)"),
-        (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1,"burst":1000000000,"period_ms":86400000}]"#, "rules[0].overrides[0].burst: burst × period_ms must be at most 2^50 = 1125899906842624 (got 1000000000 × 86400000 = 86400000000000000)"),
+        (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1,"burst":1000000000,"period_ms":86400001}]"#, "rules[0].overrides[0].burst: with burst 1000000000, a period this long must be whole seconds: period_ms must be a multiple of 1000 (burst × period_ms is above 2^50 = 1125899906842624)"),
     ] {
         assert_eq!(rule_error(&format!(r#""rate":5,{body}"#)), want, "{body}");
     }

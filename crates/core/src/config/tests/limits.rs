@@ -143,13 +143,17 @@ fn limits_at_their_bounds() {
     // ...one token more is not.
     assert_eq!(
         rule_error(r#""rate":1,"burst":67108865,"period_ms":16777216"#),
-        "rules[0].burst: burst × period_ms must be at most 2^50 = 1125899906842624 \
-         (got 67108865 × 16777216 = 1125899923619840)"
+        "rules[0].burst: with burst 67108865, a period this long must be whole seconds: \
+         period_ms must be a multiple of 1000 (burst × period_ms is above 2^50 = 1125899906842624)"
     );
     let r = one_rule(r#""rate":1000000000,"period_ms":1000"#);
     assert_eq!(r.limits.burst, 1_000_000_000);
     let r = one_rule(r#""rate":1,"period_ms":86400000"#);
     assert_eq!(r.limits.period_ms, 86_400_000);
+    // 366 days, with the largest burst: counted in whole minutes.
+    let r = one_rule(r#""rate":1,"burst":1000000000,"period_ms":31622400000"#);
+    assert_eq!(r.limits.period_ms, 31_622_400_000);
+    assert_eq!(r.limits.step_ms(), Some(60_000));
     let r = one_rule(r#""rate":10,"cost":10"#);
     assert_eq!(r.cost, 10);
 }
@@ -226,32 +230,39 @@ fn period_ms_zero() {
 #[test]
 fn period_ms_too_big() {
     assert_eq!(
-        rule_error(r#""rate":1,"period_ms":86400001"#),
-        "rules[0].period_ms: must be an integer <= 86400000"
+        rule_error(r#""rate":1,"period_ms":31622400001"#),
+        "rules[0].period_ms: must be an integer <= 31622400000"
     );
 }
 
 #[test]
 fn burst_times_period_too_big() {
+    // Past 2^50 units in ms, a period must be whole seconds (or minutes) to be counted in them.
     assert_eq!(
-        rule_error(r#""rate":1,"burst":1000000000,"period_ms":86400000"#),
-        "rules[0].burst: burst × period_ms must be at most 2^50 = 1125899906842624 \
-         (got 1000000000 × 86400000 = 86400000000000000)"
+        rule_error(r#""rate":1,"burst":1000000000,"period_ms":86400001"#),
+        "rules[0].burst: with burst 1000000000, a period this long must be whole seconds: \
+         period_ms must be a multiple of 1000 (burst × period_ms is above 2^50 = 1125899906842624)"
+    );
+    assert_eq!(
+        rule_error(r#""rate":1,"burst":1000000000,"period_ms":2592001000"#),
+        "rules[0].burst: with burst 1000000000, a period this long must be whole minutes: \
+         period_ms must be a multiple of 60000 (burst × period_ms / 1000 is above 2^50 = 1125899906842624)"
     );
     // The default burst (= rate) is checked too.
     assert_eq!(
-        rule_error(r#""rate":13100000,"period_ms":86400000"#),
-        "rules[0].burst: burst × period_ms must be at most 2^50 = 1125899906842624 \
-         (got 13100000 × 86400000 = 1131840000000000)"
+        rule_error(r#""rate":13100000,"period_ms":86400001"#),
+        "rules[0].burst: with burst 13100000, a period this long must be whole seconds: \
+         period_ms must be a multiple of 1000 (burst × period_ms is above 2^50 = 1125899906842624)"
     );
 }
 
 #[test]
 fn fallback_burst_times_period_too_big() {
     assert_eq!(
-        rule_error(r#""rate":1,"fallback":{"rate":1,"burst":1000000000,"period_ms":86400000}"#),
-        "rules[0].fallback.burst: burst × period_ms must be at most 2^50 = 1125899906842624 \
-         (got 1000000000 × 86400000 = 86400000000000000)"
+        rule_error(r#""rate":1,"fallback":{"rate":1,"burst":1000000000,"period_ms":86400001}"#),
+        "rules[0].fallback.burst: with burst 1000000000, a period this long must be whole \
+         seconds: period_ms must be a multiple of 1000 (burst × period_ms is above 2^50 = \
+         1125899906842624)"
     );
 }
 

@@ -190,7 +190,7 @@ fn bad_tiers_are_refused_with_their_field() {
         (format!(r#"{{"from":"{JWT_PLAN}","limits":{{"pro":{{"rate":1,"cost":2}}}}}}"#), "rules[0].tiers.limits.pro.cost: unknown field".into()),
         (format!(r#"{{"from":"{JWT_PLAN}","limits":{{"pro":{{"unlimited":true,"rate":3}}}}}}"#), r#"rules[0].tiers.limits.pro: must have either "unlimited": true or limits (rate, period_ms, burst), not both"#.into()),
         (format!(r#"{{"from":"{JWT_PLAN}","limits":{{"pro":{{"unlimited":false}}}}}}"#), "rules[0].tiers.limits.pro.unlimited: must be true".into()),
-        (format!(r#"{{"from":"{JWT_PLAN}","limits":{{"pro":{{"rate":1,"burst":1000000000,"period_ms":86400000}}}}}}"#), "rules[0].tiers.limits.pro.burst: burst × period_ms must be at most 2^50 = 1125899906842624 (got 1000000000 × 86400000 = 86400000000000000)".into()),
+        (format!(r#"{{"from":"{JWT_PLAN}","limits":{{"pro":{{"rate":1,"burst":1000000000,"period_ms":86400001}}}}}}"#), "rules[0].tiers.limits.pro.burst: with burst 1000000000, a period this long must be whole seconds: period_ms must be a multiple of 1000 (burst × period_ms is above 2^50 = 1125899906842624)".into()),
         (format!(r#"{{"from":"{JWT_PLAN}","limits":{{"pro":1}}}}"#), "rules[0].tiers.limits.pro: must be an object".into()),
         (format!(r#"{{"from":"{JWT_PLAN}","limits":[]}}"#), "rules[0].tiers.limits: must be an object".into()),
         (format!(r#"{{"from":"{JWT_PLAN}"}}"#), "rules[0].tiers.limits: required".into()),

@@ -25,7 +25,7 @@ impl Sim<'_> {
     /// in debt (reservations).
     pub(super) fn signed_level(&self, t_us: u64) -> f64 {
         match bucket::take(self.end_state, &self.limits, 0, 0, 0, 0, t_us).0 {
-            Some(st) => st.units as f64 / st.period_ms as f64,
+            Some(st) => st.units as f64 / st.per_token as f64,
             None => self.o.burst as f64,
         }
     }
