@@ -551,7 +551,10 @@ pub fn take_penalized(
         (false, 0, -1)
     } else if boxed {
         // Boxed: denied until the box ends, nothing taken, no new offence.
-        let left = offences.boxed_until_us.saturating_sub(now_us).div_ceil(1000);
+        let left = offences
+            .boxed_until_us
+            .saturating_sub(now_us)
+            .div_ceil(1000);
         (false, 0, int(left))
     } else {
         let cost = int(cost);
@@ -692,7 +695,15 @@ pub fn operate(
     now_us: u64,
 ) -> (Option<State>, Reply) {
     let mut offences = Offences::default();
-    operate_penalized(state, holders, &mut offences, limits, op, max_wait_ms, now_us)
+    operate_penalized(
+        state,
+        holders,
+        &mut offences,
+        limits,
+        op,
+        max_wait_ms,
+        now_us,
+    )
 }
 
 /// [`operate`] on a key that may have offences on record: [`Operation::Reset`] empties the

@@ -44,7 +44,8 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     let with_penalty = call.penalty.is_some();
     let with_settle = with_penalty || call.settle != 0;
     let with_wait = with_settle || call.max_wait_ms != 0;
-    let count = 9 + usize::from(with_wait) + usize::from(with_settle) + 2 * usize::from(with_penalty);
+    let count =
+        9 + usize::from(with_wait) + usize::from(with_settle) + 2 * usize::from(with_penalty);
     let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
     out.push(b'*');
     crate::decimal::push_bytes(&mut out, count as u64);
@@ -146,7 +147,9 @@ pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
         b'*' => {
             let n = parse_int(line).ok_or_else(|| malformed("bad array length".to_string()))?;
             if n != 5 && n != 6 {
-                return Err(malformed(format!("expected 5 or 6 integers, got {n} items")));
+                return Err(malformed(format!(
+                    "expected 5 or 6 integers, got {n} items"
+                )));
             }
             let mut ints = [0i64; 6];
             let n = usize::try_from(n).unwrap_or(0);
@@ -544,7 +547,10 @@ mod tests {
             w
         };
         let r = decode_reply(&wire(&[0, 0, 300_000, 9, 0, 1])).unwrap();
-        assert_eq!((r.retry_after_ms, r.penalized), (300_000, Penalized::Offence));
+        assert_eq!(
+            (r.retry_after_ms, r.penalized),
+            (300_000, Penalized::Offence)
+        );
         let r = decode_reply(&wire(&[0, 0, 12, 9, 0, 2])).unwrap();
         assert_eq!(r.penalized, Penalized::Boxed);
         for bad in [

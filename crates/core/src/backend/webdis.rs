@@ -302,7 +302,11 @@ mod tests {
         };
         let body = String::from_utf8(command(&c, Invoke::Sha("abc"))).unwrap();
         let segs: Vec<&str> = body.split('/').collect();
-        assert_eq!(&segs[9..], ["0", "0", "time", "3600000%3A120000%3A300000"], "{body}");
+        assert_eq!(
+            &segs[9..],
+            ["0", "0", "time", "3600000%3A120000%3A300000"],
+            "{body}"
+        );
         assert_eq!(webdis_decode(segs[12]), b"3600000:120000:300000");
     }
 
@@ -530,7 +534,10 @@ mod tests {
     fn a_sixth_field_says_whether_the_denial_is_the_penalty_box() {
         use crate::bucket::Penalized;
         for (body, want) in [
-            (&br#"{"EVALSHA":[0,0,120000,50,0,1]}"#[..], Penalized::Offence),
+            (
+                &br#"{"EVALSHA":[0,0,120000,50,0,1]}"#[..],
+                Penalized::Offence,
+            ),
             (br#"{"EVALSHA":[0,0,1,50,0,2]}"#, Penalized::Boxed),
             (br#"{"EVALSHA":[1,4,0,50,1,0]}"#, Penalized::No),
             (br#"{"EVALSHA": [0,0,7,50,0,2]}"#, Penalized::Boxed),
