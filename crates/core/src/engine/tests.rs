@@ -1908,5 +1908,7 @@ mod decision;
 mod outcome;
 /// Limits picked by a tier.
 mod tiers;
+/// The penalty box: the script says a denial is the box's, the deny cache answers it.
+mod penalty;
 /// Usage that never becomes readable.
 mod unreadable;
