@@ -382,10 +382,10 @@ fn penalty(p: doc::Penalty, mode: Mode, path: &str) -> Result<crate::bucket::Pen
             ))
         }
         Some(w) => w.get(),
+        // Both bounds are constants, the lower below the upper: clamp cannot panic.
         None => longest
             .saturating_mul(2)
-            .max(MIN_DEFAULT_PENALTY_WINDOW_MS)
-            .min(MAX_PENALTY_WINDOW_MS),
+            .clamp(MIN_DEFAULT_PENALTY_WINDOW_MS, MAX_PENALTY_WINDOW_MS),
     };
     crate::bucket::Penalty::new(window_ms, &ms)
         .ok_or_else(|| err(path.to_string(), "is out of bounds"))
