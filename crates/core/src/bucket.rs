@@ -54,7 +54,8 @@ pub struct State {
     pub per_token: u64,
 }
 
-/// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
+/// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`, and with a
+/// penalty a 6th, `penalized`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply {
     pub allowed: bool,

@@ -33,7 +33,9 @@ pub fn redis_target(cluster: &str, database: u64) -> String {
 /// Why shorter: Redis answers a command of more than 10 arguments from a connection that is not
 /// authenticated with `-ERR Protocol error: unauthenticated multibulk length` and closes it. With a
 /// wrong password (Higress sends `AUTH` itself and drops its reply) the usual call of 9 arguments
-/// gets the clear `-NOAUTH Authentication required.` instead.
+/// gets the clear `-NOAUTH Authentication required.` instead. A penalty rule's call has 13
+/// arguments (`max_wait_ms`, `settle`, `time` and the penalty): with a wrong password it gets the
+/// protocol error.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     let (verb, script): (&[u8], &str) = match invoke {
         Invoke::Sha(sha) => (b"EVALSHA", sha),
