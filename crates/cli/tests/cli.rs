@@ -747,6 +747,13 @@ fn inspect_shows_the_penalty_box_credit_keeps_it_reset_empties_it() {
     )
     .unwrap();
     let config = path.to_str().unwrap();
+    let summary = ok(&["check", config]);
+    assert!(
+        summary.contains(
+            "after a denial refuses the key for 10 min 0 s, then 20 min 0 s (repeat offences within 1 h 0 min)"
+        ),
+        "{summary}"
+    );
     let key = bucket_key(
         "tollgate",
         "login",
