@@ -539,8 +539,9 @@ pub fn take_penalized(
     }
 
     // 2d. The penalty box: what is on record, if the call has a penalty (a count past the
-    // script's bound is unreadable: nothing on record).
-    if state.is_none() || offences.count > MAX_PENALTY_STEPS as u64 {
+    // script's bound is unreadable: nothing on record; without a penalty it is not read).
+    let unreadable = penalty.is_some() && offences.count > MAX_PENALTY_STEPS as u64;
+    if state.is_none() || unreadable {
         *offences = Offences::default();
     }
     let boxed = penalty.is_some() && offences.boxed_until_us > now_us;
