@@ -776,7 +776,7 @@ fn model_matches_script_with_a_penalty_box() {
             } else {
                 ask
             };
-            let with_penalty = op.is_none() && !rng.chance(8);
+            let with_penalty = !rng.chance(8);
             let ctx = format!(
                 "case {i} step {step}: {l:?} {penalty:?} {ask:?} {op:?} penalty {with_penalty} \
                  now {now} before {state:?} {offences:?}"
@@ -785,17 +785,24 @@ fn model_matches_script_with_a_penalty_box() {
             let (next, reply, got, ttl) = match op {
                 Some(op) => {
                     seen[3] += usize::from(op == Operation::Reset && offences.boxed_until_us > now);
+                    let rule_penalty = with_penalty.then_some(&penalty);
                     let (next, reply) = operate_penalized(
                         state,
                         &mut holders,
-                        &mut offences,
+                        (&mut offences, rule_penalty),
                         &l,
                         op,
                         ask.max_wait_ms,
                         now,
                     );
-                    let (got, ttl) = h.script_with(&l, &ask, Some(op), now);
-                    (next, reply, got.to_vec(), ttl)
+                    let (got, ttl) = match rule_penalty {
+                        Some(p) => h.script_penalized(&l, &ask, Some(op), p, now),
+                        None => {
+                            let (got, ttl) = h.script_with(&l, &ask, Some(op), now);
+                            (got.to_vec(), ttl)
+                        }
+                    };
+                    (next, reply, got, ttl)
                 }
                 None if with_penalty => {
                     let (next, reply) = take_penalized(
@@ -846,7 +853,7 @@ fn model_matches_script_with_a_penalty_box() {
                 "{ctx}: PTTL {ttl}, want {want_ttl}"
             );
             // The box is met: a boxed call with 0 < cost <= burst is denied until the box ends.
-            if was_boxed && cost >= 1 && cost <= l.burst {
+            if was_boxed && ask.cost >= 1 && ask.cost <= l.burst {
                 assert!(!reply.allowed, "{ctx}: admitted while boxed");
                 seen[1] += 1;
             }

@@ -700,7 +700,7 @@ pub fn operate(
     operate_penalized(
         state,
         holders,
-        &mut offences,
+        (&mut offences, None),
         limits,
         op,
         max_wait_ms,
@@ -708,13 +708,15 @@ pub fn operate(
     )
 }
 
-/// [`operate`] on a key that may have offences on record: [`Operation::Reset`] empties the
-/// penalty box and forgets the offences (the operator lets the key in again);
-/// [`Operation::Credit`] leaves them. Either way they go when the key is deleted.
+/// [`operate`] on a key that may have offences on record, with the rule's penalty if the call
+/// carries it (the script's ARGV[9]): [`Operation::Reset`] empties the penalty box and forgets
+/// the offences (the operator lets the key in again); [`Operation::Credit`] leaves them, and with
+/// the penalty keeps the key while they need remembering, as any call of the rule does. They go
+/// when the key is deleted.
 pub fn operate_penalized(
     state: Option<State>,
     holders: &mut Holders,
-    offences: &mut Offences,
+    (offences, penalty): (&mut Offences, Option<&Penalty>),
     limits: &Limits,
     op: Operation,
     max_wait_ms: u64,
@@ -732,7 +734,7 @@ pub fn operate_penalized(
         *offences = Offences::default();
     }
     // A cost of 0 takes nothing: this is the bucket refilled to now, stored as the script stores it.
-    let (next, reply) = take_penalized(state, holders, offences, limits, &ask, None, now_us);
+    let (next, reply) = take_penalized(state, holders, offences, limits, &ask, penalty, now_us);
     let Some(mut refilled) = next else {
         // Full with no holders (or refused): nothing to raise.
         return (next, reply);
@@ -770,7 +772,9 @@ pub fn operate_penalized(
         granted: 0,
         penalized: Penalized::No,
     };
-    let next = (refilled.units < full || !holders.0.is_empty()).then_some(refilled);
+    // With the penalty, `offences` already says whether they keep the key (the refill above).
+    let keep = penalty.is_some_and(|p| offences.keep_ms(p, now_us) > 0);
+    let next = (refilled.units < full || !holders.0.is_empty() || keep).then_some(refilled);
     if next.is_none() {
         *offences = Offences::default();
     }
@@ -1465,5 +1469,118 @@ mod tests {
                 seq: 1
             }]
         );
+    }
+
+    /// One call of a penalty rule: cost 1, no lease, no wait.
+    fn boxed_step(
+        s: &mut Option<State>,
+        off: &mut Offences,
+        l: &Limits,
+        p: &Penalty,
+        now: u64,
+    ) -> Reply {
+        let ask = Ask {
+            cost: 1,
+            ..Ask::default()
+        };
+        let (next, r) = take_penalized(*s, &mut Holders::default(), off, l, &ask, Some(p), now);
+        *s = next;
+        r
+    }
+
+    #[test]
+    fn an_offence_boxes_the_key_longer_when_repeated_within_the_window() {
+        let l = lim(1, 10, 1000); // a token every 100 ms
+        let p = Penalty::new(60_000, &[2000, 5000]).unwrap();
+        let (mut s, mut off) = (None, Offences::default());
+        assert!(boxed_step(&mut s, &mut off, &l, &p, T0).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0);
+        assert_eq!(
+            (r.allowed, r.retry_after_ms, r.penalized),
+            (false, 2000, Penalized::Offence)
+        );
+        // The bucket refilled long ago; the box still refuses, takes nothing, and is no offence.
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0 + 1_500_000);
+        assert_eq!(
+            (r.allowed, r.retry_after_ms, r.penalized),
+            (false, 500, Penalized::Boxed)
+        );
+        assert_eq!(off.count, 1);
+        // The key is kept while it remembers the offence, though its bucket is full.
+        assert!(s.is_some_and(|s| s.units == 1000));
+        // Out of the box; the next offence within the window gets the second duration, and
+        // every one after it the last (the ceiling).
+        assert!(boxed_step(&mut s, &mut off, &l, &p, T0 + 2_000_000).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0 + 2_000_000);
+        assert_eq!((r.retry_after_ms, off.count), (5000, 2));
+        assert!(boxed_step(&mut s, &mut off, &l, &p, T0 + 7_000_000).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0 + 7_000_000);
+        assert_eq!((r.retry_after_ms, off.count), (5000, 3));
+        // An offence after the window starts the count again.
+        let later = T0 + 7_000_000 + 60_000_001;
+        assert!(boxed_step(&mut s, &mut off, &l, &p, later).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, later);
+        assert_eq!((r.retry_after_ms, off.count), (2000, 1));
+        // Once boxed nothing and past the window, a full bucket is no key and no record.
+        let gone = later + 60_000_001;
+        let r = take_penalized(
+            s,
+            &mut Holders::default(),
+            &mut off,
+            &l,
+            &Ask::default(),
+            Some(&p),
+            gone,
+        );
+        assert_eq!((r.0, off), (None, Offences::default()));
+    }
+
+    #[test]
+    fn reset_empties_the_box_and_credit_keeps_it() {
+        let l = lim(1, 10, 1000);
+        let p = Penalty::new(60_000, &[2000]).unwrap();
+        let (mut s, mut off) = (None, Offences::default());
+        boxed_step(&mut s, &mut off, &l, &p, T0);
+        boxed_step(&mut s, &mut off, &l, &p, T0);
+        let boxed = off;
+        let mut h = Holders::default();
+        let (next, _) = operate_penalized(s, &mut h, (&mut off, Some(&p)), &l, credit(1), 0, T0);
+        assert_eq!(off, boxed, "a credit keeps the box");
+        assert!(
+            next.is_some_and(|n| n.units == 1000),
+            "and the full bucket's key"
+        );
+        // Without the penalty the credit fills the bucket and deletes the key: the filter and
+        // the CLI send a penalty rule's penalty with every call for this reason.
+        let (next, _) = operate_penalized(s, &mut h, (&mut off, None), &l, credit(1), 0, T0);
+        assert_eq!((next, off), (None, Offences::default()));
+        off = boxed;
+        let (next, _) =
+            operate_penalized(s, &mut h, (&mut off, Some(&p)), &l, Operation::Reset, 0, T0);
+        assert_eq!(off, Offences::default());
+        let r = boxed_step(&mut next.clone(), &mut off, &l, &p, T0);
+        assert!(r.allowed, "let in again");
+    }
+
+    #[test]
+    fn penalties_outside_the_script_s_bounds_cannot_be_built() {
+        assert!(Penalty::new(1, &[1]).is_some());
+        assert!(Penalty::new(MAX_PENALTY_WINDOW_MS, &[MAX_PENALTY_MS; 8]).is_some());
+        for (w, ms) in [
+            (0, &[1][..]),
+            (MAX_PENALTY_WINDOW_MS + 1, &[1]),
+            (10, &[]),
+            (10, &[0]),
+            (10, &[MAX_PENALTY_MS + 1]),
+            (10, &[5, 4]),
+            (10, &[1; 9]),
+        ] {
+            assert_eq!(Penalty::new(w, ms), None, "{w} {ms:?}");
+        }
+        let mut arg = Vec::new();
+        Penalty::new(3_600_000, &[120_000, 300_000])
+            .unwrap()
+            .push_argument(&mut arg);
+        assert_eq!(arg, b"3600000:120000:300000");
     }
 }
