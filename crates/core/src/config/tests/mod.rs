@@ -71,8 +71,8 @@ mod keys;
 mod limits;
 mod matching;
 mod outcome;
-mod tiers;
 mod penalty;
+mod tiers;
 
 #[test]
 fn design_example_parses() {
