@@ -31,7 +31,17 @@ ARGV[7]  optional: settle (default 0): tokens to charge (> 0) or refund (< 0) fi
          measured after earlier admissions; |settle| <= 4 * burst. A charge only lowers the bucket,
          at most to 4 bursts of debt (a bucket already deeper in debt stays where it is); a refund
          only raises it, never past what it can hold.
-ARGV[8]  optional: now in microseconds (tests only). Without it the time is Redis' TIME.
+ARGV[8]  optional: now in microseconds (tests only), or "time": Redis' TIME, as when it is absent
+         (what a caller sends to reach ARGV[9]).
+ARGV[9]  optional: the penalty box, "<window_ms>:<ms1>[:<ms2>...]" (absent or "0": none). A denial
+         by the bucket (not one while boxed, not cost > burst) is an offence: the n-th offence
+         within window_ms of the previous one boxes the key for ms<n> (the last one repeats), and
+         while boxed every call with 0 < cost <= burst is denied (retry_after_ms: until the box
+         ends), takes nothing and is no new offence (settle still applies first). 1 to 8
+         durations, each 1..86400000 ms, non-decreasing; window_ms 1..604800000. State x (boxed
+         until, us), c (offences in the window, at most 8), w (the last offence, us); the key is
+         neither deleted nor expired while boxed or while its last offence is within the window.
+         "reset" (ARGV[5]) empties the box and forgets the offences; "credit:n" leaves them.
 Every number is a plain decimal integer (digits only, at most 2^53); settle may have a leading '-'.
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
@@ -42,6 +52,9 @@ Returns a FLAT array of integers (Webdis turns nested arrays into null):
     never admissible),
     reset_after_ms (time until the bucket holds all it can again), granted (tokens taken: >= cost
     when allowed, 0 when denied; a cost of 0 is always allowed and takes nothing) }
+  and, only when ARGV[9] names a penalty, a 6th: penalized (0: not the box's denial; 1: this
+  denial was an offence and boxed the key, retry_after_ms at least its duration; 2: denied
+  because the key was already boxed).
 An operation ("reset", "credit:n") answers { 1, remaining, 0, reset_after_ms, 0 }: the bucket after it.
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
 
@@ -216,12 +229,38 @@ if ARGV[7] ~= nil then
 end
 
 local now
-if ARGV[8] ~= nil then
+if ARGV[8] ~= nil and ARGV[8] ~= 'time' then
   now = int_arg(ARGV[8], 0)
   if now == nil then return bad('now') end
 else
   local tm = redis.call('TIME')
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+
+-- The penalty box (ARGV[9]): window_ms, then 1 to 8 non-decreasing durations.
+local MAX_PENALTY_MS = 86400000
+local MAX_PENALTY_WINDOW_MS = 604800000
+local MAX_OFFENCES = 8
+local pwindow, pms
+if ARGV[9] ~= nil and ARGV[9] ~= '0' then
+  local arg = ARGV[9]
+  if type(arg) ~= 'string' or not string.find(arg, '^%d+:%d[%d:]*$')
+      or string.find(arg, '::') or string.find(arg, ':$') then
+    return bad('penalty')
+  end
+  pms = {}
+  for d in string.gmatch(arg, '%d+') do
+    local v = int_arg(d, 1)
+    if v == nil then return bad('penalty') end
+    if pwindow == nil then
+      if v > MAX_PENALTY_WINDOW_MS then return bad('penalty') end
+      pwindow = v
+    else
+      if v > MAX_PENALTY_MS or (#pms > 0 and v < pms[#pms]) then return bad('penalty') end
+      pms[#pms + 1] = v
+    end
+  end
+  if #pms < 1 or #pms > MAX_OFFENCES then return bad('penalty') end
 end
 
 -- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
@@ -398,12 +437,32 @@ elseif op == 'credit' and u < capacity() then
   end
 end
 
+-- 2d. The penalty box (only with ARGV[9]): x boxed until, c offences, w the last offence (us).
+local px, pc, pw, penalized = 0, 0, 0, 0
+if pms ~= nil then
+  local r = redis.call('HMGET', key, 'x', 'c', 'w')
+  px, pc, pw = tonumber(r[1]) or 0, tonumber(r[2]) or 0, tonumber(r[3]) or 0
+  if px < 0 or pc < 0 or pw < 0 or px ~= math.floor(px) or pc ~= math.floor(pc)
+      or pw ~= math.floor(pw) or pc > MAX_OFFENCES then
+    px, pc, pw = 0, 0, 0
+  end
+end
+if op == 'reset' then
+  -- The operator lets the key in again: the box and the offences are forgotten.
+  redis.call('HDEL', key, 'x', 'c', 'w')
+  px, pc, pw = 0, 0, 0
+end
+
 -- 3. Decide.
 local allowed, granted, retry_after_ms
 if cost == 0 then
   allowed, granted, retry_after_ms = 1, 0, 0
 elseif cost > burst then
   allowed, granted, retry_after_ms = 0, 0, -1
+elseif pms ~= nil and px > now then
+  -- Boxed: denied until the box ends, nothing taken, no new offence.
+  allowed, granted, retry_after_ms = 0, 0, ceil_div(px - now, 1000)
+  penalized = 2
 else
   local want = math.min(math.max(cost, lease_want), burst)
   local share = burst
@@ -440,6 +499,20 @@ else
   end
 end
 
+-- 3c. A denial by the bucket is an offence: the n-th within pwindow of the previous one boxes the
+-- key for the n-th duration (the last one repeats).
+if pms ~= nil and allowed == 0 and penalized == 0 and retry_after_ms >= 0 then
+  if pc > 0 and now - pw <= pwindow * 1000 then
+    pc = math.min(pc + 1, MAX_OFFENCES)
+  else
+    pc = 1
+  end
+  local d = pms[math.min(pc, #pms)]
+  px, pw = now + d * 1000, now
+  retry_after_ms = math.max(retry_after_ms, d)
+  penalized = 1
+end
+
 -- 3b. The holder's record: what it holds now, until its last grant's reservation has refilled
 -- and hold_ms more. A holder that was denied stays on record as one asking for a share.
 if holder ~= nil then
@@ -462,8 +535,14 @@ if u > 0 then
 end
 local reset_after_ms = wait_for(capacity() - u)
 
--- 5. Store: a full bucket with no holders is no key at all.
-if u >= full and k == 0 then
+-- 5. Store: a full bucket with no holders is no key at all, unless it is boxed or remembers an
+-- offence within the window (ms, rounded up).
+local keep_ms = 0
+if pms ~= nil and pc > 0 then
+  keep_ms = math.max(ceil_div(math.max(px - now, 0), 1000),
+    ceil_div(math.max(pw + pwindow * 1000 - now, 0), 1000))
+end
+if u >= full and k == 0 and keep_ms == 0 then
   redis.call('DEL', key)
 else
   redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(per_token))
@@ -475,6 +554,14 @@ else
   else
     redis.call('HDEL', key, 'o', 'k', 'n', 'm')
   end
+  if pms ~= nil then
+    if keep_ms > 0 then
+      redis.call('HSET', key, 'x', fmt(px), 'c', fmt(pc), 'w', fmt(pw))
+    else
+      redis.call('HDEL', key, 'x', 'c', 'w')
+    end
+  end
+  ttl_ms = math.max(ttl_ms, keep_ms)
   if ttl_ms + EXPIRE_SLACK_MS > MAX_EXACT then
     -- Full again only in more than 2^53 ms (285,000 years): kept without an expiry, since
     -- expiring early would hand out tokens (and PEXPIRE would not be exact).
@@ -484,4 +571,7 @@ else
   end
 end
 
+if pms ~= nil then
+  return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
+end
 return { allowed, remaining, retry_after_ms, reset_after_ms, granted }

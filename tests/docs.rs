@@ -280,6 +280,7 @@ const TABLES: &[(&str, &str)] = &[
     ("overrides[]", "Overrides"),
     ("tiers", "Tiers"),
     ("tiers.limits.*", "Tier limits"),
+    ("penalty", "Penalty"),
 ];
 
 #[test]

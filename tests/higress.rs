@@ -621,3 +621,35 @@ fn higress_manifest_config_is_accepted_by_the_higress_build() {
         .expect("the HTTP build accepted a Higress configuration");
     assert!(err.contains("only in the Higress build"), "{err}");
 }
+
+/// The penalty box through Redis callouts (the RESP call of 13 arguments, the 6-integer reply):
+/// an offence at one host boxes the key at a second host sharing the Redis, with the box's
+/// Retry-After, though the bucket refills a token every 100 ms. Higress itself never ran here:
+/// this is the test host in Higress mode.
+#[test]
+fn a_penalty_box_holds_across_two_hosts() {
+    let dir = scratch_dir("higress-penalty");
+    let redis = Redis::start(&dir);
+    let cfg = format!(
+        r#"{{ "backend": {{ "service_name": "{SERVICE}", "timeout_ms": 1000 }},
+             "rules": [ {{ "name": "per-user", "match": {{ "path_prefix": "/api/" }},
+                           "key": ["header:x-user-id"], "rate": 1, "period_ms": 100, "burst": 1,
+                           "penalty": {{ "ms": [600000] }} }} ] }}"#
+    );
+    let (a, b) = (start(&cfg, redis.port), start(&cfg, redis.port));
+    assert_eq!(get(&a, "eve").status, 200);
+    let r = get(&a, "eve");
+    assert_eq!(r.status, 429, "{r:?}\n{}", a.log_text());
+    assert_eq!(r.header("retry-after"), Some("600"), "{r:?}");
+    // B never saw eve: Redis answers that the key is boxed, with the box's time (the bucket
+    // alone would say 1 s); another key is not boxed.
+    assert_eq!(get(&b, "bob").status, 200);
+    let r = get(&b, "eve");
+    assert_eq!(r.status, 429, "{r:?}\n{}", b.log_text());
+    let left: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((590..=600).contains(&left), "{r:?}");
+    assert_eq!(stat_when(&b, "penalized", |v| v >= 1), 1);
+    assert_eq!(stat_when(&a, "penalty_offences", |v| v >= 1), 1);
+    assert_clean(&a);
+    assert_clean(&b);
+}

@@ -583,3 +583,66 @@ fn reset_and_credit_never_hand_out_what_is_out() {
     }
     assert!(!exists(&mut c));
 }
+
+/// The penalty argument (ARGV[9]) is parsed and bounded like the others; `time` for ARGV[8] is
+/// Redis' clock; `0` or no ARGV[9] is no penalty (five integers), a penalty six.
+#[test]
+fn penalty_argument_is_bounded_and_time_is_redis_clock() {
+    let (_redis, mut conn) = start("lua-penalty-args");
+    let run = |conn: &mut redis::Connection, penalty: &str| -> redis::RedisResult<Value> {
+        redis::cmd("EVAL")
+            .arg(SCRIPT)
+            .arg(1)
+            .arg("tollgate:{pen:args}")
+            .arg(&["5", "1", "1000", "1", "0", "0", "0", "time", penalty])
+            .query(conn)
+    };
+    for bad in [
+        "",
+        "100",
+        "0:100",
+        "100:0",
+        "100:5:3",
+        "100:86400001",
+        "604800001:5",
+        "100::5",
+        "100:5:",
+        "a:5",
+        "100:5 ",
+        "-1:5",
+        "100:1:1:1:1:1:1:1:1:1",
+        "1e3:5",
+    ] {
+        let err = run(&mut conn, bad).unwrap_err();
+        assert!(
+            err.to_string().contains("bad argument penalty"),
+            "{bad:?}: {err}"
+        );
+    }
+    let ints = |v: Value| match v {
+        Value::Array(items) => items.len(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(ints(run(&mut conn, "0").unwrap()), 5, "0: no penalty");
+    assert_eq!(ints(run(&mut conn, "604800000:1:86400000").unwrap()), 6);
+    assert_eq!(
+        ints(run(&mut conn, "100:1:1:1:1:1:1:1:1").unwrap()),
+        6,
+        "eight durations"
+    );
+    // `time` reads Redis' clock: the stored refill point is now, not 0.
+    let t: String = redis::cmd("HGET")
+        .arg("tollgate:{pen:args}")
+        .arg("t")
+        .query(&mut conn)
+        .unwrap();
+    assert!(t.parse::<u64>().unwrap() > T0, "{t}");
+    let err = redis::cmd("EVAL")
+        .arg(SCRIPT)
+        .arg(1)
+        .arg("tollgate:{pen:args}")
+        .arg(&["5", "1", "1000", "1", "0", "0", "0", "tim"])
+        .query::<Value>(&mut conn)
+        .unwrap_err();
+    assert!(err.to_string().contains("bad argument now"), "{err}");
+}

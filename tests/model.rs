@@ -14,7 +14,8 @@ use tollgate_e2e as common;
 use common::{scratch_dir, Redis};
 use redis::Value;
 use tollgate_core::bucket::{
-    operate, take_held, Ask, Holder, Holders, Holding, Limits, Operation, Reply, State,
+    operate, operate_penalized, take_held, take_penalized, Ask, Holder, Holders, Holding, Limits,
+    Offences, Operation, Penalty, Reply, State,
 };
 
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
@@ -74,6 +75,22 @@ impl Harness {
         self.script_with(l, ask, None, now)
     }
 
+    /// Runs the script with a penalty (ARGV[9]; ARGV[8] is the test clock) and returns its six
+    /// integers and the key's PTTL.
+    fn script_penalized(
+        &mut self,
+        l: &Limits,
+        ask: &Ask,
+        op: Option<Operation>,
+        penalty: &Penalty,
+        now: u64,
+    ) -> (Vec<i64>, i64) {
+        let mut arg = Vec::new();
+        penalty.push_argument(&mut arg);
+        let penalty = String::from_utf8(arg).unwrap();
+        self.run(l, ask, op, &[now.to_string(), penalty])
+    }
+
     /// Runs the script with `op` (an operator's operation) instead of the lease when there is one.
     fn script_with(
         &mut self,
@@ -82,6 +99,22 @@ impl Harness {
         op: Option<Operation>,
         now: u64,
     ) -> ([i64; 5], i64) {
+        let (ints, ttl) = self.run(l, ask, op, &[now.to_string()]);
+        let [a, b, c, d, e] = ints[..] else {
+            panic!("not 5 integers and a PTTL: {ints:?}")
+        };
+        ([a, b, c, d, e], ttl)
+    }
+
+    /// Runs the script with ARGV[1..=7] from `ask` (or `op`) and then `tail`; its integers and the
+    /// PTTL after it.
+    fn run(
+        &mut self,
+        l: &Limits,
+        ask: &Ask,
+        op: Option<Operation>,
+        tail: &[String],
+    ) -> (Vec<i64>, i64) {
         let lease = match ask.holder {
             _ if op.is_some() => op.map(|o| o.argument()).unwrap(),
             Some(h) => {
@@ -93,7 +126,7 @@ impl Harness {
             }
             None => ask.lease_want.to_string(),
         };
-        let args = [
+        let mut args = vec![
             l.burst.to_string(),
             l.rate.to_string(),
             l.period_ms.to_string(),
@@ -101,8 +134,8 @@ impl Harness {
             lease,
             ask.max_wait_ms.to_string(),
             ask.settle.to_string(),
-            now.to_string(),
         ];
+        args.extend_from_slice(tail);
         let v: Value = redis::cmd("EVALSHA")
             .arg(&self.sha)
             .arg(1)
@@ -120,10 +153,26 @@ impl Harness {
                 other => panic!("not an integer: {other:?}"),
             })
             .collect();
-        let [a, b, c, d, e, ttl] = ints[..] else {
-            panic!("not 5 integers and a PTTL: {items:?}")
-        };
-        ([a, b, c, d, e], ttl)
+        let (ttl, ints) = ints.split_last().unwrap();
+        (ints.to_vec(), *ttl)
+    }
+
+    /// The stored offences (`x`, `c`, `w`; all absent: none).
+    fn stored_offences(&mut self) -> Offences {
+        let (x, c, w): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(&self.key)
+            .arg(&["x", "c", "w"])
+            .query(&mut self.conn)
+            .unwrap();
+        match (x, c, w) {
+            (None, None, None) => Offences::default(),
+            (Some(x), Some(c), Some(w)) => Offences {
+                boxed_until_us: x,
+                count: c,
+                last_us: w,
+            },
+            other => panic!("partial offences: {other:?}"),
+        }
     }
 
     /// The stored holders (`h<id>`, `e<id>`), checked against the aggregates `o`, `k`, `n`, `m`
@@ -649,4 +698,178 @@ fn a_bucket_full_only_after_2_53_ms_has_no_expiry() {
     let (got, ttl) = h.script_with(&l, &Ask::default(), Some(credit), T0);
     assert_eq!(got, [1, 999_999_000, 0, 1000 * 31_622_400_000, 0]);
     assert_eq!(ttl, 1000 * 31_622_400_000 + 1000);
+}
+/// The penalty box, in the script and its model, bit for bit: random sequences of calls with a
+/// penalty (and now and then one without, which leaves the offences alone), reservations,
+/// settlements, lease calls, resets and credits, with time moving on the scale of the penalty's
+/// durations and window. Replies (six integers), the stored hash (`u t p`, `x c w`), the holders
+/// and the PTTL must agree; and the box must be met: denied while boxed, never past its end.
+#[test]
+fn model_matches_script_with_a_penalty_box() {
+    let (_redis, mut h) = harness("model-penalty");
+    let cases = [
+        (
+            lim(5, 1, 1000),
+            Penalty::new(10_000, &[1500, 3000, 6000]).unwrap(),
+        ),
+        (lim(3, 2, 7), Penalty::new(50, &[1, 2, 2, 40]).unwrap()),
+        (lim(20, 1000, 1), Penalty::new(500, &[2000]).unwrap()), // the box outlasts the window
+        (
+            lim(2, 1, 60_000),
+            Penalty::new(604_800_000, &[1, 2, 3, 4, 5, 6, 7, 86_400_000]).unwrap(),
+        ),
+    ];
+    let mut seen = [0usize; 4]; // offences, boxed denials, repeat offences, resets of a box
+    for (i, &(l, penalty)) in cases.iter().enumerate() {
+        h.key = format!("tollgate:{{penalty:{i}}}");
+        let mut rng = Rng(0xB0C5 ^ (i as u64 + 1));
+        let (mut state, mut holders, mut offences) =
+            (None, Holders::default(), Offences::default());
+        let mut now = T0 + rng.below(1_000_000);
+        let longest = penalty.durations_ms().last().copied().unwrap();
+        for step in 0..STEPS {
+            let scale_us = (longest.min(10_000_000) * 1000).max(2000);
+            match rng.below(100) {
+                0..=29 => {}
+                30..=69 => now += rng.below(2000),
+                70..=89 => now += rng.below(scale_us * 2),
+                90..=95 => now += rng.below(penalty.window_ms().min(100_000_000) * 2000),
+                _ => now = now.saturating_sub(rng.below(scale_us)),
+            }
+            let cost = match rng.below(100) {
+                0..=4 => 0,
+                5..=9 => l.burst + 1,
+                _ => 1 + rng.below(l.burst.min(3)),
+            };
+            let holder = rng.chance(15).then(|| {
+                let id = 1 + rng.below(2);
+                Holder::new(id, step as u64 + 1, rng.below(3000), &[(0, rng.below(500))])
+            });
+            let ask = Ask {
+                cost,
+                lease_want: if rng.chance(20) {
+                    rng.below(l.burst * 2)
+                } else {
+                    0
+                },
+                holder,
+                max_wait_ms: if rng.chance(20) { rng.below(3000) } else { 0 },
+                settle: if rng.chance(15) {
+                    i64::try_from(rng.below(l.burst * 4 + 1)).unwrap()
+                        * [1, -1][rng.below(2) as usize]
+                } else {
+                    0
+                },
+            };
+            let op = match rng.below(100) {
+                0..=1 => Some(Operation::Reset),
+                2..=3 => Some(Operation::Credit(
+                    std::num::NonZeroU64::new(1 + rng.below(l.burst * 2)).unwrap(),
+                )),
+                _ => None,
+            };
+            let ask = if op.is_some() {
+                Ask {
+                    max_wait_ms: ask.max_wait_ms,
+                    ..Ask::default()
+                }
+            } else {
+                ask
+            };
+            let with_penalty = !rng.chance(8);
+            let ctx = format!(
+                "case {i} step {step}: {l:?} {penalty:?} {ask:?} {op:?} penalty {with_penalty} \
+                 now {now} before {state:?} {offences:?}"
+            );
+            let was_boxed = with_penalty && offences.boxed_until_us > now;
+            let (next, reply, got, ttl) = match op {
+                Some(op) => {
+                    seen[3] += usize::from(op == Operation::Reset && offences.boxed_until_us > now);
+                    let rule_penalty = with_penalty.then_some(&penalty);
+                    let (next, reply) = operate_penalized(
+                        state,
+                        &mut holders,
+                        (&mut offences, rule_penalty),
+                        &l,
+                        op,
+                        ask.max_wait_ms,
+                        now,
+                    );
+                    let (got, ttl) = match rule_penalty {
+                        Some(p) => h.script_penalized(&l, &ask, Some(op), p, now),
+                        None => {
+                            let (got, ttl) = h.script_with(&l, &ask, Some(op), now);
+                            (got.to_vec(), ttl)
+                        }
+                    };
+                    (next, reply, got, ttl)
+                }
+                None if with_penalty => {
+                    let (next, reply) = take_penalized(
+                        state,
+                        &mut holders,
+                        &mut offences,
+                        &l,
+                        &ask,
+                        Some(&penalty),
+                        now,
+                    );
+                    let (got, ttl) = h.script_penalized(&l, &ask, None, &penalty, now);
+                    (next, reply, got, ttl)
+                }
+                None => {
+                    let (next, reply) =
+                        take_penalized(state, &mut holders, &mut offences, &l, &ask, None, now);
+                    let (got, ttl) = h.script_with(&l, &ask, None, now);
+                    (next, reply, got.to_vec(), ttl)
+                }
+            };
+            let mut want = as_ints(&reply).to_vec();
+            if with_penalty {
+                want.push(reply.penalized.code());
+            }
+            assert_eq!(got, want, "{ctx}: script vs model");
+            assert_eq!(h.stored(), next, "{ctx}: stored state");
+            assert_eq!(h.stored_holders(), holders, "{ctx}: stored holders");
+            assert_eq!(h.stored_offences(), offences, "{ctx}: stored offences");
+            // PEXPIRE: as without a penalty, but never before the box ends or the last offence
+            // leaves the window.
+            let want_ttl = match next {
+                Some(s) => {
+                    let keep = if with_penalty {
+                        offences.keep_ms(&penalty, now) as i64
+                    } else {
+                        0
+                    };
+                    match expiry_ms(&l, s, &holders, now) {
+                        -1 => -1,
+                        bucket => (bucket - 1000).max(keep) + 1000,
+                    }
+                }
+                None => -2,
+            };
+            assert!(
+                ttl <= want_ttl && ttl > want_ttl - 1000,
+                "{ctx}: PTTL {ttl}, want {want_ttl}"
+            );
+            // The box is met: a boxed call with 0 < cost <= burst is denied until the box ends.
+            if was_boxed && ask.cost >= 1 && ask.cost <= l.burst {
+                assert!(!reply.allowed, "{ctx}: admitted while boxed");
+                seen[1] += 1;
+            }
+            if reply.penalized == tollgate_core::bucket::Penalized::Offence {
+                assert!(
+                    reply.retry_after_ms >= penalty.durations_ms()[0] as i64,
+                    "{ctx}"
+                );
+                seen[0] += 1;
+                seen[2] += usize::from(offences.count > 1);
+            }
+            state = next;
+        }
+    }
+    assert!(
+        seen.iter().all(|&n| n > 5),
+        "offences, boxed, repeats, resets: {seen:?}"
+    );
 }

@@ -66,6 +66,7 @@ const RECIPES: &[(&str, Setup)] = &[
     ("Wait instead of reject", Setup::Plain),
     ("Monthly quota with a per-minute cap", Setup::Plain),
     ("gRPC", Setup::Plain),
+    ("Penalty box", Setup::Plain),
     ("Login brute force", Setup::Login),
 ];
 
@@ -789,6 +790,11 @@ fn wait_instead_of_reject() {
 #[test]
 fn monthly_quota_with_a_per_minute_cap() {
     run_recipe("Monthly quota with a per-minute cap");
+}
+
+#[test]
+fn penalty_box() {
+    run_recipe("Penalty box");
 }
 
 #[test]

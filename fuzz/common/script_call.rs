@@ -45,6 +45,7 @@ impl Input {
             lease_want: self.lease_want,
             max_wait_ms: self.max_wait_ms,
             settle: self.settle,
+            penalty: None,
         };
         (call, lease)
     }

@@ -49,7 +49,8 @@ fuzz_target!(|data: &[u8]| {
     match &got {
         Ok(r) => {
             assert!(r.retry_after_ms >= -1, "{r:?}");
-            // What was accepted is a one-key JSON object holding an array of exactly five integers.
+            // What was accepted is a one-key JSON object holding an array of five integers, or
+            // six with the penalty box's field.
             let doc: serde_json::Value =
                 serde_json::from_slice(body).expect("accepted a body that is not JSON");
             let obj = doc.as_object().expect("accepted a non-object");
@@ -60,20 +61,26 @@ fuzz_target!(|data: &[u8]| {
                 .and_then(|v| v.as_array())
                 .expect("accepted a non-array");
             let ints: Vec<i64> = items.iter().filter_map(|v| v.as_i64()).collect();
-            assert_eq!(ints.len(), 5, "accepted {items:?}");
-            assert_eq!(items.len(), 5, "accepted {items:?}");
-            let want = [
+            assert!(matches!(ints.len(), 5 | 6), "accepted {items:?}");
+            assert_eq!(items.len(), ints.len(), "accepted {items:?}");
+            let mut want = vec![
                 i64::from(r.allowed),
                 r.remaining as i64,
                 r.retry_after_ms,
                 r.reset_after_ms as i64,
                 r.granted as i64,
             ];
+            if ints.len() == 6 {
+                want.push(r.penalized.code());
+            }
             assert_eq!(ints, want, "decoded {r:?} from {items:?}");
             // And the canonical form of the same reply decodes to the same thing.
             let again = format!(
-                r#"{{"EVALSHA":[{},{},{},{},{}]}}"#,
-                want[0], want[1], want[2], want[3], want[4]
+                r#"{{"EVALSHA":[{}]}}"#,
+                want.iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
             );
             assert_eq!(decode_reply(again.as_bytes()), got);
         }

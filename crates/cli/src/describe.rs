@@ -221,6 +221,14 @@ fn rule_details(rule: &Rule) -> Vec<String> {
             ));
         }
     }
+    if let Some(p) = &rule.penalty {
+        let steps: Vec<String> = p.durations_ms().iter().map(|&ms| duration(ms)).collect();
+        d.push(format!(
+            "after a denial refuses the key for {} (repeat offences within {})",
+            steps.join(", then "),
+            duration(p.window_ms())
+        ));
+    }
     let (mut unlimited, mut other) = (0, 0);
     for o in rule.overrides.values() {
         match o {

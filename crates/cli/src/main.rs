@@ -273,7 +273,7 @@ fn operate(
         target(&loaded.config, &bucket.rule, &bucket.keys).map_err(|e| Failed(e.to_string()))?;
     let mut store = connect(redis)?;
     let l = t.limits;
-    let args = [
+    let mut args = vec![
         l.burst.to_string(),
         l.rate.to_string(),
         l.period_ms.to_string(),
@@ -281,10 +281,21 @@ fn operate(
         op.argument(),
         t.rule.max_wait_ms.to_string(),
     ];
+    // A penalty rule's operation carries its penalty, as the filter's calls do: a credit that
+    // fills the bucket must not delete a boxed key.
+    if let Some(p) = &t.rule.penalty {
+        let mut arg = Vec::new();
+        p.push_argument(&mut arg);
+        args.extend([
+            "0".to_string(),
+            "time".to_string(),
+            String::from_utf8_lossy(&arg).into_owned(),
+        ]);
+    }
     let reply = store
         .script(&t.key, &args)
         .map_err(|e| Failed(e.to_string()))?;
-    let [1, remaining, _, _, _] = reply.as_slice() else {
+    let ([1, remaining, _, _, _] | [1, remaining, _, _, _, 0]) = reply.as_slice() else {
         return Err(Failed(format!(
             "unexpected reply from the script: {reply:?}"
         )));

@@ -5,7 +5,7 @@
 //! own arithmetic) over the hash as Redis stores it, at Redis' TIME: the refill to now and the
 //! holders that expired are what the script's next call would see. Nothing here writes.
 
-use tollgate_core::bucket::{take_held, Ask, Holders, Holding, State};
+use tollgate_core::bucket::{take_held, Ask, Holders, Holding, Penalty, State};
 
 use crate::describe;
 use crate::target::Target;
@@ -128,5 +128,36 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
         "full again in: {}",
         describe::duration(reply.reset_after_ms)
     ));
+    if let Some(penalty) = &target.rule.penalty {
+        out.push(penalty_line(penalty, now_us, fields));
+    }
     out
+}
+
+/// The penalty box as the script's next call would see it (`x`, `c`, `w`).
+fn penalty_line(penalty: &Penalty, now_us: u64, fields: &[(String, String)]) -> String {
+    let num = |name: &str| {
+        fields
+            .iter()
+            .find(|(f, _)| f == name)
+            .and_then(|(_, v)| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (until, count, last) = (num("x"), num("c"), num("w"));
+    let window_end = last.saturating_add(penalty.window_ms().saturating_mul(1000));
+    let ago = describe::duration(now_us.saturating_sub(last) / 1000);
+    if until > now_us {
+        format!(
+            "penalty box: boxed for {} more (offence {count} within the window, {ago} ago)",
+            describe::duration((until - now_us).div_ceil(1000))
+        )
+    } else if count > 0 && window_end > now_us {
+        format!(
+            "penalty box: not boxed; {count} offence{} within the window (the last {ago} ago): the next boxes the key for {}",
+            if count == 1 { "" } else { "s" },
+            describe::duration(penalty.duration_ms(count.saturating_add(1)))
+        )
+    } else {
+        "penalty box: not boxed, no offence within the window".to_string()
+    }
 }

@@ -731,3 +731,77 @@ fn tiers_are_described_and_explained() {
         "{out}"
     );
 }
+
+/// A penalty rule: `inspect` shows the box, `credit` leaves it (even when it fills the bucket,
+/// which would otherwise delete the key), `reset` empties it and forgets the offences.
+#[test]
+fn inspect_shows_the_penalty_box_credit_keeps_it_reset_empties_it() {
+    let dir = scratch_dir("cli-penalty");
+    let redis = Redis::start(&dir);
+    let mut conn = redis.conn();
+    let path = dir.join("penalty.json");
+    std::fs::write(
+        &path,
+        r#"{"rules": [{"name": "login", "key": ["header:x-user"], "rate": 1, "period_ms": 1000,
+            "burst": 1, "penalty": {"ms": [600000, 1200000]}}]}"#,
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let summary = ok(&["check", config]);
+    assert!(
+        summary.contains(
+            "after a denial refuses the key for 10 min 0 s, then 20 min 0 s (repeat offences within 1 h 0 min)"
+        ),
+        "{summary}"
+    );
+    let key = bucket_key(
+        "tollgate",
+        "login",
+        &[KeySource::Header("x-user".into())],
+        &["eve"],
+    );
+    // The filter's calls: one admitted, then the offence (boxed for 10 minutes).
+    let args = [
+        "1",
+        "1",
+        "1000",
+        "1",
+        "0",
+        "0",
+        "0",
+        "time",
+        "7200000:600000:1200000",
+    ];
+    assert_eq!(script(&mut conn, &key, &args)[0], 1);
+    let denied = script(&mut conn, &key, &args);
+    assert_eq!(
+        (denied[0], denied[2], denied[5]),
+        (0, 600_000, 1),
+        "{denied:?}"
+    );
+    let run = |verb: &[&str]| {
+        let mut a = verb.to_vec();
+        a.extend([config, "--rule", "login", "--key", "eve", "--redis"]);
+        let url = redis.url();
+        a.push(&url);
+        ok(&a)
+    };
+    let out = run(&["inspect"]);
+    assert!(
+        out.contains("penalty box: boxed for 10 min 0 s more (offence 1 within the window")
+            || out.contains("penalty box: boxed for 9 min 59 s more (offence 1 within the window"),
+        "{out}"
+    );
+    // A credit fills the bucket: the boxed key stays.
+    let out = run(&["credit", "5"]);
+    assert!(out.contains("penalty box: boxed for"), "{out}");
+    assert_eq!(script(&mut conn, &key, &args)[5], 2, "still boxed");
+    // The reset fills the bucket and forgets the box: nothing is left to keep in Redis.
+    let out = run(&["reset"]);
+    assert!(
+        out.contains("no state in Redis: the bucket is full"),
+        "{out}"
+    );
+    let after = script(&mut conn, &key, &args);
+    assert_eq!((after[0], after[5]), (1, 0), "let in again: {after:?}");
+}

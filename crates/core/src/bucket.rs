@@ -54,7 +54,8 @@ pub struct State {
     pub per_token: u64,
 }
 
-/// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
+/// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`, and with a
+/// penalty a 6th, `penalized`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply {
     pub allowed: bool,
@@ -68,6 +69,136 @@ pub struct Reply {
     pub reset_after_ms: u64,
     /// Tokens taken: at least `cost` when allowed, 0 when denied.
     pub granted: u64,
+    /// Whether the denial is the penalty box's (the script's 6th field, sent only for a call
+    /// with a penalty; `No` otherwise).
+    pub penalized: Penalized,
+}
+
+/// The script's 6th reply field: how the penalty box took part in a denial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Penalized {
+    /// Not the box's denial (or the call had no penalty).
+    #[default]
+    No,
+    /// This denial was an offence and boxed the key: `retry_after_ms` is at least its duration.
+    Offence,
+    /// Denied because the key was already boxed: `retry_after_ms` is the box's time left.
+    Boxed,
+}
+
+impl Penalized {
+    /// The script's integer for it.
+    pub fn code(self) -> i64 {
+        match self {
+            Penalized::No => 0,
+            Penalized::Offence => 1,
+            Penalized::Boxed => 2,
+        }
+    }
+
+    /// The value of the script's integer, or None outside 0..=2.
+    pub fn from_code(code: i64) -> Option<Penalized> {
+        match code {
+            0 => Some(Penalized::No),
+            1 => Some(Penalized::Offence),
+            2 => Some(Penalized::Boxed),
+            _ => None,
+        }
+    }
+}
+
+/// Most durations a penalty has, and the most offences the script counts.
+pub const MAX_PENALTY_STEPS: usize = 8;
+
+/// Longest penalty duration the script accepts (a day).
+pub const MAX_PENALTY_MS: u64 = 86_400_000;
+
+/// Longest offence window the script accepts (a week): an offending key is remembered that long.
+pub const MAX_PENALTY_WINDOW_MS: u64 = 604_800_000;
+
+/// A penalty box (the script's ARGV[9], `<window_ms>:<ms1>[:<ms2>...]`): the n-th offence within
+/// `window_ms` of the previous one boxes the key for the n-th duration, the last one repeating.
+/// Only valid penalties can be built: 1 to [`MAX_PENALTY_STEPS`] non-decreasing durations of 1 ms
+/// to [`MAX_PENALTY_MS`], a window of 1 ms to [`MAX_PENALTY_WINDOW_MS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Penalty {
+    window_ms: u64,
+    ms: [u64; MAX_PENALTY_STEPS],
+    len: usize,
+}
+
+impl Penalty {
+    /// A penalty with these durations and window, or None outside the script's bounds.
+    pub fn new(window_ms: u64, durations_ms: &[u64]) -> Option<Penalty> {
+        let len = durations_ms.len();
+        let ok = (1..=MAX_PENALTY_STEPS).contains(&len)
+            && (1..=MAX_PENALTY_WINDOW_MS).contains(&window_ms)
+            && durations_ms
+                .iter()
+                .all(|ms| (1..=MAX_PENALTY_MS).contains(ms))
+            && durations_ms.windows(2).all(|w| w.first() <= w.get(1));
+        if !ok {
+            return None;
+        }
+        let mut ms = [0; MAX_PENALTY_STEPS];
+        for (slot, d) in ms.iter_mut().zip(durations_ms) {
+            *slot = *d;
+        }
+        Some(Penalty { window_ms, ms, len })
+    }
+
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// The durations, in ms, for the 1st, 2nd, ... offence.
+    pub fn durations_ms(&self) -> &[u64] {
+        self.ms.get(..self.len).unwrap_or_default()
+    }
+
+    /// The duration of the `n`-th offence (n >= 1; the last one repeats).
+    pub fn duration_ms(&self, n: u64) -> u64 {
+        let i = usize::try_from(n.max(1) - 1).unwrap_or(usize::MAX);
+        let last = self.durations_ms().last().copied().unwrap_or(1);
+        self.durations_ms().get(i).copied().unwrap_or(last)
+    }
+
+    /// Appends the script's ARGV[9] for it (digits and colons only).
+    pub fn push_argument(&self, out: &mut Vec<u8>) {
+        crate::decimal::push_bytes(out, self.window_ms);
+        for &ms in self.durations_ms() {
+            out.push(b':');
+            crate::decimal::push_bytes(out, ms);
+        }
+    }
+}
+
+/// A key's offences (the script's `x`, `c`, `w`), kept beside its bucket while it is boxed or its
+/// last offence is within the window. All zero: none on record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Offences {
+    /// Microsecond time the box ends (the key is boxed while now is before it).
+    pub boxed_until_us: u64,
+    /// Offences within the window, at most [`MAX_PENALTY_STEPS`].
+    pub count: u64,
+    /// Microsecond time of the last offence.
+    pub last_us: u64,
+}
+
+impl Offences {
+    /// How long the key must still be kept for them, in ms rounded up (0: they can go).
+    pub fn keep_ms(&self, penalty: &Penalty, now_us: u64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let window_end = self
+            .last_us
+            .saturating_add(penalty.window_ms.saturating_mul(1000));
+        self.boxed_until_us
+            .saturating_sub(now_us)
+            .div_ceil(1000)
+            .max(window_end.saturating_sub(now_us).div_ceil(1000))
+    }
 }
 
 impl Reply {
@@ -78,6 +209,7 @@ impl Reply {
         retry_after_ms: -1,
         reset_after_ms: 0,
         granted: 0,
+        penalized: Penalized::No,
     };
 }
 
@@ -254,6 +386,26 @@ pub fn take_held(
     ask: &Ask,
     now_us: u64,
 ) -> (Option<State>, Reply) {
+    let mut offences = Offences::default();
+    take_penalized(state, holders, &mut offences, limits, ask, None, now_us)
+}
+
+/// [`take_held`] with a penalty box (the script's ARGV[9]): while `offences` says the key is
+/// boxed, a call with `0 < cost <= burst` is denied until the box ends (nothing taken, no new
+/// offence; settlement still applies first); otherwise a denial by the bucket is an offence that
+/// boxes the key for the penalty's next duration. `offences` is updated in place, and emptied when
+/// the key is deleted or nothing about them needs remembering. Without a penalty, `offences` is
+/// left as it is while the key stays (the script leaves `x`, `c`, `w` alone) and the reply's
+/// `penalized` is `No`.
+pub fn take_penalized(
+    state: Option<State>,
+    holders: &mut Holders,
+    offences: &mut Offences,
+    limits: &Limits,
+    ask: &Ask,
+    penalty: Option<&Penalty>,
+    now_us: u64,
+) -> (Option<State>, Reply) {
     let Ask {
         cost,
         lease_want,
@@ -386,11 +538,26 @@ pub fn take_held(
         units = units.max(units.saturating_sub(delta).min(capacity(out)));
     }
 
+    // 2d. The penalty box: what is on record, if the call has a penalty (a count past the
+    // script's bound is unreadable: nothing on record; without a penalty it is not read).
+    let unreadable = penalty.is_some() && offences.count > MAX_PENALTY_STEPS as u64;
+    if state.is_none() || unreadable {
+        *offences = Offences::default();
+    }
+    let boxed = penalty.is_some() && offences.boxed_until_us > now_us;
+
     // 3. Decide. cost * per_token is only computed once cost <= burst (so it is <= full).
-    let (allowed, granted, retry_after_ms) = if cost == 0 {
+    let (allowed, granted, mut retry_after_ms) = if cost == 0 {
         (true, 0, 0)
     } else if int(cost) > burst {
         (false, 0, -1)
+    } else if boxed {
+        // Boxed: denied until the box ends, nothing taken, no new offence.
+        let left = offences
+            .boxed_until_us
+            .saturating_sub(now_us)
+            .div_ceil(1000);
+        (false, 0, int(left))
     } else {
         let cost = int(cost);
         let mut want = cost.max(int(lease_want)).min(burst);
@@ -423,6 +590,29 @@ pub fn take_held(
         }
     };
 
+    // 3c. A denial by the bucket is an offence: the n-th within the window of the previous one
+    // boxes the key for the n-th duration.
+    let mut penalized = if boxed && cost >= 1 && int(cost) <= burst {
+        Penalized::Boxed
+    } else {
+        Penalized::No
+    };
+    if let (Some(p), false, Penalized::No, true) =
+        (penalty, allowed, penalized, retry_after_ms >= 0)
+    {
+        let within = now_us <= offences.last_us.saturating_add(p.window_ms * 1000);
+        offences.count = if offences.count > 0 && within {
+            (offences.count + 1).min(MAX_PENALTY_STEPS as u64)
+        } else {
+            1
+        };
+        let d = p.duration_ms(offences.count);
+        offences.boxed_until_us = now_us.saturating_add(d * 1000);
+        offences.last_us = now_us;
+        retry_after_ms = retry_after_ms.max(int(d));
+        penalized = Penalized::Offence;
+    }
+
     // 3b. The holder's record: what it holds now, until its grant's reservation has refilled and
     // hold_ms more; a denied holder stays on record as one asking for a share.
     if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
@@ -447,14 +637,23 @@ pub fn take_held(
         retry_after_ms,
         reset_after_ms: u64::try_from(clock.wait_ms(capacity(out) - units)).unwrap_or(0),
         granted: u64::try_from(granted).unwrap_or(0),
+        penalized,
     };
 
-    // 5. Store: a full bucket with no holders is no key at all.
-    let next = (units < full || !holders.0.is_empty()).then_some(State {
+    // 5. Store: a full bucket with no holders is no key at all, unless it is boxed or remembers
+    // an offence within the window.
+    let keep_ms = penalty.map_or(0, |p| offences.keep_ms(p, now_us));
+    if penalty.is_some() && keep_ms == 0 {
+        *offences = Offences::default();
+    }
+    let next = (units < full || !holders.0.is_empty() || keep_ms > 0).then_some(State {
         units,
         ts_us,
         per_token: limits.period_ms / step_ms,
     });
+    if next.is_none() {
+        *offences = Offences::default();
+    }
     (next, reply)
 }
 
@@ -497,6 +696,32 @@ pub fn operate(
     max_wait_ms: u64,
     now_us: u64,
 ) -> (Option<State>, Reply) {
+    let mut offences = Offences::default();
+    operate_penalized(
+        state,
+        holders,
+        (&mut offences, None),
+        limits,
+        op,
+        max_wait_ms,
+        now_us,
+    )
+}
+
+/// [`operate`] on a key that may have offences on record, with the rule's penalty if the call
+/// carries it (the script's ARGV[9]): [`Operation::Reset`] empties the penalty box and forgets
+/// the offences (the operator lets the key in again); [`Operation::Credit`] leaves them, and with
+/// the penalty keeps the key while they need remembering, as any call of the rule does. They go
+/// when the key is deleted.
+pub fn operate_penalized(
+    state: Option<State>,
+    holders: &mut Holders,
+    (offences, penalty): (&mut Offences, Option<&Penalty>),
+    limits: &Limits,
+    op: Operation,
+    max_wait_ms: u64,
+    now_us: u64,
+) -> (Option<State>, Reply) {
     let credit_ok = !matches!(op, Operation::Credit(n) if n.get() > MAX_EXACT);
     if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !credit_ok {
         return (state, Reply::REJECT);
@@ -505,8 +730,11 @@ pub fn operate(
         max_wait_ms,
         ..Ask::default()
     };
+    if op == Operation::Reset {
+        *offences = Offences::default();
+    }
     // A cost of 0 takes nothing: this is the bucket refilled to now, stored as the script stores it.
-    let (next, reply) = take_held(state, holders, limits, &ask, now_us);
+    let (next, reply) = take_penalized(state, holders, offences, limits, &ask, penalty, now_us);
     let Some(mut refilled) = next else {
         // Full with no holders (or refused): nothing to raise.
         return (next, reply);
@@ -542,8 +770,14 @@ pub fn operate(
         retry_after_ms: 0,
         reset_after_ms: u64::try_from(clock.wait_ms(capacity - refilled.units)).unwrap_or(0),
         granted: 0,
+        penalized: Penalized::No,
     };
-    let next = (refilled.units < full || !holders.0.is_empty()).then_some(refilled);
+    // With the penalty, `offences` already says whether they keep the key (the refill above).
+    let keep = penalty.is_some_and(|p| offences.keep_ms(p, now_us) > 0);
+    let next = (refilled.units < full || !holders.0.is_empty() || keep).then_some(refilled);
+    if next.is_none() {
+        *offences = Offences::default();
+    }
     (next, reply)
 }
 
@@ -627,7 +861,8 @@ mod tests {
                 remaining: 9,
                 retry_after_ms: 0,
                 reset_after_ms: 200, // 1000 units at 5 units/ms
-                granted: 1
+                granted: 1,
+                penalized: Penalized::No,
             }
         );
         assert_eq!(
@@ -728,7 +963,8 @@ mod tests {
                 remaining: 10,
                 retry_after_ms: -1,
                 reset_after_ms: 0,
-                granted: 0
+                granted: 0,
+                penalized: Penalized::No,
             }
         );
         let mut s = None;
@@ -1233,5 +1469,118 @@ mod tests {
                 seq: 1
             }]
         );
+    }
+
+    /// One call of a penalty rule: cost 1, no lease, no wait.
+    fn boxed_step(
+        s: &mut Option<State>,
+        off: &mut Offences,
+        l: &Limits,
+        p: &Penalty,
+        now: u64,
+    ) -> Reply {
+        let ask = Ask {
+            cost: 1,
+            ..Ask::default()
+        };
+        let (next, r) = take_penalized(*s, &mut Holders::default(), off, l, &ask, Some(p), now);
+        *s = next;
+        r
+    }
+
+    #[test]
+    fn an_offence_boxes_the_key_longer_when_repeated_within_the_window() {
+        let l = lim(1, 10, 1000); // a token every 100 ms
+        let p = Penalty::new(60_000, &[2000, 5000]).unwrap();
+        let (mut s, mut off) = (None, Offences::default());
+        assert!(boxed_step(&mut s, &mut off, &l, &p, T0).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0);
+        assert_eq!(
+            (r.allowed, r.retry_after_ms, r.penalized),
+            (false, 2000, Penalized::Offence)
+        );
+        // The bucket refilled long ago; the box still refuses, takes nothing, and is no offence.
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0 + 1_500_000);
+        assert_eq!(
+            (r.allowed, r.retry_after_ms, r.penalized),
+            (false, 500, Penalized::Boxed)
+        );
+        assert_eq!(off.count, 1);
+        // The key is kept while it remembers the offence, though its bucket is full.
+        assert!(s.is_some_and(|s| s.units == 1000));
+        // Out of the box; the next offence within the window gets the second duration, and
+        // every one after it the last (the ceiling).
+        assert!(boxed_step(&mut s, &mut off, &l, &p, T0 + 2_000_000).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0 + 2_000_000);
+        assert_eq!((r.retry_after_ms, off.count), (5000, 2));
+        assert!(boxed_step(&mut s, &mut off, &l, &p, T0 + 7_000_000).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, T0 + 7_000_000);
+        assert_eq!((r.retry_after_ms, off.count), (5000, 3));
+        // An offence after the window starts the count again.
+        let later = T0 + 7_000_000 + 60_000_001;
+        assert!(boxed_step(&mut s, &mut off, &l, &p, later).allowed);
+        let r = boxed_step(&mut s, &mut off, &l, &p, later);
+        assert_eq!((r.retry_after_ms, off.count), (2000, 1));
+        // Once boxed nothing and past the window, a full bucket is no key and no record.
+        let gone = later + 60_000_001;
+        let r = take_penalized(
+            s,
+            &mut Holders::default(),
+            &mut off,
+            &l,
+            &Ask::default(),
+            Some(&p),
+            gone,
+        );
+        assert_eq!((r.0, off), (None, Offences::default()));
+    }
+
+    #[test]
+    fn reset_empties_the_box_and_credit_keeps_it() {
+        let l = lim(1, 10, 1000);
+        let p = Penalty::new(60_000, &[2000]).unwrap();
+        let (mut s, mut off) = (None, Offences::default());
+        boxed_step(&mut s, &mut off, &l, &p, T0);
+        boxed_step(&mut s, &mut off, &l, &p, T0);
+        let boxed = off;
+        let mut h = Holders::default();
+        let (next, _) = operate_penalized(s, &mut h, (&mut off, Some(&p)), &l, credit(1), 0, T0);
+        assert_eq!(off, boxed, "a credit keeps the box");
+        assert!(
+            next.is_some_and(|n| n.units == 1000),
+            "and the full bucket's key"
+        );
+        // Without the penalty the credit fills the bucket and deletes the key: the filter and
+        // the CLI send a penalty rule's penalty with every call for this reason.
+        let (next, _) = operate_penalized(s, &mut h, (&mut off, None), &l, credit(1), 0, T0);
+        assert_eq!((next, off), (None, Offences::default()));
+        off = boxed;
+        let (next, _) =
+            operate_penalized(s, &mut h, (&mut off, Some(&p)), &l, Operation::Reset, 0, T0);
+        assert_eq!(off, Offences::default());
+        let r = boxed_step(&mut next.clone(), &mut off, &l, &p, T0);
+        assert!(r.allowed, "let in again");
+    }
+
+    #[test]
+    fn penalties_outside_the_script_s_bounds_cannot_be_built() {
+        assert!(Penalty::new(1, &[1]).is_some());
+        assert!(Penalty::new(MAX_PENALTY_WINDOW_MS, &[MAX_PENALTY_MS; 8]).is_some());
+        for (w, ms) in [
+            (0, &[1][..]),
+            (MAX_PENALTY_WINDOW_MS + 1, &[1]),
+            (10, &[]),
+            (10, &[0]),
+            (10, &[MAX_PENALTY_MS + 1]),
+            (10, &[5, 4]),
+            (10, &[1; 9]),
+        ] {
+            assert_eq!(Penalty::new(w, ms), None, "{w} {ms:?}");
+        }
+        let mut arg = Vec::new();
+        Penalty::new(3_600_000, &[120_000, 300_000])
+            .unwrap()
+            .push_argument(&mut arg);
+        assert_eq!(arg, b"3600000:120000:300000");
     }
 }

@@ -82,10 +82,15 @@ pub enum Counter {
     /// Responses not read because their worker was already reading its most bodies at once
     /// (1024, 16 KiB each): charged the worst case.
     UsageReadersFull,
+    /// Denials answered because the key was in its penalty box (by Redis, or from this proxy's
+    /// deny cache); not the offence that put it there.
+    Penalized,
+    /// Denials by the bucket that put a key in its penalty box (offences).
+    PenaltyOffences,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 31] = [
+    pub const ALL: [Counter; 33] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -117,6 +122,8 @@ impl Counter {
         Counter::UsageWorstCase,
         Counter::Ambiguous,
         Counter::UsageReadersFull,
+        Counter::Penalized,
+        Counter::PenaltyOffences,
     ];
 
     /// The number of counters of a rule.
@@ -157,6 +164,8 @@ impl Counter {
             Counter::UsageWorstCase => 28,
             Counter::Ambiguous => 29,
             Counter::UsageReadersFull => 30,
+            Counter::Penalized => 31,
+            Counter::PenaltyOffences => 32,
         }
     }
 
@@ -197,6 +206,8 @@ impl Counter {
             Counter::UsageWorstCase => "usage_worst_case",
             Counter::Ambiguous => "ambiguous",
             Counter::UsageReadersFull => "usage_readers_full",
+            Counter::Penalized => "penalized",
+            Counter::PenaltyOffences => "penalty_offences",
         }
     }
 }

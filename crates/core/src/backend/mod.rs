@@ -1,7 +1,7 @@
 //! The shared bucket's backend: the script call, its reply, and how a call travels (a transport).
 //!
-//! Invariant: every backend outcome is either a well-formed five-integer `Reply` or a
-//! `BackendError`; nothing in between reaches the decision logic.
+//! Invariant: every backend outcome is either a well-formed `Reply` (five integers, six with a
+//! penalty) or a `BackendError`; nothing in between reaches the decision logic.
 
 pub mod exchange;
 pub mod resp;
@@ -37,6 +37,9 @@ pub struct ScriptCall {
     /// Lease mode: the proxy that will hold what is granted, what it still holds and for how long
     /// it may hold a grant (the script counts held tokens against the bucket's capacity).
     pub holder: Option<Box<crate::bucket::Holder>>,
+    /// The rule's penalty box (ARGV[9]), sent with every call of a rule that has one, so no call
+    /// of it (a settlement included) ends a box by deleting a full bucket.
+    pub penalty: Option<crate::bucket::Penalty>,
 }
 
 impl ScriptCall {
@@ -52,6 +55,19 @@ impl ScriptCall {
             max_wait_ms: 0,
             settle: 0,
             holder: None,
+            penalty: None,
+        }
+    }
+
+    /// Appends the script's ARGV[8] and ARGV[9] when the call has a penalty: `time` (Redis'
+    /// clock, as when absent) and `<window_ms>:<ms1>[:<ms2>...]`, each through `arg` (digits,
+    /// colons and letters only). Nothing without a penalty.
+    pub fn push_penalty(&self, mut arg: impl FnMut(&[u8])) {
+        if let Some(p) = &self.penalty {
+            arg(b"time");
+            let mut out = Vec::with_capacity(96);
+            p.push_argument(&mut out);
+            arg(&out);
         }
     }
 
@@ -105,7 +121,37 @@ pub fn script_reply(ints: [i64; 5]) -> Result<Reply, BackendError> {
         retry_after_ms,
         reset_after_ms: non_negative(reset_after_ms, "reset_after_ms")?,
         granted: non_negative(granted, "granted")?,
+        penalized: crate::bucket::Penalized::No,
     })
+}
+
+/// The script's reply as a list of integers: five, or six when the call had a penalty (the 6th
+/// says whether the denial is the penalty box's). A 6th field outside 0..=2, or one claiming a
+/// penalty for an admission or for a denial of less than 1 ms, is malformed.
+pub fn script_reply_of(ints: &[i64]) -> Result<Reply, BackendError> {
+    let (five, sixth) = match *ints {
+        [a, b, c, d, e] => ([a, b, c, d, e], None),
+        [a, b, c, d, e, f] => ([a, b, c, d, e], Some(f)),
+        _ => {
+            return Err(BackendError::Malformed(format!(
+                "expected 5 or 6 integers, got {}",
+                ints.len()
+            )))
+        }
+    };
+    let mut reply = script_reply(five)?;
+    if let Some(code) = sixth {
+        use crate::bucket::Penalized;
+        let penalized = Penalized::from_code(code)
+            .ok_or_else(|| BackendError::Malformed("penalized out of range".to_string()))?;
+        if penalized != Penalized::No && (reply.allowed || reply.retry_after_ms < 1) {
+            return Err(BackendError::Malformed(
+                "penalized without a denial".to_string(),
+            ));
+        }
+        reply.penalized = penalized;
+    }
+    Ok(reply)
 }
 
 /// An HTTP request to the backend cluster, ready to dispatch.

@@ -9,7 +9,7 @@
 
 use super::webdis::Invoke;
 use super::{
-    script_reply, Answer, BackendError, Outgoing, Payload, Reply, ScriptCall, Transport,
+    script_reply_of, Answer, BackendError, Outgoing, Payload, Reply, ScriptCall, Transport,
     MAX_REPLY_BYTES,
 };
 
@@ -33,16 +33,21 @@ pub fn redis_target(cluster: &str, database: u64) -> String {
 /// Why shorter: Redis answers a command of more than 10 arguments from a connection that is not
 /// authenticated with `-ERR Protocol error: unauthenticated multibulk length` and closes it. With a
 /// wrong password (Higress sends `AUTH` itself and drops its reply) the usual call of 9 arguments
-/// gets the clear `-NOAUTH Authentication required.` instead.
+/// gets the clear `-NOAUTH Authentication required.` instead. A penalty rule's call has 13
+/// arguments (`max_wait_ms`, `settle`, `time` and the penalty): with a wrong password it gets the
+/// protocol error.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     let (verb, script): (&[u8], &str) = match invoke {
         Invoke::Sha(sha) => (b"EVALSHA", sha),
         Invoke::Source(src) => (b"EVAL", src),
     };
-    // Left out when 0 (the script's defaults): settle, then max_wait_ms.
-    let with_settle = call.settle != 0;
+    // Left out when 0 (the script's defaults): settle, then max_wait_ms; both go out before a
+    // penalty (ARGV[9] comes after them and "time").
+    let with_penalty = call.penalty.is_some();
+    let with_settle = with_penalty || call.settle != 0;
     let with_wait = with_settle || call.max_wait_ms != 0;
-    let count = 9 + usize::from(with_wait) + usize::from(with_settle);
+    let count =
+        9 + usize::from(with_wait) + usize::from(with_settle) + 2 * usize::from(with_penalty);
     let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
     out.push(b'*');
     crate::decimal::push_bytes(&mut out, count as u64);
@@ -69,6 +74,7 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
         crate::decimal::push_signed_bytes(&mut number, call.settle);
         bulk(&number, &mut out);
     }
+    call.push_penalty(|arg| bulk(arg, &mut out));
     out
 }
 
@@ -142,18 +148,21 @@ pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
         b'-' => Err(redis_error(line)),
         b'*' => {
             let n = parse_int(line).ok_or_else(|| malformed("bad array length".to_string()))?;
-            if n != 5 {
-                return Err(malformed(format!("expected 5 integers, got {n} items")));
+            if n != 5 && n != 6 {
+                return Err(malformed(format!(
+                    "expected 5 or 6 integers, got {n} items"
+                )));
             }
-            let mut ints = [0i64; 5];
-            for slot in &mut ints {
+            let mut ints = [0i64; 6];
+            let n = usize::try_from(n).unwrap_or(0);
+            for slot in ints.iter_mut().take(n) {
                 let (kind, line) = r.line()?;
                 if kind != b':' {
                     return Err(malformed(format!("non-integer item ({})", type_name(kind))));
                 }
                 *slot = parse_int(line).ok_or_else(|| malformed("bad integer".to_string()))?;
             }
-            script_reply(ints)
+            script_reply_of(ints.get(..n).unwrap_or_default())
         }
         other => Err(malformed(format!(
             "expected an array, got {}",
@@ -249,6 +258,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::script_reply;
 
     fn call(key: &str) -> ScriptCall {
         ScriptCall {
@@ -261,6 +271,7 @@ mod tests {
             max_wait_ms: 0,
             settle: -3,
             holder: None,
+            penalty: None,
         }
     }
 
@@ -271,6 +282,7 @@ mod tests {
             retry_after_ms: retry,
             reset_after_ms: reset,
             granted,
+            penalized: crate::bucket::Penalized::No,
         }
     }
 
@@ -507,6 +519,52 @@ mod tests {
                 wire.extend_from_slice(format!(":{i}\r\n").as_bytes());
             }
             assert_eq!(decode_reply(&wire), script_reply(ints));
+        }
+    }
+
+    #[test]
+    fn a_penalty_call_sends_the_clock_and_the_penalty_last() {
+        let c = ScriptCall {
+            settle: 0,
+            penalty: crate::bucket::Penalty::new(60_000, &[1500, 3000]),
+            ..call("k")
+        };
+        let cmd = command(&c, Invoke::Sha("abc"));
+        let text = String::from_utf8(cmd).unwrap();
+        assert!(text.starts_with("*13\r\n"), "{text}");
+        assert!(
+            text.ends_with("$1\r\n0\r\n$1\r\n0\r\n$4\r\ntime\r\n$15\r\n60000:1500:3000\r\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_sixth_field_is_the_penalty_box_and_is_checked() {
+        use crate::bucket::Penalized;
+        let wire = |ints: &[i64]| {
+            let mut w = format!("*{}\r\n", ints.len()).into_bytes();
+            for i in ints {
+                w.extend_from_slice(format!(":{i}\r\n").as_bytes());
+            }
+            w
+        };
+        let r = decode_reply(&wire(&[0, 0, 300_000, 9, 0, 1])).unwrap();
+        assert_eq!(
+            (r.retry_after_ms, r.penalized),
+            (300_000, Penalized::Offence)
+        );
+        let r = decode_reply(&wire(&[0, 0, 12, 9, 0, 2])).unwrap();
+        assert_eq!(r.penalized, Penalized::Boxed);
+        for bad in [
+            &[0, 0, 12, 9, 0, 3][..],
+            &[1, 3, 0, 9, 1, 2],
+            &[0, 0, 0, 9, 0, 1],
+            &[0, 0, 12, 9, 0, 0, 0],
+        ] {
+            assert!(
+                matches!(decode_reply(&wire(bad)), Err(BackendError::Malformed(_))),
+                "{bad:?}"
+            );
         }
     }
 }

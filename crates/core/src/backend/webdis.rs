@@ -59,6 +59,11 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
     // A signed integer: digits and at most a leading '-', which Webdis leaves alone.
     out.push(b'/');
     crate::decimal::push_signed_bytes(&mut out, call.settle);
+    // With a penalty: "time" (ARGV[8], Redis' clock) and the penalty, encoded as every segment is.
+    call.push_penalty(|arg| {
+        out.push(b'/');
+        encode_segment(arg, &mut out);
+    });
     out
 }
 
@@ -171,8 +176,8 @@ pub fn decode_answer(answer: &Answer) -> Result<Reply, BackendError> {
 /// Decodes Webdis' answer (HTTP 200) to a script call. Webdis wraps every reply as
 /// `{"<COMMAND>": <value>}`; errors come back as `[false, "ERR ..."]`.
 pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
-    if let Some(ints) = five_integers(body) {
-        return super::script_reply(ints);
+    if let Some((ints, n)) = small_integers(body) {
+        return super::script_reply_of(ints.get(..n).unwrap_or_default());
     }
     let doc: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| BackendError::Malformed(format!("not JSON ({e})")))?;
@@ -192,33 +197,29 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
             BackendError::Redis(truncate(msg, 200))
         });
     }
-    let ints: Vec<i64> = items.iter().filter_map(serde_json::Value::as_i64).collect();
-    let [allowed, remaining, retry_after_ms, reset_after_ms, granted] = ints.as_slice() else {
+    if !(5..=6).contains(&items.len()) {
         return Err(BackendError::Malformed(format!(
-            "expected 5 integers, got {} items",
+            "expected 5 or 6 integers, got {} items",
             items.len()
         )));
-    };
+    }
+    let ints: Vec<i64> = items.iter().filter_map(serde_json::Value::as_i64).collect();
     if ints.len() != items.len() {
         return Err(BackendError::Malformed("non-integer item".to_string()));
     }
-    super::script_reply([
-        *allowed,
-        *remaining,
-        *retry_after_ms,
-        *reset_after_ms,
-        *granted,
-    ])
+    super::script_reply_of(&ints)
 }
 
 /// The script's normal answer as Webdis writes it, `{"EVALSHA":[1,199,0,1000,5]}` (any upper-case
-/// command name, no spaces, five integers), read without building a JSON tree: one comes back for
-/// every call. Anything else is None and goes through serde_json, which decides what it means.
-fn five_integers(body: &[u8]) -> Option<[i64; 5]> {
+/// command name, no spaces, five integers, or six with a penalty), read without building a JSON
+/// tree: one comes back for every call. Anything else is None and goes through serde_json, which
+/// decides what it means. Returns the integers and how many there are.
+fn small_integers(body: &[u8]) -> Option<([i64; 6], usize)> {
     let rest = body.strip_prefix(b"{\"")?;
     let name_len = rest.iter().take_while(|b| b.is_ascii_uppercase()).count();
     let mut rest = rest.get(name_len..)?.strip_prefix(b"\":[")?;
-    let mut out = [0i64; 5];
+    let mut out = [0i64; 6];
+    let mut count = 0;
     for (i, slot) in out.iter_mut().enumerate() {
         let (negative, digits_at) = match rest.first() {
             Some(b'-') => (true, 1),
@@ -240,11 +241,17 @@ fn five_integers(body: &[u8]) -> Option<[i64; 5]> {
             n = n * 10 + i64::from(d - b'0');
         }
         *slot = if negative { -n } else { n };
+        count = i + 1;
         rest = rest.get(digits_at + digits..)?;
-        let sep: &[u8] = if i < 4 { b"," } else { b"]}" };
-        rest = rest.strip_prefix(sep)?;
+        if i >= 4 {
+            if let Some(end) = rest.strip_prefix(b"]}") {
+                rest = end;
+                break;
+            }
+        }
+        rest = rest.strip_prefix(b",")?;
     }
-    (name_len > 0 && rest.is_empty()).then_some(out)
+    (name_len > 0 && count >= 5 && rest.is_empty()).then_some((out, count))
 }
 
 fn kind(v: &serde_json::Value) -> &'static str {
@@ -282,7 +289,25 @@ mod tests {
             max_wait_ms: 0,
             settle: 0,
             holder: None,
+            penalty: None,
         }
+    }
+
+    /// A penalty rule's call ends with "time" (ARGV[8]: Redis' clock) and the penalty (ARGV[9]).
+    #[test]
+    fn a_penalty_travels_after_the_clock() {
+        let c = ScriptCall {
+            penalty: crate::bucket::Penalty::new(3_600_000, &[120_000, 300_000]),
+            ..call("k")
+        };
+        let body = String::from_utf8(command(&c, Invoke::Sha("abc"))).unwrap();
+        let segs: Vec<&str> = body.split('/').collect();
+        assert_eq!(
+            &segs[9..],
+            ["0", "0", "time", "3600000%3A120000%3A300000"],
+            "{body}"
+        );
+        assert_eq!(webdis_decode(segs[12]), b"3600000:120000:300000");
     }
 
     /// Webdis' own decoding of one segment: `%XX` -> byte, `+` -> space (the same rules as a
@@ -405,7 +430,8 @@ mod tests {
                 remaining: 99,
                 retry_after_ms: 0,
                 reset_after_ms: 10,
-                granted: 1
+                granted: 1,
+                penalized: crate::bucket::Penalized::No,
             }
         );
         let r = decode_reply(br#"{"EVAL":[0,0,-1,0,0]}"#).unwrap();
@@ -505,6 +531,39 @@ mod tests {
     }
 
     #[test]
+    fn a_sixth_field_says_whether_the_denial_is_the_penalty_box() {
+        use crate::bucket::Penalized;
+        for (body, want) in [
+            (
+                &br#"{"EVALSHA":[0,0,120000,50,0,1]}"#[..],
+                Penalized::Offence,
+            ),
+            (br#"{"EVALSHA":[0,0,1,50,0,2]}"#, Penalized::Boxed),
+            (br#"{"EVALSHA":[1,4,0,50,1,0]}"#, Penalized::No),
+            (br#"{"EVALSHA": [0,0,7,50,0,2]}"#, Penalized::Boxed),
+        ] {
+            let r = decode_reply(body).unwrap();
+            assert_eq!(r.penalized, want, "{}", String::from_utf8_lossy(body));
+        }
+        // A hostile or broken 6th field: out of range, or a penalty on an admission or on a
+        // denial with no time to wait.
+        for body in [
+            &br#"{"EVALSHA":[0,0,5,50,0,3]}"#[..],
+            br#"{"EVALSHA":[0,0,5,50,0,-1]}"#,
+            br#"{"EVALSHA":[1,4,0,50,1,1]}"#,
+            br#"{"EVALSHA":[0,0,0,50,0,2]}"#,
+            br#"{"EVALSHA":[0,0,-1,50,0,1]}"#,
+            br#"{"EVALSHA":[0,0,5,50,0,"2"]}"#,
+            br#"{"EVALSHA": [1,4,0,50,1,2]}"#,
+        ] {
+            match decode_reply(body) {
+                Err(BackendError::Malformed(_)) => {}
+                other => panic!("{:?} -> {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
+    }
+
+    #[test]
     fn long_redis_errors_are_truncated_on_a_char_boundary() {
         let msg = format!("ERR {}", "é".repeat(300));
         let body = serde_json::json!({ "EVAL": [false, msg] }).to_string();
@@ -517,12 +576,17 @@ mod tests {
     #[test]
     fn the_usual_answer_is_read_without_json_and_agrees_with_it() {
         let usual = br#"{"EVALSHA":[1,199,-1,1000,5]}"#;
-        assert_eq!(five_integers(usual), Some([1, 199, -1, 1000, 5]));
+        assert_eq!(small_integers(usual), Some(([1, 199, -1, 1000, 5, 0], 5)));
+        let penalized = br#"{"EVALSHA":[0,3,120000,1000,0,1]}"#;
+        assert_eq!(
+            small_integers(penalized),
+            Some(([0, 3, 120_000, 1000, 0, 1], 6))
+        );
         // Anything unusual is left to serde_json, which reads the same numbers or refuses.
         for body in [
             &br#"{"EVALSHA": [1,199,0,1000,5]}"#[..],
             br#"{"EVALSHA":[1,199,0,1000]}"#,
-            br#"{"EVALSHA":[1,199,0,1000,5,6]}"#,
+            br#"{"EVALSHA":[1,199,0,1000,5,0,7]}"#,
             br#"{"EVALSHA":[1,199,0,1000,5]} "#,
             br#"{"evalsha":[1,199,0,1000,5]}"#,
             br#"{"":[1,199,0,1000,5]}"#,
@@ -535,7 +599,7 @@ mod tests {
             br#"{"EVALSHA":[false,"NOSCRIPT No matching script."]}"#,
         ] {
             assert_eq!(
-                five_integers(body),
+                small_integers(body),
                 None,
                 "{}",
                 String::from_utf8_lossy(body)

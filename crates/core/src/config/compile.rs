@@ -316,6 +316,10 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
         .tiers
         .map(|t| tiers::tiers(t, &at("tiers"), &key, r.period_ms, cost))
         .transpose()?;
+    let penalty = r
+        .penalty
+        .map(|p| penalty(p, r.mode, &at("penalty")))
+        .transpose()?;
 
     Ok(Rule {
         name: r.name,
@@ -333,7 +337,58 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
         usage,
         overrides,
         tiers,
+        penalty,
     })
+}
+
+/// Shortest default `penalty.window_ms` (an hour): "2 min, then 5, then 10" escalates within it.
+const MIN_DEFAULT_PENALTY_WINDOW_MS: u64 = 3_600_000;
+
+/// A rule's `penalty`: 1 to 8 non-decreasing durations; the window defaults to twice the longest
+/// (so a client that offends again soon after its longest box still counts as a repeat) and at
+/// least an hour, and must be at least the longest duration (a shorter one forgets an offence
+/// before its box ends, so the next could never count as a repeat). Exact mode only.
+fn penalty(p: doc::Penalty, mode: Mode, path: &str) -> Result<crate::bucket::Penalty, ConfigError> {
+    use crate::bucket::{MAX_PENALTY_STEPS, MAX_PENALTY_WINDOW_MS};
+    if mode == Mode::Lease {
+        return Err(err(
+            path.to_string(),
+            "needs \"mode\": \"exact\" (leased tokens are spent without a call, so the other \
+             proxies would keep admitting a boxed client until their leases run out)",
+        ));
+    }
+    let ms: Vec<u64> = p.ms.iter().map(|d| d.get()).collect();
+    if ms.is_empty() || ms.len() > MAX_PENALTY_STEPS {
+        return Err(err(
+            join(path, "ms"),
+            format!("must list 1 to {MAX_PENALTY_STEPS} durations"),
+        ));
+    }
+    if let Some(i) = ms.windows(2).position(|w| w.first() > w.get(1)) {
+        return Err(err(
+            index(&join(path, "ms"), i + 1),
+            "must be at least the duration before it (a repeat offence is never boxed shorter)",
+        ));
+    }
+    let longest = ms.last().copied().unwrap_or(1);
+    let window_ms = match p.window_ms {
+        Some(w) if w.get() < longest => {
+            return Err(err(
+                join(path, "window_ms"),
+                format!(
+                    "must be at least the longest duration ({longest}), or an offence is \
+                     forgotten before its box ends"
+                ),
+            ))
+        }
+        Some(w) => w.get(),
+        // Both bounds are constants, the lower below the upper: clamp cannot panic.
+        None => longest
+            .saturating_mul(2)
+            .clamp(MIN_DEFAULT_PENALTY_WINDOW_MS, MAX_PENALTY_WINDOW_MS),
+    };
+    crate::bucket::Penalty::new(window_ms, &ms)
+        .ok_or_else(|| err(path.to_string(), "is out of bounds"))
 }
 
 /// A rule's `fallback`: its `period_ms` defaults to the rule's (a fallback of `"rate": 2` on a

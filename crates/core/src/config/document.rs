@@ -140,6 +140,17 @@ pub struct Rule {
     #[serde(default)]
     pub overrides: Vec<Override>,
     pub tiers: Option<Tiers>,
+    pub penalty: Option<Penalty>,
+}
+
+/// A rule's `penalty`: durations for the 1st, 2nd, ... offence within `window_ms` of the previous
+/// one (the compile step checks their order and count, and defaults the window).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Penalty {
+    pub ms: Vec<Int<1, { crate::bucket::MAX_PENALTY_MS }>>,
+    /// Default: twice the longest duration, and at least an hour.
+    pub window_ms: Option<Int<1, { crate::bucket::MAX_PENALTY_WINDOW_MS }>>,
 }
 
 /// A rule's `match`: every condition given must hold.
@@ -253,5 +264,6 @@ pub fn schema() -> Vec<(&'static str, &'static [&'static str])> {
         ("overrides[]", fields_of::<Override>()),
         ("tiers", fields_of::<Tiers>()),
         ("tiers.limits.*", fields_of::<Tier>()),
+        ("penalty", fields_of::<Penalty>()),
     ]
 }

@@ -117,6 +117,8 @@ pub struct Rule {
     pub overrides: BTreeMap<Vec<Vec<u8>>, Override>,
     /// Limits picked by the value of an attribute Envoy verified (an override still wins).
     pub tiers: Option<Tiers>,
+    /// The penalty box: after a denial by its bucket, a key is refused for a while (exact mode).
+    pub penalty: Option<crate::bucket::Penalty>,
 }
 
 impl Rule {

@@ -36,7 +36,9 @@ use crate::shared::lead::Leaders;
 
 /// Whether a check may share a call: one token, no reservation.
 pub(super) fn eligible(call: &ScriptCall) -> bool {
-    call.cost == 1 && call.max_wait_ms == 0
+    // A penalty rule's denial must reach the script as one (it boxes the key); a shared call
+    // that grants fewer than it asked for is an admission there.
+    call.cost == 1 && call.max_wait_ms == 0 && call.penalty.is_none()
 }
 
 impl Engine {

@@ -61,6 +61,7 @@ impl Engine {
                     // the outgoing engine.
                     let settle = ScriptCall {
                         settle: c.call.settle,
+                        penalty: c.call.penalty,
                         ..ScriptCall::new(c.call.key.clone(), &c.call.limits(), 0)
                     };
                     (token, c.rule.name.clone(), settle, c.sent_ms, c.with_source)

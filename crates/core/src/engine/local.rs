@@ -18,6 +18,7 @@ use super::stash::Stashes;
 use super::tick::Timer;
 use super::verdict::Outcome;
 use crate::backend::ScriptCall;
+use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{LeasePool, Spent, Taken};
 
@@ -94,8 +95,13 @@ impl LocalStage<'_> {
             };
         }
         let cached = DenyCache::new(store, &self.plugin.ns)
-            .denied(&call.key, call.cost, now)
-            .map(|retry_ms| (retry_ms, By::DenyCache));
+            .denial(&call.key, call.cost, now)
+            .map(|(retry_ms, boxed)| {
+                if boxed {
+                    self.plugin.metrics.count(rule.id(), Counter::Penalized, 1);
+                }
+                (retry_ms, By::DenyCache)
+            });
         let denied = cached
             .or(refilling.map(|retry_ms| (retry_ms, By::Lease)))
             .map(|(retry_ms, by)| (Outcome::Denied { retry_ms }, by));

@@ -153,7 +153,7 @@ impl Engine {
                 Purpose::Check { ctx, check } => {
                     let outcome = match reply {
                         Ok(r) => (
-                            self.reply_outcome(host, &call.call, &r, call.sent_ms),
+                            self.reply_outcome(host, &call.rule, &call.call, &r, call.sent_ms),
                             decision::By::Redis,
                         ),
                         Err(e) => self.failure_outcome(host, &call.rule, &call.call, &e, now),

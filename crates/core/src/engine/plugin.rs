@@ -109,6 +109,7 @@ impl Plugin {
         Plan::Check(ScriptCall {
             // A shadow rule never holds a request.
             max_wait_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
+            penalty: rule.penalty,
             ..ScriptCall::new(applied.key, &limits, cost)
         })
     }

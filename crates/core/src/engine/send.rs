@@ -16,6 +16,7 @@ use super::rules::RuleRef;
 use super::verdict::Outcome;
 use super::{coalesce, Engine};
 use crate::backend::{BackendError, Reply, ScriptCall};
+use crate::bucket::Penalized;
 use crate::config::FailureMode;
 use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
@@ -149,6 +150,7 @@ impl Engine {
     pub(super) fn reply_outcome(
         &self,
         host: &mut dyn Host,
+        rule: &RuleRef,
         call: &ScriptCall,
         r: &Reply,
         sent_ms: u64,
@@ -156,8 +158,20 @@ impl Engine {
         let outcome = Outcome::of_reply(r);
         if let Outcome::Denied { retry_ms } = outcome {
             let until = sent_ms.saturating_add(retry_ms);
-            let _ =
-                DenyCache::new(host.store(), &self.plugin.ns).remember(&call.key, call.cost, until);
+            let cache = DenyCache::new(host.store(), &self.plugin.ns);
+            // A penalty box refuses every cost until it ends; a bucket, this cost or more.
+            let _ = match r.penalized {
+                Penalized::No => cache.remember(&call.key, call.cost, until),
+                Penalized::Offence | Penalized::Boxed => cache.remember_box(&call.key, until),
+            };
+            let counter = match r.penalized {
+                Penalized::No => None,
+                Penalized::Offence => Some(Counter::PenaltyOffences),
+                Penalized::Boxed => Some(Counter::Penalized),
+            };
+            if let Some(counter) = counter {
+                self.plugin.metrics.count(rule.id(), counter, 1);
+            }
         }
         outcome
     }

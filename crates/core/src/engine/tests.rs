@@ -1906,6 +1906,8 @@ fn profile_lease_new_keys() {
 mod decision;
 /// `charge_on`: settled by the answer's status.
 mod outcome;
+/// The penalty box: the script says a denial is the box's, the deny cache answers it.
+mod penalty;
 /// Limits picked by a tier.
 mod tiers;
 /// Usage that never becomes readable.

@@ -1,7 +1,7 @@
 //! The per-proxy deny cache: "Redis said this bucket cannot serve this cost before then".
 //!
 //! Invariant: the cache only ever denies, and only for a key, a cost at least as large and a time
-//! before the one Redis gave. Slots are direct-mapped (`SLOTS` per plugin; shared data can never be
+//! before the one Redis gave (a penalty box's entry: every cost, until the box ends). Slots are direct-mapped (`SLOTS` per plugin; shared data can never be
 //! deleted, so memory stays bounded); a slot remembers its key, so a clash costs a Redis call and
 //! never denies another key.
 
@@ -27,22 +27,38 @@ impl<'a> DenyCache<'a> {
     /// Milliseconds the request must still wait if Redis already said `bucket_key` cannot serve
     /// `cost` (or less) before then; None if unknown or past.
     pub fn denied(&self, bucket_key: &str, cost: u64, now_ms: u64) -> Option<u64> {
+        self.denial(bucket_key, cost, now_ms).map(|(ms, _)| ms)
+    }
+
+    /// As [`DenyCache::denied`], and whether the entry is a penalty box's.
+    pub fn denial(&self, bucket_key: &str, cost: u64, now_ms: u64) -> Option<(u64, bool)> {
         let (value, _) = self.store.get(&self.slot_key(bucket_key)).ok()?;
         let value = value?;
         let until = read_u64(&value, 0)?;
         let denied_cost = read_u64(&value, 8)?;
-        let key = value.get(16..)?;
+        let boxed = read_u64(&value, 16)? == 1;
+        let key = value.get(24..)?;
         (key == bucket_key.as_bytes() && cost >= denied_cost && until > now_ms)
-            .then(|| until - now_ms)
+            .then(|| (until - now_ms, boxed))
     }
 
     /// Remembers that `bucket_key` cannot serve `cost` before `until_ms`. Last writer wins: every
     /// entry written here is one Redis gave, so a lost race only costs a Redis call.
     pub fn remember(&self, bucket_key: &str, cost: u64, until_ms: u64) -> Result<(), StoreError> {
-        let mut value = Vec::with_capacity(16 + bucket_key.len());
-        write_u64s(&mut value, &[until_ms, cost]);
-        value.extend_from_slice(bucket_key.as_bytes());
-        self.store.set(&self.slot_key(bucket_key), &value, 0)
+        self.write(bucket_key, cost, until_ms, false)
+    }
+
+    /// Remembers that `bucket_key` is in its penalty box until `until_ms`: no cost is served
+    /// before then (a cost of 0 never asks the cache).
+    pub fn remember_box(&self, bucket_key: &str, until_ms: u64) -> Result<(), StoreError> {
+        self.write(bucket_key, 1, until_ms, true)
+    }
+
+    fn write(&self, key: &str, cost: u64, until_ms: u64, boxed: bool) -> Result<(), StoreError> {
+        let mut value = Vec::with_capacity(24 + key.len());
+        write_u64s(&mut value, &[until_ms, cost, u64::from(boxed)]);
+        value.extend_from_slice(key.as_bytes());
+        self.store.set(&self.slot_key(key), &value, 0)
     }
 }
 
@@ -81,6 +97,18 @@ mod tests {
             }
         }
         assert!(clash.is_some(), "some key lost its slot to another");
+    }
+
+    #[test]
+    fn a_box_denies_every_cost_until_it_ends_and_says_so() {
+        let s = MemStore::default();
+        let c = DenyCache::new(&s, "ns");
+        c.remember("k", 3, 1200).unwrap();
+        assert_eq!(c.denial("k", 3, 1000), Some((200, false)));
+        c.remember_box("k", 121_000).unwrap();
+        assert_eq!(c.denial("k", 1, 1000), Some((120_000, true)));
+        assert_eq!(c.denied("k", 7, 120_999), Some(1));
+        assert_eq!(c.denial("k", 1, 121_000), None, "the box ended");
     }
 
     #[test]

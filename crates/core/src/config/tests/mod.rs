@@ -71,6 +71,7 @@ mod keys;
 mod limits;
 mod matching;
 mod outcome;
+mod penalty;
 mod tiers;
 
 #[test]
@@ -132,6 +133,7 @@ fn design_example_parses() {
             usage: None,
             overrides: BTreeMap::new(),
             tiers: None,
+            penalty: None,
         }],
     };
     assert_eq!(c, want);
@@ -187,6 +189,7 @@ fn defaults() {
             usage: None,
             overrides: BTreeMap::new(),
             tiers: None,
+            penalty: None,
         }],
     };
     assert_eq!(c, want);
@@ -552,6 +555,7 @@ fn serde_s_words_never_reach_users() {
         ("overrides[]", &["rules", "0", "overrides", "0"]),
         ("tiers", &["rules", "0", "tiers"]),
         ("tiers.limits.*", &["rules", "0", "tiers", "limits", "pro"]),
+        ("penalty", &["rules", "0", "penalty"]),
     ];
     let mut checked = 0;
     for (object, fields) in schema() {
@@ -642,7 +646,8 @@ fn the_schema_lists_every_object_of_the_document() {
             "fallback",
             "overrides[]",
             "tiers",
-            "tiers.limits.*"
+            "tiers.limits.*",
+            "penalty"
         ]
     );
     let fields = |object: &str| schema.iter().find(|(n, _)| *n == object).unwrap().1;

@@ -216,6 +216,8 @@ impl Engine {
     ) {
         let call = ScriptCall {
             settle: delta,
+            // Every call of a penalty rule carries it: a refund must not end a box.
+            penalty: rule.penalty,
             ..ScriptCall::new(key.to_string(), &limits, 0)
         };
         // A failure to send puts it back (`settlement_failed`, called by `send`).

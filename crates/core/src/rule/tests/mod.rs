@@ -132,6 +132,7 @@ fn rule(matcher: Match, key: Vec<KeySource>) -> Rule {
         usage: None,
         overrides: Default::default(),
         tiers: None,
+        penalty: None,
     }
 }
 

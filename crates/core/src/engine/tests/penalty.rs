@@ -1,0 +1,130 @@
+//! A penalty rule on the fake host: every call carries the penalty, the script's box denial is
+//! cached for every cost until the box ends and answered without a call, with a Retry-After of
+//! the box's time; the counters say which denials were the box's.
+
+use super::*;
+
+const BOXED: &str = r#"{"name":"login","key":["header:x-user"],"rate":10,"burst":2,
+    "cost_header":"x-cost","penalty":{"ms":[120000,300000],"window_ms":3600000}}"#;
+
+/// Webdis' answer to a penalty call: the five integers and the 6th, `penalized`.
+fn answer6(allowed: bool, retry: i64, penalized: u8) -> Vec<u8> {
+    format!(
+        r#"{{"EVALSHA":[{},0,{retry},100,{},{penalized}]}}"#,
+        u8::from(allowed),
+        u8::from(allowed)
+    )
+    .into_bytes()
+}
+
+#[test]
+fn every_call_carries_the_penalty_after_the_clock() {
+    let (mut e, _) = engine("", BOXED);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    assert!(
+        h.sent[0].ends_with("/0/0/time/3600000%3A120000%3A300000"),
+        "{}",
+        h.sent[0]
+    );
+}
+
+#[test]
+fn the_deny_cache_answers_a_boxed_key_for_every_cost_until_the_box_ends() {
+    let (mut e, rec) = engine("", BOXED);
+    let mut h = Fake::at(1000);
+    // The offence: the bucket denied, and the script boxed the key for 120 s.
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
+    assert_eq!(h.status_of(10), Some(429));
+    assert_eq!(
+        header(&h.responded[0].1.headers, "retry-after"),
+        Some("120")
+    );
+    assert_eq!(rec.get(0, Counter::PenaltyOffences), 1);
+    assert_eq!(
+        rec.get(0, Counter::Penalized),
+        0,
+        "the offence is not a boxed denial"
+    );
+    // Long after the bucket has refilled, any cost is refused without a call until the box ends.
+    h.now = 100_000;
+    let costly = req("/api/x", &[("x-user", "a"), ("x-cost", "1")]);
+    send(&mut e, &mut h, 11, &costly);
+    assert_eq!(h.status_of(11), Some(429));
+    assert_eq!(h.sent.len(), 1, "answered from the deny cache");
+    assert_eq!(header(&h.responded[1].1.headers, "retry-after"), Some("21"));
+    assert_eq!(rec.get(0, Counter::LocalDenied), 1);
+    assert_eq!(rec.get(0, Counter::Penalized), 1);
+    // Another user is not boxed.
+    e.request_headers(&mut h, 12.into(), &user("b"));
+    assert_eq!(h.sent.len(), 2);
+    // The box ended: Redis decides again.
+    h.now = 121_000;
+    e.request_headers(&mut h, 13.into(), &user("a"));
+    assert_eq!(h.sent.len(), 3, "the box ended: asks Redis again");
+}
+
+#[test]
+fn a_boxed_denial_from_redis_counts_as_penalized() {
+    let (mut e, rec) = engine("", BOXED);
+    let mut h = Fake::at(1000);
+    // Another proxy boxed the key: this one learns it from Redis (2: already boxed).
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 250_000, 2));
+    assert_eq!(h.status_of(10), Some(429));
+    assert_eq!(
+        header(&h.responded[0].1.headers, "retry-after"),
+        Some("250")
+    );
+    assert_eq!(rec.get(0, Counter::Penalized), 1);
+    assert_eq!(rec.get(0, Counter::PenaltyOffences), 0);
+    h.now = 250_999;
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(h.sent.len(), 1, "answered from the deny cache");
+    assert_eq!(rec.get(0, Counter::Penalized), 2);
+}
+
+#[test]
+fn a_bucket_denial_without_the_box_caches_only_its_cost() {
+    let (mut e, rec) = engine("", BOXED);
+    let mut h = Fake::at(1000);
+    let two = req("/api/x", &[("x-user", "a"), ("x-cost", "2")]);
+    send(&mut e, &mut h, 10, &two);
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 100, 0));
+    assert_eq!(h.status_of(10), Some(429));
+    assert_eq!(rec.get(0, Counter::Penalized), 0);
+    // A smaller cost may fit: it asks Redis.
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(h.sent.len(), 2);
+}
+
+#[test]
+fn a_hot_penalty_key_is_never_shared_by_one_call() {
+    let (mut e, _) = engine("", BOXED);
+    let mut h = Fake::default();
+    for ctx in 10..14 {
+        e.request_headers(&mut h, ctx.into(), &user("a"));
+    }
+    // Each check sent its own call: a shared call that grants fewer than asked is an admission
+    // in the script, so it could never box the key.
+    assert_eq!(h.sent.len(), 4);
+}
+
+#[test]
+fn a_shadow_penalty_rule_counts_and_never_denies() {
+    let shadow = BOXED.replace(r#""rate":10"#, r#""rate":10,"shadow":true"#);
+    let (mut e, rec) = engine("", &shadow);
+    let mut h = Fake::at(1000);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
+    assert_eq!(h.resumed, [10]);
+    // The deny cache knows the box: the shadow rule lets the request go on at once, no call.
+    let go_on = e.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(go_on, Action::Continue);
+    assert_eq!(h.status_of(11), None);
+    assert_eq!(h.sent.len(), 1);
+    assert_eq!(rec.get(0, Counter::PenaltyOffences), 1);
+    assert_eq!(rec.get(0, Counter::Penalized), 1);
+    assert_eq!(rec.get(0, Counter::ShadowDenied), 2);
+}
