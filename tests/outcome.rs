@@ -395,3 +395,85 @@ fn pipelined_guesses_are_each_checked() {
     eprintln!("then the right password: {next:?}");
     assert_eq!(next, [if hits == 5 { 429 } else { 200 }], "{}", run.logs());
 }
+
+/// Guesses whose answer never comes from the application, which took the password (a slow
+/// hash, an overloaded login service): the route times out and Envoy answers 504 itself, or the
+/// application drops the connection and Envoy answers 503. Each is charged as an answer that never
+/// came, not refunded by Envoy's status: the sixth guess is refused and never reaches the
+/// application.
+#[test]
+fn a_guess_whose_answer_never_came_from_the_application_is_charged() {
+    let app = Upstream::start_with(|head| {
+        let head = head.to_ascii_lowercase();
+        if head.contains("\nx-hold: 1\r") {
+            vec![HOLD.to_vec()]
+        } else if head.contains("\nx-drop: 1\r") {
+            // Read the request, then close without a word.
+            vec![]
+        } else {
+            vec![
+                b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    .to_vec(),
+            ]
+        }
+    });
+    let app_port = app.port;
+    let dir = common::scratch_dir("outcome-lost");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let wasm = common::envoy::wasm_path();
+    let envoy = Envoy::try_start_yaml(&dir, |listen_port, admin_port| {
+        let route = "                  cluster: app\n";
+        let yaml = common::envoy::render_envoy_yaml(
+            LOGIN,
+            webdis.port,
+            listen_port,
+            admin_port,
+            &wasm,
+            app_port,
+        );
+        assert_eq!(yaml.matches(route).count(), 1);
+        yaml.replace(route, &format!("{route}                  timeout: 0.2s\n"))
+    })
+    .unwrap_or_else(|log| panic!("envoy did not start:\n{}", brief_log(&log)));
+    let run = Run {
+        envoy,
+        app,
+        webdis,
+        redis,
+    };
+    let guesses = |client: u8, how: &str| -> Vec<u16> {
+        let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, client));
+        (0..6)
+            .map(|_| {
+                raw_request_from(
+                    Some(source),
+                    run.listener(),
+                    "GET",
+                    "/app/login",
+                    &[("x-password", "wrong"), (how, "1")],
+                )
+                .unwrap_or_else(|e| panic!("{e}\n{}", run.logs()))
+                .status
+            })
+            .collect()
+    };
+    let slow = guesses(25, "x-hold");
+    let hits = run.app.hits();
+    eprintln!("six slow wrong passwords, the route timing out: {slow:?}, application saw {hits}");
+    assert_eq!(slow, [504, 504, 504, 504, 504, 429], "{}", run.logs());
+    assert_eq!(hits, 5, "the sixth never reached the application");
+    let dropped = guesses(26, "x-drop");
+    let hits = run.app.hits() - 5;
+    eprintln!(
+        "six wrong passwords, the application dropping each: {dropped:?}, application saw {hits}"
+    );
+    assert_eq!(dropped, [503, 503, 503, 503, 503, 429], "{}", run.logs());
+    assert_eq!(hits, 5, "the sixth never reached the application");
+    assert_eq!(run.counter("login", "usage_unfinished", 10), 10);
+    assert_eq!(
+        run.counter("login", "usage_refunded", 0),
+        0,
+        "never a refund"
+    );
+}
