@@ -6,7 +6,8 @@
 //! What it shows: the sixth wrong password of a client is refused with 429 and never reaches the
 //! application; right passwords, from another client, never use up its bucket; parallel guesses
 //! get only the burst (each admission pays before any answer); a client that hangs up before the
-//! answer is charged; Envoy's own 503 counts by its status.
+//! answer is charged; Envoy's own 503 counts by its status; the status read is the final one, not
+//! an interim `100`/`103`; a 401 cut mid-body is charged; pipelined guesses are each checked.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -264,4 +265,215 @@ fn envoy_s_own_503_counts_by_its_status() {
     assert_eq!(run.counter("logins", "usage_refunded", 5), 5);
     assert_eq!(run.counter("failures", "usage_refunded", 0), 0);
     assert_eq!(run.app.hits(), 0);
+}
+
+/// The status lines of everything a connection received until it closed (interim `1xx` heads
+/// included), from client address 127.0.0.`client`, after writing `raw`.
+fn exchange(run: &Run, client: u8, raw: &[u8]) -> Vec<u16> {
+    use std::io::Read;
+    let source = SocketAddr::from((Ipv4Addr::new(127, 0, 0, client), 0));
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.bind(&source.into()).expect("bind");
+    socket
+        .connect_timeout(&run.listener().into(), Duration::from_secs(10))
+        .expect("connect");
+    let mut conn: TcpStream = socket.into();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(raw).expect("write");
+    let mut got = Vec::new();
+    let _ = conn.read_to_end(&mut got);
+    String::from_utf8_lossy(&got)
+        .split("\r\n")
+        .filter_map(|line| line.strip_prefix("HTTP/1.1 "))
+        .filter_map(|rest| rest.get(..3)?.parse().ok())
+        .collect()
+}
+
+/// A wrong password whose answer is preceded by interim `1xx` heads (the application sends
+/// `100 Continue` and `103 Early Hints` first, or the client asked for `Expect: 100-continue` and
+/// Envoy answers it): the status read is the final one, so each is charged as a 401.
+#[test]
+fn interim_answers_do_not_dodge_the_charge() {
+    let app = Upstream::start_with(|head| {
+        let head = head.to_ascii_lowercase();
+        let mut pieces = Vec::new();
+        if head.contains("\nx-interim: 1\r") {
+            pieces.push(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec());
+            pieces.push(b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n".to_vec());
+        }
+        pieces.push(
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 6\r\nconnection: close\r\n\r\nwrong\n"
+                .to_vec(),
+        );
+        pieces
+    });
+    let port = app.port;
+    let run = Run::start("outcome-interim", LOGIN, app, port);
+    let interim = (0..6)
+        .map(|_| {
+            let seen = exchange(
+                &run,
+                21,
+                b"GET /app/login HTTP/1.1\r\nhost: localhost\r\nx-interim: 1\r\nconnection: close\r\n\r\n",
+            );
+            *seen.last().unwrap_or(&0)
+        })
+        .collect::<Vec<_>>();
+    eprintln!("interim 100 and 103, then 401, six times: {interim:?}");
+    assert_eq!(interim, [401, 401, 401, 401, 401, 429], "{}", run.logs());
+    let expect = (0..6)
+        .map(|_| {
+            let seen = exchange(
+                &run,
+                22,
+                b"POST /app/login HTTP/1.1\r\nhost: localhost\r\nexpect: 100-continue\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            );
+            *seen.last().unwrap_or(&0)
+        })
+        .collect::<Vec<_>>();
+    eprintln!("expect: 100-continue, then 401, six times: {expect:?}");
+    assert_eq!(expect, [401, 401, 401, 401, 401, 429], "{}", run.logs());
+    assert_eq!(
+        run.counter("login", "usage_refunded", 0),
+        0,
+        "never a refund"
+    );
+}
+
+/// An application that sends the 401's head and resets the connection mid-body: the status
+/// arrived, so the admission is charged.
+#[test]
+fn a_401_cut_mid_body_is_charged() {
+    let app = Upstream::start_with(|_| {
+        vec![b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 1000\r\n\r\nwro".to_vec()]
+    });
+    let port = app.port;
+    let run = Run::start("outcome-cut", LOGIN, app, port);
+    let cut: Vec<u16> = (0..6)
+        .map(|_| {
+            let seen = exchange(
+                &run,
+                23,
+                b"GET /app/login HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n",
+            );
+            seen.first().copied().unwrap_or(0)
+        })
+        .collect();
+    eprintln!("401 head, then the connection reset mid-body, six times: {cut:?}");
+    assert_eq!(cut, [401, 401, 401, 401, 401, 429], "{}", run.logs());
+    assert_eq!(
+        run.counter("login", "usage_refunded", 0),
+        0,
+        "never a refund"
+    );
+}
+
+/// Six wrong passwords pipelined on one connection are six checks: the application sees five of
+/// them, and the client's next login is refused. (Envoy answers the pipelined requests' client
+/// with fewer responses than it sent requests; what matters here is what reached the application.)
+#[test]
+fn pipelined_guesses_are_each_checked() {
+    let run = Run::login("outcome-pipelined");
+    let one = "GET /app/login HTTP/1.1\r\nhost: localhost\r\nx-password: wrong\r\n\r\n";
+    let mut raw = one.repeat(5);
+    raw.push_str(
+        "GET /app/login HTTP/1.1\r\nhost: localhost\r\nx-password: wrong\r\nconnection: close\r\n\r\n",
+    );
+    let seen = exchange(&run, 24, raw.as_bytes());
+    let hits = run.app.hits();
+    eprintln!(
+        "six wrong passwords pipelined on one connection: answers {seen:?}, application saw {hits}"
+    );
+    assert!(
+        hits <= 5,
+        "{hits} guesses reached the application\n{}",
+        run.logs()
+    );
+    let next = run.logins(24, "secret", 1);
+    eprintln!("then the right password: {next:?}");
+    assert_eq!(next, [if hits == 5 { 429 } else { 200 }], "{}", run.logs());
+}
+
+/// Guesses whose answer never comes from the application, which took the password (a slow
+/// hash, an overloaded login service): the route times out and Envoy answers 504 itself, or the
+/// application drops the connection and Envoy answers 503. Each is charged as an answer that never
+/// came, not refunded by Envoy's status: the sixth guess is refused and never reaches the
+/// application.
+#[test]
+fn a_guess_whose_answer_never_came_from_the_application_is_charged() {
+    let app = Upstream::start_with(|head| {
+        let head = head.to_ascii_lowercase();
+        if head.contains("\nx-hold: 1\r") {
+            vec![HOLD.to_vec()]
+        } else if head.contains("\nx-drop: 1\r") {
+            // Read the request, then close without a word.
+            vec![]
+        } else {
+            vec![
+                b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    .to_vec(),
+            ]
+        }
+    });
+    let app_port = app.port;
+    let dir = common::scratch_dir("outcome-lost");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let wasm = common::envoy::wasm_path();
+    let envoy = Envoy::try_start_yaml(&dir, |listen_port, admin_port| {
+        let route = "                  cluster: app\n";
+        let yaml = common::envoy::render_envoy_yaml(
+            LOGIN,
+            webdis.port,
+            listen_port,
+            admin_port,
+            &wasm,
+            app_port,
+        );
+        assert_eq!(yaml.matches(route).count(), 1);
+        yaml.replace(route, &format!("{route}                  timeout: 0.2s\n"))
+    })
+    .unwrap_or_else(|log| panic!("envoy did not start:\n{}", brief_log(&log)));
+    let run = Run {
+        envoy,
+        app,
+        webdis,
+        redis,
+    };
+    let guesses = |client: u8, how: &str| -> Vec<u16> {
+        let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, client));
+        (0..6)
+            .map(|_| {
+                raw_request_from(
+                    Some(source),
+                    run.listener(),
+                    "GET",
+                    "/app/login",
+                    &[("x-password", "wrong"), (how, "1")],
+                )
+                .unwrap_or_else(|e| panic!("{e}\n{}", run.logs()))
+                .status
+            })
+            .collect()
+    };
+    let slow = guesses(25, "x-hold");
+    let hits = run.app.hits();
+    eprintln!("six slow wrong passwords, the route timing out: {slow:?}, application saw {hits}");
+    assert_eq!(slow, [504, 504, 504, 504, 504, 429], "{}", run.logs());
+    assert_eq!(hits, 5, "the sixth never reached the application");
+    let dropped = guesses(26, "x-drop");
+    let hits = run.app.hits() - 5;
+    eprintln!(
+        "six wrong passwords, the application dropping each: {dropped:?}, application saw {hits}"
+    );
+    assert_eq!(dropped, [503, 503, 503, 503, 503, 429], "{}", run.logs());
+    assert_eq!(hits, 5, "the sixth never reached the application");
+    assert_eq!(run.counter("login", "usage_unfinished", 10), 10);
+    assert_eq!(
+        run.counter("login", "usage_refunded", 0),
+        0,
+        "never a refund"
+    );
 }

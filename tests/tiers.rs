@@ -260,3 +260,83 @@ fn a_client_controlled_tier_source_needs_trusted() {
         .collect();
     assert_eq!(twice, admits(1));
 }
+
+/// Usage settled under one tier reaches the bucket through a call of another: a `pro` request
+/// reports 150 tokens of usage (149 above its up-front cost, pending on this proxy), then a `free`
+/// request of the same `sub` carries that charge. Redis refuses a settlement above 4 bursts of the
+/// call's limits, so the `free` call may carry only 12 of it: it does, and is refused (the charge
+/// put the bucket in debt), instead of failing and being admitted by the failure mode.
+#[test]
+fn a_pro_charge_carried_by_a_free_call_is_applied_not_refused_by_redis() {
+    let config = r#"{ "backend": { "timeout_ms": 2000 },
+  "rules": [
+    { "name": "per-user", "match": { "path_prefix": "/app/" },
+      "key": ["metadata:envoy.filters.http.jwt_authn:payload.sub"],
+      "rate": 1, "period_ms": 3600000, "burst": 1,
+      "usage": { "header": "x-usage-tokens", "flush_ms": 10000 },
+      "tiers": { "from": "metadata:envoy.filters.http.jwt_authn:payload.plan",
+                 "limits": { "free": { "rate": 3, "burst": 3 },
+                             "pro": { "rate": 200, "burst": 200 } } } } ] }"#;
+    // The application reports the usage the request asks for (`x-use: N`), else 1.
+    let app = common::upstream::Upstream::start_with(|head| {
+        let head = head.to_ascii_lowercase();
+        let used = head
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("x-use: "))
+            .unwrap_or("1")
+            .trim()
+            .to_string();
+        vec![format!(
+            "HTTP/1.1 200 OK\r\nx-usage-tokens: {used}\r\ncontent-length: 4\r\nconnection: close\r\n\r\napp\n"
+        )
+        .into_bytes()]
+    });
+    let dir = common::scratch_dir("tiers-settle-jwt");
+    let jwt = Jwt::new(&dir, ISSUER);
+    let filter = jwt_filter(&jwt);
+    let app_port = app.port;
+    let stack = Stack::start_edited("tiers-settle", config, |yaml, _| {
+        let anchor = "          http_filters:\n";
+        let upstream = format!("port_value: {}\n", common::envoy::NO_UPSTREAM);
+        assert_eq!(yaml.matches(&upstream).count(), 1);
+        yaml.replace(anchor, &format!("{anchor}{filter}"))
+            .replace(&upstream, &format!("port_value: {app_port}\n"))
+    });
+    let token = |plan: &str| jwt.token(serde_json::json!({ "sub": "ivan", "plan": plan }));
+    let get = |plan: &str, used: &str| {
+        let bearer = format!("Bearer {}", token(plan));
+        stack
+            .raw_get(
+                LOCALHOST,
+                "/app/x",
+                &[("authorization", &bearer), ("x-use", used)],
+            )
+            .status
+    };
+    assert_eq!(get("pro", "150"), 200, "{}", stack.logs());
+    assert_eq!(app.hits(), 1);
+    let charged = stack
+        .envoy
+        .stat_eventually("wasmcustom.tollgate.per-user.usage_charged", |v| {
+            v == Some(149)
+        });
+    assert_eq!(charged, Some(149));
+    let free = get("free", "1");
+    eprintln!("after a pro request that used 150, a free request: {free}");
+    assert_eq!(
+        free,
+        429,
+        "the free call carries 12 of the charge and is refused\n{}",
+        stack.logs()
+    );
+    assert_eq!(
+        app.hits(),
+        1,
+        "the free request never reached the application"
+    );
+    assert!(
+        !stack.envoy.log_text().contains("bad argument settle"),
+        "{}",
+        stack.logs()
+    );
+}

@@ -1583,4 +1583,81 @@ mod tests {
             .push_argument(&mut arg);
         assert_eq!(arg, b"3600000:120000:300000");
     }
+
+    /// One key whose calls alternate between two tiers' limits (a caller holding a `free` and a
+    /// `pro` token, or a plan changed back and forth), each call under the tier that leaves the
+    /// bucket fuller: the rescale between their units and each call's own refill never admit more
+    /// in a window of W ms than the largest burst plus the fastest tier's refill over W (one token
+    /// of slack for a partial step).
+    #[test]
+    fn alternating_tiers_never_pass_the_widest_burst_plus_the_fastest_refill() {
+        let tiers = [
+            // free: 3 at once, 2 a second; pro: 40 at once, 30 a minute (slower per ms); team: a
+            // day's period at a step of a minute.
+            Limits {
+                burst: 3,
+                rate: 2,
+                period_ms: 1000,
+            },
+            Limits {
+                burst: 40,
+                rate: 30,
+                period_ms: 60_000,
+            },
+            Limits {
+                burst: 1_000_000_000,
+                rate: 1_000_000_000,
+                period_ms: 86_400_000,
+            },
+        ];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        for pair in [[0, 1], [1, 0], [0, 2], [1, 2]] {
+            let (a, b) = (tiers[pair[0]], tiers[pair[1]]);
+            let widest = a.burst.max(b.burst);
+            let mut state = None;
+            let mut now_ms: u64 = 1_000_000;
+            let mut admitted: Vec<u64> = Vec::new();
+            for _ in 0..4000 {
+                now_ms += next(40);
+                // The caller picks, each time, the tier that leaves the bucket fuller (or, when
+                // neither admits, one at random): greedy for tokens.
+                let at = now_ms * 1000;
+                let (sa, ra) = take(state, &a, 1, 0, 0, 0, at);
+                let (sb, rb) = take(state, &b, 1, 0, 0, 0, at);
+                let a_better = match (ra.allowed, rb.allowed) {
+                    (true, false) => true,
+                    (false, true) => false,
+                    (true, true) => ra.remaining >= rb.remaining,
+                    (false, false) => next(2) == 0,
+                };
+                let (s, r) = if a_better { (sa, ra) } else { (sb, rb) };
+                state = s;
+                if r.allowed {
+                    admitted.push(now_ms);
+                }
+            }
+            // Every window that starts at an admission: at most the widest burst, plus what the
+            // fastest of the two refills in it.
+            for (i, &from) in admitted.iter().enumerate() {
+                for (n, &to) in admitted.iter().enumerate().skip(i) {
+                    let w = to - from;
+                    let refill = [a, b]
+                        .iter()
+                        .map(|l| (l.rate * w).div_ceil(l.period_ms))
+                        .max()
+                        .unwrap_or(0);
+                    let count = (n - i + 1) as u64;
+                    assert!(
+                        count <= widest + refill + 1,
+                        "{a:?} / {b:?}: {count} admitted in {w} ms"
+                    );
+                }
+            }
+            assert!(admitted.len() > 40, "{pair:?}: the test admits");
+        }
+    }
 }

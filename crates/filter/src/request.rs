@@ -86,4 +86,9 @@ impl RequestView for HostResponse {
     fn client_ip(&self) -> Option<Vec<u8>> {
         None
     }
+
+    /// The stream's attributes (`response.code_details`: who answered, and why).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        property(path)
+    }
 }

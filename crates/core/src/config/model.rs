@@ -152,6 +152,21 @@ pub struct Tiers {
     pub limits: BTreeMap<Vec<u8>, Override>,
 }
 
+impl Tiers {
+    /// The largest burst a tier gives (0 if every tier is unlimited): the calls of one key may
+    /// carry any tier's limits, so what the key has pending to settle is bounded by this one.
+    pub fn widest_burst(&self) -> u64 {
+        self.limits
+            .values()
+            .filter_map(|o| match o {
+                Override::Limits(q) => Some(q.burst),
+                Override::Unlimited => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// A rule's usage source: the response says what the request really cost, and the difference from
 /// what it was charged up front is settled against the same global bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]

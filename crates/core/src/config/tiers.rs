@@ -1,9 +1,9 @@
 //! A rule's `tiers`: which key source may pick a bucket's limits, and the table it picks from.
 //!
 //! Invariant: a compiled `Tiers` belongs to a rule with a key, and reads its tier from a source
-//! the client cannot write (dynamic
-//! metadata, filter state, the peer certificate's identity), or from one the configuration
-//! explicitly said is `"trusted": true`; never from a literal (the same tier for every request).
+//! the client cannot write (dynamic metadata, filter state, the peer certificate's identity), or
+//! from one the configuration explicitly said is `"trusted": true`; never from a literal (the same
+//! tier for every request).
 //! Each tier's limits are checked as an override's are (`keys::limits_of`), and each tier name is
 //! in the form the source's value takes (`keys::override_value`), so a tier applies to exactly
 //! the values it names.

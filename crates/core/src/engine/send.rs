@@ -21,7 +21,7 @@ use crate::config::FailureMode;
 use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::LeasePool;
-use crate::shared::{fallback, settle, Store};
+use crate::shared::{fallback, Store};
 
 /// The retry time of a denial made because the fallback bucket's shared data kept failing.
 const FALLBACK_FAILING_RETRY_MS: u64 = 1000;
@@ -81,8 +81,7 @@ impl Engine {
             sent_ms,
             with_source,
         } = out;
-        let backend = &self.plugin.config.backend;
-        if self.calls.full(backend.max_inflight) {
+        if self.calls.full(self.plugin.config.backend.max_inflight) {
             self.plugin
                 .metrics
                 .count(rule.id(), Counter::InflightRejected, 1);
@@ -90,10 +89,12 @@ impl Engine {
         }
         if call.settle == 0 && rule.usage.is_some() {
             // This proxy's pending usage for the key rides on the call: Redis settles it first,
-            // so this very check sees every charge this proxy knows of.
-            call.settle = settle::take(host.store(), &self.plugin.ns, &call.key).unwrap_or(0);
+            // so this very check sees every charge this proxy knows of (as much of it as the
+            // call's limits let the script take; the rest waits for the next call or flush).
+            call.settle = self.carry_pending(host, &rule, &call.key, call.limits(), sent_ms);
         }
         let req = self.plugin.transport.request(&call, with_source);
+        let backend = &self.plugin.config.backend;
         match host.dispatch(&backend.cluster, &req, backend.timeout_ms) {
             Ok(token) => {
                 self.plugin

@@ -3,7 +3,8 @@
 //! to Redis.
 //!
 //! Invariant: a settlement is added once and taken once (under compare-and-swap), so each
-//! difference reaches the global bucket at most once; what a failed call carried is added back.
+//! difference reaches the global bucket at most once; what a failed call carried is added back,
+//! and what a call may not carry (more than its limits let the script take) stays pending.
 //! Memory is bounded: `SETS` values of at most `WAYS` keys; a key with no room is reported, and
 //! the caller settles it at once instead.
 
@@ -81,13 +82,30 @@ pub fn add(
 
 /// Takes `key`'s whole pending settlement (0 if none): the caller now carries it to Redis.
 pub fn take(store: &dyn Store, ns: &str, key: &str) -> Result<i64, StoreError> {
+    take_within(store, ns, key, i64::MAX).map(|(delta, _)| delta)
+}
+
+/// Takes at most `±limit` of `key`'s pending settlement (0 if none), what one script call may
+/// carry; the rest stays pending. Returns what was taken and whether some is left.
+pub fn take_within(
+    store: &dyn Store,
+    ns: &str,
+    key: &str,
+    limit: i64,
+) -> Result<(i64, bool), StoreError> {
+    let limit = limit.max(0);
     update(store, &set_key(ns, key), |bytes| {
         let mut entries = decode(bytes);
         let Some(pos) = entries.iter().position(|(k, _)| k == key) else {
-            return Change::Keep(0);
+            return Change::Keep((0, false));
         };
         let (_, delta) = entries.remove(pos);
-        Change::Write(encode(&entries), delta)
+        let taken = delta.clamp(-limit, limit);
+        let rest = delta.saturating_sub(taken);
+        if rest != 0 {
+            entries.insert(pos, (key.to_string(), rest));
+        }
+        Change::Write(encode(&entries), (taken, rest != 0))
     })
 }
 
@@ -108,6 +126,20 @@ mod tests {
         assert_eq!(add(&s, "ns", "k", -5, 400), Ok(true));
         assert_eq!(add(&s, "ns", "k", 5, 400), Ok(true));
         assert_eq!(take(&s, "ns", "k"), Ok(0), "they cancel out");
+    }
+
+    #[test]
+    fn a_call_takes_what_it_may_carry_and_leaves_the_rest() {
+        let s = MemStore::default();
+        assert_eq!(take_within(&s, "ns", "k", 12), Ok((0, false)));
+        assert_eq!(add(&s, "ns", "k", 30, 800), Ok(true));
+        assert_eq!(take_within(&s, "ns", "k", 12), Ok((12, true)));
+        assert_eq!(take_within(&s, "ns", "k", 12), Ok((12, true)));
+        assert_eq!(take_within(&s, "ns", "k", 12), Ok((6, false)));
+        assert_eq!(take(&s, "ns", "k"), Ok(0), "all of it carried, once");
+        assert_eq!(add(&s, "ns", "k", -30, 800), Ok(true));
+        assert_eq!(take_within(&s, "ns", "k", 20), Ok((-20, true)));
+        assert_eq!(take(&s, "ns", "k"), Ok(-10));
     }
 
     #[test]

@@ -152,3 +152,84 @@ fn a_shadow_rule_checks_under_the_tier_and_never_refuses() {
     assert_eq!(rec.get(0, Counter::ShadowDenied), 1);
     assert_eq!(rec.get(0, Counter::Denied), 0);
 }
+
+/// Usage keyed by user, with a `pro` tier whose burst is far above the rule's.
+const TIERED_USAGE: &str = r#"{"name":"llm","key":["header:x-user"],"rate":10,"burst":3,
+    "usage":{"header":"x-usage-tokens","flush_ms":100},
+    "tiers":{"from":"query:plan","trusted":true,"limits":{"pro":{"rate":100,"burst":200}}}}"#;
+
+/// Admits request `ctx` of user `a` under `query`'s tier: the settlement its call carried, which
+/// must be one the script takes under that call's burst (at most 4 bursts: Redis refuses more,
+/// and the request would get the failure mode).
+fn admit_tiered(e: &mut Engine, h: &mut Fake, ctx: u32, query: &str) -> i64 {
+    assert_eq!(send(e, h, ctx, &plan_req("a", query)), Action::Pause);
+    let t = *h.tokens().last().unwrap();
+    let body = h.out[&t].body.clone();
+    let carried = settle_arg(&body);
+    let burst = sent(&body).1;
+    assert!(
+        carried.unsigned_abs() <= 4 * burst,
+        "a call under burst {burst} carries {carried}: the script refuses it"
+    );
+    deliver(e, h, t, 200, &answer(true, 2, 0, 100, 1));
+    carried
+}
+
+/// Runs the flushes due until none is left, answering each: what they carried.
+fn flush_all(e: &mut Engine, h: &mut Fake) -> i64 {
+    let mut carried = 0;
+    for _ in 0..100 {
+        let Some(due) = e.usage.next_flush() else {
+            break;
+        };
+        h.now = h.now.max(due);
+        e.tick(h);
+        for t in h.tokens() {
+            let body = h.out[&t].body.clone();
+            let s = settle_arg(&body);
+            let burst = sent(&body).1;
+            assert!(
+                s.unsigned_abs() <= 4 * burst,
+                "a flush under burst {burst} carries {s}"
+            );
+            carried += s;
+            deliver(e, h, t, 200, &answer(true, 2, 0, 100, 0));
+        }
+    }
+    carried
+}
+
+/// A `pro` request's charge rides on the key's next call, which may be a `free` request's: that
+/// call carries at most 4 of its own bursts and the rest stays pending for the calls and flushes
+/// after it. Nothing is lost, and nothing is sent that Redis would refuse.
+#[test]
+fn a_charge_settled_under_a_bigger_tier_reaches_the_bucket_whole_through_smaller_calls() {
+    let (mut e, _) = engine("", TIERED_USAGE);
+    let mut h = Fake::default();
+    admit_tiered(&mut e, &mut h, 10, "?plan=pro");
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "700")]));
+    e.done(&mut h, 10.into());
+    let mut carried = 0;
+    for ctx in 11..15u32 {
+        carried += admit_tiered(&mut e, &mut h, ctx, "");
+        e.response_headers(&mut h, ctx.into(), &resp(&[("x-usage-tokens", "1")]));
+        e.done(&mut h, ctx.into());
+    }
+    carried += flush_all(&mut e, &mut h);
+    assert_eq!(carried, 699, "the pro request's whole charge");
+}
+
+/// Two requests of one key in flight under different tiers: the `free` one's settlement, added
+/// after the `pro` one's, does not cut the key's pending charge to 4 `free` bursts.
+#[test]
+fn a_smaller_tier_s_settlement_never_cuts_a_bigger_one_s_pending_charge() {
+    let (mut e, _) = engine("", TIERED_USAGE);
+    let mut h = Fake::default();
+    admit_tiered(&mut e, &mut h, 10, "?plan=pro");
+    admit_tiered(&mut e, &mut h, 11, "");
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "700")]));
+    e.done(&mut h, 10.into());
+    e.response_headers(&mut h, 11.into(), &resp(&[("x-usage-tokens", "2")]));
+    e.done(&mut h, 11.into());
+    assert_eq!(flush_all(&mut e, &mut h), 699 + 1, "both charges, whole");
+}

@@ -181,8 +181,13 @@ impl Engine {
         delta: i64,
         now: u64,
     ) -> bool {
-        let limit = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // Calls of one key may carry different tiers' limits, so its pending sum is bounded by
+        // the widest of them: a `free` admission's settlement never cuts a `pro` one's charge.
+        let widest = rule
+            .tiers
+            .as_ref()
+            .map_or(limits.burst, |t| t.widest_burst().max(limits.burst));
+        let limit = settle_limit(widest);
         let kept = settle::add(host.store(), &self.plugin.ns, key, delta, limit) == Ok(true);
         if kept {
             self.schedule_flush(rule.clone(), key.to_string(), limits, now);
@@ -224,6 +229,26 @@ impl Engine {
         let _ = self.send(host, Call::new(rule, call, Purpose::Settle, now));
     }
 
+    /// Takes the part of `key`'s pending settlement that a call under `limits` may carry (the
+    /// script refuses more than [`MAX_SETTLE_BURSTS`] of its bursts); the rest stays pending,
+    /// with a flush scheduled for it.
+    pub(in crate::engine) fn carry_pending(
+        &mut self,
+        host: &mut dyn Host,
+        rule: &RuleRef,
+        key: &str,
+        limits: Limits,
+        now: u64,
+    ) -> i64 {
+        let bound = settle_limit(limits.burst);
+        let (taken, left) =
+            settle::take_within(host.store(), &self.plugin.ns, key, bound).unwrap_or((0, false));
+        if left {
+            self.schedule_flush(rule.clone(), key.to_string(), limits, now);
+        }
+        taken
+    }
+
     /// A call of `rule` that carried a settlement failed: the settlement is pending again.
     pub(in crate::engine) fn settlement_failed(
         &mut self,
@@ -245,7 +270,7 @@ impl Engine {
                 self.schedule_flush(f.rule, f.key, f.limits, now);
                 break;
             }
-            let pending = settle::take(host.store(), &self.plugin.ns, &f.key).unwrap_or(0);
+            let pending = self.carry_pending(host, &f.rule, &f.key, f.limits, now);
             if pending != 0 {
                 self.send_settlement(host, f.rule, &f.key, f.limits, pending, now);
             }
@@ -267,4 +292,9 @@ impl Engine {
         // One flush per key is enough: it takes whatever the key has pending by then.
         self.usage.flushes.defer_until(until);
     }
+}
+
+/// The most one settlement may be, for a bucket of `burst`: what one script call may carry.
+fn settle_limit(burst: u64) -> i64 {
+    i64::try_from(burst.saturating_mul(MAX_SETTLE_BURSTS)).unwrap_or(i64::MAX)
 }

@@ -4,8 +4,10 @@
 //! Invariant: only a well-formed status (three digits, 100..=599) outside the set refunds; a
 //! response with no status or another value is unreadable, so charged the up-front cost. The
 //! status read is the one Envoy answers the client with, its own local replies included (a 503 when
-//! no upstream is healthy, a 504 on a timeout): the upstream's status line, never a header a
-//! client or upstream can add.
+//! no upstream is healthy or reachable): the upstream's status line, never a header a client or
+//! upstream can add. An answer Envoy gave because the application's never came after the request
+//! was sent to it (a timeout, a reset, an answer Envoy could not read: [`lost`]) is unfinished,
+//! so charged, whatever its status: the application may have taken the request.
 
 use super::read::Unreadable;
 use crate::config::StatusSet;
@@ -21,8 +23,48 @@ pub fn parse(value: &[u8]) -> Option<u16> {
     }
 }
 
+/// Whether Envoy's response code details (`response.code_details`) say that Envoy answered
+/// because the application's answer never came after the request went to it: the router's
+/// upstream failures (`response_timeout`, `upstream_per_try_timeout`,
+/// `upstream_reset_before_response_started{remote_reset}`, `…{protocol_error}`, …) and the
+/// stream's own timeouts; not a connection that never opened (`…{remote_connection_failure}`,
+/// `…{connection_timeout}`, `…{overflow}`), nor the application's own answer (`via_upstream`)
+/// or a reply of Envoy that sent nothing upstream (`no_healthy_upstream`, `direct_response`,
+/// another filter's).
+pub fn lost(details: &[u8]) -> bool {
+    const RESET: &[u8] = b"upstream_reset_before_response_started{";
+    /// Reset reasons of a connection that never carried the request.
+    const NEVER_SENT: &[&[u8]] = &[
+        b"connection_failure",
+        b"local_connection_failure",
+        b"remote_connection_failure",
+        b"connection_timeout",
+        b"overflow",
+    ];
+    const TIMEOUTS: &[&[u8]] = &[
+        b"response_timeout",
+        b"stream_idle_timeout",
+        b"request_overall_timeout",
+        b"max_duration_timeout",
+    ];
+    if let Some(reason) = details.strip_prefix(RESET) {
+        let end = reason
+            .iter()
+            .position(|&b| matches!(b, b'}' | b'|' | b','))
+            .unwrap_or(reason.len());
+        return !NEVER_SENT.contains(&reason.get(..end).unwrap_or(reason));
+    }
+    details.starts_with(b"upstream_") || TIMEOUTS.contains(&details)
+}
+
 /// What an admission that paid `upfront` used, by the status of the response `view` shows.
 pub fn used(view: &dyn RequestView, statuses: &StatusSet, upfront: u64) -> Result<u64, Unreadable> {
+    if view
+        .property(&["response", "code_details"])
+        .is_some_and(|d| lost(&d))
+    {
+        return Err(Unreadable::Unfinished);
+    }
     let value = view.header(":status").ok_or(Unreadable::Missing)?;
     let status = parse(&value).ok_or(Unreadable::Invalid)?;
     Ok(if statuses.contains(status) {
@@ -38,6 +80,54 @@ mod tests {
     use std::borrow::Cow;
 
     struct Status(Option<&'static str>);
+
+    /// A status and Envoy's response code details.
+    struct Detailed(&'static str, &'static str);
+
+    impl RequestView for Detailed {
+        fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+            (name == ":status").then_some(Cow::Borrowed(self.0.as_bytes()))
+        }
+        fn client_ip(&self) -> Option<Vec<u8>> {
+            None
+        }
+        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+            (path == ["response", "code_details"]).then(|| self.1.as_bytes().to_vec())
+        }
+    }
+
+    #[test]
+    fn an_answer_that_never_came_from_the_application_is_charged_whatever_envoy_says() {
+        let set = StatusSet::of(&[401]).unwrap();
+        for lost in [
+            "response_timeout",
+            "upstream_per_try_timeout",
+            "upstream_reset_before_response_started{remote_reset}",
+            "upstream_reset_before_response_started{connection_termination}",
+            "upstream_reset_before_response_started{protocol_error}",
+            "upstream_max_stream_duration_reached",
+            "stream_idle_timeout",
+        ] {
+            assert_eq!(
+                used(&Detailed("504", lost), &set, 1),
+                Err(Unreadable::Unfinished),
+                "{lost}"
+            );
+        }
+        for by_status in [
+            "via_upstream",
+            "no_healthy_upstream",
+            "cluster_not_found",
+            "direct_response",
+            "ext_authz_denied",
+            "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+            "upstream_reset_before_response_started{connection_timeout}",
+            "upstream_reset_before_response_started{overflow}",
+        ] {
+            assert_eq!(used(&Detailed("503", by_status), &set, 1), Ok(0), "{by_status}");
+        }
+        assert_eq!(used(&Detailed("401", "via_upstream"), &set, 1), Ok(1));
+    }
 
     impl RequestView for Status {
         fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
