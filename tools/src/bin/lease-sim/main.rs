@@ -32,6 +32,7 @@
     clippy::indexing_slicing
 )]
 
+mod fleet;
 mod opts;
 mod report;
 mod run;
@@ -45,6 +46,17 @@ use report::{mean, median, report, run_shape};
 use run::Run;
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--scale") {
+        match fleet::args::parse(std::env::args().skip(2)) {
+            Ok(a) => fleet::table(&a.base, &a.sizes, &a.overloads),
+            Err(e) if e == fleet::args::USAGE => println!("{e}"),
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     let o = match parse_args() {
         Ok(o) => o,
         Err(e) if e == opts::USAGE => {
