@@ -11,7 +11,7 @@ use super::testkit::FakeHost as Fake;
 use super::*;
 use crate::config::Config;
 use crate::metrics::{Batched, Counter, Recorder, METRICS_FLUSH_MS};
-use crate::shared::lease::LeasePool;
+use crate::shared::lease::{LeasePool, Unmet};
 
 /// `request_headers` of `r` as `ctx`, with `r`'s headers kept readable later, as the host keeps
 /// a paused request's.
@@ -160,7 +160,7 @@ fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
     };
     let key = lease_key(e, "a");
     let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
-        pool.begin_flight(&key, 1, 0, 0, 100, &sizing)
+        pool.begin_flight(&key, 1, Unmet::default(), 0, 100, &sizing)
     else {
         panic!()
     };

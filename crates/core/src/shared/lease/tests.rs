@@ -30,7 +30,7 @@ fn deposit(
 
 fn claim(pool: &LeasePool, key: &str, now: u64) -> Claim {
     match pool
-        .begin_flight(key, 1, 0, now, now + 100, &SIZING)
+        .begin_flight(key, 1, Unmet::default(), now, now + 100, &SIZING)
         .unwrap()
     {
         (Flight::Claimed(c, _), _) => c,
@@ -49,7 +49,9 @@ fn tokens_are_spent_once_then_missed() {
     assert_eq!(spent(&pool.take("k", &[1], 0, &SIZING).unwrap()), 0);
     let c = claim(&pool, "k", 0);
     assert_eq!(
-        pool.begin_flight("k", 1, 0, 1, 50, &SIZING).unwrap().0,
+        pool.begin_flight("k", 1, Unmet::default(), 1, 50, &SIZING)
+            .unwrap()
+            .0,
         Flight::Busy,
         "one call per key"
     );
@@ -206,7 +208,7 @@ fn a_newcomer_never_evicts_paid_tokens() {
     }
     let newcomer = &keys[WAYS];
     assert_eq!(
-        pool.begin_flight(newcomer, 1, 0, 2, 100, &SIZING)
+        pool.begin_flight(newcomer, 1, Unmet::default(), 2, 100, &SIZING)
             .unwrap()
             .0,
         Flight::NoSlot
@@ -220,7 +222,7 @@ fn a_newcomer_never_evicts_paid_tokens() {
     }
     // Spent out, the ways are free again: the least recently touched one goes.
     match pool
-        .begin_flight(newcomer, 1, 0, 4, 100, &SIZING)
+        .begin_flight(newcomer, 1, Unmet::default(), 4, 100, &SIZING)
         .unwrap()
         .0
     {
@@ -248,7 +250,7 @@ fn an_expired_lease_may_be_evicted_and_its_tokens_are_counted() {
         deposit(&pool, c, (2, 10, 500, 0), 0);
     }
     match pool
-        .begin_flight(&keys[WAYS], 1, 0, 500, 600, &SIZING)
+        .begin_flight(&keys[WAYS], 1, Unmet::default(), 500, 600, &SIZING)
         .unwrap()
         .0
     {
@@ -351,7 +353,9 @@ fn only_the_latest_claim_deposits() {
     let first = claim(&pool, "k", 0);
     pool.renew(&first, 500).unwrap();
     assert_eq!(
-        pool.begin_flight("k", 1, 0, 200, 300, &SIZING).unwrap().0,
+        pool.begin_flight("k", 1, Unmet::default(), 200, 300, &SIZING)
+            .unwrap()
+            .0,
         Flight::Busy,
         "renewed: still out at 200"
     );
@@ -431,7 +435,9 @@ fn a_reservation_is_spent_only_as_the_bucket_refills_it() {
                 "the fifth in 10 ms"
             );
             assert_eq!(
-                pool.begin_flight("k", 1, 0, 0, 100, &SIZING).unwrap().0,
+                pool.begin_flight("k", 1, Unmet::default(), 0, 100, &SIZING)
+                    .unwrap()
+                    .0,
                 Flight::Refilling(1),
                 "no second call while it refills"
             );
