@@ -110,7 +110,7 @@ pub fn header() -> String {
         .map(|w| format!("{:>7}", format!("+W{}", *w as f64 / 1000.0)))
         .collect();
     format!(
-        "{:>7} {:>5} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
+        "{:>7} {:>5} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
         "proxies",
         "load",
         "hot a/i",
@@ -118,6 +118,7 @@ pub fn header() -> String {
         shown.join(" "),
         "warm+W",
         "calls/s",
+        "hot c/s",
         "/1k adm",
         "hot /1k",
         "warm/1k",
@@ -147,7 +148,7 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         None => "never".to_string(),
     };
     format!(
-        "{:>7} {:>4}x {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
+        "{:>7} {:>4}x {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
         o.proxies,
         o.overload,
         f.hot_ratio(),
@@ -155,6 +156,7 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         shown.join(" "),
         f.warm_excess,
         f.calls_per_s(),
+        f.hot_calls as f64 / f.seconds,
         Figures::per_1k(f.calls(), f.admitted()),
         Figures::per_1k(f.hot_calls, f.hot_admitted),
         Figures::per_1k(f.warm_calls, f.warm_admitted),
@@ -171,7 +173,8 @@ pub const LEGEND: &str = "\
 hot a/i, warm a/i: admitted / ideal, the ideal being what one perfect token bucket per key admits of
   the same requests as they arrive; +W0.1 +W1 +W10: the hot key's fullest window of 0.1, 1 and 10 s,
   admitted - (burst + rate x W) (never over: <= 0); warm+W: the most any warm key's window (10 ms to
-  10 s) passed its bound by; calls/s: script calls per simulated second; /1k adm: calls per 1000
+  10 s) passed its bound by; calls/s: script calls per simulated second, hot c/s those of the hot
+  key; /1k adm: calls per 1000
   admitted (all keys), hot /1k and warm/1k the same per kind of key; 1st p50/p99: from a sidecar's
   first request of the hot key to its first admission (median and 99th percentile over sidecars;
   never: not admitted in the run); starved: sidecars never admitted; fair: the sidecars' share of
