@@ -471,3 +471,29 @@ fn garbage_sets_decode_as_empty() {
     big.extend_from_slice(&[0; 96]);
     assert!(Set::decode(Some(&big)).entries.is_empty());
 }
+
+/// Requests denied here count at their own rate: 100 tokens denied over the last second are 20
+/// in its last 200 ms, not 100 (a proxy waiting its turn on a saturated key asked for all of
+/// them in one lease, more than it could spend before the lease expired).
+#[test]
+fn unmet_demand_counts_in_the_windows_it_fell_in() {
+    let u = Unmet {
+        tokens: 100,
+        since_ms: 0,
+    };
+    assert_eq!(u.after(0, 1000), 100, "all of it since it began");
+    assert_eq!(u.after(800, 1000), 20, "a fifth of its time: a fifth of it");
+    assert_eq!(u.after(1000, 1000), 0);
+    let recent = Unmet {
+        tokens: 7,
+        since_ms: 900,
+    };
+    assert_eq!(recent.after(800, 1000), 7, "all of it in the window");
+    // In a lease call at 1000 whose demand window starts then: the horizon before it saw 20 of
+    // them, so the lease is one horizon of that rate and the waiter (it was lease_max, 50).
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let _ = claim(&pool, "k", 600);
+    let (_, want) = pool.begin_flight("k", 1, u, 1000, 1100, &SIZING).unwrap();
+    assert_eq!(want, 21);
+}
