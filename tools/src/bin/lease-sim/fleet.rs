@@ -3,7 +3,9 @@
 //! model of the Lua script, and the clock is simulated, as in the single-key simulator; here the
 //! fleet has one hot key and many warm keys, demand skewed across proxies (demand.rs), proxies
 //! joining and leaving mid-run, and requests arriving per proxy as a Poisson process (many
-//! independent clients) rather than paced. The same options give the same figures.
+//! independent clients) rather than paced. The same options give the same requests; the figures
+//! move by a few thousandths between runs, because each proxy's engine draws its holder id (and
+//! its tables' seeds) at random, as a real proxy does.
 //!
 //! The files: demand.rs (who asks for what, and when each proxy is in the fleet), sim.rs (the
 //! event loop), figures.rs (what a run reports). The table's columns are explained by

@@ -2,7 +2,7 @@
 //! store per proxy) on one simulated clock, requests arriving per proxy as a Poisson process, and
 //! one bucket model per key (`tollgate_core::bucket`, the Lua script's model) answering each call
 //! after a random round trip. Events run in time order, ties in the order they were scheduled, so
-//! the same options and seed give the same run.
+//! the same options and seed give the same requests (the engines' holder ids are their own).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
