@@ -20,6 +20,8 @@
 #   make bench   setup, build, then the benchmark (tools/src/bin/bench); flags via BENCH_ARGS='--rounds 3'
 #   make sim     the lease simulator (tools/src/bin/lease-sim: the engine on a simulated clock, no Envoy);
 #                flags via SIM_ARGS (default '--sweep': every standard shape, one line each)
+#   make sim-scale  the lease simulator at fleet scale: 10, 100 and 1000 proxies at 1x, 5x and 50x
+#                overload, one line each (about a minute); flags via SIM_SCALE_ARGS ('--help')
 #   make fuzz    every fuzz target (fuzz/README.md) for FUZZ_SECONDS seconds each (default 60)
 #   make fuzz-smoke  every fuzz target for FUZZ_SMOKE_SECONDS seconds each (default 10)
 
@@ -43,7 +45,7 @@ APT_COMMANDS  := redis-server webdis wrk h2load promtool openssl curl \
                  podman runc debootstrap
 SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-apt setup-envoy setup-compose setup-rust build lint test e2e demo bench sim
+.PHONY: setup setup-apt setup-envoy setup-compose setup-rust build lint test e2e demo bench sim sim-scale
 
 setup: setup-apt setup-envoy setup-compose setup-rust
 
@@ -149,6 +151,9 @@ bench: setup
 SIM_ARGS ?= --sweep
 sim:
 	@$(TOOLS) lease-sim -- $(SIM_ARGS)
+
+sim-scale:
+	@$(TOOLS) lease-sim -- --scale $(SIM_SCALE_ARGS)
 
 # `envoy --mode validate` on every Envoy bootstrap under envoy/ and deploy/, rendered with dummy ports, the
 # demo plugin config and the real wasm (so the filter's on_configure runs too); see deploy/validate-envoy.sh.

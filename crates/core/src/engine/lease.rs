@@ -240,9 +240,14 @@ impl Engine {
             }
             Ok(r) => {
                 // Not even a reservation within the wait: the key is denied here until one could
-                // be made.
+                // be made, and for one horizon at least. A proxy denied because it holds its share
+                // is told when one share has refilled, which with many holders is a millisecond
+                // or two, but its count drops only when its next report does (a worker's last
+                // batch counts whole until that worker takes another) or its grant expires: asked
+                // sooner, the script denies it again, and a fleet of such proxies keeps Redis busy
+                // with calls that admit nothing.
                 let retry = u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms);
-                let until = sent_ms.saturating_add(retry.max(1));
+                let until = sent_ms.saturating_add(retry.max(sizing.horizon_ms).max(1));
                 let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until);
                 let _ = pool.release(claim, Some(r.remaining), now);
             }

@@ -106,7 +106,7 @@ impl LocalStage<'_> {
             .or(refilling.map(|retry_ms| (retry_ms, By::Lease)))
             .map(|(retry_ms, by)| (Outcome::Denied { retry_ms }, by));
         if lease && denied.is_some() {
-            self.waits.unmet(&call.key, call.cost);
+            self.waits.unmet(&call.key, call.cost, now);
         }
         (denied, route)
     }

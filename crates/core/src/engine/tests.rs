@@ -11,7 +11,7 @@ use super::testkit::FakeHost as Fake;
 use super::*;
 use crate::config::Config;
 use crate::metrics::{Batched, Counter, Recorder, METRICS_FLUSH_MS};
-use crate::shared::lease::LeasePool;
+use crate::shared::lease::{LeasePool, Unmet};
 
 /// `request_headers` of `r` as `ctx`, with `r`'s headers kept readable later, as the host keeps
 /// a paused request's.
@@ -160,7 +160,7 @@ fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
     };
     let key = lease_key(e, "a");
     let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
-        pool.begin_flight(&key, 1, 0, 0, 100, &sizing)
+        pool.begin_flight(&key, 1, Unmet::default(), 0, 100, &sizing)
     else {
         panic!()
     };
@@ -634,6 +634,25 @@ fn a_lease_denial_denies_the_waiters_until_a_reservation_could_be_made() {
     e.request_headers(&mut h, 13.into(), &user("a"));
     assert_eq!(h.sent.len(), 2);
     assert_eq!(e.load().2, 1);
+}
+
+/// A proxy denied for holding its share is told to retry when one share has refilled, a
+/// millisecond with a thousand holders; its count drops only when a later call reports less, so
+/// each retry before that is denied again. It waits one horizon (200 ms by default) at least.
+#[test]
+fn a_lease_denial_holds_the_key_for_one_horizon_at_least() {
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake::at(1000);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(false, 0, 1, 5000, 0));
+    assert_eq!(h.status_of(10), Some(429));
+    h.now = 1199;
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(h.status_of(11), Some(429));
+    assert_eq!(h.sent.len(), 1, "no call before a horizon has passed");
+    h.now = 1200;
+    e.request_headers(&mut h, 12.into(), &user("a"));
+    assert_eq!(h.sent.len(), 2);
 }
 
 #[test]

@@ -470,6 +470,30 @@ pub struct Deposit {
     pub evicted: u64,
 }
 
+/// Tokens a worker's requests were denied locally since its key's last lease call, and since when.
+/// They count as demand, spread evenly over that time: a worker denied for a long while (its
+/// proxy waiting its turn under saturation) asks for its clients' rate, not for everything they
+/// asked since (which a proxy whose turn comes seldom could never spend before its lease expires).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unmet {
+    pub tokens: u64,
+    /// The first denial's time.
+    pub since_ms: u64,
+}
+
+impl Unmet {
+    /// The part of the unmet tokens that falls after `from_ms`, up to `now_ms`.
+    pub fn after(&self, from_ms: u64, now_ms: u64) -> u64 {
+        if self.since_ms >= from_ms {
+            return self.tokens;
+        }
+        let span = now_ms.saturating_sub(self.since_ms).max(1);
+        let part = now_ms.saturating_sub(from_ms).min(span);
+        let share = u128::from(self.tokens) * u128::from(part) / u128::from(span);
+        u64::try_from(share).unwrap_or(self.tokens)
+    }
+}
+
 /// How big a lease to ask for, and how fast a reservation refills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizing {
@@ -692,7 +716,7 @@ impl<'a> LeasePool<'a> {
         &self,
         key: &str,
         waiting: u64,
-        unmet: u64,
+        unmet: Unmet,
         now_ms: u64,
         until_ms: u64,
         sizing: &Sizing,
@@ -716,7 +740,17 @@ impl<'a> LeasePool<'a> {
                 return Change::Keep((Flight::NoSlot, 0));
             };
             lease.roll(now_ms, sizing.horizon_ms);
-            let want = sizing.want(lease, waiting, unmet, now_ms);
+            // The unmet demand counts in the demand windows it fell in (the current one and the
+            // one before), so it is extrapolated like the rest, from its own rate.
+            let current = unmet.after(lease.win_start_ms, now_ms);
+            let before = unmet
+                .after(lease.win_start_ms.saturating_sub(sizing.horizon_ms), now_ms)
+                .saturating_sub(current);
+            let seen = Lease {
+                prev_demand: lease.prev_demand.saturating_add(before),
+                ..*lease
+            };
+            let want = sizing.want(&seen, waiting, current, now_ms);
             lease.flight_until_ms = until_ms;
             lease.flight_seq = lease.flight_seq.saturating_add(1).max(now_ms);
             let claim = Claim {

@@ -17,12 +17,14 @@
 //! completion, as the bench), script calls per 1000 admitted, and where the tokens went: refill
 //! that overflowed the full global bucket, tokens still in the global bucket at the end, leased
 //! tokens dropped (expired or evicted) or still held in pools and stashes at the end; and the calls
-//! by kind. `--sweep` runs a set of shapes.
+//! by kind. `--sweep` runs a set of shapes. `--scale` (first) runs fleets instead: 10 to 1000
+//! proxies, one hot key and many warm keys, skewed demand (fleet.rs; `make sim-scale`).
 //!
 //! The files: opts.rs (options and the sweep's shapes), worker.rs (a worker: its engine on the
 //! engine tests' fake host, `tollgate_core::engine::testkit`), sim.rs (the event loop and the
 //! clients), sim/calls.rs (script calls to the bucket model and back), sim/account.rs (the
-//! ledger), run.rs (a load's figures), report.rs (printing), tests.rs.
+//! ledger), run.rs (a load's figures), report.rs (printing), fleet.rs and fleet/ (the fleet
+//! runs), tests.rs.
 
 // A tool run natively, never in the VM: a broken invariant here fails the run with its message.
 #![allow(
@@ -32,6 +34,7 @@
     clippy::indexing_slicing
 )]
 
+mod fleet;
 mod opts;
 mod report;
 mod run;
@@ -45,6 +48,17 @@ use report::{mean, median, report, run_shape};
 use run::Run;
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--scale") {
+        match fleet::args::parse(std::env::args().skip(2)) {
+            Ok(a) => fleet::table(&a.base, &a.sizes, &a.overloads),
+            Err(e) if e == fleet::args::USAGE => println!("{e}"),
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     let o = match parse_args() {
         Ok(o) => o,
         Err(e) if e == opts::USAGE => {

@@ -22,7 +22,8 @@ usage: cargo run --release -p tollgate-tools --bin lease-sim -- [options]   (mak
   --seed N           first seed                                             (default 1)
   --trace            print every script call of the first run
   --sweep            run the standard shapes (bench, burst 10x, 2x and 20x overload, 4 proxies,
-                     latency 5 ms, one proxy, a light key) and print one line each";
+                     latency 5 ms, one proxy, a light key) and print one line each
+  --scale [options]  (first) fleets of 10 to 1000 proxies instead: lease-sim --scale --help";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 /// How connections are spread over a proxy's workers.

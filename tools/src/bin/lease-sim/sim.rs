@@ -8,6 +8,8 @@
 mod account;
 mod calls;
 
+pub(crate) use calls::parse_call;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
@@ -35,10 +37,10 @@ const CONNECT_STAGGER_US: u64 = 120;
 const FIRE_JITTER_US: u64 = 200;
 
 /// Deterministic randomness (splitmix64).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -47,7 +49,7 @@ impl Rng {
     }
 
     /// Uniform in [lo, hi].
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+    pub(crate) fn between(&mut self, lo: u64, hi: u64) -> u64 {
         if hi <= lo {
             return lo;
         }

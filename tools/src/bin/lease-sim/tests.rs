@@ -62,3 +62,40 @@ fn every_shape_of_the_sweep_keeps_the_bound_in_every_window() {
         assert_windows(name, &o);
     }
 }
+
+/// Ten proxies of two workers (one busy gateway with 80% of the demand, nine quiet sidecars, one
+/// joining and one leaving mid-run), one hot key at 1x, 5x and 50x its rate and 1000 warm keys:
+/// never over burst + rate x W in any window of any key, at least 0.97 of what one perfect token
+/// bucket admits, and the sidecars admitted at no less than half their share of the demand. At
+/// 5x the sidecars' leases were sized on everything denied since their last call, more than
+/// they could spend before expiry: 0.83 of the ideal.
+#[test]
+fn a_fleet_of_ten_keeps_the_bound_admits_the_ideal_and_serves_quiet_proxies() {
+    use crate::fleet::{self, FleetOpts};
+    for overload in [1.0, 5.0, 50.0] {
+        let o = FleetOpts {
+            proxies: 10,
+            overload,
+            warm_keys: 1000,
+            duration_ms: 4000,
+            ..FleetOpts::default()
+        };
+        let f = fleet::run(&o);
+        let row = fleet::row(&o, &f);
+        assert!(f.hot_admitted > 0 && f.warm_admitted > 0, "{row}");
+        for &(w, e) in &f.hot_excess {
+            assert!(
+                e <= 0.0,
+                "{overload}x: the hot key's {w} ms window is {e} over\n{row}"
+            );
+        }
+        assert!(
+            f.warm_excess <= 0.0,
+            "{overload}x: a warm key is over\n{row}"
+        );
+        assert!(f.hot_ratio() >= 0.97, "{overload}x: hot key\n{row}");
+        assert!(f.warm_ratio() >= 0.97, "{overload}x: warm keys\n{row}");
+        assert!(f.fairness >= 0.5, "{overload}x: sidecars\n{row}");
+        assert_eq!(f.starved(), 0, "{overload}x\n{row}");
+    }
+}

@@ -35,6 +35,28 @@ impl RequestView for Req {
     }
 }
 
+/// A fleet request: `GET <path>` from one user (the fleet's rules match the path and key on the
+/// user header).
+pub struct KeyedReq<'a> {
+    pub path: &'a str,
+    pub user: &'a str,
+}
+
+impl RequestView for KeyedReq<'_> {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let value: &[u8] = match name {
+            ":path" => self.path.as_bytes(),
+            ":method" => b"GET",
+            USER_HEADER => self.user.as_bytes(),
+            _ => return None,
+        };
+        Some(Cow::Borrowed(value))
+    }
+    fn client_ip(&self) -> Option<Vec<u8>> {
+        Some(b"127.0.0.1".to_vec())
+    }
+}
+
 /// A response with no headers (the bench's direct response, as the engine reads it).
 pub struct NoHeaders;
 

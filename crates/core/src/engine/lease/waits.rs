@@ -13,7 +13,7 @@ use super::super::stash;
 use super::super::verdict::Outcome;
 use crate::bucket::Limits;
 use crate::rule::hash::Seeded;
-use crate::shared::lease::Spent;
+use crate::shared::lease::{Spent, Unmet};
 
 /// How often a key waiting on another worker's call (or a lost one) is polled, in ms.
 const POLL_MS: u64 = 1;
@@ -81,7 +81,7 @@ pub struct Waits {
     /// Tokens this worker's requests asked for and were denied locally (the deny cache, or a
     /// reservation still refilling) since the key's last lease call; the next call counts them as
     /// demand, so a saturated key asks for what its clients want.
-    unmet: HashMap<String, u64, Seeded>,
+    unmet: HashMap<String, Unmet, Seeded>,
 }
 
 impl Waits {
@@ -283,21 +283,24 @@ impl Waits {
     // ----- demand denied locally -----
 
     /// A check of `key` asking for `cost` was denied locally.
-    pub fn unmet(&mut self, key: &str, cost: u64) {
+    pub fn unmet(&mut self, key: &str, cost: u64, now: u64) {
         if self.unmet.len() >= stash::MAX_KEYS && !self.unmet.contains_key(key) {
             self.unmet.clear();
         }
-        let unmet = self.unmet.entry(key.to_string()).or_insert(0);
-        *unmet = unmet.saturating_add(cost);
+        let unmet = self.unmet.entry(key.to_string()).or_insert(Unmet {
+            tokens: 0,
+            since_ms: now,
+        });
+        unmet.tokens = unmet.tokens.saturating_add(cost);
     }
 
     /// Takes `key`'s unmet demand, for its lease call.
-    pub fn take_unmet(&mut self, key: &str) -> u64 {
-        self.unmet.remove(key).unwrap_or(0)
+    pub fn take_unmet(&mut self, key: &str) -> Unmet {
+        self.unmet.remove(key).unwrap_or_default()
     }
 
     /// Puts back `key`'s unmet demand: no call carried it.
-    pub fn keep_unmet(&mut self, key: &str, unmet: u64) {
+    pub fn keep_unmet(&mut self, key: &str, unmet: Unmet) {
         self.unmet.insert(key.to_string(), unmet);
     }
 }

@@ -30,7 +30,7 @@ fn deposit(
 
 fn claim(pool: &LeasePool, key: &str, now: u64) -> Claim {
     match pool
-        .begin_flight(key, 1, 0, now, now + 100, &SIZING)
+        .begin_flight(key, 1, Unmet::default(), now, now + 100, &SIZING)
         .unwrap()
     {
         (Flight::Claimed(c, _), _) => c,
@@ -49,7 +49,9 @@ fn tokens_are_spent_once_then_missed() {
     assert_eq!(spent(&pool.take("k", &[1], 0, &SIZING).unwrap()), 0);
     let c = claim(&pool, "k", 0);
     assert_eq!(
-        pool.begin_flight("k", 1, 0, 1, 50, &SIZING).unwrap().0,
+        pool.begin_flight("k", 1, Unmet::default(), 1, 50, &SIZING)
+            .unwrap()
+            .0,
         Flight::Busy,
         "one call per key"
     );
@@ -206,7 +208,7 @@ fn a_newcomer_never_evicts_paid_tokens() {
     }
     let newcomer = &keys[WAYS];
     assert_eq!(
-        pool.begin_flight(newcomer, 1, 0, 2, 100, &SIZING)
+        pool.begin_flight(newcomer, 1, Unmet::default(), 2, 100, &SIZING)
             .unwrap()
             .0,
         Flight::NoSlot
@@ -220,7 +222,7 @@ fn a_newcomer_never_evicts_paid_tokens() {
     }
     // Spent out, the ways are free again: the least recently touched one goes.
     match pool
-        .begin_flight(newcomer, 1, 0, 4, 100, &SIZING)
+        .begin_flight(newcomer, 1, Unmet::default(), 4, 100, &SIZING)
         .unwrap()
         .0
     {
@@ -248,7 +250,7 @@ fn an_expired_lease_may_be_evicted_and_its_tokens_are_counted() {
         deposit(&pool, c, (2, 10, 500, 0), 0);
     }
     match pool
-        .begin_flight(&keys[WAYS], 1, 0, 500, 600, &SIZING)
+        .begin_flight(&keys[WAYS], 1, Unmet::default(), 500, 600, &SIZING)
         .unwrap()
         .0
     {
@@ -351,7 +353,9 @@ fn only_the_latest_claim_deposits() {
     let first = claim(&pool, "k", 0);
     pool.renew(&first, 500).unwrap();
     assert_eq!(
-        pool.begin_flight("k", 1, 0, 200, 300, &SIZING).unwrap().0,
+        pool.begin_flight("k", 1, Unmet::default(), 200, 300, &SIZING)
+            .unwrap()
+            .0,
         Flight::Busy,
         "renewed: still out at 200"
     );
@@ -431,7 +435,9 @@ fn a_reservation_is_spent_only_as_the_bucket_refills_it() {
                 "the fifth in 10 ms"
             );
             assert_eq!(
-                pool.begin_flight("k", 1, 0, 0, 100, &SIZING).unwrap().0,
+                pool.begin_flight("k", 1, Unmet::default(), 0, 100, &SIZING)
+                    .unwrap()
+                    .0,
                 Flight::Refilling(1),
                 "no second call while it refills"
             );
@@ -464,4 +470,30 @@ fn garbage_sets_decode_as_empty() {
     write_u64s(&mut big, &[u64::MAX]);
     big.extend_from_slice(&[0; 96]);
     assert!(Set::decode(Some(&big)).entries.is_empty());
+}
+
+/// Requests denied here count at their own rate: 100 tokens denied over the last second are 20
+/// in its last 200 ms, not 100 (a proxy waiting its turn on a saturated key asked for all of
+/// them in one lease, more than it could spend before the lease expired).
+#[test]
+fn unmet_demand_counts_in_the_windows_it_fell_in() {
+    let u = Unmet {
+        tokens: 100,
+        since_ms: 0,
+    };
+    assert_eq!(u.after(0, 1000), 100, "all of it since it began");
+    assert_eq!(u.after(800, 1000), 20, "a fifth of its time: a fifth of it");
+    assert_eq!(u.after(1000, 1000), 0);
+    let recent = Unmet {
+        tokens: 7,
+        since_ms: 900,
+    };
+    assert_eq!(recent.after(800, 1000), 7, "all of it in the window");
+    // In a lease call at 1000 whose demand window starts then: the horizon before it saw 20 of
+    // them, so the lease is one horizon of that rate and the waiter (it was lease_max, 50).
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let _ = claim(&pool, "k", 600);
+    let (_, want) = pool.begin_flight("k", 1, u, 1000, 1100, &SIZING).unwrap();
+    assert_eq!(want, 21);
 }

@@ -44,6 +44,34 @@ fn unescape(s: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// A script call as the engine sent it (the Webdis request's body): its bucket key, the limits and
+/// what it asks of the bucket.
+pub(crate) fn parse_call(text: &str) -> (String, Limits, Ask) {
+    let parts: Vec<&str> = text.split('/').collect();
+    let num = |i: usize| parts[i].parse::<u64>().unwrap();
+    let key = unescape(parts[3]);
+    let lease: Vec<u64> = unescape(parts[8])
+        .split(':')
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let limits = Limits {
+        burst: num(4),
+        rate: num(5),
+        period_ms: num(6),
+    };
+    let ask = Ask {
+        cost: num(7),
+        lease_want: lease[0],
+        holder: (lease.len() > 1).then(|| {
+            let steps: Vec<(u64, u64)> = lease[4..].chunks(2).map(|c| (c[0], c[1])).collect();
+            Holder::new(lease[1], lease[2], lease[3], &steps)
+        }),
+        max_wait_ms: num(9),
+        settle: parts[10].parse().unwrap(),
+    };
+    (key, limits, ask)
+}
+
 impl Sim<'_> {
     pub(super) fn print_calls(&self) {
         let first = self.first_start.unwrap_or(0);
@@ -92,19 +120,8 @@ impl Sim<'_> {
         let tick = (host.tick_sets > 0).then_some(host.tick);
         host.tick_sets = 0;
         for (token, call) in out {
-            let (carrier, text) = (call.sent_during, call.body);
-            let parts: Vec<&str> = text.split('/').collect();
-            let num = |i: usize| parts[i].parse::<u64>().unwrap();
-            let key = unescape(parts[3]);
-            let lease: Vec<u64> = unescape(parts[8])
-                .split(':')
-                .map(|n| n.parse().unwrap())
-                .collect();
-            let limits = Limits {
-                burst: num(4),
-                rate: num(5),
-                period_ms: num(6),
-            };
+            let carrier = call.sent_during;
+            let (key, limits, ask) = parse_call(&call.body);
             let lat = self.rng.between(self.o.lat_min_us, self.o.lat_max_us);
             let idx = self.calls.len();
             self.calls.push(CallRec {
@@ -113,15 +130,11 @@ impl Sim<'_> {
                 carrier,
                 key: key.clone(),
                 limits,
-                cost: num(7),
-                want: lease[0],
-                holder: (lease.len() > 1).then(|| {
-                    let steps: Vec<(u64, u64)> =
-                        lease[4..].chunks(2).map(|c| (c[0], c[1])).collect();
-                    Holder::new(lease[1], lease[2], lease[3], &steps)
-                }),
-                max_wait_ms: num(9),
-                settle: parts[10].parse().unwrap(),
+                cost: ask.cost,
+                want: ask.lease_want,
+                holder: ask.holder,
+                max_wait_ms: ask.max_wait_ms,
+                settle: ask.settle,
                 sent_us: now,
                 lat_us: lat,
                 reply: None,
