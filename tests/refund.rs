@@ -73,34 +73,33 @@ fn hammering_past_the_cap_spends_only_what_was_admitted_of_the_quota() {
         stack.logs()
     );
 
-    // Every quota admission that was refused by the cap comes back within a flush.
-    let envoy = &stack.envoy;
-    let stat = |c: &str| envoy.stat_value(&format!("wasmcustom.tollgate.quota.{c}"));
+    // Every quota admission of a request the cap refused comes back within a flush. At least
+    // one: the cap's first denial came from Redis (the deny cache learns only from Redis), and the
+    // quota's call for that request went out with it.
     let mut conn = stack.redis.conn();
     let want = QUOTA as i64 - admitted as i64;
     let settled = wait_until(Duration::from_secs(10), || {
         stored_tokens(&mut conn, "quota") == Some(want)
     });
-    let stats = envoy.stats_when(|s| {
-        let allowed = common::envoy::stat_in(s, "wasmcustom.tollgate.quota.allowed");
-        let back = common::envoy::stat_in(s, "wasmcustom.tollgate.quota.refunded");
-        allowed.is_some() && allowed.unwrap_or(0) == admitted + back.unwrap_or(0)
-    });
-    let allowed = common::envoy::stat_in(&stats, "wasmcustom.tollgate.quota.allowed").unwrap();
-    let back = common::envoy::stat_in(&stats, "wasmcustom.tollgate.quota.refunded").unwrap_or(0);
+    let envoy = &stack.envoy;
+    let refunded = |v: Option<u64>| v.is_some_and(|n| n >= 1);
+    let back = envoy.stat_eventually("wasmcustom.tollgate.quota.refunded", refunded);
     println!(
-        "quota: {allowed} admissions by Redis, {back} refunded; left in Redis: {:?} (want {want})",
+        "quota: {back:?} tokens refunded; left in Redis {:?}, want {want} (= 1,000,000 - admitted)",
         stored_tokens(&mut conn, "quota")
     );
     assert!(
         settled,
-        "the quota lost only what was admitted: {:?} != {want} ({allowed} admissions, {back} \
-         refunded)\n{}",
+        "the quota lost only what was admitted: {:?} != {want}\n{}",
         stored_tokens(&mut conn, "quota"),
         stack.logs()
     );
-    assert_eq!(allowed, admitted + back, "each refused admission refunded once");
-    assert_eq!(stat("refunded"), Some(back));
+    assert!(refunded(back), "{back:?}");
+    assert_eq!(
+        envoy.stat_value("wasmcustom.tollgate.per-minute.refunded"),
+        Some(0),
+        "the cap refused: it took nothing"
+    );
 
     // The quota's own RateLimit header says the same: a request only the quota checks.
     let r = stack.get("/balance", &[("x-api-key", "key-123")]);
