@@ -83,7 +83,7 @@ fn hammering_past_the_cap_spends_only_what_was_admitted_of_the_quota() {
     });
     let envoy = &stack.envoy;
     let refunded = |v: Option<u64>| v.is_some_and(|n| n >= 1);
-    let back = envoy.stat_eventually("wasmcustom.tollgate.quota.refunded", refunded);
+    let back = envoy.stat_eventually("wasmcustom.tollgate.quota.refunded_tokens", refunded);
     println!(
         "quota: {back:?} tokens refunded; left in Redis {:?}, want {want} (= 1,000,000 - admitted)",
         stored_tokens(&mut conn, "quota")
@@ -96,7 +96,7 @@ fn hammering_past_the_cap_spends_only_what_was_admitted_of_the_quota() {
     );
     assert!(refunded(back), "{back:?}");
     assert_eq!(
-        envoy.stat_value("wasmcustom.tollgate.per-minute.refunded"),
+        envoy.stat_value("wasmcustom.tollgate.per-minute.refunded_tokens"),
         Some(0),
         "the cap refused: it took nothing"
     );

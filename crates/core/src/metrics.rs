@@ -213,7 +213,7 @@ impl Counter {
             Counter::UsageReadersFull => "usage_readers_full",
             Counter::Penalized => "penalized",
             Counter::PenaltyOffences => "penalty_offences",
-            Counter::Refunded => "refunded",
+            Counter::Refunded => "refunded_tokens",
         }
     }
 }

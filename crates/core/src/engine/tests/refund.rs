@@ -113,7 +113,10 @@ fn a_client_that_leaves_before_the_verdict_gets_back_what_was_taken() {
     deliver(&mut e, &mut h, 6, 200, &admitted());
     assert_eq!(h.resumed, [11]);
     e.done(&mut h, 11.into());
-    assert_eq!(rec.get(0, Counter::Refunded) + rec.get(1, Counter::Refunded), 2);
+    assert_eq!(
+        rec.get(0, Counter::Refunded) + rec.get(1, Counter::Refunded),
+        2
+    );
 }
 
 #[test]
@@ -124,13 +127,25 @@ fn a_shared_call_gives_a_gone_requests_share_to_the_next_or_back_once() {
         e.request_headers(&mut h, ctx.into(), &user("a"));
     }
     deliver(&mut e, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
-    assert!(h.sent[1].ends_with("/1/2/0/0"), "one call for two: {}", h.sent[1]);
+    assert!(
+        h.sent[1].ends_with("/1/2/0/0"),
+        "one call for two: {}",
+        h.sent[1]
+    );
     // 11 leaves while the shared call is out; Redis grants one token: 12 takes it.
     e.done(&mut h, 11.into());
     deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 0, 100, 1));
-    assert_eq!(h.resumed, [10, 12], "the share went to the one still waiting");
+    assert_eq!(
+        h.resumed,
+        [10, 12],
+        "the share went to the one still waiting"
+    );
     assert!(h.responded.is_empty());
-    assert_eq!(rec.get(0, Counter::Refunded), 0, "used by 12: never given back");
+    assert_eq!(
+        rec.get(0, Counter::Refunded),
+        0,
+        "used by 12: never given back"
+    );
     // Two shares, one request left to use them: one goes back, once.
     for ctx in 20..23 {
         e.request_headers(&mut h, ctx.into(), &user("b"));
@@ -179,7 +194,11 @@ fn a_shadow_rules_admission_is_given_back_and_its_denial_refuses_nothing() {
     deliver(&mut e, &mut h, 1, 200, &admitted());
     deliver(&mut e, &mut h, 2, 200, &denied());
     assert_eq!(h.status_of(10), Some(429));
-    assert_eq!(rec.get(0, Counter::Refunded), 1, "the preview is given back");
+    assert_eq!(
+        rec.get(0, Counter::Refunded),
+        1,
+        "the preview is given back"
+    );
     // A shadow rule's denial lets the request through: nothing is given back.
     let shadow_minute = MINUTE.replace(r#""rate":10,"#, r#""rate":10,"shadow":true,"#);
     let (mut e, rec) = engine("", &format!("{MONTH}, {shadow_minute}"));
@@ -291,20 +310,13 @@ fn a_penalty_rules_refund_carries_its_penalty() {
     let (mut e, rec) = engine("", &format!("{boxed}, {MINUTE}"));
     let mut h = Fake::at(1000);
     send(&mut e, &mut h, 10, &user("ann"));
-    deliver(
-        &mut e,
-        &mut h,
-        1,
-        200,
-        br#"{"EVALSHA":[1,1,0,100,1,0]}"#,
-    );
+    deliver(&mut e, &mut h, 1, 200, br#"{"EVALSHA":[1,1,0,100,1,0]}"#);
     deliver(&mut e, &mut h, 2, 200, &denied());
     assert_eq!(rec.get(0, Counter::Refunded), 1);
     let calls = flushed(&mut e, &mut h, 100);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert!(
-        calls[0].contains("%7Blogin%3A")
-            && calls[0].ends_with("/0/0/0/-1/time/3600000%3A120000"),
+        calls[0].contains("%7Blogin%3A") && calls[0].ends_with("/0/0/0/-1/time/3600000%3A120000"),
         "{}",
         calls[0]
     );
