@@ -87,10 +87,13 @@ pub enum Counter {
     Penalized,
     /// Denials by the bucket that put a key in its penalty box (offences).
     PenaltyOffences,
+    /// Tokens given back because the request never went upstream: another rule refused it, or
+    /// its client left before it was let through (exact mode; admissions by Redis only).
+    Refunded,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 33] = [
+    pub const ALL: [Counter; 34] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -124,6 +127,7 @@ impl Counter {
         Counter::UsageReadersFull,
         Counter::Penalized,
         Counter::PenaltyOffences,
+        Counter::Refunded,
     ];
 
     /// The number of counters of a rule.
@@ -166,6 +170,7 @@ impl Counter {
             Counter::UsageReadersFull => 30,
             Counter::Penalized => 31,
             Counter::PenaltyOffences => 32,
+            Counter::Refunded => 33,
         }
     }
 
@@ -208,6 +213,7 @@ impl Counter {
             Counter::UsageReadersFull => "usage_readers_full",
             Counter::Penalized => "penalized",
             Counter::PenaltyOffences => "penalty_offences",
+            Counter::Refunded => "refunded_tokens",
         }
     }
 }

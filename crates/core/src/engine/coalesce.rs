@@ -97,7 +97,8 @@ impl Engine {
             ctx,
             check,
             leader,
-            key: call.key.clone(),
+            rule: rule.clone(),
+            call: call.clone(),
         };
         let due = now.saturating_add(self.plugin.patience_ms());
         self.chains.forwarded(forwarded, due, known.is_none());
@@ -147,12 +148,13 @@ impl Engine {
         }
     }
 
-    /// The answer to a coalesced call: the first `granted` checks are admitted, the others
-    /// denied until the next token refills.
+    /// The answer to a coalesced call (`asked` of `rule`): the first `granted` checks still
+    /// waited for are admitted, the others denied until the next token refills; shares no check
+    /// took go back.
     pub(super) fn batch_answer(
         &mut self,
         host: &mut dyn Host,
-        asked: &ScriptCall,
+        (rule, asked): (&RuleRef, &ScriptCall),
         checks: Vec<Waiter>,
         reply: Result<Reply, BackendError>,
         sent_ms: u64,
@@ -178,9 +180,19 @@ impl Engine {
             let _ = DenyCache::new(host.store(), &self.plugin.ns).remember(&asked.key, 1, until);
         }
         let mut remaining = r.remaining.saturating_add(granted);
+        // Shares not handed out yet.
+        let mut left = granted;
         let mut answers = Answers::default();
-        for (i, w) in checks.into_iter().enumerate() {
-            let outcome = if (i as u64) < granted {
+        for w in checks {
+            if let Waiter::Local(ctx, check) = w {
+                if !self.requests.is_waiting(ctx, check) {
+                    // Another rule refused its request, or it is gone, since the call went
+                    // out: its share goes to the next check, as Redis would have given it.
+                    continue;
+                }
+            }
+            let outcome = if left > 0 {
+                left -= 1;
                 remaining = remaining.saturating_sub(1);
                 Outcome::Allowed {
                     remaining,
@@ -195,6 +207,15 @@ impl Engine {
             }
         }
         answers.send(host);
+        // Shares no request went upstream with.
+        let outcome = (
+            Outcome::Allowed {
+                remaining,
+                reset_ms: r.reset_after_ms,
+            },
+            By::Redis,
+        );
+        self.refund_late(host, (rule, asked), outcome, left);
     }
 
     /// A call for `checks` failed (or could not be sent): each gets its worker's failure mode.
@@ -264,6 +285,11 @@ impl Engine {
             return;
         };
         match outcome {
+            // The leader's call answered it, after another rule refused its request or the
+            // request left: the token it took goes back.
+            Some(o) if !self.requests.is_waiting(f.ctx, f.check) => {
+                self.refund_late(host, (&f.rule, &f.call), (o, By::Redis), f.call.cost);
+            }
             // The leader's call answered it.
             Some(o) => self.settle(host, f.ctx, f.check, (o, By::Redis)),
             None => self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now),
@@ -275,7 +301,7 @@ impl Engine {
     pub(super) fn expire_forwarded(&mut self, host: &mut dyn Host, now: u64) {
         while let Some(f) = self.chains.pop_expired(now) {
             let leaders = Leaders::new(host.store(), &self.plugin.ns);
-            self.chains.forget_leader(&f.key, f.leader, &leaders);
+            self.chains.forget_leader(&f.call.key, f.leader, &leaders);
             if self.requests.is_waiting(f.ctx, f.check) {
                 self.send_exact(host, f.ctx, f.check, now);
             }

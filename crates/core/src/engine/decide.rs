@@ -10,6 +10,7 @@ use super::host::{Action, Host};
 use super::ids::{CheckId, ContextId};
 use super::local::LocalStage;
 use super::plugin::Plan;
+use super::refund::{self, Refund};
 use super::requests::{Check, Local, Request, Route};
 use super::rules::RuleRef;
 use super::usage::{self, Admitted};
@@ -76,7 +77,12 @@ impl Engine {
         }
         if let Some((rule, e)) = bad_cost {
             self.requests.give_back_slots(slots);
-            return self.apply(host, ctx, cost::bad_cost(&rule.name, &e), Vec::new());
+            return self.apply(
+                host,
+                ctx,
+                cost::bad_cost(&rule.name, &e),
+                Default::default(),
+            );
         }
         if undecided && !fold.refuses() {
             return self.keep_undecided(host, ctx, slots);
@@ -95,7 +101,7 @@ impl Engine {
             self.keys.recycle(local.call.key);
         }
         self.requests.give_back_slots(slots);
-        self.apply(host, ctx, verdict, Vec::new());
+        self.apply(host, ctx, verdict, Default::default());
     }
 
     /// Keeps the request of `ctx`, which the local stage left undecided (`slots`: its checks as
@@ -201,18 +207,30 @@ impl Engine {
             record(host, ctx, &mut self.record, answered);
         }
         let usage = self.close_request(ctx, &request);
-        self.apply(host, ctx, verdict, usage);
+        let held = match &verdict {
+            // It never goes upstream: what the global bucket took for it goes back (its usage
+            // admissions settle nothing else).
+            Verdict::Respond(_) => {
+                self.refund(host, refund::of_checks(request.checks()));
+                Vec::new()
+            }
+            // Held for a reservation: given back if its client leaves meanwhile.
+            Verdict::Allow(shown) if shown.delay_ms > 0 => refund::of_checks(request.checks()),
+            Verdict::Allow(_) => Vec::new(),
+        };
+        self.apply(host, ctx, verdict, (usage, held));
     }
 
-    /// Applies the verdict of `ctx` (`usage`: the usage admissions of its request, if it was kept).
-    /// Inside its own `request_headers` the action is returned to Envoy from there; otherwise the
-    /// paused request is resumed or answered here.
+    /// Applies the verdict of `ctx` (`usage`: the usage admissions of its request, if it was kept;
+    /// `held`: what it took, if it is held for a reservation). Inside its own `request_headers`
+    /// the action is returned to Envoy from there; otherwise the paused request is resumed or
+    /// answered here.
     fn apply(
         &mut self,
         host: &mut dyn Host,
         ctx: ContextId,
         verdict: Verdict,
-        usage: Vec<Admitted>,
+        (usage, held): (Vec<Admitted>, Vec<Refund>),
     ) {
         log::debug!("tollgate: {}", describe(&verdict));
         match verdict {
@@ -224,7 +242,8 @@ impl Engine {
                 let delay_ms = shown.delay_ms;
                 let style = self.plugin.config.response_headers;
                 if shown.any(style) || !usage.is_empty() {
-                    self.requests.insert(ctx, Request::admitted(shown, usage));
+                    self.requests
+                        .insert(ctx, Request::admitted(shown, usage, held));
                 }
                 if delay_ms > 0 {
                     let now = self.timer.read(host);

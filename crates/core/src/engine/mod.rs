@@ -32,6 +32,7 @@ mod ids;
 mod lease;
 mod local;
 pub mod plugin;
+mod refund;
 mod requests;
 mod rules;
 mod send;
@@ -151,20 +152,36 @@ impl Engine {
             }
             match call.purpose {
                 Purpose::Check { ctx, check } => {
-                    let outcome = match reply {
-                        Ok(r) => (
-                            self.reply_outcome(host, &call.rule, &call.call, &r, call.sent_ms),
-                            decision::By::Redis,
-                        ),
-                        Err(e) => self.failure_outcome(host, &call.rule, &call.call, &e, now),
-                    };
-                    self.settle(host, ctx, check, outcome);
+                    // No longer waited for: another rule refused its request, or the request
+                    // is gone. It never goes upstream, so what this answer took goes back.
+                    let late = !self.requests.is_waiting(ctx, check);
+                    match reply {
+                        Ok(r) => {
+                            let outcome = (
+                                self.reply_outcome(host, &call.rule, &call.call, &r, call.sent_ms),
+                                decision::By::Redis,
+                            );
+                            if late {
+                                let of = (&call.rule, &call.call);
+                                self.refund_late(host, of, outcome, call.call.cost);
+                            } else {
+                                self.settle(host, ctx, check, outcome);
+                            }
+                        }
+                        Err(_) if late => {}
+                        Err(e) => {
+                            let outcome =
+                                self.failure_outcome(host, &call.rule, &call.call, &e, now);
+                            self.settle(host, ctx, check, outcome);
+                        }
+                    }
                     if coalesce::eligible(&call.call) {
                         self.chain_next(host, &call.call.key, now);
                     }
                 }
                 Purpose::Batch(checks) => {
-                    self.batch_answer(host, &call.call, checks, reply, call.sent_ms, now);
+                    let asked = (&call.rule, &call.call);
+                    self.batch_answer(host, asked, checks, reply, call.sent_ms, now);
                     self.chain_next(host, &call.call.key, now);
                 }
                 Purpose::Settle => {}
@@ -223,15 +240,21 @@ impl Engine {
             return;
         };
         match request {
-            Request::Admitted { usage, .. } => {
-                // A request still held for its reservation never went upstream: it used nothing
-                // beyond what it paid up front.
-                if usage.is_empty() || self.requests.is_held(ctx) {
+            Request::Admitted { usage, held, .. } => {
+                // A request still held for its reservation never went upstream: what it paid
+                // goes back, and its usage settles nothing else.
+                if !(usage.is_empty() && held.is_empty()) && self.requests.is_held(ctx) {
+                    self.refund(host, held);
                     return;
                 }
-                self.usage_at_end(host, ctx, usage);
+                if !usage.is_empty() {
+                    self.usage_at_end(host, ctx, usage);
+                }
             }
             Request::Deciding(checks) => {
+                // Gone before its verdict: what its answered checks took goes back (the answers
+                // still out are refunded as they come, see `call_response`).
+                self.refund(host, refund::of_checks(&checks));
                 let mut waited = false;
                 for c in checks.iter().filter(|c| c.outcome.is_none()) {
                     waited = true;

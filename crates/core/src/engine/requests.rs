@@ -12,6 +12,7 @@ use std::collections::{BinaryHeap, HashMap};
 use super::decision::By;
 use super::host::Action;
 use super::ids::{ById, CheckId, ContextId};
+use super::refund::Refund;
 use super::rules::RuleRef;
 use super::usage::Admitted;
 use super::verdict::{Fold, Outcome, Shown, Source};
@@ -61,15 +62,20 @@ pub(super) enum Request {
         headers: Option<Shown>,
         /// Usage rules that admitted it, until the response says what it used.
         usage: Vec<Admitted>,
+        /// While it is held for a reservation: what the global bucket took for it, given back
+        /// if its client leaves before it goes upstream (empty if it is not held).
+        held: Vec<Refund>,
     },
 }
 
 impl Request {
-    /// An admitted request, kept for what its response's headers say and its usage admissions.
-    pub fn admitted(shown: Shown, usage: Vec<Admitted>) -> Request {
+    /// An admitted request, kept for what its response's headers say and its usage admissions
+    /// (`held`: what it took, if it is held for a reservation).
+    pub fn admitted(shown: Shown, usage: Vec<Admitted>, held: Vec<Refund>) -> Request {
         Request::Admitted {
             headers: Some(shown),
             usage,
+            held,
         }
     }
 
@@ -272,7 +278,10 @@ mod tests {
         let mut r = Requests::default();
         let (a, b, c) = (ContextId::from(1), ContextId::from(2), ContextId::from(3));
         for ctx in [a, b, c] {
-            r.insert(ctx, Request::admitted(Shown::default(), Vec::new()));
+            r.insert(
+                ctx,
+                Request::admitted(Shown::default(), Vec::new(), Vec::new()),
+            );
         }
         r.hold(a, 30);
         r.hold(b, 10);

@@ -1927,6 +1927,8 @@ mod decision;
 mod outcome;
 /// The penalty box: the script says a denial is the box's, the deny cache answers it.
 mod penalty;
+/// A request that never goes upstream gets back what the global bucket took.
+mod refund;
 /// Limits picked by a tier.
 mod tiers;
 /// Usage that never becomes readable.

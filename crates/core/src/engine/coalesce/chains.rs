@@ -45,7 +45,9 @@ pub struct Forwarded {
     pub ctx: ContextId,
     pub check: CheckId,
     pub leader: u32,
-    pub key: String,
+    /// The check's rule and call (the key's, for the refund of a token its request did not use).
+    pub rule: RuleRef,
+    pub call: ScriptCall,
 }
 
 /// The keys with a call out (or about to go out) on this worker, the checks queued behind it,
@@ -190,7 +192,7 @@ impl Chains {
             if self.leaders.len() >= KNOWN_LEADERS {
                 self.leaders.clear();
             }
-            self.leaders.insert(f.key.clone(), f.leader);
+            self.leaders.insert(f.call.key.clone(), f.leader);
         }
         let ask = self.next_ask;
         self.next_ask += 1;

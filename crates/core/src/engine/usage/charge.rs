@@ -164,9 +164,24 @@ impl Engine {
             d if d > 0 => m.count(rule.id(), Counter::UsageCharged, d.unsigned_abs()),
             d => m.count(rule.id(), Counter::UsageRefunded, d.unsigned_abs()),
         }
-        if !self.keep_pending(host, &rule, &key, limits, delta, now) {
+        self.settle_pending(host, rule, &key, limits, delta, now);
+    }
+
+    /// Settles `delta` for `key` of `rule`: pending for the key (carried by its next call or
+    /// its flush), or, when the shared table has no room for it, by a call now. The one path of
+    /// every settlement: usage, and the refunds of requests that never went upstream.
+    pub(in crate::engine) fn settle_pending(
+        &mut self,
+        host: &mut dyn Host,
+        rule: RuleRef,
+        key: &str,
+        limits: Limits,
+        delta: i64,
+        now: u64,
+    ) {
+        if !self.keep_pending(host, &rule, key, limits, delta, now) {
             // No room in the shared table: settle this one now.
-            self.send_settlement(host, rule, &key, limits, delta, now);
+            self.send_settlement(host, rule, key, limits, delta, now);
         }
     }
 
