@@ -336,12 +336,12 @@ const MTLS_CONFIG: &str = r#"{ "backend": { "timeout_ms": 2000 },
   "rules": [
     { "name": "per-peer", "key": ["property:source.principal"], "rate": 1, "period_ms": 60000,
       "burst": 2 },
-    { "name": "by-uri-san", "key": ["property:connection.uri_san_peer_certificate"], "rate": 100 },
-    { "name": "by-subject", "key": ["property:connection.subject_peer_certificate"], "rate": 100 },
-    { "name": "by-dns-san", "key": ["property:connection.dns_san_peer_certificate"], "rate": 100 },
+    { "name": "by-uri-san", "key": ["property:connection.uri_san_peer_certificate"], "rate": 100, "period_ms": 3600000 },
+    { "name": "by-subject", "key": ["property:connection.subject_peer_certificate"], "rate": 100, "period_ms": 3600000 },
+    { "name": "by-dns-san", "key": ["property:connection.dns_san_peer_certificate"], "rate": 100, "period_ms": 3600000 },
     { "name": "by-cert", "key": ["property:connection.mtls",
-                                 "property:connection.sha256_peer_certificate_digest"], "rate": 100 },
-    { "name": "by-sni", "key": ["property:connection.requested_server_name"], "rate": 100 } ] }"#;
+                                 "property:connection.sha256_peer_certificate_digest"], "rate": 100, "period_ms": 3600000 },
+    { "name": "by-sni", "key": ["property:connection.requested_server_name"], "rate": 100, "period_ms": 3600000 } ] }"#;
 
 /// Two client identities get separate buckets through `property:source.principal` (the peer
 /// certificate's URI SAN); every peer-certificate attribute is found in Redis under the value
