@@ -128,3 +128,26 @@ fn a_shadow_penalty_rule_counts_and_never_denies() {
     assert_eq!(rec.get(0, Counter::Penalized), 1);
     assert_eq!(rec.get(0, Counter::ShadowDenied), 2);
 }
+
+/// A front that answers a call without a penalty with a 6th integer claiming the box (a hostile
+/// or confused Webdis): the reply is not the script's answer to that call (the script adds the
+/// 6th only for ARGV[9]), so it boxes nothing: no entry refusing every cost, no penalty counter
+/// on a rule that has no penalty.
+#[test]
+fn a_box_claimed_for_a_call_without_a_penalty_is_malformed() {
+    let plain = BOXED.replace(
+        r#","penalty":{"ms":[120000,300000],"window_ms":3600000}"#,
+        "",
+    );
+    let (mut e, rec) = engine("", &plain);
+    let mut h = Fake::at(1000);
+    let five = req("/api/x", &[("x-user", "a"), ("x-cost", "2")]);
+    send(&mut e, &mut h, 10, &five);
+    assert!(!h.sent[0].contains("time"), "no penalty sent: {}", h.sent[0]);
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
+    assert_eq!(rec.get(0, Counter::PenaltyOffences), 0);
+    assert_eq!(rec.get(0, Counter::Penalized), 0);
+    // A cost of 1 is not refused from a box this rule cannot have: it asks Redis.
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(h.sent.len(), 2, "refused from a box the call never asked for");
+}
