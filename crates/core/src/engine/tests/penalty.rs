@@ -143,11 +143,19 @@ fn a_box_claimed_for_a_call_without_a_penalty_is_malformed() {
     let mut h = Fake::at(1000);
     let five = req("/api/x", &[("x-user", "a"), ("x-cost", "2")]);
     send(&mut e, &mut h, 10, &five);
-    assert!(!h.sent[0].contains("time"), "no penalty sent: {}", h.sent[0]);
+    assert!(
+        !h.sent[0].contains("time"),
+        "no penalty sent: {}",
+        h.sent[0]
+    );
     deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
     assert_eq!(rec.get(0, Counter::PenaltyOffences), 0);
     assert_eq!(rec.get(0, Counter::Penalized), 0);
     // A cost of 1 is not refused from a box this rule cannot have: it asks Redis.
     e.request_headers(&mut h, 11.into(), &user("a"));
-    assert_eq!(h.sent.len(), 2, "refused from a box the call never asked for");
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "refused from a box the call never asked for"
+    );
 }
