@@ -49,11 +49,12 @@ pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
 }
 
 /// When a debt of `units` (< 0) is repaid: the refill repays `rate` units per step of `step_ms`.
-fn repaid_ms(units: i64, rate: u64, step_ms: u64, _since_ms: u64) -> u64 {
-    let repaid = (-units)
-        .div_euclid(i64::try_from(rate).unwrap_or(1).max(1))
-        .saturating_mul(i64::try_from(step_ms).unwrap_or(1));
-    u64::try_from(repaid).unwrap_or(0)
+/// `since_ms`: the time since the refill point, less than a step (whole steps count from it).
+fn repaid_ms(units: i64, rate: u64, step_ms: u64, since_ms: u64) -> u64 {
+    let steps = units.unsigned_abs().div_ceil(rate.max(1));
+    steps
+        .saturating_mul(step_ms)
+        .saturating_sub(if steps > 0 { since_ms } else { 0 })
 }
 
 /// The lines describing `target`'s bucket at `now_us`, from its stored `fields`.
