@@ -159,3 +159,29 @@ fn a_box_claimed_for_a_call_without_a_penalty_is_malformed() {
         "refused from a box the call never asked for"
     );
 }
+
+/// A boxed client cannot get a request through by the cost it asks for: a cost of 0, a cost
+/// that is not a number, one above the burst (never admissible, so never an offence) are refused
+/// locally (400), and a cost of 1 by the box, all without a call and never forwarded.
+#[test]
+fn no_cost_header_gets_a_boxed_key_through() {
+    let (mut e, _) = engine("", BOXED);
+    let mut h = Fake::at(1000);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
+    assert_eq!(h.status_of(10), Some(429));
+    h.now = 60_000;
+    for (ctx, cost, status) in [
+        (11, "0", 400),
+        (12, "-1", 400),
+        (13, "3", 400),
+        (14, "1", 429),
+    ] {
+        let r = req("/api/x", &[("x-user", "a"), ("x-cost", cost)]);
+        let action = send(&mut e, &mut h, ctx, &r);
+        assert_ne!(action, Action::Continue, "cost {cost} went through");
+        assert_eq!(h.status_of(ctx), Some(status), "cost {cost}");
+    }
+    assert_eq!(h.sent.len(), 1, "no call for any of them");
+    assert!(h.resumed.is_empty(), "nothing forwarded: {:?}", h.resumed);
+}
