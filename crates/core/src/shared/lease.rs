@@ -9,9 +9,8 @@
 //! refill the script counted on, counted as if continuous, so the fleet never admits ahead of a
 //! continuous refill either (at a refill step of a second or a minute that is up to one step's
 //! refill before the step brings it: the promise with W rounded up to a step, as the script's;
-//! `crates/core/tests/step_windows.rs` checks it). Unspent
-//! tokens are dropped (never lent to another key) when the lease expires, two horizons after the
-//! grant has refilled.
+//! `crates/core/tests/step_windows.rs` checks it). Unspent tokens are dropped (never lent to
+//! another key) when the lease expires, two horizons after the grant has refilled.
 //!
 //! Memory is bounded: `SETS` shared-data values per plugin, each holding up to `WAYS` keys. A key
 //! that holds unspent tokens or has a lease call out is never evicted; a newcomer takes an empty
