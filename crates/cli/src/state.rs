@@ -48,6 +48,15 @@ pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
     (state, Holders(holders))
 }
 
+/// When a debt of `units` (< 0) is repaid: the refill repays `rate` units per step of `step_ms`.
+/// `since_ms`: the time since the refill point, less than a step (whole steps count from it).
+fn repaid_ms(units: i64, rate: u64, step_ms: u64, since_ms: u64) -> u64 {
+    let steps = units.unsigned_abs().div_ceil(rate.max(1));
+    steps
+        .saturating_mul(step_ms)
+        .saturating_sub(if steps > 0 { since_ms } else { 0 })
+}
+
 /// The lines describing `target`'s bucket at `now_us`, from its stored `fields`.
 pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> Vec<String> {
     let l = target.limits;
@@ -93,14 +102,12 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
     out.push(format!("tokens now: {} of {}", reply.remaining, l.burst));
     if units < 0 {
         let debt_tokens = (-units).div_euclid(period) + i64::from((-units).rem_euclid(period) != 0);
-        // The refill repays `rate` units per step.
-        let repaid = (-units)
-            .div_euclid(i64::try_from(l.rate).unwrap_or(1).max(1))
-            .saturating_mul(i64::try_from(step_ms).unwrap_or(1));
+        let since_ms = now.map_or(0, |s| now_us.saturating_sub(s.ts_us) / 1000);
+        let repaid = repaid_ms(units, l.rate, step_ms, since_ms);
         out.push(format!(
             "debt: {debt_tokens} token{} (reservations or usage charged after the fact), repaid in {}",
             if debt_tokens == 1 { "" } else { "s" },
-            describe::duration(u64::try_from(repaid).unwrap_or(0))
+            describe::duration(repaid)
         ));
         if target.rule.max_wait_ms > 0 {
             out.push(format!(
@@ -159,5 +166,25 @@ fn penalty_line(penalty: &Penalty, now_us: u64, fields: &[(String, String)]) -> 
         )
     } else {
         "penalty box: not boxed, no offence within the window".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::repaid_ms;
+
+    /// A debt is repaid at the step that brings its last unit, never earlier: what the script's
+    /// next call would say (`wait_for`: whole steps after the refill point, less the time since).
+    #[test]
+    fn a_debt_is_repaid_at_the_step_that_brings_its_last_unit() {
+        // One unit short at a minute's step, 10^9 units a step: the next step, 60 s after the
+        // refill point.
+        assert_eq!(repaid_ms(-1, 1_000_000_000, 60_000, 0), 60_000);
+        // 20 s into the step: 40 s left.
+        assert_eq!(repaid_ms(-1, 1_000_000_000, 60_000, 20_000), 40_000);
+        // Two steps and a unit: three steps.
+        assert_eq!(repaid_ms(-2_000_000_001, 1_000_000_000, 60_000, 0), 180_000);
+        // A ms step, 10 units a ms: 25 units in 3 ms.
+        assert_eq!(repaid_ms(-25, 10, 1, 0), 3);
     }
 }

@@ -154,6 +154,18 @@ pub fn script_reply_of(ints: &[i64]) -> Result<Reply, BackendError> {
     Ok(reply)
 }
 
+/// `reply` as the answer to `call`: the script says the penalty box denied only a call that sent
+/// one (ARGV[9]); a box claimed for any other is not its answer (a hostile or confused front
+/// would otherwise turn a denial into a box refusing every cost of the key).
+pub fn reply_to(call: &ScriptCall, reply: Reply) -> Result<Reply, BackendError> {
+    if call.penalty.is_none() && reply.penalized != crate::bucket::Penalized::No {
+        return Err(BackendError::Malformed(
+            "penalized for a call without a penalty".to_string(),
+        ));
+    }
+    Ok(reply)
+}
+
 /// An HTTP request to the backend cluster, ready to dispatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpRequest {

@@ -142,7 +142,11 @@ impl Engine {
         self.plugin
             .metrics
             .latency(call.rule.id(), now.saturating_sub(call.sent_ms));
-        let reply = self.plugin.transport.decode(answer);
+        let reply = self
+            .plugin
+            .transport
+            .decode(answer)
+            .and_then(|r| crate::backend::reply_to(&call.call, r));
         if matches!(reply, Err(BackendError::NoScript)) && !call.with_source {
             self.resend_with_source(host, call, now);
         } else {

@@ -6,9 +6,11 @@
 //! same token and the fleet never admits more than the global bucket granted. A grant that is
 //! partly a reservation (the script put the bucket into debt for it, to be paid back by its
 //! refill until `vest_until_ms`) is spendable only as the refill pays it: never more than the
-//! refill the script counted on, so the fleet never admits ahead of the bucket either. Unspent
-//! tokens are dropped (never lent to another key) when the lease expires, two horizons after the
-//! grant has refilled.
+//! refill the script counted on, counted as if continuous, so the fleet never admits ahead of a
+//! continuous refill either (at a refill step of a second or a minute that is up to one step's
+//! refill before the step brings it: the promise with W rounded up to a step, as the script's;
+//! `crates/core/tests/step_windows.rs` checks it). Unspent tokens are dropped (never lent to
+//! another key) when the lease expires, two horizons after the grant has refilled.
 //!
 //! Memory is bounded: `SETS` shared-data values per plugin, each holding up to `WAYS` keys. A key
 //! that holds unspent tokens or has a lease call out is never evicted; a newcomer takes an empty

@@ -128,3 +128,60 @@ fn a_shadow_penalty_rule_counts_and_never_denies() {
     assert_eq!(rec.get(0, Counter::Penalized), 1);
     assert_eq!(rec.get(0, Counter::ShadowDenied), 2);
 }
+
+/// A front that answers a call without a penalty with a 6th integer claiming the box (a hostile
+/// or confused Webdis): the reply is not the script's answer to that call (the script adds the
+/// 6th only for ARGV[9]), so it boxes nothing: no entry refusing every cost, no penalty counter
+/// on a rule that has no penalty.
+#[test]
+fn a_box_claimed_for_a_call_without_a_penalty_is_malformed() {
+    let plain = BOXED.replace(
+        r#","penalty":{"ms":[120000,300000],"window_ms":3600000}"#,
+        "",
+    );
+    let (mut e, rec) = engine("", &plain);
+    let mut h = Fake::at(1000);
+    let five = req("/api/x", &[("x-user", "a"), ("x-cost", "2")]);
+    send(&mut e, &mut h, 10, &five);
+    assert!(
+        !h.sent[0].contains("time"),
+        "no penalty sent: {}",
+        h.sent[0]
+    );
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
+    assert_eq!(rec.get(0, Counter::PenaltyOffences), 0);
+    assert_eq!(rec.get(0, Counter::Penalized), 0);
+    // A cost of 1 is not refused from a box this rule cannot have: it asks Redis.
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "refused from a box the call never asked for"
+    );
+}
+
+/// A boxed client cannot get a request through by the cost it asks for: a cost of 0, a cost
+/// that is not a number, one above the burst (never admissible, so never an offence) are refused
+/// locally (400), and a cost of 1 by the box, all without a call and never forwarded.
+#[test]
+fn no_cost_header_gets_a_boxed_key_through() {
+    let (mut e, _) = engine("", BOXED);
+    let mut h = Fake::at(1000);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
+    assert_eq!(h.status_of(10), Some(429));
+    h.now = 60_000;
+    for (ctx, cost, status) in [
+        (11, "0", 400),
+        (12, "-1", 400),
+        (13, "3", 400),
+        (14, "1", 429),
+    ] {
+        let r = req("/api/x", &[("x-user", "a"), ("x-cost", cost)]);
+        let action = send(&mut e, &mut h, ctx, &r);
+        assert_ne!(action, Action::Continue, "cost {cost} went through");
+        assert_eq!(h.status_of(ctx), Some(status), "cost {cost}");
+    }
+    assert_eq!(h.sent.len(), 1, "no call for any of them");
+    assert!(h.resumed.is_empty(), "nothing forwarded: {:?}", h.resumed);
+}
