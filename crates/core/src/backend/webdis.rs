@@ -220,6 +220,7 @@ fn small_integers(body: &[u8]) -> Option<([i64; 6], usize)> {
     let mut rest = rest.get(name_len..)?.strip_prefix(b"\":[")?;
     let mut out = [0i64; 6];
     let mut count = 0;
+    let mut closed = false;
     for (i, slot) in out.iter_mut().enumerate() {
         let (negative, digits_at) = match rest.first() {
             Some(b'-') => (true, 1),
@@ -246,12 +247,13 @@ fn small_integers(body: &[u8]) -> Option<([i64; 6], usize)> {
         if i >= 4 {
             if let Some(end) = rest.strip_prefix(b"]}") {
                 rest = end;
+                closed = true;
                 break;
             }
         }
         rest = rest.strip_prefix(b",")?;
     }
-    (name_len > 0 && count >= 5 && rest.is_empty()).then_some((out, count))
+    (name_len > 0 && count >= 5 && closed && rest.is_empty()).then_some((out, count))
 }
 
 fn kind(v: &serde_json::Value) -> &'static str {
@@ -521,6 +523,11 @@ mod tests {
             b"\xff\xfe",
             b"<html>",
             br#"{"EVALSHA":[1,99999999999999999999999,0,0,1]}"#,
+            // Cut after a sixth integer (found by the fuzz target): six integers are the most
+            // there are, so the array must close there.
+            br#"{"EVALSHA":[0,0,990,0,90,0,"#,
+            br#"{"EVALSHA":[0,0,5,50,0,2"#,
+            br#"{"EVALSHA":[1,4,0,50,1,0,7]}"#,
         ];
         for b in bad {
             match decode_reply(b) {
