@@ -15,13 +15,12 @@ use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 
 use tollgate_core::bucket::{Holders, Limits, State};
-use tollgate_core::config::Config;
 use tollgate_core::engine::Action;
 use tollgate_core::shared::mem::MemStore;
 
 use crate::opts::{Assign, Opts};
 use crate::run::Run;
-use crate::worker::{Req, Worker, USER_HEADER};
+use crate::worker::{self, Req, Worker, USER_HEADER};
 use calls::CallRec;
 
 /// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
@@ -108,7 +107,8 @@ pub struct Sim<'o> {
     last_tick: u64,
 }
 
-fn config_json(o: &Opts) -> String {
+/// The shape's one rule: the bench's user header as the key, in lease mode.
+fn rule(o: &Opts) -> serde_json::Value {
     let mut rule = serde_json::json!({
         "name": "per-user",
         "match": { "path_prefix": "/api/" },
@@ -124,28 +124,20 @@ fn config_json(o: &Opts) -> String {
     if let Some(m) = o.lease_max {
         rule["lease_max"] = m.into();
     }
-    serde_json::json!({
-        "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 100 },
-        "key_prefix": "sim",
-        "failure_mode": "closed",
-        "response_headers": "ietf",
-        "rules": [rule],
-    })
-    .to_string()
+    rule
 }
 
 impl<'o> Sim<'o> {
     pub fn new(o: &'o Opts, seed: u64) -> Sim<'o> {
         let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5bd1_e995);
-        let json = config_json(o);
+        let config = worker::config(serde_json::json!([rule(o)]));
         let mut workers = Vec::new();
         let mut stores = Vec::new();
         for _ in 0..o.proxies {
             let store = Rc::new(MemStore::default());
             let mut ws = Vec::new();
             for _ in 0..o.workers {
-                let config = Config::try_from(json.as_bytes()).unwrap();
-                ws.push(Worker::new(config, store.clone()));
+                ws.push(Worker::new(config.clone(), store.clone()));
             }
             workers.push(ws);
             stores.push(store);

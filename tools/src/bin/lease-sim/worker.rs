@@ -1,9 +1,9 @@
 //! One simulated worker: its engine on the engine tests' fake host
 //! (`tollgate_core::engine::testkit`), which records the calls, resumes, replies and tick the
-//! engine asks for during a callback; the callbacks both simulators run on it, and [`Asked`], what
-//! a callback asked of the host, drained for the simulation to carry out after it (when, and what
-//! it records, is each simulation's own); and the bench's request and response as the engine reads
-//! them.
+//! engine asks for during a callback; the configuration it runs (the bench's backend around each
+//! simulator's rules); the callbacks both simulators run on it, and [`Asked`], what a callback
+//! asked of the host, drained for the simulation to carry out after it (when, and what it records,
+//! is each simulation's own); and the bench's request and response as the engine reads them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -75,6 +75,20 @@ impl RequestView for NoHeaders {
     fn client_ip(&self) -> Option<Vec<u8>> {
         None
     }
+}
+
+/// The configuration every simulated worker runs: the bench's backend (Webdis, failing closed,
+/// IETF headers, keys under `sim`) around `rules`, a JSON array of rules (what each simulator
+/// limits is its own).
+pub fn config(rules: serde_json::Value) -> Config {
+    let json = serde_json::json!({
+        "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 100 },
+        "key_prefix": "sim",
+        "failure_mode": "closed",
+        "response_headers": "ietf",
+        "rules": rules,
+    });
+    Config::try_from(json.to_string().as_bytes()).unwrap()
 }
 
 /// One worker: its engine and host, and the simulation's bookkeeping of its requests and calls.

@@ -11,7 +11,6 @@ use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 
 use tollgate_core::bucket::{self, Ask, Holders, Limits, State};
-use tollgate_core::config::Config;
 use tollgate_core::engine::Action;
 use tollgate_core::shared::mem::MemStore;
 
@@ -19,7 +18,7 @@ use super::demand::{self, Proxy};
 use super::FleetOpts;
 use crate::sim::Rng;
 use crate::webdis::parse_call;
-use crate::worker::{KeyedReq, Worker, USER_HEADER};
+use crate::worker::{self, KeyedReq, Worker, USER_HEADER};
 
 /// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
 const EPOCH_US: u64 = 1_700_000_000_000_000;
@@ -98,7 +97,8 @@ impl Ord for Ev {
     }
 }
 
-fn config_json(o: &FleetOpts) -> String {
+/// The fleet's two rules: the hot key's and the warm keys', each on its own path prefix.
+fn rules(o: &FleetOpts) -> serde_json::Value {
     let rule = |name: &str, rate: u64, burst: u64| {
         let mut r = serde_json::json!({
             "name": name,
@@ -114,23 +114,15 @@ fn config_json(o: &FleetOpts) -> String {
         }
         r
     };
-    serde_json::json!({
-        "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 100 },
-        "key_prefix": "sim",
-        "failure_mode": "closed",
-        "response_headers": "ietf",
-        "rules": [
-            rule("hot", o.hot_rate, o.hot_burst),
-            rule("warm", o.warm_rate, o.warm_burst),
-        ],
-    })
-    .to_string()
+    serde_json::json!([
+        rule("hot", o.hot_rate, o.hot_burst),
+        rule("warm", o.warm_rate, o.warm_burst),
+    ])
 }
 
 impl<'o> FleetSim<'o> {
     pub fn new(o: &'o FleetOpts) -> FleetSim<'o> {
-        let json = config_json(o);
-        let config = Config::try_from(json.as_bytes()).unwrap();
+        let config = worker::config(rules(o));
         let proxies = demand::proxies(o);
         let (hot, warm) = demand::rates(o);
         let mut workers = Vec::new();
