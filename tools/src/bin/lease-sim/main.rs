@@ -21,10 +21,12 @@
 //! proxies, one hot key and many warm keys, skewed demand (fleet.rs; `make sim-scale`).
 //!
 //! The files: opts.rs (options and the sweep's shapes), worker.rs (a worker: its engine on the
-//! engine tests' fake host, `tollgate_core::engine::testkit`), sim.rs (the event loop and the
-//! clients), sim/calls.rs (script calls to the bucket model and back), sim/account.rs (the
+//! engine tests' fake host, `tollgate_core::engine::testkit`, the configuration around each
+//! simulator's rules, the callbacks run on it and what each asked of the host), webdis.rs (a script call and its reply as Webdis carries them),
+//! ideal.rs (what one perfect token bucket admits; the fullest window), sim.rs (the event loop and
+//! the clients), sim/calls.rs (script calls to the bucket model and back), sim/account.rs (the
 //! ledger), run.rs (a load's figures), report.rs (printing), fleet.rs and fleet/ (the fleet
-//! runs), tests.rs.
+//! runs), tests.rs. Both simulators share worker.rs, webdis.rs and ideal.rs.
 
 // A tool run natively, never in the VM: a broken invariant here fails the run with its message.
 #![allow(
@@ -35,12 +37,14 @@
 )]
 
 mod fleet;
+mod ideal;
 mod opts;
 mod report;
 mod run;
 mod sim;
 #[cfg(test)]
 mod tests;
+mod webdis;
 mod worker;
 
 use opts::{parse_args, shapes};

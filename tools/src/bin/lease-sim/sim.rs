@@ -3,27 +3,24 @@
 //! by paced clients like `make bench`'s (h2load `--rps`, one request in flight per connection,
 //! every client's timer firing once per period from its connection). Events run in time order, ties
 //! in the order they were scheduled, so the same options and seed give the same run. calls.rs
-//! carries the script calls to the bucket model and back; account.rs keeps the ledger.
+//! carries the script calls to the bucket model and back; account.rs keeps the ledger. The
+//! callbacks on a worker, and what they ask of the host, are the worker's (worker.rs), shared with
+//! the fleet.
 
 mod account;
 mod calls;
-
-pub(crate) use calls::parse_call;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 
 use tollgate_core::bucket::{Holders, Limits, State};
-use tollgate_core::config::Config;
-use tollgate_core::engine::testkit::FakeHost;
-use tollgate_core::engine::{Action, Engine, Plugin};
-use tollgate_core::metrics::Recorder;
+use tollgate_core::engine::Action;
 use tollgate_core::shared::mem::MemStore;
 
 use crate::opts::{Assign, Opts};
 use crate::run::Run;
-use crate::worker::{NoHeaders, Req, Worker, ROOT, USER_HEADER};
+use crate::worker::{self, Req, Worker, USER_HEADER};
 use calls::CallRec;
 
 /// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
@@ -110,7 +107,8 @@ pub struct Sim<'o> {
     last_tick: u64,
 }
 
-fn config_json(o: &Opts) -> String {
+/// The shape's one rule: the bench's user header as the key, in lease mode.
+fn rule(o: &Opts) -> serde_json::Value {
     let mut rule = serde_json::json!({
         "name": "per-user",
         "match": { "path_prefix": "/api/" },
@@ -126,42 +124,20 @@ fn config_json(o: &Opts) -> String {
     if let Some(m) = o.lease_max {
         rule["lease_max"] = m.into();
     }
-    serde_json::json!({
-        "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 100 },
-        "key_prefix": "sim",
-        "failure_mode": "closed",
-        "response_headers": "ietf",
-        "rules": [rule],
-    })
-    .to_string()
+    rule
 }
 
 impl<'o> Sim<'o> {
     pub fn new(o: &'o Opts, seed: u64) -> Sim<'o> {
         let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5bd1_e995);
-        let json = config_json(o);
+        let config = worker::config(serde_json::json!([rule(o)]));
         let mut workers = Vec::new();
         let mut stores = Vec::new();
         for _ in 0..o.proxies {
             let store = Rc::new(MemStore::default());
             let mut ws = Vec::new();
             for _ in 0..o.workers {
-                let config = Config::try_from(json.as_bytes()).unwrap();
-                let rec = Rc::new(Recorder::default());
-                let plugin = Plugin::with_metrics(config, Box::new(rec.clone()));
-                ws.push(Worker {
-                    engine: Engine::new(plugin),
-                    host: FakeHost {
-                        current: ROOT,
-                        ..FakeHost::sharing(store.clone())
-                    },
-                    rec,
-                    tick_ms: 0,
-                    tick_gen: 0,
-                    next_ctx: ROOT + 1,
-                    reqs: HashMap::new(),
-                    calls: HashMap::new(),
-                });
+                ws.push(Worker::new(config.clone(), store.clone()));
             }
             workers.push(ws);
             stores.push(store);
@@ -316,13 +292,7 @@ impl<'o> Sim<'o> {
         if now <= self.end_us {
             self.arrivals.push(now);
         }
-        let wk = &mut self.workers[p][w];
-        let ctx = wk.next_ctx;
-        wk.next_ctx += 1;
-        wk.reqs.insert(ctx, c);
-        wk.host.now = now / 1000;
-        wk.host.current = ctx;
-        let action = wk.engine.request_headers(&mut wk.host, ctx.into(), &Req);
+        let (ctx, action) = self.workers[p][w].request(now / 1000, c, &Req);
         if action == Action::Continue {
             self.at(now + UPSTREAM_US, Ev::Complete(p, w, ctx, 200));
         }
@@ -331,19 +301,13 @@ impl<'o> Sim<'o> {
 
     fn complete(&mut self, p: usize, w: usize, ctx: u32, status: u32) {
         let now = self.now_us;
-        let wk = &mut self.workers[p][w];
-        let Some(c) = wk.reqs.remove(&ctx) else {
+        let Some(c) = self.workers[p][w].complete(now / 1000, ctx, status) else {
             return;
         };
-        wk.host.now = now / 1000;
-        wk.host.current = ctx;
         if status == 200 {
-            wk.engine
-                .response_headers(&mut wk.host, ctx.into(), &NoHeaders);
             // Admitted by the engine when it let the request go on, the upstream's time ago.
             self.admits.push(now - UPSTREAM_US);
         }
-        wk.engine.done(&mut wk.host, ctx.into());
         self.after(p, w);
         if status == 429 && self.now_us < self.end_us && self.level(now) >= 1 {
             self.run.limited_with_tokens += 1;

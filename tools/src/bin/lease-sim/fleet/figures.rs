@@ -5,6 +5,7 @@
 //! of the hot key's admissions against their share of its demand.
 
 use super::sim::FleetSim;
+use crate::ideal::{self, perfect};
 
 /// Window lengths checked, in ms: every window of each length that starts at an admission (the
 /// most admissions any window of that length holds is among those).
@@ -84,32 +85,10 @@ impl Figures {
     }
 }
 
-/// What one perfect token bucket admits of requests arriving at `arrivals` (sorted, µs).
-fn perfect(arrivals: &[u64], burst: u64, rate: u64) -> u64 {
-    let (burst, rate) = (burst as f64, rate as f64);
-    let (mut level, mut at, mut admitted) = (burst, arrivals.first().copied().unwrap_or(0), 0);
-    for &t in arrivals {
-        level = (level + (t - at) as f64 * rate / 1e6).min(burst);
-        at = t;
-        if level >= 1.0 {
-            level -= 1.0;
-            admitted += 1;
-        }
-    }
-    admitted
-}
-
 /// The fullest window of length `len_ms` among `admits` (sorted, µs), over burst + rate × W.
 fn excess(admits: &[u64], len_ms: u64, burst: u64, rate: u64) -> f64 {
     let bound = burst as f64 + rate as f64 * len_ms as f64 / 1000.0;
-    let mut most = 0;
-    let mut end = 0;
-    for (start, &t) in admits.iter().enumerate() {
-        while end < admits.len() && admits[end] < t + len_ms * 1000 {
-            end += 1;
-        }
-        most = most.max(end - start);
-    }
+    let most = ideal::fullest(admits, len_ms).map_or(0, |(_, held)| held);
     most as f64 - bound
 }
 

@@ -2,24 +2,23 @@
 //! store per proxy) on one simulated clock, requests arriving per proxy as a Poisson process, and
 //! one bucket model per key (`tollgate_core::bucket`, the Lua script's model) answering each call
 //! after a random round trip. Events run in time order, ties in the order they were scheduled, so
-//! the same options and seed give the same requests (the engines' holder ids are their own).
+//! the same options and seed give the same requests (the engines' holder ids are their own). The
+//! callbacks on a worker, and what they ask of the host, are the worker's (worker.rs), shared with
+//! the original simulator; what this loop records of them is its own.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 
-use tollgate_core::backend::{Answer, Payload};
 use tollgate_core::bucket::{self, Ask, Holders, Limits, State};
-use tollgate_core::config::Config;
-use tollgate_core::engine::testkit::FakeHost;
-use tollgate_core::engine::{Action, Engine, Plugin};
-use tollgate_core::metrics::Recorder;
+use tollgate_core::engine::Action;
 use tollgate_core::shared::mem::MemStore;
 
 use super::demand::{self, Proxy};
 use super::FleetOpts;
-use crate::sim::{parse_call, Rng};
-use crate::worker::{KeyedReq, NoHeaders, Worker, ROOT, USER_HEADER};
+use crate::sim::Rng;
+use crate::webdis::parse_call;
+use crate::worker::{self, KeyedReq, Worker, USER_HEADER};
 
 /// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
 const EPOCH_US: u64 = 1_700_000_000_000_000;
@@ -98,7 +97,8 @@ impl Ord for Ev {
     }
 }
 
-fn config_json(o: &FleetOpts) -> String {
+/// The fleet's two rules: the hot key's and the warm keys', each on its own path prefix.
+fn rules(o: &FleetOpts) -> serde_json::Value {
     let rule = |name: &str, rate: u64, burst: u64| {
         let mut r = serde_json::json!({
             "name": name,
@@ -114,46 +114,22 @@ fn config_json(o: &FleetOpts) -> String {
         }
         r
     };
-    serde_json::json!({
-        "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 100 },
-        "key_prefix": "sim",
-        "failure_mode": "closed",
-        "response_headers": "ietf",
-        "rules": [
-            rule("hot", o.hot_rate, o.hot_burst),
-            rule("warm", o.warm_rate, o.warm_burst),
-        ],
-    })
-    .to_string()
+    serde_json::json!([
+        rule("hot", o.hot_rate, o.hot_burst),
+        rule("warm", o.warm_rate, o.warm_burst),
+    ])
 }
 
 impl<'o> FleetSim<'o> {
     pub fn new(o: &'o FleetOpts) -> FleetSim<'o> {
-        let json = config_json(o);
-        let config = Config::try_from(json.as_bytes()).unwrap();
+        let config = worker::config(rules(o));
         let proxies = demand::proxies(o);
         let (hot, warm) = demand::rates(o);
         let mut workers = Vec::new();
         for _ in 0..o.proxies {
             let store = Rc::new(MemStore::default());
             let ws = (0..o.workers)
-                .map(|_| {
-                    let rec = Rc::new(Recorder::default());
-                    let plugin = Plugin::with_metrics(config.clone(), Box::new(rec.clone()));
-                    Worker {
-                        engine: Engine::new(plugin),
-                        host: FakeHost {
-                            current: ROOT,
-                            ..FakeHost::sharing(store.clone())
-                        },
-                        rec,
-                        tick_ms: 0,
-                        tick_gen: 0,
-                        next_ctx: ROOT + 1,
-                        reqs: HashMap::new(),
-                        calls: HashMap::new(),
-                    }
-                })
+                .map(|_| Worker::new(config.clone(), store.clone()))
                 .collect();
             workers.push(ws);
         }
@@ -252,15 +228,8 @@ impl<'o> FleetSim<'o> {
             None => ("/hot/x", HOT_USER),
             Some(k) => ("/warm/x", self.warm_users[k as usize].as_str()),
         };
-        let wk = &mut self.workers[p][w];
-        let ctx = wk.next_ctx;
-        wk.next_ctx += 1;
-        wk.reqs.insert(ctx, idx);
-        wk.host.now = (EPOCH_US + now) / 1000;
-        wk.host.current = ctx;
-        let action = wk
-            .engine
-            .request_headers(&mut wk.host, ctx.into(), &KeyedReq { path, user });
+        let req = KeyedReq { path, user };
+        let (ctx, action) = self.workers[p][w].request((EPOCH_US + now) / 1000, idx, &req);
         if action == Action::Continue {
             self.reqs[idx].admitted_us = Some(now);
             self.at(
@@ -272,35 +241,18 @@ impl<'o> FleetSim<'o> {
     }
 
     fn complete(&mut self, p: usize, w: usize, ctx: u32, status: u32) {
-        let now = self.now_us;
-        let wk = &mut self.workers[p][w];
-        if wk.reqs.remove(&ctx).is_none() {
+        let now_ms = (EPOCH_US + self.now_us) / 1000;
+        if self.workers[p][w].complete(now_ms, ctx, status).is_none() {
             return;
         }
-        wk.host.now = (EPOCH_US + now) / 1000;
-        wk.host.current = ctx;
-        if status == 200 {
-            wk.engine
-                .response_headers(&mut wk.host, ctx.into(), &NoHeaders);
-        }
-        wk.engine.done(&mut wk.host, ctx.into());
         self.after(p, w);
     }
 
     /// Carries out what the engine asked of the host during a callback.
     fn after(&mut self, p: usize, w: usize) {
         let now = self.now_us;
-        let wk = &mut self.workers[p][w];
-        let host = &mut wk.host;
-        let out = std::mem::take(&mut host.out);
-        host.sent.clear();
-        host.added.clear();
-        host.decisions.clear();
-        let resumed = std::mem::take(&mut host.resumed);
-        let responded = std::mem::take(&mut host.responded);
-        let tick = (host.tick_sets > 0).then_some(host.tick);
-        host.tick_sets = 0;
-        for (token, call) in out {
+        let asked = self.workers[p][w].drain();
+        for (token, call) in asked.calls {
             let (key, limits, ask) = parse_call(&call.body);
             let lat = self.rng.between(self.o.lat_min_us, self.o.lat_max_us);
             let idx = self.calls.len();
@@ -318,7 +270,7 @@ impl<'o> FleetSim<'o> {
             });
             self.at(now + lat / 2, Ev::Exec(idx as u32));
         }
-        for ctx in resumed {
+        for ctx in asked.resumed {
             if let Some(&r) = self.workers[p][w].reqs.get(&ctx) {
                 self.reqs[r].admitted_us.get_or_insert(now);
             }
@@ -327,20 +279,14 @@ impl<'o> FleetSim<'o> {
                 Ev::Complete(p as u32, w as u32, ctx, 200),
             );
         }
-        for (ctx, reply) in responded {
+        for (ctx, status) in asked.responded {
             self.at(
                 now + UPSTREAM_US,
-                Ev::Complete(p as u32, w as u32, ctx, reply.status),
+                Ev::Complete(p as u32, w as u32, ctx, status),
             );
         }
-        if let Some(period) = tick {
-            let wk = &mut self.workers[p][w];
-            wk.tick_ms = period;
-            wk.tick_gen += 1;
-            let gen = wk.tick_gen;
-            if period > 0 {
-                self.at(now + period * 1000, Ev::Tick(p as u32, w as u32, gen));
-            }
+        if let Some((period, gen)) = asked.tick {
+            self.at(now + period * 1000, Ev::Tick(p as u32, w as u32, gen));
         }
     }
 
@@ -364,39 +310,19 @@ impl<'o> FleetSim<'o> {
         if self.now_us >= self.proxies[p].leave_us {
             return; // the proxy is gone: nobody reads the answer
         }
-        let body = format!(
-            r#"{{"EVALSHA":[{},{},{},{},{}]}}"#,
-            u8::from(reply.allowed),
-            reply.remaining,
-            reply.retry_after_ms,
-            reply.reset_after_ms,
-            reply.granted
-        );
-        let wk = &mut self.workers[p][w];
-        wk.host.now = (EPOCH_US + self.now_us) / 1000;
-        wk.host.current = ROOT;
-        let answer = Answer::Http {
-            status: 200,
-            body: Payload::Read(body.into_bytes()),
-        };
-        wk.engine.call_response(&mut wk.host, token, &answer);
+        let now_ms = (EPOCH_US + self.now_us) / 1000;
+        self.workers[p][w].answer(now_ms, token, &reply);
         self.after(p, w);
     }
 
     fn tick(&mut self, p: usize, w: usize, gen: u64) {
         let now = self.now_us;
-        let wk = &mut self.workers[p][w];
-        if gen != wk.tick_gen || wk.tick_ms == 0 {
+        if !self.workers[p][w].tick((EPOCH_US + now) / 1000, gen) {
             return;
         }
-        wk.host.now = (EPOCH_US + now) / 1000;
-        wk.host.current = ROOT;
-        wk.engine.tick(&mut wk.host);
         self.after(p, w);
-        let wk = &self.workers[p][w];
-        if wk.tick_gen == gen && wk.tick_ms > 0 {
-            let next = now + wk.tick_ms * 1000;
-            self.at(next, Ev::Tick(p as u32, w as u32, gen));
+        if let Some(period) = self.workers[p][w].ticking(gen) {
+            self.at(now + period * 1000, Ev::Tick(p as u32, w as u32, gen));
         }
     }
 }

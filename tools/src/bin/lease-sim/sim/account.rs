@@ -6,6 +6,7 @@ use tollgate_core::metrics::Counter;
 use tollgate_core::shared::lease::LeasePool;
 
 use super::Sim;
+use crate::ideal;
 use crate::run::{Run, Window, WINDOWS_MS};
 use crate::worker::ROOT;
 
@@ -124,21 +125,11 @@ impl Sim<'_> {
     pub(super) fn perfect(&self) -> u64 {
         let mut arrivals = self.arrivals.clone();
         arrivals.sort_unstable();
-        let (burst, rate) = (self.o.burst as f64, self.o.rate as f64);
-        let (mut level, mut at, mut admitted) = (burst, arrivals.first().copied().unwrap_or(0), 0);
-        for t in arrivals {
-            level = (level + (t - at) as f64 * rate / 1e6).min(burst);
-            at = t;
-            if level >= 1.0 {
-                level -= 1.0;
-                admitted += 1;
-            }
-        }
-        admitted
+        ideal::perfect(&arrivals, self.o.burst, self.o.rate)
     }
 
     /// Of every window of each length in [`WINDOWS_MS`] that starts at an admission, the one with
-    /// the most admissions over the bound burst + rate × W.
+    /// the most admissions over the bound burst + rate × W (the first such, shortest first).
     pub(super) fn worst_window(&self) -> Window {
         let mut admits = self.admits.clone();
         admits.sort_unstable();
@@ -148,21 +139,17 @@ impl Sim<'_> {
             ..Window::default()
         };
         for len_ms in WINDOWS_MS {
-            let bound = self.o.burst as f64 + self.o.rate as f64 * len_ms as f64 / 1000.0;
-            let mut end = 0;
-            for (start, &t) in admits.iter().enumerate() {
-                while end < admits.len() && admits[end] < t + len_ms * 1000 {
-                    end += 1;
-                }
-                let w = Window {
-                    start_ms: t.saturating_sub(first) as f64 / 1000.0,
-                    len_ms,
-                    admitted: (end - start) as u64,
-                    bound,
-                };
-                if w.excess() > worst.excess() {
-                    worst = w;
-                }
+            let Some((start, admitted)) = ideal::fullest(&admits, len_ms) else {
+                continue;
+            };
+            let w = Window {
+                start_ms: admits[start].saturating_sub(first) as f64 / 1000.0,
+                len_ms,
+                admitted,
+                bound: self.o.burst as f64 + self.o.rate as f64 * len_ms as f64 / 1000.0,
+            };
+            if w.excess() > worst.excess() {
+                worst = w;
             }
         }
         worst
