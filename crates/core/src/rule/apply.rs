@@ -56,12 +56,17 @@ fn override_of<'r>(
     values: &[&[u8]],
     req: &dyn RequestView,
 ) -> Option<&'r Override> {
-    if rule.key.iter().any(reads_the_path) {
-        let full = req.header(":path")?;
-        path::agreed(&full)?;
+    if rule.key.iter().any(reads_the_path) && !path_agreed(req) {
+        return None;
     }
     let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();
     rule.overrides.get(&values)
+}
+
+/// Whether the request has a path and every reading of it agrees on it ([`path::agreed`]).
+pub(super) fn path_agreed(req: &dyn RequestView) -> bool {
+    req.header(":path")
+        .is_some_and(|full| path::agreed(&full).is_some())
 }
 
 /// Whether `source`'s value is the request's path, in some spelling.

@@ -7,10 +7,10 @@
 //! never a higher tier; so does a missing value, or one no tier names ([`Pick::Default`]). A
 //! tier never changes the bucket key (`apply`).
 
-use super::apply::reads_the_path;
+use super::apply::{path_agreed, reads_the_path};
 use super::source::key_value;
 use super::value::{self, Value};
-use super::{path, Read, RequestView};
+use super::{Read, RequestView};
 use crate::config::{KeySource, Override, Tiers};
 
 /// What a rule's tiers give a request.
@@ -44,13 +44,8 @@ pub(super) fn pick<'r>(tiers: &'r Tiers, req: &dyn RequestView) -> Pick<'r> {
             }
         }
         source => {
-            if reads_the_path(source) {
-                let agreed = req
-                    .header(":path")
-                    .is_some_and(|full| path::agreed(&full).is_some());
-                if !agreed {
-                    return Pick::Ambiguous;
-                }
+            if reads_the_path(source) && !path_agreed(req) {
+                return Pick::Ambiguous;
             }
             match key_value(source, req) {
                 Read::Value(v) => found(&v),
