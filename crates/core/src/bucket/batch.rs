@@ -128,6 +128,8 @@ pub struct Group {
 
 impl Group {
     /// The argument the script refuses first, checked in its order; None when it takes them all.
+    /// (A number above 2^53 is refused; the script reads 2^53 + 1 as the double 2^53, a value no
+    /// caller sends.)
     fn refusal(&self, keys: usize) -> Option<GroupError> {
         let exact = |v: u64| v <= MAX_EXACT;
         let (l, a) = (&self.limits, &self.ask);
