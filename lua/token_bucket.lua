@@ -119,13 +119,6 @@ tests/model.rs checks they agree bit for bit.
 ]]
 
 local MAX_EXACT = 9007199254740992 -- 2^53
-local MAX_FULL = 1125899906842624 -- 2^50
-local MAX_RATE = 1000000000
-local MAX_WAIT_MS = 3600000 -- with rate <= 1e9 the deepest debt stays below 2^53
--- Added to the key's PEXPIRE. Expiring late is invisible (a stale key refills to full, the same as an
--- absent one); expiring early would hand out tokens, and Redis was seen expiring a key with PEXPIRE 1
--- inside the very script that set it (PTTL -2 right after, redis 7.0.15, under load).
-local EXPIRE_SLACK_MS = 1000
 
 -- Exact floor division of non-negative integers a, b (b >= 1).
 local function idiv(a, b)
@@ -163,14 +156,6 @@ local function bad(name)
   return redis.error_reply('ERR tollgate: bad argument ' .. name)
 end
 
-local MAX_HOLD_MS = 86400000
-local DEBT_FLOOR = -4503599627370496 -- -2^52 units: the deepest debt a rescale keeps
-
-
-local MAX_PENALTY_MS = 86400000
-local MAX_PENALTY_WINDOW_MS = 604800000
-local MAX_OFFENCES = 8
-
 -- Redis' clock in microseconds.
 local function redis_time()
   local tm = redis.call('TIME')
@@ -181,6 +166,21 @@ end
 -- the clock when argv[8] gives none (nil: Redis' TIME, read here). Returns the reply, or nil and
 -- the name of the bad argument: every argument is checked before anything is written.
 local function step(key, argv, now_or_nil)
+  -- The limits are locals of step, not of the chunk: each local of the chunk that step uses is
+  -- one more upvalue to allocate on every run.
+  local MAX_FULL = 1125899906842624 -- 2^50
+  local MAX_RATE = 1000000000
+  local MAX_WAIT_MS = 3600000 -- with rate <= 1e9 the deepest debt stays below 2^53
+  -- Added to the key's PEXPIRE. Expiring late is invisible (a stale key refills to full, the same
+  -- as an absent one); expiring early would hand out tokens, and Redis was seen expiring a key with
+  -- PEXPIRE 1 inside the very script that set it (PTTL -2 right after, redis 7.0.15, under load).
+  local EXPIRE_SLACK_MS = 1000
+  local MAX_HOLD_MS = 86400000
+  local DEBT_FLOOR = -4503599627370496 -- -2^52 units: the deepest debt a rescale keeps
+  local MAX_PENALTY_MS = 86400000
+  local MAX_PENALTY_WINDOW_MS = 604800000
+  local MAX_OFFENCES = 8
+
   if key == nil then
     return nil, 'key'
   end
@@ -614,6 +614,15 @@ local function step(key, argv, now_or_nil)
   return { allowed, remaining, retry_after_ms, reset_after_ms, granted }
 end
 
+-- The single form.
+if ARGV[1] ~= 'batch' then
+  local reply, name = step(KEYS[1], ARGV, nil)
+  if reply == nil then
+    return bad(name)
+  end
+  return reply
+end
+
 -- The batched form: at most this many keys per call.
 local MAX_BATCH_KEYS = 256
 -- A group's code for each bad argument (the name in the single form's error), and for an error
@@ -692,11 +701,5 @@ local function batch()
   return out
 end
 
-if ARGV[1] == 'batch' then
-  return batch()
-end
-local reply, name = step(KEYS[1], ARGV, nil)
-if reply == nil then
-  return bad(name)
-end
-return reply
+
+return batch()
