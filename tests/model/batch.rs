@@ -285,9 +285,9 @@ fn model_matches_script_on_random_batches() {
             let last = groups
                 .iter()
                 .zip(&replies)
-                .filter(|(g, r)| g.key == k && r.is_ok())
-                .map(|(g, _)| g)
-                .last();
+                .rev()
+                .find(|(g, r)| g.key == k && r.is_ok())
+                .map(|(g, _)| g);
             if let Some(i) = groups.iter().position(|g| g.key == k) {
                 let (ttl, want) = (ttls[i], want_ttl(stored, last));
                 assert!(
