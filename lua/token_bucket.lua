@@ -1,5 +1,6 @@
 --[[
-tollgate token bucket: one atomic step of a global token bucket.
+tollgate token bucket: one atomic step of a global token bucket (the single form), or one step of
+each of several buckets in order (the batched form, below).
 
 KEYS[1]  the bucket key, "<key_prefix>:{<rule>:<digest>}" (one hash-tagged key: works on Redis Cluster).
 ARGV[1]  burst       bucket capacity in tokens                     (integer >= 1)
@@ -58,6 +59,29 @@ Returns a FLAT array of integers (Webdis turns nested arrays into null):
 An operation ("reset", "credit:n") answers { 1, remaining, 0, reset_after_ms, 0 }: the bucket after it.
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
 
+The batched form: the steps of several keys in one call (one run; each key's step is the single
+form's step, atomic, and the keys run in order).
+KEYS[1..n]  1 <= n <= 256 bucket keys; the same key may come more than once (its later step sees
+            what its earlier one wrote). On a Redis Cluster they must hash to one slot: Redis
+            refuses the call (CROSSSLOT) before it runs otherwise.
+ARGV        "batch", then for each key in order a count c (5 to 9) and exactly c arguments: that
+            key's ARGV[1..c] of the single form (an operator's operation included):
+              batch  c1 a1_1 .. a1_c1  c2 a2_1 .. a2_c2  ..  cn an_1 .. an_cn
+The frame is checked first: an n out of range, a count that is not one digit 5 to 9, or arguments
+not used up exactly give the error reply "ERR tollgate: bad argument batch", and no key is read
+or written. Redis' TIME is read once, and is the now of every key whose arguments give none (an
+explicit ARGV[8] wins).
+Returns a FLAT array of exactly 6 integers per key, in key order: the single form's reply, with
+penalized as the 6th (0 when that key has no penalty). A key whose arguments are bad, or whose
+step raised an error about that key (WRONGTYPE: not a hash) or an error of the script's own, gets
+{ -1, code, 0, 0, 0, 0 } and the others go on. The code names the argument the single form's error
+would name: 1 key, 2 burst, 3 rate, 4 period_ms, 5 burst*period_ms, 6 cost, 7 lease, 8 credit,
+9 max_wait_ms, 10 settle, 11 now, 12 penalty; 13 is an error while the step ran. A bad argument
+writes nothing; what a step wrote before an error stays (as in the single form). An error Redis
+raises about the server as a whole (OOM, READONLY, ...: any error but WRONGTYPE) ends the run and
+is its error reply, as in the single form; what earlier keys' steps wrote stays (Redis raises OOM
+and READONLY only before a run's first write).
+
 Tokens out on lease count against the capacity. The bucket holds at most burst minus what the
 holders hold: `o`, the sum of every live holder's `h<id>` (tokens it may still hold; a report only
 lowers it, a grant raises it) until `e<id>` (when it must have dropped them). So the bucket and
@@ -90,17 +114,11 @@ without an expiry (PERSIST). When the units per token change (period_ms, or the 
 rescaled to the new ones: whole tokens kept exactly, a partial token rounded down, a debt kept in
 whole tokens rounded up (down to 2^52 units at most, more than 75 minutes of refill at the highest
 rate).
-crates/core/src/bucket.rs is the Rust model of this script; tests/model.rs checks they agree bit for bit.
+crates/core/src/bucket.rs is the Rust model of this script (`take_batch` of the batched form);
+tests/model.rs checks they agree bit for bit.
 ]]
 
 local MAX_EXACT = 9007199254740992 -- 2^53
-local MAX_FULL = 1125899906842624 -- 2^50
-local MAX_RATE = 1000000000
-local MAX_WAIT_MS = 3600000 -- with rate <= 1e9 the deepest debt stays below 2^53
--- Added to the key's PEXPIRE. Expiring late is invisible (a stale key refills to full, the same as an
--- absent one); expiring early would hand out tokens, and Redis was seen expiring a key with PEXPIRE 1
--- inside the very script that set it (PTTL -2 right after, redis 7.0.15, under load).
-local EXPIRE_SLACK_MS = 1000
 
 -- Exact floor division of non-negative integers a, b (b >= 1).
 local function idiv(a, b)
@@ -138,440 +156,550 @@ local function bad(name)
   return redis.error_reply('ERR tollgate: bad argument ' .. name)
 end
 
-local MAX_HOLD_MS = 86400000
-local DEBT_FLOOR = -4503599627370496 -- -2^52 units: the deepest debt a rescale keeps
-
-local key = KEYS[1]
-if key == nil then
-  return bad('key')
-end
-local burst = int_arg(ARGV[1], 1)
-if burst == nil then return bad('burst') end
-local rate = int_arg(ARGV[2], 1)
-if rate == nil or rate > MAX_RATE then return bad('rate') end
-local period_ms = int_arg(ARGV[3], 1)
-if period_ms == nil then return bad('period_ms') end
--- The refill step: 1 ms when burst*period_ms fits in 2^50 units; else whole seconds, else whole
--- minutes, when period_ms is a multiple of them and burst*(period_ms/step_ms) fits.
-local step_ms = nil
-for _, s in ipairs({ 1, 1000, 60000 }) do
-  if step_ms == nil and period_ms % s == 0 and burst <= idiv(MAX_FULL, period_ms / s) then
-    step_ms = s
-  end
-end
-if step_ms == nil then return bad('burst*period_ms') end
--- Units per token: the bucket gains `rate` units per whole step.
-local per_token = period_ms / step_ms
-local step_us = step_ms * 1000
-local cost = int_arg(ARGV[4], 0)
-if cost == nil then return bad('cost') end
-
--- The lease: a plain want, or want:holder:seq:hold_ms and one to eight held:quiet_ms steps.
-local lease_want, holder, seq, hold_ms
-local steps = {}
-local lease = ARGV[5]
--- An operator's operation instead of a lease: no take, no holder, no settlement.
-local op, credit
-if lease == 'reset' then
-  op = 'reset'
-elseif type(lease) == 'string' and string.sub(lease, 1, 7) == 'credit:' then
-  credit = int_arg(string.sub(lease, 8), 1)
-  if credit == nil then return bad('credit') end
-  op = 'credit'
-end
-if op ~= nil then
-  if cost ~= 0 then return bad('cost') end
-  lease = '0'
-end
-if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
-    or string.find(lease, '::') or string.find(lease, ':$') then
-  return bad('lease')
-end
-local parts = {}
-for d in string.gmatch(lease, '%d+') do
-  parts[#parts + 1] = d
-end
-lease_want = int_arg(parts[1], 0)
-if lease_want == nil then return bad('lease') end
-if #parts > 1 then
-  if #parts < 6 or #parts > 20 or #parts % 2 == 1 then return bad('lease') end
-  holder = int_arg(parts[2], 1)
-  seq = int_arg(parts[3], 1)
-  hold_ms = int_arg(parts[4], 0)
-  if holder == nil or seq == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
-    return bad('lease')
-  end
-  for i = 5, #parts, 2 do
-    local held, quiet = int_arg(parts[i], 0), int_arg(parts[i + 1], 0)
-    if held == nil or quiet == nil or quiet > MAX_HOLD_MS then return bad('lease') end
-    steps[#steps + 1] = { held, quiet }
-  end
-end
-
-local max_wait_ms = 0
-if ARGV[6] ~= nil then
-  max_wait_ms = int_arg(ARGV[6], 0)
-  if max_wait_ms == nil or max_wait_ms > MAX_WAIT_MS then return bad('max_wait_ms') end
-end
-
-local settle = 0
-if ARGV[7] ~= nil then
-  local magnitude = ARGV[7]
-  local sign = 1
-  if type(magnitude) == 'string' and string.sub(magnitude, 1, 1) == '-' then
-    magnitude = string.sub(magnitude, 2)
-    sign = -1
-  end
-  settle = int_arg(magnitude, 0)
-  if settle == nil or settle > 4 * burst then return bad('settle') end
-  settle = sign * settle
-  if op ~= nil and settle ~= 0 then return bad('settle') end
-end
-
-local now
-if ARGV[8] ~= nil and ARGV[8] ~= 'time' then
-  now = int_arg(ARGV[8], 0)
-  if now == nil then return bad('now') end
-else
+-- Redis' clock in microseconds.
+local function redis_time()
   local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  return tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
 
--- The penalty box (ARGV[9]): window_ms, then 1 to 8 non-decreasing durations.
-local MAX_PENALTY_MS = 86400000
-local MAX_PENALTY_WINDOW_MS = 604800000
-local MAX_OFFENCES = 8
-local pwindow, pms
-if ARGV[9] ~= nil and ARGV[9] ~= '0' then
-  local arg = ARGV[9]
-  if type(arg) ~= 'string' or not string.find(arg, '^%d+:%d[%d:]*$')
-      or string.find(arg, '::') or string.find(arg, ':$') then
-    return bad('penalty')
-  end
-  pms = {}
-  for d in string.gmatch(arg, '%d+') do
-    local v = int_arg(d, 1)
-    if v == nil then return bad('penalty') end
-    if pwindow == nil then
-      if v > MAX_PENALTY_WINDOW_MS then return bad('penalty') end
-      pwindow = v
-    else
-      if v > MAX_PENALTY_MS or (#pms > 0 and v < pms[#pms]) then return bad('penalty') end
-      pms[#pms + 1] = v
-    end
-  end
-  if #pms < 1 or #pms > MAX_OFFENCES then return bad('penalty') end
-end
+-- One atomic step of the bucket at `key`, given the single form's ARGV as `argv`; `now_or_nil` is
+-- the clock when argv[8] gives none (nil: Redis' TIME, read here). Returns the reply, or nil and
+-- the name of the bad argument: every argument is checked before anything is written.
+local function step(key, argv, now_or_nil)
+  -- The limits are locals of step, not of the chunk: each local of the chunk that step uses is
+  -- one more upvalue to allocate on every run.
+  local MAX_FULL = 1125899906842624 -- 2^50
+  local MAX_RATE = 1000000000
+  local MAX_WAIT_MS = 3600000 -- with rate <= 1e9 the deepest debt stays below 2^53
+  -- Added to the key's PEXPIRE. Expiring late is invisible (a stale key refills to full, the same
+  -- as an absent one); expiring early would hand out tokens, and Redis was seen expiring a key with
+  -- PEXPIRE 1 inside the very script that set it (PTTL -2 right after, redis 7.0.15, under load).
+  local EXPIRE_SLACK_MS = 1000
+  local MAX_HOLD_MS = 86400000
+  local DEBT_FLOOR = -4503599627370496 -- -2^52 units: the deepest debt a rescale keeps
+  local MAX_PENALTY_MS = 86400000
+  local MAX_PENALTY_WINDOW_MS = 604800000
+  local MAX_OFFENCES = 8
 
--- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
--- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
-local full = burst * per_token
-local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm')
-local u = tonumber(h[1])
-local t = tonumber(h[2])
-local p = tonumber(h[3])
-local o = tonumber(h[4]) or 0
-local k = tonumber(h[5]) or 0
-local n = tonumber(h[6]) or 0
-local m = tonumber(h[7]) or 0
-if u == nil or t == nil or p == nil or t < 0 or p < 1
-    or u ~= math.floor(u) or t ~= math.floor(t) or p ~= math.floor(p) then
-  u = full
-  t = now
-elseif p ~= per_token then
-  if u < 0 then
-    -- Debt: rescale by whole tokens, rounding the debt up, never down (kept exact: at most
-    -- 2^52 units deep).
-    local debt = ceil_div(-u, p)
-    if debt > idiv(-DEBT_FLOOR, per_token) then
-      u = -(idiv(-DEBT_FLOOR, per_token) * per_token)
-    else
-      u = -(debt * per_token)
+  if key == nil then
+    return nil, 'key'
+  end
+  local burst = int_arg(argv[1], 1)
+  if burst == nil then return nil, 'burst' end
+  local rate = int_arg(argv[2], 1)
+  if rate == nil or rate > MAX_RATE then return nil, 'rate' end
+  local period_ms = int_arg(argv[3], 1)
+  if period_ms == nil then return nil, 'period_ms' end
+  -- The refill step: 1 ms when burst*period_ms fits in 2^50 units; else whole seconds, else whole
+  -- minutes, when period_ms is a multiple of them and burst*(period_ms/step_ms) fits.
+  local step_ms = nil
+  for _, s in ipairs({ 1, 1000, 60000 }) do
+    if step_ms == nil and period_ms % s == 0 and burst <= idiv(MAX_FULL, period_ms / s) then
+      step_ms = s
     end
-  elseif u <= idiv(MAX_EXACT, per_token) then
-    u = idiv(u * per_token, p)
+  end
+  if step_ms == nil then return nil, 'burst*period_ms' end
+  -- Units per token: the bucket gains `rate` units per whole step.
+  local per_token = period_ms / step_ms
+  local step_us = step_ms * 1000
+  local cost = int_arg(argv[4], 0)
+  if cost == nil then return nil, 'cost' end
+
+  -- The lease: a plain want, or want:holder:seq:hold_ms and one to eight held:quiet_ms steps.
+  local lease_want, holder, seq, hold_ms
+  local steps = {}
+  local lease = argv[5]
+  -- An operator's operation instead of a lease: no take, no holder, no settlement.
+  local op, credit
+  if lease == 'reset' then
+    op = 'reset'
+  elseif type(lease) == 'string' and string.sub(lease, 1, 7) == 'credit:' then
+    credit = int_arg(string.sub(lease, 8), 1)
+    if credit == nil then return nil, 'credit' end
+    op = 'credit'
+  end
+  if op ~= nil then
+    if cost ~= 0 then return nil, 'cost' end
+    lease = '0'
+  end
+  if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
+      or string.find(lease, '::') or string.find(lease, ':$') then
+    return nil, 'lease'
+  end
+  local parts = {}
+  for d in string.gmatch(lease, '%d+') do
+    parts[#parts + 1] = d
+  end
+  lease_want = int_arg(parts[1], 0)
+  if lease_want == nil then return nil, 'lease' end
+  if #parts > 1 then
+    if #parts < 6 or #parts > 20 or #parts % 2 == 1 then return nil, 'lease' end
+    holder = int_arg(parts[2], 1)
+    seq = int_arg(parts[3], 1)
+    hold_ms = int_arg(parts[4], 0)
+    if holder == nil or seq == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
+      return nil, 'lease'
+    end
+    for i = 5, #parts, 2 do
+      local held, quiet = int_arg(parts[i], 0), int_arg(parts[i + 1], 0)
+      if held == nil or quiet == nil or quiet > MAX_HOLD_MS then return nil, 'lease' end
+      steps[#steps + 1] = { held, quiet }
+    end
+  end
+
+  local max_wait_ms = 0
+  if argv[6] ~= nil then
+    max_wait_ms = int_arg(argv[6], 0)
+    if max_wait_ms == nil or max_wait_ms > MAX_WAIT_MS then return nil, 'max_wait_ms' end
+  end
+
+  local settle = 0
+  if argv[7] ~= nil then
+    local magnitude = argv[7]
+    local sign = 1
+    if type(magnitude) == 'string' and string.sub(magnitude, 1, 1) == '-' then
+      magnitude = string.sub(magnitude, 2)
+      sign = -1
+    end
+    settle = int_arg(magnitude, 0)
+    if settle == nil or settle > 4 * burst then return nil, 'settle' end
+    settle = sign * settle
+    if op ~= nil and settle ~= 0 then return nil, 'settle' end
+  end
+
+  local now
+  if argv[8] ~= nil and argv[8] ~= 'time' then
+    now = int_arg(argv[8], 0)
+    if now == nil then return nil, 'now' end
+  elseif now_or_nil ~= nil then
+    now = now_or_nil
   else
-    -- u * per_token could pass 2^53: drop the partial token instead (rounds down, never up).
-    u = idiv(u, p) * per_token
+    now = redis_time()
   end
-end
 
--- What the bucket can hold: burst less what holders hold (never below 0, so debt always
--- refills; only a lowered burst leaves holders holding more than it).
-local function capacity()
-  return math.max(full - o * per_token, 0)
-end
+  -- The penalty box (argv[9]): window_ms, then 1 to 8 non-decreasing durations.
+  local pwindow, pms
+  if argv[9] ~= nil and argv[9] ~= '0' then
+    local arg = argv[9]
+    if type(arg) ~= 'string' or not string.find(arg, '^%d+:%d[%d:]*$')
+        or string.find(arg, '::') or string.find(arg, ':$') then
+      return nil, 'penalty'
+    end
+    pms = {}
+    for d in string.gmatch(arg, '%d+') do
+      local v = int_arg(d, 1)
+      if v == nil then return nil, 'penalty' end
+      if pwindow == nil then
+        if v > MAX_PENALTY_WINDOW_MS then return nil, 'penalty' end
+        pwindow = v
+      else
+        if v > MAX_PENALTY_MS or (#pms > 0 and v < pms[#pms]) then return nil, 'penalty' end
+        pms[#pms + 1] = v
+      end
+    end
+    if #pms < 1 or #pms > MAX_OFFENCES then return nil, 'penalty' end
+  end
 
--- Refills by whole steps up to `to` (t keeps the remainder, so there is no drift), never past
--- what the bucket can hold.
-local function refill(to)
-  local elapsed = idiv(to - t, step_us)
-  if elapsed > 0 then
-    local to_full = ceil_div(capacity() - u, rate)
-    if elapsed >= to_full then
-      u = capacity()
-      t = to
+  -- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
+  -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
+  local full = burst * per_token
+  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm')
+  local u = tonumber(h[1])
+  local t = tonumber(h[2])
+  local p = tonumber(h[3])
+  local o = tonumber(h[4]) or 0
+  local k = tonumber(h[5]) or 0
+  local n = tonumber(h[6]) or 0
+  local m = tonumber(h[7]) or 0
+  if u == nil or t == nil or p == nil or t < 0 or p < 1
+      or u ~= math.floor(u) or t ~= math.floor(t) or p ~= math.floor(p) then
+    u = full
+    t = now
+  elseif p ~= per_token then
+    if u < 0 then
+      -- Debt: rescale by whole tokens, rounding the debt up, never down (kept exact: at most
+      -- 2^52 units deep).
+      local debt = ceil_div(-u, p)
+      if debt > idiv(-DEBT_FLOOR, per_token) then
+        u = -(idiv(-DEBT_FLOOR, per_token) * per_token)
+      else
+        u = -(debt * per_token)
+      end
+    elseif u <= idiv(MAX_EXACT, per_token) then
+      u = idiv(u * per_token, p)
     else
-      u = u + elapsed * rate
-      t = t + elapsed * step_us
+      -- u * per_token could pass 2^53: drop the partial token instead (rounds down, never up).
+      u = idiv(u, p) * per_token
     end
   end
-end
 
--- Once refilled to now (now - t is less than a step): ms from now until `units` more units have
--- refilled, rounded up (the refill comes at whole steps after t), saturated at 2^53 ms.
-local function wait_for(units)
-  if units <= 0 then
-    return 0
+  -- What the bucket can hold: burst less what holders hold (never below 0, so debt always
+  -- refills; only a lowered burst leaves holders holding more than it).
+  local function capacity()
+    return math.max(full - o * per_token, 0)
   end
-  local steps = ceil_div(units, rate)
-  if steps > idiv(MAX_EXACT, step_ms) then
-    return MAX_EXACT
-  end
-  return steps * step_ms - idiv(now - t, 1000)
-end
 
--- Once refilled to now: the units the refill adds by `ms` from now (the whole steps due by then).
-local function refill_within(ms)
-  return idiv(ms + idiv(now - t, 1000), step_ms) * rate
-end
-
-if now < t then
-  t = now -- the clock went back: no refill
-end
-if k > 0 and now >= n then
-  -- Some holder expired: it has dropped its tokens by its e<id>, not before. Recount every
-  -- holder, then refill up to each expiry in turn, its tokens counted until then.
-  local all = redis.call('HGETALL', key)
-  local fields = {}
-  for i = 1, #all, 2 do
-    fields[all[i]] = all[i + 1]
-  end
-  local gone = {}
-  o, k, n, m = 0, 0, 0, 0
-  for f, v in pairs(fields) do
-    if string.sub(f, 1, 1) == 'e' then
-      local id = string.sub(f, 2)
-      local e = tonumber(v) or now
-      local held = tonumber(fields['h' .. id]) or 0
-      o = o + held
-      if e <= now then
-        gone[#gone + 1] = { e, held, id }
+  -- Refills by whole steps up to `to` (t keeps the remainder, so there is no drift), never past
+  -- what the bucket can hold.
+  local function refill(to)
+    local elapsed = idiv(to - t, step_us)
+    if elapsed > 0 then
+      local to_full = ceil_div(capacity() - u, rate)
+      if elapsed >= to_full then
+        u = capacity()
+        t = to
       else
-        if k == 0 or e < n then n = e end
-        if e > m then m = e end
-        k = k + 1
+        u = u + elapsed * rate
+        t = t + elapsed * step_us
       end
+    end
+  end
+
+  -- Once refilled to now (now - t is less than a step): ms from now until `units` more units have
+  -- refilled, rounded up (the refill comes at whole steps after t), saturated at 2^53 ms.
+  local function wait_for(units)
+    if units <= 0 then
+      return 0
+    end
+    local steps = ceil_div(units, rate)
+    if steps > idiv(MAX_EXACT, step_ms) then
+      return MAX_EXACT
+    end
+    return steps * step_ms - idiv(now - t, 1000)
+  end
+
+  -- Once refilled to now: the units the refill adds by `ms` from now (the whole steps due by then).
+  local function refill_within(ms)
+    return idiv(ms + idiv(now - t, 1000), step_ms) * rate
+  end
+
+  if now < t then
+    t = now -- the clock went back: no refill
+  end
+  if k > 0 and now >= n then
+    -- Some holder expired: it has dropped its tokens by its e<id>, not before. Recount every
+    -- holder, then refill up to each expiry in turn, its tokens counted until then.
+    local all = redis.call('HGETALL', key)
+    local fields = {}
+    for i = 1, #all, 2 do
+      fields[all[i]] = all[i + 1]
+    end
+    local gone = {}
+    o, k, n, m = 0, 0, 0, 0
+    for f, v in pairs(fields) do
+      if string.sub(f, 1, 1) == 'e' then
+        local id = string.sub(f, 2)
+        local e = tonumber(v) or now
+        local held = tonumber(fields['h' .. id]) or 0
+        o = o + held
+        if e <= now then
+          gone[#gone + 1] = { e, held, id }
+        else
+          if k == 0 or e < n then n = e end
+          if e > m then m = e end
+          k = k + 1
+        end
+      end
+    end
+    if u > capacity() then
+      u = capacity()
+    end
+    table.sort(gone, function(x, y) return x[1] < y[1] end)
+    for _, g in ipairs(gone) do
+      if g[1] > t then
+        refill(g[1])
+      end
+      o = o - g[2]
+      redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3], 'q' .. g[3])
     end
   end
   if u > capacity() then
     u = capacity()
   end
-  table.sort(gone, function(x, y) return x[1] < y[1] end)
-  for _, g in ipairs(gone) do
-    if g[1] > t then
-      refill(g[1])
+
+  -- 2. Refill by whole steps (t keeps the remainder, so there is no drift),
+  -- never past what the bucket can hold. The holder's report only lowers what it holds, each step
+  -- from its quiet_ms ago on: the refill before then counts what it held on record.
+  local held = 0
+  local expires = 0
+  local last_seq = 0
+  if holder ~= nil then
+    local r = redis.call('HMGET', key, 'h' .. fmt(holder), 'e' .. fmt(holder), 'q' .. fmt(holder))
+    held = tonumber(r[1]) or 0
+    expires = tonumber(r[2]) or 0
+    last_seq = tonumber(r[3]) or 0
+    if expires <= now then
+      held, expires, last_seq = 0, 0, 0 -- a fresh holder (the recount dropped an expired one)
+      k = k + 1
     end
-    o = o - g[2]
-    redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3], 'q' .. g[3])
+    if seq <= last_seq then
+      -- A call the proxy sent before one that already ran here: its report is stale (it may not
+      -- count a grant the proxy has since deposited).
+      steps = {}
+    end
   end
-end
-if u > capacity() then
-  u = capacity()
-end
 
--- 2. Refill by whole steps (t keeps the remainder, so there is no drift),
--- never past what the bucket can hold. The holder's report only lowers what it holds, each step
--- from its quiet_ms ago on: the refill before then counts what it held on record.
-local held = 0
-local expires = 0
-local last_seq = 0
-if holder ~= nil then
-  local r = redis.call('HMGET', key, 'h' .. fmt(holder), 'e' .. fmt(holder), 'q' .. fmt(holder))
-  held = tonumber(r[1]) or 0
-  expires = tonumber(r[2]) or 0
-  last_seq = tonumber(r[3]) or 0
-  if expires <= now then
-    held, expires, last_seq = 0, 0, 0 -- a fresh holder (the recount dropped an expired one)
-    k = k + 1
+  -- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms.
+  for _, report in ipairs(steps) do
+    local from = now - report[2] * 1000
+    if from > t then
+      refill(from)
+    end
+    if report[1] < held then
+      o = o - held + report[1]
+      held = report[1]
+    end
   end
-  if seq <= last_seq then
-    -- A call the proxy sent before one that already ran here: its report is stale (it may not
-    -- count a grant the proxy has since deposited).
-    steps = {}
-  end
-end
+  refill(now)
 
--- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms.
-for _, step in ipairs(steps) do
-  local from = now - step[2] * 1000
-  if from > t then
-    refill(from)
+  -- 2b. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
+  -- bursts into debt), a refund only raises it (never past what it can hold).
+  if settle > 0 then
+    u = math.max(u - settle * per_token, math.min(u, -4 * full))
+  elseif settle < 0 then
+    u = math.max(u, math.min(u - settle * per_token, capacity()))
   end
-  if step[1] < held then
-    o = o - held + step[1]
-    held = step[1]
+
+  -- 2c. An operator's operation (cost is 0: step 3 takes nothing).
+  if op == 'reset' then
+    -- Tokens reserved by requests still held are out, as leased ones are: at most the debt, and
+    -- at most what max_wait_ms of refill repays (no reservation reaches deeper).
+    local reserved = math.min(math.max(-u, 0), refill_within(max_wait_ms))
+    u = math.max(u, capacity() - reserved)
+  elseif op == 'credit' and u < capacity() then
+    if credit >= ceil_div(capacity() - u, per_token) then
+      u = capacity()
+    else
+      u = u + credit * per_token
+    end
   end
-end
-refill(now)
 
--- 2b. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
--- bursts into debt), a refund only raises it (never past what it can hold).
-if settle > 0 then
-  u = math.max(u - settle * per_token, math.min(u, -4 * full))
-elseif settle < 0 then
-  u = math.max(u, math.min(u - settle * per_token, capacity()))
-end
-
--- 2c. An operator's operation (cost is 0: step 3 takes nothing).
-if op == 'reset' then
-  -- Tokens reserved by requests still held are out, as leased ones are: at most the debt, and
-  -- at most what max_wait_ms of refill repays (no reservation reaches deeper).
-  local reserved = math.min(math.max(-u, 0), refill_within(max_wait_ms))
-  u = math.max(u, capacity() - reserved)
-elseif op == 'credit' and u < capacity() then
-  if credit >= ceil_div(capacity() - u, per_token) then
-    u = capacity()
-  else
-    u = u + credit * per_token
+  -- 2d. The penalty box (only with argv[9]): x boxed until, c offences, w the last offence (us).
+  local px, pc, pw, penalized = 0, 0, 0, 0
+  if pms ~= nil then
+    local r = redis.call('HMGET', key, 'x', 'c', 'w')
+    px, pc, pw = tonumber(r[1]) or 0, tonumber(r[2]) or 0, tonumber(r[3]) or 0
+    if px < 0 or pc < 0 or pw < 0 or px ~= math.floor(px) or pc ~= math.floor(pc)
+        or pw ~= math.floor(pw) or pc > MAX_OFFENCES then
+      px, pc, pw = 0, 0, 0
+    end
   end
-end
-
--- 2d. The penalty box (only with ARGV[9]): x boxed until, c offences, w the last offence (us).
-local px, pc, pw, penalized = 0, 0, 0, 0
-if pms ~= nil then
-  local r = redis.call('HMGET', key, 'x', 'c', 'w')
-  px, pc, pw = tonumber(r[1]) or 0, tonumber(r[2]) or 0, tonumber(r[3]) or 0
-  if px < 0 or pc < 0 or pw < 0 or px ~= math.floor(px) or pc ~= math.floor(pc)
-      or pw ~= math.floor(pw) or pc > MAX_OFFENCES then
+  if op == 'reset' then
+    -- The operator lets the key in again: the box and the offences are forgotten.
+    redis.call('HDEL', key, 'x', 'c', 'w')
     px, pc, pw = 0, 0, 0
   end
-end
-if op == 'reset' then
-  -- The operator lets the key in again: the box and the offences are forgotten.
-  redis.call('HDEL', key, 'x', 'c', 'w')
-  px, pc, pw = 0, 0, 0
-end
 
--- 3. Decide.
-local allowed, granted, retry_after_ms
-if cost == 0 then
-  allowed, granted, retry_after_ms = 1, 0, 0
-elseif cost > burst then
-  allowed, granted, retry_after_ms = 0, 0, -1
-elseif pms ~= nil and px > now then
-  -- Boxed: denied until the box ends, nothing taken, no new offence.
-  allowed, granted, retry_after_ms = 0, 0, ceil_div(px - now, 1000)
-  penalized = 2
-else
-  local want = math.min(math.max(cost, lease_want), burst)
-  local share = burst
-  if holder ~= nil then
-    -- A holder's share, and room: holders together hold at most burst.
-    share = math.max(cost, idiv(burst, k))
-    want = math.min(want, share - math.min(share, held), burst - o)
-  end
-  if want < cost then
-    allowed, granted = 0, 0
-    retry_after_ms = wait_for(share * per_token)
-  elseif u >= want * per_token or (holder == nil and u >= cost * per_token) then
-    granted = math.min(want, idiv(u, per_token))
-    u = u - granted * per_token
-    allowed, retry_after_ms = 1, 0
+  -- 3. Decide.
+  local allowed, granted, retry_after_ms
+  if cost == 0 then
+    allowed, granted, retry_after_ms = 1, 0, 0
+  elseif cost > burst then
+    allowed, granted, retry_after_ms = 0, 0, -1
+  elseif pms ~= nil and px > now then
+    -- Boxed: denied until the box ends, nothing taken, no new offence.
+    allowed, granted, retry_after_ms = 0, 0, ceil_div(px - now, 1000)
+    penalized = 2
   else
-    -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
-    -- holds the request for retry_after_ms, when those tokens exist. A holder takes what is
-    -- there and reserves the rest of what it wants, as far as the wait allows; anyone else
-    -- reserves exactly cost.
-    local take = cost
+    local want = math.min(math.max(cost, lease_want), burst)
+    local share = burst
     if holder ~= nil then
-      take = math.max(cost, math.min(want, idiv(u + refill_within(max_wait_ms), per_token)))
+      -- A holder's share, and room: holders together hold at most burst.
+      share = math.max(cost, idiv(burst, k))
+      want = math.min(want, share - math.min(share, held), burst - o)
     end
-    local wait_ms = wait_for(take * per_token - u)
-    if wait_ms <= max_wait_ms then
-      u = u - take * per_token
-      allowed, granted, retry_after_ms = 1, take, wait_ms
-    else
-      -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
+    if want < cost then
       allowed, granted = 0, 0
-      retry_after_ms = wait_ms - max_wait_ms
-    end
-  end
-end
-
--- 3c. A denial by the bucket is an offence: the n-th within pwindow of the previous one boxes the
--- key for the n-th duration (the last one repeats).
-if pms ~= nil and allowed == 0 and penalized == 0 and retry_after_ms >= 0 then
-  if pc > 0 and now - pw <= pwindow * 1000 then
-    pc = math.min(pc + 1, MAX_OFFENCES)
-  else
-    pc = 1
-  end
-  local d = pms[math.min(pc, #pms)]
-  px, pw = now + d * 1000, now
-  retry_after_ms = math.max(retry_after_ms, d)
-  penalized = 1
-end
-
--- 3b. The holder's record: what it holds now, until its last grant's reservation has refilled
--- and hold_ms more. A holder that was denied stays on record as one asking for a share.
-if holder ~= nil then
-  held = held + granted
-  o = o + granted
-  local until_us = now + (math.max(retry_after_ms, 0) * (allowed) + hold_ms) * 1000
-  if until_us > expires then
-    expires = until_us
-  end
-  redis.call('HSET', key, 'h' .. fmt(holder), fmt(held), 'e' .. fmt(holder), fmt(expires),
-    'q' .. fmt(holder), fmt(math.max(seq, last_seq)))
-  if k == 1 or expires < n then n = expires end
-  if expires > m then m = expires end
-end
-
--- 4. Report.
-local remaining = 0
-if u > 0 then
-  remaining = idiv(u, per_token)
-end
-local reset_after_ms = wait_for(capacity() - u)
-
--- 5. Store: a full bucket with no holders is no key at all, unless it is boxed or remembers an
--- offence within the window (ms, rounded up).
-local keep_ms = 0
-if pms ~= nil and pc > 0 then
-  keep_ms = math.max(ceil_div(math.max(px - now, 0), 1000),
-    ceil_div(math.max(pw + pwindow * 1000 - now, 0), 1000))
-end
-if u >= full and k == 0 and keep_ms == 0 then
-  redis.call('DEL', key)
-else
-  redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(per_token))
-  local ttl_ms = wait_for(full - u)
-  if k > 0 then
-    redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
-    -- The bucket stays short of full until its last holder expires, then refills.
-    ttl_ms = ttl_ms + ceil_div(m - now, 1000)
-  else
-    redis.call('HDEL', key, 'o', 'k', 'n', 'm')
-  end
-  if pms ~= nil then
-    if keep_ms > 0 then
-      redis.call('HSET', key, 'x', fmt(px), 'c', fmt(pc), 'w', fmt(pw))
+      retry_after_ms = wait_for(share * per_token)
+    elseif u >= want * per_token or (holder == nil and u >= cost * per_token) then
+      granted = math.min(want, idiv(u, per_token))
+      u = u - granted * per_token
+      allowed, retry_after_ms = 1, 0
     else
-      redis.call('HDEL', key, 'x', 'c', 'w')
+      -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
+      -- holds the request for retry_after_ms, when those tokens exist. A holder takes what is
+      -- there and reserves the rest of what it wants, as far as the wait allows; anyone else
+      -- reserves exactly cost.
+      local take = cost
+      if holder ~= nil then
+        take = math.max(cost, math.min(want, idiv(u + refill_within(max_wait_ms), per_token)))
+      end
+      local wait_ms = wait_for(take * per_token - u)
+      if wait_ms <= max_wait_ms then
+        u = u - take * per_token
+        allowed, granted, retry_after_ms = 1, take, wait_ms
+      else
+        -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
+        allowed, granted = 0, 0
+        retry_after_ms = wait_ms - max_wait_ms
+      end
     end
   end
-  ttl_ms = math.max(ttl_ms, keep_ms)
-  if ttl_ms + EXPIRE_SLACK_MS > MAX_EXACT then
-    -- Full again only in more than 2^53 ms (285,000 years): kept without an expiry, since
-    -- expiring early would hand out tokens (and PEXPIRE would not be exact).
-    redis.call('PERSIST', key)
-  else
-    redis.call('PEXPIRE', key, fmt(ttl_ms + EXPIRE_SLACK_MS))
+
+  -- 3c. A denial by the bucket is an offence: the n-th within pwindow of the previous one boxes the
+  -- key for the n-th duration (the last one repeats).
+  if pms ~= nil and allowed == 0 and penalized == 0 and retry_after_ms >= 0 then
+    if pc > 0 and now - pw <= pwindow * 1000 then
+      pc = math.min(pc + 1, MAX_OFFENCES)
+    else
+      pc = 1
+    end
+    local d = pms[math.min(pc, #pms)]
+    px, pw = now + d * 1000, now
+    retry_after_ms = math.max(retry_after_ms, d)
+    penalized = 1
   end
+
+  -- 3b. The holder's record: what it holds now, until its last grant's reservation has refilled
+  -- and hold_ms more. A holder that was denied stays on record as one asking for a share.
+  if holder ~= nil then
+    held = held + granted
+    o = o + granted
+    local until_us = now + (math.max(retry_after_ms, 0) * (allowed) + hold_ms) * 1000
+    if until_us > expires then
+      expires = until_us
+    end
+    redis.call('HSET', key, 'h' .. fmt(holder), fmt(held), 'e' .. fmt(holder), fmt(expires),
+      'q' .. fmt(holder), fmt(math.max(seq, last_seq)))
+    if k == 1 or expires < n then n = expires end
+    if expires > m then m = expires end
+  end
+
+  -- 4. Report.
+  local remaining = 0
+  if u > 0 then
+    remaining = idiv(u, per_token)
+  end
+  local reset_after_ms = wait_for(capacity() - u)
+
+  -- 5. Store: a full bucket with no holders is no key at all, unless it is boxed or remembers an
+  -- offence within the window (ms, rounded up).
+  local keep_ms = 0
+  if pms ~= nil and pc > 0 then
+    keep_ms = math.max(ceil_div(math.max(px - now, 0), 1000),
+      ceil_div(math.max(pw + pwindow * 1000 - now, 0), 1000))
+  end
+  if u >= full and k == 0 and keep_ms == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(per_token))
+    local ttl_ms = wait_for(full - u)
+    if k > 0 then
+      redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
+      -- The bucket stays short of full until its last holder expires, then refills.
+      ttl_ms = ttl_ms + ceil_div(m - now, 1000)
+    else
+      redis.call('HDEL', key, 'o', 'k', 'n', 'm')
+    end
+    if pms ~= nil then
+      if keep_ms > 0 then
+        redis.call('HSET', key, 'x', fmt(px), 'c', fmt(pc), 'w', fmt(pw))
+      else
+        redis.call('HDEL', key, 'x', 'c', 'w')
+      end
+    end
+    ttl_ms = math.max(ttl_ms, keep_ms)
+    if ttl_ms + EXPIRE_SLACK_MS > MAX_EXACT then
+      -- Full again only in more than 2^53 ms (285,000 years): kept without an expiry, since
+      -- expiring early would hand out tokens (and PEXPIRE would not be exact).
+      redis.call('PERSIST', key)
+    else
+      redis.call('PEXPIRE', key, fmt(ttl_ms + EXPIRE_SLACK_MS))
+    end
+  end
+
+  if pms ~= nil then
+    return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
+  end
+  return { allowed, remaining, retry_after_ms, reset_after_ms, granted }
 end
 
-if pms ~= nil then
-  return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
+-- The single form.
+if ARGV[1] ~= 'batch' then
+  local reply, name = step(KEYS[1], ARGV, nil)
+  if reply == nil then
+    return bad(name)
+  end
+  return reply
 end
-return { allowed, remaining, retry_after_ms, reset_after_ms, granted }
+
+-- The batched form: at most this many keys per call.
+local MAX_BATCH_KEYS = 256
+-- A group's code for each bad argument (the name in the single form's error), and for an error
+-- raised while its step ran.
+local CODES = {
+  key = 1, burst = 2, rate = 3, period_ms = 4, ['burst*period_ms'] = 5, cost = 6, lease = 7,
+  credit = 8, max_wait_ms = 9, settle = 10, now = 11, penalty = 12,
+}
+local SCRIPT_ERROR = 13
+
+-- The message of an error a step raised if Redis refused it for the server as a whole (OOM,
+-- READONLY, ...): every key would get it, and the caller must see it as the single form's error
+-- reply (it counts against the backend's health). nil when it concerns one key only (WRONGTYPE)
+-- or is a Lua error of the script's own.
+local function server_error(e)
+  if type(e) == 'table' then
+    e = e.err
+  end
+  if type(e) ~= 'string' then
+    return nil
+  end
+  local word = string.match(e, '^(%u+) ')
+  if word == nil or word == 'WRONGTYPE' then
+    return nil
+  end
+  return e
+end
+
+-- KEYS[1..n], ARGV = { 'batch', c1, <c1 arguments>, c2, <c2 arguments>, ... }: the whole frame
+-- is checked before any step runs, Redis' TIME is read once, then each key's step runs in order
+-- and adds six integers to one flat reply.
+local function batch()
+  local n = #KEYS
+  if n < 1 or n > MAX_BATCH_KEYS then
+    return bad('batch')
+  end
+  local from, to = {}, {}
+  local i = 2
+  for g = 1, n do
+    local c = ARGV[i]
+    if type(c) ~= 'string' or not string.find(c, '^[5-9]$') then
+      return bad('batch')
+    end
+    from[g], to[g] = i + 1, i + tonumber(c)
+    i = to[g] + 1
+  end
+  if i ~= #ARGV + 1 then
+    return bad('batch')
+  end
+  local now = redis_time()
+  local out = {}
+  for g = 1, n do
+    local argv = {}
+    for j = from[g], to[g] do
+      argv[#argv + 1] = ARGV[j]
+    end
+    local ok, reply, name = pcall(step, KEYS[g], argv, now)
+    if not ok then
+      local e = server_error(reply)
+      if e ~= nil then
+        return redis.error_reply(e)
+      end
+      reply, name = nil, nil
+    end
+    local at = #out
+    if reply == nil then
+      out[at + 1], out[at + 2] = -1, CODES[name] or SCRIPT_ERROR
+      out[at + 3], out[at + 4], out[at + 5], out[at + 6] = 0, 0, 0, 0
+    else
+      for j = 1, 5 do
+        out[at + j] = reply[j]
+      end
+      out[at + 6] = reply[6] or 0
+    end
+  end
+  return out
+end
+
+
+return batch()

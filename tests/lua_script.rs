@@ -1,5 +1,5 @@
 //! `lua/token_bucket.lua` on its own, against a real redis-server (one per test), with the explicit-now
-//! ARGV[8] so every result is deterministic.
+//! ARGV[8] so every result is deterministic. The batched form's tests are in lua_script/batch.rs.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,6 +15,9 @@ use redis::Value;
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 const T0: u64 = 1_700_000_000_000_000; // a realistic µs clock
 const KEY: &str = "tollgate:{test:abc}";
+
+#[path = "lua_script/batch.rs"]
+mod batch;
 
 /// `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`.
 type Out = [i64; 5];

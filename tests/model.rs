@@ -1,7 +1,8 @@
 //! `tollgate_core::bucket::take` is the model of `lua/token_bucket.lua`: the same sequence of calls gives the
 //! same replies, bit for bit, and the hash Redis stores (u t p, or no key) is the model's `State`.
 //! Sequences are pseudo-random but deterministic (a fixed-seed xorshift), with time jumps (forward and
-//! back), cost > burst, lease requests and a limits change midway.
+//! back), cost > burst, lease requests and a limits change midway. The batched form's model,
+//! `take_batch`, is checked in model/batch.rs.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -17,6 +18,9 @@ use tollgate_core::bucket::{
     operate, operate_penalized, take_held, take_penalized, Ask, Holder, Holders, Holding, Limits,
     Offences, Operation, Penalty, Reply, State,
 };
+
+#[path = "model/batch.rs"]
+mod batch;
 
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 const T0: u64 = 1_700_000_000_000_000;

@@ -3,7 +3,11 @@
 //! Invariant: for the same sequence of (now, cost, lease_want) calls and the same limits, `take` returns
 //! exactly what the Lua script returns (tests/model.rs checks this against real Redis).
 //! All arithmetic is on integers (u64 limits, i64 units so a bucket can go into debt), so there is
-//! no drift over millions of calls.
+//! no drift over millions of calls. The script's batched form is `take_batch` (bucket/batch.rs):
+//! this `take` once per group, in order.
+
+mod batch;
+pub use batch::{batch_integers, take_batch, BadBatch, Group, GroupError, Stored, MAX_BATCH_KEYS};
 
 /// A bucket's configured limits: `rate` tokens are added every `period_ms`, up to `burst` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
