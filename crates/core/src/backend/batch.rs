@@ -97,6 +97,41 @@ pub fn whole_error(e: BackendError) -> BackendError {
     }
 }
 
+/// Calls of every shape a batch carries, for the transports' tests: a plain check, a penalty
+/// rule's check with a reservation, a settlement, a lease call with a holder, a key with every
+/// character Webdis and RESP could trip on, and the first key again.
+#[cfg(test)]
+pub(crate) fn sample_calls() -> Vec<ScriptCall> {
+    let limits = crate::bucket::Limits {
+        burst: 200,
+        rate: 100,
+        period_ms: 1000,
+    };
+    let plain = ScriptCall::new("tollgate:{per-user:ab12}".into(), &limits, 1);
+    let boxed = ScriptCall {
+        max_wait_ms: 250,
+        penalty: crate::bucket::Penalty::new(3_600_000, &[120_000, 300_000]),
+        ..ScriptCall::new("tollgate:{login:cd34}".into(), &limits, 3)
+    };
+    let settle = ScriptCall {
+        settle: -17,
+        ..ScriptCall::new("tollgate:{tokens:ef56}".into(), &limits, 0)
+    };
+    let lease = ScriptCall {
+        lease_want: 50,
+        max_wait_ms: 2000,
+        holder: Some(Box::new(crate::bucket::Holder::new(
+            7,
+            3,
+            1450,
+            &[(40, 30)],
+        ))),
+        ..ScriptCall::new("tollgate:{lease:0a}".into(), &limits, 1)
+    };
+    let hostile = ScriptCall::new("a/b+c?d%2F.json\r\n$3\r\n*1 {x}é".into(), &limits, 2);
+    vec![plain.clone(), boxed, settle, lease, hostile, plain]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -669,3 +669,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod batch_tests;

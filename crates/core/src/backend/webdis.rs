@@ -771,3 +771,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod batch_tests;
