@@ -156,10 +156,10 @@ fn unknown_cluster_follows_failure_mode() {
 }
 
 /// A backend answer too large to be a script reply (over `MAX_REPLY_BYTES`, the bound of a full
-/// batched reply) is not read into the VM, and its
-/// HTTP status still says what it is: with 200 it is not the script's reply (`malformed`, which does
-/// not open the breaker), with 503 the backend cannot serve (`unreachable`). Either way the failure
-/// mode applies and nothing in the body is taken for a reply.
+/// batched reply) is not read into the VM, and its HTTP status still says what it is: with 200 it
+/// is not the script's reply (`malformed`, which does not open the breaker), with 503 the backend
+/// cannot serve (`unreachable`). Either way the failure mode applies and nothing in the body is
+/// taken for a reply.
 #[test]
 fn a_backend_answer_too_large_to_read_is_judged_by_its_status() {
     for (status, class) in [
