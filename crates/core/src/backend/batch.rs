@@ -7,10 +7,11 @@
 //! or the script's reply checked as the single form's is (`script_reply_of`, 6-integer form).
 
 use super::{script_reply_of, BackendError, Reply, ScriptCall};
+use crate::bucket::GroupError;
 
 /// Most keys in one batched call: the script refuses more (`ERR tollgate: bad argument batch`);
-/// `backend.batch_max_keys` is at most this.
-pub const MAX_BATCH_KEYS: usize = 256;
+/// `backend.batch_max_keys` is at most this. The script's bound, defined with its model.
+pub const MAX_BATCH_KEYS: usize = crate::bucket::MAX_BATCH_KEYS;
 
 /// Most bytes the groups of one batched call may add up to ([`batch_bytes`] of each): a bound on
 /// the command a flood of new keys can build, whatever the keys.
@@ -26,25 +27,6 @@ pub const GROUP_INTS: usize = 6;
 pub fn batch_bytes(call: &ScriptCall) -> usize {
     super::webdis::group_bytes(call).max(super::resp::group_bytes(call))
 }
-
-/// The argument names of the script's per-key error codes 1..=12 (`bad(name)` in the script).
-const BAD_ARGUMENT: [&str; 12] = [
-    "key",
-    "burst",
-    "rate",
-    "period_ms",
-    "burst*period_ms",
-    "cost",
-    "lease",
-    "credit",
-    "max_wait_ms",
-    "settle",
-    "now",
-    "penalty",
-];
-
-/// The code of a key's runtime error (e.g. WRONGTYPE): the script caught it for that key alone.
-const SCRIPT_ERROR: i64 = 13;
 
 /// The batched reply `ints` to a call of `n` keys as one outcome per key, in order; `Malformed`
 /// for the whole call unless there are exactly 6 integers per key.
@@ -73,17 +55,12 @@ fn group(ints: &[i64]) -> Result<Reply, BackendError> {
     }
 }
 
-/// The error a key's code stands for: what the single form answers for the same arguments.
+/// The error a key's code stands for: what the single form answers for the same arguments
+/// (the codes are the script model's, `bucket::GroupError`).
 fn group_error(code: i64) -> BackendError {
-    if code == SCRIPT_ERROR {
-        return BackendError::Redis("ERR tollgate: script error".to_string());
-    }
-    let name = usize::try_from(code)
-        .ok()
-        .and_then(|c| c.checked_sub(1))
-        .and_then(|i| BAD_ARGUMENT.get(i));
-    match name {
-        Some(name) => BackendError::Redis(format!("ERR tollgate: bad argument {name}")),
+    match GroupError::from_code(code).map(GroupError::argument) {
+        Some(Some(name)) => BackendError::Redis(format!("ERR tollgate: bad argument {name}")),
+        Some(None) => BackendError::Redis("ERR tollgate: script error".to_string()),
         None => BackendError::Malformed(format!("unknown error code {code}")),
     }
 }
@@ -214,6 +191,15 @@ mod tests {
                     "ERR tollgate: bad argument {name}"
                 )))
             );
+        }
+        // Every code the script model knows, each as its single call's error.
+        for e in GroupError::ALL {
+            let out = batch_replies(&[-1, e.code(), 0, 0, 0, 0], 1).unwrap();
+            let want = match e.argument() {
+                Some(name) => format!("ERR tollgate: bad argument {name}"),
+                None => "ERR tollgate: script error".to_string(),
+            };
+            assert_eq!(out[0], Err(BackendError::Redis(want)), "{e:?}");
         }
         let out = batch_replies(&[-1, 13, 0, 0, 0, 0], 1).unwrap();
         assert_eq!(
