@@ -169,7 +169,7 @@ validate: setup-envoy setup-rust setup-apt
 # cargo-fuzz passes nightly-only rustc flags (-Z sanitizer ...); RUSTC_BOOTSTRAP=1 lets stable accept
 # them. New corpus entries go to fuzz/corpus/ and crashes to fuzz/artifacts/ (both git-ignored); each
 # run's libFuzzer log is fuzz/target/fuzz-logs/TARGET.log, printed in part only when a target fails.
-FUZZ_TARGETS       := config reply webdis rule resp
+FUZZ_TARGETS       := config reply webdis rule resp batch
 FUZZ_SECONDS       ?= 60
 FUZZ_SMOKE_SECONDS ?= 10
 CARGO_FUZZ_VERSION := 0.13.2

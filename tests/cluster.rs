@@ -4,8 +4,9 @@
 //! lives. Then one master is killed: keys on the others go on being limited exactly, keys on it
 //! follow the failure mode (`closed`: 503); and the lost master's errors (error replies from the
 //! redis_proxy front, not a dead backend) never open the proxy-wide circuit breaker, so they cannot
-//! spill over onto the live masters' keys. Needs `make setup` and `make build`; run with
-//! `--nocapture` to see the figures.
+//! spill over onto the live masters' keys. And the filter's own slot function (which groups a
+//! batch's keys by slot) agrees with Redis' `CLUSTER KEYSLOT`. Needs `make setup` and `make
+//! build`; run with `--nocapture` to see the figures.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -374,4 +375,39 @@ fn fleet_on_redis_cluster_limits_exactly_and_follows_failure_mode_for_a_lost_mas
             .map(|m| owner.values().filter(|&&o| o == *m).count())
             .collect::<Vec<_>>()
     );
+}
+
+/// `backend::slot`, which keeps a batch sent to a Cluster within one slot, is what a cluster-enabled
+/// Redis answers to `CLUSTER KEYSLOT` for tollgate's keys and for keys with every shape of hash tag
+/// (one node: KEYSLOT needs no slots assigned).
+#[test]
+fn the_filters_slot_is_cluster_keyslot() {
+    let dir = scratch_dir("cluster-keyslot");
+    let redis = common::Redis::start_with(&dir, &["--cluster-enabled", "yes"]);
+    let mut conn = redis.conn();
+    let mut keys: Vec<String> = (0..500).map(|u| key_of(&format!("user-{u}"))).collect();
+    let parts = [
+        "", "{", "}", "{}", "a", "{a}", "}{", "user1000", ":", "é", "{{b}}",
+    ];
+    for a in parts {
+        for b in parts {
+            for c in parts {
+                keys.push(format!("{a}{b}{c}"));
+            }
+        }
+    }
+    let mut differ = Vec::new();
+    for key in &keys {
+        let want: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .unwrap();
+        let got = tollgate_core::backend::slot(key);
+        if got != want {
+            differ.push((key.clone(), got, want));
+        }
+    }
+    assert!(differ.is_empty(), "(key, ours, Redis'): {differ:?}");
+    println!("{} keys: the same slot as CLUSTER KEYSLOT", keys.len());
 }

@@ -155,23 +155,25 @@ fn unknown_cluster_follows_failure_mode() {
     );
 }
 
-/// A backend answer too large to be a script reply (over 4 KiB) is not read into the VM, and its
-/// HTTP status still says what it is: with 200 it is not the script's reply (`malformed`, which does
-/// not open the breaker), with 503 the backend cannot serve (`unreachable`). Either way the failure
-/// mode applies and nothing in the body is taken for a reply.
+/// A backend answer too large to be a script reply (over `MAX_REPLY_BYTES`, the bound of a full
+/// batched reply) is not read into the VM, and its HTTP status still says what it is: with 200 it
+/// is not the script's reply (`malformed`, which does not open the breaker), with 503 the backend
+/// cannot serve (`unreachable`). Either way the failure mode applies and nothing in the body is
+/// taken for a reply.
 #[test]
 fn a_backend_answer_too_large_to_read_is_judged_by_its_status() {
     for (status, class) in [
         ("200 OK", "malformed"),
         ("503 Service Unavailable", "unreachable"),
     ] {
+        let size = tollgate_core::backend::MAX_REPLY_BYTES + 1;
         let mut answer =
-            format!("HTTP/1.1 {status}\r\ncontent-length: 5000\r\nconnection: close\r\n\r\n")
+            format!("HTTP/1.1 {status}\r\ncontent-length: {size}\r\nconnection: close\r\n\r\n")
                 .into_bytes();
         // A body that would decode as an admission if it were read: it must not be.
         let reply = br#"{"EVALSHA":[1,99,0,10,1]}"#;
         answer.extend_from_slice(reply);
-        answer.resize(answer.len() + 5000 - reply.len(), b' ');
+        answer.resize(answer.len() + size - reply.len(), b' ');
         let backend = common::upstream::Upstream::start_answering(vec![answer]);
         let dir = common::scratch_dir("fail-big-answer");
         let envoy = Envoy::start(&dir, &config("closed", ""), backend.port);

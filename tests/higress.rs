@@ -475,9 +475,12 @@ fn fake_redis(reply: Vec<u8>) -> u16 {
 /// failure mode applies; and a reply that is not the script's (a bulk string) is malformed too.
 #[test]
 fn oversized_and_foreign_replies_are_malformed() {
-    let mut big = format!("${}\r\n", 5000).into_bytes();
-    big.extend(std::iter::repeat_n(b'x', 5000));
+    // One byte over the bound (which leaves room for a batched call's reply).
+    let size = tollgate_core::backend::MAX_REPLY_BYTES + 1 - 8 - 2;
+    let mut big = format!("${size}\r\n").into_bytes();
+    big.extend(std::iter::repeat_n(b'x', size));
     big.extend_from_slice(b"\r\n");
+    assert_eq!(big.len(), tollgate_core::backend::MAX_REPLY_BYTES + 1);
     for (name, reply) in [("oversized", big), ("bulk", b"$2\r\nok\r\n".to_vec())] {
         let port = fake_redis(reply);
         let host = start(&failure_config("closed"), port);

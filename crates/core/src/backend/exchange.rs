@@ -9,10 +9,12 @@
 
 use super::HttpRequest;
 
-/// Most bytes of a backend answer read into the VM, for both transports. The script's reply is at
-/// most 124 bytes as RESP (`*5\r\n` and five 20-digit integers) and about as much as Webdis'
-/// JSON; the rest is room for a Redis error message. A larger answer is garbage, refused unread.
-pub const MAX_REPLY_BYTES: usize = 4096;
+/// Most bytes of a backend answer read into the VM, for both transports: 4096 bytes (a single
+/// reply, at most 150 bytes, or a Redis error message) and 132 bytes a key for a full batched
+/// reply of [`MAX_BATCH_KEYS`](super::MAX_BATCH_KEYS) keys (6 integers of at most 20 characters
+/// and a separator: 21 bytes each as JSON, 23 as RESP, whose extra 6 a key the 4096 cover). A
+/// larger answer is garbage, refused unread.
+pub const MAX_REPLY_BYTES: usize = 4096 + 132 * super::MAX_BATCH_KEYS;
 
 /// A call for the host to send, as a transport encoded it: the host picks the ABI call from its
 /// kind (an HTTP callout, or a command on Higress' Redis client).

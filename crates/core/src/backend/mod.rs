@@ -1,22 +1,44 @@
 //! The shared bucket's backend: the script call, its reply, and how a call travels (a transport).
 //!
 //! Invariant: every backend outcome is either a well-formed `Reply` (five integers, six with a
-//! penalty) or a `BackendError`; nothing in between reaches the decision logic.
+//! penalty) or a `BackendError`; nothing in between reaches the decision logic. A batched call's
+//! answer is either one error for the whole call or exactly one outcome per key, in order: never a
+//! partial mapping.
 
+pub mod batch;
 pub mod exchange;
 pub mod resp;
 pub mod script;
+pub mod slot;
 pub mod webdis;
 
+pub use batch::{batch_bytes, batch_replies, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 pub use exchange::{Answer, Outgoing, Payload, MAX_REPLY_BYTES};
+pub use slot::slot;
 
 /// How script calls travel: encoded into a call for the host to send, and decoded from the answer
 /// it delivers. Webdis over HTTP callouts (Envoy, Istio), or RESP over Higress' Redis callouts.
 pub trait Transport {
+    /// One backend request running the script's single form on `call`.
     fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing;
     /// The script's reply in `answer`, or why there is none (an answer of another transport's
     /// kind is `Malformed`: the host delivered what this transport never asked for).
     fn decode(&self, answer: &Answer) -> Result<Reply, BackendError>;
+    /// One backend request carrying the checks of several keys (the script's batched form),
+    /// n = `calls.len()` >= 2 (the script accepts 1..=[`MAX_BATCH_KEYS`]; a single call goes
+    /// out with `request`, whose bytes are the single form's). Each group's arguments are what
+    /// `request` sends after the key, written by the same code.
+    fn request_batch(&self, calls: &[&ScriptCall], with_source: bool) -> Outgoing;
+    /// The answer to a `request_batch` of `n` calls: `Err` = the whole request failed (every call
+    /// gets it: no answer, NOSCRIPT, CROSSSLOT, a Redis error, anything but exactly 6n integers);
+    /// `Ok` = exactly `n` per-call results, in order (a key's own error is its own `Err`). The
+    /// caller still checks each reply against its call with [`reply_to`] (a penalty claimed for
+    /// a call that sent none), as it does for `decode`.
+    fn decode_batch(
+        &self,
+        answer: &Answer,
+        n: usize,
+    ) -> Result<Vec<Result<Reply, BackendError>>, BackendError>;
 }
 
 /// One call of `lua/token_bucket.lua` on one bucket.
@@ -92,6 +114,44 @@ impl ScriptCall {
         }
     }
 
+    /// The script's arguments after the key (its single-form ARGV), each through `arg`: burst,
+    /// rate, period_ms, cost, the lease, max_wait_ms, settle, and with a penalty `time` and the
+    /// penalty. With [`Tail::Trimmed`] the trailing optional ones that are 0 are left out
+    /// (settle, then max_wait_ms: the script's defaults; never before a penalty). Both
+    /// transports' single and batched forms write a call's arguments here and nowhere else, so
+    /// the forms cannot drift apart. Returns how many arguments went out (5..=9).
+    pub fn push_args(&self, tail: Tail, mut arg: impl FnMut(&[u8])) -> usize {
+        let with_penalty = self.penalty.is_some();
+        let (with_settle, with_wait) = match tail {
+            Tail::Full => (true, true),
+            Tail::Trimmed => {
+                let settle = with_penalty || self.settle != 0;
+                (settle, settle || self.max_wait_ms != 0)
+            }
+        };
+        let mut number = Vec::with_capacity(64);
+        for n in self.limit_args() {
+            number.clear();
+            crate::decimal::push_bytes(&mut number, n);
+            arg(&number);
+        }
+        number.clear();
+        self.push_lease(&mut number);
+        arg(&number);
+        if with_wait {
+            number.clear();
+            crate::decimal::push_bytes(&mut number, self.max_wait_ms);
+            arg(&number);
+        }
+        if with_settle {
+            number.clear();
+            crate::decimal::push_signed_bytes(&mut number, self.settle);
+            arg(&number);
+        }
+        self.push_penalty(&mut arg);
+        5 + usize::from(with_wait) + usize::from(with_settle) + 2 * usize::from(with_penalty)
+    }
+
     /// The limits the call carries (the rule's, or an override's for its key).
     pub fn limits(&self) -> crate::bucket::Limits {
         crate::bucket::Limits {
@@ -100,6 +160,14 @@ impl ScriptCall {
             period_ms: self.period_ms,
         }
     }
+}
+
+/// Which of a call's trailing optional arguments go out: all of them (Webdis), or only up to the
+/// last one that is not the script's default 0 (RESP: see `resp::command` for why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    Full,
+    Trimmed,
 }
 
 /// The script's flat reply (the one reply type: `bucket::take` models it exactly).
@@ -193,6 +261,10 @@ pub enum BackendError {
     CircuitOpen,
     /// The worker already has `max_inflight` calls out: no call was made.
     Overflow,
+    /// A Redis Cluster refused a batched call whose keys hash to several slots
+    /// (`-CROSSSLOT ...`), before the script ran: nothing was changed, and the call's checks may
+    /// be sent again, one slot per call.
+    CrossSlot,
 }
 
 /// What kind of trouble a failed call means, for the breaker, the logs and one counter each.
@@ -206,7 +278,9 @@ pub enum ErrorClass {
     Overloaded,
     /// Redis refused our credentials: NOAUTH, WRONGPASS, NOPERM.
     Auth,
-    /// The script failed or is missing after EVAL: a bug or a Redis without scripting.
+    /// The script failed or is missing after EVAL: a bug or a Redis without scripting; or a
+    /// call the backend refused to run as sent (CROSSSLOT, when sending it again per slot did not
+    /// help: a bug too).
     Script,
     /// The answer is not the script's reply.
     Malformed,
@@ -263,7 +337,7 @@ impl BackendError {
             | BackendError::Status(_)
             | BackendError::CircuitOpen
             | BackendError::Overflow => ErrorClass::Unreachable,
-            BackendError::NoScript => ErrorClass::Script,
+            BackendError::NoScript | BackendError::CrossSlot => ErrorClass::Script,
             BackendError::Malformed(_) => ErrorClass::Malformed,
             BackendError::Redis(msg) => {
                 let word = msg.split(' ').next().unwrap_or_default();
@@ -290,6 +364,8 @@ impl BackendError {
             BackendError::Redis(_) => {
                 matches!(self.class(), ErrorClass::Overloaded | ErrorClass::Auth)
             }
+            // Refused for its keys' slots before it ran: the backend is fine.
+            BackendError::CrossSlot => false,
             BackendError::CircuitOpen | BackendError::Overflow => false,
             _ => self.class() == ErrorClass::Unreachable,
         }
@@ -307,6 +383,12 @@ impl std::fmt::Display for BackendError {
             BackendError::Malformed(why) => write!(f, "malformed backend reply: {why}"),
             BackendError::CircuitOpen => write!(f, "circuit breaker open: no call made"),
             BackendError::Overflow => write!(f, "too many calls in flight: no call made"),
+            BackendError::CrossSlot => {
+                write!(
+                    f,
+                    "keys of several Redis Cluster slots in one call (CROSSSLOT)"
+                )
+            }
         }
     }
 }

@@ -1,15 +1,17 @@
-//! RESP codec for the Redis-callout transport (Higress' `proxy_redis_call`): a `ScriptCall` as one
-//! RESP command, and Redis' raw RESP answer as a `ScriptReply`.
+//! RESP codec for the Redis-callout transport (Higress' `proxy_redis_call`): a `ScriptCall` (or a
+//! batch of them) as one RESP command, and Redis' raw RESP answer as a `Reply` (or one per key).
 //!
 //! Invariant: every argument travels as one length-prefixed bulk string, so no byte of a key or of
-//! the script can add, drop or change an argument (no escaping at all). The decoder accepts exactly
-//! one RESP2 value, no trailing bytes, at most `MAX_REPLY_BYTES`: either a five-integer array in its
-//! canonical form (what Redis writes), which becomes a `ScriptReply`, or an error line; anything else
-//! is `Malformed`. It never panics and never allocates more than the input's size.
+//! the script can add, drop or change an argument (no escaping at all); a call is always ONE
+//! command (Higress hands each decoded reply to the next callback waiting). The decoder accepts
+//! exactly one RESP2 value, no trailing bytes, at most `MAX_REPLY_BYTES`: either an integer array
+//! of the expected length (5 or 6; 6 per key for a batch) in its canonical form (what Redis
+//! writes), or an error line; anything else is `Malformed`. It never panics and never allocates
+//! more than twice the input's size.
 
 use super::webdis::Invoke;
 use super::{
-    script_reply_of, Answer, BackendError, Outgoing, Payload, Reply, ScriptCall, Transport,
+    script_reply_of, Answer, BackendError, Outgoing, Payload, Reply, ScriptCall, Tail, Transport,
     MAX_REPLY_BYTES,
 };
 
@@ -37,45 +39,82 @@ pub fn redis_target(cluster: &str, database: u64) -> String {
 /// arguments (`max_wait_ms`, `settle`, `time` and the penalty): with a wrong password it gets the
 /// protocol error.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
-    let (verb, script): (&[u8], &str) = match invoke {
-        Invoke::Sha(sha) => (b"EVALSHA", sha),
-        Invoke::Source(src) => (b"EVAL", src),
-    };
-    // Left out when 0 (the script's defaults): settle, then max_wait_ms; both go out before a
-    // penalty (ARGV[9] comes after them and "time").
-    let with_penalty = call.penalty.is_some();
-    let with_settle = with_penalty || call.settle != 0;
-    let with_wait = with_settle || call.max_wait_ms != 0;
-    let count =
-        9 + usize::from(with_wait) + usize::from(with_settle) + 2 * usize::from(with_penalty);
-    let mut out = Vec::with_capacity(script.len() + call.key.len() + 224);
-    out.push(b'*');
-    crate::decimal::push_bytes(&mut out, count as u64);
-    out.extend_from_slice(b"\r\n");
-    for arg in [verb, script.as_bytes(), b"1", call.key.as_bytes()] {
-        bulk(arg, &mut out);
-    }
-    let mut number = Vec::with_capacity(64);
-    for n in call.limit_args() {
-        number.clear();
-        crate::decimal::push_bytes(&mut number, n);
-        bulk(&number, &mut out);
-    }
-    number.clear();
-    call.push_lease(&mut number);
-    bulk(&number, &mut out);
-    if with_wait {
-        number.clear();
-        crate::decimal::push_bytes(&mut number, call.max_wait_ms);
-        bulk(&number, &mut out);
-    }
-    if with_settle {
-        number.clear();
-        crate::decimal::push_signed_bytes(&mut number, call.settle);
-        bulk(&number, &mut out);
-    }
-    call.push_penalty(|arg| bulk(arg, &mut out));
+    let mut args = Vec::with_capacity(160);
+    let count = push_args(call, &mut args);
+    let mut out = Vec::with_capacity(script_of(invoke).len() + call.key.len() + args.len() + 64);
+    push_head(&mut out, 4 + count, invoke, &[call]);
+    out.extend_from_slice(&args);
     out
+}
+
+/// The RESP command for a batched call of n = `calls.len()` keys: `[EVALSHA|EVAL, <sha|script>,
+/// n, key1..keyn, "batch", c1, <args of key 1>, c2, <args of key 2>, ...]`, each key's
+/// arguments exactly its single form's ([`command`]), `ci` of them. One command (one reply): a
+/// Higress callout must never carry two.
+pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
+    let mut groups = Vec::with_capacity(calls.len() * 96);
+    let mut count = 3 + calls.len() + 1;
+    let mut number = Vec::with_capacity(4);
+    let mut args = Vec::with_capacity(160);
+    for call in calls {
+        args.clear();
+        let c = push_args(call, &mut args);
+        number.clear();
+        crate::decimal::push_bytes(&mut number, c as u64);
+        bulk(&number, &mut groups);
+        groups.extend_from_slice(&args);
+        count += 1 + c;
+    }
+    let keys: usize = calls.iter().map(|c| c.key.len() + 16).sum();
+    let mut out = Vec::with_capacity(script_of(invoke).len() + keys + groups.len() + 64);
+    push_head(&mut out, count, invoke, calls);
+    bulk(b"batch", &mut out);
+    out.extend_from_slice(&groups);
+    out
+}
+
+fn script_of(invoke: Invoke<'_>) -> &str {
+    match invoke {
+        Invoke::Sha(sha) => sha,
+        Invoke::Source(src) => src,
+    }
+}
+
+/// `*<count>`, the verb, the script or its SHA, the number of keys and the keys.
+fn push_head(out: &mut Vec<u8>, count: usize, invoke: Invoke<'_>, calls: &[&ScriptCall]) {
+    let verb: &[u8] = match invoke {
+        Invoke::Sha(_) => b"EVALSHA",
+        Invoke::Source(_) => b"EVAL",
+    };
+    out.push(b'*');
+    crate::decimal::push_bytes(out, count as u64);
+    out.extend_from_slice(b"\r\n");
+    bulk(verb, out);
+    bulk(script_of(invoke).as_bytes(), out);
+    let mut keys = Vec::with_capacity(4);
+    crate::decimal::push_bytes(&mut keys, calls.len() as u64);
+    bulk(&keys, out);
+    for call in calls {
+        bulk(call.key.as_bytes(), out);
+    }
+}
+
+/// The call's arguments after the key as bulk strings, the trailing zero ones left out; how many.
+fn push_args(call: &ScriptCall, out: &mut Vec<u8>) -> usize {
+    call.push_args(Tail::Trimmed, |arg| bulk(arg, out))
+}
+
+/// The bytes a call adds to a batched command: its key's bulk string, its count's and its
+/// arguments'.
+pub fn group_bytes(call: &ScriptCall) -> usize {
+    let mut bytes = bulk_len(call.key.len());
+    let count = call.push_args(Tail::Trimmed, |arg| bytes += bulk_len(arg.len()));
+    bytes + bulk_len(super::webdis::decimal_len(count))
+}
+
+/// The length of a bulk string of `len` bytes: `$<len>\r\n<bytes>\r\n`.
+fn bulk_len(len: usize) -> usize {
+    1 + super::webdis::decimal_len(len) + 2 + len + 2
 }
 
 /// The Redis-callout transport: script calls as RESP commands (the request's body; no headers),
@@ -98,18 +137,35 @@ impl Default for Resp {
     }
 }
 
-impl Transport for Resp {
-    fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing {
-        let invoke = if with_source {
+impl Resp {
+    fn invoke(&self, with_source: bool) -> Invoke<'_> {
+        if with_source {
             Invoke::Source(super::script::SOURCE)
         } else {
             Invoke::Sha(&self.sha)
-        };
-        Outgoing::Resp(command(call, invoke))
+        }
+    }
+}
+
+impl Transport for Resp {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing {
+        Outgoing::Resp(command(call, self.invoke(with_source)))
     }
 
     fn decode(&self, answer: &Answer) -> Result<Reply, BackendError> {
         decode_answer(answer)
+    }
+
+    fn request_batch(&self, calls: &[&ScriptCall], with_source: bool) -> Outgoing {
+        Outgoing::Resp(batch_command(calls, self.invoke(with_source)))
+    }
+
+    fn decode_batch(
+        &self,
+        answer: &Answer,
+        n: usize,
+    ) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+        decode_batch_answer(answer, n)
     }
 }
 
@@ -124,9 +180,23 @@ fn bulk(arg: &[u8], out: &mut Vec<u8>) {
 /// Decodes the host's answer to a Redis callout: no answer (a network error) is `Reset`, a reply
 /// that was read is decoded, one too large to read is `Malformed`.
 pub fn decode_answer(answer: &Answer) -> Result<Reply, BackendError> {
+    reply_of(answer).and_then(decode_reply)
+}
+
+/// Decodes the host's answer to a batched call of `n` keys, as [`decode_answer`] does a single
+/// call's: one error for the whole call, or one outcome per key.
+pub fn decode_batch_answer(
+    answer: &Answer,
+    n: usize,
+) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+    reply_of(answer).and_then(|reply| decode_batch_reply(reply, n))
+}
+
+/// The reply that was read, or the error the answer means.
+fn reply_of(answer: &Answer) -> Result<&[u8], BackendError> {
     match answer {
         Answer::NoAnswer => Err(BackendError::Reset),
-        Answer::Redis(Payload::Read(reply)) => decode_reply(reply),
+        Answer::Redis(Payload::Read(reply)) => Ok(reply),
         Answer::Redis(Payload::TooLarge(size)) => Err(malformed(format!(
             "reply of {size} bytes exceeds {MAX_REPLY_BYTES}: not read"
         ))),
@@ -136,6 +206,28 @@ pub fn decode_answer(answer: &Answer) -> Result<Reply, BackendError> {
 
 /// Decodes one raw RESP reply to a script call.
 pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
+    let ints = decode_integers(reply, 5..=6)?;
+    script_reply_of(&ints)
+}
+
+/// Decodes one raw RESP reply to a batched call of `n` keys: an array of exactly 6n integers, or
+/// an error for the whole call (`CROSSSLOT` is [`BackendError::CrossSlot`]).
+pub fn decode_batch_reply(
+    reply: &[u8],
+    n: usize,
+) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+    let want = n.saturating_mul(super::batch::GROUP_INTS);
+    let ints = decode_integers(reply, want..=want).map_err(super::batch::whole_error)?;
+    super::batch_replies(&ints, n)
+}
+
+/// One RESP value, nothing after it, within `MAX_REPLY_BYTES`: an array of integers, as many as
+/// `len` allows, in canonical form; or an error line (Redis' error). Anything else is
+/// `Malformed`.
+fn decode_integers(
+    reply: &[u8],
+    len: std::ops::RangeInclusive<usize>,
+) -> Result<Vec<i64>, BackendError> {
     if reply.len() > MAX_REPLY_BYTES {
         return Err(malformed(format!(
             "reply of {} bytes exceeds {MAX_REPLY_BYTES}",
@@ -148,21 +240,30 @@ pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
         b'-' => Err(redis_error(line)),
         b'*' => {
             let n = parse_int(line).ok_or_else(|| malformed("bad array length".to_string()))?;
-            if n != 5 && n != 6 {
-                return Err(malformed(format!(
-                    "expected 5 or 6 integers, got {n} items"
-                )));
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|n| len.contains(n))
+                .ok_or_else(|| {
+                    malformed(format!(
+                        "expected {} to {} integers, got {n} items",
+                        len.start(),
+                        len.end()
+                    ))
+                })?;
+            // Each item takes at least 4 bytes (`:0\r\n`): the length is checked against what is
+            // there before anything is allocated for it.
+            if r.rest.len() / 4 < n {
+                return Err(malformed("truncated reply".to_string()));
             }
-            let mut ints = [0i64; 6];
-            let n = usize::try_from(n).unwrap_or(0);
-            for slot in ints.iter_mut().take(n) {
+            let mut ints = Vec::with_capacity(n);
+            for _ in 0..n {
                 let (kind, line) = r.line()?;
                 if kind != b':' {
                     return Err(malformed(format!("non-integer item ({})", type_name(kind))));
                 }
-                *slot = parse_int(line).ok_or_else(|| malformed("bad integer".to_string()))?;
+                ints.push(parse_int(line).ok_or_else(|| malformed("bad integer".to_string()))?);
             }
-            script_reply_of(ints.get(..n).unwrap_or_default())
+            Ok(ints)
         }
         other => Err(malformed(format!(
             "expected an array, got {}",
@@ -568,3 +669,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod batch_tests;

@@ -6,7 +6,7 @@
 //! The command goes in a POST body (Webdis parses it like a path) so the `EVAL` fallback, which
 //! carries the whole script, is not limited by URL length.
 
-use super::{Answer, BackendError, HttpRequest, Outgoing, Payload, Reply, ScriptCall};
+use super::{Answer, BackendError, HttpRequest, Outgoing, Payload, Reply, ScriptCall, Tail};
 
 /// How the script is named in the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,40 +31,100 @@ pub fn encode_segment(bytes: &[u8], out: &mut Vec<u8>) {
 }
 
 /// The Webdis command text for one script call:
-/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease>/<max_wait_ms>/<settle>`.
-/// Built byte by byte (no `core::fmt`): one goes out for every call.
+/// `EVALSHA/<sha>/1/<key>/<burst>/<rate>/<period_ms>/<cost>/<lease>/<max_wait_ms>/<settle>`,
+/// with a penalty `/time/<penalty>` after it. Built byte by byte (no `core::fmt`): one goes out
+/// for every call.
 pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
-    let (verb, script) = match invoke {
-        Invoke::Sha(sha) => ("EVALSHA", sha),
-        Invoke::Source(src) => ("EVAL", src),
-    };
+    let script = script_of(invoke);
     let mut out = Vec::with_capacity(script.len() * 3 + call.key.len() * 3 + 160);
-    out.extend_from_slice(verb.as_bytes());
-    let args = [script.as_bytes(), b"1", call.key.as_bytes()];
-    for arg in args {
-        out.push(b'/');
-        encode_segment(arg, &mut out);
-    }
-    for n in call.limit_args() {
-        out.push(b'/');
-        crate::decimal::push_bytes(&mut out, n);
-    }
-    // The lease: digits, and with a holder colons, sent encoded as every segment is.
-    let mut lease = Vec::with_capacity(64);
-    call.push_lease(&mut lease);
-    out.push(b'/');
-    encode_segment(&lease, &mut out);
-    out.push(b'/');
-    crate::decimal::push_bytes(&mut out, call.max_wait_ms);
-    // A signed integer: digits and at most a leading '-', which Webdis leaves alone.
-    out.push(b'/');
-    crate::decimal::push_signed_bytes(&mut out, call.settle);
-    // With a penalty: "time" (ARGV[8], Redis' clock) and the penalty, encoded as every segment is.
-    call.push_penalty(|arg| {
-        out.push(b'/');
-        encode_segment(arg, &mut out);
-    });
+    push_head(&mut out, invoke, &[call]);
+    push_args(call, &mut out);
     out
+}
+
+/// The Webdis command text for a batched call of n = `calls.len()` keys:
+/// `EVALSHA/<sha>/<n>/<key1>/.../<keyn>/batch/<c1>/<args of key 1>/<c2>/<args of key 2>/...`,
+/// each key's arguments exactly its single form's ([`command`]), `ci` of them.
+pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
+    let script = script_of(invoke);
+    let groups: usize = calls.iter().map(|c| group_bytes(c)).sum();
+    let mut out = Vec::with_capacity(script.len() * 3 + groups + 64);
+    push_head(&mut out, invoke, calls);
+    out.extend_from_slice(b"/batch");
+    let mut group = Vec::with_capacity(128);
+    for call in calls {
+        group.clear();
+        let count = push_args(call, &mut group);
+        out.push(b'/');
+        crate::decimal::push_bytes(&mut out, count as u64);
+        out.extend_from_slice(&group);
+    }
+    out
+}
+
+fn script_of(invoke: Invoke<'_>) -> &str {
+    match invoke {
+        Invoke::Sha(sha) => sha,
+        Invoke::Source(src) => src,
+    }
+}
+
+/// `EVALSHA/<sha>` (or `EVAL/<script>`), the number of keys and the keys, each one segment.
+fn push_head(out: &mut Vec<u8>, invoke: Invoke<'_>, calls: &[&ScriptCall]) {
+    let verb: &[u8] = match invoke {
+        Invoke::Sha(_) => b"EVALSHA",
+        Invoke::Source(_) => b"EVAL",
+    };
+    out.extend_from_slice(verb);
+    out.push(b'/');
+    encode_segment(script_of(invoke).as_bytes(), out);
+    out.push(b'/');
+    crate::decimal::push_bytes(out, calls.len() as u64);
+    for call in calls {
+        out.push(b'/');
+        encode_segment(call.key.as_bytes(), out);
+    }
+}
+
+/// The call's arguments after the key, each `/` and one encoded segment (numbers and a leading
+/// `-` are left as they are by the encoding); how many.
+fn push_args(call: &ScriptCall, out: &mut Vec<u8>) -> usize {
+    call.push_args(Tail::Full, |arg| {
+        out.push(b'/');
+        encode_segment(arg, out);
+    })
+}
+
+/// The bytes a call adds to a batched command: its key's segment, its count's and its
+/// arguments'.
+pub fn group_bytes(call: &ScriptCall) -> usize {
+    let mut bytes = 1 + encoded_len(call.key.as_bytes());
+    let count = call.push_args(Tail::Full, |arg| bytes += 1 + encoded_len(arg));
+    bytes + 1 + decimal_len(count)
+}
+
+/// The length of `bytes` as [`encode_segment`] writes it.
+fn encoded_len(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .map(|&b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
+                1
+            } else {
+                3
+            }
+        })
+        .sum()
+}
+
+/// The number of decimal digits of `n`.
+pub(crate) fn decimal_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
 }
 
 /// The callout for one script call: `POST /` to `authority` with the command as the body.
@@ -75,6 +135,11 @@ pub fn request(
     authority: &str,
     auth_header: Option<&str>,
 ) -> HttpRequest {
+    post(command(call, invoke), authority, auth_header)
+}
+
+/// `POST /` to `authority` carrying `body` (a command), with basic auth if configured.
+fn post(body: Vec<u8>, authority: &str, auth_header: Option<&str>) -> HttpRequest {
     let mut headers = vec![
         (":method".to_string(), "POST".to_string()),
         (":path".to_string(), "/".to_string()),
@@ -84,10 +149,7 @@ pub fn request(
     if let Some(auth) = auth_header {
         headers.push(("authorization".to_string(), auth.to_string()));
     }
-    HttpRequest {
-        headers,
-        body: command(call, invoke),
-    }
+    HttpRequest { headers, body }
 }
 
 /// `Basic <base64(user:pass)>` for Webdis' `http_basic_auth` ACL.
@@ -130,16 +192,21 @@ impl Webdis {
     }
 }
 
-impl super::Transport for Webdis {
-    fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing {
-        let invoke = if with_source {
+impl Webdis {
+    fn invoke(&self, with_source: bool) -> Invoke<'_> {
+        if with_source {
             Invoke::Source(super::script::SOURCE)
         } else {
             Invoke::Sha(&self.sha)
-        };
+        }
+    }
+}
+
+impl super::Transport for Webdis {
+    fn request(&self, call: &ScriptCall, with_source: bool) -> Outgoing {
         Outgoing::Http(request(
             call,
-            invoke,
+            self.invoke(with_source),
             &self.authority,
             self.auth_header.as_deref(),
         ))
@@ -148,17 +215,44 @@ impl super::Transport for Webdis {
     fn decode(&self, answer: &Answer) -> Result<Reply, BackendError> {
         decode_answer(answer)
     }
+
+    fn request_batch(&self, calls: &[&ScriptCall], with_source: bool) -> Outgoing {
+        let body = batch_command(calls, self.invoke(with_source));
+        Outgoing::Http(post(body, &self.authority, self.auth_header.as_deref()))
+    }
+
+    fn decode_batch(
+        &self,
+        answer: &Answer,
+        n: usize,
+    ) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+        decode_batch_answer(answer, n)
+    }
 }
 
 /// Decodes the host's answer to a Webdis callout: no answer is `Reset`, an HTTP status other than
 /// 200 is `Status` (whatever the body's size), a 200 body is Webdis' reply.
 pub fn decode_answer(answer: &Answer) -> Result<Reply, BackendError> {
+    body_of(answer).and_then(decode_reply)
+}
+
+/// Decodes the host's answer to a batched call of `n` keys, as [`decode_answer`] does a single
+/// call's: one error for the whole call, or one outcome per key.
+pub fn decode_batch_answer(
+    answer: &Answer,
+    n: usize,
+) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+    body_of(answer).and_then(|body| decode_batch_reply(body, n))
+}
+
+/// The body of a 200 answer that was read, or the error the answer means.
+fn body_of(answer: &Answer) -> Result<&[u8], BackendError> {
     match answer {
         Answer::NoAnswer => Err(BackendError::Reset),
         Answer::Http {
             status: 200,
             body: Payload::Read(body),
-        } => decode_reply(body),
+        } => Ok(body),
         Answer::Http {
             status: 200,
             body: Payload::TooLarge(size),
@@ -179,16 +273,52 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
     if let Some((ints, n)) = small_integers(body) {
         return super::script_reply_of(ints.get(..n).unwrap_or_default());
     }
+    let items = json_items(body)?;
+    if !(5..=6).contains(&items.len()) {
+        return Err(BackendError::Malformed(format!(
+            "expected 5 or 6 integers, got {} items",
+            items.len()
+        )));
+    }
+    super::script_reply_of(&json_integers(&items)?)
+}
+
+/// Decodes Webdis' answer (HTTP 200) to a batched call of `n` keys: `{"<COMMAND>": [6n
+/// integers]}`, or an error for the whole call (`CROSSSLOT` is [`BackendError::CrossSlot`]).
+pub fn decode_batch_reply(
+    body: &[u8],
+    n: usize,
+) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+    let want = n.saturating_mul(super::batch::GROUP_INTS);
+    if let Some(ints) = integers(body, want) {
+        return super::batch_replies(&ints, n);
+    }
+    let items = json_items(body).map_err(super::batch::whole_error)?;
+    if items.len() != want {
+        return Err(BackendError::Malformed(format!(
+            "expected {want} integers for {n} keys, got {} items",
+            items.len()
+        )));
+    }
+    super::batch_replies(&json_integers(&items)?, n)
+}
+
+/// The array Webdis wrapped in `{"<COMMAND>": [...]}`, or the error it stands for: Redis' error
+/// (`[false, "msg"]`: NOSCRIPT is `NoScript`) or `Malformed`.
+fn json_items(body: &[u8]) -> Result<Vec<serde_json::Value>, BackendError> {
     let doc: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| BackendError::Malformed(format!("not JSON ({e})")))?;
-    let value = match doc.as_object() {
-        Some(obj) if obj.len() == 1 => obj.values().next(),
+    let value = match doc {
+        serde_json::Value::Object(obj) if obj.len() == 1 => obj.into_iter().next().map(|(_, v)| v),
         _ => None,
     }
     .ok_or_else(|| BackendError::Malformed("expected one-key JSON object".to_string()))?;
-    let items = value.as_array().ok_or_else(|| {
-        BackendError::Malformed(format!("expected an array, got {}", kind(value)))
-    })?;
+    let serde_json::Value::Array(items) = value else {
+        return Err(BackendError::Malformed(format!(
+            "expected an array, got {}",
+            kind(&value)
+        )));
+    };
     if let [serde_json::Value::Bool(false), msg] = items.as_slice() {
         let msg = msg.as_str().unwrap_or("(no message)");
         return Err(if msg.starts_with("NOSCRIPT") {
@@ -197,17 +327,18 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
             BackendError::Redis(truncate(msg, 200))
         });
     }
-    if !(5..=6).contains(&items.len()) {
-        return Err(BackendError::Malformed(format!(
-            "expected 5 or 6 integers, got {} items",
-            items.len()
-        )));
-    }
-    let ints: Vec<i64> = items.iter().filter_map(serde_json::Value::as_i64).collect();
-    if ints.len() != items.len() {
-        return Err(BackendError::Malformed("non-integer item".to_string()));
-    }
-    super::script_reply_of(&ints)
+    Ok(items)
+}
+
+/// Every item as an integer, or `Malformed`.
+fn json_integers(items: &[serde_json::Value]) -> Result<Vec<i64>, BackendError> {
+    items
+        .iter()
+        .map(|v| {
+            v.as_i64()
+                .ok_or_else(|| BackendError::Malformed("non-integer item".to_string()))
+        })
+        .collect()
 }
 
 /// The script's normal answer as Webdis writes it, `{"EVALSHA":[1,199,0,1000,5]}` (any upper-case
@@ -215,13 +346,40 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
 /// tree: one comes back for every call. Anything else is None and goes through serde_json, which
 /// decides what it means. Returns the integers and how many there are.
 fn small_integers(body: &[u8]) -> Option<([i64; 6], usize)> {
+    let mut out = [0i64; 6];
+    let count = int_array(body, out.len(), |i, n| {
+        if let Some(slot) = out.get_mut(i) {
+            *slot = n;
+        }
+    })?;
+    (count >= 5).then_some((out, count))
+}
+
+/// A batched call's normal answer, `{"EVALSHA":[...]}` with exactly `want` integers, read as
+/// [`small_integers`] reads a single one (one comes back for every batch). Anything else is None
+/// and goes through serde_json.
+fn integers(body: &[u8], want: usize) -> Option<Vec<i64>> {
+    // Each integer takes at least 2 bytes (a digit and a separator): a body too short for `want`
+    // of them is not read, so a hostile `n` allocates nothing.
+    if body.len() < want.checked_mul(2)? {
+        return None;
+    }
+    let mut out = Vec::with_capacity(want);
+    let count = int_array(body, want, |_, n| out.push(n))?;
+    (count == want).then_some(out)
+}
+
+/// Reads `{"<UPPER-CASE NAME>":[i1,i2,...]}` (no spaces, JSON integers of at most 18 digits, at
+/// least one, at most `max`, nothing after the `}`), giving each integer to `each` with its
+/// index; how many there were. None for anything else.
+fn int_array(body: &[u8], max: usize, mut each: impl FnMut(usize, i64)) -> Option<usize> {
     let rest = body.strip_prefix(b"{\"")?;
     let name_len = rest.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    if name_len == 0 {
+        return None;
+    }
     let mut rest = rest.get(name_len..)?.strip_prefix(b"\":[")?;
-    let mut out = [0i64; 6];
-    let mut count = 0;
-    let mut closed = false;
-    for (i, slot) in out.iter_mut().enumerate() {
+    for i in 0..max {
         let (negative, digits_at) = match rest.first() {
             Some(b'-') => (true, 1),
             _ => (false, 0),
@@ -241,19 +399,14 @@ fn small_integers(body: &[u8]) -> Option<([i64; 6], usize)> {
         for &d in rest.get(digits_at..digits_at + digits)? {
             n = n * 10 + i64::from(d - b'0');
         }
-        *slot = if negative { -n } else { n };
-        count = i + 1;
+        each(i, if negative { -n } else { n });
         rest = rest.get(digits_at + digits..)?;
-        if i >= 4 {
-            if let Some(end) = rest.strip_prefix(b"]}") {
-                rest = end;
-                closed = true;
-                break;
-            }
+        if let Some(end) = rest.strip_prefix(b"]}") {
+            return end.is_empty().then_some(i + 1);
         }
         rest = rest.strip_prefix(b",")?;
     }
-    (name_len > 0 && count >= 5 && closed && rest.is_empty()).then_some((out, count))
+    None
 }
 
 fn kind(v: &serde_json::Value) -> &'static str {
@@ -618,3 +771,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod batch_tests;

@@ -22,8 +22,9 @@
 //!
 //! The files: opts.rs (options and the sweep's shapes), worker.rs (a worker: its engine on the
 //! engine tests' fake host, `tollgate_core::engine::testkit`, the configuration around each
-//! simulator's rules, the callbacks run on it and what each asked of the host), webdis.rs (a script call and its reply as Webdis carries them),
-//! ideal.rs (what one perfect token bucket admits; the fullest window), sim.rs (the event loop and
+//! simulator's rules, the callbacks run on it and what each asked of the host), webdis.rs (a
+//! script call, single or batched, and its reply as Webdis carries them), ideal.rs (what one
+//! perfect token bucket admits; the fullest window), sim.rs (the event loop and
 //! the clients), sim/calls.rs (script calls to the bucket model and back), sim/account.rs (the
 //! ledger), run.rs (a load's figures), report.rs (printing), fleet.rs and fleet/ (the fleet
 //! runs), tests.rs. Both simulators share worker.rs, webdis.rs and ideal.rs.

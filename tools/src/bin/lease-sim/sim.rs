@@ -21,7 +21,7 @@ use tollgate_core::shared::mem::MemStore;
 use crate::opts::{Assign, Opts};
 use crate::run::Run;
 use crate::worker::{self, Req, Worker, USER_HEADER};
-use calls::CallRec;
+use calls::{CallRec, Flight};
 
 /// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
 const EPOCH_US: u64 = 1_700_000_000_000_000;
@@ -67,6 +67,7 @@ struct Client {
 enum Ev {
     Fire(usize),
     Arrive(usize),
+    /// Redis runs a flight (an index into `flights`), and its answer arrives.
     Exec(usize),
     Answer(usize),
     Tick(usize, usize, u64),
@@ -87,6 +88,7 @@ pub struct Sim<'o> {
     stores: Vec<Rc<MemStore>>,
     clients: Vec<Client>,
     calls: Vec<CallRec>,
+    flights: Vec<Flight>,
     bucket: HashMap<String, (Option<State>, Holders)>,
     /// When the engine admitted each request (µs), in order.
     admits: Vec<u64>,
@@ -156,6 +158,7 @@ impl<'o> Sim<'o> {
             stores,
             clients: Vec::new(),
             calls: Vec::new(),
+            flights: Vec::new(),
             bucket: HashMap::new(),
             admits: Vec::new(),
             arrivals: Vec::new(),

@@ -101,7 +101,7 @@ pub struct Worker {
     pub next_ctx: u32,
     /// Requests in the engine: ctx -> the simulation's index for it (a client, or a request).
     pub reqs: HashMap<u32, usize>,
-    /// Calls out: token -> call index.
+    /// Calls out: token -> the simulation's index for it.
     pub calls: HashMap<u32, usize>,
 }
 
@@ -164,14 +164,21 @@ impl Worker {
         Some(index)
     }
 
-    /// The bucket's reply to the call `token` arrives, as Webdis answers it, on the root context
-    /// whichever callback sent the call (as proxy-wasm-cpp-host's `http_call` does).
-    pub fn answer(&mut self, now_ms: u64, token: u32, reply: &bucket::Reply) {
+    /// The bucket's replies to the call `token` (one per key, in order) arrive, as Webdis answers
+    /// a call of that `form`, on the root context whichever callback sent the call (as
+    /// proxy-wasm-cpp-host's `http_call` does).
+    pub fn answer(
+        &mut self,
+        now_ms: u64,
+        token: u32,
+        form: webdis::Form,
+        replies: &[bucket::Reply],
+    ) {
         self.host.now = now_ms;
         self.host.current = ROOT;
         let answer = Answer::Http {
             status: 200,
-            body: Payload::Read(webdis::reply_body(reply).into_bytes()),
+            body: Payload::Read(webdis::reply_body(form, replies).into_bytes()),
         };
         self.engine.call_response(&mut self.host, token, &answer);
     }

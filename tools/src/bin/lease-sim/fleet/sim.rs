@@ -17,7 +17,7 @@ use tollgate_core::shared::mem::MemStore;
 use super::demand::{self, Proxy};
 use super::FleetOpts;
 use crate::sim::Rng;
-use crate::webdis::parse_call;
+use crate::webdis::{parse_request, Form};
 use crate::worker::{self, KeyedReq, Worker, USER_HEADER};
 
 /// The simulated clock starts at a realistic Unix time (µs), as the proxy's clock would read.
@@ -37,24 +37,34 @@ pub struct ReqRec {
     pub admitted_us: Option<u64>,
 }
 
-/// A script call and what the bucket answered.
+/// One request to the backend: its worker, its token, its form and its keys' records (indices
+/// into `FleetSim::calls`), run together and answered together.
 #[derive(Debug, Clone)]
-pub struct CallRec {
+pub struct Flight {
     pub proxy: u32,
     pub worker: u32,
     pub token: u32,
+    pub form: Form,
+    pub calls: Vec<usize>,
+    pub lat_us: u64,
+}
+
+/// One key's script call (a single call, or one key of a batched one) and what the bucket
+/// answered.
+#[derive(Debug, Clone)]
+pub struct CallRec {
     pub hot: bool,
     pub key: String,
     pub limits: Limits,
     pub ask: Ask,
     pub sent_us: u64,
-    pub lat_us: u64,
     pub reply: Option<bucket::Reply>,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Ev {
     Arrive(u32),
+    /// Redis runs a flight (an index into `flights`), and its answer arrives.
     Exec(u32),
     Answer(u32),
     Tick(u32, u32, u64),
@@ -74,6 +84,7 @@ pub struct FleetSim<'o> {
     rate_of: Vec<(f64, f64)>,
     pub reqs: Vec<ReqRec>,
     pub calls: Vec<CallRec>,
+    flights: Vec<Flight>,
     buckets: HashMap<String, (Option<State>, Holders)>,
     warm_users: Vec<String>,
 }
@@ -148,6 +159,7 @@ impl<'o> FleetSim<'o> {
             rate_of,
             reqs: Vec::new(),
             calls: Vec::new(),
+            flights: Vec::new(),
             buckets: HashMap::new(),
             warm_users: (0..o.warm_keys).map(|k| format!("user-{k}")).collect(),
         };
@@ -253,22 +265,30 @@ impl<'o> FleetSim<'o> {
         let now = self.now_us;
         let asked = self.workers[p][w].drain();
         for (token, call) in asked.calls {
-            let (key, limits, ask) = parse_call(&call.body);
+            let (form, groups) = parse_request(&call.body);
             let lat = self.rng.between(self.o.lat_min_us, self.o.lat_max_us);
-            let idx = self.calls.len();
-            self.calls.push(CallRec {
+            let f = self.flights.len();
+            let mut calls = Vec::with_capacity(groups.len());
+            for g in groups {
+                calls.push(self.calls.len());
+                self.calls.push(CallRec {
+                    hot: g.key.contains("{hot:"),
+                    key: g.key,
+                    limits: g.limits,
+                    ask: g.ask,
+                    sent_us: now,
+                    reply: None,
+                });
+            }
+            self.flights.push(Flight {
                 proxy: p as u32,
                 worker: w as u32,
                 token,
-                hot: key.contains("{hot:"),
-                key,
-                limits,
-                ask,
-                sent_us: now,
+                form,
+                calls,
                 lat_us: lat,
-                reply: None,
             });
-            self.at(now + lat / 2, Ev::Exec(idx as u32));
+            self.at(now + lat / 2, Ev::Exec(f as u32));
         }
         for ctx in asked.resumed {
             if let Some(&r) = self.workers[p][w].reqs.get(&ctx) {
@@ -290,28 +310,42 @@ impl<'o> FleetSim<'o> {
         }
     }
 
-    fn exec(&mut self, i: usize) {
+    /// Redis runs the flight `f`: each key's call in order, each seeing the ones before.
+    fn exec(&mut self, f: usize) {
         let now = EPOCH_US + self.now_us;
-        let call = &self.calls[i];
-        let (state, mut holders) = self.buckets.remove(&call.key).unwrap_or_default();
-        let (state, reply) = bucket::take_held(state, &mut holders, &call.limits, &call.ask, now);
-        self.buckets.insert(call.key.clone(), (state, holders));
-        let rest = call.lat_us - call.lat_us / 2;
-        self.calls[i].reply = Some(reply);
-        self.at(self.now_us + rest, Ev::Answer(i as u32));
+        for &i in &self.flights[f].calls {
+            let call = &self.calls[i];
+            let (state, mut holders) = self.buckets.remove(&call.key).unwrap_or_default();
+            let (state, reply) =
+                bucket::take_held(state, &mut holders, &call.limits, &call.ask, now);
+            self.buckets.insert(call.key.clone(), (state, holders));
+            self.calls[i].reply = Some(reply);
+        }
+        let lat = self.flights[f].lat_us;
+        self.at(self.now_us + lat - lat / 2, Ev::Answer(f as u32));
     }
 
-    fn answer(&mut self, i: usize) {
-        let call = &self.calls[i];
-        let (p, w, token) = (call.proxy as usize, call.worker as usize, call.token);
-        let Some(reply) = call.reply else {
+    fn answer(&mut self, f: usize) {
+        let flight = &self.flights[f];
+        let (p, w, token, form) = (
+            flight.proxy as usize,
+            flight.worker as usize,
+            flight.token,
+            flight.form,
+        );
+        let Some(replies) = flight
+            .calls
+            .iter()
+            .map(|&i| self.calls[i].reply)
+            .collect::<Option<Vec<_>>>()
+        else {
             return;
         };
         if self.now_us >= self.proxies[p].leave_us {
             return; // the proxy is gone: nobody reads the answer
         }
         let now_ms = (EPOCH_US + self.now_us) / 1000;
-        self.workers[p][w].answer(now_ms, token, &reply);
+        self.workers[p][w].answer(now_ms, token, form, &replies);
         self.after(p, w);
     }
 

@@ -1,13 +1,27 @@
-//! The script calls: what the engine dispatched, read back from its Webdis request, run against
-//! the bucket model (`tollgate_core::bucket`, the model of the Lua script) after half a random
-//! round trip, and answered on the worker's root context after the other half.
+//! The script calls: what the engine dispatched, read back from its Webdis request (one key, or
+//! several in the batched form), run against the bucket model (`tollgate_core::bucket`, the model
+//! of the Lua script: a batch's keys in order, in one run) after half a random round trip, and
+//! answered on the worker's root context after the other half.
 
 use tollgate_core::bucket::{self, Ask, Holder, Limits};
 
 use super::{Ev, Sim, UPSTREAM_US};
-use crate::webdis::parse_call;
+use crate::webdis::{parse_request, Form};
 use crate::worker::ROOT;
 
+/// One request to the backend: its worker, its token, its form and its keys' records (indices
+/// into `Sim::calls`), run together and answered together.
+#[derive(Debug, Clone)]
+pub(super) struct Flight {
+    pub(super) proxy: usize,
+    pub(super) worker: usize,
+    pub(super) token: u32,
+    pub(super) form: Form,
+    pub(super) calls: Vec<usize>,
+    pub(super) lat_us: u64,
+}
+
+/// One key's script call (a single call, or one key of a batched one).
 #[derive(Debug, Clone)]
 pub(super) struct CallRec {
     pub(super) proxy: usize,
@@ -21,7 +35,6 @@ pub(super) struct CallRec {
     pub(super) max_wait_ms: u64,
     pub(super) settle: i64,
     pub(super) sent_us: u64,
-    pub(super) lat_us: u64,
     /// The bucket's answer, once Redis ran it; and the tokens it held just before.
     pub(super) reply: Option<(bucket::Reply, u64)>,
     pub(super) exec_us: u64,
@@ -65,28 +78,39 @@ impl Sim<'_> {
         let asked = self.workers[p][w].drain();
         for (token, call) in asked.calls {
             let carrier = call.sent_during;
-            let (key, limits, ask) = parse_call(&call.body);
+            let (form, groups) = parse_request(&call.body);
             let lat = self.rng.between(self.o.lat_min_us, self.o.lat_max_us);
-            let idx = self.calls.len();
-            self.calls.push(CallRec {
+            let f = self.flights.len();
+            let mut calls = Vec::with_capacity(groups.len());
+            for g in groups {
+                calls.push(self.calls.len());
+                self.key.get_or_insert(g.key.clone());
+                self.calls.push(CallRec {
+                    proxy: p,
+                    worker: w,
+                    carrier,
+                    key: g.key,
+                    limits: g.limits,
+                    cost: g.ask.cost,
+                    want: g.ask.lease_want,
+                    holder: g.ask.holder,
+                    max_wait_ms: g.ask.max_wait_ms,
+                    settle: g.ask.settle,
+                    sent_us: now,
+                    reply: None,
+                    exec_us: 0,
+                });
+            }
+            self.flights.push(Flight {
                 proxy: p,
                 worker: w,
-                carrier,
-                key: key.clone(),
-                limits,
-                cost: ask.cost,
-                want: ask.lease_want,
-                holder: ask.holder,
-                max_wait_ms: ask.max_wait_ms,
-                settle: ask.settle,
-                sent_us: now,
+                token,
+                form,
+                calls,
                 lat_us: lat,
-                reply: None,
-                exec_us: 0,
             });
-            self.key.get_or_insert(key);
-            self.workers[p][w].calls.insert(token, idx);
-            self.at(now + lat / 2, Ev::Exec(idx));
+            self.workers[p][w].calls.insert(token, f);
+            self.at(now + lat / 2, Ev::Exec(f));
         }
         for ctx in asked.resumed {
             self.at(now + UPSTREAM_US, Ev::Complete(p, w, ctx, 200));
@@ -99,7 +123,16 @@ impl Sim<'_> {
         }
     }
 
-    pub(super) fn exec(&mut self, i: usize) {
+    /// Redis runs the flight `f`: each key's call in order, each seeing the ones before.
+    pub(super) fn exec(&mut self, f: usize) {
+        for i in self.flights[f].calls.clone() {
+            self.exec_call(i);
+        }
+        let lat = self.flights[f].lat_us;
+        self.at(self.now_us + lat - lat / 2, Ev::Answer(f));
+    }
+
+    fn exec_call(&mut self, i: usize) {
         let call = &self.calls[i];
         let (state, mut holders) = self.bucket.get(&call.key).cloned().unwrap_or_default();
         let peek = &mut holders.clone();
@@ -116,25 +149,24 @@ impl Sim<'_> {
         let (state, reply) =
             bucket::take_held(state, &mut holders, &call.limits, &ask, self.now_us);
         self.bucket.insert(call.key.clone(), (state, holders));
-        let lat = call.lat_us;
         self.calls[i].reply = Some((reply, before));
         self.calls[i].exec_us = self.now_us;
-        self.at(self.now_us + lat - lat / 2, Ev::Answer(i));
     }
 
-    pub(super) fn answer(&mut self, i: usize) {
-        let call = self.calls[i].clone();
-        let (p, w) = (call.proxy, call.worker);
-        let Some((reply, _)) = call.reply else {
+    pub(super) fn answer(&mut self, f: usize) {
+        let flight = self.flights[f].clone();
+        let (p, w) = (flight.proxy, flight.worker);
+        let Some(replies) = flight
+            .calls
+            .iter()
+            .map(|&i| self.calls[i].reply.map(|(r, _)| r))
+            .collect::<Option<Vec<_>>>()
+        else {
             return;
         };
-        let token = {
-            let wk = &self.workers[p][w];
-            *wk.calls.iter().find(|(_, &c)| c == i).unwrap().0
-        };
         let wk = &mut self.workers[p][w];
-        wk.calls.remove(&token);
-        wk.answer(self.now_us / 1000, token, &reply);
+        wk.calls.remove(&flight.token);
+        wk.answer(self.now_us / 1000, flight.token, flight.form, &replies);
         self.after(p, w);
     }
 
