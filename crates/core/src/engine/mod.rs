@@ -69,6 +69,8 @@ pub struct Engine {
     calls: calls::Calls,
     /// The calls that go out together in the worker's next flight.
     open: batch::OpenBatch,
+    /// Whether the backend is known to be a Redis Cluster (one slot per flight).
+    cluster_known: bool,
     /// Bucket keys of recently seen key values (a hot key's requests skip the digest).
     keys: KeyCache,
     waits: lease::Waits,
@@ -90,6 +92,7 @@ impl Engine {
             requests: requests::Requests::default(),
             calls: calls::Calls::default(),
             open: batch::OpenBatch::default(),
+            cluster_known: false,
             keys: KeyCache::default(),
             waits: lease::Waits::default(),
             stashes: stash::Stashes::default(),
@@ -156,6 +159,23 @@ impl Engine {
             self.schedule(host, now, false);
             return;
         }
+        // Refused for its keys' slots, or failed by one key's node: nothing ran, or not for every
+        // key. The calls go again, one slot (or one key) per flight.
+        let again = match &decoded {
+            Err(BackendError::CrossSlot) if flight.size > 1 => Some(send::Apart::BySlot),
+            Err(e) if flight.size > 1 && send::concerns_one_node(e) => Some(send::Apart::Alone),
+            _ => None,
+        };
+        if let Some(apart) = again {
+            let calls = flight.calls.into_iter().map(|(_, c)| c).collect();
+            if apart == send::Apart::BySlot {
+                self.learn_cluster(host, calls, now);
+            } else {
+                self.dispatch_apart(host, calls, apart, now);
+            }
+            self.schedule(host, now, false);
+            return;
+        }
         let replies: Vec<Result<Reply, BackendError>> = match decoded {
             Ok(mut each) => flight
                 .calls
@@ -182,6 +202,10 @@ impl Engine {
                 self.settlement_failed(host, &call.rule, &call.call, now);
             }
             self.call_answered(host, call, reply, now);
+        }
+        if flight.batched {
+            // What gathered while this flight was out leaves now, whatever other flights are.
+            self.dispatch_open_now(host);
         }
         self.schedule(host, now, false);
     }

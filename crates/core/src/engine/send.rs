@@ -29,6 +29,33 @@ use crate::shared::deny::DenyCache;
 use crate::shared::lease::LeasePool;
 use crate::shared::{fallback, Store};
 
+/// How the calls of a batch go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Apart {
+    /// In one flight.
+    Together,
+    /// One flight per Redis Cluster slot.
+    BySlot,
+    /// Each in a flight of its own.
+    Alone,
+}
+
+/// Redis Cluster errors about one node or slot: a flight of several keys that got one may have
+/// failed for one key's node only, so its calls go again each alone.
+const ONE_NODE: &[&str] = &["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"];
+
+/// Whether `e` may concern only some keys of a flight (their node), not the backend.
+pub(super) fn concerns_one_node(e: &BackendError) -> bool {
+    match e {
+        BackendError::Redis(msg) => {
+            let word = msg.split(' ').next().unwrap_or_default();
+            ONE_NODE.contains(&word)
+                || e.class() == crate::backend::ErrorClass::Unreachable
+        }
+        _ => false,
+    }
+}
+
 /// The retry time of a denial made because the fallback bucket's shared data kept failing.
 const FALLBACK_FAILING_RETRY_MS: u64 = 1000;
 
@@ -125,8 +152,8 @@ impl Engine {
     }
 
     /// The worker's open batch goes out now, if it holds anything, unless a flight that left
-    /// from it is still out or `max_inflight` flights are (its answer flushes it then). Called
-    /// at the end of every event.
+    /// from it is still out or `max_inflight` flights are (an answer sends it then). Called at
+    /// the end of every event.
     pub(super) fn flush_open(&mut self, host: &mut dyn Host) {
         if self.open.is_empty()
             || self.calls.batched_out()
@@ -137,26 +164,106 @@ impl Engine {
         self.dispatch_open(host);
     }
 
-    /// Sends what the open batch holds as one flight (the breaker permitting).
+    /// The open batch leaves now unless `max_inflight` flights are out.
+    pub(super) fn dispatch_open_now(&mut self, host: &mut dyn Host) {
+        if !self.calls.full(self.plugin.config.backend.max_inflight) {
+            self.dispatch_open(host);
+        }
+    }
+
+    /// Sends what the open batch holds as one flight (the breaker permitting); before a Redis
+    /// Cluster, one flight per slot.
     fn dispatch_open(&mut self, host: &mut dyn Host) {
         let calls = self.open.take();
         if calls.is_empty() {
             return;
         }
         let now = self.timer.read(host);
-        let failed = if self.backend_allowed(host, now) {
-            self.dispatch(host, calls, (false, true), now).err()
-        } else {
+        if !self.backend_allowed(host, now) {
             for c in &calls {
                 self.settlement_failed(host, &c.rule, &c.call, now);
             }
-            Some((BackendError::CircuitOpen, calls))
-        };
-        if let Some((e, calls)) = failed {
             for c in calls {
-                self.call_failed(host, c, &e, now);
+                self.call_failed(host, c, &BackendError::CircuitOpen, now);
+            }
+            return;
+        }
+        let apart = if calls.len() > 1 && self.knows_cluster(host) {
+            Apart::BySlot
+        } else {
+            Apart::Together
+        };
+        self.dispatch_apart(host, calls, apart, now);
+    }
+
+    /// Sends `calls` as flights that left from the open batch: all in one, one per Cluster slot,
+    /// or each alone. A flight that cannot go out (`max_inflight`, or the host refused it) fails
+    /// its calls.
+    pub(super) fn dispatch_apart(
+        &mut self,
+        host: &mut dyn Host,
+        calls: Vec<Call>,
+        apart: Apart,
+        now: u64,
+    ) {
+        let flights = match apart {
+            Apart::Together => vec![calls],
+            Apart::Alone => calls.into_iter().map(|c| vec![c]).collect(),
+            Apart::BySlot => {
+                let mut by_slot: Vec<(u16, Vec<Call>)> = Vec::new();
+                for c in calls {
+                    let slot = crate::backend::slot(&c.call.key);
+                    match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, group)) => group.push(c),
+                        None => by_slot.push((slot, vec![c])),
+                    }
+                }
+                by_slot.into_iter().map(|(_, group)| group).collect()
+            }
+        };
+        for calls in flights {
+            let failed = if self.calls.full(self.plugin.config.backend.max_inflight) {
+                for c in &calls {
+                    let m = &self.plugin.metrics;
+                    m.count(c.rule.id(), Counter::InflightRejected, 1);
+                    self.settlement_failed(host, &c.rule, &c.call, now);
+                }
+                Some((BackendError::Overflow, calls))
+            } else {
+                self.dispatch(host, calls, (false, true), now).err()
+            };
+            if let Some((e, calls)) = failed {
+                for c in calls {
+                    self.call_failed(host, c, &e, now);
+                }
             }
         }
+    }
+
+    /// Whether the backend is known to be a Redis Cluster (a call of several keys was refused
+    /// for their slots, here or by another worker of the proxy).
+    fn knows_cluster(&mut self, host: &mut dyn Host) -> bool {
+        if !self.cluster_known {
+            let key = [self.plugin.ns.as_str(), "|redis_cluster"].concat();
+            self.cluster_known = matches!(host.store().get(&key), Ok((Some(_), _)));
+        }
+        self.cluster_known
+    }
+
+    /// A flight of several keys was refused for their slots (CROSSSLOT, before the script ran):
+    /// the backend is a Redis Cluster. Every worker of the proxy sends one slot per flight from
+    /// now on; these calls go again that way.
+    pub(super) fn learn_cluster(&mut self, host: &mut dyn Host, calls: Vec<Call>, now: u64) {
+        if !self.knows_cluster(host) {
+            log::info!(
+                "tollgate: the backend is a Redis Cluster: a backend request carries the checks \
+                 of one slot"
+            );
+            let key = [self.plugin.ns.as_str(), "|redis_cluster"].concat();
+            let _ = host.store().set(&key, b"1", 0);
+            self.cluster_known = true;
+        }
+        self.dispatch_apart(host, calls, Apart::BySlot, now);
     }
 
     /// One flight: `calls` as one backend request (the script's single form for one call, its

@@ -1934,6 +1934,8 @@ fn profile_lease_new_keys() {
     }
 }
 
+/// Flights: checks of different keys sharing one backend request.
+mod batch;
 /// The decision record and the local replies' details.
 mod decision;
 /// `charge_on`: settled by the answer's status.
