@@ -49,8 +49,7 @@ pub(super) fn concerns_one_node(e: &BackendError) -> bool {
     match e {
         BackendError::Redis(msg) => {
             let word = msg.split(' ').next().unwrap_or_default();
-            ONE_NODE.contains(&word)
-                || e.class() == crate::backend::ErrorClass::Unreachable
+            ONE_NODE.contains(&word) || e.class() == crate::backend::ErrorClass::Unreachable
         }
         _ => false,
     }

@@ -9,7 +9,11 @@ const BATCHED: &str = r#""backend":{"batch_max_keys":32},"#;
 
 /// The part of a batched reply for one key: `allowed, remaining, retry, reset, granted, 0`.
 fn part(allowed: bool, remaining: u64, retry: i64) -> String {
-    format!("{},{remaining},{retry},1000,{},0", u8::from(allowed), u8::from(allowed))
+    format!(
+        "{},{remaining},{retry},1000,{},0",
+        u8::from(allowed),
+        u8::from(allowed)
+    )
 }
 
 /// Webdis' answer to a batched call.
@@ -41,7 +45,11 @@ fn checks_of_different_keys_that_arrive_while_a_flight_is_out_share_the_next_one
     let (mut e, rec) = engine(BATCHED, EXACT);
     let mut h = Fake::default();
     send(&mut e, &mut h, 10, &user("a"));
-    assert_eq!(h.sent.len(), 1, "an idle worker's check leaves at the end of its callback");
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "an idle worker's check leaves at the end of its callback"
+    );
     assert_eq!(keys_in(&h.sent[0]), 1);
     requests(&mut e, &mut h, 11, &["b", "c", "d"]);
     assert_eq!(h.sent.len(), 1, "they wait for the flight out");
@@ -250,9 +258,21 @@ fn a_flight_failed_by_one_nodes_error_goes_again_key_by_key() {
     send(&mut e, &mut h, 10, &user("a"));
     requests(&mut e, &mut h, 11, &["b", "c"]);
     deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
-    deliver(&mut e, &mut h, 2, 200, br#"{"EVALSHA":[false,"no upstream host"]}"#);
+    deliver(
+        &mut e,
+        &mut h,
+        2,
+        200,
+        br#"{"EVALSHA":[false,"no upstream host"]}"#,
+    );
     assert_eq!(h.sent.len(), 4, "each alone");
-    deliver(&mut e, &mut h, 3, 200, br#"{"EVALSHA":[false,"no upstream host"]}"#);
+    deliver(
+        &mut e,
+        &mut h,
+        3,
+        200,
+        br#"{"EVALSHA":[false,"no upstream host"]}"#,
+    );
     deliver(&mut e, &mut h, 4, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.status_of(11), Some(503), "its node is gone");
     assert_eq!(h.resumed, [10, 12], "the other key's node answered");
