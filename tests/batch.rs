@@ -95,10 +95,7 @@ fn many_keys_from_many_clients_at_once_each_get_exactly_their_burst() {
     };
     // `denied` counts every denial, the deny cache's (`local_denied`) too.
     let want = (total.0 as u64, total.1 as u64);
-    let got = common::eventually(
-        || (stat("allowed"), stat("denied")),
-        |got| *got == want,
-    );
+    let got = common::eventually(|| (stat("allowed"), stat("denied")), |got| *got == want);
     println!(
         "320 requests of 64 keys: {} admitted, {} refused; {runs} script runs for {} per-user \
          checks",

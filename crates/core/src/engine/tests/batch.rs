@@ -40,6 +40,20 @@ fn requests(e: &mut Engine, h: &mut Fake, first: u32, users: &[&str]) {
     }
 }
 
+/// An engine configured by `top` whose flight 2 carries the checks of "b" (context 11) and "c"
+/// (12): they came while flight 1 ("a", context 10, admitted) was out.
+fn two_in_flight_2(top: &str) -> (Engine, Rc<Recorder>, Fake) {
+    let (mut e, rec) = engine(top, EXACT);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    requests(&mut e, &mut h, 11, &["b", "c"]);
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(keys_in(&h.sent[1]), 2);
+    (e, rec, h)
+}
+
+const CLOSED: &str = r#""failure_mode":"closed","backend":{"batch_max_keys":32},"#;
+
 #[test]
 fn checks_of_different_keys_that_arrive_while_a_flight_is_out_share_the_next_one() {
     let (mut e, rec) = engine(BATCHED, EXACT);
@@ -84,15 +98,8 @@ fn a_request_with_two_rules_makes_one_backend_request() {
 
 #[test]
 fn a_failed_flight_gives_each_check_its_failure_mode_and_the_breaker_one_failure() {
-    let (mut e, rec) = engine(
-        r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":2},"#,
-        EXACT,
-    );
-    let mut h = Fake::default();
-    send(&mut e, &mut h, 10, &user("a"));
-    requests(&mut e, &mut h, 11, &["b", "c"]);
-    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
-    assert_eq!(keys_in(&h.sent[1]), 2);
+    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":2},"#;
+    let (mut e, rec, mut h) = two_in_flight_2(top);
     deliver(&mut e, &mut h, 2, 0, b"");
     assert_eq!(h.status_of(11), Some(503));
     assert_eq!(h.status_of(12), Some(503));
@@ -105,14 +112,7 @@ fn a_failed_flight_gives_each_check_its_failure_mode_and_the_breaker_one_failure
 
 #[test]
 fn one_keys_error_fails_only_its_check() {
-    let (mut e, rec) = engine(
-        r#""failure_mode":"closed","backend":{"batch_max_keys":32},"#,
-        EXACT,
-    );
-    let mut h = Fake::default();
-    send(&mut e, &mut h, 10, &user("a"));
-    requests(&mut e, &mut h, 11, &["b", "c"]);
-    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    let (mut e, rec, mut h) = two_in_flight_2(CLOSED);
     let b = batch_answer(&["-1,13,0,0,0,0".to_string(), part(true, 7, 0)]);
     deliver(&mut e, &mut h, 2, 200, &b);
     assert_eq!(h.status_of(11), Some(503), "its own failure mode");
@@ -156,11 +156,7 @@ fn max_inflight_counts_flights() {
 
 #[test]
 fn noscript_resends_the_whole_flight_once_with_the_source() {
-    let (mut e, _) = engine(BATCHED, EXACT);
-    let mut h = Fake::default();
-    send(&mut e, &mut h, 10, &user("a"));
-    requests(&mut e, &mut h, 11, &["b", "c"]);
-    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    let (mut e, _, mut h) = two_in_flight_2(BATCHED);
     deliver(&mut e, &mut h, 2, 200, NOSCRIPT);
     assert_eq!(h.sent.len(), 3);
     assert!(h.sent[2].starts_with("EVAL/"), "with the source");
@@ -224,12 +220,7 @@ const CROSSSLOT: &[u8] =
 
 #[test]
 fn a_cluster_refusing_a_flight_for_its_slots_is_learnt_and_the_checks_go_again_per_slot() {
-    let (mut e, rec) = engine(BATCHED, EXACT);
-    let mut h = Fake::default();
-    send(&mut e, &mut h, 10, &user("a"));
-    requests(&mut e, &mut h, 11, &["b", "c"]);
-    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
-    assert_eq!(keys_in(&h.sent[1]), 2);
+    let (mut e, rec, mut h) = two_in_flight_2(BATCHED);
     deliver(&mut e, &mut h, 2, 200, CROSSSLOT);
     let again: Vec<usize> = h.sent[2..].iter().map(|b| keys_in(b)).collect();
     assert_eq!(again, [1, 1], "one slot per flight");
@@ -250,14 +241,7 @@ fn a_cluster_refusing_a_flight_for_its_slots_is_learnt_and_the_checks_go_again_p
 
 #[test]
 fn a_flight_failed_by_one_nodes_error_goes_again_key_by_key() {
-    let (mut e, rec) = engine(
-        r#""failure_mode":"closed","backend":{"batch_max_keys":32},"#,
-        EXACT,
-    );
-    let mut h = Fake::default();
-    send(&mut e, &mut h, 10, &user("a"));
-    requests(&mut e, &mut h, 11, &["b", "c"]);
-    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    let (mut e, rec, mut h) = two_in_flight_2(CLOSED);
     deliver(
         &mut e,
         &mut h,
