@@ -199,6 +199,42 @@ fn burst_then_429_and_independent_keys() {
     assert_clean(&host);
 }
 
+/// A request of two rules is one Redis command (the script's batched form, in one callout), each
+/// rule decided by its own part; Redis gone fails both checks into the failure mode.
+#[test]
+fn a_requests_two_rules_share_one_redis_command() {
+    let dir = scratch_dir("higress-two-rules");
+    let mut redis = Redis::start(&dir);
+    let config = format!(
+        r#"{{ "backend": {{ "service_name": "{SERVICE}", "timeout_ms": 300 }},
+             "failure_mode": "closed",
+             "rules": [
+               {{ "name": "per-user", "key": ["header:x-user-id"], "rate": 1,
+                  "period_ms": 60000, "burst": 2 }},
+               {{ "name": "per-path", "key": ["path"], "rate": 1, "period_ms": 60000,
+                  "burst": 100 }} ] }}"#
+    );
+    let host = start(&config, redis.port);
+    assert_eq!(statuses(&host, "alice", 3), [200, 200, 429]);
+    let (evalsha, eval) = redis.script_calls();
+    // Three requests, one command each, and the first's EVALSHA again as EVAL after NOSCRIPT;
+    // the third's per-user denial came from Redis too (nothing cached yet). Without batching,
+    // twice as many.
+    assert_eq!(evalsha + eval, 4, "EVALSHA {evalsha}, EVAL {eval}");
+    assert_eq!(eval, 1);
+    // Counted per check: three, and the EVAL resend.
+    assert_eq!(stat_when(&host, "backend_calls", |v| v == 4), 4);
+    redis.proc.stop();
+    let r = get(&host, "bob");
+    assert_eq!(r.status, 503, "{r:?}\n{}", host.log_text());
+    assert_eq!(stat_when(&host, "backend_errors", |v| v == 1), 1);
+    let path_errors = host
+        .stat_value("wasmcustom.tollgate.per-path.backend_errors")
+        .unwrap_or(0);
+    assert_eq!(path_errors, 1, "each check of the failed command");
+    assert_clean(&host);
+}
+
 /// After `SCRIPT FLUSH` the next EVALSHA answers `-NOSCRIPT`: the filter sends EVAL once, then
 /// EVALSHA again, and limits exactly throughout.
 #[test]

@@ -45,6 +45,8 @@ pub const MAX_PORT: u64 = 65_535;
 /// Longest `backend.username` / `backend.password`.
 pub const MAX_REDIS_SECRET_LEN: usize = 512;
 pub const MAX_MAX_INFLIGHT: u64 = 100_000;
+/// Largest `backend.batch_max_keys` (the script's batched form takes at most this many keys).
+pub const MAX_BATCH_MAX_KEYS: u64 = 256;
 pub const MAX_BREAKER_FAILURES: u64 = 1000;
 pub const MIN_BREAKER_COOLOFF_MS: u64 = 10;
 pub const MAX_BREAKER_COOLOFF_MS: u64 = 600_000;
@@ -62,6 +64,7 @@ pub const DEFAULT_CLUSTER: &str = "tollgate_backend";
 pub const DEFAULT_AUTHORITY: &str = "webdis";
 pub const DEFAULT_TIMEOUT_MS: u64 = 50;
 pub const DEFAULT_MAX_INFLIGHT: u64 = 256;
+pub const DEFAULT_BATCH_MAX_KEYS: u64 = 32;
 pub const DEFAULT_BREAKER_FAILURES: u64 = 5;
 pub const DEFAULT_BREAKER_COOLOFF_MS: u64 = 1000;
 /// `backend.service_port` of a Higress service, and of a `.static` one.

@@ -161,6 +161,7 @@ fn backend(b: doc::Backend, artifact: Artifact) -> Result<Backend, ConfigError> 
         breaker_failures: b.breaker_failures.get(),
         breaker_cooloff_ms: b.breaker_cooloff_ms.get(),
         max_inflight: b.max_inflight.get(),
+        batch_max_keys: b.batch_max_keys.get(),
     })
 }
 

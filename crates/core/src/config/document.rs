@@ -65,6 +65,7 @@ pub struct Backend {
     pub breaker_failures: Int<1, MAX_BREAKER_FAILURES>,
     pub breaker_cooloff_ms: Int<MIN_BREAKER_COOLOFF_MS, MAX_BREAKER_COOLOFF_MS>,
     pub max_inflight: Int<1, MAX_MAX_INFLIGHT>,
+    pub batch_max_keys: Int<1, MAX_BATCH_MAX_KEYS>,
     /// Webdis: `user:pass`.
     pub basic_auth: Option<String>,
 }
@@ -83,6 +84,7 @@ impl Default for Backend {
             breaker_failures: Int::of::<DEFAULT_BREAKER_FAILURES>(),
             breaker_cooloff_ms: Int::of::<DEFAULT_BREAKER_COOLOFF_MS>(),
             max_inflight: Int::of::<DEFAULT_MAX_INFLIGHT>(),
+            batch_max_keys: Int::of::<DEFAULT_BATCH_MAX_KEYS>(),
             basic_auth: None,
         }
     }

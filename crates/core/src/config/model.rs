@@ -50,6 +50,8 @@ pub struct Backend {
     pub breaker_cooloff_ms: u64,
     /// Most backend calls one worker keeps out at once; beyond it a check gets the failure mode.
     pub max_inflight: u64,
+    /// Most script calls (checks of different keys) one backend request carries.
+    pub batch_max_keys: u64,
 }
 
 /// What a check does when the backend cannot answer (`failure_mode`).

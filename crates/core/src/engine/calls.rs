@@ -1,8 +1,11 @@
-//! The worker's backend calls in flight, by the host's token, each with what its answer is for.
+//! The worker's backend requests in flight (flights), by the host's token, each with the script
+//! calls it carries and what each call's answer is for.
 //!
-//! Invariant: a call is kept from its dispatch until its answer (or until it is handed to the
+//! Invariant: a flight is kept from its dispatch until its answer (or until it is handed to the
 //! engine that replaces this one), and its answer is taken exactly once; at most the backend's
-//! `max_inflight` calls are out per worker.
+//! `max_inflight` flights are out per worker. A flight of one call travels in the script's
+//! single form; of several, in its batched form, each call answered by its own slice of the
+//! reply, by position.
 
 use std::collections::HashMap;
 
@@ -12,7 +15,7 @@ use super::rules::RuleRef;
 use crate::backend::ScriptCall;
 use crate::shared::lease::Claim;
 
-/// Why a backend call is out.
+/// Why a script call is out.
 #[derive(Debug)]
 pub(super) enum Purpose {
     /// Check `check` of request `ctx` (exact mode).
@@ -26,34 +29,48 @@ pub(super) enum Purpose {
     Settle,
 }
 
+/// One script call and what its answer is for.
 #[derive(Debug)]
 pub(super) struct Call {
     pub rule: RuleRef,
     pub call: ScriptCall,
     pub purpose: Purpose,
-    /// When the first attempt was sent (a denial is cached from then, never later).
+    /// When it went out (a denial is cached from then, never later).
     pub sent_ms: u64,
-    /// Whether this is the EVAL resend after NOSCRIPT.
-    pub with_source: bool,
 }
 
 impl Call {
-    /// A first attempt (EVALSHA), sent now.
     pub fn new(rule: RuleRef, call: ScriptCall, purpose: Purpose, now: u64) -> Call {
         Call {
             rule,
             call,
             purpose,
             sent_ms: now,
-            with_source: false,
         }
     }
 }
 
-/// The calls a worker has out.
+/// One backend request: the calls it carries, each at its position in the request.
+#[derive(Debug)]
+pub(super) struct Flight {
+    /// How many calls the request carried (the reply has one answer per call).
+    pub size: usize,
+    /// The calls whose answers matter, with their positions (all of them, but for a flight
+    /// adopted from a replaced engine: only its settlements).
+    pub calls: Vec<(usize, Call)>,
+    /// Whether this is the EVAL resend after NOSCRIPT.
+    pub with_source: bool,
+    /// Whether it left from the worker's open batch (exact checks and settlements), not as a
+    /// lease call.
+    pub batched: bool,
+}
+
+/// The flights a worker has out.
 #[derive(Debug, Default)]
 pub(super) struct Calls {
-    by_token: HashMap<Token, Call, ById>,
+    by_token: HashMap<Token, Flight, ById>,
+    /// Flights out that left from the open batch.
+    batched_out: usize,
 }
 
 impl Calls {
@@ -61,26 +78,38 @@ impl Calls {
         self.by_token.len()
     }
 
-    /// Whether `max_inflight` calls are out already.
+    /// Whether `max_inflight` flights are out already.
     pub fn full(&self, max_inflight: u64) -> bool {
         self.by_token.len() as u64 >= max_inflight
     }
 
-    /// Call `token` went out.
-    pub fn sent(&mut self, token: Token, call: Call) {
-        self.by_token.insert(token, call);
+    /// Whether a flight that left from the open batch is out (the next one waits for its
+    /// answer, gathering the checks that come meanwhile).
+    pub fn batched_out(&self) -> bool {
+        self.batched_out > 0
     }
 
-    /// The call `token` answers (None: not this engine's, or answered already).
-    pub fn answered(&mut self, token: Token) -> Option<Call> {
-        self.by_token.remove(&token)
+    /// Flight `token` went out.
+    pub fn sent(&mut self, token: Token, flight: Flight) {
+        if flight.batched {
+            self.batched_out += 1;
+        }
+        if let Some(old) = self.by_token.insert(token, flight) {
+            // A host never reuses a token while its call is out; if one did, the old flight is
+            // forgotten (its answer can no longer be told apart).
+            self.batched_out -= usize::from(old.batched);
+        }
     }
 
-    /// The calls out that carry a usage settlement.
-    pub fn settling(&self) -> impl Iterator<Item = (Token, &Call)> {
-        self.by_token
-            .iter()
-            .filter(|(_, c)| c.call.settle != 0)
-            .map(|(token, c)| (*token, c))
+    /// The flight `token` answers (None: not this engine's, or answered already).
+    pub fn answered(&mut self, token: Token) -> Option<Flight> {
+        let flight = self.by_token.remove(&token)?;
+        self.batched_out -= usize::from(flight.batched);
+        Some(flight)
+    }
+
+    /// The flights out, by token (for the hand-over of their settlements).
+    pub fn flights(&self) -> impl Iterator<Item = (Token, &Flight)> {
+        self.by_token.iter().map(|(token, f)| (*token, f))
     }
 }

@@ -139,7 +139,7 @@ impl Engine {
         call.cost = 1;
         call.lease_want = checks.len() as u64;
         if let Err((e, purpose)) =
-            self.send(host, Call::new(rule, call, Purpose::Batch(checks), now))
+            self.enqueue(host, Call::new(rule, call, Purpose::Batch(checks), now))
         {
             if let Purpose::Batch(checks) = purpose {
                 self.fail_chained(host, &checks, &e, now);

@@ -153,9 +153,10 @@ impl Engine {
         }
         self.requests.insert(ctx, Request::Deciding(checks));
         let now = self.timer.read(host);
-        // A lease call checks the breaker when it is about to go out; the others check it here.
+        // A lease call checks the breaker when it is about to go out, a flight when it leaves
+        // (the half-open probe is claimed then); an open breaker refuses the others here.
         let own_call = |route: &Route| *route != Route::Lease;
-        if undecided.iter().any(|(_, r)| own_call(r)) && !self.backend_allowed(host, now) {
+        if undecided.iter().any(|(_, r)| own_call(r)) && self.breaker_refuses(host, now) {
             // The breaker is open: the failure mode answers now, no request waits on a dead backend.
             for (check, _) in undecided.iter().filter(|(_, r)| own_call(r)) {
                 self.fail_check(host, ctx, *check, &BackendError::CircuitOpen, now);

@@ -6,9 +6,10 @@
 //! by the engine that takes over, under the rule of the same name; none is flushed twice. The
 //! amounts stay in shared data throughout (the settle table is keyed by the plugin namespace, not
 //! by the engine); what moves is the schedule that flushes them and, on the same root, the calls
-//! in flight that carry some, whose failure must put them back.
+//! in flight that carry some, whose failure must put them back, and those waiting in the open
+//! batch.
 
-use super::calls::{Call, Purpose};
+use super::calls::{Call, Flight, Purpose};
 use super::host::Host;
 use super::ids::Token;
 use super::usage::Flush;
@@ -24,20 +25,44 @@ pub struct Pending {
     ns: String,
     /// Flushes scheduled: (due, rule name, bucket key, the key's effective limits).
     flushes: Vec<(u64, String, String, Limits)>,
-    /// Calls in flight that carry a settlement: (token, rule name, the call, when it was sent,
-    /// whether it was the EVAL resend).
-    calls: Vec<(Token, String, ScriptCall, u64, bool)>,
+    /// Flights out that carry settlements.
+    calls: Vec<Carrying>,
+    /// Settlements that were waiting in the open batch: (rule name, the call).
+    open: Vec<(String, ScriptCall)>,
+}
+
+/// A flight in flight with the settlements it carries.
+#[derive(Debug)]
+struct Carrying {
+    token: Token,
+    /// How many calls the flight carried.
+    size: usize,
+    /// Its settling calls: (position, rule name, the call, when it was sent).
+    settles: Vec<(usize, String, ScriptCall, u64)>,
+    with_source: bool,
+    batched: bool,
 }
 
 impl Pending {
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.flushes.is_empty() && self.calls.is_empty()
+        self.flushes.is_empty() && self.calls.is_empty() && self.open.is_empty()
     }
 
     /// Settlements scheduled or in flight (for tests and logs).
     pub fn len(&self) -> usize {
-        self.flushes.len() + self.calls.len()
+        let in_flight: usize = self.calls.iter().map(|c| c.settles.len()).sum();
+        self.flushes.len() + in_flight + self.open.len()
+    }
+}
+
+/// Only the settlement of `c` matters to the next engine: the request it was for belongs to the
+/// outgoing one.
+fn settlement_of(c: &ScriptCall) -> ScriptCall {
+    ScriptCall {
+        settle: c.settle,
+        penalty: c.penalty,
+        ..ScriptCall::new(c.key.clone(), &c.limits(), 0)
     }
 }
 
@@ -55,25 +80,39 @@ impl Engine {
             .collect();
         let calls = if calls_too {
             self.calls
-                .settling()
-                .map(|(token, c)| {
-                    // Only the settlement matters now: the request the call was for belongs to
-                    // the outgoing engine.
-                    let settle = ScriptCall {
-                        settle: c.call.settle,
-                        penalty: c.call.penalty,
-                        ..ScriptCall::new(c.call.key.clone(), &c.call.limits(), 0)
-                    };
-                    (token, c.rule.name.clone(), settle, c.sent_ms, c.with_source)
+                .flights()
+                .map(|(token, f)| Carrying {
+                    token,
+                    size: f.size,
+                    settles: f
+                        .calls
+                        .iter()
+                        .filter(|(_, c)| c.call.settle != 0)
+                        .map(|(at, c)| {
+                            (*at, c.rule.name.clone(), settlement_of(&c.call), c.sent_ms)
+                        })
+                        .collect(),
+                    with_source: f.with_source,
+                    batched: f.batched,
                 })
+                .filter(|c| !c.settles.is_empty())
                 .collect()
         } else {
             Vec::new()
         };
+        // Not sent yet: any engine of the namespace can send them.
+        let open = self
+            .open
+            .take()
+            .into_iter()
+            .filter(|c| c.call.settle != 0)
+            .map(|c| (c.rule.name.clone(), settlement_of(&c.call)))
+            .collect();
         Pending {
             ns: self.plugin.ns.clone(),
             flushes,
             calls,
+            open,
         }
     }
 
@@ -100,19 +139,45 @@ impl Engine {
                 None => left.flushes.push((due, name, key, limits)),
             }
         }
-        for (token, name, call, sent_ms, with_source) in pending.calls {
-            match rules.named(&name) {
-                Some(rule) => {
-                    let adopted = Call {
-                        with_source,
-                        ..Call::new(rule.clone(), call, Purpose::Settle, sent_ms)
-                    };
-                    self.calls.sent(token, adopted);
-                }
-                None => left.calls.push((token, name, call, sent_ms, with_source)),
+        for carrying in pending.calls {
+            let (ours, theirs): (Vec<_>, Vec<_>) = carrying
+                .settles
+                .into_iter()
+                .partition(|(_, name, ..)| rules.named(name).is_some());
+            let calls: Vec<(usize, Call)> = ours
+                .into_iter()
+                .filter_map(|(at, name, call, sent_ms)| {
+                    let rule = rules.named(&name)?.clone();
+                    Some((at, Call::new(rule, call, Purpose::Settle, sent_ms)))
+                })
+                .collect();
+            if !calls.is_empty() {
+                let flight = Flight {
+                    size: carrying.size,
+                    calls,
+                    with_source: carrying.with_source,
+                    batched: carrying.batched,
+                };
+                self.calls.sent(carrying.token, flight);
+            }
+            if !theirs.is_empty() {
+                left.calls.push(Carrying {
+                    settles: theirs,
+                    ..carrying
+                });
             }
         }
         let now = self.timer.read(host);
+        for (name, call) in pending.open {
+            match rules.named(&name) {
+                Some(rule) => {
+                    let settle = Call::new(rule.clone(), call, Purpose::Settle, now);
+                    // A failure to send puts it back (`settlement_failed`).
+                    let _ = self.enqueue(host, settle);
+                }
+                None => left.open.push((name, call)),
+            }
+        }
         self.schedule(host, now, false);
         left
     }

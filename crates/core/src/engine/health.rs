@@ -94,6 +94,13 @@ impl<'a> Health<'a> {
         Some(self.read().open_until).filter(|t| *t != 0)
     }
 
+    /// Whether the breaker refuses every call now (open, its cool-off not over). Claims nothing:
+    /// a check that will go out later asks [`Health::allow`] then.
+    pub fn refuses(&self, now_ms: u64) -> bool {
+        let open_until = self.read().open_until;
+        open_until != 0 && now_ms < open_until
+    }
+
     /// Whether a call may go out now (true for the one probe after a cool-off). The common case,
     /// a closed breaker, costs one read.
     pub fn allow(&self, now_ms: u64) -> bool {

@@ -105,7 +105,8 @@ impl Engine {
         };
         let unmet = self.waits.take_unmet(key);
         let sizing = sizing(&rule, &limits);
-        if !self.backend_allowed(host, now) {
+        // The lease call claims the half-open probe when it goes out (`send`).
+        if self.breaker_refuses(host, now) {
             self.fail_waiters(host, key, &BackendError::CircuitOpen, now);
             return;
         }

@@ -20,6 +20,7 @@
 //! through them: the local stage ([`local`]), deciding a request ([`decide`]), sending calls
 //! ([`send`]). No component reaches into another's state.
 
+mod batch;
 mod calls;
 mod coalesce;
 mod cost;
@@ -43,7 +44,7 @@ mod tick;
 pub mod usage;
 mod verdict;
 
-use crate::backend::{Answer, BackendError};
+use crate::backend::{Answer, BackendError, Reply};
 use crate::metrics::Metrics;
 use crate::rule::{KeyCache, RequestView};
 
@@ -66,6 +67,10 @@ pub struct Engine {
     plugin: Plugin,
     requests: requests::Requests,
     calls: calls::Calls,
+    /// The calls that go out together in the worker's next flight.
+    open: batch::OpenBatch,
+    /// Whether the backend is known to be a Redis Cluster (one slot per flight).
+    cluster_known: bool,
     /// Bucket keys of recently seen key values (a hot key's requests skip the digest).
     keys: KeyCache,
     waits: lease::Waits,
@@ -86,6 +91,8 @@ impl Engine {
             plugin,
             requests: requests::Requests::default(),
             calls: calls::Calls::default(),
+            open: batch::OpenBatch::default(),
+            cluster_known: false,
             keys: KeyCache::default(),
             waits: lease::Waits::default(),
             stashes: stash::Stashes::default(),
@@ -124,6 +131,8 @@ impl Engine {
     ) -> Action {
         self.requests.begin_headers(ctx);
         self.decide_headers(host, ctx, req);
+        // A check whose flight cannot leave gets its failure mode now, in this callback.
+        self.flush_open(host);
         let decided = self.requests.end_headers();
         // The time this request read, or, if it read none (the stash admitted it), the worker's
         // latest reading: all it can have added is counts, whose tick then comes at most as much
@@ -132,70 +141,122 @@ impl Engine {
         decided.unwrap_or(Action::Pause)
     }
 
-    /// The answer to call `token` (the host delivers it on the root context, whichever callback
-    /// sent it).
+    /// The answer to flight `token` (the host delivers it on the root context, whichever callback
+    /// sent it): each call it carried gets its own part.
     pub fn call_response(&mut self, host: &mut dyn Host, token: u32, answer: &Answer) {
-        let Some(call) = self.calls.answered(Token::from(token)) else {
+        let Some(flight) = self.calls.answered(Token::from(token)) else {
             return;
         };
         let now = self.timer.read(host);
-        self.plugin
-            .metrics
-            .latency(call.rule.id(), now.saturating_sub(call.sent_ms));
-        let reply = self
-            .plugin
-            .transport
-            .decode(answer)
-            .and_then(|r| crate::backend::reply_to(&call.call, r));
-        if matches!(reply, Err(BackendError::NoScript)) && !call.with_source {
-            self.resend_with_source(host, call, now);
+        let transport = &self.plugin.transport;
+        let decoded = if flight.size == 1 {
+            transport.decode(answer).map(|r| vec![Ok(r)])
         } else {
-            self.record(host, &call.rule, reply.as_ref().map(|_| ()), now);
-            if reply.is_err() {
+            transport.decode_batch(answer, flight.size)
+        };
+        if matches!(decoded, Err(BackendError::NoScript)) && !flight.with_source {
+            self.resend_with_source(host, flight, now);
+            self.schedule(host, now, false);
+            return;
+        }
+        // Refused for its keys' slots, or failed by one key's node: nothing ran, or not for every
+        // key. The calls go again, one slot (or one key) per flight.
+        let again = match &decoded {
+            Err(BackendError::CrossSlot) if flight.size > 1 => Some(send::Apart::BySlot),
+            Err(e) if flight.size > 1 && send::concerns_one_node(e) => Some(send::Apart::Alone),
+            _ => None,
+        };
+        if let Some(apart) = again {
+            let calls = flight.calls.into_iter().map(|(_, c)| c).collect();
+            if apart == send::Apart::BySlot {
+                self.learn_cluster(host, calls, now);
+            } else {
+                self.dispatch_apart(host, calls, apart, now);
+            }
+            self.schedule(host, now, false);
+            return;
+        }
+        let replies: Vec<Result<Reply, BackendError>> = match decoded {
+            Ok(mut each) => flight
+                .calls
+                .iter()
+                .map(|(at, c)| {
+                    let reply = each.get_mut(*at).map_or_else(
+                        || Err(BackendError::Malformed("no answer for a call".to_string())),
+                        |r| std::mem::replace(r, Err(BackendError::Reset)),
+                    );
+                    reply.and_then(|r| crate::backend::reply_to(&c.call, r))
+                })
+                .collect(),
+            Err(e) => flight.calls.iter().map(|_| Err(e.clone())).collect(),
+        };
+        // The backend's health learns of the flight once: its first failure, if any.
+        let failure = replies.iter().find_map(|r| r.as_ref().err());
+        self.feed_health(host, failure.map_or(Ok(()), Err), now);
+        for ((_, call), reply) in flight.calls.into_iter().zip(replies) {
+            self.plugin
+                .metrics
+                .latency(call.rule.id(), now.saturating_sub(call.sent_ms));
+            if let Err(e) = &reply {
+                self.count_failure(&call.rule, e);
                 self.settlement_failed(host, &call.rule, &call.call, now);
             }
-            match call.purpose {
-                Purpose::Check { ctx, check } => {
-                    // No longer waited for: another rule refused its request, or the request
-                    // is gone. It never goes upstream, so what this answer took goes back.
-                    let late = !self.requests.is_waiting(ctx, check);
-                    match reply {
-                        Ok(r) => {
-                            let outcome = (
-                                self.reply_outcome(host, &call.rule, &call.call, &r, call.sent_ms),
-                                decision::By::Redis,
-                            );
-                            if late {
-                                let of = (&call.rule, &call.call);
-                                self.refund_late(host, of, outcome, call.call.cost);
-                            } else {
-                                self.settle(host, ctx, check, outcome);
-                            }
-                        }
-                        Err(_) if late => {}
-                        Err(e) => {
-                            let outcome =
-                                self.failure_outcome(host, &call.rule, &call.call, &e, now);
+            self.call_answered(host, call, reply, now);
+        }
+        if flight.batched {
+            // What gathered while this flight was out leaves now, whatever other flights are.
+            self.dispatch_open_now(host);
+        }
+        self.schedule(host, now, false);
+    }
+
+    /// What the answer to one call of a flight means for its purpose.
+    fn call_answered(
+        &mut self,
+        host: &mut dyn Host,
+        call: calls::Call,
+        reply: Result<Reply, BackendError>,
+        now: u64,
+    ) {
+        match call.purpose {
+            Purpose::Check { ctx, check } => {
+                // No longer waited for: another rule refused its request, or the request is
+                // gone. It never goes upstream, so what this answer took goes back.
+                let late = !self.requests.is_waiting(ctx, check);
+                match reply {
+                    Ok(r) => {
+                        let outcome = (
+                            self.reply_outcome(host, &call.rule, &call.call, &r, call.sent_ms),
+                            decision::By::Redis,
+                        );
+                        if late {
+                            let of = (&call.rule, &call.call);
+                            self.refund_late(host, of, outcome, call.call.cost);
+                        } else {
                             self.settle(host, ctx, check, outcome);
                         }
                     }
-                    if coalesce::eligible(&call.call) {
-                        self.chain_next(host, &call.call.key, now);
+                    Err(_) if late => {}
+                    Err(e) => {
+                        let outcome = self.failure_outcome(host, &call.rule, &call.call, &e, now);
+                        self.settle(host, ctx, check, outcome);
                     }
                 }
-                Purpose::Batch(checks) => {
-                    let asked = (&call.rule, &call.call);
-                    self.batch_answer(host, asked, checks, reply, call.sent_ms, now);
+                if coalesce::eligible(&call.call) {
                     self.chain_next(host, &call.call.key, now);
                 }
-                Purpose::Settle => {}
-                Purpose::Lease(claim) => {
-                    let answer = (reply, call.sent_ms);
-                    self.lease_answer(host, &call.rule, claim, &call.call, answer, now);
-                }
+            }
+            Purpose::Batch(checks) => {
+                let asked = (&call.rule, &call.call);
+                self.batch_answer(host, asked, checks, reply, call.sent_ms, now);
+                self.chain_next(host, &call.call.key, now);
+            }
+            Purpose::Settle => {}
+            Purpose::Lease(claim) => {
+                let answer = (reply, call.sent_ms);
+                self.lease_answer(host, &call.rule, claim, &call.call, answer, now);
             }
         }
-        self.schedule(host, now, false);
     }
 
     /// The response headers of `ctx` (read through `response`): add the rate-limit headers kept

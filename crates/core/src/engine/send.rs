@@ -2,12 +2,18 @@
 //! NOSCRIPT resend, the failure mode for a call that failed or never went out, and the backend's
 //! health that every result feeds.
 //!
-//! Invariant: a call goes out only while fewer than `max_inflight` are out and the breaker lets
-//! it; a call that does not go out gives its purpose back to its sender, which ends it (the
-//! failure mode for its checks, a released claim, a settlement pending again): nothing waits on
-//! a call that is not out.
+//! Exact checks and settlements go out in flights from the worker's open batch ([`batch`]);
+//! lease calls, in flights of their own.
+//!
+//! Invariant: a flight goes out only while fewer than `max_inflight` are out and the breaker lets
+//! it; a call that does not go out gives its purpose back to its sender, or, when its flight
+//! could not leave, ends it here (the failure mode for its checks, a released claim, a
+//! settlement pending again): nothing waits on a call that is neither out nor in the open batch,
+//! and the open batch leaves at the latest when a flight is answered.
+//!
+//! [`batch`]: super::batch
 
-use super::calls::{Call, Purpose};
+use super::calls::{Call, Flight, Purpose};
 use super::decision::By;
 use super::health::{Event, Health};
 use super::host::Host;
@@ -22,6 +28,32 @@ use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::LeasePool;
 use crate::shared::{fallback, Store};
+
+/// How the calls of a batch go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Apart {
+    /// In one flight.
+    Together,
+    /// One flight per Redis Cluster slot.
+    BySlot,
+    /// Each in a flight of its own.
+    Alone,
+}
+
+/// Redis Cluster errors about one node or slot: a flight of several keys that got one may have
+/// failed for one key's node only, so its calls go again each alone.
+const ONE_NODE: &[&str] = &["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"];
+
+/// Whether `e` may concern only some keys of a flight (their node), not the backend.
+pub(super) fn concerns_one_node(e: &BackendError) -> bool {
+    match e {
+        BackendError::Redis(msg) => {
+            let word = msg.split(' ').next().unwrap_or_default();
+            ONE_NODE.contains(&word) || e.class() == crate::backend::ErrorClass::Unreachable
+        }
+        _ => false,
+    }
+}
 
 /// The retry time of a denial made because the fallback bucket's shared data kept failing.
 const FALLBACK_FAILING_RETRY_MS: u64 = 1000;
@@ -63,86 +95,284 @@ impl Engine {
         let (rule, mut call) = (c.rule.clone(), c.call.clone());
         call.lease_want = 0;
         let purpose = Purpose::Check { ctx, check };
-        if let Err((e, _)) = self.send(host, Call::new(rule, call, purpose, now)) {
+        if let Err((e, _)) = self.enqueue(host, Call::new(rule, call, purpose, now)) {
             self.fail_check(host, ctx, check, &e, now);
         }
     }
 
-    /// Sends one script call; gives the purpose back if it did not go out.
+    /// Puts a call in the worker's open batch, which goes out as one flight when the flight out
+    /// before it is answered, at the end of this event if none is out, or now if it is full.
+    /// Gives the purpose back if `max_inflight` flights are out (the failure mode at once, not a
+    /// wait behind a struggling backend).
+    pub(super) fn enqueue(
+        &mut self,
+        host: &mut dyn Host,
+        mut out: Call,
+    ) -> Result<(), (BackendError, Purpose)> {
+        let max_keys = self.batch_max_keys();
+        let max_inflight = self.plugin.config.backend.max_inflight;
+        if self.calls.full(max_inflight) {
+            return Err(self.overflow(host, out));
+        }
+        if self.open.no_room_for(&out, max_keys) {
+            self.dispatch_open(host);
+            if self.calls.full(max_inflight) {
+                return Err(self.overflow(host, out));
+            }
+        }
+        self.carry(host, &mut out);
+        self.open.push(out);
+        if self.open.is_full(max_keys) && !self.calls.full(max_inflight) {
+            self.dispatch_open(host);
+        }
+        Ok(())
+    }
+
+    /// Sends one call now, in a flight of its own (a lease call: its claim is timed from now);
+    /// gives the purpose back if it did not go out.
     pub(super) fn send(
         &mut self,
         host: &mut dyn Host,
-        out: Call,
+        mut out: Call,
     ) -> Result<(), (BackendError, Purpose)> {
-        let Call {
-            rule,
-            mut call,
-            purpose,
-            sent_ms,
-            with_source,
-        } = out;
         if self.calls.full(self.plugin.config.backend.max_inflight) {
-            self.plugin
-                .metrics
-                .count(rule.id(), Counter::InflightRejected, 1);
-            return Err((BackendError::Overflow, purpose));
+            return Err(self.overflow(host, out));
         }
-        if call.settle == 0 && rule.usage.is_some() {
-            // This proxy's pending usage for the key rides on the call: Redis settles it first,
-            // so this very check sees every charge this proxy knows of (as much of it as the
-            // call's limits let the script take; the rest waits for the next call or flush).
-            call.settle = self.carry_pending(host, &rule, &call.key, call.limits(), sent_ms);
+        if !self.backend_allowed(host, out.sent_ms) {
+            return Err((BackendError::CircuitOpen, out.purpose));
         }
-        let req = self.plugin.transport.request(&call, with_source);
-        let backend = &self.plugin.config.backend;
-        match host.dispatch(&backend.cluster, &req, backend.timeout_ms) {
-            Ok(token) => {
-                self.plugin
-                    .metrics
-                    .count(rule.id(), Counter::BackendCalls, 1);
-                let sent = Call {
-                    rule,
-                    call,
-                    purpose,
-                    sent_ms,
-                    with_source,
-                };
-                self.calls.sent(Token::from(token), sent);
-                Ok(())
+        self.carry(host, &mut out);
+        let now = out.sent_ms;
+        self.dispatch(host, vec![out], (false, false), now)
+            .map_err(|(e, mut calls)| match calls.pop() {
+                Some(c) => (e, c.purpose),
+                None => (e, Purpose::Settle),
+            })
+    }
+
+    /// The worker's open batch goes out now, if it holds anything, unless a flight that left
+    /// from it is still out or `max_inflight` flights are (an answer sends it then). Called at
+    /// the end of every event.
+    pub(super) fn flush_open(&mut self, host: &mut dyn Host) {
+        if self.open.is_empty()
+            || self.calls.batched_out()
+            || self.calls.full(self.plugin.config.backend.max_inflight)
+        {
+            return;
+        }
+        self.dispatch_open(host);
+    }
+
+    /// The open batch leaves now unless `max_inflight` flights are out.
+    pub(super) fn dispatch_open_now(&mut self, host: &mut dyn Host) {
+        if !self.calls.full(self.plugin.config.backend.max_inflight) {
+            self.dispatch_open(host);
+        }
+    }
+
+    /// Sends what the open batch holds as one flight (the breaker permitting); before a Redis
+    /// Cluster, one flight per slot.
+    fn dispatch_open(&mut self, host: &mut dyn Host) {
+        let calls = self.open.take();
+        if calls.is_empty() {
+            return;
+        }
+        let now = self.timer.read(host);
+        if !self.backend_allowed(host, now) {
+            for c in &calls {
+                self.settlement_failed(host, &c.rule, &c.call, now);
             }
-            Err(e) => {
-                let now = self.timer.read(host);
-                self.record(host, &rule, Err(&e), now);
-                self.settlement_failed(host, &rule, &call, now);
-                Err((e, purpose))
+            for c in calls {
+                self.call_failed(host, c, &BackendError::CircuitOpen, now);
+            }
+            return;
+        }
+        let apart = if calls.len() > 1 && self.knows_cluster(host) {
+            Apart::BySlot
+        } else {
+            Apart::Together
+        };
+        self.dispatch_apart(host, calls, apart, now);
+    }
+
+    /// Sends `calls` as flights that left from the open batch: all in one, one per Cluster slot,
+    /// or each alone. A flight that cannot go out (`max_inflight`, or the host refused it) fails
+    /// its calls.
+    pub(super) fn dispatch_apart(
+        &mut self,
+        host: &mut dyn Host,
+        calls: Vec<Call>,
+        apart: Apart,
+        now: u64,
+    ) {
+        let flights = match apart {
+            Apart::Together => vec![calls],
+            Apart::Alone => calls.into_iter().map(|c| vec![c]).collect(),
+            Apart::BySlot => {
+                let mut by_slot: Vec<(u16, Vec<Call>)> = Vec::new();
+                for c in calls {
+                    let slot = crate::backend::slot(&c.call.key);
+                    match by_slot.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, group)) => group.push(c),
+                        None => by_slot.push((slot, vec![c])),
+                    }
+                }
+                by_slot.into_iter().map(|(_, group)| group).collect()
+            }
+        };
+        for calls in flights {
+            let failed = if self.calls.full(self.plugin.config.backend.max_inflight) {
+                for c in &calls {
+                    let m = &self.plugin.metrics;
+                    m.count(c.rule.id(), Counter::InflightRejected, 1);
+                    self.settlement_failed(host, &c.rule, &c.call, now);
+                }
+                Some((BackendError::Overflow, calls))
+            } else {
+                self.dispatch(host, calls, (false, true), now).err()
+            };
+            if let Some((e, calls)) = failed {
+                for c in calls {
+                    self.call_failed(host, c, &e, now);
+                }
             }
         }
     }
 
-    /// NOSCRIPT: the same call again with the script's source (EVAL), once.
-    pub(super) fn resend_with_source(&mut self, host: &mut dyn Host, call: Call, now: u64) {
-        let key = call.call.key.clone();
-        if let Purpose::Lease(claim) = &call.purpose {
-            // A second timeout for the same claim: no other lease call for the key meanwhile.
-            let until = self.claim_until(now);
-            let _ = LeasePool::new(host.store(), &self.plugin.ns).renew(claim, until);
+    /// Whether the backend is known to be a Redis Cluster (a call of several keys was refused
+    /// for their slots, here or by another worker of the proxy).
+    fn knows_cluster(&mut self, host: &mut dyn Host) -> bool {
+        if !self.cluster_known {
+            let key = [self.plugin.ns.as_str(), "|redis_cluster"].concat();
+            self.cluster_known = matches!(host.store().get(&key), Ok((Some(_), _)));
         }
-        let again = Call {
-            with_source: true,
-            ..call
-        };
-        match self.send(host, again) {
-            Ok(()) => {}
-            Err((e, Purpose::Check { ctx, check })) => self.fail_check(host, ctx, check, &e, now),
-            Err((e, Purpose::Batch(checks))) => {
-                self.fail_chained(host, &checks, &e, now);
-                self.chain_next(host, &key, now);
+        self.cluster_known
+    }
+
+    /// A flight of several keys was refused for their slots (CROSSSLOT, before the script ran):
+    /// the backend is a Redis Cluster. Every worker of the proxy sends one slot per flight from
+    /// now on; these calls go again that way.
+    pub(super) fn learn_cluster(&mut self, host: &mut dyn Host, calls: Vec<Call>, now: u64) {
+        if !self.knows_cluster(host) {
+            log::info!(
+                "tollgate: the backend is a Redis Cluster: a backend request carries the checks \
+                 of one slot"
+            );
+            let key = [self.plugin.ns.as_str(), "|redis_cluster"].concat();
+            let _ = host.store().set(&key, b"1", 0);
+            self.cluster_known = true;
+        }
+        self.dispatch_apart(host, calls, Apart::BySlot, now);
+    }
+
+    /// One flight: `calls` as one backend request (the script's single form for one call, its
+    /// batched form for more). `(with_source, batched)`: the EVAL resend; whether the calls left
+    /// from the open batch. Gives the calls back if it did not go out, their settlements pending
+    /// again.
+    fn dispatch(
+        &mut self,
+        host: &mut dyn Host,
+        calls: Vec<Call>,
+        (with_source, batched): (bool, bool),
+        now: u64,
+    ) -> Result<(), (BackendError, Vec<Call>)> {
+        let transport = &self.plugin.transport;
+        let req = match calls.as_slice() {
+            [one] => transport.request(&one.call, with_source),
+            many => {
+                let each: Vec<&ScriptCall> = many.iter().map(|c| &c.call).collect();
+                transport.request_batch(&each, with_source)
             }
-            Err((_, Purpose::Settle)) => {}
-            Err((e, Purpose::Lease(claim))) => {
+        };
+        let backend = &self.plugin.config.backend;
+        match host.dispatch(&backend.cluster, &req, backend.timeout_ms) {
+            Ok(token) => {
+                for c in &calls {
+                    let m = &self.plugin.metrics;
+                    m.count(c.rule.id(), Counter::BackendCalls, 1);
+                }
+                let flight = Flight {
+                    size: calls.len(),
+                    calls: calls.into_iter().enumerate().collect(),
+                    with_source,
+                    batched,
+                };
+                self.calls.sent(Token::from(token), flight);
+                Ok(())
+            }
+            Err(e) => {
+                let now = self.timer.read(host).max(now);
+                self.feed_health(host, Err(&e), now);
+                for c in &calls {
+                    self.count_failure(&c.rule, &e);
+                    self.settlement_failed(host, &c.rule, &c.call, now);
+                }
+                Err((e, calls))
+            }
+        }
+    }
+
+    /// A call that will not be sent: the worker is at `max_inflight`. Its settlement is pending
+    /// again; its purpose goes back to its sender.
+    fn overflow(&mut self, host: &mut dyn Host, out: Call) -> (BackendError, Purpose) {
+        self.plugin
+            .metrics
+            .count(out.rule.id(), Counter::InflightRejected, 1);
+        self.settlement_failed(host, &out.rule, &out.call, out.sent_ms);
+        (BackendError::Overflow, out.purpose)
+    }
+
+    /// This proxy's pending usage for the call's key rides on it: Redis settles it first, so this
+    /// very check sees every charge this proxy knows of (as much of it as the call's limits let
+    /// the script take; the rest waits for the next call or flush).
+    fn carry(&mut self, host: &mut dyn Host, out: &mut Call) {
+        if out.call.settle == 0 && out.rule.usage.is_some() {
+            let (rule, call) = (&out.rule, &out.call);
+            out.call.settle = self.carry_pending(host, rule, &call.key, call.limits(), out.sent_ms);
+        }
+    }
+
+    fn batch_max_keys(&self) -> usize {
+        usize::try_from(self.plugin.config.backend.batch_max_keys).unwrap_or(1)
+    }
+
+    /// NOSCRIPT: the same flight again with the script's source (EVAL), once.
+    pub(super) fn resend_with_source(&mut self, host: &mut dyn Host, flight: Flight, now: u64) {
+        let calls: Vec<Call> = flight.calls.into_iter().map(|(_, c)| c).collect();
+        for c in &calls {
+            if let Purpose::Lease(claim) = &c.purpose {
+                // A second timeout for the same claim: no other lease call for the key meanwhile.
+                let until = self.claim_until(now);
+                let _ = LeasePool::new(host.store(), &self.plugin.ns).renew(claim, until);
+            }
+        }
+        if let Err((e, calls)) = self.dispatch(host, calls, (true, flight.batched), now) {
+            for c in calls {
+                self.call_failed(host, c, &e, now);
+            }
+        }
+    }
+
+    /// A call that failed (not sent, or its flight failed): its purpose ends. Its settlement is
+    /// pending again already.
+    pub(super) fn call_failed(&mut self, host: &mut dyn Host, c: Call, e: &BackendError, now: u64) {
+        match c.purpose {
+            Purpose::Check { ctx, check } => {
+                self.fail_check(host, ctx, check, e, now);
+                if coalesce::eligible(&c.call) {
+                    // The chain this call led is over.
+                    self.chain_next(host, &c.call.key, now);
+                }
+            }
+            Purpose::Batch(checks) => {
+                self.fail_chained(host, &checks, e, now);
+                self.chain_next(host, &c.call.key, now);
+            }
+            Purpose::Settle => {}
+            Purpose::Lease(claim) => {
                 let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
-                self.waits.flight_lost(&key);
-                self.fail_waiters(host, &key, &e, now);
+                self.waits.flight_lost(&c.call.key);
+                self.fail_waiters(host, &c.call.key, e, now);
             }
         }
     }
@@ -234,8 +464,14 @@ impl Engine {
 
     // ----- backend health -----
 
+    /// Whether a call may go out now (claims the breaker's one probe after a cool-off).
     pub(super) fn backend_allowed(&self, host: &mut dyn Host, now: u64) -> bool {
         self.health(host.store()).allow(now)
+    }
+
+    /// Whether the breaker refuses every call now (claims nothing).
+    pub(super) fn breaker_refuses(&self, host: &mut dyn Host, now: u64) -> bool {
+        self.health(host.store()).refuses(now)
     }
 
     pub(super) fn health<'a>(&self, store: &'a dyn Store) -> Health<'a> {
@@ -248,19 +484,21 @@ impl Engine {
         )
     }
 
-    /// Feeds one call's result to the proxy's health, counts a failure, and logs a change of state.
-    pub(super) fn record(
+    /// Counts a failed call of `rule`.
+    pub(super) fn count_failure(&self, rule: &RuleRef, e: &BackendError) {
+        let m = &self.plugin.metrics;
+        m.count(rule.id(), Counter::BackendErrors, 1);
+        m.count(rule.id(), Counter::BackendError(e.class()), 1);
+    }
+
+    /// Feeds one flight's result to the proxy's health (once per backend request, however many
+    /// calls it carried), and logs a change of state.
+    pub(super) fn feed_health(
         &self,
         host: &mut dyn Host,
-        rule: &RuleRef,
         result: Result<(), &BackendError>,
         now: u64,
     ) {
-        if let Err(e) = result {
-            let m = &self.plugin.metrics;
-            m.count(rule.id(), Counter::BackendErrors, 1);
-            m.count(rule.id(), Counter::BackendError(e.class()), 1);
-        }
         let mode = self.plugin.config.failure_mode;
         let b = &self.plugin.config.backend;
         for event in self.health(host.store()).record(result, now) {

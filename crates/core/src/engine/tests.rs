@@ -55,9 +55,22 @@ fn user(u: &str) -> Req {
 
 /// A plugin whose calls go to Webdis in every build (the tests read and answer Webdis calls; the
 /// Higress build's RESP transport has its own tests in `backend::resp` and `tests/higress.rs`).
+///
+/// Unless `top` sets `backend.batch_max_keys`, every call goes in a flight of its own
+/// (`batch_max_keys: 1`), so a test reads and answers each check's call on its own; the tests of
+/// `batch` set it.
 fn webdis_plugin(top: &str, rules: &str, rec: &Rc<Recorder>) -> Plugin {
     let json = format!(r#"{{{top} "rules":[{rules}]}}"#);
-    let config = Config::try_from(json.as_bytes()).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let backend = doc
+        .as_object_mut()
+        .unwrap()
+        .entry("backend")
+        .or_insert_with(|| serde_json::json!({}));
+    if backend.get("batch_max_keys").is_none() {
+        backend["batch_max_keys"] = 1.into();
+    }
+    let config = Config::try_from(doc.to_string().as_bytes()).unwrap();
     let webdis = crate::backend::webdis::Webdis::new(
         &config.backend.authority,
         config.backend.basic_auth.as_deref(),
@@ -1921,6 +1934,8 @@ fn profile_lease_new_keys() {
     }
 }
 
+/// Flights: checks of different keys sharing one backend request.
+mod batch;
 /// The decision record and the local replies' details.
 mod decision;
 /// `charge_on`: settled by the answer's status.

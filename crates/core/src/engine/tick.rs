@@ -94,8 +94,10 @@ impl Engine {
     /// Keeps the tick running at the period of the nearest deadline, and off when nothing is due.
     /// Outside a tick it only ever shortens the period (so a busy worker does not re-arm the
     /// timer on every request). Every event that can count ends here: batched counts are pushed
-    /// to the host once due, and keep a tick coming until they are.
+    /// to the host once due, and keep a tick coming until they are; and the worker's open batch
+    /// goes out if it may.
     pub(super) fn schedule(&mut self, host: &mut dyn Host, now: u64, in_tick: bool) {
+        self.flush_open(host);
         // Outside a tick, pending counts only need some tick at most `METRICS_FLUSH_MS` apart
         // (the tick then aims at their deadline): asking for the time left would shorten the
         // period again on every request as the deadline nears.

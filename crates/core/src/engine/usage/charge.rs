@@ -240,8 +240,8 @@ impl Engine {
             penalty: rule.penalty,
             ..ScriptCall::new(key.to_string(), &limits, 0)
         };
-        // A failure to send puts it back (`settlement_failed`, called by `send`).
-        let _ = self.send(host, Call::new(rule, call, Purpose::Settle, now));
+        // A failure to send puts it back (`settlement_failed`).
+        let _ = self.enqueue(host, Call::new(rule, call, Purpose::Settle, now));
     }
 
     /// Takes the part of `key`'s pending settlement that a call under `limits` may carry (the
@@ -281,7 +281,7 @@ impl Engine {
     /// root context; while the breaker is open they wait another round).
     pub(in crate::engine) fn flush_settlements(&mut self, host: &mut dyn Host, now: u64) {
         while let Some(f) = self.usage.flushes.pop_due(now) {
-            if !self.backend_allowed(host, now) {
+            if self.breaker_refuses(host, now) {
                 self.schedule_flush(f.rule, f.key, f.limits, now);
                 break;
             }

@@ -1,0 +1,44 @@
+//! The worker's open batch: the script calls that go out together in its next flight.
+//!
+//! Invariant: the open batch holds at most `batch_max_keys` calls and at most
+//! [`MAX_BATCH_BYTES`] of their command bytes, so a flood of new keys never builds an unbounded
+//! request; what it holds leaves as one flight when the flight out before it is answered, at the
+//! end of the event that filled it when none is out, or at once when it is full.
+
+use super::calls::Call;
+use crate::backend::{batch_bytes, MAX_BATCH_BYTES};
+
+#[derive(Debug, Default)]
+pub(super) struct OpenBatch {
+    calls: Vec<Call>,
+    bytes: usize,
+}
+
+impl OpenBatch {
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Whether `call` would not fit next to what is open (at most `max_keys` calls).
+    pub fn no_room_for(&self, call: &Call, max_keys: usize) -> bool {
+        !self.calls.is_empty()
+            && (self.calls.len() >= max_keys
+                || self.bytes.saturating_add(batch_bytes(&call.call)) > MAX_BATCH_BYTES)
+    }
+
+    /// Whether it holds `max_keys` calls: it leaves now.
+    pub fn is_full(&self, max_keys: usize) -> bool {
+        self.calls.len() >= max_keys
+    }
+
+    pub fn push(&mut self, call: Call) {
+        self.bytes = self.bytes.saturating_add(batch_bytes(&call.call));
+        self.calls.push(call);
+    }
+
+    /// Everything open, to go out as one flight (the batch is empty after).
+    pub fn take(&mut self) -> Vec<Call> {
+        self.bytes = 0;
+        std::mem::take(&mut self.calls)
+    }
+}

@@ -1,0 +1,264 @@
+//! Flights: the exact checks of different keys (and a request's several rules) share one backend
+//! request, each decided by its own part of the reply; a failed flight fails each of its checks
+//! into its rule's failure mode; the breaker hears of a flight once; `max_inflight` counts
+//! flights; `batch_max_keys` bounds a flight.
+
+use super::*;
+
+const BATCHED: &str = r#""backend":{"batch_max_keys":32},"#;
+
+/// The part of a batched reply for one key: `allowed, remaining, retry, reset, granted, 0`.
+fn part(allowed: bool, remaining: u64, retry: i64) -> String {
+    format!(
+        "{},{remaining},{retry},1000,{},0",
+        u8::from(allowed),
+        u8::from(allowed)
+    )
+}
+
+/// Webdis' answer to a batched call.
+fn batch_answer(parts: &[String]) -> Vec<u8> {
+    format!(r#"{{"EVALSHA":[{}]}}"#, parts.join(",")).into_bytes()
+}
+
+/// How many script calls the backend request `body` carries (1 for the single form).
+fn keys_in(body: &str) -> usize {
+    let mut segs = body.split('/');
+    let _verb = segs.next();
+    let _sha = segs.next();
+    let n: usize = segs.next().unwrap().parse().unwrap();
+    if n > 1 {
+        assert!(body.contains("/batch/"), "{body}");
+    }
+    n
+}
+
+/// Sends one request per user in `users` as contexts from `first`.
+fn requests(e: &mut Engine, h: &mut Fake, first: u32, users: &[&str]) {
+    for (i, u) in users.iter().enumerate() {
+        send(e, h, first + i as u32, &user(u));
+    }
+}
+
+/// An engine configured by `top` whose flight 2 carries the checks of "b" (context 11) and "c"
+/// (12): they came while flight 1 ("a", context 10, admitted) was out.
+fn two_in_flight_2(top: &str) -> (Engine, Rc<Recorder>, Fake) {
+    let (mut e, rec) = engine(top, EXACT);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    requests(&mut e, &mut h, 11, &["b", "c"]);
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(keys_in(&h.sent[1]), 2);
+    (e, rec, h)
+}
+
+const CLOSED: &str = r#""failure_mode":"closed","backend":{"batch_max_keys":32},"#;
+
+#[test]
+fn checks_of_different_keys_that_arrive_while_a_flight_is_out_share_the_next_one() {
+    let (mut e, rec) = engine(BATCHED, EXACT);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "an idle worker's check leaves at the end of its callback"
+    );
+    assert_eq!(keys_in(&h.sent[0]), 1);
+    requests(&mut e, &mut h, 11, &["b", "c", "d"]);
+    assert_eq!(h.sent.len(), 1, "they wait for the flight out");
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(h.sent.len(), 2, "the answer sends the open batch");
+    assert_eq!(keys_in(&h.sent[1]), 3);
+    let b = batch_answer(&[part(true, 19, 0), part(false, 0, 300), part(true, 5, 0)]);
+    deliver(&mut e, &mut h, 2, 200, &b);
+    assert_eq!(h.resumed, [10, 11, 13], "each by its own part");
+    assert_eq!(h.status_of(12), Some(429));
+    assert_eq!(rec.get(0, Counter::BackendCalls), 4, "counted per check");
+    assert_eq!(rec.get(0, Counter::Allowed), 3);
+    assert_eq!(rec.get(0, Counter::Denied), 1);
+    assert_eq!(e.load().1, 0);
+}
+
+#[test]
+fn a_request_with_two_rules_makes_one_backend_request() {
+    let second = r#"{"name":"per-path","key":["path"],"rate":10,"burst":20}"#;
+    let (mut e, rec) = engine(BATCHED, &format!("{EXACT},{second}"));
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    assert_eq!(h.sent.len(), 1, "one flight for both rules");
+    assert_eq!(keys_in(&h.sent[0]), 2);
+    let b = batch_answer(&[part(true, 19, 0), part(true, 3, 0)]);
+    deliver(&mut e, &mut h, 1, 200, &b);
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(rec.get(0, Counter::BackendCalls), 1);
+    assert_eq!(rec.get(1, Counter::BackendCalls), 1);
+}
+
+#[test]
+fn a_failed_flight_gives_each_check_its_failure_mode_and_the_breaker_one_failure() {
+    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":2},"#;
+    let (mut e, rec, mut h) = two_in_flight_2(top);
+    deliver(&mut e, &mut h, 2, 0, b"");
+    assert_eq!(h.status_of(11), Some(503));
+    assert_eq!(h.status_of(12), Some(503));
+    assert_eq!(rec.get(0, Counter::BackendErrors), 2, "counted per check");
+    assert!(!rec.breaker.get(), "one failed request is one failure");
+    send(&mut e, &mut h, 13, &user("d"));
+    deliver(&mut e, &mut h, 3, 0, b"");
+    assert!(rec.breaker.get(), "the second opens it");
+}
+
+#[test]
+fn one_keys_error_fails_only_its_check() {
+    let (mut e, rec, mut h) = two_in_flight_2(CLOSED);
+    let b = batch_answer(&["-1,13,0,0,0,0".to_string(), part(true, 7, 0)]);
+    deliver(&mut e, &mut h, 2, 200, &b);
+    assert_eq!(h.status_of(11), Some(503), "its own failure mode");
+    assert_eq!(h.resumed, [10, 12]);
+    assert_eq!(rec.get(0, Counter::BackendErrors), 1);
+    assert!(!rec.breaker.get());
+}
+
+#[test]
+fn a_flight_carries_at_most_batch_max_keys_calls() {
+    let (mut e, _) = engine(r#""backend":{"batch_max_keys":4},"#, EXACT);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("first"));
+    let users: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
+    let users: Vec<&str> = users.iter().map(String::as_str).collect();
+    requests(&mut e, &mut h, 11, &users);
+    // Two full batches left at once; two checks wait for an answer, any flight's.
+    let sizes: Vec<usize> = h.sent.iter().map(|b| keys_in(b)).collect();
+    assert_eq!(sizes, [1, 4, 4]);
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    let sizes: Vec<usize> = h.sent.iter().map(|b| keys_in(b)).collect();
+    assert_eq!(sizes, [1, 4, 4, 2]);
+}
+
+#[test]
+fn max_inflight_counts_flights() {
+    let (mut e, rec) = engine(
+        r#""failure_mode":"closed","backend":{"batch_max_keys":2,"max_inflight":2},"#,
+        EXACT,
+    );
+    let mut h = Fake::default();
+    requests(&mut e, &mut h, 10, &["a", "b", "c", "d", "e"]);
+    // "a" leaves alone at the end of its callback; "b" and "c" fill the next flight; "d" and
+    // "e" find two flights out.
+    let sizes: Vec<usize> = h.sent.iter().map(|b| keys_in(b)).collect();
+    assert_eq!(sizes, [1, 2]);
+    assert_eq!(h.status_of(13), Some(503));
+    assert_eq!(h.status_of(14), Some(503));
+    assert_eq!(rec.get(0, Counter::InflightRejected), 2);
+}
+
+#[test]
+fn noscript_resends_the_whole_flight_once_with_the_source() {
+    let (mut e, _, mut h) = two_in_flight_2(BATCHED);
+    deliver(&mut e, &mut h, 2, 200, NOSCRIPT);
+    assert_eq!(h.sent.len(), 3);
+    assert!(h.sent[2].starts_with("EVAL/"), "with the source");
+    assert!(h.sent[2].contains("/2/") && h.sent[2].contains("/batch/"));
+    let b = batch_answer(&[part(true, 19, 0), part(true, 18, 0)]);
+    deliver(&mut e, &mut h, 3, 200, &b);
+    assert_eq!(h.resumed, [10, 11, 12]);
+}
+
+#[test]
+fn a_half_open_breaker_lets_exactly_one_flight_probe() {
+    let (mut e, rec) = engine(
+        r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":1,
+            "breaker_cooloff_ms":500},"#,
+        EXACT,
+    );
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 1, 0, b"");
+    assert!(rec.breaker.get());
+    requests(&mut e, &mut h, 11, &["b"]);
+    assert_eq!(h.status_of(11), Some(503), "open: at once, no call");
+    assert_eq!(h.sent.len(), 1);
+    h.now = 500;
+    requests(&mut e, &mut h, 12, &["c"]);
+    assert_eq!(h.sent.len(), 2, "the probe");
+    requests(&mut e, &mut h, 13, &["d"]);
+    assert_eq!(h.sent.len(), 2, "no second call while the probe is out");
+    assert_eq!(h.status_of(13), Some(503));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 19, 0, 100, 1));
+    assert!(!rec.breaker.get(), "closed by the probe");
+    assert_eq!(h.resumed, [12]);
+}
+
+#[test]
+fn a_settlement_waiting_in_the_open_batch_is_handed_to_the_next_engine() {
+    let usage = r#"{"name":"per-user","key":["header:x-user"],"rate":10,"burst":20,
+        "usage":{"header":"x-used","flush_ms":10}}"#;
+    let (mut e, _) = engine(BATCHED, usage);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    // A flight out keeps the next ones open.
+    send(&mut e, &mut h, 11, &user("b"));
+    assert_eq!(h.sent.len(), 2);
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-used", "5")]));
+    e.done(&mut h, 10.into());
+    h.now += 10;
+    e.tick(&mut h);
+    assert_eq!(h.sent.len(), 2, "the settlement waits in the open batch");
+    let pending = e.hand_over(true);
+    assert!(!pending.is_empty());
+    let (mut next, _) = engine(BATCHED, usage);
+    next.adopt(&mut h, pending);
+    assert_eq!(h.sent.len(), 3, "the next engine sends it");
+    assert!(h.sent[2].ends_with("/0/0/0/4"), "{}", h.sent[2]);
+}
+
+const CROSSSLOT: &[u8] =
+    br#"{"EVALSHA":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#;
+
+#[test]
+fn a_cluster_refusing_a_flight_for_its_slots_is_learnt_and_the_checks_go_again_per_slot() {
+    let (mut e, rec, mut h) = two_in_flight_2(BATCHED);
+    deliver(&mut e, &mut h, 2, 200, CROSSSLOT);
+    let again: Vec<usize> = h.sent[2..].iter().map(|b| keys_in(b)).collect();
+    assert_eq!(again, [1, 1], "one slot per flight");
+    assert_eq!(rec.get(0, Counter::BackendErrors), 0, "not an error");
+    assert!(h.responded.is_empty());
+    deliver(&mut e, &mut h, 3, 200, &answer(true, 19, 0, 100, 1));
+    deliver(&mut e, &mut h, 4, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.resumed, [10, 11, 12]);
+    // Another worker of the proxy knows it without a refusal of its own.
+    let (mut other, _) = engine(BATCHED, EXACT);
+    let mut h2 = Fake::sharing(h.store.clone());
+    send(&mut other, &mut h2, 20, &user("x"));
+    requests(&mut other, &mut h2, 21, &["y", "z"]);
+    deliver(&mut other, &mut h2, 1, 200, &answer(true, 19, 0, 100, 1));
+    let sizes: Vec<usize> = h2.sent.iter().map(|b| keys_in(b)).collect();
+    assert_eq!(sizes, [1, 1, 1]);
+}
+
+#[test]
+fn a_flight_failed_by_one_nodes_error_goes_again_key_by_key() {
+    let (mut e, rec, mut h) = two_in_flight_2(CLOSED);
+    deliver(
+        &mut e,
+        &mut h,
+        2,
+        200,
+        br#"{"EVALSHA":[false,"no upstream host"]}"#,
+    );
+    assert_eq!(h.sent.len(), 4, "each alone");
+    deliver(
+        &mut e,
+        &mut h,
+        3,
+        200,
+        br#"{"EVALSHA":[false,"no upstream host"]}"#,
+    );
+    deliver(&mut e, &mut h, 4, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.status_of(11), Some(503), "its node is gone");
+    assert_eq!(h.resumed, [10, 12], "the other key's node answered");
+    assert_eq!(rec.get(0, Counter::BackendErrors), 1);
+}
