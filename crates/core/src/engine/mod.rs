@@ -160,9 +160,14 @@ impl Engine {
             return;
         }
         // Refused for its keys' slots, or failed by one key's node: nothing ran, or not for every
-        // key. The calls go again, one slot (or one key) per flight.
+        // key. The calls go again, one slot (or one key) per flight. A flight of one slot already
+        // (which a Redis Cluster never refuses so) goes again key by key, not as itself forever.
         let again = match &decoded {
-            Err(BackendError::CrossSlot) if flight.size > 1 => Some(send::Apart::BySlot),
+            Err(BackendError::CrossSlot) if flight.size > 1 => Some(if send::one_slot(&flight) {
+                send::Apart::Alone
+            } else {
+                send::Apart::BySlot
+            }),
             Err(e) if flight.size > 1 && send::concerns_one_node(e) => Some(send::Apart::Alone),
             _ => None,
         };

@@ -21,7 +21,7 @@ use super::ids::{CheckId, ContextId, Token};
 use super::rules::RuleRef;
 use super::verdict::Outcome;
 use super::{coalesce, Engine};
-use crate::backend::{BackendError, Reply, ScriptCall};
+use crate::backend::{slot, BackendError, Reply, ScriptCall};
 use crate::bucket::Penalized;
 use crate::config::FailureMode;
 use crate::metrics::{Counter, Metrics};
@@ -53,6 +53,26 @@ pub(super) fn concerns_one_node(e: &BackendError) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether the calls of `flight` all concern one Redis Cluster slot.
+pub(super) fn one_slot(flight: &Flight) -> bool {
+    let mut slots = flight.calls.iter().map(|(_, c)| slot(&c.call.key));
+    let first = slots.next();
+    slots.all(|s| Some(s) == first)
+}
+
+/// `calls` grouped by Redis Cluster slot, in the order each slot first comes.
+fn by_slot(calls: Vec<Call>) -> Vec<Vec<Call>> {
+    let mut by_slot: Vec<(u16, Vec<Call>)> = Vec::new();
+    for c in calls {
+        let s = slot(&c.call.key);
+        match by_slot.iter_mut().find(|(at, _)| *at == s) {
+            Some((_, group)) => group.push(c),
+            None => by_slot.push((s, vec![c])),
+        }
+    }
+    by_slot.into_iter().map(|(_, group)| group).collect()
 }
 
 /// The retry time of a denial made because the fallback bucket's shared data kept failing.
@@ -178,6 +198,8 @@ impl Engine {
             return;
         }
         let now = self.timer.read(host);
+        // After the cool-off, the one call the breaker lets through is a probe.
+        let probe = self.health(host.store()).open_until().is_some();
         if !self.backend_allowed(host, now) {
             for c in &calls {
                 self.settlement_failed(host, &c.rule, &c.call, now);
@@ -187,7 +209,19 @@ impl Engine {
             }
             return;
         }
-        let apart = if calls.len() > 1 && self.knows_cluster(host) {
+        let cluster = calls.len() > 1 && self.knows_cluster(host);
+        if cluster && probe {
+            // One flight probes; the other slots' calls wait in the open batch for its answer
+            // (they came from it, so they fit).
+            let mut slots = by_slot(calls).into_iter();
+            let first = slots.next().unwrap_or_default();
+            for c in slots.flatten() {
+                self.open.push(c);
+            }
+            self.dispatch_apart(host, first, Apart::Together, now);
+            return;
+        }
+        let apart = if cluster {
             Apart::BySlot
         } else {
             Apart::Together
@@ -208,17 +242,7 @@ impl Engine {
         let flights = match apart {
             Apart::Together => vec![calls],
             Apart::Alone => calls.into_iter().map(|c| vec![c]).collect(),
-            Apart::BySlot => {
-                let mut by_slot: Vec<(u16, Vec<Call>)> = Vec::new();
-                for c in calls {
-                    let slot = crate::backend::slot(&c.call.key);
-                    match by_slot.iter_mut().find(|(s, _)| *s == slot) {
-                        Some((_, group)) => group.push(c),
-                        None => by_slot.push((slot, vec![c])),
-                    }
-                }
-                by_slot.into_iter().map(|(_, group)| group).collect()
-            }
+            Apart::BySlot => by_slot(calls),
         };
         for calls in flights {
             let failed = if self.calls.full(self.plugin.config.backend.max_inflight) {

@@ -1936,6 +1936,8 @@ fn profile_lease_new_keys() {
 
 /// Flights: checks of different keys sharing one backend request.
 mod batch;
+/// Flights against a hostile or confused backend, and the breaker's probe.
+mod batch_attack;
 /// The decision record and the local replies' details.
 mod decision;
 /// `charge_on`: settled by the answer's status.
