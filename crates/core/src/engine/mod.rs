@@ -195,8 +195,14 @@ impl Engine {
                 .collect(),
             Err(e) => flight.calls.iter().map(|_| Err(e.clone())).collect(),
         };
-        // The backend's health learns of the flight once: its first failure, if any.
-        let failure = replies.iter().find_map(|r| r.as_ref().err());
+        // The backend's health learns of the flight once: a script reply for any of its calls
+        // says the backend serves (one key's own error, e.g. a key that is not a hash, is that
+        // key's); else its first failure.
+        let served = replies.iter().any(Result::is_ok);
+        let failure = replies
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .filter(|_| !served);
         self.feed_health(host, failure.map_or(Ok(()), Err), now);
         for ((_, call), reply) in flight.calls.into_iter().zip(replies) {
             self.plugin

@@ -262,3 +262,26 @@ fn a_flight_failed_by_one_nodes_error_goes_again_key_by_key() {
     assert_eq!(h.resumed, [10, 12], "the other key's node answered");
     assert_eq!(rec.get(0, Counter::BackendErrors), 1);
 }
+
+#[test]
+fn a_probe_flight_with_one_keys_error_closes_the_breaker() {
+    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":1,
+        "breaker_cooloff_ms":500},"#;
+    let second = r#"{"name":"per-path","key":["path"],"rate":10,"burst":20}"#;
+    let (mut e, rec) = engine(top, &format!("{EXACT},{second}"));
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 1, 0, b"");
+    assert!(rec.breaker.get());
+    h.now = 500;
+    send(&mut e, &mut h, 11, &user("b"));
+    assert_eq!(keys_in(&h.sent[1]), 2, "the probe carries both rules");
+    let b = batch_answer(&["-1,13,0,0,0,0".to_string(), part(true, 7, 0)]);
+    deliver(&mut e, &mut h, 2, 200, &b);
+    assert!(!rec.breaker.get(), "the backend answered: closed");
+    assert_eq!(
+        h.status_of(11),
+        Some(503),
+        "the key's own error: its failure mode"
+    );
+}
