@@ -1,0 +1,8 @@
+//! What the tools' binaries share (`make bench` and `make peers`): CPU time read off /proc, the
+//! machine a run measured on, medians, and the Envoy configurations both render. Every reader here
+//! only reads; a reading that fails counts as zero, so a figure shows it rather than a run being lost.
+
+pub mod configs;
+pub mod cpu;
+pub mod machine;
+pub mod median;
