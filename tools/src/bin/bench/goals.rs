@@ -287,11 +287,7 @@ pub fn goals(rows: &[Row], idle: &[Idle]) -> Vec<Goal> {
             system("tollgate-flood-exact-b")
         ),
     );
-    let calls_per_request = |name: &str| {
-        row(name)
-            .and_then(|r| r.redis_per_1k)
-            .map(|x| x / 1000.0)
-    };
+    let calls_per_request = |name: &str| row(name).and_then(|r| r.redis_per_1k).map(|x| x / 1000.0);
     goal(
         format!("tollgate-flood-exact Redis calls/request ≤ {FLOOD_CALLS_LIMIT:.2}"),
         calls_per_request("tollgate-flood-exact"),
@@ -305,7 +301,11 @@ pub fn goals(rows: &[Row], idle: &[Idle]) -> Vec<Goal> {
     );
     goal(
         "tollgate-flood-exact p99 ≤ 1.00× tollgate-flood-exact-b's".into(),
-        paired("tollgate-flood-exact", "tollgate-flood-exact-b", Sample::p99),
+        paired(
+            "tollgate-flood-exact",
+            "tollgate-flood-exact-b",
+            Sample::p99,
+        ),
         |x| x <= 1.0,
         format!(
             "{} vs {} ms",

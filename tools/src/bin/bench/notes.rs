@@ -60,7 +60,10 @@ pub fn print(settings: &Settings, run: &Outcome) {
             );
         }
     }
-    for r in rows.iter().filter(|r| r.def.flood() && r.def.tollgate_mode() == Some("exact")) {
+    for r in rows
+        .iter()
+        .filter(|r| r.def.flood() && r.def.tollgate_mode() == Some("exact"))
+    {
         println!("- {}.", flood_detail(rows, r.def.name));
     }
     if let Some((mid, low, high, n)) =

@@ -7,7 +7,6 @@ use crate::scenarios::Def;
 use tollgate_tools::median::median;
 use tollgate_tools::median::quartiles;
 
-
 pub fn median_of(samples: &[Sample], f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
     let mut v: Vec<f64> = samples.iter().filter_map(f).collect();
     median(&mut v)

@@ -399,7 +399,11 @@ mod tests {
             ..Settings::default()
         };
         let all = names(&compared);
-        for b in ["tollgate-lease-b", "tollgate-exact-b", "tollgate-flood-exact-b"] {
+        for b in [
+            "tollgate-lease-b",
+            "tollgate-exact-b",
+            "tollgate-flood-exact-b",
+        ] {
             assert!(all.contains(&b), "{b} in {all:?}");
         }
         let only = |list: &[&str]| Settings {
