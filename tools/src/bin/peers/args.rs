@@ -8,8 +8,9 @@ pub const USAGE: &str = "\
 usage: cargo run --release -p tollgate-tools --bin peers -- [options]   (make peers PEERS_ARGS='[options]')
 
   --rounds N          interleaved rounds; each figure is the median over them    (default 3)
-  --duration SECS     length of each measured load                               (default 5)
-  --warmup SECS       unmeasured load on each fresh system before its load; 0: none (default 1)
+  --duration SECS     length of each measured load, whole seconds                (default 5)
+  --warmup SECS       unmeasured load on each fresh system before its load, whole
+                      seconds; 0: none                                           (default 1)
   --connections N     wrk connections, one request in flight on each             (default 16)
   --one-key           every request the same x-user-id (default: every request a new one)
   --compare-wasm PATH adds tollgate-exact-b: tollgate-exact with the filter built at PATH
@@ -75,13 +76,14 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Settings, String>
                 .filter(|n| *n > 0)
                 .ok_or_else(|| format!("{flag}: expected a positive integer, got {v:?}"))
         };
+        // Whole seconds: wrk's -d takes no smaller unit.
         let secs = |v: &str, zero_ok: bool| -> Result<Duration, String> {
             v.trim_end_matches('s')
-                .parse::<f64>()
+                .parse::<u64>()
                 .ok()
-                .filter(|x| x.is_finite() && (*x > 0.0 || (zero_ok && *x == 0.0)) && *x < 3600.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| format!("{flag}: expected seconds, got {v:?}"))
+                .filter(|x| (*x > 0 || zero_ok) && *x < 3600)
+                .map(Duration::from_secs)
+                .ok_or_else(|| format!("{flag}: expected whole seconds, got {v:?}"))
         };
         let file = |v: &str| -> Result<PathBuf, String> {
             let path = PathBuf::from(v);
@@ -116,15 +118,16 @@ mod tests {
         let d = parse_str("").unwrap_or_default();
         assert_eq!((d.rounds, d.connections, d.one_key), (3, 16, false));
         assert_eq!(d.duration, Duration::from_secs(5));
-        let s = parse_str("--rounds 4 --duration=2.5 --warmup 0 --connections 8 --one-key")
+        let s = parse_str("--rounds 4 --duration=2s --warmup 0 --connections 8 --one-key")
             .unwrap_or_default();
         assert_eq!((s.rounds, s.connections, s.one_key), (4, 8, true));
-        assert_eq!(s.duration, Duration::from_millis(2500));
+        assert_eq!(s.duration, Duration::from_secs(2));
         assert!(s.warmup.is_zero());
         assert_eq!(parse_str("--help").err(), Some(String::new()));
         for bad in [
             "--rounds 0",
             "--duration 0",
+            "--duration 2.5",
             "--connections x",
             "--compare-wasm /nonexistent/x.wasm",
             "--limitador /nonexistent/limitador-server",

@@ -88,7 +88,8 @@ impl Load {
     }
 }
 
-/// Runs wrk against `http://127.0.0.1:<port><path>` for `d` with `connections` connections and
+/// Runs wrk against `http://127.0.0.1:<port><path>` for `d` (whole seconds, at least one: wrk's
+/// `-d` has no smaller unit) with `connections` connections and
 /// keys from `prefix`; the script and wrk's output go to `dir` under `tag`.
 pub fn run(
     dir: &Path,
@@ -103,7 +104,7 @@ pub fn run(
         .map_err(|e| format!("write {}: {e}", script_path.display()))?;
     let out = Command::new("wrk")
         .args(["-t", "1", "-c", &connections.to_string()])
-        .args(["-d", &format!("{}ms", d.as_millis().max(1))])
+        .args(["-d", &format!("{}s", d.as_secs().max(1))])
         .args(["--timeout", "2s", "-s"])
         .arg(&script_path)
         .arg(format!("http://127.0.0.1:{port}{path}"))
@@ -195,7 +196,7 @@ mod tests {
             "t",
             (port, "/app/peers"),
             4,
-            Duration::from_millis(300),
+            Duration::from_secs(1),
             ("t", false),
         )
         .expect("wrk ran");
