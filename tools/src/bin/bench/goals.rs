@@ -33,14 +33,16 @@ pub const FLOOD_CALLS_LIMIT: f64 = 0.3;
 
 /// What a flood's script calls carried, medians over its rounds: checks per backend request
 /// (tollgate's `backend_calls` over every rule ÷ its `backend_requests`; "n/a" for a build that
-/// does not count backend requests) and Redis' µs per EVALSHA.
+/// does not count backend requests), the same per request Envoy sent to Webdis, and Redis' µs per
+/// EVALSHA.
 pub fn flood_detail(rows: &[Row], name: &str) -> String {
     let r = row_named(rows, name);
     let of = |f: fn(&Sample) -> Option<f64>| r.and_then(|r| median_of(&r.samples, f));
     let keys = of(Sample::keys_per_backend_request).map_or("n/a".into(), |x| format!("{x:.2}"));
     format!(
-        "{name}: {keys} keys per backend request (backend_calls ÷ backend_requests), Redis {} µs \
-         per EVALSHA",
+        "{name}: {keys} keys per backend request (backend_calls ÷ backend_requests), {} per \
+         Webdis request (÷ the cluster's upstream_rq_total), Redis {} µs per EVALSHA",
+        fmt(of(Sample::keys_per_webdis_request), 2),
         fmt(of(Sample::evalsha_usec_per_call), 1)
     )
 }

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 /// The proxy-wide counter of backend requests (one per Webdis request or Redis callout, whatever
 /// number of checks it carries), as the bench's stats map names it.
 pub const BACKEND_REQUESTS: &str = "tollgate.backend_requests";
+/// The requests Envoy sent to Webdis (the cluster tollgate calls).
+pub const WEBDIS_REQUESTS: &str = "cluster.tollgate_backend.upstream_rq_total";
 
 /// One measured load of one scenario.
 #[derive(Debug, Clone, Default)]
@@ -97,15 +99,26 @@ impl Sample {
     /// check a script call carried) ÷ the proxy-wide `backend_requests` (one per Webdis request or
     /// Redis callout). `None` when the build counts no `backend_requests`.
     pub fn keys_per_backend_request(&self) -> Option<f64> {
-        let sum = |f: fn(&str) -> bool| -> i64 {
+        self.backend_calls_per(BACKEND_REQUESTS)
+    }
+
+    /// The same per HTTP request Envoy sent to Webdis (its cluster's `upstream_rq_total`): a
+    /// cross-check from Envoy's own counters, which every build has.
+    pub fn keys_per_webdis_request(&self) -> Option<f64> {
+        self.backend_calls_per(WEBDIS_REQUESTS)
+    }
+
+    /// tollgate's `backend_calls` summed over its rules ÷ the counter `per` (`None` without it).
+    fn backend_calls_per(&self, per: &str) -> Option<f64> {
+        let sum = |f: &dyn Fn(&str) -> bool| -> i64 {
             self.stats
                 .iter()
                 .filter(|(k, _)| f(k))
                 .map(|(_, v)| *v)
                 .sum()
         };
-        let requests = sum(|k| k == BACKEND_REQUESTS);
-        let calls = sum(|k| {
+        let requests = sum(&|k| k == per);
+        let calls = sum(&|k| {
             k.strip_prefix("tollgate.")
                 .and_then(|rest| rest.split_once('.'))
                 .is_some_and(|(rule, counter)| !rule.is_empty() && counter == "backend_calls")
@@ -241,11 +254,14 @@ mod tests {
             ("tollgate.other.backend_calls", 300),
             ("tollgate.per-user.backend_errors", 50),
             ("tollgate.backend_requests", 100),
+            ("cluster.tollgate_backend.upstream_rq_total", 300),
         ]);
         assert_eq!(s.keys_per_backend_request(), Some(9.0));
+        assert_eq!(s.keys_per_webdis_request(), Some(3.0));
         // A build that does not count backend requests: no figure, not "infinitely many".
         let old = with(&[("tollgate.per-user.backend_calls", 600)]);
         assert_eq!(old.keys_per_backend_request(), None);
+        assert_eq!(old.keys_per_webdis_request(), None);
         let timed = Sample {
             evalsha_calls: 4,
             evalsha_usec: 100,
