@@ -16,6 +16,9 @@ pub struct Sample {
     pub limiter_s: f64,
     pub webdis_s: f64,
     pub redis_s: f64,
+    /// Connections Envoy opened to the upstream over its life (warm-up and load): a handful when
+    /// they are kept alive, as they should be.
+    pub upstream_cx: u64,
 }
 
 impl Sample {

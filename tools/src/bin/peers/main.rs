@@ -192,11 +192,16 @@ fn measure(
     std::thread::sleep(SETTLE);
     let after = read();
     let used = |i: usize| (after[i] - before[i]).max(0.0);
+    let upstream_cx = started
+        .envoy
+        .stat_value("cluster.app.upstream_cx_total")
+        .unwrap_or(0);
     Ok(Sample {
         load: measured,
         envoy_s: used(0),
         limiter_s: used(1),
         webdis_s: used(2),
         redis_s: used(3),
+        upstream_cx,
     })
 }

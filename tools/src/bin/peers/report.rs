@@ -137,6 +137,14 @@ pub fn print(settings: &Settings, run: &Outcome) {
                 r.name
             );
         }
+        let cx = r.samples.iter().map(|s| s.upstream_cx).max().unwrap_or(0);
+        if cx > 4 * u64::from(settings.connections) {
+            println!(
+                "- {}: up to {cx} connections to the upstream in one Envoy's life: they were not \
+                 kept alive, and its figures include opening them",
+                r.name
+            );
+        }
         if r.samples.iter().any(|s| s.load.requests == 0) {
             println!(
                 "- {}: a round with no answer: its figures leave it out",
