@@ -18,6 +18,9 @@
 #                (deploy/compose/test.sh; docs/deploy/docker.md)
 #   make demo    setup, build, then run the demo: three users against one Envoy with a global limit
 #   make bench   setup, build, then the benchmark (tools/src/bin/bench); flags via BENCH_ARGS='--rounds 3'
+#   make peers   setup, build, then tollgate next to Envoy's ratelimit filter + Limitador (tools/src/bin/peers):
+#                whole-system CPU per request, every request a new key; flags via PEERS_ARGS. Needs
+#                limitador-server (LIMITADOR_SERVER or PATH; docs/benchmarks.md), else says SKIPPED
 #   make sim     the lease simulator (tools/src/bin/lease-sim: the engine on a simulated clock, no Envoy);
 #                flags via SIM_ARGS (default '--sweep': every standard shape, one line each)
 #   make sim-scale  the lease simulator at fleet scale: 10, 100 and 1000 proxies at 1x, 5x and 50x
@@ -45,7 +48,7 @@ APT_COMMANDS  := redis-server webdis wrk h2load promtool openssl curl \
                  podman runc debootstrap
 SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-apt setup-envoy setup-compose setup-rust build lint test e2e demo bench sim sim-scale
+.PHONY: setup setup-apt setup-envoy setup-compose setup-rust build lint test e2e demo bench peers sim sim-scale
 
 setup: setup-apt setup-envoy setup-compose setup-rust
 
@@ -146,6 +149,14 @@ BENCH_ARGS ?=
 bench: setup
 	@$(MAKE) --no-print-directory wasm
 	@$(TOOLS) bench -- $(BENCH_ARGS)
+
+# tollgate exact next to Envoy's ratelimit filter calling Limitador (Redis and redis_cached storage), one
+# Envoy worker each, every request a new key: whole-system CPU added per request over plain routed Envoy
+# (see tools/src/bin/peers). Limitador is not installed by setup: docs/benchmarks.md says how to get it.
+PEERS_ARGS ?=
+peers: setup
+	@$(MAKE) --no-print-directory wasm
+	@$(TOOLS) peers -- $(PEERS_ARGS)
 
 # Deterministic: no Envoy, Redis or clock, so no setup and no wasm build.
 SIM_ARGS ?= --sweep

@@ -216,7 +216,20 @@ impl Envoy {
         env: &[(&str, &str)],
         render: impl Fn(u16, u16) -> String,
     ) -> Result<Envoy, String> {
+        Self::try_start_yaml_workers(dir, 2, args, env, render)
+    }
+
+    /// [`Envoy::try_start_yaml_with`] with `workers` worker threads (`--concurrency`) instead of 2
+    /// (`make peers` measures one worker).
+    pub fn try_start_yaml_workers(
+        dir: &Path,
+        workers: u32,
+        args: &[&str],
+        env: &[(&str, &str)],
+        render: impl Fn(u16, u16) -> String,
+    ) -> Result<Envoy, String> {
         let bin = envoy_bin();
+        let workers = workers.to_string();
         let mut last_log = String::new();
         for _attempt in 0..3 {
             let listen_port = free_port();
@@ -228,7 +241,7 @@ impl Envoy {
             cmd.envs(env.iter().copied());
             cmd.arg("-c").arg(&config_path).args([
                 "--concurrency",
-                "2",
+                &workers,
                 "--disable-hot-restart",
                 "-l",
                 "info",

@@ -24,9 +24,11 @@ usage: cargo run --release -p tollgate-tools --bin bench -- [options]   (make be
   --limited-load N    requests per second offered to the hot key, both proxies   (default 1000)
                       (the tenant scenarios offer it all to their one proxy)
   --only A,B,...      only these scenarios (plain always runs: it is the baseline)
-  --compare-wasm PATH adds tollgate-lease-b: tollgate-lease with the filter built at PATH, in
-                      the same slices, and prints its CPU ÷ tollgate-lease's (an A/B of two
-                      builds; PATH = this build shows the run's A/A noise)
+  --compare-wasm PATH adds the B scenarios, each its A scenario with the filter built at
+                      PATH, in the same rounds (and slices): tollgate-lease-b, tollgate-exact-b,
+                      tollgate-flood-exact-b (each only when its A scenario runs); prints each
+                      B's CPU ÷ its A's and checks the goals against the B scenarios (an A/B of
+                      two builds; PATH = this build shows the run's A/A noise)
   --out PATH          the JSON report (default target/bench/bench-<timestamp>.json);
                       target/bench/latest.json is written too
 ";
@@ -46,7 +48,7 @@ pub struct Settings {
     pub limited_load: u32,
     pub only: Option<Vec<String>>,
     pub out: Option<PathBuf>,
-    /// The filter tollgate-lease-b runs (the scenario runs only with it).
+    /// The filter the `-b` scenarios run (they run only with it).
     pub compare_wasm: Option<PathBuf>,
     /// h2c (HTTP/2 prior knowledge) instead of HTTP/1.1.
     pub h2c: bool,

@@ -19,9 +19,10 @@
 //! | wasm-floor-calls | bench/wasm-floor making tollgate-lease's host calls and nothing else (envoy/bench/wasm-floor-calls.yaml) | closed loop |
 //! | tollgate-exact / -lease | envoy/envoy.yaml, one rule on `header:x-user-id`, one key, limit never reached | closed loop |
 //! | tollgate-exact-baseline | tollgate-exact with the filter at `BASELINE_COMMIT` (issue 17's baseline), built from the clone's history | closed loop |
-//! | tollgate-lease-b | tollgate-lease with the filter built at `--compare-wasm` (only with it): an A/B of two builds in the same slices | closed loop |
+//! | tollgate-lease-b, tollgate-exact-b | tollgate-lease / tollgate-exact with the filter built at `--compare-wasm` (only with it): an A/B of two builds in the same slices | closed loop |
 //! | tollgate-lease-no-body-export | tollgate-lease with tollgate.wasm's `proxy_on_response_body` export renamed (exports.rs), so Envoy never calls it: what reading bodies costs | closed loop |
 //! | tollgate-flood-exact / -lease | one rule on `query:k`, every request a new key, limit never reached | closed loop, one h2load per connection, unique URIs (`-i`) |
+//! | tollgate-flood-exact-b | tollgate-flood-exact with the filter built at `--compare-wasm` (only with it), in the same rounds | as tollgate-flood-exact |
 //! | tollgate-limited-exact / -lease | two Envoys, one hot key far over its limit (5x by default) | paced, split across both |
 //! | tollgate-tenant-quiet | one Envoy, lease, rule on `query:k`: one hot key (the tenant) 5x over its limit | paced |
 //! | tollgate-tenant-flood | the same, while new keys flood the same Envoy | paced tenant + closed-loop flood |
@@ -37,10 +38,11 @@
 //! (a key that repeats anyway is counted and reported).
 //!
 //! The files: args.rs (options), scenarios.rs (what each scenario runs), builds.rs and exports.rs
-//! (the filters besides tollgate.wasm), h2load.rs (the load), probe.rs (CPU, Redis and Envoy
+//! (the filters besides tollgate.wasm), h2load.rs (the load), probe.rs (Redis and Envoy
 //! counters), measure.rs (loads, slices, idle), sample.rs and rows.rs (figures and medians),
 //! goals.rs (the targets), report.rs and notes.rs (stdout), json.rs (the JSON report), chart.rs
-//! (the table as a chart, target/bench/bench.svg).
+//! (the table as a chart, target/bench/bench.svg). CPU readers, the machine's description, medians
+//! and the Envoy configurations are the tools' library (tools/src/lib.rs), shared with `make peers`.
 //!
 //! Run with `make bench` (setup + build first), or
 //! `cargo run --release -p tollgate-tools --bin bench -- --help`.
@@ -74,12 +76,13 @@ use std::time::Instant;
 use tollgate_e2e::envoy::wasm_path;
 use tollgate_e2e::webdis::{Webdis, WebdisOpts};
 use tollgate_e2e::{scratch_dir, Redis};
+use tollgate_tools::cpu::clock_ticks_per_second;
+use tollgate_tools::machine::Machine;
 
 use args::Settings;
 use builds::Builds;
 use goals::goals;
 use measure::{idle_after_load, Bench, Idle};
-use probe::{clock_ticks_per_second, Machine};
 use report::Outcome;
 use rows::{summarize, Row};
 use sample::Sample;

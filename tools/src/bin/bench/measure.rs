@@ -11,10 +11,11 @@ use tollgate_e2e as common;
 
 use common::webdis::Webdis;
 use common::Redis;
+use tollgate_tools::cpu::{cpu_ns, cpu_ns_of, cpu_ticks};
 
 use crate::args::Settings;
 use crate::h2load::{spawn_h2load, wait_h2load, H2Result, H2load, Load, Pace, Target};
-use crate::probe::{cpu_ns, cpu_ticks, decided, filter_stats, redis_script_calls, stats_delta};
+use crate::probe::{decided, filter_stats, redis_script_calls, stats_delta};
 use crate::sample::Sample;
 use crate::scenarios::{Running, Setup, PACED_CLIENTS, PATH, QUERY_KEY};
 
@@ -51,14 +52,13 @@ impl Bench<'_> {
         let s = self.settings;
         self.runs += 1;
         let stats_before: Vec<_> = sc.envoys.iter().map(filter_stats).collect();
-        let (calls_before, failed_before) = redis_script_calls(&mut self.conn);
+        let scripts_before = redis_script_calls(&mut self.conn);
         let pids: Vec<u32> = sc.envoys.iter().filter_map(|e| e.proc.pid()).collect();
         let webdis_pid: Vec<u32> = self.webdis.proc.pid().into_iter().collect();
         let redis_pid: Vec<u32> = self.redis.proc.pid().into_iter().collect();
-        let ns = |pids: &[u32]| pids.iter().map(|p| cpu_ns(*p)).sum::<u64>();
-        let cpu_before = ns(&pids);
-        let webdis_before = ns(&webdis_pid);
-        let redis_before = ns(&redis_pid);
+        let cpu_before = cpu_ns_of(&pids);
+        let webdis_before = cpu_ns_of(&webdis_pid);
+        let redis_before = cpu_ns_of(&redis_pid);
 
         let closed = match count {
             Some(n) => Pace::Count(n),
@@ -73,7 +73,7 @@ impl Bench<'_> {
         match sc.def.setup {
             Setup::Template(_)
             | Setup::Tollgate(_)
-            | Setup::Compared
+            | Setup::Compared { flood: false, .. }
             | Setup::BodyUnexported
             | Setup::Baseline => {
                 let load = Load {
@@ -84,7 +84,7 @@ impl Bench<'_> {
                 let h = spawn_h2load(&self.dir, s.h2c, &tag, port, user, path, load)?;
                 spawned.push((h, true));
             }
-            Setup::Flood(_) => {
+            Setup::Flood(_) | Setup::Compared { flood: true, .. } => {
                 for h in self.spawn_flood(&tag, port, closed)? {
                     spawned.push((h, true));
                 }
@@ -140,10 +140,10 @@ impl Bench<'_> {
             results.push((wait_h2load(h)?, primary));
         }
 
-        let cpu_after = ns(&pids);
-        let webdis_after = ns(&webdis_pid);
-        let redis_after = ns(&redis_pid);
-        let (calls_after, failed_after) = redis_script_calls(&mut self.conn);
+        let cpu_after = cpu_ns_of(&pids);
+        let webdis_after = cpu_ns_of(&webdis_pid);
+        let redis_after = cpu_ns_of(&redis_pid);
+        let scripts = redis_script_calls(&mut self.conn).since(scripts_before);
         // tollgate pushes its counters to Envoy up to a second after counting them: read them once
         // every answered request's decision is in (each request meets the one rule; a 503 of
         // `failure_mode: closed` counts too, hence at least).
@@ -215,8 +215,10 @@ impl Bench<'_> {
         sample.webdis_cpu_s = secs(webdis_before, webdis_after);
         sample.redis_cpu_s = secs(redis_before, redis_after);
         sample.derive();
-        sample.redis_calls = calls_after.saturating_sub(calls_before);
-        sample.redis_failed_calls = failed_after.saturating_sub(failed_before);
+        sample.redis_calls = scripts.calls;
+        sample.redis_failed_calls = scripts.failed;
+        sample.evalsha_calls = scripts.evalsha_calls;
+        sample.evalsha_usec = scripts.evalsha_usec;
         if sc.def.paced() {
             sample.ideal = Some(s.limited_burst as f64 + s.limited_rate as f64 * sample.wall_s);
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::args::Settings;
 use crate::builds::BODY_CALLBACK;
-use crate::goals::lease_cost_split;
+use crate::goals::{flood_detail, lease_cost_split};
 use crate::report::{fmt, Outcome};
 use crate::rows::{paired_ratio, row_named, slice_ratios};
 use crate::sample::Sample;
@@ -33,25 +33,38 @@ pub fn print(settings: &Settings, run: &Outcome) {
         );
     }
     if let Some(wasm) = &settings.compare_wasm {
-        let per_round = match (
-            row_named(rows, "tollgate-lease-b"),
-            row_named(rows, "tollgate-lease"),
-        ) {
-            (Some(b), Some(a)) => paired_ratio(&b.samples, &a.samples, Sample::cpu),
-            _ => None,
-        };
-        let slices = slice_ratios(rows, "tollgate-lease-b", "tollgate-lease").map_or(
-            "not measured".to_string(),
-            |(mid, low, high, n)| {
-                format!("median {mid:.3}, quartiles {low:.3}–{high:.3}, over {n} pairs of slices")
-            },
-        );
-        println!(
-            "- tollgate-lease-b ({}) ÷ tollgate-lease Envoy CPU/request: median of per-round \
-             ratios {}; slice by slice {slices}.",
-            wasm.display(),
-            fmt(per_round, 3)
-        );
+        for b in rows.iter().filter(|r| r.def.a_side().is_some()) {
+            let a_name = b.def.a_side().unwrap_or_default();
+            let Some(a) = row_named(rows, a_name) else {
+                continue;
+            };
+            let per_round = paired_ratio(&b.samples, &a.samples, Sample::cpu);
+            let slices = if b.def.sliced() {
+                slice_ratios(rows, b.def.name, a_name).map_or(
+                    "; slice by slice not measured".to_string(),
+                    |(mid, low, high, n)| {
+                        format!(
+                            "; slice by slice median {mid:.3}, quartiles {low:.3}–{high:.3}, \
+                             over {n} pairs of slices"
+                        )
+                    },
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "- {} ({}) ÷ {a_name} Envoy CPU/request: median of per-round ratios {}{slices}.",
+                b.def.name,
+                wasm.display(),
+                fmt(per_round, 3)
+            );
+        }
+    }
+    for r in rows
+        .iter()
+        .filter(|r| r.def.flood() && r.def.tollgate_mode() == Some("exact"))
+    {
+        println!("- {}.", flood_detail(rows, r.def.name));
     }
     if let Some((mid, low, high, n)) =
         slice_ratios(rows, "tollgate-lease", "tollgate-lease-no-body-export")
@@ -70,9 +83,9 @@ pub fn print(settings: &Settings, run: &Outcome) {
     );
     println!(
         "- tollgate-flood-*: one rule keyed on query:{QUERY_KEY}, limit {HUGE_RATE}/s; every request \
-         carries a key never sent before, so every request is a miss (a script call for its cost in \
-         both modes: lease mode, seeing most new keys only once, leases only a key that comes back). tollgate-flood-exact is also the random-key exact scenario: one script call per request is its floor. \
-         Its load runs as {} h2load processes (h2load's -i starts every client at the top of its list), \
+         carries a key never sent before, so every request is a miss (a check for its cost in \
+         both modes: lease mode, seeing most new keys only once, leases only a key that comes back). tollgate-flood-exact is also the random-key exact scenario: its script calls per request show how many checks of different keys share a call. \
+         Its load runs as {} h2load processes of one connection each (h2load's -i starts every client at the top of its list), \
          so its req/s is not quite the same load generator as plain's.",
         settings.connections
     );
@@ -133,7 +146,7 @@ pub fn print(settings: &Settings, run: &Outcome) {
                 r.def.setup,
                 Setup::Tollgate(_)
                     | Setup::Limited(_)
-                    | Setup::Compared
+                    | Setup::Compared { flood: false, .. }
                     | Setup::BodyUnexported
                     | Setup::Baseline
             );

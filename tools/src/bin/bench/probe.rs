@@ -1,79 +1,79 @@
-//! What the bench reads off the machine and its processes, never changing them: CPU time from /proc,
-//! Redis' script calls from INFO, an Envoy's counters from its admin /stats, and the machine's
-//! description for the report. A reading that fails counts as zero (the figure shows it), never
-//! as an error that would lose a run.
+//! What the bench reads off its processes, never changing them: Redis' script calls from INFO and an
+//! Envoy's counters from its admin /stats (CPU time and the machine's description are the tools'
+//! shared readers, `tollgate_tools::cpu` and `::machine`). A reading that fails counts as zero (the
+//! figure shows it), never as an error that would lose a run.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use tollgate_e2e as common;
 
-use common::envoy::{envoy_bin, Envoy};
+use common::envoy::Envoy;
 use common::http::try_http;
 
-/// utime + stime of a process (all its threads), in clock ticks.
-pub fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
-    // fields[0] is field 3 (state); utime is field 14, stime field 15.
-    field(11) + field(12)
+/// Redis' script calls, from INFO commandstats: counters since Redis started, or (`since`) over a
+/// load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScriptCalls {
+    /// evalsha + eval calls, and their failed_calls.
+    pub calls: u64,
+    pub failed: u64,
+    /// evalsha calls alone, and the µs Redis spent running them (`usec`): µs per call is the
+    /// script's time per backend request, whatever number of keys each carried.
+    pub evalsha_calls: u64,
+    pub evalsha_usec: u64,
 }
 
-/// CPU time of a process (every thread), in nanoseconds, from /proc/<pid>/task/*/schedstat: exact,
-/// where utime+stime come in clock ticks (a tick is charged to whoever runs when it fires).
-pub fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|text| text.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+impl ScriptCalls {
+    /// The calls made between `before` and `self`.
+    pub fn since(self, before: ScriptCalls) -> ScriptCalls {
+        ScriptCalls {
+            calls: self.calls.saturating_sub(before.calls),
+            failed: self.failed.saturating_sub(before.failed),
+            evalsha_calls: self.evalsha_calls.saturating_sub(before.evalsha_calls),
+            evalsha_usec: self.evalsha_usec.saturating_sub(before.evalsha_usec),
+        }
+    }
+
+    /// Reads INFO commandstats' text.
+    pub fn parse(info: &str) -> ScriptCalls {
+        let mut s = ScriptCalls::default();
+        for line in info.lines() {
+            let Some((name, fields)) = line.trim().split_once(':') else {
+                continue;
+            };
+            let evalsha = name == "cmdstat_evalsha";
+            if !evalsha && name != "cmdstat_eval" {
+                continue;
+            }
+            for kv in fields.split(',') {
+                let Some((k, v)) = kv.split_once('=') else {
+                    continue;
+                };
+                let n = v.parse::<u64>().unwrap_or(0);
+                match k {
+                    "calls" => {
+                        s.calls += n;
+                        if evalsha {
+                            s.evalsha_calls += n;
+                        }
+                    }
+                    "failed_calls" => s.failed += n,
+                    "usec" if evalsha => s.evalsha_usec += n,
+                    _ => {}
+                }
+            }
+        }
+        s
+    }
 }
 
-pub fn clock_ticks_per_second() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .filter(|t| *t > 0.0)
-        .unwrap_or(100.0)
-}
-
-/// Redis' script calls so far: (evalsha + eval calls, their failed_calls).
-pub fn redis_script_calls(conn: &mut redis::Connection) -> (u64, u64) {
+/// Redis' script calls so far.
+pub fn redis_script_calls(conn: &mut redis::Connection) -> ScriptCalls {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(conn)
         .unwrap_or_default();
-    let mut calls = 0;
-    let mut failed = 0;
-    for line in info.lines() {
-        let Some((name, fields)) = line.trim().split_once(':') else {
-            continue;
-        };
-        if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-            continue;
-        }
-        for kv in fields.split(',') {
-            match kv.split_once('=') {
-                Some(("calls", v)) => calls += v.parse::<u64>().unwrap_or(0),
-                Some(("failed_calls", v)) => failed += v.parse::<u64>().unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    (calls, failed)
+    ScriptCalls::parse(&info)
 }
 
 /// The counters of interest in an Envoy's admin /stats: tollgate's own and its backend cluster's.
@@ -123,53 +123,42 @@ pub fn stats_delta(
         .filter(|(_, d)| *d != 0)
         .collect()
 }
-fn command_line(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .map(|o| {
-            let text = if o.stdout.is_empty() {
-                o.stderr
-            } else {
-                o.stdout
-            };
-            String::from_utf8_lossy(&text).trim().to_string()
-        })
-        .unwrap_or_default()
-}
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == "model name").then(|| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The machine and tools a run measured on, and when.
-pub struct Machine {
-    /// `2026-11-25 22:49:35 UTC`, and `20261125T224935Z` for file names.
-    pub date: String,
-    pub stamp: String,
-    pub nproc: String,
-    pub model: String,
-    pub envoy_version: String,
-    pub h2load_version: String,
-}
-
-impl Machine {
-    pub fn now() -> Machine {
-        let now = jiff::Timestamp::now();
-        Machine {
-            date: now.strftime("%Y-%m-%d %H:%M:%S UTC").to_string(),
-            stamp: now.strftime("%Y%m%dT%H%M%SZ").to_string(),
-            nproc: command_line("nproc", &[]),
-            model: cpu_model(),
-            envoy_version: command_line(&envoy_bin().to_string_lossy(), &["--version"]),
-            h2load_version: command_line("h2load", &["--version"]),
-        }
+    #[test]
+    fn reads_script_calls_and_evalsha_time_from_commandstats() {
+        let info = "# Commandstats\r\n\
+            cmdstat_evalsha:calls=10,usec=250,usec_per_call=25.00,rejected_calls=0,failed_calls=2\r\n\
+            cmdstat_eval:calls=3,usec=900,usec_per_call=300.00,rejected_calls=0,failed_calls=1\r\n\
+            cmdstat_info:calls=7,usec=70,usec_per_call=10.00,rejected_calls=0,failed_calls=0\r\n";
+        let now = ScriptCalls::parse(info);
+        assert_eq!(
+            now,
+            ScriptCalls {
+                calls: 13,
+                failed: 3,
+                evalsha_calls: 10,
+                evalsha_usec: 250,
+            }
+        );
+        let before = ScriptCalls {
+            calls: 3,
+            failed: 3,
+            evalsha_calls: 2,
+            evalsha_usec: 50,
+        };
+        assert_eq!(
+            now.since(before),
+            ScriptCalls {
+                calls: 10,
+                failed: 0,
+                evalsha_calls: 8,
+                evalsha_usec: 200,
+            }
+        );
+        assert_eq!(ScriptCalls::parse(""), ScriptCalls::default());
     }
 }

@@ -8,16 +8,16 @@ use crate::args::Settings;
 use crate::builds::Builds;
 use crate::goals::Goal;
 use crate::measure::{paced_rps_per_client, tenant_rps_per_client, Idle};
-use crate::probe::Machine;
 use crate::rows::Row;
 use crate::sample::Sample;
 use crate::scenarios::{PACED_CLIENTS, PATH, QUERY_KEY};
+use tollgate_tools::machine::Machine;
 
 /// What one run measured, for the report and the JSON.
 pub struct Outcome {
     pub machine: Machine,
     pub began: Instant,
-    /// The tollgate.wasm the tollgate scenarios ran (but tollgate-lease-b and the baseline).
+    /// The tollgate.wasm the tollgate scenarios ran (but the `-b` scenarios, the baseline and the copy without the body callback).
     pub tollgate_wasm: PathBuf,
     pub builds: Builds,
     pub rows: Vec<Row>,

@@ -4,19 +4,8 @@
 
 use crate::sample::Sample;
 use crate::scenarios::Def;
-
-pub fn median(values: &mut [f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    Some(if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    })
-}
+use tollgate_tools::median::median;
+use tollgate_tools::median::quartiles;
 
 pub fn median_of(samples: &[Sample], f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
     let mut v: Vec<f64> = samples.iter().filter_map(f).collect();
@@ -142,7 +131,8 @@ pub fn slice_ratios(rows: &[Row], a: &str, b: &str) -> Option<(f64, f64, f64, us
         .collect();
     let n = v.len();
     let mid = median(&mut v)?;
-    Some((mid, v[n / 4], v[(3 * n) / 4], n))
+    let (low, high) = quartiles(&v)?;
+    Some((mid, low, high, n))
 }
 
 #[cfg(test)]

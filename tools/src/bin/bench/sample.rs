@@ -3,6 +3,12 @@
 
 use std::collections::BTreeMap;
 
+/// The proxy-wide counter of backend requests (one per Webdis request or Redis callout, whatever
+/// number of checks it carries), as the bench's stats map names it.
+pub const BACKEND_REQUESTS: &str = "tollgate.backend_requests";
+/// The requests Envoy sent to Webdis (the cluster tollgate calls).
+pub const WEBDIS_REQUESTS: &str = "cluster.tollgate_backend.upstream_rq_total";
+
 /// One measured load of one scenario.
 #[derive(Debug, Clone, Default)]
 pub struct Sample {
@@ -45,6 +51,9 @@ pub struct Sample {
     pub redis_cpu_us_per_req: f64,
     pub redis_calls: u64,
     pub redis_failed_calls: u64,
+    /// EVALSHA calls alone and the µs Redis spent running them (INFO commandstats' `usec`).
+    pub evalsha_calls: u64,
+    pub evalsha_usec: u64,
     /// burst + rate × wall_s (limited scenarios).
     pub ideal: Option<f64>,
     pub stats: BTreeMap<String, i64>,
@@ -79,6 +88,42 @@ impl Sample {
 
     pub fn redis_per_1k_admitted(&self) -> Option<f64> {
         (self.ok > 0).then(|| self.redis_calls as f64 * 1000.0 / self.ok as f64)
+    }
+
+    /// Redis' µs per EVALSHA call over the load: the script's time per backend request.
+    pub fn evalsha_usec_per_call(&self) -> Option<f64> {
+        (self.evalsha_calls > 0).then(|| self.evalsha_usec as f64 / self.evalsha_calls as f64)
+    }
+
+    /// Checks per backend request: tollgate's `backend_calls` summed over its rules (one per
+    /// check a script call carried) ÷ the proxy-wide `backend_requests` (one per Webdis request or
+    /// Redis callout). `None` when the build counts no `backend_requests`.
+    pub fn keys_per_backend_request(&self) -> Option<f64> {
+        self.backend_calls_per(BACKEND_REQUESTS)
+    }
+
+    /// The same per HTTP request Envoy sent to Webdis (its cluster's `upstream_rq_total`): a
+    /// cross-check from Envoy's own counters, which every build has.
+    pub fn keys_per_webdis_request(&self) -> Option<f64> {
+        self.backend_calls_per(WEBDIS_REQUESTS)
+    }
+
+    /// tollgate's `backend_calls` summed over its rules ÷ the counter `per` (`None` without it).
+    fn backend_calls_per(&self, per: &str) -> Option<f64> {
+        let sum = |f: &dyn Fn(&str) -> bool| -> i64 {
+            self.stats
+                .iter()
+                .filter(|(k, _)| f(k))
+                .map(|(_, v)| *v)
+                .sum()
+        };
+        let requests = sum(&|k| k == per);
+        let calls = sum(&|k| {
+            k.strip_prefix("tollgate.")
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(rule, counter)| !rule.is_empty() && counter == "backend_calls")
+        });
+        (requests > 0).then(|| calls as f64 / requests as f64)
     }
 
     pub fn admitted_ratio(&self) -> Option<f64> {
@@ -130,6 +175,8 @@ impl Sample {
             m.redis_cpu_s += p.redis_cpu_s;
             m.redis_calls += p.redis_calls;
             m.redis_failed_calls += p.redis_failed_calls;
+            m.evalsha_calls += p.evalsha_calls;
+            m.evalsha_usec += p.evalsha_usec;
             m.latencies_us.extend(p.latencies_us);
             m.slices_cpu_us.push(p.cpu_us_per_req);
             for pid in p.envoy_pids {
@@ -194,5 +241,33 @@ mod tests {
         assert!((m.rps - 4000.0).abs() < 1e-9);
         assert_eq!(m.slices_cpu_us.len(), 2);
         assert!(Sample::default().cpu().is_none(), "no answer, no figure");
+    }
+
+    #[test]
+    fn keys_per_backend_request_sums_every_rule_and_needs_the_proxy_counter() {
+        let with = |pairs: &[(&str, i64)]| Sample {
+            stats: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..Sample::default()
+        };
+        let s = with(&[
+            ("tollgate.per-user.backend_calls", 600),
+            ("tollgate.other.backend_calls", 300),
+            ("tollgate.per-user.backend_errors", 50),
+            ("tollgate.backend_requests", 100),
+            ("cluster.tollgate_backend.upstream_rq_total", 300),
+        ]);
+        assert_eq!(s.keys_per_backend_request(), Some(9.0));
+        assert_eq!(s.keys_per_webdis_request(), Some(3.0));
+        // A build that does not count backend requests: no figure, not "infinitely many".
+        let old = with(&[("tollgate.per-user.backend_calls", 600)]);
+        assert_eq!(old.keys_per_backend_request(), None);
+        assert_eq!(old.keys_per_webdis_request(), None);
+        let timed = Sample {
+            evalsha_calls: 4,
+            evalsha_usec: 100,
+            ..Sample::default()
+        };
+        assert_eq!(timed.evalsha_usec_per_call(), Some(25.0));
+        assert_eq!(Sample::default().evalsha_usec_per_call(), None);
     }
 }

@@ -8,12 +8,15 @@ use std::path::Path;
 use tollgate_e2e as common;
 
 use common::envoy::{brief_log, envoy_file, Envoy};
+use tollgate_tools::configs::{self, render_bench_template, Ports};
 
 use crate::args::Settings;
 use crate::builds::Builds;
 
-/// The path every load requests; tollgate's bench rule matches `/api/`.
+/// The path every load requests; tollgate's bench rule matches `/api/` (`RULE_PREFIX`), and Envoy
+/// answers it itself (a direct response: no application behind it).
 pub const PATH: &str = "/api/bench";
+pub const RULE_PREFIX: &str = "/api/";
 /// The header tollgate's bench rule is keyed on (and the one the wasm floor reads).
 pub const USER_HEADER: &str = "x-user-id";
 /// h2load clients per proxy in the paced (limited) scenarios.
@@ -35,9 +38,10 @@ pub enum Setup {
     Flood(&'static str),
     /// Two Envoys with envoy/envoy.yaml, tollgate in this mode, one hot key.
     Limited(&'static str),
-    /// envoy/envoy.yaml with tollgate in lease mode as in `Tollgate("lease")`, but the filter built
-    /// at `--compare-wasm`.
-    Compared,
+    /// The load and configuration of its A scenario (the one whose name it has without `-b`:
+    /// `Tollgate(mode)`, or with `flood` `Flood(mode)`), on the filter built at `--compare-wasm`; runs
+    /// only with it, in the same rounds as its A scenario (and, if that is sliced, in the same slices).
+    Compared { mode: &'static str, flood: bool },
     /// envoy/envoy.yaml with tollgate in lease mode as in `Tollgate("lease")`, but tollgate.wasm's
     /// `proxy_on_response_body` export renamed, so Envoy never calls into the VM for a response's
     /// body: next to tollgate-lease in the same slices, what reading bodies costs a request whose
@@ -58,7 +62,7 @@ pub struct Def {
     pub what: &'static str,
 }
 
-pub const SCENARIOS: [Def; 15] = [
+pub const SCENARIOS: [Def; 17] = [
     Def {
         name: "plain",
         setup: Setup::Template("plain.yaml"),
@@ -85,6 +89,14 @@ pub const SCENARIOS: [Def; 15] = [
         what: "tollgate mode exact, one key, limit never reached",
     },
     Def {
+        name: "tollgate-exact-b",
+        setup: Setup::Compared {
+            mode: "exact",
+            flood: false,
+        },
+        what: "tollgate-exact with the filter from --compare-wasm (runs only with it)",
+    },
+    Def {
         name: "tollgate-exact-baseline",
         setup: Setup::Baseline,
         what: "tollgate-exact with the filter before the engine's rewrite (BASELINE_COMMIT)",
@@ -96,7 +108,10 @@ pub const SCENARIOS: [Def; 15] = [
     },
     Def {
         name: "tollgate-lease-b",
-        setup: Setup::Compared,
+        setup: Setup::Compared {
+            mode: "lease",
+            flood: false,
+        },
         what: "tollgate-lease with the filter from --compare-wasm (runs only with it)",
     },
     Def {
@@ -108,6 +123,14 @@ pub const SCENARIOS: [Def; 15] = [
         name: "tollgate-flood-exact",
         setup: Setup::Flood("exact"),
         what: "tollgate mode exact, every request a new key (random keys), limit never reached",
+    },
+    Def {
+        name: "tollgate-flood-exact-b",
+        setup: Setup::Compared {
+            mode: "exact",
+            flood: true,
+        },
+        what: "tollgate-flood-exact with the filter from --compare-wasm (runs only with it)",
     },
     Def {
         name: "tollgate-flood-lease",
@@ -137,30 +160,49 @@ pub const SCENARIOS: [Def; 15] = [
 ];
 
 /// The scenarios `settings` ask for, in table order: plain always (every ratio's baseline), the
-/// rest as `--only` says, and tollgate-lease-b only with `--compare-wasm`.
+/// rest as `--only` says, and a `-b` scenario only with `--compare-wasm`, when its A scenario runs
+/// (or `--only` names it).
 pub fn selected(settings: &Settings) -> Vec<Def> {
+    let asked = |name: &str| {
+        name == "plain"
+            || settings
+                .only
+                .as_ref()
+                .is_none_or(|only| only.iter().any(|n| n == name))
+    };
     SCENARIOS
         .iter()
-        .filter(|d| {
-            if d.setup == Setup::Compared {
-                return settings.compare_wasm.is_some();
-            }
-            d.name == "plain"
-                || settings
-                    .only
-                    .as_ref()
-                    .is_none_or(|only| only.iter().any(|n| n == d.name))
+        .filter(|d| match d.a_side() {
+            Some(a) => settings.compare_wasm.is_some() && (asked(a) || asked(d.name)),
+            None => asked(d.name),
         })
         .copied()
         .collect()
 }
 
 impl Def {
+    /// For a scenario on the `--compare-wasm` build, the name of the scenario it is the B side of.
+    pub fn a_side(&self) -> Option<&'static str> {
+        match self.setup {
+            Setup::Compared { .. } => self.name.strip_suffix("-b"),
+            _ => None,
+        }
+    }
+
+    /// Whether every request carries a key never sent before (one h2load process per connection).
+    pub fn flood(&self) -> bool {
+        matches!(
+            self.setup,
+            Setup::Flood(_) | Setup::Compared { flood: true, .. }
+        )
+    }
+
     pub fn tollgate_mode(&self) -> Option<&'static str> {
         match self.setup {
             Setup::Template(_) => None,
             Setup::Tollgate(m) | Setup::Flood(m) | Setup::Limited(m) => Some(m),
-            Setup::Tenant { .. } | Setup::Compared | Setup::BodyUnexported => Some("lease"),
+            Setup::Compared { mode, .. } => Some(mode),
+            Setup::Tenant { .. } | Setup::BodyUnexported => Some("lease"),
             Setup::Baseline => Some("exact"),
         }
     }
@@ -190,48 +232,16 @@ impl Def {
             self.setup,
             Setup::Template(_)
                 | Setup::Tollgate(_)
-                | Setup::Compared
+                | Setup::Compared { flood: false, .. }
                 | Setup::BodyUnexported
                 | Setup::Baseline
         )
     }
 }
 
-/// tollgate's plugin configuration for a scenario. Failure mode `closed`: a backend failure shows up as
-/// a 503, never as a silent admission.
+/// tollgate's plugin configuration for scenario `name`: its one rule on the bench's path.
 pub fn tollgate_config(name: &str, mode: &str, key: &str, rate: u64, burst: u64) -> String {
-    serde_json::json!({
-        "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 100 },
-        "key_prefix": format!("bench-{name}"),
-        "failure_mode": "closed",
-        "response_headers": "ietf",
-        "rules": [{
-            "name": "per-user",
-            "match": { "path_prefix": "/api/" },
-            "key": [key],
-            "rate": rate,
-            "period_ms": 1000,
-            "burst": burst,
-            "mode": mode,
-        }],
-    })
-    .to_string()
-}
-
-/// Renders a template under envoy/bench/ (the same placeholders as envoy/envoy.yaml, no plugin config).
-pub fn render_bench_template(
-    text: &str,
-    backend_port: u16,
-    listen_port: u16,
-    admin_port: u16,
-    wasm: &Path,
-) -> String {
-    text.replace("{{ADMIN_PORT}}", &admin_port.to_string())
-        .replace("{{LISTEN_PORT}}", &listen_port.to_string())
-        .replace("{{BACKEND_PORT}}", &backend_port.to_string())
-        .replace("{{UPSTREAM_PORT}}", &common::envoy::NO_UPSTREAM.to_string())
-        .replace("{{WASM_PATH}}", &wasm.to_string_lossy().replace('\'', "''"))
-        .replace("{{ACCESS_LOG}}", common::envoy::NO_ACCESS_LOG)
+    configs::tollgate_config(name, mode, key, (rate, burst), RULE_PREFIX)
 }
 
 /// The parts of an Envoy template outside `http_filters`, without comments: the bench templates must
@@ -296,12 +306,12 @@ pub fn start_scenario(
                 backend_port,
             )
         };
-        // tollgate-lease's configuration on another build of the filter.
-        let lease_with = |wasm: &Path| {
+        // A tollgate configuration, unlimited, on another build of the filter.
+        let unlimited_with = |wasm: &Path, mode: &str, key: &str| {
             Envoy::try_start_wasm(
                 dir,
                 wasm,
-                &tollgate_config(d.name, "lease", &header_key, HUGE_RATE, HUGE_RATE),
+                &tollgate_config(d.name, mode, key, HUGE_RATE, HUGE_RATE),
                 (backend_port, common::envoy::NO_UPSTREAM),
             )
         };
@@ -310,15 +320,23 @@ pub fn start_scenario(
             Setup::Template(file) => {
                 let text = envoy_file(&format!("bench/{file}"));
                 Envoy::try_start_yaml(dir, |listen, admin| {
-                    render_bench_template(&text, backend_port, listen, admin, &builds.floor)
+                    let ports = Ports {
+                        backend: backend_port,
+                        listen,
+                        admin,
+                        upstream: common::envoy::NO_UPSTREAM,
+                    };
+                    render_bench_template(&text, ports, &builds.floor)
                 })
             }
             Setup::Tollgate(mode) => tollgate(mode, &header_key, HUGE_RATE, HUGE_RATE),
-            Setup::Compared => match &settings.compare_wasm {
-                Some(wasm) => lease_with(wasm),
-                None => Err("tollgate-lease-b runs only with --compare-wasm".to_string()),
+            Setup::Compared { mode, flood } => match &settings.compare_wasm {
+                Some(wasm) => {
+                    unlimited_with(wasm, mode, if flood { &query_key } else { &header_key })
+                }
+                None => Err(format!("{} runs only with --compare-wasm", d.name)),
             },
-            Setup::BodyUnexported => lease_with(&builds.body_unexported),
+            Setup::BodyUnexported => unlimited_with(&builds.body_unexported, "lease", &header_key),
             Setup::Baseline => Envoy::try_start_wasm(
                 dir,
                 &builds.baseline,
@@ -338,4 +356,67 @@ pub fn start_scenario(
             .map(|h| h.join().expect("envoy start thread"))
             .collect()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(settings: &Settings) -> Vec<&'static str> {
+        selected(settings).iter().map(|d| d.name).collect()
+    }
+
+    /// Each `-b` scenario is its A scenario's load and configuration on the other build: same
+    /// mode, same key source, sliced alike, so that they are measured the same way.
+    #[test]
+    fn every_b_scenario_mirrors_its_a_scenario() {
+        let mut found = 0;
+        for b in SCENARIOS.iter().filter(|d| d.a_side().is_some()) {
+            found += 1;
+            let a_name = b.a_side().unwrap_or_default();
+            let a = SCENARIOS.iter().find(|d| d.name == a_name);
+            let a = a.unwrap_or_else(|| panic!("{}: no scenario {a_name}", b.name));
+            assert_eq!(a.tollgate_mode(), b.tollgate_mode(), "{}", b.name);
+            assert_eq!(a.flood(), b.flood(), "{}", b.name);
+            assert_eq!(a.sliced(), b.sliced(), "{}", b.name);
+            assert_eq!(a.proxies(), b.proxies(), "{}", b.name);
+            let same_setup = match (a.setup, b.setup) {
+                (Setup::Tollgate(m), Setup::Compared { mode, flood: false })
+                | (Setup::Flood(m), Setup::Compared { mode, flood: true }) => m == mode,
+                _ => false,
+            };
+            assert!(same_setup, "{}: {:?} vs {:?}", b.name, a.setup, b.setup);
+        }
+        assert_eq!(found, 3);
+    }
+
+    #[test]
+    fn b_scenarios_run_only_with_compare_wasm_and_their_a_side() {
+        let plain = Settings::default();
+        assert!(names(&plain).iter().all(|n| !n.ends_with("-b")));
+        let compared = Settings {
+            compare_wasm: Some("/tmp/b.wasm".into()),
+            ..Settings::default()
+        };
+        let all = names(&compared);
+        for b in [
+            "tollgate-lease-b",
+            "tollgate-exact-b",
+            "tollgate-flood-exact-b",
+        ] {
+            assert!(all.contains(&b), "{b} in {all:?}");
+        }
+        let only = |list: &[&str]| Settings {
+            only: Some(list.iter().map(|n| n.to_string()).collect()),
+            ..compared.clone()
+        };
+        assert_eq!(
+            names(&only(&["tollgate-flood-exact"])),
+            ["plain", "tollgate-flood-exact", "tollgate-flood-exact-b"]
+        );
+        assert_eq!(
+            names(&only(&["tollgate-exact-b"])),
+            ["plain", "tollgate-exact-b"]
+        );
+    }
 }
