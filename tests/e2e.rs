@@ -331,7 +331,7 @@ fn a_hot_exact_key_shares_calls_across_workers_and_admits_exactly_the_bucket() {
     let stats = stack.envoy.stats_when(|s| {
         common::envoy::decided_in(s, "per-user") == ok + limited
             && common::envoy::stat_in(s, "wasmcustom.tollgate.per-user.backend_calls")
-                == Some(evalsha + eval)
+                >= Some(evalsha + eval)
     });
     let stat = |name: &str| {
         common::envoy::stat_in(&stats, &format!("wasmcustom.tollgate.per-user.{name}"))
@@ -341,7 +341,8 @@ fn a_hot_exact_key_shares_calls_across_workers_and_admits_exactly_the_bucket() {
     eprintln!(
         "shared exact: admitted {ok}, limited {limited}, backend calls {calls}, forwarded {forwarded}"
     );
-    assert_eq!(evalsha + eval, calls, "every call reached Redis once");
+    // A script run decides one call, or several when they shared a backend request.
+    assert!(evalsha + eval <= calls, "{evalsha} + {eval} script runs for {calls} calls");
     assert_eq!(
         common::envoy::decided_in(&stats, "per-user"),
         ok + limited,
