@@ -342,7 +342,10 @@ fn a_hot_exact_key_shares_calls_across_workers_and_admits_exactly_the_bucket() {
         "shared exact: admitted {ok}, limited {limited}, backend calls {calls}, forwarded {forwarded}"
     );
     // A script run decides one call, or several when they shared a backend request.
-    assert!(evalsha + eval <= calls, "{evalsha} + {eval} script runs for {calls} calls");
+    assert!(
+        evalsha + eval <= calls,
+        "{evalsha} + {eval} script runs for {calls} calls"
+    );
     assert_eq!(
         common::envoy::decided_in(&stats, "per-user"),
         ok + limited,

@@ -31,17 +31,14 @@ pub const FLOOD_SYSTEM_LIMIT_X: f64 = 0.5;
 /// Its script calls per request: checks of different keys share a call.
 pub const FLOOD_CALLS_LIMIT: f64 = 0.3;
 
-/// What a flood's script calls carried, medians over its rounds: checks per backend request
-/// (tollgate's `backend_calls` over every rule ÷ its `backend_requests`; "n/a" for a build that
-/// does not count backend requests), the same per request Envoy sent to Webdis, and Redis' µs per
-/// EVALSHA.
+/// What a flood's script calls carried, medians over its rounds: checks per request Envoy sent to
+/// Webdis, and Redis' µs per EVALSHA.
 pub fn flood_detail(rows: &[Row], name: &str) -> String {
     let r = row_named(rows, name);
     let of = |f: fn(&Sample) -> Option<f64>| r.and_then(|r| median_of(&r.samples, f));
-    let keys = of(Sample::keys_per_backend_request).map_or("n/a".into(), |x| format!("{x:.2}"));
     format!(
-        "{name}: {keys} keys per backend request (backend_calls ÷ backend_requests), {} per \
-         Webdis request (÷ the cluster's upstream_rq_total), Redis {} µs per EVALSHA",
+        "{name}: {} checks per Webdis request (backend_calls ÷ the cluster's upstream_rq_total), \
+         Redis {} µs per EVALSHA",
         fmt(of(Sample::keys_per_webdis_request), 2),
         fmt(of(Sample::evalsha_usec_per_call), 1)
     )

@@ -43,7 +43,6 @@ fn sample_json(s: &Sample) -> serde_json::Value {
         "redis_script_failed_calls": s.redis_failed_calls,
         "redis_evalsha_calls": s.evalsha_calls,
         "redis_evalsha_usec": s.evalsha_usec,
-        "keys_per_backend_request": s.keys_per_backend_request(),
         "keys_per_webdis_request": s.keys_per_webdis_request(),
         "redis_calls_per_1k_requests": s.redis_per_1k_requests(),
         "redis_calls_per_1k_admitted": s.redis_per_1k_admitted(),

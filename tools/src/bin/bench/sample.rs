@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 /// The proxy-wide counter of backend requests (one per Webdis request or Redis callout, whatever
 /// number of checks it carries), as the bench's stats map names it.
-pub const BACKEND_REQUESTS: &str = "tollgate.backend_requests";
 /// The requests Envoy sent to Webdis (the cluster tollgate calls).
 pub const WEBDIS_REQUESTS: &str = "cluster.tollgate_backend.upstream_rq_total";
 
@@ -95,15 +94,8 @@ impl Sample {
         (self.evalsha_calls > 0).then(|| self.evalsha_usec as f64 / self.evalsha_calls as f64)
     }
 
-    /// Checks per backend request: tollgate's `backend_calls` summed over its rules (one per
-    /// check a script call carried) ÷ the proxy-wide `backend_requests` (one per Webdis request or
-    /// Redis callout). `None` when the build counts no `backend_requests`.
-    pub fn keys_per_backend_request(&self) -> Option<f64> {
-        self.backend_calls_per(BACKEND_REQUESTS)
-    }
-
-    /// The same per HTTP request Envoy sent to Webdis (its cluster's `upstream_rq_total`): a
-    /// cross-check from Envoy's own counters, which every build has.
+    /// Checks per HTTP request Envoy sent to Webdis: tollgate's `backend_calls` summed over its
+    /// rules (one per check a script call carried) ÷ its cluster's `upstream_rq_total`.
     pub fn keys_per_webdis_request(&self) -> Option<f64> {
         self.backend_calls_per(WEBDIS_REQUESTS)
     }
@@ -244,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_per_backend_request_sums_every_rule_and_needs_the_proxy_counter() {
+    fn keys_per_webdis_request_sums_every_rule_and_needs_the_cluster_counter() {
         let with = |pairs: &[(&str, i64)]| Sample {
             stats: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             ..Sample::default()
@@ -253,14 +245,11 @@ mod tests {
             ("tollgate.per-user.backend_calls", 600),
             ("tollgate.other.backend_calls", 300),
             ("tollgate.per-user.backend_errors", 50),
-            ("tollgate.backend_requests", 100),
             ("cluster.tollgate_backend.upstream_rq_total", 300),
         ]);
-        assert_eq!(s.keys_per_backend_request(), Some(9.0));
         assert_eq!(s.keys_per_webdis_request(), Some(3.0));
-        // A build that does not count backend requests: no figure, not "infinitely many".
+        // No request counted: no figure, not "infinitely many".
         let old = with(&[("tollgate.per-user.backend_calls", 600)]);
-        assert_eq!(old.keys_per_backend_request(), None);
         assert_eq!(old.keys_per_webdis_request(), None);
         let timed = Sample {
             evalsha_calls: 4,
