@@ -9,10 +9,10 @@
 
 use tollgate_e2e as common;
 
+use common::script::SCRIPT;
 use common::{scratch_dir, Redis};
 use redis::Value;
 
-const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 const T0: u64 = 1_700_000_000_000_000; // a realistic µs clock
 const KEY: &str = "tollgate:{test:abc}";
 

@@ -12,6 +12,7 @@
 
 use tollgate_e2e as common;
 
+use common::script::{Rng, SCRIPT};
 use common::{scratch_dir, Redis};
 use redis::Value;
 use tollgate_core::bucket::{
@@ -22,7 +23,6 @@ use tollgate_core::bucket::{
 #[path = "model/batch.rs"]
 mod batch;
 
-const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 const T0: u64 = 1_700_000_000_000_000;
 const STEPS: usize = 3000;
 
@@ -38,25 +38,6 @@ fn wrapped_script() -> String {
          table.insert(r, ttl)\n\
          return r\n"
     )
-}
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform-ish in 0..n (n >= 1).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
 }
 
 fn lim(burst: u64, rate: u64, period_ms: u64) -> Limits {

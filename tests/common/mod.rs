@@ -299,6 +299,7 @@ pub use stack::Stack;
 pub use webdis::{Webdis, WebdisOpts};
 pub mod redis_cluster;
 pub mod redis_tls;
+pub mod script;
 pub mod upstream;
 
 /// Script calls a Redis node has run so far, (EVALSHA, EVAL), from `INFO commandstats`.

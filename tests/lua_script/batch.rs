@@ -5,6 +5,7 @@
 
 use super::{start, SCRIPT, T0};
 use redis::Value;
+use tollgate_e2e::script::{with_expiries, Rng};
 
 /// The codes of the batched form, by the argument the single form's error names.
 const CODES: [(&str, i64); 12] = [
@@ -22,21 +23,6 @@ const CODES: [(&str, i64); 12] = [
     ("penalty", 12),
 ];
 const BATCH_ERROR: &str = "tollgate: bad argument batch";
-
-/// The script, verbatim, wrapped so that every key's PTTL is read at the end of the run and its
-/// expiry then removed: the test clock is the explicit ARGV now, so real time must not expire a
-/// key between two runs. Returns the script's integers, then one PTTL per KEYS[i].
-fn wrapped_script() -> String {
-    format!(
-        "local function tollgate_script()\n{SCRIPT}\nend\n\
-         local r = tollgate_script()\n\
-         if r.err then return r end\n\
-         local ttls = {{}}\n\
-         for i = 1, #KEYS do ttls[i] = redis.call('PTTL', KEYS[i]) end\n\
-         for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]); table.insert(r, ttls[i]) end\n\
-         return r\n"
-    )
-}
 
 fn load(conn: &mut redis::Connection, script: &str) -> String {
     redis::cmd("SCRIPT")
@@ -141,24 +127,6 @@ fn dump(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
     redis::cmd("DUMP").arg(key).query(conn).unwrap()
 }
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
 const KEYS: usize = 4;
 const LIMITS: [(u64, u64, u64); 4] = [(5, 1, 1000), (10, 2, 100), (3, 1, 7), (20, 1000, 1)];
 
@@ -261,7 +229,7 @@ fn random_group(rng: &mut Rng, now: u64, seq: &mut u64, last_key: usize) -> (usi
 #[test]
 fn a_batch_answers_and_writes_what_single_calls_do_in_the_same_order() {
     let (_r, mut c) = start("lua-batch-singles");
-    let sha = load(&mut c, &wrapped_script());
+    let sha = load(&mut c, &with_expiries());
     let mut rng = Rng(0xBA7C_0001);
     let mut now = T0;
     let mut seq = 0;

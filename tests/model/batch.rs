@@ -3,7 +3,7 @@
 //! penalties, resets and credits, refused groups), the replies, every key's stored hash, holders
 //! and offences, and its PTTL agree bit for bit.
 
-use super::{expiry_ms, harness, lim, Harness, Rng, SCRIPT, T0};
+use super::{expiry_ms, harness, lim, Harness, Rng, T0};
 use redis::Value;
 use std::num::NonZeroU64;
 use tollgate_core::bucket::{
@@ -14,20 +14,6 @@ const KEYS: usize = 4;
 const BATCHES: usize = 600;
 /// Past what the script reads exactly: it reads 2^53 + 1 as 2^53 (a double), so 2^53 + 2.
 const TOO_BIG: u64 = (1 << 53) + 2;
-
-/// The script, verbatim, wrapped so that every key's PTTL is read at the end of the run and its
-/// expiry then removed (real time must not expire a key between two runs of the test clock).
-fn wrapped_script() -> String {
-    format!(
-        "local function tollgate_script()\n{SCRIPT}\nend\n\
-         local r = tollgate_script()\n\
-         if r.err then return r end\n\
-         local ttls = {{}}\n\
-         for i = 1, #KEYS do ttls[i] = redis.call('PTTL', KEYS[i]) end\n\
-         for i = 1, #KEYS do redis.call('PERSIST', KEYS[i]); table.insert(r, ttls[i]) end\n\
-         return r\n"
-    )
-}
 
 /// A group's single-form arguments (ARGV[1..c], c = 8 or 9).
 fn arguments(g: &Group, rng: &mut Rng) -> Vec<String> {
@@ -218,7 +204,7 @@ fn model_matches_script_on_random_batches() {
     let (_redis, mut h) = harness("model-batch");
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(wrapped_script())
+        .arg(tollgate_e2e::script::with_expiries())
         .query(&mut h.conn)
         .unwrap();
     let mut rng = Rng(0xBA7C_4001);
