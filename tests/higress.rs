@@ -138,7 +138,8 @@ fn stock_envoy_refuses_the_higress_build() {
 }
 
 /// One hot exact key from 16 clients on two workers, through Redis callouts: exactly the burst is
-/// admitted, the workers share calls through shared queues, and Redis ran every call once.
+/// admitted, the workers share calls through shared queues, and Redis ran no more script runs than
+/// calls.
 #[test]
 fn a_hot_exact_key_shares_redis_calls_across_workers() {
     let dir = scratch_dir("higress-shared-exact");
@@ -151,14 +152,18 @@ fn a_hot_exact_key_shares_redis_calls_across_workers() {
     // its decision).
     let (calls, decisions) = common::eventually(
         || (stat(&host, "backend_calls"), decided(&host)),
-        |&(calls, decisions)| calls == evalsha + eval && decisions == ok + limited,
+        |&(calls, decisions)| calls >= evalsha + eval && decisions == ok + limited,
     );
     let forwarded = stat(&host, "forwarded");
     eprintln!("higress: admitted {ok}, limited {limited}, calls {calls}, forwarded {forwarded}");
     assert_eq!(other, 0, "no errors\n{}", host.log_text());
     assert!(limited > 0, "the load must exceed the bucket");
     assert!((burst..=burst + 1).contains(&ok), "admitted {ok}");
-    assert_eq!(evalsha + eval, calls, "each call ran once");
+    // A script run decides one call, or several when they shared a backend request.
+    assert!(
+        evalsha + eval <= calls,
+        "{evalsha} + {eval} script runs for {calls} calls"
+    );
     assert_eq!(decisions, ok + limited, "every decision counted once");
     assert!(calls < ok, "{calls} calls for {ok} admissions");
     assert!(forwarded > 0, "no check went to the leader");
