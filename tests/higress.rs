@@ -668,7 +668,7 @@ fn higress_manifest_config_is_accepted_by_the_higress_build() {
 
 /// The penalty box through Redis callouts (the RESP call of 13 arguments, the 6-integer reply):
 /// an offence at one host boxes the key at a second host sharing the Redis, with the box's
-/// Retry-After, though the bucket refills a token every 100 ms. Higress itself never ran here:
+/// Retry-After (10 minutes), not the bucket's (a token a minute). Higress itself never ran here:
 /// this is the test host in Higress mode.
 #[test]
 fn a_penalty_box_holds_across_two_hosts() {
@@ -677,7 +677,7 @@ fn a_penalty_box_holds_across_two_hosts() {
     let cfg = format!(
         r#"{{ "backend": {{ "service_name": "{SERVICE}", "timeout_ms": 1000 }},
              "rules": [ {{ "name": "per-user", "match": {{ "path_prefix": "/api/" }},
-                           "key": ["header:x-user-id"], "rate": 1, "period_ms": 100, "burst": 1,
+                           "key": ["header:x-user-id"], "rate": 1, "period_ms": 60000, "burst": 1,
                            "penalty": {{ "ms": [600000] }} }} ] }}"#
     );
     let (a, b) = (start(&cfg, redis.port), start(&cfg, redis.port));
@@ -686,7 +686,7 @@ fn a_penalty_box_holds_across_two_hosts() {
     assert_eq!(r.status, 429, "{r:?}\n{}", a.log_text());
     assert_eq!(r.header("retry-after"), Some("600"), "{r:?}");
     // B never saw eve: Redis answers that the key is boxed, with the box's time (the bucket
-    // alone would say 1 s); another key is not boxed.
+    // alone would say at most 60 s); another key is not boxed.
     assert_eq!(get(&b, "bob").status, 200);
     let r = get(&b, "eve");
     assert_eq!(r.status, 429, "{r:?}\n{}", b.log_text());
