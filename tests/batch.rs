@@ -1,6 +1,7 @@
 //! Checks of different keys sharing one script call, end to end (real Envoy, Webdis, Redis): a
 //! request's several rules go out in one backend request, and checks of many keys from many
-//! clients at once, batched as they come, each get exactly their own bucket's answer.
+//! clients at once, batched as they come (across the proxy's two workers too), each get exactly
+//! their own bucket's answer.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -98,10 +99,17 @@ fn many_keys_from_many_clients_at_once_each_get_exactly_their_burst() {
     let got = common::eventually(|| (stat("allowed"), stat("denied")), |got| *got == want);
     println!(
         "320 requests of 64 keys: {} admitted, {} refused; {runs} script runs for {} per-user \
-         checks",
+         checks, {} relayed between the workers",
         total.0,
         total.1,
-        stat("backend_calls")
+        stat("backend_calls"),
+        stat("relayed")
     );
     assert_eq!(got, want, "counters against the statuses answered");
+    // Both workers had checks out at once: one's rode the other's flights.
+    assert!(
+        stat("relayed") > 0,
+        "no check was relayed\n{}",
+        stack.logs()
+    );
 }

@@ -90,10 +90,13 @@ pub enum Counter {
     /// Tokens given back because the request never went upstream: another rule refused it, or
     /// its client left before it was let through (exact mode; admissions by Redis only).
     Refunded,
+    /// Exact checks this worker relayed to the worker collecting the proxy's next flight, to
+    /// ride it instead of a flight of their own.
+    Relayed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 34] = [
+    pub const ALL: [Counter; 35] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -128,6 +131,7 @@ impl Counter {
         Counter::Penalized,
         Counter::PenaltyOffences,
         Counter::Refunded,
+        Counter::Relayed,
     ];
 
     /// The number of counters of a rule.
@@ -171,6 +175,7 @@ impl Counter {
             Counter::Penalized => 31,
             Counter::PenaltyOffences => 32,
             Counter::Refunded => 33,
+            Counter::Relayed => 34,
         }
     }
 
@@ -214,6 +219,7 @@ impl Counter {
             Counter::Penalized => "penalized",
             Counter::PenaltyOffences => "penalty_offences",
             Counter::Refunded => "refunded_tokens",
+            Counter::Relayed => "relayed",
         }
     }
 }

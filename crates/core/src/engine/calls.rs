@@ -27,6 +27,8 @@ pub(super) enum Purpose {
     Batch(Vec<Waiter>),
     /// Carries a key's pending usage settlement, nothing else (cost 0).
     Settle,
+    /// Check `ask` of the worker on `queue`, relayed here to ride this worker's flight.
+    Relayed { queue: u32, ask: u64 },
 }
 
 /// One script call and what its answer is for.

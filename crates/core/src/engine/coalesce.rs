@@ -16,11 +16,12 @@
 //! does not answer within its patience is sent again by its own worker, and the leader forgotten.
 
 mod chains;
+mod relay;
 mod wire;
 
 use chains::Forwarded;
 pub(super) use chains::{Chains, Waiter};
-use wire::Answers;
+pub(super) use wire::Answers;
 
 use super::calls::{Call, Purpose};
 use super::decision::By;
@@ -99,6 +100,7 @@ impl Engine {
             leader,
             rule: rule.clone(),
             call: call.clone(),
+            relayed: false,
         };
         let due = now.saturating_add(self.plugin.patience_ms());
         self.chains.forwarded(forwarded, due, known.is_none());
@@ -248,6 +250,11 @@ impl Engine {
         let now = self.timer.read(host);
         if let Some(ask) = wire::parse_ask(&message) {
             self.take_ask(host, ask, now);
+        } else if message.starts_with(b"c ") {
+            match wire::parse_relay(&message) {
+                Some((queue, checks)) => self.take_relay(host, queue, checks, now),
+                None => log::warn!("tollgate: unreadable message between workers"),
+            }
         } else {
             for line in message.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                 match wire::parse_answer(line) {
@@ -294,12 +301,21 @@ impl Engine {
             Some(o) => self.settle(host, f.ctx, f.check, (o, By::Redis)),
             None => self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now),
         }
+        if f.relayed && eligible(&f.call) {
+            // The call this check's key waited for is over.
+            self.chain_next(host, &f.call.key, now);
+        }
     }
 
     /// Forwarded checks whose leader did not answer in time: the leader is forgotten and each
-    /// check goes again from this worker.
+    /// check goes again from this worker. A relayed check gets its failure mode instead (its
+    /// call may have run: a second one would charge it twice).
     pub(super) fn expire_forwarded(&mut self, host: &mut dyn Host, now: u64) {
         while let Some(f) = self.chains.pop_expired(now) {
+            if f.relayed {
+                self.relay_lost(host, f, now);
+                continue;
+            }
             let leaders = Leaders::new(host.store(), &self.plugin.ns);
             self.chains.forget_leader(&f.call.key, f.leader, &leaders);
             if self.requests.is_waiting(f.ctx, f.check) {

@@ -16,6 +16,7 @@ use super::usage::Flush;
 use super::Engine;
 use crate::backend::ScriptCall;
 use crate::bucket::Limits;
+use crate::shared::collect::Collector;
 
 /// An outgoing engine's pending settlements, by rule name (a new configuration may number its
 /// rules differently).
@@ -29,6 +30,9 @@ pub struct Pending {
     calls: Vec<Carrying>,
     /// Settlements that were waiting in the open batch: (rule name, the call).
     open: Vec<(String, ScriptCall)>,
+    /// The outgoing engine's queue, if it was the proxy's collector: the next engine unnames it
+    /// (no flight of it will be answered by the old engine).
+    collector: Option<u32>,
 }
 
 /// A flight in flight with the settlements it carries.
@@ -46,7 +50,10 @@ struct Carrying {
 impl Pending {
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.flushes.is_empty() && self.calls.is_empty() && self.open.is_empty()
+        self.flushes.is_empty()
+            && self.calls.is_empty()
+            && self.open.is_empty()
+            && self.collector.is_none()
     }
 
     /// Settlements scheduled or in flight (for tests and logs).
@@ -113,13 +120,17 @@ impl Engine {
             flushes,
             calls,
             open,
+            collector: self.chains.lane().filter(|_| self.collecting),
         }
     }
 
     /// Takes over what `pending` names a rule of this configuration for (in the same namespace);
     /// gives back the rest. A rule that is gone leaves its buckets unused (their keys carry the
     /// rule's name), so its settlements no longer matter here.
-    pub fn adopt(&mut self, host: &mut dyn Host, pending: Pending) -> Pending {
+    pub fn adopt(&mut self, host: &mut dyn Host, mut pending: Pending) -> Pending {
+        if let Some(queue) = pending.collector.take() {
+            let _ = Collector::new(host.store(), &pending.ns).release(queue);
+        }
         if pending.ns != self.plugin.ns {
             return pending;
         }

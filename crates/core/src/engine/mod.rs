@@ -77,6 +77,10 @@ pub struct Engine {
     stashes: stash::Stashes,
     sightings: sightings::Sightings,
     chains: coalesce::Chains,
+    /// Whether this worker is the proxy's collector (other workers relay their checks to it).
+    collecting: bool,
+    /// Answers to other workers' relayed checks, sent at the end of the event.
+    answers: coalesce::Answers,
     usage: usage::Usage,
     timer: tick::Timer,
     /// Where response headers are written (kept: its capacity is reused).
@@ -98,6 +102,8 @@ impl Engine {
             stashes: stash::Stashes::default(),
             sightings: sightings::Sightings::default(),
             chains: coalesce::Chains::default(),
+            collecting: false,
+            answers: coalesce::Answers::default(),
             usage: usage::Usage::default(),
             timer: tick::Timer::default(),
             header_buf: String::new(),
@@ -217,6 +223,7 @@ impl Engine {
         if flight.batched {
             // What gathered while this flight was out leaves now, whatever other flights are.
             self.dispatch_open_now(host);
+            self.stop_collecting(host);
         }
         self.schedule(host, now, false);
     }
@@ -263,6 +270,9 @@ impl Engine {
                 self.chain_next(host, &call.call.key, now);
             }
             Purpose::Settle => {}
+            Purpose::Relayed { queue, ask } => {
+                self.relayed_answer(host, &call, (queue, ask), reply.as_ref().ok());
+            }
             Purpose::Lease(claim) => {
                 let answer = (reply, call.sent_ms);
                 self.lease_answer(host, &call.rule, claim, &call.call, answer, now);

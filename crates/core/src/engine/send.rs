@@ -198,6 +198,11 @@ impl Engine {
             return;
         }
         let now = self.timer.read(host);
+        // Another worker's flight carries them, if one is out.
+        let calls = self.relay(host, calls, now);
+        if calls.is_empty() {
+            return;
+        }
         // After the cool-off, the one call the breaker lets through is a probe.
         let probe = self.health(host.store()).open_until().is_some();
         if !self.backend_allowed(host, now) {
@@ -322,6 +327,9 @@ impl Engine {
                     batched,
                 };
                 self.calls.sent(Token::from(token), flight);
+                if batched {
+                    self.collect(host);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -356,7 +364,7 @@ impl Engine {
         }
     }
 
-    fn batch_max_keys(&self) -> usize {
+    pub(super) fn batch_max_keys(&self) -> usize {
         usize::try_from(self.plugin.config.backend.batch_max_keys).unwrap_or(1)
     }
 
@@ -393,6 +401,7 @@ impl Engine {
                 self.chain_next(host, &c.call.key, now);
             }
             Purpose::Settle => {}
+            Purpose::Relayed { queue, ask } => self.answers.add(queue, ask, None),
             Purpose::Lease(claim) => {
                 let _ = LeasePool::new(host.store(), &self.plugin.ns).release(claim, None, now);
                 self.waits.flight_lost(&c.call.key);

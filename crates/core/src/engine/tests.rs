@@ -1946,6 +1946,8 @@ mod outcome;
 mod penalty;
 /// A request that never goes upstream gets back what the global bucket took.
 mod refund;
+/// Flights shared across a proxy's workers: checks relayed to the collector.
+mod relay;
 /// Limits picked by a tier.
 mod tiers;
 /// Usage that never becomes readable.

@@ -98,6 +98,7 @@ impl Engine {
     /// goes out if it may.
     pub(super) fn schedule(&mut self, host: &mut dyn Host, now: u64, in_tick: bool) {
         self.flush_open(host);
+        std::mem::take(&mut self.answers).send(host);
         // Outside a tick, pending counts only need some tick at most `METRICS_FLUSH_MS` apart
         // (the tick then aims at their deadline): asking for the time left would shorten the
         // period again on every request as the deadline nears.

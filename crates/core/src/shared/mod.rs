@@ -1,11 +1,13 @@
 //! What lives in proxy-wasm shared data, visible to every worker of one proxy: the deny cache, the
-//! lease pool, the fallback buckets, the backend's health, pending usage settlements and the
-//! largest usage read lately per usage rule.
+//! lease pool, the fallback buckets, the backend's health, pending usage settlements, the
+//! largest usage read lately per usage rule, and which worker leads a hot key or collects the
+//! next flight.
 //!
 //! Invariant: every read-modify-write of a shared value goes through [`update`], the one
 //! compare-and-swap loop: a value is only ever replaced by a function of what was read, and a
 //! lost race is retried a bounded number of times, never blindly overwritten.
 
+pub mod collect;
 pub mod deny;
 pub mod fallback;
 pub mod lead;

@@ -48,6 +48,9 @@ pub struct Forwarded {
     /// The check's rule and call (the key's, for the refund of a token its request did not use).
     pub rule: RuleRef,
     pub call: ScriptCall,
+    /// Relayed to the worker collecting the proxy's next flight (its own call there), not
+    /// queued behind the leader's call for its key.
+    pub relayed: bool,
 }
 
 /// The keys with a call out (or about to go out) on this worker, the checks queued behind it,

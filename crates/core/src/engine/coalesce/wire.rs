@@ -1,5 +1,6 @@
 //! Messages between workers on their shared queues: a check sent to the worker leading its key
-//! (an ask), and answers to checks (one line each).
+//! (an ask), checks relayed to the worker collecting the proxy's next flight (a relay), and
+//! answers to checks (one line each).
 //!
 //! Invariant: what is written reads back as it was; anything else (another version's message, a
 //! garbled one) reads as nothing, never as another check or answer. A message holds no user
@@ -72,26 +73,118 @@ pub fn parse_ask(m: &[u8]) -> Option<Ask> {
     })
 }
 
-/// One answer line: `r <ask> a <remaining> <reset_ms>` (admitted), `r <ask> d <retry_ms>`
-/// (denied) or `r <ask> f` (the call failed: the asking worker applies its failure mode).
+/// One relayed check: its ask number, its rule's place in the configuration, and every part of
+/// its call a check has (limits, cost, reservation, penalty box); the key last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relayed {
+    pub ask: u64,
+    pub rule: RuleId,
+    pub call: ScriptCall,
+}
+
+/// Parts of a relay line: seven numbers, the penalty and the key.
+const RELAY_PARTS: usize = 9;
+
+/// The head of a relay message: `c <queue>`, the worker the answers go to; one line per check
+/// follows ([`push_relayed`]).
+pub fn relay_head(queue: u32) -> Vec<u8> {
+    let mut m = Vec::with_capacity(256);
+    m.extend_from_slice(b"c ");
+    decimal::push_bytes(&mut m, u64::from(queue));
+    m.push(b'\n');
+    m
+}
+
+/// `<ask> <rule> <burst> <rate> <period_ms> <cost> <max_wait_ms> <penalty|0> <key>`: a check of
+/// exact mode with nothing to settle (the only kind relayed).
+pub fn push_relayed(m: &mut Vec<u8>, ask: u64, rule: RuleId, call: &ScriptCall) {
+    for n in [
+        ask,
+        rule.index() as u64,
+        call.burst,
+        call.rate,
+        call.period_ms,
+        call.cost,
+        call.max_wait_ms,
+    ] {
+        decimal::push_bytes(m, n);
+        m.push(b' ');
+    }
+    match &call.penalty {
+        Some(p) => p.push_argument(m),
+        None => m.push(b'0'),
+    }
+    m.push(b' ');
+    m.extend_from_slice(call.key.as_bytes());
+    m.push(b'\n');
+}
+
+/// A relay message: the queue its answers go to and its checks; None if any part is not what
+/// [`relay_head`] and [`push_relayed`] write.
+pub fn parse_relay(m: &[u8]) -> Option<(u32, Vec<Relayed>)> {
+    let mut lines = m.strip_prefix(b"c ")?.split(|b| *b == b'\n');
+    let queue = u32::try_from(number(lines.next()?)?).ok()?;
+    let checks = lines
+        .filter(|l| !l.is_empty())
+        .map(parse_relayed)
+        .collect::<Option<Vec<_>>>()?;
+    Some((queue, checks))
+}
+
+fn number(part: &[u8]) -> Option<u64> {
+    std::str::from_utf8(part).ok()?.parse().ok()
+}
+
+fn parse_relayed(line: &[u8]) -> Option<Relayed> {
+    let mut parts = line.splitn(RELAY_PARTS, |b| *b == b' ');
+    let mut num = || number(parts.next()?);
+    let (ask, rule) = (num()?, usize::try_from(num()?).ok()?);
+    let limits = Limits {
+        burst: num()?,
+        rate: num()?,
+        period_ms: num()?,
+    };
+    let (cost, max_wait_ms) = (num()?, num()?);
+    let penalty = match parts.next()? {
+        b"0" => None,
+        p => {
+            let mut ms = p.split(|b| *b == b':').map(number);
+            let window = ms.next()??;
+            let durations = ms.collect::<Option<Vec<u64>>>()?;
+            Some(crate::bucket::Penalty::new(window, &durations)?)
+        }
+    };
+    let key = String::from_utf8(parts.next()?.to_vec()).ok()?;
+    Some(Relayed {
+        ask,
+        rule: RuleId::new(rule),
+        call: ScriptCall {
+            max_wait_ms,
+            penalty,
+            ..ScriptCall::new(key, &limits, cost)
+        },
+    })
+}
+
+/// One answer line: `r <ask> a <remaining> <reset_ms>` (admitted), `r <ask> w <delay_ms>
+/// <reset_ms>` (admitted on a reservation), `r <ask> d <retry_ms>` (denied) or `r <ask> f` (the
+/// call failed: the asking worker applies its failure mode).
 fn push_answer(out: &mut Vec<u8>, ask: u64, outcome: Option<Outcome>) {
     out.extend_from_slice(b"r ");
     decimal::push_bytes(out, ask);
-    match outcome {
+    let (kind, nums): (&[u8], &[u64]) = match &outcome {
         Some(Outcome::Allowed {
             remaining,
             reset_ms,
-        }) => {
-            out.extend_from_slice(b" a ");
-            decimal::push_bytes(out, remaining);
-            out.push(b' ');
-            decimal::push_bytes(out, reset_ms);
-        }
-        Some(Outcome::Denied { retry_ms }) => {
-            out.extend_from_slice(b" d ");
-            decimal::push_bytes(out, retry_ms);
-        }
-        _ => out.extend_from_slice(b" f"),
+        }) => (b" a", &[*remaining, *reset_ms]),
+        Some(Outcome::Reserved { delay_ms, reset_ms }) => (b" w", &[*delay_ms, *reset_ms]),
+        Some(Outcome::Denied { retry_ms }) => (b" d", &[*retry_ms]),
+        _ => (b" f", &[]),
+    };
+    out.extend_from_slice(kind);
+    for n in nums {
+        out.push(b' ');
+        decimal::push_bytes(out, *n);
     }
     out.push(b'\n');
 }
@@ -109,6 +202,7 @@ pub fn parse_answer(line: &[u8]) -> Option<(u64, Option<Outcome>)> {
             remaining,
             reset_ms,
         }),
+        ("w", &[delay_ms, reset_ms]) => Some(Outcome::Reserved { delay_ms, reset_ms }),
         ("d", &[retry_ms]) => Some(Outcome::Denied { retry_ms }),
         ("f", []) => None,
         _ => return None,
@@ -189,5 +283,64 @@ mod tests {
         );
         assert_eq!(parse_answer(b"r 1 a 5"), None);
         assert_eq!(parse_answer(b"r 1 x"), None);
+        let reserved = Outcome::Reserved {
+            delay_ms: 250,
+            reset_ms: 900,
+        };
+        let mut out = Vec::new();
+        push_answer(&mut out, 4, Some(reserved));
+        assert_eq!(
+            parse_answer(out.trim_ascii_end()),
+            Some((4, Some(reserved)))
+        );
+    }
+
+    #[test]
+    fn relays_read_back_as_written_and_nothing_else_reads_as_one() {
+        let limits = Limits {
+            burst: 20,
+            rate: 10,
+            period_ms: 1000,
+        };
+        let plain = ScriptCall::new("tg:{r 1:abc}".into(), &limits, 3);
+        let held = ScriptCall {
+            max_wait_ms: 250,
+            penalty: crate::bucket::Penalty::new(60_000, &[4000, 8000]),
+            ..ScriptCall::new("tg:{login:cd}".into(), &limits, 1)
+        };
+        let mut m = relay_head(7);
+        push_relayed(&mut m, 41, RuleId::new(0), &plain);
+        push_relayed(&mut m, 42, RuleId::new(2), &held);
+        let (queue, checks) = parse_relay(&m).unwrap();
+        assert_eq!(queue, 7);
+        assert_eq!(
+            checks,
+            [
+                Relayed {
+                    ask: 41,
+                    rule: RuleId::new(0),
+                    call: plain
+                },
+                Relayed {
+                    ask: 42,
+                    rule: RuleId::new(2),
+                    call: held
+                },
+            ]
+        );
+        for garbled in [
+            &b"c x\n1 0 20 10 1000 1 0 0 k\n"[..],
+            b"c 7\n1 0 20 10 1000 1 0 0\n",
+            b"c 7\n1 0 20 10 1000 1 0 5:0 k\n",
+            b"c 7\n1 0 20 10 1000 1 0 0 k\nnot a check\n",
+            b"a 7 1 0 20 10 1000 k",
+        ] {
+            assert_eq!(
+                parse_relay(garbled),
+                None,
+                "{}",
+                String::from_utf8_lossy(garbled)
+            );
+        }
     }
 }

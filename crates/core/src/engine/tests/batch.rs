@@ -5,10 +5,10 @@
 
 use super::*;
 
-const BATCHED: &str = r#""backend":{"batch_max_keys":32},"#;
+pub(super) const BATCHED: &str = r#""backend":{"batch_max_keys":32},"#;
 
 /// The part of a batched reply for one key: `allowed, remaining, retry, reset, granted, 0`.
-fn part(allowed: bool, remaining: u64, retry: i64) -> String {
+pub(super) fn part(allowed: bool, remaining: u64, retry: i64) -> String {
     format!(
         "{},{remaining},{retry},1000,{},0",
         u8::from(allowed),
@@ -17,7 +17,7 @@ fn part(allowed: bool, remaining: u64, retry: i64) -> String {
 }
 
 /// Webdis' answer to a batched call.
-fn batch_answer(parts: &[String]) -> Vec<u8> {
+pub(super) fn batch_answer(parts: &[String]) -> Vec<u8> {
     format!(r#"{{"EVALSHA":[{}]}}"#, parts.join(",")).into_bytes()
 }
 
@@ -52,7 +52,7 @@ fn two_in_flight_2(top: &str) -> (Engine, Rc<Recorder>, Fake) {
     (e, rec, h)
 }
 
-const CLOSED: &str = r#""failure_mode":"closed","backend":{"batch_max_keys":32},"#;
+pub(super) const CLOSED: &str = r#""failure_mode":"closed","backend":{"batch_max_keys":32},"#;
 
 #[test]
 fn checks_of_different_keys_that_arrive_while_a_flight_is_out_share_the_next_one() {

@@ -1,0 +1,159 @@
+//! Exact checks of any key, shared across the proxy's workers: a worker whose open batch would
+//! leave while another worker (the collector) has a flight of its open batch out relays its checks
+//! to that worker instead, so they ride the collector's next flight with its own, and the
+//! collector answers each on the relaying worker's queue. A proxy then has one batched flight
+//! out, not one per worker, and each carries the checks of every worker.
+//!
+//! Invariant: a relayed check waits at most for the collector's flight out and its own, as in
+//! the worker's own open batch (the collector's open batch leaves when that flight is answered,
+//! or at the end of the event that brought the relay when none is out). Only a check with
+//! nothing to settle is relayed, so a relay that is lost loses no usage; a relayed check is
+//! remembered until its answer comes or its patience runs out, and then gets its failure mode,
+//! never a second call.
+
+use super::super::calls::{Call, Purpose};
+use super::super::host::Host;
+use super::super::verdict::Outcome;
+use super::super::Engine;
+use super::chains::Forwarded;
+use super::{eligible, wire};
+use crate::backend::{BackendError, Reply};
+use crate::metrics::{Counter, Metrics};
+use crate::shared::collect::Collector;
+
+/// Whether `c` may ride another worker's flight: a check's own call with nothing to settle and
+/// no lease, whose key fits on one line of a message.
+fn relayable(c: &Call) -> bool {
+    matches!(c.purpose, Purpose::Check { .. })
+        && c.call.settle == 0
+        && c.call.lease_want == 0
+        && c.call.holder.is_none()
+        && !c.call.key.as_bytes().contains(&b'\n')
+}
+
+impl Engine {
+    /// Relays what of `calls` may ride the collector's next flight, if another worker collects;
+    /// gives back the calls this worker sends itself (all of them if none was relayed).
+    pub(in crate::engine) fn relay(
+        &mut self,
+        host: &mut dyn Host,
+        calls: Vec<Call>,
+        now: u64,
+    ) -> Vec<Call> {
+        let Some(me) = self.chains.lane() else {
+            return calls;
+        };
+        // `batch_max_keys: 1`: every call in a flight of its own, as before batching.
+        if self.batch_max_keys() <= 1 || !calls.iter().any(relayable) {
+            return calls;
+        }
+        let collector = Collector::new(host.store(), &self.plugin.ns).get();
+        let Some(to) = collector.filter(|q| *q != me) else {
+            return calls;
+        };
+        let mut message = wire::relay_head(me);
+        // Numbered as `forwarded` numbers them below, in the same order.
+        let asks = self.chains.next_ask()..;
+        for (ask, c) in asks.zip(calls.iter().filter(|c| relayable(c))) {
+            wire::push_relayed(&mut message, ask, c.rule.id(), &c.call);
+        }
+        if !host.enqueue(to, &message) {
+            // The collector is gone: this worker sends, and may collect in its place.
+            let _ = Collector::new(host.store(), &self.plugin.ns).release(to);
+            return calls;
+        }
+        let due = now.saturating_add(self.plugin.patience_ms());
+        let mut kept = Vec::new();
+        for c in calls {
+            match c.purpose {
+                Purpose::Check { ctx, check } if relayable(&c) => {
+                    let rule_id = c.rule.id();
+                    let relayed = Forwarded {
+                        ctx,
+                        check,
+                        leader: to,
+                        rule: c.rule,
+                        call: c.call,
+                        relayed: true,
+                    };
+                    self.chains.forwarded(relayed, due, false);
+                    self.plugin.metrics.count(rule_id, Counter::Relayed, 1);
+                }
+                _ => kept.push(c),
+            }
+        }
+        kept
+    }
+
+    /// Checks another worker relayed here: each joins this worker's open batch, its answer going
+    /// to `queue`. One whose rule this configuration lacks, or that cannot go out, is answered
+    /// failed at once.
+    pub(in crate::engine) fn take_relay(
+        &mut self,
+        host: &mut dyn Host,
+        queue: u32,
+        checks: Vec<wire::Relayed>,
+        now: u64,
+    ) {
+        for r in checks {
+            let Some(rule) = self.plugin.rules().get(r.rule).cloned() else {
+                self.answers.add(queue, r.ask, None);
+                continue;
+            };
+            let purpose = Purpose::Relayed { queue, ask: r.ask };
+            if self
+                .enqueue(host, Call::new(rule, r.call, purpose, now))
+                .is_err()
+            {
+                self.answers.add(queue, r.ask, None);
+            }
+        }
+    }
+
+    /// The answer to a check relayed here (its reply, or the failure of its call): the outcome
+    /// goes back to the worker that relayed it, at the end of this event.
+    pub(in crate::engine) fn relayed_answer(
+        &mut self,
+        host: &mut dyn Host,
+        c: &Call,
+        (queue, ask): (u32, u64),
+        reply: Option<&Reply>,
+    ) {
+        let outcome: Option<Outcome> =
+            reply.map(|r| self.reply_outcome(host, &c.rule, &c.call, r, c.sent_ms));
+        self.answers.add(queue, ask, outcome);
+    }
+
+    /// A relayed check the collector did not answer in time: its failure mode, and the
+    /// collector is forgotten (this worker sends its next batch itself).
+    pub(super) fn relay_lost(&mut self, host: &mut dyn Host, f: Forwarded, now: u64) {
+        let _ = Collector::new(host.store(), &self.plugin.ns).release(f.leader);
+        self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now);
+        if eligible(&f.call) {
+            self.chain_next(host, &f.call.key, now);
+        }
+    }
+
+    /// A flight of the open batch went out: this worker collects the proxy's checks, if no
+    /// other worker does.
+    pub(in crate::engine) fn collect(&mut self, host: &mut dyn Host) {
+        if self.collecting {
+            return;
+        }
+        if let Some(me) = self.chains.lane() {
+            let claimed = Collector::new(host.store(), &self.plugin.ns).claim(me);
+            self.collecting = claimed.unwrap_or(false);
+        }
+    }
+
+    /// No flight of the open batch is out any more: the other workers send their own.
+    pub(in crate::engine) fn stop_collecting(&mut self, host: &mut dyn Host) {
+        if !self.collecting || self.calls.batched_out() {
+            return;
+        }
+        self.collecting = false;
+        if let Some(me) = self.chains.lane() {
+            let _ = Collector::new(host.store(), &self.plugin.ns).release(me);
+        }
+    }
+}

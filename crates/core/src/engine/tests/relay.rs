@@ -1,0 +1,134 @@
+//! Batching across a proxy's workers: while one worker (the collector) has a flight of its open
+//! batch out, another worker's exact checks ride the collector's next flight instead of a flight
+//! of their own, and come back as answers on its queue; each is decided by its own worker (its
+//! rule, its failure mode); one the collector never answers gets its failure mode after its
+//! patience, never a second call.
+
+use super::batch::{batch_answer, part, BATCHED, CLOSED};
+use super::*;
+use crate::shared::collect::Collector;
+
+/// The bucket keys a backend request carries (its key segments, still encoded).
+fn keys_of(body: &str) -> usize {
+    body.split('/').nth(2).unwrap().parse().unwrap()
+}
+
+/// Two workers of one proxy (queues 1 and 2), configured by `top`; worker 1 has a flight out
+/// (token 1, user "a", context 10), so it collects.
+fn collecting(top: &str) -> (Worker, Worker, Fake) {
+    let (mut w1, mut w2) = (engine(top, EXACT), engine(top, EXACT));
+    let mut h = Fake::default();
+    for (q, w) in [(1, &mut w1.0), (2, &mut w2.0)] {
+        h.queues.insert(q, Default::default());
+        w.set_queue(q);
+    }
+    w1.0.request_headers(&mut h, 10.into(), &user("a"));
+    assert_eq!(h.sent.len(), 1);
+    assert_eq!(collector(&w1.0, &h), Some(1), "worker 1 collects");
+    (w1, w2, h)
+}
+
+fn collector(e: &Engine, h: &Fake) -> Option<u32> {
+    Collector::new(&*h.store, &e.plugin.ns).get()
+}
+
+#[test]
+fn another_workers_checks_ride_the_collectors_next_flight_and_are_decided_at_home() {
+    let ((mut w1, rec1), (mut w2, rec2), mut h) = collecting(BATCHED);
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    w2.request_headers(&mut h, 21.into(), &user("c"));
+    assert_eq!(h.sent.len(), 1, "worker 2 sent no flight of its own");
+    ready(&mut w1, &mut h, 1);
+    assert_eq!(h.sent.len(), 1, "they wait for worker 1's flight out");
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.resumed, [10]);
+    assert_eq!(h.sent.len(), 2, "the answer sends what gathered");
+    assert_eq!(keys_of(&h.sent[1]), 2, "{}", h.sent[1]);
+    let b = batch_answer(&[part(true, 19, 0), part(false, 0, 300)]);
+    deliver(&mut w1, &mut h, 2, 200, &b);
+    assert_eq!(h.resumed, [10], "worker 2's checks are decided by worker 2");
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(h.resumed, [10, 20]);
+    assert_eq!(h.status_of(21), Some(429));
+    assert_eq!(rec2.get(0, Counter::Allowed), 1);
+    assert_eq!(rec2.get(0, Counter::Denied), 1);
+    assert_eq!(
+        rec1.get(0, Counter::BackendCalls),
+        3,
+        "counted once, by the worker that sent them"
+    );
+    assert_eq!(rec2.get(0, Counter::BackendCalls), 0);
+    assert_eq!(rec2.get(0, Counter::Relayed), 2);
+    assert_eq!(collector(&w1, &h), None, "no flight out: nobody collects");
+    // Idle now: worker 2's next check leaves at once, in a flight of its own.
+    w2.request_headers(&mut h, 22.into(), &user("d"));
+    assert_eq!(h.sent.len(), 3);
+    assert_eq!(collector(&w2, &h), Some(2));
+}
+
+#[test]
+fn a_relayed_check_whose_flight_fails_gets_its_own_workers_failure_mode() {
+    let ((mut w1, _), (mut w2, rec2), mut h) = collecting(CLOSED);
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    ready(&mut w1, &mut h, 1);
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    deliver(&mut w1, &mut h, 2, 503, b"");
+    assert!(h.responded.is_empty(), "decided at home");
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(h.status_of(20), Some(503), "failure_mode closed");
+    assert_eq!(rec2.get(0, Counter::Allowed), 0);
+}
+
+#[test]
+fn a_check_relayed_to_a_silent_collector_gets_its_failure_mode_and_the_collector_is_forgotten() {
+    let ((_w1, _), (mut w2, _), mut h) = collecting(CLOSED);
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    assert_eq!(h.sent.len(), 1);
+    let patience = 2 * w2.plugin.config.backend.timeout_ms;
+    assert_eq!(h.tick, patience, "the tick watches the collector's answer");
+    h.now += patience;
+    w2.tick(&mut h);
+    assert_eq!(
+        h.status_of(20),
+        Some(503),
+        "its failure mode, not a second call"
+    );
+    assert_eq!(h.sent.len(), 1);
+    assert_eq!(collector(&w2, &h), None, "the collector is forgotten");
+    w2.request_headers(&mut h, 21.into(), &user("c"));
+    assert_eq!(h.sent.len(), 2, "worker 2 sends its own flight");
+}
+
+#[test]
+fn a_key_whose_relayed_call_is_out_queues_its_next_check_until_the_answer() {
+    let ((mut w1, _), (mut w2, _), mut h) = collecting(BATCHED);
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    w2.request_headers(&mut h, 21.into(), &user("b"));
+    ready(&mut w1, &mut h, 1);
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(keys_of(&h.sent[1]), 1, "one call for b: 21 waits behind it");
+    deliver(&mut w1, &mut h, 2, 200, &answer(true, 18, 0, 100, 1));
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(h.resumed, [10, 20]);
+    // 21 goes with the answer (the key's chain goes on): worker 1 collects no more, so in
+    // worker 2's own flight.
+    assert_eq!(h.sent.len(), 3);
+    deliver(&mut w2, &mut h, 3, 200, &answer(true, 17, 0, 100, 1));
+    assert_eq!(h.resumed, [10, 20, 21]);
+}
+
+#[test]
+fn one_call_per_flight_relays_nothing() {
+    let ((_w1, _), (mut w2, _), mut h) = collecting(r#""backend":{"batch_max_keys":1},"#);
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    assert_eq!(h.sent.len(), 2, "worker 2 sends its own call");
+}
+
+#[test]
+fn an_engine_replaced_while_it_collects_is_forgotten_as_the_collector() {
+    let ((mut w1, _), (_w2, _), mut h) = collecting(BATCHED);
+    let pending = w1.hand_over(true);
+    let (mut next, _) = engine(BATCHED, EXACT);
+    next.adopt(&mut h, pending);
+    assert_eq!(collector(&next, &h), None);
+}
