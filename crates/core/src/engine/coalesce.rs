@@ -21,7 +21,7 @@ mod wire;
 
 use chains::Forwarded;
 pub(super) use chains::{Chains, Waiter};
-pub(super) use wire::Answers;
+pub(super) use wire::{Answers, Told};
 
 use super::calls::{Call, Purpose};
 use super::decision::By;
@@ -241,8 +241,9 @@ impl Engine {
     /// A message on queue `queue`, one this worker's root registered: a check another worker sent
     /// here, or answers to checks sent from here. The host calls this once per message put on the
     /// queue, so one is taken. `queue` is the host's word, not `lane`: after a reconfiguration
-    /// in the same VM (a new engine, a new queue) messages sent to the old queue still come here,
-    /// and are served (an answer meant for the old engine finds no check and is dropped).
+    /// in the same VM (a new engine, a new queue) messages sent to the old queue still come here:
+    /// checks are served, answers are dropped (they are the old engine's, whose asks were
+    /// numbered like this engine's).
     pub fn queue_ready(&mut self, host: &mut dyn Host, queue: u32) {
         let Some(message) = host.dequeue(queue) else {
             return;
@@ -255,10 +256,10 @@ impl Engine {
                 Some((queue, checks)) => self.take_relay(host, queue, checks, now),
                 None => log::warn!("tollgate: unreadable message between workers"),
             }
-        } else {
+        } else if self.chains.lane().is_none_or(|lane| lane == queue) {
             for line in message.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                 match wire::parse_answer(line) {
-                    Some((ask, outcome)) => self.answered(host, ask, outcome, now),
+                    Some((ask, told)) => self.answered(host, ask, told, now),
                     None => log::warn!("tollgate: unreadable message between workers"),
                 }
             }
@@ -287,19 +288,23 @@ impl Engine {
     }
 
     /// The leader's answer to check `ask` (None: its call failed).
-    fn answered(&mut self, host: &mut dyn Host, ask: u64, outcome: Option<Outcome>, now: u64) {
+    fn answered(&mut self, host: &mut dyn Host, ask: u64, told: Told, now: u64) {
         let Some(f) = self.chains.answered(ask) else {
             return;
         };
-        match outcome {
+        match told {
             // The leader's call answered it, after another rule refused its request or the
             // request left: the token it took goes back.
-            Some(o) if !self.requests.is_waiting(f.ctx, f.check) => {
+            Told::Decided(o) if !self.requests.is_waiting(f.ctx, f.check) => {
                 self.refund_late(host, (&f.rule, &f.call), (o, By::Redis), f.call.cost);
             }
             // The leader's call answered it.
-            Some(o) => self.settle(host, f.ctx, f.check, (o, By::Redis)),
-            None => self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now),
+            Told::Decided(o) => self.settle(host, f.ctx, f.check, (o, By::Redis)),
+            // Nothing ran for it: its own call goes now (and carries on its key's chain).
+            Told::NotTaken if f.relayed => return self.send_own(host, f, now),
+            Told::Failed | Told::NotTaken => {
+                self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now);
+            }
         }
         if f.relayed && eligible(&f.call) {
             // The call this check's key waited for is over.

@@ -10,6 +10,7 @@
 //! batch.
 
 use super::calls::{Call, Flight, Purpose};
+use super::coalesce::Told;
 use super::host::Host;
 use super::ids::Token;
 use super::usage::Flush;
@@ -33,6 +34,10 @@ pub struct Pending {
     /// The outgoing engine's queue, if it was the proxy's collector: the next engine unnames it
     /// (no flight of it will be answered by the old engine).
     collector: Option<u32>,
+    /// What the checks other workers relayed to the outgoing engine are told: not taken if they
+    /// were waiting in its open batch (their workers send them), failed if their flight was out
+    /// (it may have run). (queue, ask, told)
+    told: Vec<(u32, u64, Told)>,
 }
 
 /// A flight in flight with the settlements it carries.
@@ -54,6 +59,7 @@ impl Pending {
             && self.calls.is_empty()
             && self.open.is_empty()
             && self.collector.is_none()
+            && self.told.is_empty()
     }
 
     /// Settlements scheduled or in flight (for tests and logs).
@@ -107,10 +113,18 @@ impl Engine {
         } else {
             Vec::new()
         };
+        let relayed = |c: &Call, told| match c.purpose {
+            Purpose::Relayed { queue, ask } => Some((queue, ask, told)),
+            _ => None,
+        };
+        let in_flights = self.calls.flights().flat_map(|(_, f)| &f.calls);
+        let mut told: Vec<_> = in_flights
+            .filter_map(|(_, c)| relayed(c, Told::Failed))
+            .collect();
+        let waiting = self.open.take();
+        told.extend(waiting.iter().filter_map(|c| relayed(c, Told::NotTaken)));
         // Not sent yet: any engine of the namespace can send them.
-        let open = self
-            .open
-            .take()
+        let open = waiting
             .into_iter()
             .filter(|c| c.call.settle != 0)
             .map(|c| (c.rule.name.clone(), settlement_of(&c.call)))
@@ -121,6 +135,7 @@ impl Engine {
             calls,
             open,
             collector: self.chains.lane().filter(|_| self.collecting),
+            told,
         }
     }
 
@@ -131,7 +146,11 @@ impl Engine {
         if let Some(queue) = pending.collector.take() {
             let _ = Collector::new(host.store(), &pending.ns).release(queue);
         }
+        for (queue, ask, told) in pending.told.drain(..) {
+            self.answers.tell(queue, ask, told);
+        }
         if pending.ns != self.plugin.ns {
+            std::mem::take(&mut self.answers).send(host);
             return pending;
         }
         let rules = self.plugin.rules().clone();

@@ -3,8 +3,10 @@
 //! flights of their own.
 //!
 //! Invariant: the record is only a hint. A worker names itself only when no worker is named and
-//! unnames only itself; whoever receives a relayed check serves it (sends its open batch when no
-//! flight of its own is out), so a stale record costs a detour, never a check.
+//! unnames only itself (or a collector that never answered); whoever receives a relayed check
+//! serves it (sends its open batch when no flight of its own is out) or says it did not take it,
+//! so a stale record costs a detour. Only a collector whose VM is gone costs checks: those relayed
+//! to it before its silence is noticed get their failure mode.
 
 use super::{read_u64, update, write_u64s, Change, Store, StoreError};
 

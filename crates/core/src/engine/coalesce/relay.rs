@@ -16,10 +16,16 @@ use super::super::host::Host;
 use super::super::verdict::Outcome;
 use super::super::Engine;
 use super::chains::Forwarded;
-use super::{eligible, wire};
+use super::eligible;
+use super::wire::{self, Told};
 use crate::backend::{BackendError, Reply};
 use crate::metrics::{Counter, Metrics};
 use crate::shared::collect::Collector;
+
+/// How many backend timeouts a relayed check waits for its answer: the collector's flight out
+/// and then its own, each at most four (the flight, the NOSCRIPT resend, and a Redis Cluster's
+/// resend by slot and then key by key). Past that its call is taken as lost.
+const RELAY_PATIENCE_TIMEOUTS: u64 = 8;
 
 /// Whether `c` may ride another worker's flight: a check's own call with nothing to settle and
 /// no lease, whose key fits on one line of a message.
@@ -62,7 +68,13 @@ impl Engine {
             let _ = Collector::new(host.store(), &self.plugin.ns).release(to);
             return calls;
         }
-        let due = now.saturating_add(self.plugin.patience_ms());
+        let due = now.saturating_add(
+            self.plugin
+                .config
+                .backend
+                .timeout_ms
+                .saturating_mul(RELAY_PATIENCE_TIMEOUTS),
+        );
         let mut kept = Vec::new();
         for c in calls {
             match c.purpose {
@@ -86,8 +98,9 @@ impl Engine {
     }
 
     /// Checks another worker relayed here: each joins this worker's open batch, its answer going
-    /// to `queue`. One whose rule this configuration lacks, or that cannot go out, is answered
-    /// failed at once.
+    /// to `queue`. One whose rule this configuration lacks (another configuration's worker), or
+    /// that finds this worker at `max_inflight`, is not taken: nothing ran for it, so its own
+    /// worker sends it.
     pub(in crate::engine) fn take_relay(
         &mut self,
         host: &mut dyn Host,
@@ -97,7 +110,7 @@ impl Engine {
     ) {
         for r in checks {
             let Some(rule) = self.plugin.rules().get(r.rule).cloned() else {
-                self.answers.add(queue, r.ask, None);
+                self.answers.tell(queue, r.ask, Told::NotTaken);
                 continue;
             };
             let purpose = Purpose::Relayed { queue, ask: r.ask };
@@ -105,7 +118,7 @@ impl Engine {
                 .enqueue(host, Call::new(rule, r.call, purpose, now))
                 .is_err()
             {
-                self.answers.add(queue, r.ask, None);
+                self.answers.tell(queue, r.ask, Told::NotTaken);
             }
         }
     }
@@ -122,6 +135,21 @@ impl Engine {
         let outcome: Option<Outcome> =
             reply.map(|r| self.reply_outcome(host, &c.rule, &c.call, r, c.sent_ms));
         self.answers.add(queue, ask, outcome);
+    }
+
+    /// A check the collector did not take: it goes in a flight of this worker's own, now.
+    pub(super) fn send_own(&mut self, host: &mut dyn Host, f: Forwarded, now: u64) {
+        let (ctx, check) = (f.ctx, f.check);
+        if self.requests.is_waiting(ctx, check) {
+            let own = Call::new(f.rule, f.call.clone(), Purpose::Check { ctx, check }, now);
+            match self.send(host, own) {
+                Ok(()) => return,
+                Err((e, _)) => self.fail_check(host, ctx, check, &e, now),
+            }
+        }
+        if eligible(&f.call) {
+            self.chain_next(host, &f.call.key, now);
+        }
     }
 
     /// A relayed check the collector did not answer in time: its failure mode, and the

@@ -166,20 +166,33 @@ fn parse_relayed(line: &[u8]) -> Option<Relayed> {
     })
 }
 
+/// What a worker answers for a check another worker sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Told {
+    /// The check's call was answered: this is its outcome.
+    Decided(Outcome),
+    /// The call failed (it may have run): the asking worker applies its failure mode.
+    Failed,
+    /// Not taken: no call was made for it (the receiver had no room or no such rule), so the
+    /// asking worker sends it itself.
+    NotTaken,
+}
+
 /// One answer line: `r <ask> a <remaining> <reset_ms>` (admitted), `r <ask> w <delay_ms>
-/// <reset_ms>` (admitted on a reservation), `r <ask> d <retry_ms>` (denied) or `r <ask> f` (the
-/// call failed: the asking worker applies its failure mode).
-fn push_answer(out: &mut Vec<u8>, ask: u64, outcome: Option<Outcome>) {
+/// <reset_ms>` (admitted on a reservation), `r <ask> d <retry_ms>` (denied), `r <ask> f` (the
+/// call failed) or `r <ask> n` (not taken).
+fn push_answer(out: &mut Vec<u8>, ask: u64, told: Told) {
     out.extend_from_slice(b"r ");
     decimal::push_bytes(out, ask);
-    let (kind, nums): (&[u8], &[u64]) = match &outcome {
-        Some(Outcome::Allowed {
+    let (kind, nums): (&[u8], &[u64]) = match &told {
+        Told::Decided(Outcome::Allowed {
             remaining,
             reset_ms,
         }) => (b" a", &[*remaining, *reset_ms]),
-        Some(Outcome::Reserved { delay_ms, reset_ms }) => (b" w", &[*delay_ms, *reset_ms]),
-        Some(Outcome::Denied { retry_ms }) => (b" d", &[*retry_ms]),
-        _ => (b" f", &[]),
+        Told::Decided(Outcome::Reserved { delay_ms, reset_ms }) => (b" w", &[*delay_ms, *reset_ms]),
+        Told::Decided(Outcome::Denied { retry_ms }) => (b" d", &[*retry_ms]),
+        Told::NotTaken => (b" n", &[]),
+        Told::Decided(Outcome::FailOpen | Outcome::FailClosed) | Told::Failed => (b" f", &[]),
     };
     out.extend_from_slice(kind);
     for n in nums {
@@ -189,25 +202,26 @@ fn push_answer(out: &mut Vec<u8>, ask: u64, outcome: Option<Outcome>) {
     out.push(b'\n');
 }
 
-/// An answer line: the ask and its outcome (None: the call failed).
-pub fn parse_answer(line: &[u8]) -> Option<(u64, Option<Outcome>)> {
+/// An answer line: the ask and what it was told.
+pub fn parse_answer(line: &[u8]) -> Option<(u64, Told)> {
     let mut parts = std::str::from_utf8(line.strip_prefix(b"r ")?)
         .ok()?
         .split(' ');
     let ask = parts.next()?.parse().ok()?;
     let kind = parts.next()?;
     let nums: Vec<u64> = parts.map(|p| p.parse().ok()).collect::<Option<_>>()?;
-    let outcome = match (kind, nums.as_slice()) {
-        ("a", &[remaining, reset_ms]) => Some(Outcome::Allowed {
+    let told = match (kind, nums.as_slice()) {
+        ("a", &[remaining, reset_ms]) => Told::Decided(Outcome::Allowed {
             remaining,
             reset_ms,
         }),
-        ("w", &[delay_ms, reset_ms]) => Some(Outcome::Reserved { delay_ms, reset_ms }),
-        ("d", &[retry_ms]) => Some(Outcome::Denied { retry_ms }),
-        ("f", []) => None,
+        ("w", &[delay_ms, reset_ms]) => Told::Decided(Outcome::Reserved { delay_ms, reset_ms }),
+        ("d", &[retry_ms]) => Told::Decided(Outcome::Denied { retry_ms }),
+        ("f", []) => Told::Failed,
+        ("n", []) => Told::NotTaken,
         _ => return None,
     };
-    Some((ask, outcome))
+    Some((ask, told))
 }
 
 /// Answers to other workers' checks, one message per worker.
@@ -217,6 +231,11 @@ pub struct Answers(Vec<(u32, Vec<u8>)>);
 impl Answers {
     /// The answer to check `ask` of the worker on `queue` (None: its call failed).
     pub fn add(&mut self, queue: u32, ask: u64, outcome: Option<Outcome>) {
+        self.tell(queue, ask, outcome.map_or(Told::Failed, Told::Decided));
+    }
+
+    /// What check `ask` of the worker on `queue` is told.
+    pub fn tell(&mut self, queue: u32, ask: u64, told: Told) {
         let at = match self.0.iter().position(|(q, _)| *q == queue) {
             Some(at) => at,
             None => {
@@ -225,7 +244,7 @@ impl Answers {
             }
         };
         if let Some((_, message)) = self.0.get_mut(at) {
-            push_answer(message, ask, outcome);
+            push_answer(message, ask, told);
         }
     }
 
@@ -265,9 +284,14 @@ mod tests {
             remaining: 5,
             reset_ms: 900,
         };
-        push_answer(&mut out, 1, Some(allowed));
-        push_answer(&mut out, 2, Some(Outcome::Denied { retry_ms: 100 }));
-        push_answer(&mut out, 3, None);
+        push_answer(&mut out, 1, Told::Decided(allowed));
+        push_answer(
+            &mut out,
+            2,
+            Told::Decided(Outcome::Denied { retry_ms: 100 }),
+        );
+        push_answer(&mut out, 3, Told::Failed);
+        push_answer(&mut out, 4, Told::NotTaken);
         let lines: Vec<_> = out
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
@@ -276,9 +300,10 @@ mod tests {
         assert_eq!(
             lines,
             [
-                Some((1, Some(allowed))),
-                Some((2, Some(Outcome::Denied { retry_ms: 100 }))),
-                Some((3, None)),
+                Some((1, Told::Decided(allowed))),
+                Some((2, Told::Decided(Outcome::Denied { retry_ms: 100 }))),
+                Some((3, Told::Failed)),
+                Some((4, Told::NotTaken)),
             ]
         );
         assert_eq!(parse_answer(b"r 1 a 5"), None);
@@ -288,10 +313,10 @@ mod tests {
             reset_ms: 900,
         };
         let mut out = Vec::new();
-        push_answer(&mut out, 4, Some(reserved));
+        push_answer(&mut out, 4, Told::Decided(reserved));
         assert_eq!(
             parse_answer(out.trim_ascii_end()),
-            Some((4, Some(reserved)))
+            Some((4, Told::Decided(reserved)))
         );
     }
 

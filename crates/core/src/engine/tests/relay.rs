@@ -84,7 +84,8 @@ fn a_check_relayed_to_a_silent_collector_gets_its_failure_mode_and_the_collector
     let ((_w1, _), (mut w2, _), mut h) = collecting(CLOSED);
     w2.request_headers(&mut h, 20.into(), &user("b"));
     assert_eq!(h.sent.len(), 1);
-    let patience = 2 * w2.plugin.config.backend.timeout_ms;
+    // The collector's flight out and its own, each with a NOSCRIPT and two Cluster resends.
+    let patience = 8 * w2.plugin.config.backend.timeout_ms;
     assert_eq!(h.tick, patience, "the tick watches the collector's answer");
     h.now += patience;
     w2.tick(&mut h);
@@ -131,4 +132,124 @@ fn an_engine_replaced_while_it_collects_is_forgotten_as_the_collector() {
     let (mut next, _) = engine(BATCHED, EXACT);
     next.adopt(&mut h, pending);
     assert_eq!(collector(&next, &h), None);
+}
+
+// ----- found by review: a relayed check is handled as its own worker would handle it -----
+
+#[test]
+fn a_collector_at_max_inflight_does_not_take_a_relayed_check_and_its_worker_sends_it() {
+    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"max_inflight":1},"#;
+    let ((mut w1, _), (mut w2, rec2), mut h) = collecting(top);
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    ready(&mut w1, &mut h, 1);
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(
+        h.status_of(20),
+        None,
+        "not the failure mode: worker 2 had room"
+    );
+    assert_eq!(h.sent.len(), 2, "worker 2 sent it in a flight of its own");
+    deliver(&mut w2, &mut h, 2, 200, &answer(true, 5, 0, 100, 1));
+    assert_eq!(h.resumed, [20]);
+    assert_eq!(rec2.get(0, Counter::InflightRejected), 0);
+}
+
+#[test]
+fn a_relayed_check_waits_out_the_collectors_slow_but_healthy_path() {
+    // failure_mode open: giving up early would admit what Redis denies.
+    let top = r#""failure_mode":"open","backend":{"batch_max_keys":32},"#;
+    let ((mut w1, _), (mut w2, _), mut h) = collecting(top);
+    let t = w1.plugin.config.backend.timeout_ms;
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    ready(&mut w1, &mut h, 1);
+    h.now = t - 1;
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    h.now = 2 * t - 2;
+    deliver(&mut w1, &mut h, 2, 200, NOSCRIPT);
+    assert_eq!(h.sent.len(), 3, "sent again with the script");
+    h.now = 3 * t - 3;
+    w2.tick(&mut h);
+    assert_eq!(h.resumed, [10], "20 still waits");
+    assert_eq!(h.status_of(20), None);
+    deliver(&mut w1, &mut h, 3, 200, &answer(false, 0, 300, 1000, 0));
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(h.status_of(20), Some(429), "Redis' denial");
+}
+
+#[test]
+fn an_answer_meant_for_a_replaced_engine_decides_nothing_of_the_new_one() {
+    let ((mut w1, _), (mut old, _), mut h) = collecting(BATCHED);
+    old.request_headers(&mut h, 20.into(), &user("b"));
+    let pending = old.hand_over(true);
+    // The root is configured again: a new engine with a new queue, numbering its asks afresh.
+    let (mut new, _) = engine(BATCHED, EXACT);
+    h.queues.insert(3, Default::default());
+    new.set_queue(3);
+    new.adopt(&mut h, pending);
+    new.request_headers(&mut h, 30.into(), &user("c"));
+    ready(&mut w1, &mut h, 1);
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    let b = batch_answer(&[part(true, 19, 0), part(false, 0, 300)]);
+    deliver(&mut w1, &mut h, 2, 200, &b);
+    // Both queues come to the root, so to the new engine: b's answer (old queue) is dropped.
+    ready(&mut new, &mut h, 2);
+    ready(&mut new, &mut h, 3);
+    assert_eq!(
+        h.status_of(30),
+        Some(429),
+        "c's own answer: {:?}",
+        h.resumed
+    );
+}
+
+#[test]
+fn a_relayed_check_of_a_rule_the_collector_lacks_is_sent_by_its_worker() {
+    // A rollout: the relaying worker has a rule the collector's configuration has not.
+    let two =
+        format!(r#"{EXACT},{{"name":"per-user-2","key":["header:x-user"],"rate":5,"burst":5}}"#);
+    let ((mut w1, _), _, mut h) = collecting(CLOSED);
+    let (mut w2, _) = engine(CLOSED, &two);
+    w2.set_queue(2);
+    h.queues.insert(2, Default::default());
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    ready(&mut w1, &mut h, 1);
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(h.status_of(20), None, "not the failure mode");
+    let own = h.sent.last().unwrap();
+    assert_eq!(
+        keys_of(own),
+        1,
+        "its second rule's check, in worker 2's own flight: {own}"
+    );
+}
+
+#[test]
+fn relayed_checks_in_a_replaced_collector_are_sent_by_their_workers_or_failed_if_out() {
+    let ((mut w1, _), (mut w2, _), mut h) = collecting(CLOSED);
+    w2.request_headers(&mut h, 20.into(), &user("b"));
+    ready(&mut w1, &mut h, 1);
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.sent.len(), 2, "b's call is out in worker 1's flight");
+    w2.request_headers(&mut h, 21.into(), &user("c"));
+    ready(&mut w1, &mut h, 1);
+    let pending = w1.hand_over(true);
+    let (mut next, _) = engine(CLOSED, EXACT);
+    next.set_queue(1);
+    next.adopt(&mut h, pending);
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(
+        h.status_of(20),
+        Some(503),
+        "out when replaced: it may have run"
+    );
+    assert_eq!(h.status_of(21), None, "c never went out: worker 2 sends it");
+    assert_eq!(h.sent.len(), 3);
+    assert!(h.sent[2].contains(&keys_in_body(&w2, "c")), "{}", h.sent[2]);
+}
+
+/// The encoded bucket key of user `u` (as a backend request carries it).
+fn keys_in_body(e: &Engine, u: &str) -> String {
+    let mut out = Vec::new();
+    crate::backend::webdis::encode_segment(lease_key(e, u).as_bytes(), &mut out);
+    String::from_utf8(out).unwrap()
 }
