@@ -118,11 +118,14 @@ crates/core/src/bucket.rs is the Rust model of this script (`take_batch` of the 
 tests/model.rs checks they agree bit for bit.
 ]]
 
+-- Every function below is created once per run (Redis runs this chunk on each call), none per key:
+-- a key's step calls them with explicit parameters instead of closing over its locals.
 local MAX_EXACT = 9007199254740992 -- 2^53
+local floor = math.floor
 
 -- Exact floor division of non-negative integers a, b (b >= 1).
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -135,13 +138,14 @@ local function ceil_div(a, b)
   return idiv(a + b - 1, b)
 end
 
--- A decimal integer in [min, 2^53], or nil.
+-- A decimal integer in [min, 2^53], or nil. Digits only, so tonumber reads it as the integer it
+-- spells (rounded above 2^53, where it is refused anyway).
 local function int_arg(s, min)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') or string.len(s) > 16 then
+  if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%d+$') then
     return nil
   end
   local n = tonumber(s)
-  if n == nil or n < min or n > MAX_EXACT or n ~= math.floor(n) then
+  if n < min or n > MAX_EXACT then
     return nil
   end
   return n
@@ -162,10 +166,39 @@ local function redis_time()
   return tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
 
--- One atomic step of the bucket at `key`, given the single form's ARGV as `argv`; `now_or_nil` is
--- the clock when argv[8] gives none (nil: Redis' TIME, read here). Returns the reply, or nil and
--- the name of the bad argument: every argument is checked before anything is written.
-local function step(key, argv, now_or_nil)
+-- Refills a bucket holding u units, refilled up to t, by whole steps up to `to` (t keeps the
+-- remainder, so there is no drift), never past cap (what it can hold). Returns the new u and t.
+local function refill(u, t, to, cap, rate, step_us)
+  local elapsed = idiv(to - t, step_us)
+  if elapsed > 0 then
+    local to_full = ceil_div(cap - u, rate)
+    if elapsed >= to_full then
+      return cap, to
+    end
+    return u + elapsed * rate, t + elapsed * step_us
+  end
+  return u, t
+end
+
+-- Once refilled to now, `since_ms` (now - t in whole ms) after the last refill point: ms from now
+-- until `units` more units have refilled, rounded up (the refill comes at whole steps after t),
+-- saturated at 2^53 ms.
+local function wait_for(units, rate, step_ms, since_ms)
+  if units <= 0 then
+    return 0
+  end
+  local steps = ceil_div(units, rate)
+  if steps > idiv(MAX_EXACT, step_ms) then
+    return MAX_EXACT
+  end
+  return steps * step_ms - since_ms
+end
+
+-- One atomic step of the bucket at `key`, given the single form's ARGV[1..9] as a1..a9 (nil when
+-- absent); `now_or_nil` is the clock when a8 gives none (nil: Redis' TIME, read here). Returns the
+-- reply's five integers (six with a penalty), or nil and the name of the bad argument: every
+-- argument is checked before anything is written.
+local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- The limits are locals of step, not of the chunk: each local of the chunk that step uses is
   -- one more upvalue to allocate on every run.
   local MAX_FULL = 1125899906842624 -- 2^50
@@ -184,78 +217,87 @@ local function step(key, argv, now_or_nil)
   if key == nil then
     return nil, 'key'
   end
-  local burst = int_arg(argv[1], 1)
+  local burst = int_arg(a1, 1)
   if burst == nil then return nil, 'burst' end
-  local rate = int_arg(argv[2], 1)
+  local rate = int_arg(a2, 1)
   if rate == nil or rate > MAX_RATE then return nil, 'rate' end
-  local period_ms = int_arg(argv[3], 1)
+  local period_ms = int_arg(a3, 1)
   if period_ms == nil then return nil, 'period_ms' end
   -- The refill step: 1 ms when burst*period_ms fits in 2^50 units; else whole seconds, else whole
-  -- minutes, when period_ms is a multiple of them and burst*(period_ms/step_ms) fits.
-  local step_ms = nil
-  for _, s in ipairs({ 1, 1000, 60000 }) do
-    if step_ms == nil and period_ms % s == 0 and burst <= idiv(MAX_FULL, period_ms / s) then
-      step_ms = s
-    end
+  -- minutes, when period_ms is a multiple of them and burst*(period_ms/step_ms) fits. (A product
+  -- past 2^53 rounds to at least 2^53, so comparing it with 2^50 is exact.)
+  local step_ms
+  if burst * period_ms <= MAX_FULL then
+    step_ms = 1
+  elseif period_ms % 1000 == 0 and burst * (period_ms / 1000) <= MAX_FULL then
+    step_ms = 1000
+  elseif period_ms % 60000 == 0 and burst * (period_ms / 60000) <= MAX_FULL then
+    step_ms = 60000
+  else
+    return nil, 'burst*period_ms'
   end
-  if step_ms == nil then return nil, 'burst*period_ms' end
   -- Units per token: the bucket gains `rate` units per whole step.
   local per_token = period_ms / step_ms
   local step_us = step_ms * 1000
-  local cost = int_arg(argv[4], 0)
+  local cost = int_arg(a4, 0)
   if cost == nil then return nil, 'cost' end
 
-  -- The lease: a plain want, or want:holder:seq:hold_ms and one to eight held:quiet_ms steps.
-  local lease_want, holder, seq, hold_ms
-  local steps = {}
-  local lease = argv[5]
+  -- The lease: "0" (exact mode, the common case: nothing to parse), a plain want, or
+  -- want:holder:seq:hold_ms and one to eight held:quiet_ms steps.
+  local lease_want, holder, seq, hold_ms, steps = 0, nil, nil, nil, nil
+  local lease = a5
   -- An operator's operation instead of a lease: no take, no holder, no settlement.
   local op, credit
-  if lease == 'reset' then
-    op = 'reset'
-  elseif type(lease) == 'string' and string.sub(lease, 1, 7) == 'credit:' then
-    credit = int_arg(string.sub(lease, 8), 1)
-    if credit == nil then return nil, 'credit' end
-    op = 'credit'
+  if lease ~= '0' then
+    if lease == 'reset' then
+      op = 'reset'
+    elseif type(lease) == 'string' and string.sub(lease, 1, 7) == 'credit:' then
+      credit = int_arg(string.sub(lease, 8), 1)
+      if credit == nil then return nil, 'credit' end
+      op = 'credit'
+    end
+    if op ~= nil then
+      if cost ~= 0 then return nil, 'cost' end
+      lease = '0'
+    end
   end
-  if op ~= nil then
-    if cost ~= 0 then return nil, 'cost' end
-    lease = '0'
-  end
-  if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
-      or string.find(lease, '::') or string.find(lease, ':$') then
-    return nil, 'lease'
-  end
-  local parts = {}
-  for d in string.gmatch(lease, '%d+') do
-    parts[#parts + 1] = d
-  end
-  lease_want = int_arg(parts[1], 0)
-  if lease_want == nil then return nil, 'lease' end
-  if #parts > 1 then
-    if #parts < 6 or #parts > 20 or #parts % 2 == 1 then return nil, 'lease' end
-    holder = int_arg(parts[2], 1)
-    seq = int_arg(parts[3], 1)
-    hold_ms = int_arg(parts[4], 0)
-    if holder == nil or seq == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
+  if lease ~= '0' then
+    if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
+        or string.find(lease, '::') or string.find(lease, ':$') then
       return nil, 'lease'
     end
-    for i = 5, #parts, 2 do
-      local held, quiet = int_arg(parts[i], 0), int_arg(parts[i + 1], 0)
-      if held == nil or quiet == nil or quiet > MAX_HOLD_MS then return nil, 'lease' end
-      steps[#steps + 1] = { held, quiet }
+    local parts = {}
+    for d in string.gmatch(lease, '%d+') do
+      parts[#parts + 1] = d
+    end
+    lease_want = int_arg(parts[1], 0)
+    if lease_want == nil then return nil, 'lease' end
+    if #parts > 1 then
+      if #parts < 6 or #parts > 20 or #parts % 2 == 1 then return nil, 'lease' end
+      holder = int_arg(parts[2], 1)
+      seq = int_arg(parts[3], 1)
+      hold_ms = int_arg(parts[4], 0)
+      if holder == nil or seq == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
+        return nil, 'lease'
+      end
+      steps = {}
+      for i = 5, #parts, 2 do
+        local held, quiet = int_arg(parts[i], 0), int_arg(parts[i + 1], 0)
+        if held == nil or quiet == nil or quiet > MAX_HOLD_MS then return nil, 'lease' end
+        steps[#steps + 1] = { held, quiet }
+      end
     end
   end
 
   local max_wait_ms = 0
-  if argv[6] ~= nil then
-    max_wait_ms = int_arg(argv[6], 0)
+  if a6 ~= nil then
+    max_wait_ms = int_arg(a6, 0)
     if max_wait_ms == nil or max_wait_ms > MAX_WAIT_MS then return nil, 'max_wait_ms' end
   end
 
   local settle = 0
-  if argv[7] ~= nil then
-    local magnitude = argv[7]
+  if a7 ~= nil and a7 ~= '0' then
+    local magnitude = a7
     local sign = 1
     if type(magnitude) == 'string' and string.sub(magnitude, 1, 1) == '-' then
       magnitude = string.sub(magnitude, 2)
@@ -268,8 +310,8 @@ local function step(key, argv, now_or_nil)
   end
 
   local now
-  if argv[8] ~= nil and argv[8] ~= 'time' then
-    now = int_arg(argv[8], 0)
+  if a8 ~= nil and a8 ~= 'time' then
+    now = int_arg(a8, 0)
     if now == nil then return nil, 'now' end
   elseif now_or_nil ~= nil then
     now = now_or_nil
@@ -277,10 +319,10 @@ local function step(key, argv, now_or_nil)
     now = redis_time()
   end
 
-  -- The penalty box (argv[9]): window_ms, then 1 to 8 non-decreasing durations.
+  -- The penalty box (a9): window_ms, then 1 to 8 non-decreasing durations.
   local pwindow, pms
-  if argv[9] ~= nil and argv[9] ~= '0' then
-    local arg = argv[9]
+  if a9 ~= nil and a9 ~= '0' then
+    local arg = a9
     if type(arg) ~= 'string' or not string.find(arg, '^%d+:%d[%d:]*$')
         or string.find(arg, '::') or string.find(arg, ':$') then
       return nil, 'penalty'
@@ -307,12 +349,18 @@ local function step(key, argv, now_or_nil)
   local u = tonumber(h[1])
   local t = tonumber(h[2])
   local p = tonumber(h[3])
-  local o = tonumber(h[4]) or 0
-  local k = tonumber(h[5]) or 0
-  local n = tonumber(h[6]) or 0
-  local m = tonumber(h[7]) or 0
+  local o, k, n, m = 0, 0, 0, 0
+  -- Whether any of o, k, n, m is stored (Redis gives false for a missing field): if none is,
+  -- there is nothing for step 5 to delete.
+  local holder_fields = h[4] or h[5] or h[6] or h[7]
+  if holder_fields then
+    o = tonumber(h[4]) or 0
+    k = tonumber(h[5]) or 0
+    n = tonumber(h[6]) or 0
+    m = tonumber(h[7]) or 0
+  end
   if u == nil or t == nil or p == nil or t < 0 or p < 1
-      or u ~= math.floor(u) or t ~= math.floor(t) or p ~= math.floor(p) then
+      or u ~= floor(u) or t ~= floor(t) or p ~= floor(p) then
     u = full
     t = now
   elseif p ~= per_token then
@@ -333,46 +381,9 @@ local function step(key, argv, now_or_nil)
     end
   end
 
-  -- What the bucket can hold: burst less what holders hold (never below 0, so debt always
-  -- refills; only a lowered burst leaves holders holding more than it).
-  local function capacity()
-    return math.max(full - o * per_token, 0)
-  end
-
-  -- Refills by whole steps up to `to` (t keeps the remainder, so there is no drift), never past
-  -- what the bucket can hold.
-  local function refill(to)
-    local elapsed = idiv(to - t, step_us)
-    if elapsed > 0 then
-      local to_full = ceil_div(capacity() - u, rate)
-      if elapsed >= to_full then
-        u = capacity()
-        t = to
-      else
-        u = u + elapsed * rate
-        t = t + elapsed * step_us
-      end
-    end
-  end
-
-  -- Once refilled to now (now - t is less than a step): ms from now until `units` more units have
-  -- refilled, rounded up (the refill comes at whole steps after t), saturated at 2^53 ms.
-  local function wait_for(units)
-    if units <= 0 then
-      return 0
-    end
-    local steps = ceil_div(units, rate)
-    if steps > idiv(MAX_EXACT, step_ms) then
-      return MAX_EXACT
-    end
-    return steps * step_ms - idiv(now - t, 1000)
-  end
-
-  -- Once refilled to now: the units the refill adds by `ms` from now (the whole steps due by then).
-  local function refill_within(ms)
-    return idiv(ms + idiv(now - t, 1000), step_ms) * rate
-  end
-
+  -- What the bucket can hold, `cap` below: burst less what holders hold (never below 0, so debt
+  -- always refills; only a lowered burst leaves holders holding more than it), recomputed
+  -- wherever o changes.
   if now < t then
     t = now -- the clock went back: no refill
   end
@@ -401,20 +412,22 @@ local function step(key, argv, now_or_nil)
         end
       end
     end
-    if u > capacity() then
-      u = capacity()
+    local cap = math.max(full - o * per_token, 0)
+    if u > cap then
+      u = cap
     end
     table.sort(gone, function(x, y) return x[1] < y[1] end)
     for _, g in ipairs(gone) do
       if g[1] > t then
-        refill(g[1])
+        u, t = refill(u, t, g[1], math.max(full - o * per_token, 0), rate, step_us)
       end
       o = o - g[2]
       redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3], 'q' .. g[3])
     end
   end
-  if u > capacity() then
-    u = capacity()
+  local cap = math.max(full - o * per_token, 0)
+  if u > cap then
+    u = cap
   end
 
   -- 2. Refill by whole steps (t keeps the remainder, so there is no drift),
@@ -423,8 +436,10 @@ local function step(key, argv, now_or_nil)
   local held = 0
   local expires = 0
   local last_seq = 0
+  local hid
   if holder ~= nil then
-    local r = redis.call('HMGET', key, 'h' .. fmt(holder), 'e' .. fmt(holder), 'q' .. fmt(holder))
+    hid = fmt(holder)
+    local r = redis.call('HMGET', key, 'h' .. hid, 'e' .. hid, 'q' .. hid)
     held = tonumber(r[1]) or 0
     expires = tonumber(r[2]) or 0
     last_seq = tonumber(r[3]) or 0
@@ -435,52 +450,60 @@ local function step(key, argv, now_or_nil)
     if seq <= last_seq then
       -- A call the proxy sent before one that already ran here: its report is stale (it may not
       -- count a grant the proxy has since deposited).
-      steps = {}
+      steps = nil
     end
   end
 
   -- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms.
-  for _, report in ipairs(steps) do
-    local from = now - report[2] * 1000
-    if from > t then
-      refill(from)
+  if steps ~= nil then
+    for _, report in ipairs(steps) do
+      local from = now - report[2] * 1000
+      if from > t then
+        u, t = refill(u, t, from, math.max(full - o * per_token, 0), rate, step_us)
+      end
+      if report[1] < held then
+        o = o - held + report[1]
+        held = report[1]
+      end
     end
-    if report[1] < held then
-      o = o - held + report[1]
-      held = report[1]
-    end
+    cap = math.max(full - o * per_token, 0)
   end
-  refill(now)
+  u, t = refill(u, t, now, cap, rate, step_us)
+  -- From here on t stays where it is: the whole ms since it, for wait_for.
+  local since_ms = idiv(now - t, 1000)
 
   -- 2b. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
   -- bursts into debt), a refund only raises it (never past what it can hold).
   if settle > 0 then
     u = math.max(u - settle * per_token, math.min(u, -4 * full))
   elseif settle < 0 then
-    u = math.max(u, math.min(u - settle * per_token, capacity()))
+    u = math.max(u, math.min(u - settle * per_token, cap))
   end
 
   -- 2c. An operator's operation (cost is 0: step 3 takes nothing).
   if op == 'reset' then
     -- Tokens reserved by requests still held are out, as leased ones are: at most the debt, and
     -- at most what max_wait_ms of refill repays (no reservation reaches deeper).
-    local reserved = math.min(math.max(-u, 0), refill_within(max_wait_ms))
-    u = math.max(u, capacity() - reserved)
-  elseif op == 'credit' and u < capacity() then
-    if credit >= ceil_div(capacity() - u, per_token) then
-      u = capacity()
+    local reserved = math.min(math.max(-u, 0), idiv(max_wait_ms + since_ms, step_ms) * rate)
+    u = math.max(u, cap - reserved)
+  elseif op == 'credit' and u < cap then
+    if credit >= ceil_div(cap - u, per_token) then
+      u = cap
     else
       u = u + credit * per_token
     end
   end
 
-  -- 2d. The penalty box (only with argv[9]): x boxed until, c offences, w the last offence (us).
+  -- 2d. The penalty box (only with a9): x boxed until, c offences, w the last offence (us).
   local px, pc, pw, penalized = 0, 0, 0, 0
+  -- Whether any of x, c, w is stored: if none is, there is nothing for step 5 to delete.
+  local penalty_fields = false
   if pms ~= nil then
     local r = redis.call('HMGET', key, 'x', 'c', 'w')
+    penalty_fields = r[1] or r[2] or r[3]
     px, pc, pw = tonumber(r[1]) or 0, tonumber(r[2]) or 0, tonumber(r[3]) or 0
-    if px < 0 or pc < 0 or pw < 0 or px ~= math.floor(px) or pc ~= math.floor(pc)
-        or pw ~= math.floor(pw) or pc > MAX_OFFENCES then
+    if px < 0 or pc < 0 or pw < 0 or px ~= floor(px) or pc ~= floor(pc)
+        or pw ~= floor(pw) or pc > MAX_OFFENCES then
       px, pc, pw = 0, 0, 0
     end
   end
@@ -488,6 +511,7 @@ local function step(key, argv, now_or_nil)
     -- The operator lets the key in again: the box and the offences are forgotten.
     redis.call('HDEL', key, 'x', 'c', 'w')
     px, pc, pw = 0, 0, 0
+    penalty_fields = false
   end
 
   -- 3. Decide.
@@ -510,7 +534,7 @@ local function step(key, argv, now_or_nil)
     end
     if want < cost then
       allowed, granted = 0, 0
-      retry_after_ms = wait_for(share * per_token)
+      retry_after_ms = wait_for(share * per_token, rate, step_ms, since_ms)
     elseif u >= want * per_token or (holder == nil and u >= cost * per_token) then
       granted = math.min(want, idiv(u, per_token))
       u = u - granted * per_token
@@ -522,9 +546,10 @@ local function step(key, argv, now_or_nil)
       -- reserves exactly cost.
       local take = cost
       if holder ~= nil then
-        take = math.max(cost, math.min(want, idiv(u + refill_within(max_wait_ms), per_token)))
+        take = math.max(cost, math.min(want,
+          idiv(u + idiv(max_wait_ms + since_ms, step_ms) * rate, per_token)))
       end
-      local wait_ms = wait_for(take * per_token - u)
+      local wait_ms = wait_for(take * per_token - u, rate, step_ms, since_ms)
       if wait_ms <= max_wait_ms then
         u = u - take * per_token
         allowed, granted, retry_after_ms = 1, take, wait_ms
@@ -555,12 +580,13 @@ local function step(key, argv, now_or_nil)
   if holder ~= nil then
     held = held + granted
     o = o + granted
+    cap = math.max(full - o * per_token, 0)
     local until_us = now + (math.max(retry_after_ms, 0) * (allowed) + hold_ms) * 1000
     if until_us > expires then
       expires = until_us
     end
-    redis.call('HSET', key, 'h' .. fmt(holder), fmt(held), 'e' .. fmt(holder), fmt(expires),
-      'q' .. fmt(holder), fmt(math.max(seq, last_seq)))
+    redis.call('HSET', key, 'h' .. hid, fmt(held), 'e' .. hid, fmt(expires),
+      'q' .. hid, fmt(math.max(seq, last_seq)))
     if k == 1 or expires < n then n = expires end
     if expires > m then m = expires end
   end
@@ -570,7 +596,7 @@ local function step(key, argv, now_or_nil)
   if u > 0 then
     remaining = idiv(u, per_token)
   end
-  local reset_after_ms = wait_for(capacity() - u)
+  local reset_after_ms = wait_for(cap - u, rate, step_ms, since_ms)
 
   -- 5. Store: a full bucket with no holders is no key at all, unless it is boxed or remembers an
   -- offence within the window (ms, rounded up).
@@ -583,18 +609,21 @@ local function step(key, argv, now_or_nil)
     redis.call('DEL', key)
   else
     redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(per_token))
-    local ttl_ms = wait_for(full - u)
+    local ttl_ms = reset_after_ms
+    if cap ~= full then
+      ttl_ms = wait_for(full - u, rate, step_ms, since_ms)
+    end
     if k > 0 then
       redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
       -- The bucket stays short of full until its last holder expires, then refills.
       ttl_ms = ttl_ms + ceil_div(m - now, 1000)
-    else
+    elseif holder_fields then
       redis.call('HDEL', key, 'o', 'k', 'n', 'm')
     end
     if pms ~= nil then
       if keep_ms > 0 then
         redis.call('HSET', key, 'x', fmt(px), 'c', fmt(pc), 'w', fmt(pw))
-      else
+      elseif penalty_fields then
         redis.call('HDEL', key, 'x', 'c', 'w')
       end
     end
@@ -609,18 +638,23 @@ local function step(key, argv, now_or_nil)
   end
 
   if pms ~= nil then
-    return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
+    return allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized
   end
-  return { allowed, remaining, retry_after_ms, reset_after_ms, granted }
+  return allowed, remaining, retry_after_ms, reset_after_ms, granted
 end
 
 -- The single form.
 if ARGV[1] ~= 'batch' then
-  local reply, name = step(KEYS[1], ARGV, nil)
-  if reply == nil then
-    return bad(name)
+  local allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized =
+    step(KEYS[1], nil, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
+      ARGV[9])
+  if allowed == nil then
+    return bad(remaining)
   end
-  return reply
+  if penalized ~= nil then
+    return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
+  end
+  return { allowed, remaining, retry_after_ms, reset_after_ms, granted }
 end
 
 -- The batched form: at most this many keys per call.
@@ -653,50 +687,48 @@ end
 
 -- KEYS[1..n], ARGV = { 'batch', c1, <c1 arguments>, c2, <c2 arguments>, ... }: the whole frame
 -- is checked before any step runs, Redis' TIME is read once, then each key's step runs in order
--- and adds six integers to one flat reply.
+-- (on its own slice of ARGV, copied nowhere) and adds six integers to one flat reply.
 local function batch()
   local n = #KEYS
   if n < 1 or n > MAX_BATCH_KEYS then
     return bad('batch')
   end
-  local from, to = {}, {}
   local i = 2
-  for g = 1, n do
+  for _ = 1, n do
     local c = ARGV[i]
-    if type(c) ~= 'string' or not string.find(c, '^[5-9]$') then
+    -- One digit, 5 to 9 (bytes 53 to 57).
+    if type(c) ~= 'string' or #c ~= 1 or string.byte(c) < 53 or string.byte(c) > 57 then
       return bad('batch')
     end
-    from[g], to[g] = i + 1, i + tonumber(c)
-    i = to[g] + 1
+    i = i + string.byte(c) - 47
   end
   if i ~= #ARGV + 1 then
     return bad('batch')
   end
   local now = redis_time()
   local out = {}
+  local at = 0
+  i = 2
   for g = 1, n do
-    local argv = {}
-    for j = from[g], to[g] do
-      argv[#argv + 1] = ARGV[j]
-    end
-    local ok, reply, name = pcall(step, KEYS[g], argv, now)
+    local from = i + 1
+    i = from + string.byte(ARGV[i]) - 48
+    local ok, allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized =
+      pcall(step, KEYS[g], now, unpack(ARGV, from, i - 1))
     if not ok then
-      local e = server_error(reply)
+      local e = server_error(allowed)
       if e ~= nil then
         return redis.error_reply(e)
       end
-      reply, name = nil, nil
+      allowed, remaining = nil, nil
     end
-    local at = #out
-    if reply == nil then
-      out[at + 1], out[at + 2] = -1, CODES[name] or SCRIPT_ERROR
+    if allowed == nil then
+      out[at + 1], out[at + 2] = -1, CODES[remaining] or SCRIPT_ERROR
       out[at + 3], out[at + 4], out[at + 5], out[at + 6] = 0, 0, 0, 0
     else
-      for j = 1, 5 do
-        out[at + j] = reply[j]
-      end
-      out[at + 6] = reply[6] or 0
+      out[at + 1], out[at + 2], out[at + 3] = allowed, remaining, retry_after_ms
+      out[at + 4], out[at + 5], out[at + 6] = reset_after_ms, granted, penalized or 0
     end
+    at = at + 6
   end
   return out
 end
