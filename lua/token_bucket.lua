@@ -119,7 +119,9 @@ tests/model.rs checks they agree bit for bit.
 ]]
 
 -- Every function below is created once per run (Redis runs this chunk on each call), none per key:
--- a key's step calls them with explicit parameters instead of closing over its locals.
+-- a key's step calls them with explicit parameters instead of closing over its locals. Each costs
+-- a closure per run, so the helpers are few, and the ones only the batched form needs come after
+-- the single form returns.
 local MAX_EXACT = 9007199254740992 -- 2^53
 local floor = math.floor
 
@@ -139,9 +141,10 @@ local function ceil_div(a, b)
 end
 
 -- A decimal integer in [min, 2^53], or nil. Digits only, so tonumber reads it as the integer it
--- spells (rounded above 2^53, where it is refused anyway).
+-- spells (rounded above 2^53, where it is refused anyway). `s` is a string or nil: Redis passes
+-- every argument as a string.
 local function int_arg(s, min)
-  if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%d+$') then
+  if s == nil or #s > 16 or s == '' or string.find(s, '%D') then
     return nil
   end
   local n = tonumber(s)
@@ -151,19 +154,29 @@ local function int_arg(s, min)
   return n
 end
 
--- Integral doubles as plain decimal text (tostring would give "1e+15").
+-- Integral doubles as plain decimal text (tostring would give "1e+15"). '%d' (a C long) prints
+-- the same digits as '%.0f' for a whole n in [1, 2^31) and costs half as much. The batched form
+-- sets fmt_memo to a table: the text of every n >= 1 formatted in its run, by value (its keys
+-- mostly store the same numbers: the same rule's limits and clock). 0 and -0 are one table key
+-- but two texts, so they are never remembered.
+local fmt_memo
 local function fmt(n)
+  if fmt_memo ~= nil and n >= 1 then
+    local text = fmt_memo[n]
+    if text == nil then
+      if n < 2147483648 and n == floor(n) then
+        text = string.format('%d', n)
+      else
+        text = string.format('%.0f', n)
+      end
+      fmt_memo[n] = text
+    end
+    return text
+  end
+  if n >= 1 and n < 2147483648 and n == floor(n) then
+    return string.format('%d', n)
+  end
   return string.format('%.0f', n)
-end
-
-local function bad(name)
-  return redis.error_reply('ERR tollgate: bad argument ' .. name)
-end
-
--- Redis' clock in microseconds.
-local function redis_time()
-  local tm = redis.call('TIME')
-  return tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 end
 
 -- Refills a bucket holding u units, refilled up to t, by whole steps up to `to` (t keeps the
@@ -195,10 +208,12 @@ local function wait_for(units, rate, step_ms, since_ms)
 end
 
 -- One atomic step of the bucket at `key`, given the single form's ARGV[1..9] as a1..a9 (nil when
--- absent); `now_or_nil` is the clock when a8 gives none (nil: Redis' TIME, read here). Returns the
--- reply's five integers (six with a penalty), or nil and the name of the bad argument: every
--- argument is checked before anything is written.
-local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
+-- absent); `now_or_nil` is the clock when a8 gives none (nil: Redis' TIME, read here). `memo` is
+-- nil, or a table the batched form keeps for its run: the limits of the last key whose burst,
+-- rate and period_ms were valid, reused when the next key's three arguments are the same strings.
+-- Returns the reply's five integers (six with a penalty), or nil and the name of the bad argument:
+-- every argument is checked before anything is written.
+local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- The limits are locals of step, not of the chunk: each local of the chunk that step uses is
   -- one more upvalue to allocate on every run.
   local MAX_FULL = 1125899906842624 -- 2^50
@@ -217,30 +232,42 @@ local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   if key == nil then
     return nil, 'key'
   end
-  local burst = int_arg(a1, 1)
-  if burst == nil then return nil, 'burst' end
-  local rate = int_arg(a2, 1)
-  if rate == nil or rate > MAX_RATE then return nil, 'rate' end
-  local period_ms = int_arg(a3, 1)
-  if period_ms == nil then return nil, 'period_ms' end
-  -- The refill step: 1 ms when burst*period_ms fits in 2^50 units; else whole seconds, else whole
-  -- minutes, when period_ms is a multiple of them and burst*(period_ms/step_ms) fits. (A product
-  -- past 2^53 rounds to at least 2^53, so comparing it with 2^50 is exact.)
-  local step_ms
-  if burst * period_ms <= MAX_FULL then
-    step_ms = 1
-  elseif period_ms % 1000 == 0 and burst * (period_ms / 1000) <= MAX_FULL then
-    step_ms = 1000
-  elseif period_ms % 60000 == 0 and burst * (period_ms / 60000) <= MAX_FULL then
-    step_ms = 60000
+  local burst, rate, period_ms, step_ms, p_text
+  if memo ~= nil and a1 ~= nil and a1 == memo[1] and a2 == memo[2] and a3 == memo[3] then
+    burst, rate, period_ms, step_ms, p_text = memo[4], memo[5], memo[6], memo[7], memo[8]
   else
-    return nil, 'burst*period_ms'
+    burst = int_arg(a1, 1)
+    if burst == nil then return nil, 'burst' end
+    rate = int_arg(a2, 1)
+    if rate == nil or rate > MAX_RATE then return nil, 'rate' end
+    period_ms = int_arg(a3, 1)
+    if period_ms == nil then return nil, 'period_ms' end
+    -- The refill step: 1 ms when burst*period_ms fits in 2^50 units; else whole seconds, else
+    -- whole minutes, when period_ms is a multiple of them and burst*(period_ms/step_ms) fits. (A
+    -- product past 2^53 rounds to at least 2^53, so comparing it with 2^50 is exact.)
+    if burst * period_ms <= MAX_FULL then
+      step_ms = 1
+    elseif period_ms % 1000 == 0 and burst * (period_ms / 1000) <= MAX_FULL then
+      step_ms = 1000
+    elseif period_ms % 60000 == 0 and burst * (period_ms / 60000) <= MAX_FULL then
+      step_ms = 60000
+    else
+      return nil, 'burst*period_ms'
+    end
+    if memo ~= nil then
+      p_text = fmt(period_ms / step_ms)
+      memo[1], memo[2], memo[3], memo[4] = a1, a2, a3, burst
+      memo[5], memo[6], memo[7], memo[8] = rate, period_ms, step_ms, p_text
+    end
   end
   -- Units per token: the bucket gains `rate` units per whole step.
   local per_token = period_ms / step_ms
   local step_us = step_ms * 1000
-  local cost = int_arg(a4, 0)
-  if cost == nil then return nil, 'cost' end
+  local cost = 1
+  if a4 ~= '1' then
+    cost = int_arg(a4, 0)
+    if cost == nil then return nil, 'cost' end
+  end
 
   -- The lease: "0" (exact mode, the common case: nothing to parse), a plain want, or
   -- want:holder:seq:hold_ms and one to eight held:quiet_ms steps.
@@ -290,7 +317,7 @@ local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   end
 
   local max_wait_ms = 0
-  if a6 ~= nil then
+  if a6 ~= nil and a6 ~= '0' then
     max_wait_ms = int_arg(a6, 0)
     if max_wait_ms == nil or max_wait_ms > MAX_WAIT_MS then return nil, 'max_wait_ms' end
   end
@@ -316,7 +343,8 @@ local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   elseif now_or_nil ~= nil then
     now = now_or_nil
   else
-    now = redis_time()
+    local tm = redis.call('TIME')
+    now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
   end
 
   -- The penalty box (a9): window_ms, then 1 to 8 non-decreasing durations.
@@ -346,9 +374,11 @@ local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
   local full = burst * per_token
   local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm')
-  local u = tonumber(h[1])
-  local t = tonumber(h[2])
-  local p = tonumber(h[3])
+  -- A missing field is false (tonumber makes it nil): a new key needs no tonumber at all.
+  local u, t, p
+  if h[1] and h[2] and h[3] then
+    u, t, p = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+  end
   local o, k, n, m = 0, 0, 0, 0
   -- Whether any of o, k, n, m is stored (Redis gives false for a missing field): if none is,
   -- there is nothing for step 5 to delete.
@@ -468,7 +498,9 @@ local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
     cap = math.max(full - o * per_token, 0)
   end
-  u, t = refill(u, t, now, cap, rate, step_us)
+  if now - t >= step_us then
+    u, t = refill(u, t, now, cap, rate, step_us)
+  end
   -- From here on t stays where it is: the whole ms since it, for wait_for.
   local since_ms = idiv(now - t, 1000)
 
@@ -608,7 +640,7 @@ local function step(key, now_or_nil, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   if u >= full and k == 0 and keep_ms == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', fmt(per_token))
+    redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', p_text or fmt(per_token))
     local ttl_ms = reset_after_ms
     if cap ~= full then
       ttl_ms = wait_for(full - u, rate, step_ms, since_ms)
@@ -646,10 +678,10 @@ end
 -- The single form.
 if ARGV[1] ~= 'batch' then
   local allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized =
-    step(KEYS[1], nil, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
+    step(KEYS[1], nil, nil, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
       ARGV[9])
   if allowed == nil then
-    return bad(remaining)
+    return redis.error_reply('ERR tollgate: bad argument ' .. remaining)
   end
   if penalized ~= nil then
     return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
@@ -666,6 +698,10 @@ local CODES = {
   credit = 8, max_wait_ms = 9, settle = 10, now = 11, penalty = 12,
 }
 local SCRIPT_ERROR = 13
+
+local function bad(name)
+  return redis.error_reply('ERR tollgate: bad argument ' .. name)
+end
 
 -- The message of an error a step raised if Redis refused it for the server as a whole (OOM,
 -- READONLY, ...): every key would get it, and the caller must see it as the single form's error
@@ -705,7 +741,10 @@ local function batch()
   if i ~= #ARGV + 1 then
     return bad('batch')
   end
-  local now = redis_time()
+  local tm = redis.call('TIME')
+  local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  local memo = {}
+  fmt_memo = {}
   local out = {}
   local at = 0
   i = 2
@@ -713,7 +752,7 @@ local function batch()
     local from = i + 1
     i = from + string.byte(ARGV[i]) - 48
     local ok, allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized =
-      pcall(step, KEYS[g], now, unpack(ARGV, from, i - 1))
+      pcall(step, KEYS[g], now, memo, unpack(ARGV, from, i - 1))
     if not ok then
       local e = server_error(allowed)
       if e ~= nil then
