@@ -426,7 +426,7 @@ fn lease_two_proxies_never_over_the_limit_on_both() {
 
 /// One hot exact key from 16 clients on two workers: on both hosts exactly the burst is admitted,
 /// with fewer calls than admissions, checks forwarded between the workers through shared queues,
-/// and every call run by Redis once.
+/// and no call run by Redis twice (calls that shared a backend request share one script run).
 #[test]
 fn a_hot_exact_key_shares_calls_across_workers_on_both() {
     let burst = 200u64;
@@ -451,14 +451,17 @@ fn a_hot_exact_key_shares_calls_across_workers_on_both() {
                     common::decided(|n| t.stat(n), "per-user"),
                 )
             },
-            |&(calls, decisions)| calls == evalsha + eval && decisions == ok + limited,
+            |&(calls, decisions)| calls >= evalsha + eval && decisions == ok + limited,
         );
         let forwarded = stat("forwarded");
         eprintln!("{name}: admitted {ok}, limited {limited}, calls {calls}, forwarded {forwarded}");
         assert_eq!(other, 0, "{name}: no errors");
         assert!(limited > 0, "{name}: the load must exceed the bucket");
         assert!((burst..=burst + 1).contains(&ok), "{name}: admitted {ok}");
-        assert_eq!(evalsha + eval, calls, "{name}: each call ran once");
+        assert!(
+            evalsha + eval <= calls,
+            "{name}: {evalsha} + {eval} script runs for {calls} calls"
+        );
         assert_eq!(
             decisions,
             ok + limited,

@@ -12,6 +12,8 @@ use crate::backend::{batch_bytes, MAX_BATCH_BYTES};
 pub(super) struct OpenBatch {
     calls: Vec<Call>,
     bytes: usize,
+    /// A call joined while a flight of the worker's open batch was out.
+    gathered: bool,
 }
 
 impl OpenBatch {
@@ -31,14 +33,22 @@ impl OpenBatch {
         self.calls.len() >= max_keys
     }
 
-    pub fn push(&mut self, call: Call) {
+    /// Adds `call`; `behind_flight`: a flight of the open batch is out (it waits for it).
+    pub fn push(&mut self, call: Call, behind_flight: bool) {
         self.bytes = self.bytes.saturating_add(batch_bytes(&call.call));
+        self.gathered |= behind_flight;
         self.calls.push(call);
+    }
+
+    /// Whether a call in it waited behind a flight out.
+    pub fn gathered(&self) -> bool {
+        self.gathered
     }
 
     /// Everything open, to go out as one flight (the batch is empty after).
     pub fn take(&mut self) -> Vec<Call> {
         self.bytes = 0;
+        self.gathered = false;
         std::mem::take(&mut self.calls)
     }
 }

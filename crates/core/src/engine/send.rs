@@ -141,7 +141,7 @@ impl Engine {
             }
         }
         self.carry(host, &mut out);
-        self.open.push(out);
+        self.open.push(out, self.calls.batched_out());
         if self.open.is_full(max_keys) && !self.calls.full(max_inflight) {
             self.dispatch_open(host);
         }
@@ -193,6 +193,9 @@ impl Engine {
     /// Sends what the open batch holds as one flight (the breaker permitting); before a Redis
     /// Cluster, one flight per slot.
     fn dispatch_open(&mut self, host: &mut dyn Host) {
+        // Checks that gathered behind a flight: this worker has concurrent load, and collects
+        // the proxy's while its flights are out (a lone check on an idle worker writes nothing).
+        let gathered = self.open.gathered();
         let calls = self.open.take();
         if calls.is_empty() {
             return;
@@ -221,7 +224,7 @@ impl Engine {
             let mut slots = by_slot(calls).into_iter();
             let first = slots.next().unwrap_or_default();
             for c in slots.flatten() {
-                self.open.push(c);
+                self.open.push(c, true);
             }
             self.dispatch_apart(host, first, Apart::Together, now);
             return;
@@ -232,6 +235,9 @@ impl Engine {
             Apart::Together
         };
         self.dispatch_apart(host, calls, apart, now);
+        if gathered && self.calls.batched_out() {
+            self.collect(host);
+        }
     }
 
     /// Sends `calls` as flights that left from the open batch: all in one, one per Cluster slot,
@@ -327,9 +333,6 @@ impl Engine {
                     batched,
                 };
                 self.calls.sent(Token::from(token), flight);
-                if batched {
-                    self.collect(host);
-                }
                 Ok(())
             }
             Err(e) => {

@@ -13,19 +13,47 @@ fn keys_of(body: &str) -> usize {
     body.split('/').nth(2).unwrap().parse().unwrap()
 }
 
-/// Two workers of one proxy (queues 1 and 2), configured by `top`; worker 1 has a flight out
-/// (token 1, user "a", context 10), so it collects.
-fn collecting(top: &str) -> (Worker, Worker, Fake) {
+/// Two workers of one proxy (queues 1 and 2), configured by `top`.
+fn two(top: &str) -> (Worker, Worker, Fake) {
     let (mut w1, mut w2) = (engine(top, EXACT), engine(top, EXACT));
     let mut h = Fake::default();
     for (q, w) in [(1, &mut w1.0), (2, &mut w2.0)] {
         h.queues.insert(q, Default::default());
         w.set_queue(q);
     }
+    (w1, w2, h)
+}
+
+/// [`two`], where worker 1 has a flight out (token 1, user "a", context 10) and collects (as it
+/// does once checks gathered behind its flights: see the first test).
+fn collecting(top: &str) -> (Worker, Worker, Fake) {
+    let (mut w1, w2, mut h) = two(top);
     w1.0.request_headers(&mut h, 10.into(), &user("a"));
     assert_eq!(h.sent.len(), 1);
-    assert_eq!(collector(&w1.0, &h), Some(1), "worker 1 collects");
+    assert_eq!(
+        Collector::new(&*h.store, &w1.0.plugin.ns).claim(1),
+        Ok(true)
+    );
+    w1.0.collecting = true;
     (w1, w2, h)
+}
+
+#[test]
+fn a_worker_collects_once_checks_gather_behind_its_flight_not_for_a_lone_check() {
+    let ((mut w1, _), _, mut h) = two(BATCHED);
+    w1.request_headers(&mut h, 10.into(), &user("a"));
+    assert_eq!(
+        collector(&w1, &h),
+        None,
+        "a lone check on an idle worker writes nothing"
+    );
+    assert_eq!(h.store.writes(), 0);
+    w1.request_headers(&mut h, 11.into(), &user("b"));
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.sent.len(), 2, "b gathered behind flight 1");
+    assert_eq!(collector(&w1, &h), Some(1));
+    deliver(&mut w1, &mut h, 2, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(collector(&w1, &h), None, "no flight out: nobody collects");
 }
 
 fn collector(e: &Engine, h: &Fake) -> Option<u32> {
@@ -63,7 +91,7 @@ fn another_workers_checks_ride_the_collectors_next_flight_and_are_decided_at_hom
     // Idle now: worker 2's next check leaves at once, in a flight of its own.
     w2.request_headers(&mut h, 22.into(), &user("d"));
     assert_eq!(h.sent.len(), 3);
-    assert_eq!(collector(&w2, &h), Some(2));
+    assert_eq!(collector(&w2, &h), None, "a lone check names no collector");
 }
 
 #[test]
