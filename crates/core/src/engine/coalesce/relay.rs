@@ -162,8 +162,8 @@ impl Engine {
         }
     }
 
-    /// A flight of the open batch carrying gathered checks went out: this worker collects the
-    /// proxy's checks, if no other worker does.
+    /// A flight of checks that gathered behind this worker's flight went out: this worker
+    /// collects the proxy's checks, if no other worker does.
     pub(in crate::engine) fn collect(&mut self, host: &mut dyn Host) {
         if self.collecting {
             return;
