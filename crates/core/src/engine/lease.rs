@@ -133,7 +133,12 @@ impl Engine {
                     .iter()
                     .map(|&(held, quiet)| (held, quiet.min(MAX_HOLD_MS)))
                     .collect();
-                let holder = Holder::new(holder_id, claim.seq(), self.hold_ms(claim.life_ms()), &steps);
+                let holder = Holder::new(
+                    holder_id,
+                    claim.seq(),
+                    self.hold_ms(claim.life_ms()),
+                    &steps,
+                );
                 let call = ScriptCall {
                     lease_want: want.max(first),
                     max_wait_ms: sizing.max_wait_ms(),

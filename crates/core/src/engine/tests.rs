@@ -1941,10 +1941,10 @@ mod batch;
 mod batch_attack;
 /// The decision record and the local replies' details.
 mod decision;
-/// `charge_on`: settled by the answer's status.
-mod outcome;
 /// Lease mode with `max_wait_ms`: requests held for the proxy's reservation.
 mod lease_hold;
+/// `charge_on`: settled by the answer's status.
+mod outcome;
 /// The penalty box: the script says a denial is the box's, the deny cache answers it.
 mod penalty;
 /// A request that never goes upstream gets back what the global bucket took.

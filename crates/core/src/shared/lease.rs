@@ -307,8 +307,7 @@ impl Lease {
     /// Whether the key is saturated here: its latest reservation's lease, at the saturated
     /// lifetime, would still live (a reservation is what a saturated key's calls bring).
     fn saturated(&self, now_ms: u64, sizing: &Sizing) -> bool {
-        self.vest_until_ms > 0
-            && now_ms < self.vest_until_ms.saturating_add(sizing.life_ms(true))
+        self.vest_until_ms > 0 && now_ms < self.vest_until_ms.saturating_add(sizing.life_ms(true))
     }
 
     /// Whether evicting this entry would lose something: tokens to spend or lent, or a call in
@@ -890,10 +889,7 @@ impl<'a> LeasePool<'a> {
                     .vest_until_ms
                     .max(now_ms.saturating_add(grant.refill_ms));
             }
-            lease.expires_ms = lease
-                .vest_until_ms
-                .max(now_ms)
-                .saturating_add(life_ms);
+            lease.expires_ms = lease.vest_until_ms.max(now_ms).saturating_add(life_ms);
             lease.global_remaining = grant.global_remaining;
             lease.reset_at_ms = now_ms.saturating_add(grant.reset_after_ms);
             lease.flight_until_ms = 0;

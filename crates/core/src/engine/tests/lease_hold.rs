@@ -23,7 +23,11 @@ fn the_request_that_made_a_reservation_waits_for_it_instead_of_a_429() {
     h.now = 1005;
     e.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(h.status_of(11), Some(429));
-    assert_eq!(h.sent.len(), 1, "no second call while the reservation refills");
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "no second call while the reservation refills"
+    );
     h.now = 1009;
     e.tick(&mut h);
     assert!(h.resumed.is_empty());

@@ -526,7 +526,11 @@ fn a_held_request_takes_the_next_token_to_refill_and_waits_for_it() {
     };
     assert_eq!(held(&pool, 0), Some(10), "the first token refills at 10 ms");
     assert_eq!(held(&pool, 0), Some(20), "the next one, 10 ms later");
-    assert_eq!(pool.peek("k").unwrap().tokens, 18, "taken at once, into no stash");
+    assert_eq!(
+        pool.peek("k").unwrap().tokens,
+        18,
+        "taken at once, into no stash"
+    );
     assert_eq!(pool.peek("k").unwrap().lent, 0);
     // 18 left: the last refills at 200, more than 300 ms away only for a 31st token.
     for _ in 0..18 {
