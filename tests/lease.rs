@@ -60,7 +60,10 @@ fn a_lease_request_waits_for_its_proxy_s_reservation_with_max_wait() {
         assert_eq!(r.status, 200, "request {i}: {r:?}\n{}", stack.logs());
         if let Some(d) = r.header("x-ratelimit-delay-ms") {
             let d: u64 = d.parse().unwrap();
-            assert!(t.elapsed() >= Duration::from_millis(d), "held {d} ms: {r:?}");
+            assert!(
+                t.elapsed() >= Duration::from_millis(d),
+                "held {d} ms: {r:?}"
+            );
             delayed += 1;
         }
     }
@@ -72,8 +75,15 @@ fn a_lease_request_waits_for_its_proxy_s_reservation_with_max_wait() {
     );
     let counted = stack
         .envoy
-        .stat_eventually("wasmcustom.tollgate.per-user.delayed", |v| v == Some(delayed));
-    assert_eq!(counted, Some(delayed), "delayed is counted\n{}", stack.logs());
+        .stat_eventually("wasmcustom.tollgate.per-user.delayed", |v| {
+            v == Some(delayed)
+        });
+    assert_eq!(
+        counted,
+        Some(delayed),
+        "delayed is counted\n{}",
+        stack.logs()
+    );
 }
 
 /// With a slow refill the counts are exact: leasing never admits more than the burst, and the
