@@ -41,6 +41,51 @@ fn assert_burst_of_8_then_429(stack: &Stack, user: &str) {
     );
 }
 
+/// With `max_wait_ms`, a request its proxy's reservation covers waits for its token instead of
+/// getting a 429: one client's requests, one after another, to a key of rate 20/s and burst 4
+/// all go through; those past the burst are held (`x-ratelimit-delay-ms`) at least as long as
+/// they report, and none goes through ahead of the bucket's refill.
+#[test]
+fn a_lease_request_waits_for_its_proxy_s_reservation_with_max_wait() {
+    let config = lease_config(20, 1000, 4).replace(
+        r#""lease_horizon_ms": 200"#,
+        r#""lease_horizon_ms": 200, "max_wait_ms": 1000"#,
+    );
+    let stack = Stack::start("lease-hold", &config);
+    let start = std::time::Instant::now();
+    let mut delayed = 0;
+    for i in 0..16 {
+        let t = std::time::Instant::now();
+        let r = stack.get("/api/x", &[("x-user-id", "carol")]);
+        assert_eq!(r.status, 200, "request {i}: {r:?}\n{}", stack.logs());
+        if let Some(d) = r.header("x-ratelimit-delay-ms") {
+            let d: u64 = d.parse().unwrap();
+            assert!(
+                t.elapsed() >= Duration::from_millis(d),
+                "held {d} ms: {r:?}"
+            );
+            delayed += 1;
+        }
+    }
+    let took = start.elapsed().as_secs_f64();
+    assert!(delayed >= 1, "past the burst, requests wait for the refill");
+    assert!(
+        16.0 <= 4.0 + 20.0 * took + 1.0,
+        "16 admitted in {took} s: ahead of burst + rate x W"
+    );
+    let counted = stack
+        .envoy
+        .stat_eventually("wasmcustom.tollgate.per-user.delayed", |v| {
+            v == Some(delayed)
+        });
+    assert_eq!(
+        counted,
+        Some(delayed),
+        "delayed is counted\n{}",
+        stack.logs()
+    );
+}
+
 /// With a slow refill the counts are exact: leasing never admits more than the burst, and the
 /// tokens a lease holds are spent before anyone is denied.
 #[test]

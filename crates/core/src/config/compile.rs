@@ -291,13 +291,9 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
             format!("must be an integer <= {}", limits.burst),
         ));
     }
+    // Exact mode: a reservation's wait. Lease mode: how long a request waits for tokens its
+    // proxy's reservation is refilling.
     let max_wait_ms = r.max_wait_ms.get();
-    if max_wait_ms > 0 && r.mode == Mode::Lease {
-        return Err(err(
-            at("max_wait_ms"),
-            "needs \"mode\": \"exact\" (a lease-mode request is served from leased tokens, not reserved)",
-        ));
-    }
 
     let fallback = r
         .fallback

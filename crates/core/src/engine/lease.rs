@@ -4,9 +4,11 @@
 //! A lease call asks for its whole lease as the script's cost, with a wait (`max_wait_ms`): when
 //! the global bucket holds less, the script reserves the rest from its refill, and the proxy
 //! spends those tokens as they refill (see `shared::lease`). While its reservation refills, the
-//! proxy makes no other call for the key: requests it cannot serve yet get a 429 at once. So a
-//! saturated key's proxies take turns in the order they asked, each call bringing a whole
-//! reservation, and no refill waits in the bucket for a call to fetch it.
+//! proxy makes no other call for the key: requests it cannot serve yet get a 429 at once, unless
+//! the rule holds requests (`max_wait_ms`) and the reservation brings their tokens within that
+//! wait: then each takes the next token to refill and is let through when it has. So a saturated
+//! key's proxies take turns in the order they asked, each call bringing a whole reservation, and
+//! no refill waits in the bucket for a call to fetch it.
 //!
 //! Invariant: a key's waiters are served when something can change their answer — this worker's
 //! call for the key is answered, or (polled each millisecond, read-only) another worker's call
@@ -37,8 +39,6 @@ use crate::shared::lease::{Back, Claim, Flight, Grant, LeasePool, Sizing, Take};
 const CLAIM_SLACK_MS: u64 = 50;
 /// Slack on how long the script counts a grant as held by this proxy.
 const HOLD_SLACK_MS: u64 = 1000;
-/// A lease lives this many horizons after its grant has refilled (`shared::lease`).
-const LEASE_LIFE_HORIZONS: u64 = 2;
 
 /// Lease sizing for `rule` on a key with `limits` (the rule's, an override's or a tier's).
 pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
@@ -48,6 +48,8 @@ pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
         period_ms: limits.period_ms,
         lease_max: rule.lease_max.min(limits.burst),
         horizon_ms: rule.lease_horizon_ms,
+        // A shadow rule never holds a request.
+        hold_ms: if rule.shadow { 0 } else { rule.max_wait_ms },
     }
 }
 
@@ -131,7 +133,12 @@ impl Engine {
                     .iter()
                     .map(|&(held, quiet)| (held, quiet.min(MAX_HOLD_MS)))
                     .collect();
-                let holder = Holder::new(holder_id, claim.seq(), self.hold_ms(&sizing), &steps);
+                let holder = Holder::new(
+                    holder_id,
+                    claim.seq(),
+                    self.hold_ms(claim.life_ms()),
+                    &steps,
+                );
                 let call = ScriptCall {
                     lease_want: want.max(first),
                     max_wait_ms: sizing.max_wait_ms(),
@@ -173,12 +180,10 @@ impl Engine {
     }
 
     /// How long, after a grant's reservation has refilled, the script must count it as held by
-    /// this proxy: the lease's two horizons, measured here from the answer, which comes at most a
-    /// call timeout after the script ran; and a second of slack.
-    fn hold_ms(&self, sizing: &Sizing) -> u64 {
-        sizing
-            .horizon_ms
-            .saturating_mul(LEASE_LIFE_HORIZONS)
+    /// this proxy: the lease's life (`life_ms`, the claim's), measured here from the answer, which
+    /// comes at most a call timeout after the script ran; and a second of slack.
+    fn hold_ms(&self, life_ms: u64) -> u64 {
+        life_ms
             .saturating_add(self.plugin.config.backend.timeout_ms)
             .saturating_add(HOLD_SLACK_MS)
             .min(MAX_HOLD_MS)

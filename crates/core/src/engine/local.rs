@@ -3,7 +3,8 @@
 //! neither.
 //!
 //! Invariant: a check admitted here spends a token the global bucket granted to this proxy
-//! (moved, never copied, from the pool); a check denied here is denied until the retry time the
+//! (moved, never copied, from the pool), and one held for a token still refilling is let through
+//! only once the bucket has refilled it; a check denied here is denied until the retry time the
 //! bucket gave, or while this proxy's reservation for the key refills. Nothing here admits a
 //! check the bucket would not have.
 
@@ -138,7 +139,10 @@ impl LocalStage<'_> {
             Ok(Taken::Batch(batch)) => Ok(Spent {
                 remaining: batch.global_remaining,
                 reset_ms: batch.reset_at_ms.saturating_sub(now),
+                delay_ms: 0,
             }),
+            // Held until the proxy's reservation has refilled its tokens.
+            Ok(Taken::Held(spent)) => Ok(spent),
             Ok(Taken::Refilling(ms)) => Err(NoLease::Refilling(ms)),
             Ok(Taken::Miss) => Err(NoLease::Spent),
             // A failing store knows nothing either.

@@ -72,6 +72,7 @@ impl Stashes {
         Some(Spent {
             remaining: s.tokens.saturating_add(s.global_remaining),
             reset_ms: s.reset_at_ms.saturating_sub(now_ms),
+            delay_ms: 0,
         })
     }
 
@@ -130,6 +131,7 @@ impl Stashes {
         Spent {
             remaining: s.tokens.saturating_add(s.global_remaining),
             reset_ms: s.reset_at_ms.saturating_sub(now_ms),
+            delay_ms: 0,
         }
     }
 

@@ -170,6 +170,7 @@ fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
         period_ms: 1000,
         lease_max: 20,
         horizon_ms: 200,
+        hold_ms: 0,
     };
     let key = lease_key(e, "a");
     let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =
@@ -1940,6 +1941,8 @@ mod batch;
 mod batch_attack;
 /// The decision record and the local replies' details.
 mod decision;
+/// Lease mode with `max_wait_ms`: requests held for the proxy's reservation.
+mod lease_hold;
 /// `charge_on`: settled by the answer's status.
 mod outcome;
 /// The penalty box: the script says a denial is the box's, the deny cache answers it.

@@ -41,8 +41,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// An admission on leased tokens.
+    /// An admission on leased tokens (held first, when they are still refilling).
     pub fn leased(s: crate::shared::lease::Spent) -> Outcome {
+        if s.delay_ms > 0 {
+            return Outcome::Reserved {
+                delay_ms: s.delay_ms,
+                reset_ms: s.reset_ms,
+            };
+        }
         Outcome::Allowed {
             remaining: s.remaining,
             reset_ms: s.reset_ms,

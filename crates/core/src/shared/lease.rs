@@ -9,8 +9,11 @@
 //! refill the script counted on, counted as if continuous, so the fleet never admits ahead of a
 //! continuous refill either (at a refill step of a second or a minute that is up to one step's
 //! refill before the step brings it: the promise with W rounded up to a step, as the script's;
-//! `crates/core/tests/step_windows.rs` checks it). Unspent tokens are dropped (never lent to
-//! another key) when the lease expires, two horizons after the grant has refilled.
+//! `crates/core/tests/step_windows.rs` checks it). A request of a rule that holds requests may
+//! take a token still refilling: it leaves the lease at once and the request is let through when
+//! the token would have become spendable, never sooner. Unspent tokens are dropped (never lent to
+//! another key) when the lease expires, two horizons after the grant has refilled (six on a key
+//! saturated here).
 //!
 //! Memory is bounded: `SETS` shared-data values per plugin, each holding up to `WAYS` keys. A key
 //! that holds unspent tokens or has a lease call out is never evicted; a newcomer takes an empty
@@ -22,6 +25,14 @@ use super::{hash, read_u64, update, write_u64s, Change, Store, StoreError};
 /// How late after its lease expired a worker may still spend from its stash, at most: the
 /// report does not claim the proxy held nothing in that time.
 const EXPIRED_SLACK_MS: u64 = 100;
+
+/// A lease lives this many horizons after its grant has refilled ...
+pub const LIFE_HORIZONS: u64 = 2;
+/// ... and this many on a key saturated here. Such a key's proxies get tokens only in turns, each
+/// a reservation the bucket has already refilled by the time it is spendable; what a quiet proxy
+/// has not spent when its lease expires is lost to the whole fleet. A longer life lets it spend a
+/// turn's tokens at its own pace (the script counts them as held that much longer).
+pub const SATURATED_LIFE_HORIZONS: u64 = 6;
 
 /// Sets of the lease table (each one shared-data value).
 pub const SETS: u64 = 2048;
@@ -154,8 +165,32 @@ impl Lease {
         )
     }
 
-    /// Spends tokens for as many of `costs`, in order, as the lease can spend now (stopping at
-    /// the first that does not fit); drops its tokens first if it expired.
+    /// How long a request of `cost` is held for tokens the reservation refills (the next ones to
+    /// refill: earlier held requests took theirs from `tokens`), if the rule holds requests
+    /// (`Sizing::hold_ms`) that long; None: not held. A held request's tokens leave `tokens` at
+    /// once and it is let through when they have refilled, as if it spent them then.
+    fn held_for(&self, cost: u64, now_ms: u64, sizing: &Sizing) -> Option<u64> {
+        if sizing.hold_ms == 0 {
+            return None;
+        }
+        self.covered_in(cost, now_ms, sizing)
+            .filter(|&ms| ms <= sizing.hold_ms)
+    }
+
+    /// Until when this proxy's reservation refills (ms from now), if it still does: no other lease
+    /// call for the key until then, whether tokens are left to spend or held requests took them.
+    fn refilling_ms(&self, now_ms: u64, sizing: &Sizing) -> Option<u64> {
+        if self.vest_until_ms <= now_ms || now_ms >= self.expires_ms {
+            return None;
+        }
+        // When its next token is spendable, if it holds one; else when the last has refilled.
+        self.covered_in(1, now_ms, sizing)
+            .or(Some(self.vest_until_ms - now_ms))
+    }
+
+    /// Spends tokens for as many of `costs`, in order, as the lease can spend now or, when the
+    /// rule holds requests, within its hold (stopping at the first that does not fit); drops its
+    /// tokens first if it expired.
     fn spend(&mut self, costs: &[u64], now_ms: u64, sizing: &Sizing) -> Take {
         let mut spendable = self.spendable(now_ms, sizing);
         self.roll(now_ms, sizing.horizon_ms);
@@ -164,15 +199,21 @@ impl Lease {
             spent: Vec::new(),
         };
         for &cost in costs {
-            if spendable < cost {
-                break;
-            }
-            spendable -= cost;
+            let delay_ms = if spendable >= cost {
+                spendable -= cost;
+                0
+            } else {
+                match self.held_for(cost, now_ms, sizing) {
+                    Some(ms) => ms,
+                    None => break,
+                }
+            };
             self.tokens -= cost;
             self.win_demand = self.win_demand.saturating_add(cost);
             take.spent.push(Spent {
                 remaining: spendable.saturating_add(self.global_remaining),
                 reset_ms: self.reset_at_ms.saturating_sub(now_ms),
+                delay_ms,
             });
         }
         self.touched_ms = now_ms;
@@ -261,6 +302,12 @@ impl Lease {
             self.win_demand = 0;
             self.win_start_ms = now_ms;
         }
+    }
+
+    /// Whether the key is saturated here: its latest reservation's lease, at the saturated
+    /// lifetime, would still live (a reservation is what a saturated key's calls bring).
+    fn saturated(&self, now_ms: u64, sizing: &Sizing) -> bool {
+        self.vest_until_ms > 0 && now_ms < self.vest_until_ms.saturating_add(sizing.life_ms(true))
     }
 
     /// Whether evicting this entry would lose something: tokens to spend or lent, or a call in
@@ -367,6 +414,9 @@ pub struct Spent {
     /// at the last grant.
     pub remaining: u64,
     pub reset_ms: u64,
+    /// 0: spendable now. Else the token is still refilling: the request is held this long, until
+    /// the lease's reservation has refilled it ([`Sizing::hold_ms`]).
+    pub delay_ms: u64,
 }
 
 /// What [`LeasePool::take`] did.
@@ -385,6 +435,9 @@ pub enum Taken {
     Batch(Batch),
     /// Too few spendable tokens now; the lease's reservation covers the cost in this many ms.
     Refilling(u64),
+    /// The cost is taken from tokens the reservation still refills: the request is held
+    /// `delay_ms` (its rule holds requests that long).
+    Held(Spent),
     /// Too few tokens, now and later.
     Miss,
     /// The pool has no lease for the key at all.
@@ -418,6 +471,7 @@ pub struct Claim {
     key: String,
     report: Vec<(u64, u64)>,
     seq: u64,
+    life_ms: u64,
 }
 
 impl Claim {
@@ -435,6 +489,12 @@ impl Claim {
     /// deposit, end or renew the flight.
     pub fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// How long the grant lives after it has refilled ([`Sizing::life_ms`]): the call's holder
+    /// record must count it at least that long.
+    pub fn life_ms(&self) -> u64 {
+        self.life_ms
     }
 }
 
@@ -504,13 +564,27 @@ pub struct Sizing {
     pub period_ms: u64,
     pub lease_max: u64,
     pub horizon_ms: u64,
+    /// The rule's `max_wait_ms` (0 for a shadow rule): a request the proxy's reservation covers
+    /// within this long is held until it does, instead of refused (0: never held).
+    pub hold_ms: u64,
 }
 
 impl Sizing {
-    /// What the bucket refills over a lease's lifetime, two horizons (at least one token, at most
-    /// `lease_max`): the most a proxy reserves when the bucket holds less than it wants. The
-    /// proxies of a saturated key so take turns of at most two horizons each, in the order they
-    /// asked, and the key costs the fleet one call per reservation.
+    /// How long a lease lives after its grant has refilled: [`LIFE_HORIZONS`] horizons, or
+    /// [`SATURATED_LIFE_HORIZONS`] on a key saturated here.
+    pub fn life_ms(&self, saturated: bool) -> u64 {
+        let horizons = if saturated {
+            SATURATED_LIFE_HORIZONS
+        } else {
+            LIFE_HORIZONS
+        };
+        self.horizon_ms.saturating_mul(horizons)
+    }
+
+    /// What the bucket refills over two horizons (at least one token, at most `lease_max`): the
+    /// most a proxy reserves when the bucket holds less than it wants. The proxies of a saturated
+    /// key so take turns of at most two horizons each, in the order they asked, and the key costs
+    /// the fleet one call per reservation.
     pub fn reservation(&self) -> u64 {
         self.refill_in(self.horizon_ms.saturating_mul(2))
             .min(self.lease_max)
@@ -604,7 +678,7 @@ impl<'a> LeasePool<'a> {
 
     /// If this proxy's reservation for `key` is still refilling: when its next token is.
     pub fn refilling(&self, key: &str, now_ms: u64, sizing: &Sizing) -> Option<u64> {
-        self.peek(key)?.covered_in(1, now_ms, sizing)
+        self.peek(key)?.refilling_ms(now_ms, sizing)
     }
 
     /// The lease of `key` as stored now, if it has a slot.
@@ -629,7 +703,10 @@ impl<'a> LeasePool<'a> {
                 return Change::Keep(Take::default());
             };
             let first = costs.first().copied().unwrap_or(u64::MAX);
-            if lease.spendable(now_ms, sizing) < first && lease.live_tokens(now_ms) > 0 {
+            if lease.spendable(now_ms, sizing) < first
+                && lease.live_tokens(now_ms) > 0
+                && lease.held_for(first, now_ms, sizing).is_none()
+            {
                 return Change::Keep(Take::default());
             }
             let take = lease.spend(costs, now_ms, sizing);
@@ -660,6 +737,13 @@ impl<'a> LeasePool<'a> {
             };
             lease.hand_back(back, now_ms);
             let spendable = lease.spendable(now_ms, sizing);
+            if spendable < cost && cost > 0 && lease.held_for(cost, now_ms, sizing).is_some() {
+                // Held for the reservation's next tokens: exactly the cost, into no stash.
+                let take = lease.spend(&[cost], now_ms, sizing);
+                if let Some(&spent) = take.spent.first() {
+                    return Change::Write(set.encode(), Taken::Held(spent));
+                }
+            }
             if spendable < cost || cost == 0 {
                 let later = lease.covered_in(cost, now_ms, sizing);
                 let taken = later.map_or(Taken::Miss, Taken::Refilling);
@@ -734,7 +818,7 @@ impl<'a> LeasePool<'a> {
                 if lease.flight_until_ms > now_ms {
                     return Change::Keep((Flight::Busy, 0));
                 }
-                if let Some(ms) = lease.covered_in(1, now_ms, sizing) {
+                if let Some(ms) = lease.refilling_ms(now_ms, sizing) {
                     return Change::Keep((Flight::Refilling(ms), 0));
                 }
             }
@@ -759,6 +843,7 @@ impl<'a> LeasePool<'a> {
                 key: key.to_string(),
                 report,
                 seq: lease.flight_seq,
+                life_ms: sizing.life_ms(lease.saturated(now_ms, sizing)),
             };
             Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
         })
@@ -777,7 +862,7 @@ impl<'a> LeasePool<'a> {
         now_ms: u64,
         sizing: &Sizing,
     ) -> Result<(Deposit, Take), StoreError> {
-        let key = claim.key;
+        let (key, life_ms) = (claim.key, claim.life_ms);
         update(self.store, &self.set_key(&key), |bytes| {
             let mut set = Set::decode(bytes);
             let lost = Deposit {
@@ -804,10 +889,7 @@ impl<'a> LeasePool<'a> {
                     .vest_until_ms
                     .max(now_ms.saturating_add(grant.refill_ms));
             }
-            lease.expires_ms = lease
-                .vest_until_ms
-                .max(now_ms)
-                .saturating_add(sizing.horizon_ms.saturating_mul(2));
+            lease.expires_ms = lease.vest_until_ms.max(now_ms).saturating_add(life_ms);
             lease.global_remaining = grant.global_remaining;
             lease.reset_at_ms = now_ms.saturating_add(grant.reset_after_ms);
             lease.flight_until_ms = 0;

@@ -41,6 +41,8 @@ pub struct FleetOpts {
     /// The rules' `mode`: "lease" or "exact".
     pub mode: &'static str,
     pub horizon_ms: Option<u64>,
+    /// The rules' `max_wait_ms`: how long a request may wait for a token (0: refused at once).
+    pub max_wait_ms: u64,
     pub seed: u64,
 }
 
@@ -62,6 +64,7 @@ impl Default for FleetOpts {
             lat_max_us: 2000,
             mode: "lease",
             horizon_ms: None,
+            max_wait_ms: 0,
             seed: 1,
         }
     }
@@ -112,9 +115,10 @@ pub fn header() -> String {
         .map(|w| format!("{:>7}", format!("+W{}", *w as f64 / 1000.0)))
         .collect();
     format!(
-        "{:>7} {:>5} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
+        "{:>7} {:>5} {:>6} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
         "proxies",
         "load",
+        "wait",
         "hot a/i",
         "warm a/i",
         shown.join(" "),
@@ -150,9 +154,10 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         None => "never".to_string(),
     };
     format!(
-        "{:>7} {:>4}x {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
+        "{:>7} {:>4}x {:>6} {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
         o.proxies,
         o.overload,
+        o.max_wait_ms,
         f.hot_ratio(),
         f.warm_ratio(),
         shown.join(" "),
@@ -172,8 +177,11 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
 }
 
 pub const LEGEND: &str = "\
-hot a/i, warm a/i: admitted / ideal, the ideal being what one perfect token bucket per key admits of
-  the same requests as they arrive; +W0.1 +W1 +W10: the hot key's fullest window of 0.1, 1 and 10 s,
+wait: the rules' max_wait_ms (lease mode: how long a request may wait for the tokens its proxy's
+  reservation refills; 0: refused at once); hot a/i, warm a/i: admitted / ideal, the ideal being
+  what one perfect token bucket per key admits of the same requests as they arrive, each let
+  through once its token refilled if that is within the wait; both count what was let through by
+  the end of the run; +W0.1 +W1 +W10: the hot key's fullest window of 0.1, 1 and 10 s,
   admitted - (burst + rate x W) (never over: <= 0); warm+W: the most any warm key's window (10 ms to
   10 s) passed its bound by; calls/s: script calls per simulated second, hot c/s those of the hot
   key; /1k adm: calls per 1000
@@ -184,19 +192,22 @@ hot a/i, warm a/i: admitted / ideal, the ideal being what one perfect token buck
   worst: the lowest sidecar's admitted/requested over the fleet's (sidecars with 20+ requests);
   wall s: the run's real time";
 
-/// `--scale`: every size and overload, one line each.
-pub fn table(base: &FleetOpts, sizes: &[usize], overloads: &[f64]) {
+/// `--scale`: every rules' wait, size and overload, one line each.
+pub fn table(base: &FleetOpts, sizes: &[usize], overloads: &[f64], max_waits: &[u64]) {
     println!("{}", describe(base));
     println!("{}", header());
-    for &proxies in sizes {
-        for &overload in overloads {
-            let o = FleetOpts {
-                proxies,
-                overload,
-                ..base.clone()
-            };
-            let f = run(&o);
-            println!("{}", row(&o, &f));
+    for &max_wait_ms in max_waits {
+        for &proxies in sizes {
+            for &overload in overloads {
+                let o = FleetOpts {
+                    proxies,
+                    overload,
+                    max_wait_ms,
+                    ..base.clone()
+                };
+                let f = run(&o);
+                println!("{}", row(&o, &f));
+            }
         }
     }
     println!("{LEGEND}");

@@ -55,7 +55,7 @@ use run::Run;
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("--scale") {
         match fleet::args::parse(std::env::args().skip(2)) {
-            Ok(a) => fleet::table(&a.base, &a.sizes, &a.overloads),
+            Ok(a) => fleet::table(&a.base, &a.sizes, &a.overloads, &a.max_waits()),
             Err(e) if e == fleet::args::USAGE => println!("{e}"),
             Err(e) => {
                 eprintln!("{e}");

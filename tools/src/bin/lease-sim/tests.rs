@@ -66,36 +66,54 @@ fn every_shape_of_the_sweep_keeps_the_bound_in_every_window() {
 /// Ten proxies of two workers (one busy gateway with 80% of the demand, nine quiet sidecars, one
 /// joining and one leaving mid-run), one hot key at 1x, 5x and 50x its rate and 1000 warm keys:
 /// never over burst + rate x W in any window of any key, at least 0.97 of what one perfect token
-/// bucket admits, and the sidecars admitted at no less than half their share of the demand. At
-/// 5x the sidecars' leases were sized on everything denied since their last call, more than
-/// they could spend before expiry: 0.83 of the ideal.
+/// bucket admits, and the sidecars admitted at no less than half their share of the demand; with
+/// lease mode's default (a request its proxy cannot serve yet is refused) and with requests held
+/// up to a second. At 5x the sidecars' leases were sized on everything denied since their last
+/// call, more than they could spend before expiry: 0.83 of the ideal.
 #[test]
 fn a_fleet_of_ten_keeps_the_bound_admits_the_ideal_and_serves_quiet_proxies() {
-    use crate::fleet::{self, FleetOpts};
-    for overload in [1.0, 5.0, 50.0] {
-        let o = FleetOpts {
-            proxies: 10,
-            overload,
-            warm_keys: 1000,
-            duration_ms: 4000,
-            ..FleetOpts::default()
-        };
-        let f = fleet::run(&o);
-        let row = fleet::row(&o, &f);
-        assert!(f.hot_admitted > 0 && f.warm_admitted > 0, "{row}");
-        for &(w, e) in &f.hot_excess {
-            assert!(
-                e <= 0.0,
-                "{overload}x: the hot key's {w} ms window is {e} over\n{row}"
-            );
+    for max_wait_ms in [0, 1000] {
+        for overload in [1.0, 5.0, 50.0] {
+            assert_fleet(10, overload, max_wait_ms, 4000);
         }
-        assert!(
-            f.warm_excess <= 0.0,
-            "{overload}x: a warm key is over\n{row}"
-        );
-        assert!(f.hot_ratio() >= 0.97, "{overload}x: hot key\n{row}");
-        assert!(f.warm_ratio() >= 0.97, "{overload}x: warm keys\n{row}");
-        assert!(f.fairness >= 0.5, "{overload}x: sidecars\n{row}");
-        assert_eq!(f.starved(), 0, "{overload}x\n{row}");
     }
+}
+
+/// A hundred proxies at 5x, requests held up to a second: every admission is a reservation. The
+/// request that made one got a 429 and its tokens served only requests arriving after they had
+/// refilled, so the quiet proxies dropped much of what they reserved: 0.80 of the ideal. Ten
+/// seconds: the fleet takes a moment to spread a full bucket's burst when the surge starts (about
+/// 0.15 s of refill), which weighs too much in a shorter run.
+#[test]
+fn a_fleet_of_a_hundred_holding_requests_admits_the_ideal_at_5x() {
+    assert_fleet(100, 5.0, 1000, 10_000);
+}
+
+/// One fleet run with 1000 warm keys: the bound in every window, >= 0.97 of the ideal, the
+/// sidecars served.
+fn assert_fleet(proxies: usize, overload: f64, max_wait_ms: u64, duration_ms: u64) {
+    use crate::fleet::{self, FleetOpts};
+    let o = FleetOpts {
+        proxies,
+        overload,
+        max_wait_ms,
+        warm_keys: 1000,
+        duration_ms,
+        ..FleetOpts::default()
+    };
+    let f = fleet::run(&o);
+    let row = fleet::row(&o, &f);
+    let at = format!("{proxies} proxies, {overload}x, max_wait_ms {max_wait_ms}");
+    assert!(f.hot_admitted > 0 && f.warm_admitted > 0, "{row}");
+    for &(w, e) in &f.hot_excess {
+        assert!(
+            e <= 0.0,
+            "{at}: the hot key's {w} ms window is {e} over\n{row}"
+        );
+    }
+    assert!(f.warm_excess <= 0.0, "{at}: a warm key is over\n{row}");
+    assert!(f.hot_ratio() >= 0.97, "{at}: hot key\n{row}");
+    assert!(f.warm_ratio() >= 0.97, "{at}: warm keys\n{row}");
+    assert!(f.fairness >= 0.5, "{at}: sidecars\n{row}");
+    assert_eq!(f.starved(), 0, "{at}\n{row}");
 }

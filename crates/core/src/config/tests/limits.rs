@@ -76,13 +76,12 @@ fn usage_sources_and_their_errors() {
 }
 
 #[test]
-fn max_wait_needs_exact_mode_and_a_bound() {
+fn max_wait_holds_in_either_mode_within_a_bound() {
     let r = one_rule(r#""rate":5,"max_wait_ms":250"#);
     assert_eq!(r.max_wait_ms, 250);
-    assert_eq!(
-        error(r#"{"rules":[{"name":"a","rate":5,"mode":"lease","max_wait_ms":250}]}"#),
-        "rules[0].max_wait_ms: needs \"mode\": \"exact\" (a lease-mode request is served from leased tokens, not reserved)"
-    );
+    // Lease mode: how long a request waits for the tokens its proxy's reservation refills.
+    let r = one_rule(r#""rate":5,"mode":"lease","max_wait_ms":250"#);
+    assert_eq!((r.mode, r.max_wait_ms), (Mode::Lease, 250));
     assert_eq!(
         error(r#"{"rules":[{"name":"a","rate":5,"max_wait_ms":3600001}]}"#),
         "rules[0].max_wait_ms: must be an integer <= 3600000"

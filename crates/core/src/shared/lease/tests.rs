@@ -10,6 +10,7 @@ const SIZING: Sizing = Sizing {
     period_ms: 1000,
     lease_max: 50,
     horizon_ms: 200,
+    hold_ms: 0,
 };
 
 /// A deposit of `tokens` with no waiter spending from it.
@@ -131,7 +132,7 @@ fn batch(pool: &LeasePool, cost: u64, now: u64, exact: bool) -> Option<Batch> {
         .unwrap()
     {
         Taken::Batch(b) => Some(b),
-        Taken::Refilling(_) | Taken::Miss | Taken::Unknown => None,
+        Taken::Refilling(_) | Taken::Miss | Taken::Unknown | Taken::Held(_) => None,
     }
 }
 
@@ -496,4 +497,102 @@ fn unmet_demand_counts_in_the_windows_it_fell_in() {
     let _ = claim(&pool, "k", 600);
     let (_, want) = pool.begin_flight("k", 1, u, 1000, 1100, &SIZING).unwrap();
     assert_eq!(want, 21);
+}
+
+/// The rule holds requests up to 300 ms (`max_wait_ms`).
+const HOLDING: Sizing = Sizing {
+    hold_ms: 300,
+    ..SIZING
+};
+
+/// A reservation of 20 tokens deposited at 0 for `k`, refilled at 100/s until 200 (nothing
+/// spendable before 10 ms).
+fn reserved_20(pool: &LeasePool) {
+    let c = claim(pool, "k", 0);
+    deposit(pool, c, (20, 0, 1200, 200), 0);
+}
+
+#[test]
+fn a_held_request_takes_the_next_token_to_refill_and_waits_for_it() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    reserved_20(&pool);
+    let held = |pool: &LeasePool, now| match pool
+        .take_batch("k", 1, now, &HOLDING, (false, Back::default()))
+        .unwrap()
+    {
+        Taken::Held(spent) => Some(spent.delay_ms),
+        _ => None,
+    };
+    assert_eq!(held(&pool, 0), Some(10), "the first token refills at 10 ms");
+    assert_eq!(held(&pool, 0), Some(20), "the next one, 10 ms later");
+    assert_eq!(
+        pool.peek("k").unwrap().tokens,
+        18,
+        "taken at once, into no stash"
+    );
+    assert_eq!(pool.peek("k").unwrap().lent, 0);
+    // 18 left: the last refills at 200, more than 300 ms away only for a 31st token.
+    for _ in 0..18 {
+        assert!(held(&pool, 0).is_some_and(|ms| ms <= 200));
+    }
+    assert_eq!(held(&pool, 0), None, "the reservation is all taken");
+    // Without max_wait_ms nothing is held: the request is told when a token is there.
+    let plain = MemStore::default();
+    let pool = LeasePool::new(&plain, "ns");
+    reserved_20(&pool);
+    assert_eq!(
+        pool.take_batch("k", 1, 0, &SIZING, (false, Back::default())),
+        Ok(Taken::Refilling(10))
+    );
+}
+
+#[test]
+fn a_request_is_held_only_as_long_as_the_rule_lets_it_wait() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    // 50 tokens refilled at 100/s until 500: the first is there at 10 ms, the 31st at 310.
+    deposit(&pool, c, (50, 0, 1500, 500), 0);
+    let t = pool.take("k", &[1; 40], 0, &HOLDING).unwrap();
+    assert_eq!(t.spent.len(), 30, "held up to 300 ms");
+    assert_eq!(t.spent.last().map(|s| s.delay_ms), Some(300));
+    assert!(t.spent.windows(2).all(|w| w[0].delay_ms < w[1].delay_ms));
+}
+
+#[test]
+fn no_second_call_while_the_reservation_refills_even_once_held_requests_took_it_all() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    reserved_20(&pool);
+    let t = pool.take("k", &[1; 20], 0, &HOLDING).unwrap();
+    assert_eq!(t.spent.len(), 20);
+    assert_eq!(pool.peek("k").unwrap().tokens, 0);
+    // One reservation at a time: a proxy that chained them could hold more than its share.
+    match pool.begin_flight("k", 1, Unmet::default(), 50, 150, &HOLDING) {
+        Ok((Flight::Refilling(ms), _)) => assert_eq!(ms, 150, "until the last has refilled"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        pool.begin_flight("k", 1, Unmet::default(), 200, 300, &HOLDING),
+        Ok((Flight::Claimed(..), _))
+    ));
+}
+
+#[test]
+fn a_saturated_key_s_lease_lives_longer_after_its_reservation_has_refilled() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    assert_eq!(c.life_ms(), 400, "never reserved here: two horizons");
+    deposit(&pool, c, (20, 0, 1200, 200), 0);
+    assert_eq!(pool.peek("k").unwrap().expires_ms, 600);
+    // The next call comes after the reservation has refilled: the key is saturated here.
+    let c = claim(&pool, "k", 300);
+    assert_eq!(c.life_ms(), 1200, "six horizons");
+    deposit(&pool, c, (20, 0, 1200, 200), 300);
+    assert_eq!(pool.peek("k").unwrap().expires_ms, 500 + 1200);
+    // Long after that lease would have expired, a call is back to two horizons.
+    let c = claim(&pool, "k", 500 + 1200);
+    assert_eq!(c.life_ms(), 400);
 }

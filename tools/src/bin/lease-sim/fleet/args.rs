@@ -12,6 +12,7 @@ usage: lease-sim --scale [options]   (make sim-scale SIM_SCALE_ARGS='[options]')
   --warm-limits RATE:BURST:LOAD  each warm key's limits and its requests per second (default 5:10:1)
   --mode lease|exact   the rules' mode                                    (default lease)
   --horizon MS         lease_horizon_ms                                   (default: config default)
+  --max-waits MS,MS,...  the rules' max_wait_ms, one table part each     (default lease 0,1000; exact 0)
   --no-churn           no proxy joins or leaves
   --seed N                                                                (default 1)";
 
@@ -19,6 +20,20 @@ pub struct ScaleArgs {
     pub base: FleetOpts,
     pub sizes: Vec<usize>,
     pub overloads: Vec<f64>,
+    /// The rules' `max_wait_ms` of each part of the table (None: the mode's default).
+    pub max_waits: Option<Vec<u64>>,
+}
+
+impl ScaleArgs {
+    /// Lease mode holds requests only when asked: the table shows it without and with a wait of
+    /// a second. Exact mode's reservations are another feature: without, unless asked.
+    pub fn max_waits(&self) -> Vec<u64> {
+        match (&self.max_waits, self.base.mode) {
+            (Some(w), _) => w.clone(),
+            (None, "lease") => vec![0, 1000],
+            (None, _) => vec![0],
+        }
+    }
 }
 
 pub fn parse(args: impl Iterator<Item = String>) -> Result<ScaleArgs, String> {
@@ -26,6 +41,7 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<ScaleArgs, String> {
         base: FleetOpts::default(),
         sizes: SIZES.to_vec(),
         overloads: OVERLOADS.to_vec(),
+        max_waits: None,
     };
     let mut args = args;
     let list = |v: String| -> Result<Vec<f64>, String> {
@@ -68,6 +84,9 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<ScaleArgs, String> {
             }
             "--horizon" => {
                 a.base.horizon_ms = Some(value()?.parse().map_err(|e| format!("--horizon: {e}"))?)
+            }
+            "--max-waits" => {
+                a.max_waits = Some(list(value()?)?.into_iter().map(|x| x as u64).collect())
             }
             "--no-churn" => a.base.churn = false,
             "--seed" => a.base.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,

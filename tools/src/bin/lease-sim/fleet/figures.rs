@@ -1,11 +1,13 @@
 //! What a fleet run reports: admitted ÷ ideal (the ideal: what one perfect token bucket per key,
-//! answering each request as it arrived, admits of the same requests), the fullest window of each
+//! answering each request as it arrived and letting it through once its token refilled if that is
+//! within the rules' `max_wait_ms`, admits of the same requests; both count what was let through
+//! by the end of the run), the fullest window of each
 //! length against burst + rate × W, the script calls per second and per 1000 admitted, how long a
 //! quiet proxy (a sidecar) waits for its first token of the hot key, and the quiet proxies' share
 //! of the hot key's admissions against their share of its demand.
 
 use super::sim::FleetSim;
-use crate::ideal::{self, perfect};
+use crate::ideal::{self, perfect_waiting};
 
 /// Window lengths checked, in ms: every window of each length that starts at an admission (the
 /// most admissions any window of that length holds is among those).
@@ -118,8 +120,9 @@ impl FleetSim<'_> {
                     asked[p] += 1;
                     first_ask[p].get_or_insert(r.arrived_us);
                     if let Some(a) = r.admitted_us {
-                        f.hot_admitted += 1;
                         hot_admits.push(a);
+                        // Admitted ÷ ideal counts what was let through by the end, as the ideal.
+                        f.hot_admitted += u64::from(a <= end);
                         got[p] += 1;
                         first_got[p] = Some(first_got[p].map_or(a, |g: u64| g.min(a)));
                     }
@@ -128,21 +131,22 @@ impl FleetSim<'_> {
                     f.warm_requests += 1;
                     warm_arrivals[k as usize].push(r.arrived_us);
                     if let Some(a) = r.admitted_us {
-                        f.warm_admitted += 1;
+                        f.warm_admitted += u64::from(a <= end);
                         warm_admits[k as usize].push(a);
                     }
                 }
             }
         }
         hot_admits.sort_unstable();
-        f.hot_ideal = perfect(&hot_arrivals, o.hot_burst, o.hot_rate);
+        f.hot_ideal = perfect_waiting(&hot_arrivals, o.hot_burst, o.hot_rate, o.max_wait_ms, end);
         f.hot_excess = WINDOWS_MS
             .iter()
             .map(|&w| (w, excess(&hot_admits, w, o.hot_burst, o.hot_rate)))
             .collect();
         f.warm_excess = f64::NEG_INFINITY;
         for (arrivals, admits) in warm_arrivals.iter().zip(warm_admits.iter_mut()) {
-            f.warm_ideal += perfect(arrivals, o.warm_burst, o.warm_rate);
+            f.warm_ideal +=
+                perfect_waiting(arrivals, o.warm_burst, o.warm_rate, o.max_wait_ms, end);
             admits.sort_unstable();
             for w in WINDOWS_MS {
                 f.warm_excess = f

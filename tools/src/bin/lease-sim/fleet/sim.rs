@@ -123,6 +123,9 @@ fn rules(o: &FleetOpts) -> serde_json::Value {
         if let (Some(h), "lease") = (o.horizon_ms, o.mode) {
             r["lease_horizon_ms"] = h.into();
         }
+        if o.max_wait_ms > 0 {
+            r["max_wait_ms"] = o.max_wait_ms.into();
+        }
         r
     };
     serde_json::json!([
