@@ -115,6 +115,14 @@ impl Engine {
         }
     }
 
+    /// A check's own call (`call`) is over: answered, failed, or given up on. If it was an exact
+    /// check that may share calls, it led its key's chain, whose queued checks go now.
+    pub(super) fn own_call_over(&mut self, host: &mut dyn Host, call: &ScriptCall, now: u64) {
+        if eligible(call) {
+            self.chain_next(host, &call.key, now);
+        }
+    }
+
     /// A call of `key`'s chain was answered (or failed): send the queued checks as one call, now.
     /// A chain that goes on claims its key for this worker, or, if another worker leads it, ends
     /// with this call.
@@ -306,9 +314,8 @@ impl Engine {
                 self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now);
             }
         }
-        if f.relayed && eligible(&f.call) {
-            // The call this check's key waited for is over.
-            self.chain_next(host, &f.call.key, now);
+        if f.relayed {
+            self.own_call_over(host, &f.call, now);
         }
     }
 

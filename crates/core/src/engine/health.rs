@@ -61,6 +61,17 @@ fn bit(class: ErrorClass) -> u64 {
     1 << pos
 }
 
+/// What the breaker says to a call about to go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Closed: calls go out.
+    Closed,
+    /// Half-open: this call is the one probe.
+    Probe,
+    /// Open: no call goes out.
+    Shut,
+}
+
 pub struct Health<'a> {
     store: &'a dyn Store,
     key: String,
@@ -101,15 +112,20 @@ impl<'a> Health<'a> {
         open_until != 0 && now_ms < open_until
     }
 
-    /// Whether a call may go out now (true for the one probe after a cool-off). The common case,
-    /// a closed breaker, costs one read.
+    /// Whether a call may go out now (true for the one probe after a cool-off).
     pub fn allow(&self, now_ms: u64) -> bool {
+        self.gate(now_ms) != Gate::Shut
+    }
+
+    /// Whether a call may go out now, and whether it is the one probe after a cool-off (claimed
+    /// by this). The common case, a closed breaker, costs one read.
+    pub fn gate(&self, now_ms: u64) -> Gate {
         let open_until = self.read().open_until;
         if open_until == 0 {
-            return true;
+            return Gate::Closed;
         }
         if now_ms < open_until {
-            return false;
+            return Gate::Shut;
         }
         // Half-open: whoever moves the deadline first is the probe.
         let cooloff = self.cooloff_ms;
@@ -117,12 +133,14 @@ impl<'a> Health<'a> {
             let mut s = State::decode(bytes);
             if s.open_until != 0 && now_ms >= s.open_until {
                 s.open_until = now_ms.saturating_add(cooloff);
-                Change::Write(s.encode(), true)
+                Change::Write(s.encode(), Gate::Probe)
+            } else if s.open_until == 0 {
+                Change::Keep(Gate::Closed)
             } else {
-                Change::Keep(s.open_until == 0)
+                Change::Keep(Gate::Shut)
             }
         })
-        .unwrap_or(false)
+        .unwrap_or(Gate::Shut)
     }
 
     /// Records a call's result; says what changed. A success with nothing failing costs one read.

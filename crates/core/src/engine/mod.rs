@@ -260,9 +260,7 @@ impl Engine {
                         self.settle(host, ctx, check, outcome);
                     }
                 }
-                if coalesce::eligible(&call.call) {
-                    self.chain_next(host, &call.call.key, now);
-                }
+                self.own_call_over(host, &call.call, now);
             }
             Purpose::Batch(checks) => {
                 let asked = (&call.rule, &call.call);

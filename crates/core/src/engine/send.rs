@@ -15,7 +15,7 @@
 
 use super::calls::{Call, Flight, Purpose};
 use super::decision::By;
-use super::health::{Event, Health};
+use super::health::{Event, Gate, Health};
 use super::host::Host;
 use super::ids::{CheckId, ContextId, Token};
 use super::rules::RuleRef;
@@ -207,8 +207,9 @@ impl Engine {
             return;
         }
         // After the cool-off, the one call the breaker lets through is a probe.
-        let probe = self.health(host.store()).open_until().is_some();
-        if !self.backend_allowed(host, now) {
+        let gate = self.health(host.store()).gate(now);
+        let probe = gate == Gate::Probe;
+        if gate == Gate::Shut {
             for c in &calls {
                 self.settlement_failed(host, &c.rule, &c.call, now);
             }
@@ -394,10 +395,7 @@ impl Engine {
         match c.purpose {
             Purpose::Check { ctx, check } => {
                 self.fail_check(host, ctx, check, e, now);
-                if coalesce::eligible(&c.call) {
-                    // The chain this call led is over.
-                    self.chain_next(host, &c.call.key, now);
-                }
+                self.own_call_over(host, &c.call, now);
             }
             Purpose::Batch(checks) => {
                 self.fail_chained(host, &checks, e, now);

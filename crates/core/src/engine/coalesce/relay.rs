@@ -16,7 +16,6 @@ use super::super::host::Host;
 use super::super::verdict::Outcome;
 use super::super::Engine;
 use super::chains::Forwarded;
-use super::eligible;
 use super::wire::{self, Told};
 use crate::backend::{BackendError, Reply};
 use crate::metrics::{Counter, Metrics};
@@ -147,9 +146,7 @@ impl Engine {
                 Err((e, _)) => self.fail_check(host, ctx, check, &e, now),
             }
         }
-        if eligible(&f.call) {
-            self.chain_next(host, &f.call.key, now);
-        }
+        self.own_call_over(host, &f.call, now);
     }
 
     /// A relayed check the collector did not answer in time: its failure mode, and the
@@ -157,9 +154,7 @@ impl Engine {
     pub(super) fn relay_lost(&mut self, host: &mut dyn Host, f: Forwarded, now: u64) {
         let _ = Collector::new(host.store(), &self.plugin.ns).release(f.leader);
         self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now);
-        if eligible(&f.call) {
-            self.chain_next(host, &f.call.key, now);
-        }
+        self.own_call_over(host, &f.call, now);
     }
 
     /// A flight of checks that gathered behind this worker's flight went out: this worker
