@@ -25,6 +25,28 @@ pub fn push_signed_bytes(out: &mut Vec<u8>, n: i64) {
     push_bytes(out, n.unsigned_abs());
 }
 
+/// `n` in decimal, written into `buf`: for an argument that goes out by itself, with no buffer
+/// to append to.
+pub fn digits(buf: &mut [u8; 21], n: u64) -> &[u8] {
+    let (_, tail) = buf.split_at_mut(1);
+    match <&mut [u8; 20]>::try_from(tail) {
+        Ok(tail) => digits_of(tail, n),
+        Err(_) => &[],
+    }
+}
+
+/// `n` in decimal with a leading `-` when negative, written into `buf`.
+pub fn signed_digits(buf: &mut [u8; 21], n: i64) -> &[u8] {
+    let len = digits(buf, n.unsigned_abs()).len();
+    let start = buf.len().saturating_sub(len + usize::from(n < 0));
+    if n < 0 {
+        if let Some(sign) = buf.get_mut(start) {
+            *sign = b'-';
+        }
+    }
+    buf.get(start..).unwrap_or_default()
+}
+
 /// `n`'s decimal digits, written at the end of `digits`.
 fn digits_of(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
     let mut start = digits.len();
@@ -54,8 +76,12 @@ mod tests {
             let mut b = b"x".to_vec();
             push_bytes(&mut b, n);
             assert_eq!(b, format!("x{n}").into_bytes());
+            let mut buf = [b'x'; 21];
+            assert_eq!(digits(&mut buf, n), format!("{n}").as_bytes());
         }
         for n in [0, -1, 5, -3_000, i64::MIN, i64::MAX] {
+            let mut buf = [b'x'; 21];
+            assert_eq!(signed_digits(&mut buf, n), format!("{n}").as_bytes());
             let mut b = Vec::new();
             push_signed_bytes(&mut b, n);
             assert_eq!(b, n.to_string().into_bytes());

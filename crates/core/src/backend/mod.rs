@@ -129,24 +129,24 @@ impl ScriptCall {
                 (settle, settle || self.max_wait_ms != 0)
             }
         };
-        let mut number = Vec::with_capacity(64);
+        // Numbers are written on the stack: this runs for every call, and more than once for a
+        // batched one (its size, then its command).
+        let mut number = [0u8; 21];
         for n in self.limit_args() {
-            number.clear();
-            crate::decimal::push_bytes(&mut number, n);
-            arg(&number);
+            arg(crate::decimal::digits(&mut number, n));
         }
-        number.clear();
-        self.push_lease(&mut number);
-        arg(&number);
+        if self.holder.is_some() {
+            let mut lease = Vec::with_capacity(64);
+            self.push_lease(&mut lease);
+            arg(&lease);
+        } else {
+            arg(crate::decimal::digits(&mut number, self.lease_want));
+        }
         if with_wait {
-            number.clear();
-            crate::decimal::push_bytes(&mut number, self.max_wait_ms);
-            arg(&number);
+            arg(crate::decimal::digits(&mut number, self.max_wait_ms));
         }
         if with_settle {
-            number.clear();
-            crate::decimal::push_signed_bytes(&mut number, self.settle);
-            arg(&number);
+            arg(crate::decimal::signed_digits(&mut number, self.settle));
         }
         self.push_penalty(&mut arg);
         5 + usize::from(with_wait) + usize::from(with_settle) + 2 * usize::from(with_penalty)

@@ -20,14 +20,28 @@ pub enum Invoke<'a> {
 /// Percent-encodes `bytes` as one Webdis argument.
 pub fn encode_segment(bytes: &[u8], out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in bytes {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
-            out.push(b);
-        } else {
-            let hex = |n: u8| HEX.get(usize::from(n)).copied().unwrap_or(b'0');
-            out.extend_from_slice(&[b'%', hex(b >> 4), hex(b & 0x0f)]);
-        }
+    let mut rest = bytes;
+    // Runs of bytes left as they are go out in one copy: digests, numbers and the script's SHA
+    // are one run each.
+    while !rest.is_empty() {
+        let run = rest
+            .iter()
+            .position(|&b| !is_unreserved(b))
+            .unwrap_or(rest.len());
+        let (plain, tail) = rest.split_at(run);
+        out.extend_from_slice(plain);
+        let Some((&b, tail)) = tail.split_first() else {
+            break;
+        };
+        let hex = |n: u8| HEX.get(usize::from(n)).copied().unwrap_or(b'0');
+        out.extend_from_slice(&[b'%', hex(b >> 4), hex(b & 0x0f)]);
+        rest = tail;
     }
+}
+
+/// A byte Webdis takes as it is in an argument (every other one is percent-encoded).
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~'
 }
 
 /// The Webdis command text for one script call:
@@ -47,7 +61,8 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
 /// each key's arguments exactly its single form's ([`command`]), `ci` of them.
 pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
     let script = script_of(invoke);
-    let groups: usize = calls.iter().map(|c| group_bytes(c)).sum();
+    // Room for the usual call (an encoded key and a dozen numbers); an unusual one grows it.
+    let groups: usize = calls.iter().map(|c| c.key.len() * 3 + 128).sum();
     let mut out = Vec::with_capacity(script.len() * 3 + groups + 64);
     push_head(&mut out, invoke, calls);
     out.extend_from_slice(b"/batch");
@@ -107,13 +122,7 @@ pub fn group_bytes(call: &ScriptCall) -> usize {
 fn encoded_len(bytes: &[u8]) -> usize {
     bytes
         .iter()
-        .map(|&b| {
-            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~' {
-                1
-            } else {
-                3
-            }
-        })
+        .map(|&b| if is_unreserved(b) { 1 } else { 3 })
         .sum()
 }
 

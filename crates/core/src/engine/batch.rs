@@ -6,7 +6,7 @@
 //! end of the event that filled it when none is out, or at once when it is full.
 
 use super::calls::Call;
-use crate::backend::{batch_bytes, MAX_BATCH_BYTES};
+use crate::backend::MAX_BATCH_BYTES;
 
 #[derive(Debug, Default)]
 pub(super) struct OpenBatch {
@@ -21,11 +21,13 @@ impl OpenBatch {
         self.calls.is_empty()
     }
 
-    /// Whether `call` would not fit next to what is open (at most `max_keys` calls).
-    pub fn no_room_for(&self, call: &Call, max_keys: usize) -> bool {
+    /// Whether a call of `bytes` ([`batch_bytes`]) would not fit next to what is open (at most
+    /// `max_keys` calls).
+    ///
+    /// [`batch_bytes`]: crate::backend::batch_bytes
+    pub fn no_room_for(&self, bytes: usize, max_keys: usize) -> bool {
         !self.calls.is_empty()
-            && (self.calls.len() >= max_keys
-                || self.bytes.saturating_add(batch_bytes(&call.call)) > MAX_BATCH_BYTES)
+            && (self.calls.len() >= max_keys || self.bytes.saturating_add(bytes) > MAX_BATCH_BYTES)
     }
 
     /// Whether it holds `max_keys` calls: it leaves now.
@@ -33,9 +35,12 @@ impl OpenBatch {
         self.calls.len() >= max_keys
     }
 
-    /// Adds `call`; `behind_flight`: a flight of the open batch is out (it waits for it).
-    pub fn push(&mut self, call: Call, behind_flight: bool) {
-        self.bytes = self.bytes.saturating_add(batch_bytes(&call.call));
+    /// Adds `call` of `bytes` ([`batch_bytes`]); `behind_flight`: a flight of the open batch is
+    /// out (it waits for it).
+    ///
+    /// [`batch_bytes`]: crate::backend::batch_bytes
+    pub fn push(&mut self, call: Call, bytes: usize, behind_flight: bool) {
+        self.bytes = self.bytes.saturating_add(bytes);
         self.gathered |= behind_flight;
         self.calls.push(call);
     }

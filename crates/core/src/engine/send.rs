@@ -21,7 +21,7 @@ use super::ids::{CheckId, ContextId, Token};
 use super::rules::RuleRef;
 use super::verdict::Outcome;
 use super::{coalesce, Engine};
-use crate::backend::{slot, BackendError, Reply, ScriptCall};
+use crate::backend::{batch_bytes, slot, BackendError, Reply, ScriptCall};
 use crate::bucket::Penalized;
 use crate::config::FailureMode;
 use crate::metrics::{Counter, Metrics};
@@ -134,14 +134,17 @@ impl Engine {
         if self.calls.full(max_inflight) {
             return Err(self.overflow(host, out));
         }
-        if self.open.no_room_for(&out, max_keys) {
+        let mut bytes = batch_bytes(&out.call);
+        if self.open.no_room_for(bytes, max_keys) {
             self.dispatch_open(host);
             if self.calls.full(max_inflight) {
                 return Err(self.overflow(host, out));
             }
         }
-        self.carry(host, &mut out);
-        self.open.push(out, self.calls.batched_out());
+        if self.carry(host, &mut out) {
+            bytes = batch_bytes(&out.call);
+        }
+        self.open.push(out, bytes, self.calls.batched_out());
         if self.open.is_full(max_keys) && !self.calls.full(max_inflight) {
             self.dispatch_open(host);
         }
@@ -225,7 +228,8 @@ impl Engine {
             let mut slots = by_slot(calls).into_iter();
             let first = slots.next().unwrap_or_default();
             for c in slots.flatten() {
-                self.open.push(c, true);
+                let bytes = batch_bytes(&c.call);
+                self.open.push(c, bytes, true);
             }
             self.dispatch_apart(host, first, Apart::Together, now);
             return;
@@ -360,12 +364,14 @@ impl Engine {
 
     /// This proxy's pending usage for the call's key rides on it: Redis settles it first, so this
     /// very check sees every charge this proxy knows of (as much of it as the call's limits let
-    /// the script take; the rest waits for the next call or flush).
-    fn carry(&mut self, host: &mut dyn Host, out: &mut Call) {
+    /// the script take; the rest waits for the next call or flush). Whether the call changed.
+    fn carry(&mut self, host: &mut dyn Host, out: &mut Call) -> bool {
         if out.call.settle == 0 && out.rule.usage.is_some() {
             let (rule, call) = (&out.rule, &out.call);
             out.call.settle = self.carry_pending(host, rule, &call.key, call.limits(), out.sent_ms);
+            return out.call.settle != 0;
         }
+        false
     }
 
     pub(super) fn batch_max_keys(&self) -> usize {

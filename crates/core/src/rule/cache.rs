@@ -114,11 +114,26 @@ impl KeyCache {
         values: &[V],
     ) -> String {
         let key = bucket_key(prefix, rule, sources, values);
-        *slot = Some(Cached {
-            rule: idx,
-            values: values.iter().map(|v| v.as_ref().to_vec()).collect(),
-            key: key.clone(),
-        });
+        match slot {
+            // The entry it replaces lends its buffers: a flood of new keys misses every time.
+            Some(e) => {
+                e.rule = idx;
+                e.values.resize_with(values.len(), Vec::new);
+                for (kept, v) in e.values.iter_mut().zip(values) {
+                    kept.clear();
+                    kept.extend_from_slice(v.as_ref());
+                }
+                e.key.clear();
+                e.key.push_str(&key);
+            }
+            None => {
+                *slot = Some(Cached {
+                    rule: idx,
+                    values: values.iter().map(|v| v.as_ref().to_vec()).collect(),
+                    key: key.clone(),
+                })
+            }
+        }
         key
     }
 

@@ -74,7 +74,14 @@ fn digest_input<'a>(sources: &[KeySource], parts: impl Iterator<Item = Part<'a>>
     }
     let mut input = Vec::with_capacity(sources.len() * 64);
     for (source, part) in sources.iter().zip(parts) {
-        field(&mut input, source.to_string().as_bytes());
+        // The name's length goes first: written after the name, in the room left for it.
+        let at = input.len();
+        input.extend_from_slice(&[0; 4]);
+        source.push_name(&mut input);
+        let len = u32::try_from(input.len().saturating_sub(at + 4)).unwrap_or(u32::MAX);
+        if let Some(room) = input.get_mut(at..at + 4) {
+            room.copy_from_slice(&len.to_be_bytes());
+        }
         match part {
             Part::Value(value) => field(&mut input, value),
             Part::Ambiguous => input.extend_from_slice(&u32::MAX.to_be_bytes()),

@@ -282,3 +282,36 @@ fn client_ip_prefixes() {
         );
     }
 }
+
+/// The spelling the digest takes is the `Display` one, byte for byte, for every kind of source:
+/// a difference would move every bucket of a rule to a fresh key.
+#[test]
+fn the_name_a_digest_takes_is_the_display_spelling() {
+    let sources = [
+        KeySource::Header("x-user".into()),
+        KeySource::Query("User Id".into()),
+        KeySource::CLIENT_IP,
+        KeySource::ClientIp {
+            v4_prefix: 24,
+            v6_prefix: 56,
+        },
+        KeySource::Path,
+        KeySource::Method,
+        KeySource::Authority,
+        KeySource::Literal("Fixed".into()),
+        KeySource::Property {
+            spelled: "source.principal".into(),
+            path: vec!["source".into(), "principal".into()],
+        },
+        KeySource::Metadata {
+            namespace: "envoy.filters.http.jwt_authn".into(),
+            fields: vec!["payload".into(), "sub".into()],
+        },
+        KeySource::Cookie("session".into()),
+    ];
+    for source in sources {
+        let mut name = b"x".to_vec();
+        source.push_name(&mut name);
+        assert_eq!(name, format!("x{source}").into_bytes(), "{source:?}");
+    }
+}

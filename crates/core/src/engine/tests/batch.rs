@@ -285,3 +285,39 @@ fn a_probe_flight_with_one_keys_error_closes_the_breaker() {
         "the key's own error: its failure mode"
     );
 }
+
+/// A flood of new keys: eight requests arrive while each flight is out and leave in the next, for
+/// a profiler (see `profile_local_path`).
+#[test]
+#[ignore]
+fn profile_flood_exact() {
+    let top = r#""response_headers":"ietf","backend":{"batch_max_keys":32},"#;
+    let (mut e, _rec) = engine(top, EXACT);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("first"));
+    let mut ctx = 11u32;
+    let mut out: Vec<u32> = vec![10];
+    let parts: Vec<String> = (0..8).map(|_| part(true, 19, 0)).collect();
+    let b = batch_answer(&parts);
+    let one = answer(true, 19, 0, 100, 1);
+    for round in 0..40_000u32 {
+        let mut batch = Vec::new();
+        for _ in 0..8 {
+            send(&mut e, &mut h, ctx, &user(&format!("user-{ctx}")));
+            batch.push(ctx);
+            ctx += 1;
+        }
+        let body = if out.len() == 1 { &one } else { &b };
+        let token = h.tokens()[0];
+        deliver(&mut e, &mut h, token, 200, body);
+        for c in out.drain(..) {
+            e.response_headers(&mut h, c.into(), &resp(&[]));
+            e.done(&mut h, c.into());
+        }
+        out = batch;
+        h.now = u64::from(round);
+        h.resumed.clear();
+        h.added.clear();
+        h.sent.clear();
+    }
+}
