@@ -24,7 +24,7 @@ tollgate_wasm=$(cd "$(dirname "$tollgate_wasm")" && pwd)/$(basename "$tollgate_w
 # The module a template's {{WASM_PATH}} stands for: tollgate's, except the bench's empty filter.
 wasm_for() {
   case "$1" in
-    envoy/bench/wasm-floor.yaml|envoy/bench/wasm-floor-calls.yaml)
+    envoy/bench/wasm-floor.yaml|envoy/bench/wasm-floor-calls.yaml|envoy/bench/wasm-floor-hold.yaml)
       cargo build --quiet --release --target wasm32-wasip1 \
         --manifest-path bench/wasm-floor/Cargo.toml --target-dir target/wasm-floor >&2
       echo "$root/target/wasm-floor/wasm32-wasip1/release/wasm_floor.wasm" ;;

@@ -1199,6 +1199,7 @@ fn shipped_envoy_configs_are_edge_safe() {
         "envoy/bench/native.yaml: 1",
         "envoy/bench/wasm-floor.yaml: 1",
         "envoy/bench/wasm-floor-calls.yaml: 1",
+        "envoy/bench/wasm-floor-hold.yaml: 1",
         "envoy/redis-cluster/envoy.yaml: 0",
     ] {
         assert!(checked.iter().any(|c| c == want), "{want} in {checked:?}");

@@ -10,6 +10,15 @@
 //! what tollgate's own wasm code costs, less what tollgate saves by not exporting the callbacks it
 //! does not use (this module is built with the proxy-wasm SDK, which exports them all: Envoy calls
 //! it for each request's done and log events, tollgate it does not).
+//!
+//! With `hold` (scenario `wasm-floor-hold`) it holds every request behind a callout, the way
+//! tollgate's exact mode holds a new key's request, with no logic around it: a worker has at most
+//! one callout out (a Webdis `PING`), the requests that arrive meanwhile wait for it and leave
+//! together in the next one, and an answer resumes the requests its callout was for. What Envoy
+//! spends on it is the price of holding a request for a shared check, whatever the check decides.
+
+use std::cell::RefCell;
+use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -17,12 +26,20 @@ use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { host_calls: false }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { mode: Mode::Floor }) });
 }}
 
 struct Root {
+    mode: Mode,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Floor,
     /// Configured with `host-calls`.
-    host_calls: bool,
+    HostCalls,
+    /// Configured with `hold`.
+    Hold,
 }
 
 impl Context for Root {}
@@ -31,17 +48,21 @@ impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let config =
             hostcalls::get_buffer(proxy_wasm::types::BufferType::PluginConfiguration, 0, 64);
-        self.host_calls = matches!(config, Ok(Some(c)) if c == b"host-calls");
+        self.mode = match config {
+            Ok(Some(c)) if c == b"host-calls" => Mode::HostCalls,
+            Ok(Some(c)) if c == b"hold" => Mode::Hold,
+            _ => Mode::Floor,
+        };
         true
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        // Both contexts are zero-sized types, so boxing them allocates nothing: the floor stays
-        // what it was before the host-calls variant existed.
-        Some(if self.host_calls {
-            Box::new(HostCalls)
-        } else {
-            Box::new(Floor)
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // Floor and HostCalls are zero-sized types, so boxing them allocates nothing: the floor
+        // stays what it was before the other variants existed.
+        Some(match self.mode {
+            Mode::Floor => Box::new(Floor),
+            Mode::HostCalls => Box::new(HostCalls),
+            Mode::Hold => Box::new(Hold { id: context_id }),
         })
     }
 
@@ -85,5 +106,111 @@ impl HttpContext for HostCalls {
             "\"per-user\";r=999999;t=1",
         );
         Action::Continue
+    }
+}
+
+/// The worker's held requests (the VM is per worker: one of these per worker).
+#[derive(Default)]
+struct Held {
+    /// A callout is out.
+    out: bool,
+    /// The requests the callout out is for.
+    flight: Vec<u32>,
+    /// The requests that came while it was out: the next callout's.
+    waiting: Vec<u32>,
+}
+
+thread_local! {
+    static HELD: RefCell<Held> = RefCell::new(Held::default());
+}
+
+/// The hold variant: a request waits for the worker's next callout.
+struct Hold {
+    id: u32,
+}
+
+impl Hold {
+    /// Sends the callout for `flight` from this request's context (the SDK hands the answer to
+    /// the context that sent it, so this request is in `flight` and stays until it comes).
+    fn send(&self, flight: Vec<u32>) -> Result<(), Vec<u32>> {
+        let headers = vec![
+            (":method", "GET"),
+            (":path", "/PING"),
+            (":authority", "webdis"),
+        ];
+        match self.dispatch_http_call(
+            "tollgate_backend",
+            headers,
+            None,
+            vec![],
+            Duration::from_secs(1),
+        ) {
+            Ok(_) => {
+                HELD.with(|h| {
+                    let mut h = h.borrow_mut();
+                    h.out = true;
+                    h.flight = flight;
+                });
+                Ok(())
+            }
+            Err(_) => Err(flight),
+        }
+    }
+}
+
+fn resume(ids: impl IntoIterator<Item = u32>) {
+    for id in ids {
+        if hostcalls::set_effective_context(id).is_ok() {
+            let _ = hostcalls::resume_http_request();
+        }
+    }
+}
+
+impl Context for Hold {
+    fn on_http_call_response(&mut self, _: u32, _: usize, body_size: usize, _: usize) {
+        // The answer is read, as tollgate reads its own.
+        let _ = hostcalls::get_buffer(
+            proxy_wasm::types::BufferType::HttpCallResponseBody,
+            0,
+            body_size,
+        );
+        let (done, mut next) = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            h.out = false;
+            (
+                std::mem::take(&mut h.flight),
+                std::mem::take(&mut h.waiting),
+            )
+        });
+        if next.is_empty() {
+            resume(done);
+            return;
+        }
+        // The next callout leaves from this context, which therefore waits for it too.
+        next.push(self.id);
+        match self.send(next) {
+            Ok(()) => resume(done.into_iter().filter(|id| *id != self.id)),
+            Err(next) => {
+                resume(done.into_iter().filter(|id| *id != self.id));
+                resume(next);
+            }
+        }
+    }
+}
+
+impl HttpContext for Hold {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let _ = hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-user-id");
+        let idle = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.out {
+                h.waiting.push(self.id);
+            }
+            !h.out
+        });
+        if idle && self.send(vec![self.id]).is_err() {
+            return Action::Continue;
+        }
+        Action::Pause
     }
 }

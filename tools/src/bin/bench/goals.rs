@@ -62,6 +62,17 @@ pub fn lease_cost_split(rows: &[Row]) -> Option<(f64, f64)> {
     ))
 }
 
+/// Where tollgate-flood-exact's Envoy CPU per request goes (medians of per-round figures): holding
+/// a request for a shared callout (wasm-floor-hold's), and the rest (tollgate-flood-exact −
+/// wasm-floor-hold).
+pub fn flood_cost_split(rows: &[Row]) -> Option<(f64, f64)> {
+    let hold = row_named(rows, "wasm-floor-hold")?;
+    Some((
+        median_of(&hold.samples, Sample::cpu)?,
+        cpu_difference(rows, "tollgate-flood-exact", "wasm-floor-hold")?,
+    ))
+}
+
 /// What exporting the body callback costs tollgate-lease per round, as a share of the floor's
 /// CPU per request in the same round; the median over rounds.
 pub fn body_export_cost(rows: &[Row]) -> Option<f64> {

@@ -17,6 +17,7 @@
 //! | native | local_ratelimit, bucket never empties (envoy/bench/native.yaml) | closed loop |
 //! | wasm-floor | bench/wasm-floor: reads one header, continues (envoy/bench/wasm-floor.yaml) | closed loop |
 //! | wasm-floor-calls | bench/wasm-floor making tollgate-lease's host calls and nothing else (envoy/bench/wasm-floor-calls.yaml) | closed loop |
+//! | wasm-floor-hold | bench/wasm-floor holding each request for a Webdis PING shared by the requests that came while the one before was out (envoy/bench/wasm-floor-hold.yaml) | closed loop |
 //! | tollgate-exact / -lease | envoy/envoy.yaml, one rule on `header:x-user-id`, one key, limit never reached | closed loop |
 //! | tollgate-exact-baseline | tollgate-exact with the filter at `BASELINE_COMMIT` (issue 17's baseline), built from the clone's history | closed loop |
 //! | tollgate-lease-b, tollgate-exact-b | tollgate-lease / tollgate-exact with the filter built at `--compare-wasm` (only with it): an A/B of two builds in the same slices | closed loop |

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::args::Settings;
 use crate::builds::BODY_CALLBACK;
-use crate::goals::{flood_detail, lease_cost_split};
+use crate::goals::{flood_cost_split, flood_detail, lease_cost_split};
 use crate::report::{fmt, Outcome};
 use crate::rows::{paired_ratio, row_named, slice_ratios};
 use crate::sample::Sample;
@@ -23,6 +23,14 @@ pub fn print(settings: &Settings, run: &Outcome) {
              differences): its host calls {calls:.1} µs/request (wasm-floor-calls − wasm-floor), \
              the rest {wasm:.1} µs/request (tollgate-lease − wasm-floor-calls: tollgate's own wasm \
              code, less the calls into the VM it saves by exporting only the callbacks it uses)."
+        );
+    }
+    if let Some((hold, rest)) = flood_cost_split(rows) {
+        println!(
+            "- where tollgate-flood-exact's Envoy CPU goes (medians): holding each request for a \
+             callout its worker shares {hold:.1} µs/request (wasm-floor-hold), the rest \
+             {rest:.1} µs/request (tollgate-flood-exact − wasm-floor-hold: tollgate's own wasm \
+             code and host calls, checks relayed between workers, larger callouts)."
         );
     }
     if let Some((mid, low, high, n)) = slice_ratios(rows, "tollgate-lease", "wasm-floor") {

@@ -62,7 +62,7 @@ pub struct Def {
     pub what: &'static str,
 }
 
-pub const SCENARIOS: [Def; 17] = [
+pub const SCENARIOS: [Def; 18] = [
     Def {
         name: "plain",
         setup: Setup::Template("plain.yaml"),
@@ -82,6 +82,12 @@ pub const SCENARIOS: [Def; 17] = [
         name: "wasm-floor-calls",
         setup: Setup::Template("wasm-floor-calls.yaml"),
         what: "the wasm floor making tollgate-lease's host calls per request, with no logic",
+    },
+    Def {
+        name: "wasm-floor-hold",
+        setup: Setup::Template("wasm-floor-hold.yaml"),
+        what: "the wasm floor holding each request for a callout shared by the requests that \
+               came while the one before was out, with no logic",
     },
     Def {
         name: "tollgate-exact",
