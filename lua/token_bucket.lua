@@ -228,6 +228,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   local MAX_PENALTY_MS = 86400000
   local MAX_PENALTY_WINDOW_MS = 604800000
   local MAX_OFFENCES = 8
+  -- A holder whose share (burst / holders) is below this reserves nothing.
+  local RACE_SHARE = 5
 
   if key == nil then
     return nil, 'key'
@@ -270,8 +272,10 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   end
 
   -- The lease: "0" (exact mode, the common case: nothing to parse), a plain want, or
-  -- want:holder:seq:hold_ms and one to eight held:quiet_ms steps.
+  -- want:holder:seq:hold_ms, then back when the count of parts is odd, and one to eight
+  -- held:quiet_ms steps.
   local lease_want, holder, seq, hold_ms, steps = 0, nil, nil, nil, nil
+  local lease_back = 0
   local lease = a5
   -- An operator's operation instead of a lease: no take, no holder, no settlement.
   local op, credit
@@ -300,15 +304,21 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     lease_want = int_arg(parts[1], 0)
     if lease_want == nil then return nil, 'lease' end
     if #parts > 1 then
-      if #parts < 6 or #parts > 20 or #parts % 2 == 1 then return nil, 'lease' end
+      if #parts < 6 or #parts > 21 then return nil, 'lease' end
       holder = int_arg(parts[2], 1)
       seq = int_arg(parts[3], 1)
       hold_ms = int_arg(parts[4], 0)
       if holder == nil or seq == nil or hold_ms == nil or hold_ms > MAX_HOLD_MS then
         return nil, 'lease'
       end
+      local first = 5
+      if #parts % 2 == 1 then
+        lease_back = int_arg(parts[5], 0)
+        if lease_back == nil then return nil, 'lease' end
+        first = 6
+      end
       steps = {}
-      for i = 5, #parts, 2 do
+      for i = first, #parts, 2 do
         local held, quiet = int_arg(parts[i], 0), int_arg(parts[i + 1], 0)
         if held == nil or quiet == nil or quiet > MAX_HOLD_MS then return nil, 'lease' end
         steps[#steps + 1] = { held, quiet }
@@ -484,8 +494,12 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
   end
 
-  -- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms.
+  -- Each step: the holder has held at most steps[i][1] for the last steps[i][2] ms. What it
+  -- gives back is at most what its record counts as held before the report: putting it back in
+  -- the bucket (below) moves tokens from what holders hold to the bucket, never adds to both.
+  local back = 0
   if steps ~= nil then
+    back = math.min(lease_back, held)
     for _, report in ipairs(steps) do
       local from = now - report[2] * 1000
       if from > t then
@@ -500,6 +514,9 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   end
   if now - t >= step_us then
     u, t = refill(u, t, now, cap, rate, step_us)
+  end
+  if back > 0 then
+    u = math.max(u, math.min(u + back * per_token, cap))
   end
   -- From here on t stays where it is: the whole ms since it, for wait_for.
   local since_ms = idiv(now - t, 1000)
@@ -575,16 +592,26 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
       -- holds the request for retry_after_ms, when those tokens exist. A holder takes what is
       -- there and reserves the rest of what it wants, as far as the wait allows; anyone else
-      -- reserves exactly cost.
+      -- reserves exactly cost. A holder whose share is below RACE_SHARE tokens reserves
+      -- nothing: it takes what is there, or is denied until its turn, when the bucket has
+      -- refilled a token for every holder on record.
+      local racing = holder ~= nil and share < RACE_SHARE
+      local reach_ms = max_wait_ms
+      if racing then
+        reach_ms = 0
+      end
       local take = cost
       if holder ~= nil then
         take = math.max(cost, math.min(want,
-          idiv(u + idiv(max_wait_ms + since_ms, step_ms) * rate, per_token)))
+          idiv(u + idiv(reach_ms + since_ms, step_ms) * rate, per_token)))
       end
       local wait_ms = wait_for(take * per_token - u, rate, step_ms, since_ms)
-      if wait_ms <= max_wait_ms then
+      if wait_ms <= reach_ms then
         u = u - take * per_token
         allowed, granted, retry_after_ms = 1, take, wait_ms
+      elseif racing then
+        allowed, granted = 0, 0
+        retry_after_ms = math.max(wait_ms, wait_for(k * per_token, rate, step_ms, since_ms))
       else
         -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
         allowed, granted = 0, 0

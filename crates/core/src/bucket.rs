@@ -289,7 +289,7 @@ impl Holders {
 /// Most steps a holder's report carries.
 pub const MAX_STEPS: usize = 8;
 
-/// A lease call's holder (the script's `want:holder:hold_ms:held:quiet_ms...`).
+/// A lease call's holder (the script's `want:holder:seq:hold_ms[:back]:held:quiet_ms...`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     /// The proxy's id (>= 1, random per proxy).
@@ -299,6 +299,10 @@ pub struct Holder {
     pub seq: u64,
     /// How long it may hold what it is granted, after any reservation in it refilled.
     pub hold_ms: u64,
+    /// Tokens it was granted and dropped unspent (its lease expired) since its last call: the
+    /// script puts them back in the bucket, as far as its record still counts them as held
+    /// (`back` in the script; 0: none, and the argument leaves it out).
+    pub back: u64,
     steps: [(u64, u64); MAX_STEPS],
     len: usize,
 }
@@ -319,9 +323,15 @@ impl Holder {
             id,
             seq,
             hold_ms,
+            back: 0,
             steps: out,
             len: kept.len(),
         }
+    }
+
+    /// The same holder, giving back `back` tokens it dropped unspent.
+    pub fn giving_back(self, back: u64) -> Holder {
+        Holder { back, ..self }
     }
 
     /// The steps of its report, oldest first.
@@ -332,6 +342,13 @@ impl Holder {
 
 /// Longest `hold_ms` the script accepts (a day).
 pub const MAX_HOLD_MS: u64 = 86_400_000;
+
+/// A holder whose share (burst ÷ holders on record) is below this many tokens reserves nothing:
+/// it takes what the bucket holds now, and when that is too little it is denied until the
+/// bucket has refilled a token for every holder on record (its turn). With so many holders a
+/// reservation would bring a few tokens per call at most, and would tie them to a proxy before
+/// it has requests for them (a quiet proxy drops most of them unspent).
+pub const RACE_SHARE: u64 = 5;
 
 /// The deepest debt a period change keeps, in units (2^52: more than 75 minutes of refill at
 /// [`MAX_RATE`]); every value stays exact.
@@ -513,7 +530,12 @@ pub fn take_penalized(
     // A call that runs after a later one of the same holder reports nothing: its report is
     // stale (it may not count a grant the proxy has since deposited).
     let fresh = matches!((holder, record), (Some(h), Some(r)) if h.seq > r.seq);
+    // What the holder gives back: tokens its record still counts as held (before this report),
+    // so putting them back in the bucket moves them from what holders hold to the bucket and
+    // never adds to the two together.
+    let mut back = 0;
     if let (Some(rec), Some(h), true) = (record.as_mut(), holder, fresh) {
+        back = int(h.back.min(rec.held));
         for &(held, quiet_ms) in h.steps() {
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
             if from > ts_us {
@@ -526,6 +548,13 @@ pub fn take_penalized(
         }
     }
     refill(&mut units, &mut ts_us, now_us, out);
+    if back > 0 {
+        units = units.max(
+            units
+                .saturating_add(back.saturating_mul(per_token))
+                .min(capacity(out)),
+        );
+    }
     // Refilled to now: less than a step has passed since ts_us, and the refill comes at whole
     // steps after it.
     let clock = Clock::new(limits, ts_us, now_us);
@@ -578,16 +607,23 @@ pub fn take_penalized(
             units -= granted.saturating_mul(per_token);
             (true, granted, 0)
         } else {
+            // A holder with a small share reserves nothing (RACE_SHARE).
+            let racing = record.is_some() && share < int(RACE_SHARE);
+            let reach_ms = if racing { 0 } else { int(max_wait_ms) };
             let take = if record.is_some() {
-                let reach = units.saturating_add(clock.refill_within(int(max_wait_ms))) / per_token;
+                let reach = units.saturating_add(clock.refill_within(reach_ms)) / per_token;
                 cost.max(want.min(reach))
             } else {
                 cost
             };
             let wait_ms = clock.wait_ms(take.saturating_mul(per_token) - units);
-            if wait_ms <= int(max_wait_ms) {
+            if wait_ms <= reach_ms {
                 units -= take.saturating_mul(per_token);
                 (true, take, wait_ms)
+            } else if racing {
+                // Its turn: when the bucket has refilled a token for every holder on record.
+                let turn = clock.wait_ms(holder_count.saturating_mul(per_token));
+                (false, 0, wait_ms.max(turn))
             } else {
                 (false, 0, wait_ms - int(max_wait_ms))
             }

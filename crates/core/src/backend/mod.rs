@@ -101,13 +101,16 @@ impl ScriptCall {
     }
 
     /// Appends the lease argument (ARGV[5]): `<lease_want>`, or with a holder
-    /// `<lease_want>:<holder>:<seq>:<hold_ms>` and its steps `:<held>:<quiet_ms>` (digits and
-    /// colons only).
+    /// `<lease_want>:<holder>:<seq>:<hold_ms>`, then `:<back>` when it gives tokens back (the
+    /// script tells it by the odd count of parts), and its steps `:<held>:<quiet_ms>` (digits
+    /// and colons only).
     pub fn push_lease(&self, out: &mut Vec<u8>) {
         crate::decimal::push_bytes(out, self.lease_want);
         if let Some(h) = &self.holder {
+            let back = (h.back > 0).then_some(h.back);
             let steps = h.steps().iter().flat_map(|&(held, quiet)| [held, quiet]);
-            for n in [h.id, h.seq, h.hold_ms].into_iter().chain(steps) {
+            let head = [h.id, h.seq, h.hold_ms].into_iter().chain(back);
+            for n in head.chain(steps) {
                 out.push(b':');
                 crate::decimal::push_bytes(out, n);
             }

@@ -138,7 +138,8 @@ impl Engine {
                     claim.seq(),
                     self.hold_ms(claim.life_ms()),
                     &steps,
-                );
+                )
+                .giving_back(claim.back());
                 let call = ScriptCall {
                     lease_want: want.max(first),
                     max_wait_ms: sizing.max_wait_ms(),
@@ -237,6 +238,14 @@ impl Engine {
                     reset_after_ms: r.reset_after_ms,
                     refill_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
                 };
+                if grant.refill_ms == 0 && r.remaining == 0 && granted < asked.lease_want {
+                    // The bucket held less than this proxy asked for and reserved nothing (the
+                    // key has many holders: see `bucket::RACE_SHARE`): once these tokens are
+                    // spent, the key is denied here for one horizon, as after a denial, rather
+                    // than called again for the next token to refill.
+                    let until = sent_ms.saturating_add(sizing.horizon_ms);
+                    let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until);
+                }
                 let costs = self.waits.costs(&key);
                 if let Ok((d, take)) = pool.deposit(claim, &grant, &costs, now, &sizing) {
                     m.count(rule.id(), Counter::LeaseDropped, d.dropped);

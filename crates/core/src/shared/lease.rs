@@ -74,9 +74,12 @@ pub struct Lease {
     pub eighths_ms: [u64; 7],
     /// The seq of the latest lease call claimed for the key (see [`Claim::seq`]).
     pub flight_seq: u64,
+    /// Granted tokens dropped unspent (the lease expired) since the latest claim: the next lease
+    /// call gives them back to the bucket ([`Claim::back`]).
+    pub back: u64,
 }
 
-const FIELDS: usize = 22;
+const FIELDS: usize = 23;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -104,6 +107,7 @@ impl Lease {
             self.eighths_ms[5],
             self.eighths_ms[6],
             self.flight_seq,
+            self.back,
         ]
     }
 
@@ -126,6 +130,7 @@ impl Lease {
             peak: f(13)?,
             eighths_ms: [f(14)?, f(15)?, f(16)?, f(17)?, f(18)?, f(19)?, f(20)?],
             flight_seq: f(21)?,
+            back: f(22)?,
         })
     }
 
@@ -266,14 +271,17 @@ impl Lease {
         }
     }
 
-    /// Drops the tokens of an expired lease (its workers' batches expired with it); returns how
-    /// many.
+    /// Drops the tokens of an expired lease (its workers' batches expired with it; they come
+    /// back through [`LeasePool::take_back`]); returns how many. No worker spends them any more,
+    /// so the next lease call gives them back.
     fn expire(&mut self, now_ms: u64) -> u64 {
         if now_ms < self.expires_ms {
             return 0;
         }
         self.lent = 0;
-        std::mem::take(&mut self.tokens)
+        let dropped = std::mem::take(&mut self.tokens);
+        self.back = self.back.saturating_add(dropped);
+        dropped
     }
 
     /// A worker's previous batch is done: it hands back what it did not spend.
@@ -472,6 +480,7 @@ pub struct Claim {
     report: Vec<(u64, u64)>,
     seq: u64,
     life_ms: u64,
+    back: u64,
 }
 
 impl Claim {
@@ -495,6 +504,13 @@ impl Claim {
     /// record must count it at least that long.
     pub fn life_ms(&self) -> u64 {
         self.life_ms
+    }
+
+    /// Granted tokens this proxy dropped unspent since its previous claim for the key, which
+    /// no worker will spend: the call gives them back (the script puts back as many as its
+    /// record of this proxy still counts as held). A call that brings no answer loses them.
+    pub fn back(&self) -> u64 {
+        self.back
     }
 }
 
@@ -789,6 +805,8 @@ impl<'a> LeasePool<'a> {
             } else {
                 back.unspent
             };
+            // Handed back and dropped: the worker spends none of it any more.
+            lease.back = lease.back.saturating_add(dropped);
             lease.hand_back(back, now_ms);
             Change::Write(set.encode(), dropped)
         })
@@ -822,9 +840,11 @@ impl<'a> LeasePool<'a> {
                     return Change::Keep((Flight::Refilling(ms), 0));
                 }
             }
-            let Some((lease, placed)) = set.place(key, now_ms) else {
+            let Some((lease, mut placed)) = set.place(key, now_ms) else {
                 return Change::Keep((Flight::NoSlot, 0));
             };
+            // An expired lease's tokens are dropped now, so this call gives them back.
+            placed.dropped = placed.dropped.saturating_add(lease.expire(now_ms));
             lease.roll(now_ms, sizing.horizon_ms);
             // The unmet demand counts in the demand windows it fell in (the current one and the
             // one before), so it is extrapolated like the rest, from its own rate.
@@ -844,6 +864,7 @@ impl<'a> LeasePool<'a> {
                 report,
                 seq: lease.flight_seq,
                 life_ms: sizing.life_ms(lease.saturated(now_ms, sizing)),
+                back: std::mem::take(&mut lease.back),
             };
             Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
         })

@@ -82,8 +82,15 @@ fn group(key: String, args: &[&str]) -> Group {
         cost: num(3),
         lease_want: lease[0],
         holder: (lease.len() > 1).then(|| {
-            let steps: Vec<(u64, u64)> = lease[4..].chunks(2).map(|c| (c[0], c[1])).collect();
-            Holder::new(lease[1], lease[2], lease[3], &steps)
+            // An odd count of parts: the fifth is what the holder gives back.
+            let (back, first) = if lease.len() % 2 == 1 {
+                (lease[4], 5)
+            } else {
+                (0, 4)
+            };
+            let steps: Vec<(u64, u64)> =
+                lease[first..].chunks(2).map(|c| (c[0], c[1])).collect();
+            Holder::new(lease[1], lease[2], lease[3], &steps).giving_back(back)
         }),
         max_wait_ms: args.get(5).map_or(0, |_| num(5)),
         settle: args.get(6).map_or(0, |s| s.parse().unwrap()),
@@ -133,6 +140,15 @@ mod tests {
             holder: Some(Box::new(Holder::new(7, 3, 1450, &[(40, 30), (5, 2)]))),
             ..ScriptCall::new("tollgate:{lease:0a}".into(), &limits, 1)
         };
+        // One that gives tokens back: an odd count of parts.
+        let back = ScriptCall {
+            lease_want: 9,
+            max_wait_ms: 2000,
+            holder: Some(Box::new(
+                Holder::new(8, 4, 1450, &[(0, 120)]).giving_back(3),
+            )),
+            ..ScriptCall::new("tollgate:{lease:0b}".into(), &limits, 1)
+        };
         let settle = ScriptCall {
             settle: -17,
             ..ScriptCall::new("tollgate:{tokens:ef56}".into(), &limits, 0)
@@ -140,6 +156,7 @@ mod tests {
         vec![
             ScriptCall::new("tollgate:{per-user:ab12}".into(), &limits, 1),
             lease,
+            back,
             settle,
         ]
     }
