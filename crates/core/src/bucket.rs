@@ -1700,4 +1700,78 @@ mod tests {
             assert!(admitted.len() > 40, "{pair:?}: the test admits");
         }
     }
+
+    /// A holder gives back what it dropped unspent, as far as its record still counts it as
+    /// held: the tokens move from what holders hold to the bucket, never add to both.
+    #[test]
+    fn a_holder_gives_back_what_its_record_still_counts() {
+        let l = lim(100, 10, 1000);
+        let call = |seq: u64, back: u64, cost: u64| Ask {
+            cost,
+            lease_want: 40,
+            holder: Some(Holder::new(7, seq, 5000, &[(0, 0)]).giving_back(back)),
+            ..Ask::default()
+        };
+        let mut holders = Holders::default();
+        let (s, r) = take_held(None, &mut holders, &l, &call(1, 0, 1), T0);
+        assert_eq!((r.granted, r.remaining), (40, 60));
+        let drain = Ask {
+            cost: 60,
+            ..Ask::default()
+        };
+        let (s, r) = take_held(s, &mut holders, &l, &drain, T0);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // It dropped its 40 unspent and gives back 130: the bucket gets the 40 its record
+        // counts, of which this call takes what it wants (its share is the whole burst).
+        let (s, r) = take_held(s, &mut holders, &l, &call(2, 130, 1), T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 40, 0));
+        assert_eq!(holders.held(), 40);
+        // A stale call (an older seq) reports nothing and gives back nothing.
+        let (s, r) = take_held(s, &mut holders, &l, &call(1, 40, 0), T0);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // Once its record has expired, what it gives back counts nowhere: nothing comes back.
+        // (Its 40 count until T0 + 5 s: the bucket refills 50 by then, 10 more a second on.)
+        let (_, r) = take_held(s, &mut holders, &l, &call(3, 40, 0), T0 + 6_000_000);
+        assert_eq!((r.allowed, r.remaining), (true, 60));
+    }
+
+    /// With so many holders that a share is under RACE_SHARE tokens, a holder reserves nothing:
+    /// it takes what the bucket holds, or is denied until the bucket has refilled a token for
+    /// every holder on record (its turn), not until the next token.
+    #[test]
+    fn a_holder_with_a_small_share_takes_what_is_there_or_waits_its_turn() {
+        let l = lim(100, 100, 1000);
+        let call = |id: u64| Ask {
+            cost: 1,
+            lease_want: 4,
+            holder: Some(Holder::new(id, 1, 5000, &[(0, 0)])),
+            max_wait_ms: 2000,
+            ..Ask::default()
+        };
+        let mut holders = Holders::default();
+        let mut s = None;
+        // 25 holders take 2 each (a share of 4 or more: nothing to reserve yet) ...
+        for id in 1..=25 {
+            let ask = Ask {
+                lease_want: 2,
+                ..call(id)
+            };
+            let (next, r) = take_held(s, &mut holders, &l, &ask, T0);
+            assert_eq!(r.granted, 2);
+            s = next;
+        }
+        // ... and an exact check takes the other 50.
+        let drain = Ask {
+            cost: 50,
+            ..Ask::default()
+        };
+        let (s, r) = take_held(s, &mut holders, &l, &drain, T0);
+        assert_eq!((r.allowed, r.remaining), (true, 0));
+        // The 26th: a share of 3, an empty bucket. No reservation: denied for 26 tokens' refill.
+        let (s, r) = take_held(s, &mut holders, &l, &call(26), T0);
+        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (false, 0, 260));
+        // 20 ms on, the 27th takes the 2 tokens there, and reserves nothing.
+        let (_, r) = take_held(s, &mut holders, &l, &call(27), T0 + 20_000);
+        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (true, 2, 0));
+    }
 }

@@ -167,9 +167,44 @@ fn leases_expire_after_two_horizons() {
     let c = claim(&pool, "k", 401);
     deposit(&pool, c, (5, 10, 500, 0), 402);
     assert_eq!(pool.peek("k").unwrap().expires_ms, 802);
-    let c = claim(&pool, "k", 900);
+    let (flight, _) = pool
+        .begin_flight("k", 1, Unmet::default(), 900, 1000, &SIZING)
+        .unwrap();
+    let Flight::Claimed(c, placed) = flight else {
+        panic!("{flight:?}");
+    };
+    assert_eq!(placed.dropped, 5, "or when the next call is claimed");
     let d = deposit(&pool, c, (1, 10, 500, 0), 901);
-    assert_eq!(d.dropped, 5, "or when the next grant lands");
+    assert_eq!(d.dropped, 0, "once");
+}
+
+/// Tokens a proxy dropped unspent go back to the bucket with its next lease call, each once:
+/// those of an expired lease, and a worker's batch handed back after it.
+#[test]
+fn the_next_call_gives_back_what_expired_unspent() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    assert_eq!(c.back(), 0, "nothing dropped yet");
+    deposit(&pool, c, (8, 10, 500, 0), 0);
+    let b = batch(&pool, 1, 1, false).unwrap();
+    assert_eq!(b.tokens, 2, "a quarter goes to a worker, 6 stay");
+    // The lease expires at 400: the worker hands its batch back unspent after that.
+    let back = Back {
+        batch: 2,
+        unspent: 2,
+    };
+    assert_eq!(pool.take_back("k", back, 450).unwrap(), 2);
+    let c = claim(&pool, "k", 500);
+    assert_eq!(c.back(), 6 + 2, "the pool's 6 and the worker's 2");
+    deposit(&pool, c, (3, 10, 500, 0), 501);
+    let c = claim(&pool, "k", 502);
+    assert_eq!(c.back(), 0, "given back once");
+    // A call that brings no answer loses what it carried (fewer tokens, never more).
+    pool.release(c, None, 503).unwrap();
+    let c = claim(&pool, "k", 2000);
+    assert_eq!(c.back(), 3, "the second grant, expired unspent");
+    deposit(&pool, c, (0, 10, 500, 0), 2001);
 }
 
 #[test]
