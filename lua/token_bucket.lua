@@ -592,10 +592,10 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       -- Reserve: the bucket goes into debt, paid back by refill within max_wait_ms. The caller
       -- holds the request for retry_after_ms, when those tokens exist. A holder takes what is
       -- there and reserves the rest of what it wants, as far as the wait allows; anyone else
-      -- reserves exactly cost. A holder whose share is below RACE_SHARE tokens reserves
-      -- nothing: it takes what is there, or is denied until its turn, when the bucket has
-      -- refilled a token for every holder on record.
-      local racing = holder ~= nil and share < RACE_SHARE
+      -- reserves exactly cost. A holder whose share is below RACE_SHARE tokens and below the
+      -- burst (it is not alone) reserves nothing: it takes what is there, or is denied until
+      -- its turn, when the bucket has refilled a token for every holder on record.
+      local racing = holder ~= nil and share < RACE_SHARE and share < burst
       local reach_ms = max_wait_ms
       if racing then
         reach_ms = 0

@@ -229,15 +229,17 @@ fn bad_arguments_give_an_error_reply() {
         (3, "nan", "cost"),
         (4, "-1", "lease"),
         (4, "0.5", "lease"),
-        // want:holder:held:hold_ms, with a holder of at least 1 and a hold of at most a day.
+        // want:holder:seq:hold_ms[:back] and 1 to 8 steps, with a holder of at least 1 and a
+        // hold of at most a day; an odd count of parts has a back, a number like the others.
         (4, "5:0:1:100:0:0", "lease"),
         (4, "5:1:1:86400001:0:0", "lease"),
         (4, "5:1:0:100:0:0", "lease"),
         (4, "5:1:1:100:0:86400001", "lease"),
         (4, "5:1:1:100:x:0", "lease"),
         (4, "5:1:1:100:0", "lease"),
-        (4, "5:1:1:100:0:7:0", "lease"),
+        (4, "5:1:1:100:99999999999999999:7:0", "lease"),
         (4, &format!("5:1:1:100{}", ":0:0".repeat(9)), "lease"),
+        (4, &format!("5:1:1:100:3{}", ":0:0".repeat(9)), "lease"),
         (4, "5:1:1:100::0", "lease"),
         (4, "5:1:1:100:0:0:", "lease"),
         (4, ":1:1:100:0:0", "lease"),

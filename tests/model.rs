@@ -104,6 +104,10 @@ impl Harness {
             _ if op.is_some() => op.map(|o| o.argument()).unwrap(),
             Some(h) => {
                 let mut lease = format!("{}:{}:{}:{}", ask.lease_want, h.id, h.seq, h.hold_ms);
+                if h.back > 0 {
+                    // What it gives back: the odd count of parts says it is there.
+                    lease.push_str(&format!(":{}", h.back));
+                }
                 for (held, quiet) in h.steps() {
                     lease.push_str(&format!(":{held}:{quiet}"));
                 }
@@ -338,12 +342,22 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
             } else {
                 1 + rng.below(step as u64 + 1)
             };
-            Some(Holder::new(
-                id,
-                seq,
-                rng.below(l.period_ms.min(100_000) * 3),
-                &steps,
-            ))
+            // Now and then it gives back tokens it dropped: up to what it holds on record, or
+            // more (the script puts back no more than the record counts).
+            let back = if rng.chance(25) {
+                rng.below(on_record + 3)
+            } else {
+                0
+            };
+            Some(
+                Holder::new(
+                    id,
+                    seq,
+                    rng.below(l.period_ms.min(100_000) * 3),
+                    &steps,
+                )
+                .giving_back(back),
+            )
         } else {
             None
         };

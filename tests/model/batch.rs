@@ -21,6 +21,9 @@ fn arguments(g: &Group, rng: &mut Rng) -> Vec<String> {
         (Some(op), _) => op.argument(),
         (None, Some(h)) => {
             let mut lease = format!("{}:{}:{}:{}", g.ask.lease_want, h.id, h.seq, h.hold_ms);
+            if h.back > 0 {
+                lease.push_str(&format!(":{}", h.back));
+            }
             for (held, quiet) in h.steps() {
                 lease.push_str(&format!(":{held}:{quiet}"));
             }
@@ -97,7 +100,12 @@ fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64) -> Group {
         } else {
             1 + rng.below(*seq)
         };
-        Holder::new(1 + rng.below(3), seq, rng.below(3000), &steps)
+        let back = if rng.chance(25) {
+            rng.below(burst + 2)
+        } else {
+            0
+        };
+        Holder::new(1 + rng.below(3), seq, rng.below(3000), &steps).giving_back(back)
     });
     let mut ask = Ask {
         cost,

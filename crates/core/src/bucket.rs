@@ -343,11 +343,12 @@ impl Holder {
 /// Longest `hold_ms` the script accepts (a day).
 pub const MAX_HOLD_MS: u64 = 86_400_000;
 
-/// A holder whose share (burst ÷ holders on record) is below this many tokens reserves nothing:
-/// it takes what the bucket holds now, and when that is too little it is denied until the
-/// bucket has refilled a token for every holder on record (its turn). With so many holders a
-/// reservation would bring a few tokens per call at most, and would tie them to a proxy before
-/// it has requests for them (a quiet proxy drops most of them unspent).
+/// A holder whose share (burst ÷ holders on record) is below this many tokens, and below the
+/// burst (it is not the only holder), reserves nothing: it takes what the bucket holds now, and
+/// when that is too little it is denied until the bucket has refilled a token for every holder
+/// on record (its turn). With so many holders a reservation would bring a few tokens per call at
+/// most, and would tie them to a proxy before it has requests for them (a quiet proxy drops most
+/// of them unspent).
 pub const RACE_SHARE: u64 = 5;
 
 /// The deepest debt a period change keeps, in units (2^52: more than 75 minutes of refill at
@@ -607,8 +608,8 @@ pub fn take_penalized(
             units -= granted.saturating_mul(per_token);
             (true, granted, 0)
         } else {
-            // A holder with a small share reserves nothing (RACE_SHARE).
-            let racing = record.is_some() && share < int(RACE_SHARE);
+            // A holder with a small share among others reserves nothing (RACE_SHARE).
+            let racing = record.is_some() && share < int(RACE_SHARE).min(burst);
             let reach_ms = if racing { 0 } else { int(max_wait_ms) };
             let take = if record.is_some() {
                 let reach = units.saturating_add(clock.refill_within(reach_ms)) / per_token;

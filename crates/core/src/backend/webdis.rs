@@ -500,6 +500,12 @@ mod tests {
         assert_eq!(segs.len(), 11, "{body}");
         assert_eq!(webdis_decode(segs[8]), b"50:7:3:1450:40:30:5:2");
         assert_eq!(&segs[9..], ["2000", "0"]);
+        // Tokens it gives back go after its hold: the odd count of parts tells the script.
+        let holder = c.holder.as_deref().map(|h| Box::new(h.giving_back(9)));
+        let back = ScriptCall { holder, ..c };
+        let body = String::from_utf8(command(&back, Invoke::Sha("abc"))).unwrap();
+        let segs: Vec<&str> = body.split('/').collect();
+        assert_eq!(webdis_decode(segs[8]), b"50:7:3:1450:9:40:30:5:2");
     }
 
     #[test]
