@@ -350,13 +350,8 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
                 0
             };
             Some(
-                Holder::new(
-                    id,
-                    seq,
-                    rng.below(l.period_ms.min(100_000) * 3),
-                    &steps,
-                )
-                .giving_back(back),
+                Holder::new(id, seq, rng.below(l.period_ms.min(100_000) * 3), &steps)
+                    .giving_back(back),
             )
         } else {
             None

@@ -88,8 +88,7 @@ fn group(key: String, args: &[&str]) -> Group {
             } else {
                 (0, 4)
             };
-            let steps: Vec<(u64, u64)> =
-                lease[first..].chunks(2).map(|c| (c[0], c[1])).collect();
+            let steps: Vec<(u64, u64)> = lease[first..].chunks(2).map(|c| (c[0], c[1])).collect();
             Holder::new(lease[1], lease[2], lease[3], &steps).giving_back(back)
         }),
         max_wait_ms: args.get(5).map_or(0, |_| num(5)),
