@@ -15,6 +15,10 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
          (all ms <= 86400000; steps oldest first, the last one what it holds now). `seq` (>= 1)
          grows with each lease call the proxy sends for the key: the steps of a call that runs
          after a later one of the same holder are ignored (q<id> keeps the latest seq that ran).
+         With an odd count of parts, the fifth is `back`: tokens the holder was granted and
+         dropped unspent, which it will never spend; they go back into the bucket, at most what
+         its record h<id> counts before this call's steps, never past what the bucket can hold
+         (ignored with the steps of a stale call).
          A plain integer n is a lease without a holder: up to n tokens granted at once, for a
          caller that spends them at once (the model tests); the filter never sends it.
          Or an operator's operation on the bucket (the `tollgate` command; the filter never sends
@@ -89,7 +93,10 @@ every token held anywhere together never exceed burst, and the fleet admits at m
 burst + rate * W in any window of W ms. Holders together never hold more than burst, so debt
 (reservations) always refills at the full rate. A holder gets at most its share, burst divided by
 the number of live holders (at least cost), so one proxy cannot hold a key's whole capacity while
-others ask.
+others ask. A holder whose share is below RACE_SHARE (5) tokens and below burst reserves nothing:
+it takes what the bucket holds, or is denied until the bucket has refilled a token for every live
+holder (retry_after_ms: its turn). What a holder gives back (`back`) moves tokens from what it
+holds on record to the bucket: the two together never pass burst.
 
 Units and steps. Arithmetic is on integers only (Lua numbers are doubles: every value here stays
 below 2^53). The bucket refills by whole STEPS of step_ms, derived from burst and period_ms:

@@ -8,7 +8,11 @@
 //! the rule holds requests (`max_wait_ms`) and the reservation brings their tokens within that
 //! wait: then each takes the next token to refill and is let through when it has. So a saturated
 //! key's proxies take turns in the order they asked, each call bringing a whole reservation, and
-//! no refill waits in the bucket for a call to fetch it.
+//! no refill waits in the bucket for a call to fetch it. On a key with so many holders that a
+//! share is under `bucket::RACE_SHARE` tokens the script reserves nothing: a call takes what the
+//! bucket holds, and one that emptied it, or was denied, holds the key here (deny cache) for
+//! a horizon at least rather than calling for each token as it refills. Each call gives back the
+//! tokens the proxy dropped unspent since its last one.
 //!
 //! Invariant: a key's waiters are served when something can change their answer — this worker's
 //! call for the key is answered, or (polled each millisecond, read-only) another worker's call

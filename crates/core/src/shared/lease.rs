@@ -13,7 +13,8 @@
 //! take a token still refilling: it leaves the lease at once and the request is let through when
 //! the token would have become spendable, never sooner. Unspent tokens are dropped (never lent to
 //! another key) when the lease expires, two horizons after the grant has refilled (six on a key
-//! saturated here).
+//! saturated here); the next lease call for the key gives them back to the bucket
+//! ([`Claim::back`]), each once, and no worker spends them after they were dropped.
 //!
 //! Memory is bounded: `SETS` shared-data values per plugin, each holding up to `WAYS` keys. A key
 //! that holds unspent tokens or has a lease call out is never evicted; a newcomer takes an empty
