@@ -669,6 +669,37 @@ fn a_lease_denial_holds_the_key_for_one_horizon_at_least() {
     assert_eq!(h.sent.len(), 2);
 }
 
+/// A grant that emptied the global bucket with no reservation in it, less than the proxy asked
+/// for (a key with so many holders that the script reserves nothing): once its tokens are spent,
+/// the key is denied here for one horizon, as after a denial, instead of called again for each
+/// token as it refills.
+#[test]
+fn a_grant_that_emptied_the_bucket_unreserved_holds_the_key_for_a_horizon() {
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake::at(1000);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 30, 0, 200, 1));
+    assert_eq!(h.resumed, [10]);
+    // Spent: the next request asks again, for more than the bucket holds now.
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    e.request_headers(&mut h, 12.into(), &user("a"));
+    assert_eq!(h.sent.len(), 2);
+    assert!(
+        !is_lease_call(&h.sent[1], 1, 1),
+        "asks for more than one: {}",
+        h.sent[1]
+    );
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 0, 500, 1));
+    assert_eq!((h.resumed.len(), h.status_of(12)), (2, Some(429)));
+    h.now = 1199;
+    e.request_headers(&mut h, 13.into(), &user("a"));
+    assert_eq!(h.status_of(13), Some(429));
+    assert_eq!(h.sent.len(), 2, "no call before a horizon has passed");
+    h.now = 1200;
+    e.request_headers(&mut h, 14.into(), &user("a"));
+    assert_eq!(h.sent.len(), 3);
+}
+
 #[test]
 fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
     let (mut e, rec) = engine("", LEASE);
