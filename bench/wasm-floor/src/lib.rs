@@ -118,6 +118,8 @@ struct Held {
     flight: Vec<u32>,
     /// The requests that came while it was out: the next callout's.
     waiting: Vec<u32>,
+    /// The request whose context sent the callout out.
+    anchor: u32,
 }
 
 thread_local! {
@@ -149,6 +151,7 @@ impl Hold {
                 HELD.with(|h| {
                     let mut h = h.borrow_mut();
                     h.out = true;
+                    h.anchor = self.id;
                     h.flight = flight;
                 });
                 Ok(())
@@ -167,6 +170,24 @@ fn resume(ids: impl IntoIterator<Item = u32>) {
 }
 
 impl Context for Hold {
+    /// A request that sent the callout out and ends first (its client went away) takes the
+    /// callout's answer with it: the SDK gives an answer only to the context that sent it. The
+    /// others of its flight go on unchecked, and the next request sends a callout for the ones
+    /// waiting.
+    fn on_done(&mut self) -> bool {
+        let orphans = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.out && h.anchor == self.id {
+                h.out = false;
+                std::mem::take(&mut h.flight)
+            } else {
+                Vec::new()
+            }
+        });
+        resume(orphans.into_iter().filter(|id| *id != self.id));
+        true
+    }
+
     fn on_http_call_response(&mut self, _: u32, _: usize, body_size: usize, _: usize) {
         // The answer is read, as tollgate reads its own.
         let _ = hostcalls::get_buffer(
@@ -203,13 +224,14 @@ impl HttpContext for Hold {
         let _ = hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-user-id");
         let idle = HELD.with(|h| {
             let mut h = h.borrow_mut();
-            if h.out {
-                h.waiting.push(self.id);
-            }
-            !h.out
+            h.waiting.push(self.id);
+            (!h.out).then(|| std::mem::take(&mut h.waiting))
         });
-        if idle && self.send(vec![self.id]).is_err() {
-            return Action::Continue;
+        if let Some(flight) = idle {
+            if let Err(flight) = self.send(flight) {
+                resume(flight.into_iter().filter(|id| *id != self.id));
+                return Action::Continue;
+            }
         }
         Action::Pause
     }
