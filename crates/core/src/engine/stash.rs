@@ -30,6 +30,8 @@ struct Stash {
     expires_ms: u64,
     global_remaining: u64,
     reset_at_ms: u64,
+    /// The lease's epoch the batch was taken in ([`Batch::epoch`]).
+    epoch: u64,
 }
 
 impl Stash {
@@ -38,6 +40,7 @@ impl Stash {
         Back {
             batch: self.batch,
             unspent: self.tokens,
+            epoch: self.epoch,
         }
     }
 }
@@ -122,12 +125,14 @@ impl Stashes {
             expires_ms: batch.expires_ms,
             global_remaining: batch.global_remaining,
             reset_at_ms: batch.reset_at_ms,
+            epoch: batch.epoch,
         });
         s.tokens = s.tokens.saturating_add(batch.tokens.saturating_sub(cost));
         s.batch = s.batch.saturating_add(batch.tokens);
         s.expires_ms = batch.expires_ms;
         s.global_remaining = batch.global_remaining;
         s.reset_at_ms = batch.reset_at_ms;
+        s.epoch = batch.epoch;
         Spent {
             remaining: s.tokens.saturating_add(s.global_remaining),
             reset_ms: s.reset_at_ms.saturating_sub(now_ms),
@@ -187,6 +192,7 @@ mod tests {
             global_remaining: 10,
             reset_at_ms: 500,
             dropped: 0,
+            epoch: 0,
         }
     }
 
@@ -206,7 +212,8 @@ mod tests {
             s.hand_back("k"),
             Back {
                 batch: 4,
-                unspent: 1
+                unspent: 1,
+                ..Back::default()
             },
             "the batch and what is left of it go back to the pool"
         );
@@ -231,7 +238,8 @@ mod tests {
         assert!(gone.iter().all(|(_, _, b)| *b
             == Back {
                 batch: 2,
-                unspent: 1
+                unspent: 1,
+                ..Back::default()
             }));
         assert_eq!(s.len(), 0);
     }

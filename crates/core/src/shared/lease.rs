@@ -78,9 +78,14 @@ pub struct Lease {
     /// Granted tokens dropped unspent (the lease expired) since the latest claim: the next lease
     /// call gives them back to the bucket ([`Claim::back`]).
     pub back: u64,
+    /// Grows each time the lease expires with batches out in workers' stashes: from then on the
+    /// proxy reports holding none of them (the next lease call says so), so a batch of an earlier
+    /// epoch handed back later is off the script's record, and its tokens are neither put back
+    /// into the lease nor given back ([`Back::epoch`]).
+    pub epoch: u64,
 }
 
-const FIELDS: usize = 23;
+const FIELDS: usize = 24;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -109,6 +114,7 @@ impl Lease {
             self.eighths_ms[6],
             self.flight_seq,
             self.back,
+            self.epoch,
         ]
     }
 
@@ -132,6 +138,7 @@ impl Lease {
             eighths_ms: [f(14)?, f(15)?, f(16)?, f(17)?, f(18)?, f(19)?, f(20)?],
             flight_seq: f(21)?,
             back: f(22)?,
+            epoch: f(23)?,
         })
     }
 
@@ -279,24 +286,41 @@ impl Lease {
         if now_ms < self.expires_ms {
             return 0;
         }
+        if self.lent > 0 {
+            // The workers' batches are written off: none of them counts as held from here on.
+            self.epoch = self.epoch.saturating_add(1);
+        }
         self.lent = 0;
         let dropped = std::mem::take(&mut self.tokens);
         self.back = self.back.saturating_add(dropped);
         dropped
     }
 
-    /// A worker's previous batch is done: it hands back what it did not spend.
-    fn hand_back(&mut self, back: Back, now_ms: u64) {
-        if back == Back::default() {
-            return;
+    /// A worker's previous batch is done: it hands back what it did not spend. Returns the
+    /// unspent tokens dropped: all of them once the lease has expired (given back with the next
+    /// lease call while the batch still counts as held: its epoch is the lease's), or when the
+    /// batch is of an earlier epoch (written off already: the proxy reported holding none of
+    /// it, and it may not join a lease granted since).
+    fn hand_back(&mut self, back: Back, now_ms: u64) -> u64 {
+        if back.batch == 0 && back.unspent == 0 {
+            return 0;
+        }
+        if back.epoch != self.epoch {
+            return back.unspent;
         }
         self.lent = self.lent.saturating_sub(back.batch);
-        if now_ms < self.expires_ms {
+        let dropped = if now_ms < self.expires_ms {
             self.tokens = self.tokens.saturating_add(back.unspent);
-        }
+            0
+        } else {
+            // No worker spends them any more: the next lease call gives them back.
+            self.back = self.back.saturating_add(back.unspent);
+            back.unspent
+        };
         // What it holds changed: the report's last step starts here.
         self.touched_ms = now_ms;
         self.note_level(now_ms);
+        dropped
     }
 
     /// Rolls the demand window forward to `now_ms`.
@@ -459,6 +483,8 @@ pub enum Taken {
 pub struct Back {
     pub batch: u64,
     pub unspent: u64,
+    /// The lease's epoch when the batch was taken ([`Batch::epoch`]).
+    pub epoch: u64,
 }
 
 /// Leased tokens moved out of the pool into one worker's stash.
@@ -470,6 +496,9 @@ pub struct Batch {
     pub reset_at_ms: u64,
     /// Tokens of an expired lease dropped on the way.
     pub dropped: u64,
+    /// The lease's epoch ([`Lease::epoch`]): the batch counts as held until it is handed back
+    /// or the lease expires, whichever comes first.
+    pub epoch: u64,
 }
 
 /// The single lease call for one key on this proxy. It is not `Clone`: whoever holds it must end
@@ -752,7 +781,7 @@ impl<'a> LeasePool<'a> {
             let Some(lease) = set.find(key) else {
                 return Change::Keep(Taken::Unknown);
             };
-            lease.hand_back(back, now_ms);
+            let _ = lease.hand_back(back, now_ms);
             let spendable = lease.spendable(now_ms, sizing);
             if spendable < cost && cost > 0 && lease.held_for(cost, now_ms, sizing).is_some() {
                 // Held for the reservation's next tokens: exactly the cost, into no stash.
@@ -764,7 +793,7 @@ impl<'a> LeasePool<'a> {
             if spendable < cost || cost == 0 {
                 let later = lease.covered_in(cost, now_ms, sizing);
                 let taken = later.map_or(Taken::Miss, Taken::Refilling);
-                if back == Back::default() {
+                if back.batch == 0 && back.unspent == 0 {
                     return Change::Keep(taken);
                 }
                 return Change::Write(set.encode(), taken);
@@ -788,6 +817,7 @@ impl<'a> LeasePool<'a> {
                 global_remaining: lease.global_remaining,
                 reset_at_ms: lease.reset_at_ms,
                 dropped: 0,
+                epoch: lease.epoch,
             };
             Change::Write(set.encode(), Taken::Batch(batch))
         })
@@ -801,14 +831,7 @@ impl<'a> LeasePool<'a> {
             let Some(lease) = set.find(key) else {
                 return Change::Keep(back.unspent);
             };
-            let dropped = if now_ms < lease.expires_ms {
-                0
-            } else {
-                back.unspent
-            };
-            // Handed back and dropped: the worker spends none of it any more.
-            lease.back = lease.back.saturating_add(dropped);
-            lease.hand_back(back, now_ms);
+            let dropped = lease.hand_back(back, now_ms);
             Change::Write(set.encode(), dropped)
         })
     }

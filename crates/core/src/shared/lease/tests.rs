@@ -2,6 +2,7 @@
 //! once and spent once, reservations vest only as the bucket refills, and the table stays bounded.
 
 use super::*;
+use crate::bucket::{take_held, Ask, Holder, Holders, Limits, State};
 use crate::shared::mem::MemStore;
 
 const SIZING: Sizing = Sizing {
@@ -193,6 +194,7 @@ fn the_next_call_gives_back_what_expired_unspent() {
     let back = Back {
         batch: 2,
         unspent: 2,
+        ..Back::default()
     };
     assert_eq!(pool.take_back("k", back, 450).unwrap(), 2);
     let c = claim(&pool, "k", 500);
@@ -630,4 +632,119 @@ fn a_saturated_key_s_lease_lives_longer_after_its_reservation_has_refilled() {
     // Long after that lease would have expired, a call is back to two horizons.
     let c = claim(&pool, "k", 500 + 1200);
     assert_eq!(c.life_ms(), 400);
+}
+
+/// The fleet's admissions against the script's model: a proxy (this pool, two workers) and an
+/// exact caller share a bucket of 10 at 100 a second. A worker's batch expires with the lease at
+/// 400, but its worker hands it back (4 unspent) only at `back_at`, after the first lease call
+/// since the expiry (at 450, whose report already said the proxy held nothing since then). Its
+/// tokens are off the record then, and the bucket's refill has had their room: they must be
+/// neither given back with the next call nor put back in the renewed lease (the grant of the
+/// call at 450 lands at 470). Returns every admission's time (ms).
+fn fleet_with_a_batch_handed_back_late(back_at: u64) -> (Limits, Vec<u64>) {
+    let l = Limits {
+        burst: 10,
+        rate: 100,
+        period_ms: 1000,
+    };
+    let mut state: Option<State> = None;
+    let mut holders = Holders::default();
+    let mut admitted: Vec<u64> = Vec::new();
+    // One lease call through the model: the claim's report, seq and back, as the engine sends.
+    let call = |state: &mut Option<State>, holders: &mut Holders, c: &Claim, want, now: u64| {
+        let ask = Ask {
+            cost: 1,
+            lease_want: want,
+            holder: Some(Holder::new(7, c.seq(), 500, c.report()).giving_back(c.back())),
+            ..Ask::default()
+        };
+        let (next, r) = take_held(*state, holders, &l, &ask, now * 1000);
+        *state = next;
+        r.granted
+    };
+    let exact = |state: &mut Option<State>, holders: &mut Holders, now: u64| {
+        let mut n = 0;
+        loop {
+            let ask = Ask {
+                cost: 1,
+                ..Ask::default()
+            };
+            let (next, r) = take_held(*state, holders, &l, &ask, now * 1000);
+            *state = next;
+            if !r.allowed {
+                return n;
+            }
+            n += 1;
+        }
+    };
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    // 0: the proxy takes the whole bucket; a worker moves 5 into its stash and spends 1.
+    let c = claim(&pool, "k", 0);
+    let g = call(&mut state, &mut holders, &c, 10, 0);
+    assert_eq!(g, 10);
+    deposit(&pool, c, (g, 0, 100, 0), 0);
+    let b = pool
+        .take_batch("k", 5, 1, &SIZING, (false, Back::default()))
+        .unwrap();
+    assert!(matches!(b, Taken::Batch(Batch { tokens: 5, .. })), "{b:?}");
+    admitted.push(1);
+    // The lease expires at 400. At 450 another worker calls: it gives back the pool's 5 and
+    // reports holding nothing since the expiry; the bucket grants it 4.
+    let c = claim(&pool, "k", 450);
+    assert_eq!(c.back(), 5);
+    let g = call(&mut state, &mut holders, &c, 4, 450);
+    assert_eq!(g, 4);
+    // The first worker's tick hands back its expired batch (4 unspent); 470: the grant lands.
+    let late = Back {
+        batch: 5,
+        unspent: 4,
+        ..Back::default()
+    };
+    if back_at < 470 {
+        pool.take_back("k", late, back_at).unwrap();
+    }
+    deposit(&pool, c, (g, 0, 100, 0), 470);
+    if back_at >= 470 {
+        pool.take_back("k", late, back_at).unwrap();
+    }
+    // 840: the bucket has refilled all it can (10 less the 4 on lease); an exact caller takes it.
+    let n = exact(&mut state, &mut holders, 840);
+    admitted.extend(std::iter::repeat_n(840, n));
+    // 845: the proxy spends its 4; 850: its next call, then the exact caller again.
+    let t = pool.take("k", &[1; 8], 845, &SIZING).unwrap();
+    admitted.extend(std::iter::repeat_n(845, spent(&t)));
+    let c = claim(&pool, "k", 850);
+    let g = call(&mut state, &mut holders, &c, 1, 850);
+    admitted.extend(std::iter::repeat_n(850, usize::try_from(g).unwrap()));
+    let n = exact(&mut state, &mut holders, 850);
+    admitted.extend(std::iter::repeat_n(850, n));
+    pool.release(c, None, 851).unwrap();
+    (l, admitted)
+}
+
+/// Every window [from, to] of admissions: at most burst + the refill in it (rounded up).
+fn assert_never_over(l: &Limits, admitted: &[u64]) {
+    for (i, &from) in admitted.iter().enumerate() {
+        for (j, &to) in admitted.iter().enumerate().skip(i) {
+            let count = (j - i + 1) as u64;
+            let bound = l.burst + ((to - from) * l.rate).div_ceil(l.period_ms);
+            assert!(
+                count <= bound,
+                "{count} admitted in [{from}, {to}] ms, bound {bound}: {admitted:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_batch_handed_back_after_the_call_that_reported_its_lease_expired_is_not_given_back() {
+    let (l, admitted) = fleet_with_a_batch_handed_back_late(460);
+    assert_never_over(&l, &admitted);
+}
+
+#[test]
+fn a_batch_of_an_expired_lease_never_joins_the_renewed_one() {
+    let (l, admitted) = fleet_with_a_batch_handed_back_late(480);
+    assert_never_over(&l, &admitted);
 }
