@@ -934,7 +934,11 @@ impl<'a> LeasePool<'a> {
                     .vest_until_ms
                     .max(now_ms.saturating_add(grant.refill_ms));
             }
-            lease.expires_ms = lease.vest_until_ms.max(now_ms).saturating_add(life_ms);
+            // Never earlier than it was: workers spend the batches they took from it until the
+            // expiry they took them with (the script's record of this proxy lasts as long).
+            lease.expires_ms = lease
+                .expires_ms
+                .max(lease.vest_until_ms.max(now_ms).saturating_add(life_ms));
             lease.global_remaining = grant.global_remaining;
             lease.reset_at_ms = now_ms.saturating_add(grant.reset_after_ms);
             lease.flight_until_ms = 0;

@@ -748,3 +748,37 @@ fn a_batch_of_an_expired_lease_never_joins_the_renewed_one() {
     let (l, admitted) = fleet_with_a_batch_handed_back_late(480);
     assert_never_over(&l, &admitted);
 }
+
+/// A worker spends its batch until the expiry the batch was taken with. A later grant on a key
+/// no longer saturated lives two horizons, not six: the lease must not end before the batches
+/// taken from it, or the next call reports holding nothing while a worker still spends them.
+#[test]
+fn a_grant_never_ends_the_lease_before_a_batch_taken_from_it() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    // 0: a reservation refilling until 100.
+    let c = claim(&pool, "k", 0);
+    deposit(&pool, c, (10, 0, 500, 100), 0);
+    // 600: the key is saturated here (its reservation refilled less than six horizons ago): the
+    // grant lives six horizons, to 1800; a worker takes a batch with that expiry.
+    let c = claim(&pool, "k", 600);
+    assert_eq!(c.life_ms(), SIZING.life_ms(true));
+    deposit(&pool, c, (20, 0, 500, 0), 600);
+    let b = batch(&pool, 5, 650, false).unwrap();
+    assert_eq!(b.expires_ms, 1800);
+    // 1300: no longer saturated; a grant of two horizons.
+    let c = claim(&pool, "k", 1300);
+    assert_eq!(c.life_ms(), SIZING.life_ms(false));
+    deposit(&pool, c, (1, 0, 500, 0), 1300);
+    // 1750: the worker may still spend its batch; the call must report it as held.
+    let c = claim(&pool, "k", 1750);
+    let held_now = c.report().last().map_or(0, |&(held, _)| held);
+    assert!(
+        held_now >= b.tokens,
+        "reports holding {held_now} while a batch of {} lives until {}: {:?}",
+        b.tokens,
+        b.expires_ms,
+        c.report()
+    );
+    pool.release(c, None, 1751).unwrap();
+}
