@@ -154,6 +154,10 @@ local function int_arg(s, min)
   if s == nil or #s > 16 or s == '' or string.find(s, '%D') then
     return nil
   end
+  -- 2^53 + 1 would read as 2^53: sixteen digits are compared as text.
+  if #s == 16 and s > '9007199254740992' then
+    return nil
+  end
   local n = tonumber(s)
   if n < min or n > MAX_EXACT then
     return nil

@@ -533,6 +533,55 @@ fn a_late_call_of_a_holder_reports_nothing() {
     assert_eq!((allowed, remaining), (0, 40), "60 still counted as held");
 }
 
+/// What a holder gives back (`back`, the fifth of an odd count of lease parts) is bounded on
+/// real Redis: at most what its record counts before the call's report, never past what the
+/// bucket can hold, nothing on a stale call or for another holder's record (a restarted proxy's
+/// new id), and a hostile value is a 'lease' error that writes nothing.
+#[test]
+fn a_give_back_is_bounded_by_the_record_and_refused_when_hostile() {
+    let (_r, mut c) = start("lua-give-back");
+    let now = T0.to_string();
+    let run = |c: &mut redis::Connection, cost: &str, lease: &str| {
+        let args = ["100", "1", "1000000", cost, lease, "0", "0", now.as_str()];
+        eval_raw(c, KEY, &args)
+    };
+    // Holder 7 takes 30; an exact caller the other 70.
+    assert_eq!(run(&mut c, "1", "30:7:1:5000:0:0").unwrap()[4], 30);
+    assert_eq!(run(&mut c, "70", "0").unwrap()[0], 1);
+    let before = stored(&mut c);
+    for bad in [
+        "0:7:2:5000:-1:0:0",
+        "0:7:2:5000:9007199254740993:0:0",
+        "0:7:2:5000:1e3:0:0",
+        "0:7:2:5000: 30:0:0",
+        "0:7:2:5000:30",
+        // A back and nine steps: one too many.
+        &format!("0:7:2:5000:30{}", ":0:0".repeat(9)),
+    ] {
+        let err = run(&mut c, "0", bad).expect_err(bad).to_string();
+        assert!(err.contains("bad argument lease"), "{bad}: {err}");
+    }
+    assert_eq!(stored(&mut c), before, "a refused call writes nothing");
+    // A restarted proxy (holder 8) gives back what holder 7 holds: nothing comes back.
+    assert_eq!(run(&mut c, "0", "0:8:1:5000:30:0:0").unwrap()[1], 0);
+    // Holder 7 gives back 2^53: the bucket gets the 30 its record counts, no more.
+    let out = run(&mut c, "0", "0:7:2:5000:9007199254740992:0:0").unwrap();
+    assert_eq!(out[1], 30);
+    // Again, with nothing left on record: nothing.
+    assert_eq!(run(&mut c, "0", "0:7:3:5000:30:0:0").unwrap()[1], 30);
+    // It takes 20 (seq 5); a stale call (seq 4) giving them back is ignored.
+    assert_eq!(run(&mut c, "1", "20:7:5:5000:0:0").unwrap()[4], 20);
+    assert_eq!(run(&mut c, "0", "0:7:4:5000:20:0:0").unwrap()[1], 10);
+    // The old format (no back) still parses.
+    assert_eq!(run(&mut c, "0", "0:7:6:5000:20:0").unwrap()[1], 10);
+    // Never past what the bucket can hold: credited to its ceiling (burst less the 20 on
+    // record), a back of 20 whose report still counts them adds nothing; once the report
+    // leaves them out, they fill the bucket.
+    assert_eq!(run(&mut c, "0", "credit:70").unwrap()[1], 80);
+    assert_eq!(run(&mut c, "0", "0:7:7:5000:20:20:0").unwrap()[1], 80);
+    assert_eq!(run(&mut c, "0", "0:7:8:5000:20:0:0").unwrap()[1], 100);
+}
+
 /// The operator's operations (`tollgate reset`, `tollgate credit`): a reset fills the bucket to
 /// burst less what is out (tokens on lease, tokens reserved by held requests), a credit adds
 /// tokens up to the same ceiling; neither ever lowers the bucket, and their arguments are checked.
