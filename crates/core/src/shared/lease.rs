@@ -81,7 +81,9 @@ pub struct Lease {
     /// Grows each time the lease expires with batches out in workers' stashes: from then on the
     /// proxy reports holding none of them (the next lease call says so), so a batch of an earlier
     /// epoch handed back later is off the script's record, and its tokens are neither put back
-    /// into the lease nor given back ([`Back::epoch`]).
+    /// into the lease nor given back ([`Back::epoch`]). It starts at the clock's ms when the
+    /// entry is placed and grows to at least the clock's ms, so a batch of an earlier entry of
+    /// the same key (evicted since: a lease lives milliseconds at least) has a lower one.
     pub epoch: u64,
 }
 
@@ -89,6 +91,14 @@ const FIELDS: usize = 24;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
+    /// A new entry, placed at `now_ms`: its epoch is the clock's ms ([`Lease::epoch`]).
+    fn placed(now_ms: u64) -> Lease {
+        Lease {
+            epoch: now_ms,
+            ..Lease::default()
+        }
+    }
+
     fn fields(&self) -> [u64; FIELDS] {
         [
             self.tokens,
@@ -288,7 +298,7 @@ impl Lease {
         }
         if self.lent > 0 {
             // The workers' batches are written off: none of them counts as held from here on.
-            self.epoch = self.epoch.saturating_add(1);
+            self.epoch = self.epoch.saturating_add(1).max(now_ms);
         }
         self.lent = 0;
         let dropped = std::mem::take(&mut self.tokens);
@@ -407,7 +417,7 @@ impl Set {
         let pos = match self.entries.iter().position(|(k, _)| k == key) {
             Some(pos) => pos,
             None if self.entries.len() < WAYS => {
-                self.entries.push((key.to_string(), Lease::default()));
+                self.entries.push((key.to_string(), Lease::placed(now_ms)));
                 self.entries.len() - 1
             }
             None => {
@@ -421,7 +431,7 @@ impl Set {
                 let slot = self.entries.get_mut(victim)?;
                 placed.evicted = 1;
                 placed.dropped = slot.1.tokens;
-                *slot = (key.to_string(), Lease::default());
+                *slot = (key.to_string(), Lease::placed(now_ms));
                 victim
             }
         };

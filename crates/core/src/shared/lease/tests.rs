@@ -782,3 +782,50 @@ fn a_grant_never_ends_the_lease_before_a_batch_taken_from_it() {
     );
     pool.release(c, None, 1751).unwrap();
 }
+
+/// A key's entry evicted while a worker's batch of it is out (the lease expired, the batch not
+/// handed back yet) comes back as a new entry whose first call reports holding nothing: the old
+/// batch is off the record then, and must not join the new entry's lease when it comes back.
+#[test]
+fn a_batch_of_an_evicted_entry_never_joins_the_key_s_new_lease() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let keys = same_set_keys(&pool, 6);
+    let claim_of = |key: &str, now: u64| match pool
+        .begin_flight(key, 1, Unmet::default(), now, now + 100, &SIZING)
+        .unwrap()
+    {
+        (Flight::Claimed(c, _), _) => c,
+        other => panic!("{key}: {other:?}"),
+    };
+    let k = keys[0].as_str();
+    let c = claim_of(k, 0);
+    deposit(&pool, c, (10, 0, 500, 0), 0);
+    let Taken::Batch(b) = pool
+        .take_batch(k, 5, 1, &SIZING, (false, Back::default()))
+        .unwrap()
+    else {
+        panic!("no batch");
+    };
+    // 450: k's lease has expired (at 400), its batch still out. Three keys holding tokens and
+    // a fourth that only asked fill the set: the fourth evicts k.
+    for other in &keys[1..4] {
+        let c = claim_of(other, 450);
+        deposit(&pool, c, (3, 0, 500, 0), 450);
+    }
+    let c = claim_of(&keys[4], 450);
+    pool.release(c, None, 451).unwrap();
+    assert!(pool.peek(k).is_none(), "k evicted");
+    // 460: k is back (evicting the fourth); its call reports holding nothing; 470: a grant of 4.
+    let c = claim_of(k, 460);
+    assert_eq!(c.report(), [(0, 0)]);
+    deposit(&pool, c, (4, 0, 500, 0), 470);
+    // 480: the old batch comes back, 4 unspent.
+    let back = Back {
+        batch: b.tokens,
+        unspent: 4,
+        epoch: b.epoch,
+    };
+    assert_eq!(pool.take_back(k, back, 480).unwrap(), 4, "dropped");
+    assert_eq!(pool.peek(k).unwrap().tokens, 4, "only the new grant");
+}
