@@ -18,17 +18,9 @@
 
 use tollgate_core::bucket::{take_held, Ask, Holder, Holders, Limits, State};
 
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n.max(1)
-    }
-}
+use common::Rng;
 
 /// A lease call on its way: sent at `sent` by proxy `p`, runs at `runs`.
 struct Call {
