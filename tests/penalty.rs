@@ -16,17 +16,17 @@ use std::time::Duration;
 
 use common::{Envoy, Resp, Stack};
 
-/// Two rules of the same shape (burst 2, a token every 100 ms) on two paths, keyed by the same
+/// Two rules of the same shape (burst 2, a token a second) on two paths, keyed by the same
 /// header: `login` with a penalty of 4 s, then 8 s within a minute; `plain` without one, the
 /// control that shows when a bucket of that shape admits again.
 const CONFIG: &str = r#"{
   "backend": { "cluster": "tollgate_backend", "authority": "webdis", "timeout_ms": 2000 },
   "rules": [
     { "name": "login", "match": { "path_prefix": "/login" }, "key": ["header:x-user"],
-      "rate": 1, "period_ms": 100, "burst": 2,
+      "rate": 1, "period_ms": 1000, "burst": 2,
       "penalty": { "ms": [4000, 8000], "window_ms": 60000 } },
     { "name": "plain", "match": { "path_prefix": "/plain" }, "key": ["header:x-user"],
-      "rate": 1, "period_ms": 100, "burst": 2 }
+      "rate": 1, "period_ms": 1000, "burst": 2 }
   ]
 }"#;
 
@@ -58,7 +58,7 @@ fn a_client_over_at_one_proxy_is_boxed_at_every_proxy_longer_when_it_offends_aga
     let logs = || format!("{}\n{}", stack.logs(), b.log_text());
 
     // The first offence at A: the bucket's two tokens, then a denial that boxes the key for 4 s.
-    // Its Retry-After is the box's (the bucket alone would say 1 s: a token every 100 ms).
+    // Its Retry-After is the box's (the bucket alone would say 1 s: a token a second).
     let (plain, _) = until_refused(pa, "/plain", "eve");
     assert_eq!(retry_after(&plain), 1, "the bucket alone: {plain:?}");
     let (r, admitted) = until_refused(pa, "/login", "eve");
