@@ -1,6 +1,9 @@
 // The lease path's wasm cost in V8, without Envoy: Node's V8 (TurboFan, as Envoy runs it) runs a
 // filter module behind a small proxy-wasm host written here, and times requests that tollgate
-// answers from leased tokens, next to the wasm floor (bench/wasm-floor) on the same host.
+// answers from leased tokens, next to the wasm floor (bench/wasm-floor) on the same host. With
+// `--flood`, the new-key path instead: exact mode, every request a new key, eight requests
+// arriving while a batched call is out and leaving with the next (`make bench`'s
+// tollgate-flood-exact on one worker); the floor does not run then (it holds nothing).
 //
 // What it is for: `make bench` measures Envoy's CPU per request, the real figure, but a change of a
 // few hundred nanoseconds of wasm is lost in its noise. Here the host calls cost a JS function call,
@@ -10,11 +13,16 @@
 // (CARGO_PROFILE_RELEASE_STRIP=false).
 //
 //   node bench/v8-local-path.mjs [--tollgate path.wasm] [--floor path.wasm] [--requests N]
-//                                [--rounds R] [--only tollgate|floor]
+//                                [--rounds R] [--only tollgate|floor] [--flood]
+//   node bench/v8-local-path.mjs --summary PROFILE.cpuprofile
+//
+// `--summary` prints where a profile's wasm time went: each wasm function's self time as a share
+// of all wasm self time (the host's JS, and V8's own work, left out), names demangled.
 //
 // The host keeps the semantics the local path depends on (cpp-host's): buffers the host returns
 // are allocated through the module's proxy_on_memory_allocate, shared data has CAS, a callout's
-// answer comes on the root context. It answers every lease call with all it asked for.
+// answer comes on the root context. It answers every lease call with all it asked for, and
+// every exact check as allowed.
 
 import { readFileSync } from "node:fs";
 
@@ -27,6 +35,7 @@ const args = Object.fromEntries(
     return acc;
   }, []),
 );
+const FLOOD = process.argv.includes("--flood");
 const REQUESTS = Number(args.requests ?? 20000);
 const ROUNDS = Number(args.rounds ?? 7);
 const MODULES = {
@@ -34,11 +43,13 @@ const MODULES = {
   floor: args.floor ?? "target/wasm-floor/wasm32-wasip1/release/wasm_floor.wasm",
 };
 // `make bench`'s tollgate-lease rule (tools/src/bin/bench): one key, a limit never reached.
+// With --flood, its tollgate-flood-exact rule: exact mode on a query parameter.
 const CONFIG = JSON.stringify({
   backend: { cluster: "tollgate_backend", authority: "webdis", timeout_ms: 2000 },
   response_headers: "ietf",
-  rules: [{ name: "per-user", match: { path_prefix: "/api/" }, key: ["header:x-user-id"],
-            mode: "lease", rate: 1000000, period_ms: 1000, burst: 1000000 }],
+  rules: [{ name: "per-user", match: { path_prefix: "/api/" },
+            key: [FLOOD ? "query:k" : "header:x-user-id"],
+            mode: FLOOD ? "exact" : "lease", rate: 1000000, period_ms: 1000, burst: 1000000 }],
 });
 // What Envoy hands a filter for `curl -H 'x-user-id: bench-user' http://127.0.0.1/api/bench`.
 const REQUEST = [
@@ -83,6 +94,7 @@ function decodePairs(bytes) {
 async function start(name, path) {
   const module = await WebAssembly.compile(readFileSync(path));
   const host = {
+    request: REQUEST,
     requestPairs: encodePairs(REQUEST),
     responsePairs: encodePairs(RESPONSE),
     shared: new Map(), // key -> [bytes, cas]
@@ -132,7 +144,7 @@ async function start(name, path) {
     },
     proxy_get_header_map_value: (map, kPtr, kLen, ptrPtr, sizePtr) => {
       const name = str(kPtr, kLen);
-      const list = map === 0 ? REQUEST : map === 2 ? RESPONSE : map === 6 ? [[":status", "200"]] : [];
+      const list = map === 0 ? host.request : map === 2 ? RESPONSE : map === 6 ? [[":status", "200"]] : [];
       const hit = list.find(([k]) => k === name);
       if (!hit) return NOT_FOUND;
       return give(enc.encode(hit[1]), ptrPtr, sizePtr);
@@ -194,34 +206,104 @@ async function start(name, path) {
   exports.proxy_on_vm_start?.(ROOT, 0);
   if (!exports.proxy_on_configure(ROOT, CONFIG.length)) throw new Error(`${name}: configure failed: ${host.logs}`);
   let ctx = 100;
+  const answer = (token, ints) => {
+    host.callBody = enc.encode(`{"EVALSHA":[${ints.join(",")}]}`);
+    host.callHeaders = encodePairs([[":status", "200"]]);
+    exports.proxy_on_http_call_response(ROOT, token, 1, host.callBody.length, 0);
+  };
   // The callout answers: every lease call gets all it asked for (max(cost, lease_want)).
   const answerCalls = () => {
     while (host.calls.length > 0) {
       const [token, body] = host.calls.shift();
       const n = body.split("/").map(Number);
-      const asked = Math.max(n[n.length - 4], n[n.length - 3]);
-      host.callBody = enc.encode(`{"EVALSHA":[1,1000000,0,0,${asked}]}`);
-      host.callHeaders = encodePairs([[":status", "200"]]);
-      exports.proxy_on_http_call_response(ROOT, token, 1, host.callBody.length, 0);
+      answer(token, [1, 1000000, 0, 0, Math.max(n[n.length - 4], n[n.length - 3])]);
     }
   };
-  const request = () => {
-    const c = ctx++;
-    exports.proxy_on_context_create(c, ROOT);
-    exports.proxy_on_request_headers(c, REQUEST.length, 1);
-    answerCalls();
+  // The flood's flight out: each of its keys allowed, one token taken (the batched form answers
+  // six integers a key, the single form five).
+  const answerFlight = () => {
+    const [token, body] = host.calls.shift();
+    const parts = body.split("/");
+    const keys = Number(parts[2]), batched = parts[3 + keys] === "batch";
+    const ints = [];
+    for (let i = 0; i < keys; i++) ints.push(1, 999999, 0, 0, 1, ...(batched ? [0] : []));
+    answer(token, ints);
+  };
+  const finish = (c) => {
     exports.proxy_on_response_headers(c, RESPONSE.length, 0);
     exports.proxy_on_response_body?.(c, 3, 1);
     exports.proxy_on_done?.(c);
     exports.proxy_on_log?.(c);
     exports.proxy_on_delete(c);
   };
+  let key = 0, arriving = [], answered = [];
+  const flood = () => {
+    const c = ctx++;
+    host.request = REQUEST.map(([k, v]) => [k, k === ":path" ? `/api/flood?k=user-${key}` : v]);
+    host.requestPairs = encodePairs(host.request);
+    key++;
+    exports.proxy_on_context_create(c, ROOT);
+    exports.proxy_on_request_headers(c, REQUEST.length, 1);
+    arriving.push(c);
+    if (arriving.length === 8) {
+      // The flight out is answered: the eight that arrived meanwhile leave in the next one, and
+      // the requests it answered finish.
+      answerFlight();
+      answered.forEach(finish);
+      [answered, arriving] = [arriving, []];
+    }
+  };
+  const request = FLOOD ? flood : () => {
+    const c = ctx++;
+    exports.proxy_on_context_create(c, ROOT);
+    exports.proxy_on_request_headers(c, REQUEST.length, 1);
+    answerCalls();
+    finish(c);
+  };
   return { name, host, request, tick: () => exports.proxy_on_tick?.(ROOT) };
+}
+
+// A legacy-mangled Rust name (`_ZN4core3fmt5write17h<hash>E`) as a path (`core::fmt::write`).
+function demangle(name) {
+  if (!name.startsWith("_ZN")) return name;
+  const parts = [];
+  let at = 3;
+  while (at < name.length && name[at] !== "E") {
+    const digits = /^\d+/.exec(name.slice(at));
+    if (!digits) break;
+    at += digits[0].length;
+    const part = name.slice(at, at + Number(digits[0]));
+    at += part.length;
+    if (!/^h[0-9a-f]{16}$/.test(part)) parts.push(part);
+  }
+  return parts.join("::").replace(/\$LT\$/g, "<").replace(/\$GT\$/g, ">").replace(/\$u20\$/g, " ")
+    .replace(/\$C\$/g, ",").replace(/\$RF\$/g, "&").replace(/\.\./g, "::");
+}
+
+// --summary: each wasm function's self time in a --cpu-prof profile, as a share of the wasm's.
+if (args.summary) {
+  const profile = JSON.parse(readFileSync(args.summary, "utf8"));
+  const byId = new Map(profile.nodes.map((n) => [n.id, n]));
+  const self = new Map();
+  let total = 0, wasm = 0;
+  profile.samples.forEach((id, i) => {
+    const dt = profile.timeDeltas[i] ?? 0, fn = byId.get(id).callFrame;
+    total += dt;
+    if (!fn.url.startsWith("wasm://")) return;
+    wasm += dt;
+    const name = demangle(fn.functionName);
+    self.set(name, (self.get(name) ?? 0) + dt);
+  });
+  console.log(`wasm: ${(100 * wasm / total).toFixed(1)}% of the profile's samples (the rest: the host's JS, V8)`);
+  for (const [name, dt] of [...self].sort((a, b) => b[1] - a[1]).slice(0, 30)) {
+    console.log(`${(100 * dt / wasm).toFixed(1).padStart(5)}%  ${name}`);
+  }
+  process.exit(0);
 }
 
 const vms = [];
 for (const [name, path] of Object.entries(MODULES)) {
-  if (!args.only || args.only === name) vms.push(await start(name, path));
+  if ((!args.only || args.only === name) && !(FLOOD && name === "floor")) vms.push(await start(name, path));
 }
 // Warm-up: leases granted, TurboFan has compiled the hot functions.
 for (const vm of vms) for (let i = 0; i < 50000; i++) vm.request();
@@ -246,7 +328,7 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 for (const vm of vms) {
   const m = median(samples[vm.name]);
   console.log(`${vm.name}: ${m.toFixed(0)} ns/request (median of ${ROUNDS} rounds of ${REQUESTS}; ` +
-    `rounds ${samples[vm.name].map((s) => s.toFixed(0)).join(" ")}), lease calls ${vm.calls}` +
+    `rounds ${samples[vm.name].map((s) => s.toFixed(0)).join(" ")}), ${FLOOD ? "script" : "lease"} calls ${vm.calls}` +
     (vm.host.logs.length ? `, log: ${vm.host.logs.slice(0, 3).join(" | ")}` : ""));
 }
 if (vms.length === 2) {
