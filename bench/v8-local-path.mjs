@@ -215,8 +215,10 @@ async function start(name, path) {
   const answerCalls = () => {
     while (host.calls.length > 0) {
       const [token, body] = host.calls.shift();
-      const n = body.split("/").map(Number);
-      answer(token, [1, 1000000, 0, 0, Math.max(n[n.length - 4], n[n.length - 3])]);
+      // .../<cost>/<lease>/<max_wait_ms>/<settle>, the lease `<want>` or `<want>%3A<holder>...`.
+      const n = body.split("/");
+      const asked = Math.max(Number(n[n.length - 4]), parseInt(n[n.length - 3], 10));
+      answer(token, [1, 1000000, 0, 0, asked]);
     }
   };
   // The flood's flight out: each of its keys allowed, one token taken (the batched form answers
