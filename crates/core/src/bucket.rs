@@ -250,6 +250,9 @@ pub struct Holding {
     pub expires_us: u64,
     /// The latest `seq` of its calls that ran.
     pub seq: u64,
+    /// The demand its latest call reported ([`Holder::demand`]; 0: none): what its share is
+    /// weighed by.
+    pub demand: u64,
 }
 
 /// The holders of one bucket, by holder id (what the script keeps beside `u`, `t`, `p`).
@@ -260,6 +263,11 @@ impl Holders {
     /// Tokens every holder on record may still hold.
     pub fn held(&self) -> u64 {
         self.0.iter().map(|h| h.held).fold(0, u64::saturating_add)
+    }
+
+    /// The demand every holder on record reported, together (the script's `w`).
+    pub fn demand(&self) -> u64 {
+        self.0.iter().map(|h| h.demand).fold(0, u64::saturating_add)
     }
 
     /// When the last holder on record has dropped its tokens (0: none).
@@ -289,7 +297,7 @@ impl Holders {
 /// Most steps a holder's report carries.
 pub const MAX_STEPS: usize = 8;
 
-/// A lease call's holder (the script's `want:holder:seq:hold_ms[:back]:held:quiet_ms...`).
+/// A lease call's holder (the script's `want:holder:seq:hold_ms[:back]:held:quiet_ms...[/demand]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     /// The proxy's id (>= 1, random per proxy).
@@ -303,6 +311,10 @@ pub struct Holder {
     /// script puts them back in the bucket, as far as its record still counts them as held
     /// (`back` in the script; 0: none, and the argument leaves it out).
     pub back: u64,
+    /// Its recent demand for the key, in thousandths of a token per second (at most
+    /// [`MAX_DEMAND`]), or None: unknown (the argument leaves it out, and the holder's share is
+    /// the equal one). See [`share`].
+    pub demand: Option<u64>,
     steps: [(u64, u64); MAX_STEPS],
     len: usize,
 }
@@ -324,6 +336,7 @@ impl Holder {
             seq,
             hold_ms,
             back: 0,
+            demand: None,
             steps: out,
             len: kept.len(),
         }
@@ -332,6 +345,14 @@ impl Holder {
     /// The same holder, giving back `back` tokens it dropped unspent.
     pub fn giving_back(self, back: u64) -> Holder {
         Holder { back, ..self }
+    }
+
+    /// The same holder, reporting its recent demand (thousandths of a token per second).
+    pub fn demanding(self, demand: u64) -> Holder {
+        Holder {
+            demand: Some(demand),
+            ..self
+        }
     }
 
     /// The steps of its report, oldest first.
@@ -350,6 +371,36 @@ pub const MAX_HOLD_MS: u64 = 86_400_000;
 /// most, and would tie them to a proxy before it has requests for them (a quiet proxy drops most
 /// of them unspent).
 pub const RACE_SHARE: u64 = 5;
+
+/// The largest demand a holder may report, in thousandths of a token per second (2^32: over four
+/// million tokens a second). With it, the demands of up to 2^21 holders add up exactly.
+pub const MAX_DEMAND: u64 = 1 << 32;
+
+/// A holder's share of a key's burst: the most it may hold at once. The equal share, `burst`
+/// divided by the holders on record (at least `cost`); or, when the key is not short of tokens
+/// (`plenty`: the bucket holds at least half of what it can hold) and the holder reported a
+/// demand and that is more, its part of the burst by demand, `burst × demand ÷ total` (the total
+/// over every holder on record, this one's latest report included), at most `burst`. So a busy
+/// holder among many quiet ones holds what it spends in a lease's life instead of a sliver, a
+/// quiet one still gets the equal share, and a key short of tokens is shared equally as before
+/// (a busy holder's large shares would take every token as it refills from quiet holders
+/// waiting their turn). The shares are only a cap on what each asks: what holders hold together
+/// never passes `burst` whatever they are (the script grants at most `burst` − what all hold),
+/// so the demands decide who holds the burst, never how much of it is out.
+///
+/// The script computes `burst × demand` in a double: exact below 2^53. At 2^53 or more (a burst
+/// over 2^21 tokens) the part is `burst ÷ ⌊total ÷ demand⌋` instead, a little more than exact.
+pub fn share(burst: u64, cost: u64, holders: u64, (demand, total): (u64, u64), plenty: bool) -> u64 {
+    let equal = cost.max(burst / holders.max(1));
+    if !plenty || demand == 0 || total == 0 {
+        return equal;
+    }
+    let part = match burst.checked_mul(demand).filter(|&p| p < MAX_EXACT) {
+        Some(p) => p / total,
+        None => burst / (total / demand).max(1),
+    };
+    equal.max(part.min(burst))
+}
 
 /// The deepest debt a period change keeps, in units (2^52: more than 75 minutes of refill at
 /// [`MAX_RATE`]); every value stays exact.
@@ -442,6 +493,7 @@ pub fn take_penalized(
             && h.hold_ms <= MAX_HOLD_MS
             && !h.steps().is_empty()
             && h.steps().iter().all(|&(_, quiet)| quiet <= MAX_HOLD_MS)
+            && h.demand.is_none_or(|d| d <= MAX_DEMAND)
     });
     if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !settle_ok || !holder_ok {
         return (state, Reply::REJECT);
@@ -526,6 +578,7 @@ pub fn take_penalized(
             held: 0,
             expires_us: 0,
             seq: 0,
+            demand: 0,
         })
     });
     // A call that runs after a later one of the same holder reports nothing: its report is
@@ -537,6 +590,8 @@ pub fn take_penalized(
     let mut back = 0;
     if let (Some(rec), Some(h), true) = (record.as_mut(), holder, fresh) {
         back = int(h.back.min(rec.held));
+        // Its latest report of its demand weighs its share (none: it weighs nothing).
+        rec.demand = h.demand.unwrap_or(0);
         for &(held, quiet_ms) in h.steps() {
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
             if from > ts_us {
@@ -561,6 +616,13 @@ pub fn take_penalized(
     let clock = Clock::new(limits, ts_us, now_us);
     let holder_count = i64::try_from(holders.0.len()).unwrap_or(i64::MAX)
         + i64::from(record.is_some_and(|r| r.expires_us == 0));
+    // The demand holders reported, this holder's latest report in place of its earlier one.
+    let total_demand = record.map_or(0, |rec| {
+        let others = holders.0.iter().filter(|h| h.holder != rec.holder);
+        others
+            .map(|h| h.demand)
+            .fold(rec.demand, u64::saturating_add)
+    });
 
     // 2c. Settle: a charge only lowers (at most MAX_SETTLE_BURSTS bursts into debt), a refund
     // only raises (never past what the bucket can hold).
@@ -595,9 +657,15 @@ pub fn take_penalized(
     } else {
         let cost = int(cost);
         let mut want = cost.max(int(lease_want)).min(burst);
-        let mut share = burst;
+        let (mut share, mut equal) = (burst, burst);
         if let Some(rec) = record {
-            share = cost.max(burst / holder_count.max(1));
+            let n = u64::try_from(holder_count).unwrap_or(1);
+            equal = cost.max(burst / holder_count.max(1));
+            let c = u64::try_from(cost).unwrap_or(0);
+            // The bucket holds at least half of what it can hold.
+            let plenty = units.saturating_mul(2) >= capacity(out);
+            let demand = (rec.demand, total_demand);
+            share = int(self::share(limits.burst, c, n, demand, plenty));
             want = want.min(share - share.min(int(rec.held))).min(burst - out);
         }
         let need = cost.saturating_mul(per_token);
@@ -608,8 +676,9 @@ pub fn take_penalized(
             units -= granted.saturating_mul(per_token);
             (true, granted, 0)
         } else {
-            // A holder with a small share among others reserves nothing (RACE_SHARE).
-            let racing = record.is_some() && share < int(RACE_SHARE).min(burst);
+            // A holder among so many that an equal share is small reserves nothing
+            // (RACE_SHARE), whatever its demand.
+            let racing = record.is_some() && equal < int(RACE_SHARE).min(burst);
             let reach_ms = if racing { 0 } else { int(max_wait_ms) };
             let take = if record.is_some() {
                 let reach = units.saturating_add(clock.refill_within(reach_ms)) / per_token;
