@@ -1576,7 +1576,8 @@ mod tests {
                 holder: 7,
                 held: 3,
                 expires_us: T0 + 9_000_000,
-                seq: 1
+                seq: 1,
+                demand: 0,
             }]
         );
     }
@@ -1803,6 +1804,123 @@ mod tests {
         // (Its 40 count until T0 + 5 s: the bucket refills 50 by then, 10 more a second on.)
         let (_, r) = take_held(s, &mut holders, &l, &call(3, 40, 0), T0 + 6_000_000);
         assert_eq!((r.allowed, r.remaining), (true, 60));
+    }
+
+    /// `n` quiet holders (a demand of 0.2 tokens a second each) take a token each; then a busy
+    /// one (16 a second) asks for 40 with `demand` reported (or none).
+    fn busy_among_quiet(n: u64, l: &Limits, demand: Option<u64>) -> (Option<State>, Holders, Ask) {
+        let mut holders = Holders::default();
+        let mut s = None;
+        for id in 1..=n {
+            let ask = Ask {
+                cost: 1,
+                lease_want: 1,
+                holder: Some(Holder::new(id, 1, 5000, &[(0, 0)]).demanding(200)),
+                ..Ask::default()
+            };
+            let (next, r) = take_held(s, &mut holders, l, &ask, T0);
+            assert_eq!(r.granted, 1);
+            s = next;
+        }
+        let busy = Holder::new(99, 1, 5000, &[(0, 0)]);
+        let busy = match demand {
+            Some(d) => busy.demanding(d),
+            None => busy,
+        };
+        let ask = Ask {
+            cost: 1,
+            lease_want: 40,
+            holder: Some(busy),
+            max_wait_ms: 2000,
+            ..Ask::default()
+        };
+        (s, holders, ask)
+    }
+
+    /// A holder's share is weighed by the demand it reports: among 20 quiet holders (an equal
+    /// share of 4 tokens) a busy one gets what it asks for, its part by demand being 80 of the
+    /// 100 (16 ÷ (16 + 20 × 0.2)). Without a report, the equal share, as before.
+    #[test]
+    fn a_busy_holder_among_quiet_ones_gets_its_part_by_demand() {
+        let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(20, &l, Some(16_000));
+        let (s, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted), (true, 40));
+        assert_eq!(holders.demand(), 20 * 200 + 16_000);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), true), 80);
+        // A report weighs until its holder's record expires (every one here 5 s after its
+        // grant): then the sum is what the callers since reported.
+        let quiet = Ask {
+            cost: 1,
+            lease_want: 1,
+            holder: Some(Holder::new(1, 2, 5000, &[(0, 0)]).demanding(300)),
+            ..Ask::default()
+        };
+        let (_, r) = take_held(s, &mut holders, &l, &quiet, T0 + 6_000_000);
+        assert!(r.allowed);
+        assert_eq!((holders.0.len(), holders.demand()), (1, 300));
+        let (s, mut holders, ask) = busy_among_quiet(20, &l, None);
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted), (true, 4), "the equal share");
+    }
+
+    /// A key short of tokens (the bucket holds less than half of what it can hold) is shared
+    /// equally whatever the demands: a busy holder's part would take every token as it refills
+    /// from the quiet ones waiting their turn.
+    #[test]
+    fn a_key_short_of_tokens_is_shared_equally() {
+        let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(20, &l, Some(16_000));
+        // 80 in the bucket; an exact check takes 41: 39 left, under half of 80.
+        let drain = Ask {
+            cost: 41,
+            ..Ask::default()
+        };
+        let (s, r) = take_held(s, &mut holders, &l, &drain, T0);
+        assert_eq!((r.allowed, r.remaining), (true, 39));
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted), (true, 4));
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), false), 4);
+    }
+
+    /// With so many holders that an equal share is under RACE_SHARE tokens, a busy holder whose
+    /// part by demand is large still reserves nothing: it takes what the bucket holds.
+    #[test]
+    fn a_busy_holder_among_many_races_whatever_its_demand() {
+        let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(30, &l, Some(16_000));
+        // 70 in the bucket; an exact check takes 34: 36 left, at least half of 70.
+        let drain = Ask {
+            cost: 34,
+            ..Ask::default()
+        };
+        let (s, _) = take_held(s, &mut holders, &l, &drain, T0);
+        let ask = Ask {
+            lease_want: 60,
+            ..ask
+        };
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!(
+            (r.allowed, r.granted, r.retry_after_ms, r.remaining),
+            (true, 36, 0, 0),
+            "what is there, no reservation"
+        );
+    }
+
+    /// A demand past MAX_DEMAND is refused, as the script refuses it.
+    #[test]
+    fn a_demand_past_the_bound_is_refused() {
+        let l = lim(100, 100, 1000);
+        let call = |d| Ask {
+            cost: 1,
+            lease_want: 5,
+            holder: Some(Holder::new(7, 1, 5000, &[(0, 0)]).demanding(d)),
+            ..Ask::default()
+        };
+        let (_, r) = take_held(None, &mut Holders::default(), &l, &call(MAX_DEMAND), T0);
+        assert_eq!(r.granted, 5);
+        let (_, r) = take_held(None, &mut Holders::default(), &l, &call(MAX_DEMAND + 1), T0);
+        assert_eq!(r, Reply::REJECT);
     }
 
     /// With so many holders that a share is under RACE_SHARE tokens, a holder reserves nothing:
