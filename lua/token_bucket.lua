@@ -97,7 +97,7 @@ burst + rate * W in any window of W ms. Holders together never hold more than bu
 (reservations) always refills at the full rate. A holder gets at most its share, burst divided by
 the number of live holders (at least cost), so one proxy cannot hold a key's whole capacity while
 others ask. A holder that reports its demand gets, when that is more and the bucket holds at least half of
-what it can hold, its part of the burst by demand: burst * d<id> / w, where w is the sum of every
+what it can hold, its part of the burst by demand: burst * d<id> / s, where s is the sum of every
 live holder's d<id> (its latest report), at most burst; so a busy holder among many quiet ones
 holds a lease's worth instead of a sliver, and a key short of tokens is shared equally.
 Shares only cap what each asks: the bucket and what holders hold together still never pass
@@ -123,7 +123,7 @@ State: a hash at KEYS[1] with u (units held; negative while reservations are out
 (microsecond timestamp of the last refill point), p (the units per token u is scaled by: period_ms
 when the step is 1 ms), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
-e<id>), w (the demand they reported, together; absent when none did), h<id>, e<id> and q<id> per
+e<id>), s (the demand they reported, together; absent when none did), h<id>, e<id> and q<id> per
 holder, and d<id> (its demand) for a holder that reported one. A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack); a key that would be full only after more than 2^53 ms is kept
@@ -414,14 +414,14 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
   -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
   local full = burst * per_token
-  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 'w')
+  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's')
   -- A missing field is false (tonumber makes it nil): a new key needs no tonumber at all.
   local u, t, p
   if h[1] and h[2] and h[3] then
     u, t, p = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
   end
-  local o, k, n, m, w = 0, 0, 0, 0, 0
-  -- Whether any of o, k, n, m, w is stored (Redis gives false for a missing field): if none is,
+  local o, k, n, m, ds = 0, 0, 0, 0, 0
+  -- Whether any of o, k, n, m, s is stored (Redis gives false for a missing field): if none is,
   -- there is nothing for step 5 to delete.
   local holder_fields = h[4] or h[5] or h[6] or h[7] or h[8]
   if holder_fields then
@@ -429,7 +429,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     k = tonumber(h[5]) or 0
     n = tonumber(h[6]) or 0
     m = tonumber(h[7]) or 0
-    w = tonumber(h[8]) or 0
+    ds = tonumber(h[8]) or 0
   end
   if u == nil or t == nil or p == nil or t < 0 or p < 1
       or u ~= floor(u) or t ~= floor(t) or p ~= floor(p) then
@@ -468,7 +468,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       fields[all[i]] = all[i + 1]
     end
     local gone = {}
-    o, k, n, m, w = 0, 0, 0, 0, 0
+    o, k, n, m, ds = 0, 0, 0, 0, 0
     for f, v in pairs(fields) do
       if string.sub(f, 1, 1) == 'e' then
         local id = string.sub(f, 2)
@@ -481,7 +481,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
           if k == 0 or e < n then n = e end
           if e > m then m = e end
           k = k + 1
-          w = w + (tonumber(fields['d' .. id]) or 0)
+          ds = ds + (tonumber(fields['d' .. id]) or 0)
         end
       end
     end
@@ -530,7 +530,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       steps = nil
     else
       -- Its latest report of its demand weighs its share (none: it weighs nothing).
-      w = w - hd + (demand or 0)
+      ds = ds - hd + (demand or 0)
       hd = demand or 0
     end
   end
@@ -620,16 +620,16 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     if holder ~= nil then
       -- A holder's share: the equal one, or, while the bucket holds at least half of what it
       -- can hold, its part by demand when that is more (burst * d is exact below 2^53, and a
-      -- product past it rounds to 2^53 or more; past it, burst / floor(w / d)); and room:
+      -- product past it rounds to 2^53 or more; past it, burst / floor(s / d)); and room:
       -- holders together hold at most burst.
       equal = math.max(cost, idiv(burst, k))
       share = equal
-      if hd > 0 and w > 0 and u * 2 >= cap then
+      if hd > 0 and ds > 0 and u * 2 >= cap then
         local part
         if burst * hd < MAX_EXACT then
-          part = idiv(burst * hd, w)
+          part = idiv(burst * hd, ds)
         else
-          part = idiv(burst, math.max(idiv(w, hd), 1))
+          part = idiv(burst, math.max(idiv(ds, hd), 1))
         end
         share = math.max(equal, math.min(part, burst))
       end
@@ -734,15 +734,15 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
     if k > 0 then
       redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
-      if w > 0 then
-        redis.call('HSET', key, 'w', fmt(w))
+      if ds > 0 then
+        redis.call('HSET', key, 's', fmt(ds))
       elseif h[8] then
-        redis.call('HDEL', key, 'w')
+        redis.call('HDEL', key, 's')
       end
       -- The bucket stays short of full until its last holder expires, then refills.
       ttl_ms = ttl_ms + ceil_div(m - now, 1000)
     elseif holder_fields then
-      redis.call('HDEL', key, 'o', 'k', 'n', 'm', 'w')
+      redis.call('HDEL', key, 'o', 'k', 'n', 'm', 's')
     end
     if pms ~= nil then
       if keep_ms > 0 then

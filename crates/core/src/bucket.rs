@@ -265,7 +265,7 @@ impl Holders {
         self.0.iter().map(|h| h.held).fold(0, u64::saturating_add)
     }
 
-    /// The demand every holder on record reported, together (the script's `w`).
+    /// The demand every holder on record reported, together (the script's `s`).
     pub fn demand(&self) -> u64 {
         self.0.iter().map(|h| h.demand).fold(0, u64::saturating_add)
     }
