@@ -619,7 +619,10 @@ fn a_share_is_weighed_by_the_demand_holders_report() {
     assert_eq!(field(&mut c, "d98"), None);
     // Every record expires 5 s on: only the latest caller's report weighs.
     assert_eq!(run(&mut c, "1:1:2:5000:0:0/300", 6000)[4], 1);
-    assert_eq!((field(&mut c, "s"), field(&mut c, "k")), (Some(300), Some(1)));
+    assert_eq!(
+        (field(&mut c, "s"), field(&mut c, "k")),
+        (Some(300), Some(1))
+    );
     assert_eq!((field(&mut c, "d99"), field(&mut c, "d2")), (None, None));
 }
 

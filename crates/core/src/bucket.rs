@@ -390,7 +390,13 @@ pub const MAX_DEMAND: u64 = 1 << 32;
 ///
 /// The script computes `burst × demand` in a double: exact below 2^53. At 2^53 or more (a burst
 /// over 2^21 tokens) the part is `burst ÷ ⌊total ÷ demand⌋` instead, a little more than exact.
-pub fn share(burst: u64, cost: u64, holders: u64, (demand, total): (u64, u64), plenty: bool) -> u64 {
+pub fn share(
+    burst: u64,
+    cost: u64,
+    holders: u64,
+    (demand, total): (u64, u64),
+    plenty: bool,
+) -> u64 {
     let equal = cost.max(burst / holders.max(1));
     if !plenty || demand == 0 || total == 0 {
         return equal;

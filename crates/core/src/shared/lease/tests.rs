@@ -877,5 +877,9 @@ fn a_call_reports_the_demand_since_the_previous_one() {
     pool.release(c, None, 3501).unwrap();
     assert_eq!(spent(&pool.take("k", &[1], 3600, &SIZING).unwrap()), 0);
     assert_eq!(demand_rate(1, 5000), 200, "one token in 5 s");
-    assert_eq!(demand_rate(u64::MAX, 1), MAX_DEMAND, "never past what the script takes");
+    assert_eq!(
+        demand_rate(u64::MAX, 1),
+        MAX_DEMAND,
+        "never past what the script takes"
+    );
 }
