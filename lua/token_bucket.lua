@@ -96,13 +96,13 @@ every token held anywhere together never exceed burst, and the fleet admits at m
 burst + rate * W in any window of W ms. Holders together never hold more than burst, so debt
 (reservations) always refills at the full rate. A holder gets at most its share, burst divided by
 the number of live holders (at least cost), so one proxy cannot hold a key's whole capacity while
-others ask. A holder that reports its demand gets, when that is more and the bucket holds at least half of
-what it can hold, its part of the burst by demand: burst * d<id> / s, where s is the sum of every
-live holder's d<id> (its latest report), at most burst; so a busy holder among many quiet ones
-holds a lease's worth instead of a sliver, and a key short of tokens is shared equally.
-Shares only cap what each asks: the bucket and what holders hold together still never pass
-burst. A holder whose equal share (burst / holders) is below RACE_SHARE (5) tokens and below burst
-reserves nothing, whatever its demand:
+others ask. A holder that reports its demand gets, when that is more and the bucket holds at
+least half of what it can hold, its part of the burst by demand: burst * d<id> / s, where s is
+the sum of every live holder's d<id> (its latest report), at most burst; so a busy holder among
+many quiet ones holds a lease's worth instead of a sliver, and a key short of tokens is shared
+equally. Shares only cap what each asks: the bucket and what holders hold together still never
+pass burst. A holder whose equal share (burst / holders) is below RACE_SHARE (5) tokens and below
+burst reserves nothing, whatever its demand:
 it takes what the bucket holds, or is denied until the bucket has refilled a token for every live
 holder (retry_after_ms: its turn). What a holder gives back (`back`) moves tokens from what it
 holds on record to the bucket: the two together never pass burst.
@@ -318,7 +318,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   if lease ~= '0' and type(lease) == 'string' and string.find(lease, '/', 1, true) then
     local body, d = string.match(lease, '^([%d:]+)/(%d+)$')
     demand = int_arg(d, 0)
-    if body == nil or demand == nil or demand > MAX_DEMAND or not string.find(body, ':', 1, true) then
+    if body == nil or demand == nil or demand > MAX_DEMAND
+        or not string.find(body, ':', 1, true) then
       return nil, 'lease'
     end
     lease = body
@@ -521,7 +522,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     hd_field = r[4]
     hd = tonumber(r[4]) or 0
     if expires <= now then
-      held, expires, last_seq, hd = 0, 0, 0, 0 -- a fresh holder (the recount dropped an expired one)
+      -- A fresh holder (the recount dropped an expired one).
+      held, expires, last_seq, hd = 0, 0, 0, 0
       k = k + 1
     end
     if seq <= last_seq then
