@@ -98,9 +98,11 @@ burst + rate * W in any window of W ms. Holders together never hold more than bu
 the number of live holders (at least cost), so one proxy cannot hold a key's whole capacity while
 others ask. A holder that reports its demand gets, when that is more and the bucket holds at
 least half of what it can hold, its part of the burst by demand: burst * d<id> / s, where s is
-the sum of every live holder's d<id> (its latest report), at most burst; so a busy holder among
-many quiet ones holds a lease's worth instead of a sliver, and a key short of tokens is shared
-equally. Shares only cap what each asks: the bucket and what holders hold together still never
+the sum of every live holder's d<id> (its latest report), at most burst and at most what keeps
+every holder's tokens together at half the burst (burst / 2 - what the others hold); so a busy
+holder among many quiet ones holds a lease's worth instead of a sliver, a key short of tokens is
+shared equally, and a part by demand always comes from what the bucket holds, never a
+reservation. Shares only cap what each asks: the bucket and what holders hold together still never
 pass burst. A holder whose equal share (burst / holders) is below RACE_SHARE (5) tokens and below
 burst reserves nothing, whatever its demand:
 it takes what the bucket holds, or is denied until the bucket has refilled a token for every live
@@ -633,7 +635,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
         else
           part = idiv(burst, math.max(idiv(ds, hd), 1))
         end
-        share = math.max(equal, math.min(part, burst))
+        -- At most what it may hold with the others' tokens at most half the burst.
+        share = math.max(equal, math.min(part, burst, idiv(burst, 2) - (o - held)))
       end
       want = math.min(want, share - math.min(share, held), burst - o)
     end

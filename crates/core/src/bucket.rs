@@ -380,13 +380,17 @@ pub const MAX_DEMAND: u64 = 1 << 32;
 /// divided by the holders on record (at least `cost`); or, when the key is not short of tokens
 /// (`plenty`: the bucket holds at least half of what it can hold) and the holder reported a
 /// demand and that is more, its part of the burst by demand, `burst × demand ÷ total` (the total
-/// over every holder on record, this one's latest report included), at most `burst`. So a busy
-/// holder among many quiet ones holds what it spends in a lease's life instead of a sliver, a
-/// quiet one still gets the equal share, and a key short of tokens is shared equally as before
-/// (a busy holder's large shares would take every token as it refills from quiet holders
-/// waiting their turn). The shares are only a cap on what each asks: what holders hold together
-/// never passes `burst` whatever they are (the script grants at most `burst` − what all hold),
-/// so the demands decide who holds the burst, never how much of it is out.
+/// over every holder on record, this one's latest report included), at most `burst` and at most
+/// `room`: what it may hold with every other holder's tokens still at most half the burst
+/// (`burst ÷ 2` − what the others hold). So a busy holder among many quiet ones holds what it
+/// spends in a lease's life instead of a sliver, a quiet one still gets the equal share, and a
+/// key short of tokens is shared equally as before (a busy holder's large shares would take
+/// every token as it refills from quiet holders waiting their turn); and parts by demand never
+/// take the bucket's room to refill below half the burst (tokens sitting in leases would make
+/// the refill overflow, and with a long `lease_horizon_ms` a fleet at its limit admitted less).
+/// The shares are only a cap on what each asks: what holders hold together never passes `burst`
+/// whatever they are (the script grants at most `burst` − what all hold), so the demands decide
+/// who holds the burst, never how much of it is out.
 ///
 /// The script computes `burst × demand` in a double: exact below 2^53. At 2^53 or more (a burst
 /// over 2^21 tokens) the part is `burst ÷ ⌊total ÷ demand⌋` instead, a little more than exact.
@@ -395,7 +399,7 @@ pub fn share(
     cost: u64,
     holders: u64,
     (demand, total): (u64, u64),
-    plenty: bool,
+    (plenty, room): (bool, u64),
 ) -> u64 {
     let equal = cost.max(burst / holders.max(1));
     if !plenty || demand == 0 || total == 0 {
@@ -405,7 +409,7 @@ pub fn share(
         Some(p) => p / total,
         None => burst / (total / demand).max(1),
     };
-    equal.max(part.min(burst))
+    equal.max(part.min(burst).min(room))
 }
 
 /// The deepest debt a period change keeps, in units (2^52: more than 75 minutes of refill at
@@ -670,8 +674,11 @@ pub fn take_penalized(
             let c = u64::try_from(cost).unwrap_or(0);
             // The bucket holds at least half of what it can hold.
             let plenty = units.saturating_mul(2) >= capacity(out);
+            // What it may hold with the others' tokens at most half the burst.
+            let others = out - int(rec.held);
+            let room = u64::try_from(burst / 2 - others).unwrap_or(0);
             let demand = (rec.demand, total_demand);
-            share = int(self::share(limits.burst, c, n, demand, plenty));
+            share = int(self::share(limits.burst, c, n, demand, (plenty, room)));
             want = want.min(share - share.min(int(rec.held))).min(burst - out);
         }
         let need = cost.saturating_mul(per_token);
@@ -1844,16 +1851,19 @@ mod tests {
     }
 
     /// A holder's share is weighed by the demand it reports: among 20 quiet holders (an equal
-    /// share of 4 tokens) a busy one gets what it asks for, its part by demand being 80 of the
-    /// 100 (16 ÷ (16 + 20 × 0.2)). Without a report, the equal share, as before.
+    /// share of 4 tokens) a busy one asking for 40 gets 30, its part by demand being 80 of the
+    /// 100 (16 ÷ (16 + 20 × 0.2)), at most what keeps all holders at half the burst (the quiet
+    /// ones hold 20). Without a report, the equal share, as before.
     #[test]
     fn a_busy_holder_among_quiet_ones_gets_its_part_by_demand() {
         let l = lim(100, 100, 1000);
         let (s, mut holders, ask) = busy_among_quiet(20, &l, Some(16_000));
         let (s, r) = take_held(s, &mut holders, &l, &ask, T0);
-        assert_eq!((r.allowed, r.granted), (true, 40));
+        assert_eq!((r.allowed, r.granted), (true, 30));
         assert_eq!(holders.demand(), 20 * 200 + 16_000);
-        assert_eq!(share(100, 1, 21, (16_000, 20_000), true), 80);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 100)), 80);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 30)), 30);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 0)), 4);
         // A report weighs until its holder's record expires (every one here 5 s after its
         // grant): then the sum is what the callers since reported.
         let quiet = Ask {
@@ -1886,13 +1896,15 @@ mod tests {
         assert_eq!((r.allowed, r.remaining), (true, 39));
         let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
         assert_eq!((r.allowed, r.granted), (true, 4));
-        assert_eq!(share(100, 1, 21, (16_000, 20_000), false), 4);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (false, 100)), 4);
     }
 
-    /// With so many holders that an equal share is under RACE_SHARE tokens, a busy holder whose
-    /// part by demand is large still reserves nothing: it takes what the bucket holds.
+    /// A part by demand comes from what the bucket holds, never from a reservation: it is
+    /// weighed only while the bucket holds at least half of what it can hold, and at most what
+    /// keeps holders at half the burst, which is less. Among 30 quiet holders (an equal share of
+    /// 3, racing) a busy one asking for 60 gets 20 from the 36 there.
     #[test]
-    fn a_busy_holder_among_many_races_whatever_its_demand() {
+    fn a_part_by_demand_comes_from_what_the_bucket_holds() {
         let l = lim(100, 100, 1000);
         let (s, mut holders, ask) = busy_among_quiet(30, &l, Some(16_000));
         // 70 in the bucket; an exact check takes 34: 36 left, at least half of 70.
@@ -1908,7 +1920,7 @@ mod tests {
         let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
         assert_eq!(
             (r.allowed, r.granted, r.retry_after_ms, r.remaining),
-            (true, 36, 0, 0),
+            (true, 20, 0, 16),
             "what is there, no reservation"
         );
     }

@@ -212,7 +212,12 @@ fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> Ran {
             calls.push(Call {
                 p: n,
                 seq: p.seq,
-                want: 1 + rng.below(l.burst),
+                // Any size, or (so that holders often hold under half the burst, where demands
+                // weigh shares) a small one.
+                want: 1 + match rng.below(2) {
+                    0 => rng.below(l.burst),
+                    _ => rng.below((l.burst / (2 * proxies as u64)).max(1)),
+                },
                 back,
                 demand,
                 steps,
@@ -258,6 +263,7 @@ fn cases() -> Vec<(Limits, usize)> {
         // Refill to spare, many holders: the bucket holds plenty, and the demands weigh shares.
         (l(200, 4000, 1000), 20),
         (l(60, 1000, 1000), 15),
+        (l(1000, 20000, 1000), 12),
     ]
 }
 
