@@ -19,6 +19,9 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
          dropped unspent, which it will never spend; they go back into the bucket, at most what
          its record h<id> counts before this call's steps, never past what the bucket can hold
          (ignored with the steps of a stale call).
+         A suffix "/<demand>" after the last step reports the holder's recent demand for the
+         key, in thousandths of a token per second (an integer <= 2^32): its share is weighed
+         by it (below). Without it the holder reports no demand and gets the equal share.
          A plain integer n is a lease without a holder: up to n tokens granted at once, for a
          caller that spends them at once (the model tests); the filter never sends it.
          Or an operator's operation on the bucket (the `tollgate` command; the filter never sends
@@ -93,7 +96,15 @@ every token held anywhere together never exceed burst, and the fleet admits at m
 burst + rate * W in any window of W ms. Holders together never hold more than burst, so debt
 (reservations) always refills at the full rate. A holder gets at most its share, burst divided by
 the number of live holders (at least cost), so one proxy cannot hold a key's whole capacity while
-others ask. A holder whose share is below RACE_SHARE (5) tokens and below burst reserves nothing:
+others ask. A holder that reports its demand gets, when that is more and the bucket holds at
+least half of what it can hold, its part of the burst by demand: burst * d<id> / s, where s is
+the sum of every live holder's d<id> (its latest report), at most burst and at most what keeps
+every holder's tokens together at half the burst (burst / 2 - what the others hold); so a busy
+holder among many quiet ones holds a lease's worth instead of a sliver, a key short of tokens is
+shared equally, and a part by demand always comes from what the bucket holds, never a
+reservation. Shares only cap what each asks: the bucket and what holders hold together still never
+pass burst. A holder whose equal share (burst / holders) is below RACE_SHARE (5) tokens and below
+burst reserves nothing, whatever its demand:
 it takes what the bucket holds, or is denied until the bucket has refilled a token for every live
 holder (retry_after_ms: its turn). What a holder gives back (`back`) moves tokens from what it
 holds on record to the bucket: the two together never pass burst.
@@ -114,7 +125,8 @@ State: a hash at KEYS[1] with u (units held; negative while reservations are out
 (microsecond timestamp of the last refill point), p (the units per token u is scaled by: period_ms
 when the step is 1 ms), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
-e<id>), h<id>, e<id> and q<id> per holder. A missing key is a FULL bucket with no holders, so the key is
+e<id>), s (the demand they reported, together; absent when none did), h<id>, e<id> and q<id> per
+holder, and d<id> (its demand) for a holder that reported one. A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack); a key that would be full only after more than 2^53 ms is kept
 without an expiry (PERSIST). When the units per token change (period_ms, or the step), u is
@@ -239,8 +251,9 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   local MAX_PENALTY_MS = 86400000
   local MAX_PENALTY_WINDOW_MS = 604800000
   local MAX_OFFENCES = 8
-  -- A holder whose share (burst / holders) is below this reserves nothing.
+  -- A holder whose equal share (burst / holders) is below this reserves nothing.
   local RACE_SHARE = 5
+  local MAX_DEMAND = 4294967296 -- 2^32 thousandths of a token per second
 
   if key == nil then
     return nil, 'key'
@@ -284,9 +297,10 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
 
   -- The lease: "0" (exact mode, the common case: nothing to parse), a plain want, or
   -- want:holder:seq:hold_ms, then back when the count of parts is odd, and one to eight
-  -- held:quiet_ms steps.
+  -- held:quiet_ms steps, then optionally /demand.
   local lease_want, holder, seq, hold_ms, steps = 0, nil, nil, nil, nil
   local lease_back = 0
+  local demand
   local lease = a5
   -- An operator's operation instead of a lease: no take, no holder, no settlement.
   local op, credit
@@ -302,6 +316,15 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       if cost ~= 0 then return nil, 'cost' end
       lease = '0'
     end
+  end
+  if lease ~= '0' and type(lease) == 'string' and string.find(lease, '/', 1, true) then
+    local body, d = string.match(lease, '^([%d:]+)/(%d+)$')
+    demand = int_arg(d, 0)
+    if body == nil or demand == nil or demand > MAX_DEMAND
+        or not string.find(body, ':', 1, true) then
+      return nil, 'lease'
+    end
+    lease = body
   end
   if lease ~= '0' then
     if type(lease) ~= 'string' or not string.find(lease, '^%d[%d:]*$')
@@ -394,21 +417,22 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
   -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
   local full = burst * per_token
-  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm')
+  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's')
   -- A missing field is false (tonumber makes it nil): a new key needs no tonumber at all.
   local u, t, p
   if h[1] and h[2] and h[3] then
     u, t, p = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
   end
-  local o, k, n, m = 0, 0, 0, 0
-  -- Whether any of o, k, n, m is stored (Redis gives false for a missing field): if none is,
+  local o, k, n, m, ds = 0, 0, 0, 0, 0
+  -- Whether any of o, k, n, m, s is stored (Redis gives false for a missing field): if none is,
   -- there is nothing for step 5 to delete.
-  local holder_fields = h[4] or h[5] or h[6] or h[7]
+  local holder_fields = h[4] or h[5] or h[6] or h[7] or h[8]
   if holder_fields then
     o = tonumber(h[4]) or 0
     k = tonumber(h[5]) or 0
     n = tonumber(h[6]) or 0
     m = tonumber(h[7]) or 0
+    ds = tonumber(h[8]) or 0
   end
   if u == nil or t == nil or p == nil or t < 0 or p < 1
       or u ~= floor(u) or t ~= floor(t) or p ~= floor(p) then
@@ -447,7 +471,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       fields[all[i]] = all[i + 1]
     end
     local gone = {}
-    o, k, n, m = 0, 0, 0, 0
+    o, k, n, m, ds = 0, 0, 0, 0, 0
     for f, v in pairs(fields) do
       if string.sub(f, 1, 1) == 'e' then
         local id = string.sub(f, 2)
@@ -460,6 +484,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
           if k == 0 or e < n then n = e end
           if e > m then m = e end
           k = k + 1
+          ds = ds + (tonumber(fields['d' .. id]) or 0)
         end
       end
     end
@@ -473,7 +498,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
         u, t = refill(u, t, g[1], math.max(full - o * per_token, 0), rate, step_us)
       end
       o = o - g[2]
-      redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3], 'q' .. g[3])
+      redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3], 'q' .. g[3], 'd' .. g[3])
     end
   end
   local cap = math.max(full - o * per_token, 0)
@@ -488,20 +513,29 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   local expires = 0
   local last_seq = 0
   local hid
+  -- The holder's demand on record (d<id>), and whether the field is there.
+  local hd, hd_field = 0, false
   if holder ~= nil then
     hid = fmt(holder)
-    local r = redis.call('HMGET', key, 'h' .. hid, 'e' .. hid, 'q' .. hid)
+    local r = redis.call('HMGET', key, 'h' .. hid, 'e' .. hid, 'q' .. hid, 'd' .. hid)
     held = tonumber(r[1]) or 0
     expires = tonumber(r[2]) or 0
     last_seq = tonumber(r[3]) or 0
+    hd_field = r[4]
+    hd = tonumber(r[4]) or 0
     if expires <= now then
-      held, expires, last_seq = 0, 0, 0 -- a fresh holder (the recount dropped an expired one)
+      -- A fresh holder (the recount dropped an expired one).
+      held, expires, last_seq, hd = 0, 0, 0, 0
       k = k + 1
     end
     if seq <= last_seq then
       -- A call the proxy sent before one that already ran here: its report is stale (it may not
       -- count a grant the proxy has since deposited).
       steps = nil
+    else
+      -- Its latest report of its demand weighs its share (none: it weighs nothing).
+      ds = ds - hd + (demand or 0)
+      hd = demand or 0
     end
   end
 
@@ -586,10 +620,24 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     penalized = 2
   else
     local want = math.min(math.max(cost, lease_want), burst)
-    local share = burst
+    local share, equal = burst, burst
     if holder ~= nil then
-      -- A holder's share, and room: holders together hold at most burst.
-      share = math.max(cost, idiv(burst, k))
+      -- A holder's share: the equal one, or, while the bucket holds at least half of what it
+      -- can hold, its part by demand when that is more (burst * d is exact below 2^53, and a
+      -- product past it rounds to 2^53 or more; past it, burst / floor(s / d)); and room:
+      -- holders together hold at most burst.
+      equal = math.max(cost, idiv(burst, k))
+      share = equal
+      if hd > 0 and ds > 0 and u * 2 >= cap then
+        local part
+        if burst * hd < MAX_EXACT then
+          part = idiv(burst * hd, ds)
+        else
+          part = idiv(burst, math.max(idiv(ds, hd), 1))
+        end
+        -- At most what it may hold with the others' tokens at most half the burst.
+        share = math.max(equal, math.min(part, burst, idiv(burst, 2) - (o - held)))
+      end
       want = math.min(want, share - math.min(share, held), burst - o)
     end
     if want < cost then
@@ -605,8 +653,9 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       -- there and reserves the rest of what it wants, as far as the wait allows; anyone else
       -- reserves exactly cost. A holder whose share is below RACE_SHARE tokens and below the
       -- burst (it is not alone) reserves nothing: it takes what is there, or is denied until
-      -- its turn, when the bucket has refilled a token for every holder on record.
-      local racing = holder ~= nil and share < RACE_SHARE and share < burst
+      -- its turn, when the bucket has refilled a token for every holder on record. The equal
+      -- share decides, whatever the holder's demand.
+      local racing = holder ~= nil and equal < RACE_SHARE and equal < burst
       local reach_ms = max_wait_ms
       if racing then
         reach_ms = 0
@@ -657,6 +706,11 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
     redis.call('HSET', key, 'h' .. hid, fmt(held), 'e' .. hid, fmt(expires),
       'q' .. hid, fmt(math.max(seq, last_seq)))
+    if hd > 0 then
+      redis.call('HSET', key, 'd' .. hid, fmt(hd))
+    elseif hd_field then
+      redis.call('HDEL', key, 'd' .. hid)
+    end
     if k == 1 or expires < n then n = expires end
     if expires > m then m = expires end
   end
@@ -685,10 +739,15 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
     if k > 0 then
       redis.call('HSET', key, 'o', fmt(o), 'k', fmt(k), 'n', fmt(n), 'm', fmt(m))
+      if ds > 0 then
+        redis.call('HSET', key, 's', fmt(ds))
+      elseif h[8] then
+        redis.call('HDEL', key, 's')
+      end
       -- The bucket stays short of full until its last holder expires, then refills.
       ttl_ms = ttl_ms + ceil_div(m - now, 1000)
     elseif holder_fields then
-      redis.call('HDEL', key, 'o', 'k', 'n', 'm')
+      redis.call('HDEL', key, 'o', 'k', 'n', 'm', 's')
     end
     if pms ~= nil then
       if keep_ms > 0 then

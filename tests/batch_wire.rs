@@ -55,7 +55,10 @@ fn calls() -> Vec<ScriptCall> {
         },
         ScriptCall {
             lease_want: 5,
-            holder: Some(Box::new(Holder::new(7, 3, 1450, &[(4, 30)]))),
+            // Its demand travels after a slash: one segment through Webdis too.
+            holder: Some(Box::new(
+                Holder::new(7, 3, 1450, &[(4, 30)]).demanding(16_000),
+            )),
             ..ScriptCall::new("tollgate:{lease:0a}".into(), &LIMITS, 1)
         },
         ScriptCall::new("a/b+c?d%2F.json\r\n$3\r\n*1 {x}é".into(), &LIMITS, 2),
@@ -187,6 +190,11 @@ fn a_batch_answers_as_its_calls_one_by_one_on_both_transports() {
     );
     assert_eq!(
         singles[6], r#"Redis("ERR tollgate: bad argument rate")"#,
+        "{singles:?}"
+    );
+    // The lease call (with its demand) is granted what it asked for.
+    assert!(
+        singles[4].starts_with("allowed true") && singles[4].contains(" granted 5 "),
         "{singles:?}"
     );
 

@@ -243,6 +243,17 @@ fn bad_arguments_give_an_error_reply() {
         (4, "5:1:1:100::0", "lease"),
         (4, "5:1:1:100:0:0:", "lease"),
         (4, ":1:1:100:0:0", "lease"),
+        // A demand after a slash: only with a holder, digits, at most 2^32.
+        (4, "5/7", "lease"),
+        (4, "5:1:1:100:0:0/", "lease"),
+        (4, "5:1:1:100:0:0/-1", "lease"),
+        (4, "5:1:1:100:0:0/1e3", "lease"),
+        (4, "5:1:1:100:0:0/ 30", "lease"),
+        (4, "5:1:1:100:0:0/4294967297", "lease"),
+        (4, "5:1:1:100:0:0/9007199254740993", "lease"),
+        (4, "5:1:1:100:0:0/1/2", "lease"),
+        (4, "5:1:1:100:0/0:0", "lease"),
+        (4, "/5:1:1:100:0:0", "lease"),
     ];
     for &(i, val, name) in cases {
         let mut args = ok;
@@ -580,6 +591,40 @@ fn a_give_back_is_bounded_by_the_record_and_refused_when_hostile() {
     assert_eq!(run(&mut c, "0", "credit:70").unwrap()[1], 80);
     assert_eq!(run(&mut c, "0", "0:7:7:5000:20:20:0").unwrap()[1], 80);
     assert_eq!(run(&mut c, "0", "0:7:8:5000:20:0:0").unwrap()[1], 100);
+}
+
+/// A holder's share is weighed by the demand it reports (`/<demand>` after the lease's steps):
+/// among twenty quiet holders a busy one gets its part; a holder that reports none (the
+/// old format) gets the equal share; a report weighs until its holder's record expires.
+#[test]
+fn a_share_is_weighed_by_the_demand_holders_report() {
+    let (_r, mut c) = start("lua-demand");
+    let run = |c: &mut redis::Connection, lease: &str, ms: u64| {
+        let now = (T0 + ms * 1000).to_string();
+        let args = ["100", "100", "1000", "1", lease, "0", "0", now.as_str()];
+        eval_raw(c, KEY, &args).unwrap()
+    };
+    let field = |c: &mut redis::Connection, f: &str| -> Option<u64> {
+        redis::cmd("HGET").arg(KEY).arg(f).query(c).unwrap()
+    };
+    for id in 1..=20 {
+        assert_eq!(run(&mut c, &format!("1:{id}:1:5000:0:0/200"), 0)[4], 1);
+    }
+    // 16 a second among 20 at 0.2: 80 of the 100 by demand, where the equal share is 4; at most
+    // what keeps holders at half the burst (the others hold 20): 30 of the 40 asked for.
+    assert_eq!(run(&mut c, "40:99:1:5000:0:0/16000", 0)[4], 30);
+    assert_eq!(field(&mut c, "s"), Some(20 * 200 + 16_000));
+    assert_eq!(field(&mut c, "d99"), Some(16_000));
+    // No demand reported: the equal share, 100 / 22.
+    assert_eq!(run(&mut c, "40:98:1:5000:0:0", 0)[4], 4);
+    assert_eq!(field(&mut c, "d98"), None);
+    // Every record expires 5 s on: only the latest caller's report weighs.
+    assert_eq!(run(&mut c, "1:1:2:5000:0:0/300", 6000)[4], 1);
+    assert_eq!(
+        (field(&mut c, "s"), field(&mut c, "k")),
+        (Some(300), Some(1))
+    );
+    assert_eq!((field(&mut c, "d99"), field(&mut c, "d2")), (None, None));
 }
 
 /// The operator's operations (`tollgate reset`, `tollgate credit`): a reset fills the bucket to

@@ -17,7 +17,7 @@ use common::{scratch_dir, Redis};
 use redis::Value;
 use tollgate_core::bucket::{
     operate, operate_penalized, take_held, take_penalized, Ask, Holder, Holders, Holding, Limits,
-    Offences, Operation, Penalty, Reply, State,
+    Offences, Operation, Penalty, Reply, State, MAX_DEMAND,
 };
 
 #[path = "model/batch.rs"]
@@ -111,6 +111,9 @@ impl Harness {
                 for (held, quiet) in h.steps() {
                     lease.push_str(&format!(":{held}:{quiet}"));
                 }
+                if let Some(d) = h.demand {
+                    lease.push_str(&format!("/{d}"));
+                }
                 lease
             }
             None => ask.lease_want.to_string(),
@@ -164,9 +167,10 @@ impl Harness {
         }
     }
 
-    /// The stored holders (`h<id>`, `e<id>`), checked against the aggregates `o`, `k`, `n`, `m`
-    /// the script keeps for them: `o` and `k` exactly, `n` no later than the earliest expiry
-    /// (it may be stale-early: that only makes the script recount sooner), `m` the latest.
+    /// The stored holders (`h<id>`, `e<id>`, `q<id>`, `d<id>`), checked against the aggregates
+    /// `o`, `k`, `n`, `m`, `s` the script keeps for them: `o`, `k` and `s` (absent when 0)
+    /// exactly, `n` no later than the earliest expiry (it may be stale-early: that only makes
+    /// the script recount sooner), `m` the latest.
     fn stored_holders(&mut self) -> Holders {
         let all: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(&self.key)
@@ -185,6 +189,7 @@ impl Harness {
                     held: field(&format!("h{id}")).unwrap(),
                     expires_us: v.parse().unwrap(),
                     seq: field(&format!("q{id}")).unwrap(),
+                    demand: field(&format!("d{id}")).unwrap_or(0),
                 });
             }
         }
@@ -192,12 +197,16 @@ impl Harness {
         let holders = Holders(holders);
         if holders.0.is_empty() {
             assert_eq!(
-                (field("o"), field("k"), field("n"), field("m")),
-                (None, None, None, None)
+                (field("o"), field("k"), field("n"), field("m"), field("s")),
+                (None, None, None, None, None)
             );
+            let demands = all.iter().filter(|(f, _)| f.starts_with('d')).count();
+            assert_eq!(demands, 0, "no demand left behind: {all:?}");
         } else {
             assert_eq!(field("o"), Some(holders.held()), "o");
             assert_eq!(field("k"), Some(holders.0.len() as u64), "k");
+            let s = holders.demand();
+            assert_eq!(field("s"), (s > 0).then_some(s), "s");
             let earliest = holders.0.iter().map(|h| h.expires_us).min().unwrap();
             assert!(field("n").unwrap() <= earliest, "n");
             assert_eq!(field("m"), Some(holders.last_expiry_us()), "m");
@@ -349,10 +358,16 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
             } else {
                 0
             };
-            Some(
-                Holder::new(id, seq, rng.below(l.period_ms.min(100_000) * 3), &steps)
-                    .giving_back(back),
-            )
+            let h = Holder::new(id, seq, rng.below(l.period_ms.min(100_000) * 3), &steps)
+                .giving_back(back);
+            // Mostly a demand (its share is weighed by it), skewed across the holders; now
+            // and then none (the old format), 0, or the most the script takes.
+            Some(match rng.below(10) {
+                0..=2 => h,
+                3 => h.demanding(0),
+                4 => h.demanding(MAX_DEMAND),
+                _ => h.demanding(rng.below(100_000) * id * id),
+            })
         } else {
             None
         };

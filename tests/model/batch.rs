@@ -27,6 +27,9 @@ fn arguments(g: &Group, rng: &mut Rng) -> Vec<String> {
             for (held, quiet) in h.steps() {
                 lease.push_str(&format!(":{held}:{quiet}"));
             }
+            if let Some(d) = h.demand {
+                lease.push_str(&format!("/{d}"));
+            }
             lease
         }
         (None, None) => g.ask.lease_want.to_string(),
@@ -105,7 +108,12 @@ fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64) -> Group {
         } else {
             0
         };
-        Holder::new(1 + rng.below(3), seq, rng.below(3000), &steps).giving_back(back)
+        let h = Holder::new(1 + rng.below(3), seq, rng.below(3000), &steps).giving_back(back);
+        if rng.chance(60) {
+            h.demanding(rng.below(50_000))
+        } else {
+            h
+        }
     });
     let mut ask = Ask {
         cost,

@@ -42,6 +42,7 @@ pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
             held: num(format!("h{id}")),
             expires_us: v.parse().unwrap_or(0),
             seq: num(format!("q{id}")),
+            demand: num(format!("d{id}")),
         });
     }
     holders.sort();

@@ -250,6 +250,9 @@ pub struct Holding {
     pub expires_us: u64,
     /// The latest `seq` of its calls that ran.
     pub seq: u64,
+    /// The demand its latest call reported ([`Holder::demand`]; 0: none): what its share is
+    /// weighed by.
+    pub demand: u64,
 }
 
 /// The holders of one bucket, by holder id (what the script keeps beside `u`, `t`, `p`).
@@ -260,6 +263,11 @@ impl Holders {
     /// Tokens every holder on record may still hold.
     pub fn held(&self) -> u64 {
         self.0.iter().map(|h| h.held).fold(0, u64::saturating_add)
+    }
+
+    /// The demand every holder on record reported, together (the script's `s`).
+    pub fn demand(&self) -> u64 {
+        self.0.iter().map(|h| h.demand).fold(0, u64::saturating_add)
     }
 
     /// When the last holder on record has dropped its tokens (0: none).
@@ -289,7 +297,7 @@ impl Holders {
 /// Most steps a holder's report carries.
 pub const MAX_STEPS: usize = 8;
 
-/// A lease call's holder (the script's `want:holder:seq:hold_ms[:back]:held:quiet_ms...`).
+/// A lease call's holder (the script's `want:holder:seq:hold_ms[:back]:held:quiet_ms...[/demand]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     /// The proxy's id (>= 1, random per proxy).
@@ -303,6 +311,10 @@ pub struct Holder {
     /// script puts them back in the bucket, as far as its record still counts them as held
     /// (`back` in the script; 0: none, and the argument leaves it out).
     pub back: u64,
+    /// Its recent demand for the key, in thousandths of a token per second (at most
+    /// [`MAX_DEMAND`]), or None: unknown (the argument leaves it out, and the holder's share is
+    /// the equal one). See [`share`].
+    pub demand: Option<u64>,
     steps: [(u64, u64); MAX_STEPS],
     len: usize,
 }
@@ -324,6 +336,7 @@ impl Holder {
             seq,
             hold_ms,
             back: 0,
+            demand: None,
             steps: out,
             len: kept.len(),
         }
@@ -332,6 +345,14 @@ impl Holder {
     /// The same holder, giving back `back` tokens it dropped unspent.
     pub fn giving_back(self, back: u64) -> Holder {
         Holder { back, ..self }
+    }
+
+    /// The same holder, reporting its recent demand (thousandths of a token per second).
+    pub fn demanding(self, demand: u64) -> Holder {
+        Holder {
+            demand: Some(demand),
+            ..self
+        }
     }
 
     /// The steps of its report, oldest first.
@@ -350,6 +371,46 @@ pub const MAX_HOLD_MS: u64 = 86_400_000;
 /// most, and would tie them to a proxy before it has requests for them (a quiet proxy drops most
 /// of them unspent).
 pub const RACE_SHARE: u64 = 5;
+
+/// The largest demand a holder may report, in thousandths of a token per second (2^32: over four
+/// million tokens a second). With it, the demands of up to 2^21 holders add up exactly.
+pub const MAX_DEMAND: u64 = 1 << 32;
+
+/// A holder's share of a key's burst: the most it may hold at once. The equal share, `burst`
+/// divided by the holders on record (at least `cost`); or, when the key is not short of tokens
+/// (`plenty`: the bucket holds at least half of what it can hold) and the holder reported a
+/// demand and that is more, its part of the burst by demand, `burst × demand ÷ total` (the total
+/// over every holder on record, this one's latest report included), at most `burst` and at most
+/// `room`: what it may hold with every other holder's tokens still at most half the burst
+/// (`burst ÷ 2` − what the others hold). So a busy holder among many quiet ones holds what it
+/// spends in a lease's life instead of a sliver, a quiet one still gets the equal share, and a
+/// key short of tokens is shared equally as before (a busy holder's large shares would take
+/// every token as it refills from quiet holders waiting their turn); and parts by demand never
+/// take the bucket's room to refill below half the burst (tokens sitting in leases would make
+/// the refill overflow, and with a long `lease_horizon_ms` a fleet at its limit admitted less).
+/// The shares are only a cap on what each asks: what holders hold together never passes `burst`
+/// whatever they are (the script grants at most `burst` − what all hold), so the demands decide
+/// who holds the burst, never how much of it is out.
+///
+/// The script computes `burst × demand` in a double: exact below 2^53. At 2^53 or more (a burst
+/// over 2^21 tokens) the part is `burst ÷ ⌊total ÷ demand⌋` instead, a little more than exact.
+pub fn share(
+    burst: u64,
+    cost: u64,
+    holders: u64,
+    (demand, total): (u64, u64),
+    (plenty, room): (bool, u64),
+) -> u64 {
+    let equal = cost.max(burst / holders.max(1));
+    if !plenty || demand == 0 || total == 0 {
+        return equal;
+    }
+    let part = match burst.checked_mul(demand).filter(|&p| p < MAX_EXACT) {
+        Some(p) => p / total,
+        None => burst / (total / demand).max(1),
+    };
+    equal.max(part.min(burst).min(room))
+}
 
 /// The deepest debt a period change keeps, in units (2^52: more than 75 minutes of refill at
 /// [`MAX_RATE`]); every value stays exact.
@@ -442,6 +503,7 @@ pub fn take_penalized(
             && h.hold_ms <= MAX_HOLD_MS
             && !h.steps().is_empty()
             && h.steps().iter().all(|&(_, quiet)| quiet <= MAX_HOLD_MS)
+            && h.demand.is_none_or(|d| d <= MAX_DEMAND)
     });
     if !limits.is_valid() || max_wait_ms > MAX_WAIT_MS || !settle_ok || !holder_ok {
         return (state, Reply::REJECT);
@@ -526,6 +588,7 @@ pub fn take_penalized(
             held: 0,
             expires_us: 0,
             seq: 0,
+            demand: 0,
         })
     });
     // A call that runs after a later one of the same holder reports nothing: its report is
@@ -537,6 +600,8 @@ pub fn take_penalized(
     let mut back = 0;
     if let (Some(rec), Some(h), true) = (record.as_mut(), holder, fresh) {
         back = int(h.back.min(rec.held));
+        // Its latest report of its demand weighs its share (none: it weighs nothing).
+        rec.demand = h.demand.unwrap_or(0);
         for &(held, quiet_ms) in h.steps() {
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
             if from > ts_us {
@@ -561,6 +626,13 @@ pub fn take_penalized(
     let clock = Clock::new(limits, ts_us, now_us);
     let holder_count = i64::try_from(holders.0.len()).unwrap_or(i64::MAX)
         + i64::from(record.is_some_and(|r| r.expires_us == 0));
+    // The demand holders reported, this holder's latest report in place of its earlier one.
+    let total_demand = record.map_or(0, |rec| {
+        let others = holders.0.iter().filter(|h| h.holder != rec.holder);
+        others
+            .map(|h| h.demand)
+            .fold(rec.demand, u64::saturating_add)
+    });
 
     // 2c. Settle: a charge only lowers (at most MAX_SETTLE_BURSTS bursts into debt), a refund
     // only raises (never past what the bucket can hold).
@@ -595,9 +667,18 @@ pub fn take_penalized(
     } else {
         let cost = int(cost);
         let mut want = cost.max(int(lease_want)).min(burst);
-        let mut share = burst;
+        let (mut share, mut equal) = (burst, burst);
         if let Some(rec) = record {
-            share = cost.max(burst / holder_count.max(1));
+            let n = u64::try_from(holder_count).unwrap_or(1);
+            equal = cost.max(burst / holder_count.max(1));
+            let c = u64::try_from(cost).unwrap_or(0);
+            // The bucket holds at least half of what it can hold.
+            let plenty = units.saturating_mul(2) >= capacity(out);
+            // What it may hold with the others' tokens at most half the burst.
+            let others = out - int(rec.held);
+            let room = u64::try_from(burst / 2 - others).unwrap_or(0);
+            let demand = (rec.demand, total_demand);
+            share = int(self::share(limits.burst, c, n, demand, (plenty, room)));
             want = want.min(share - share.min(int(rec.held))).min(burst - out);
         }
         let need = cost.saturating_mul(per_token);
@@ -608,8 +689,9 @@ pub fn take_penalized(
             units -= granted.saturating_mul(per_token);
             (true, granted, 0)
         } else {
-            // A holder with a small share among others reserves nothing (RACE_SHARE).
-            let racing = record.is_some() && share < int(RACE_SHARE).min(burst);
+            // A holder among so many that an equal share is small reserves nothing
+            // (RACE_SHARE), whatever its demand.
+            let racing = record.is_some() && equal < int(RACE_SHARE).min(burst);
             let reach_ms = if racing { 0 } else { int(max_wait_ms) };
             let take = if record.is_some() {
                 let reach = units.saturating_add(clock.refill_within(reach_ms)) / per_token;
@@ -1507,7 +1589,8 @@ mod tests {
                 holder: 7,
                 held: 3,
                 expires_us: T0 + 9_000_000,
-                seq: 1
+                seq: 1,
+                demand: 0,
             }]
         );
     }
@@ -1734,6 +1817,128 @@ mod tests {
         // (Its 40 count until T0 + 5 s: the bucket refills 50 by then, 10 more a second on.)
         let (_, r) = take_held(s, &mut holders, &l, &call(3, 40, 0), T0 + 6_000_000);
         assert_eq!((r.allowed, r.remaining), (true, 60));
+    }
+
+    /// `n` quiet holders (a demand of 0.2 tokens a second each) take a token each; then a busy
+    /// one (16 a second) asks for 40 with `demand` reported (or none).
+    fn busy_among_quiet(n: u64, l: &Limits, demand: Option<u64>) -> (Option<State>, Holders, Ask) {
+        let mut holders = Holders::default();
+        let mut s = None;
+        for id in 1..=n {
+            let ask = Ask {
+                cost: 1,
+                lease_want: 1,
+                holder: Some(Holder::new(id, 1, 5000, &[(0, 0)]).demanding(200)),
+                ..Ask::default()
+            };
+            let (next, r) = take_held(s, &mut holders, l, &ask, T0);
+            assert_eq!(r.granted, 1);
+            s = next;
+        }
+        let busy = Holder::new(99, 1, 5000, &[(0, 0)]);
+        let busy = match demand {
+            Some(d) => busy.demanding(d),
+            None => busy,
+        };
+        let ask = Ask {
+            cost: 1,
+            lease_want: 40,
+            holder: Some(busy),
+            max_wait_ms: 2000,
+            ..Ask::default()
+        };
+        (s, holders, ask)
+    }
+
+    /// A holder's share is weighed by the demand it reports: among 20 quiet holders (an equal
+    /// share of 4 tokens) a busy one asking for 40 gets 30, its part by demand being 80 of the
+    /// 100 (16 ÷ (16 + 20 × 0.2)), at most what keeps all holders at half the burst (the quiet
+    /// ones hold 20). Without a report, the equal share, as before.
+    #[test]
+    fn a_busy_holder_among_quiet_ones_gets_its_part_by_demand() {
+        let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(20, &l, Some(16_000));
+        let (s, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted), (true, 30));
+        assert_eq!(holders.demand(), 20 * 200 + 16_000);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 100)), 80);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 30)), 30);
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 0)), 4);
+        // A report weighs until its holder's record expires (every one here 5 s after its
+        // grant): then the sum is what the callers since reported.
+        let quiet = Ask {
+            cost: 1,
+            lease_want: 1,
+            holder: Some(Holder::new(1, 2, 5000, &[(0, 0)]).demanding(300)),
+            ..Ask::default()
+        };
+        let (_, r) = take_held(s, &mut holders, &l, &quiet, T0 + 6_000_000);
+        assert!(r.allowed);
+        assert_eq!((holders.0.len(), holders.demand()), (1, 300));
+        let (s, mut holders, ask) = busy_among_quiet(20, &l, None);
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted), (true, 4), "the equal share");
+    }
+
+    /// A key short of tokens (the bucket holds less than half of what it can hold) is shared
+    /// equally whatever the demands: a busy holder's part would take every token as it refills
+    /// from the quiet ones waiting their turn.
+    #[test]
+    fn a_key_short_of_tokens_is_shared_equally() {
+        let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(20, &l, Some(16_000));
+        // 80 in the bucket; an exact check takes 41: 39 left, under half of 80.
+        let drain = Ask {
+            cost: 41,
+            ..Ask::default()
+        };
+        let (s, r) = take_held(s, &mut holders, &l, &drain, T0);
+        assert_eq!((r.allowed, r.remaining), (true, 39));
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted), (true, 4));
+        assert_eq!(share(100, 1, 21, (16_000, 20_000), (false, 100)), 4);
+    }
+
+    /// A part by demand comes from what the bucket holds, never from a reservation: it is
+    /// weighed only while the bucket holds at least half of what it can hold, and at most what
+    /// keeps holders at half the burst, which is less. Among 30 quiet holders (an equal share of
+    /// 3, racing) a busy one asking for 60 gets 20 from the 36 there.
+    #[test]
+    fn a_part_by_demand_comes_from_what_the_bucket_holds() {
+        let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(30, &l, Some(16_000));
+        // 70 in the bucket; an exact check takes 34: 36 left, at least half of 70.
+        let drain = Ask {
+            cost: 34,
+            ..Ask::default()
+        };
+        let (s, _) = take_held(s, &mut holders, &l, &drain, T0);
+        let ask = Ask {
+            lease_want: 60,
+            ..ask
+        };
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!(
+            (r.allowed, r.granted, r.retry_after_ms, r.remaining),
+            (true, 20, 0, 16),
+            "what is there, no reservation"
+        );
+    }
+
+    /// A demand past MAX_DEMAND is refused, as the script refuses it.
+    #[test]
+    fn a_demand_past_the_bound_is_refused() {
+        let l = lim(100, 100, 1000);
+        let call = |d| Ask {
+            cost: 1,
+            lease_want: 5,
+            holder: Some(Holder::new(7, 1, 5000, &[(0, 0)]).demanding(d)),
+            ..Ask::default()
+        };
+        let (_, r) = take_held(None, &mut Holders::default(), &l, &call(MAX_DEMAND), T0);
+        assert_eq!(r.granted, 5);
+        let (_, r) = take_held(None, &mut Holders::default(), &l, &call(MAX_DEMAND + 1), T0);
+        assert_eq!(r, Reply::REJECT);
     }
 
     /// With so many holders that a share is under RACE_SHARE tokens, a holder reserves nothing:

@@ -7,8 +7,11 @@
 //! deposited and dropped unspent when its lease expired, each once, and spends a reservation only
 //! once it has refilled. Calls may run late, after a later call of the same proxy (stale seq), or
 //! after the proxy gave up on them (their grant is then never deposited). Many holders on a small
-//! burst make them race (shares under `RACE_SHARE`); exact callers take what is left. A liar
-//! (giving back tokens it spent) must break the bound: the check can fail.
+//! burst make them race (shares under `RACE_SHARE`); exact callers take what is left. Each call
+//! reports a demand, skewed across proxies, sometimes none, sometimes the most the script takes
+//! (a demand only weighs shares: whatever it is, the bound holds), and some grants are larger
+//! than the equal share because of it. A liar (giving back tokens it spent) must break the bound:
+//! the check can fail.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,7 +19,7 @@
     clippy::indexing_slicing
 )]
 
-use tollgate_core::bucket::{take_held, Ask, Holder, Holders, Limits, State};
+use tollgate_core::bucket::{take_held, Ask, Holder, Holders, Limits, State, MAX_DEMAND};
 
 mod common;
 
@@ -28,6 +31,7 @@ struct Call {
     seq: u64,
     want: u64,
     back: u64,
+    demand: Option<u64>,
     steps: Vec<(u64, u64)>,
     runs: u64,
 }
@@ -64,8 +68,18 @@ const TIMEOUT_MS: u64 = 8;
 /// The script's hold covers the proxy's lease: its life plus the longest answer delay.
 const HOLD_MS: u64 = LIFE_MS + TIMEOUT_MS + 5;
 
-/// Admission times (ms) of one random run.
-fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> (Vec<u64>, u64) {
+/// What one random run did.
+struct Ran {
+    /// Admission times (ms).
+    admitted: Vec<u64>,
+    /// Tokens given back.
+    gave_back: u64,
+    /// Grants larger than the equal share (burst ÷ holders): the demand weighed them.
+    weighted: u64,
+}
+
+/// One random run.
+fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> Ran {
     let mut rng = Rng(seed);
     let mut state: Option<State> = None;
     let mut holders = Holders::default();
@@ -79,6 +93,7 @@ fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> (Vec<u64>, u64) {
     let mut answers: Vec<Answer> = Vec::new();
     let mut admitted = Vec::new();
     let mut gave_back = 0;
+    let mut weighted = 0;
     for now in 1..1500u64 {
         // Proxies drop what expired, and spend.
         for (n, p) in ps.iter_mut().enumerate() {
@@ -105,6 +120,10 @@ fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> (Vec<u64>, u64) {
             }
             let c = calls.swap_remove(i);
             let holder = Holder::new(ps[c.p].id, c.seq, HOLD_MS, &c.steps).giving_back(c.back);
+            let holder = match c.demand {
+                Some(d) => holder.demanding(d),
+                None => holder,
+            };
             let ask = Ask {
                 cost: 1,
                 lease_want: c.want,
@@ -114,6 +133,8 @@ fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> (Vec<u64>, u64) {
             };
             let (next, r) = take_held(state, &mut holders, &l, &ask, now * 1000);
             state = next;
+            let equal = l.burst / (holders.0.len() as u64).max(1);
+            weighted += u64::from(r.granted > equal.max(1));
             if r.allowed && r.granted > 0 {
                 answers.push(Answer {
                     p: c.p,
@@ -181,17 +202,34 @@ fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> (Vec<u64>, u64) {
                 _ => 0,
             };
             gave_back += back;
+            // Skewed: the first proxy busiest; now and then none, or the most there is.
+            let demand = match rng.below(8) {
+                0 => None,
+                1 => Some(MAX_DEMAND),
+                2 => Some(0),
+                _ => Some(rng.below(1000) * 1000 / (n as u64 + 1).pow(2)),
+            };
             calls.push(Call {
                 p: n,
                 seq: p.seq,
-                want: 1 + rng.below(l.burst),
+                // Any size, or (so that holders often hold under half the burst, where demands
+                // weigh shares) a small one.
+                want: 1 + match rng.below(2) {
+                    0 => rng.below(l.burst),
+                    _ => rng.below((l.burst / (2 * proxies as u64)).max(1)),
+                },
                 back,
+                demand,
                 steps,
                 runs: now + delay,
             });
         }
     }
-    (admitted, gave_back)
+    Ran {
+        admitted,
+        gave_back,
+        weighted,
+    }
 }
 
 /// The largest excess of admissions over burst + refill in any window.
@@ -222,30 +260,42 @@ fn cases() -> Vec<(Limits, usize)> {
         (l(4, 30, 1000), 3),
         (l(40, 400, 1000), 9),
         (l(100, 20, 100), 30),
+        // Refill to spare, many holders: the bucket holds plenty, and the demands weigh shares.
+        (l(200, 4000, 1000), 20),
+        (l(60, 1000, 1000), 15),
+        (l(1000, 20000, 1000), 12),
     ]
 }
 
 #[test]
 fn honest_holders_giving_back_never_pass_burst_plus_rate_in_any_window() {
+    let mut weighted_any = 0;
     for (l, proxies) in cases() {
         let (mut admitted_any, mut back_any) = (0, 0);
         for seed in 0..12u64 {
-            let (admitted, back) = run(seed * 7919 + proxies as u64, l, proxies, false);
-            admitted_any += admitted.len();
-            back_any += back;
-            let e = excess(&l, &admitted);
+            let ran = run(seed * 7919 + proxies as u64, l, proxies, false);
+            admitted_any += ran.admitted.len();
+            back_any += ran.gave_back;
+            weighted_any += ran.weighted;
+            let e = excess(&l, &ran.admitted);
             assert!(e <= 0, "{l:?} x{proxies} seed {seed}: {e} over");
         }
         assert!(admitted_any > 100, "{l:?}: the run admits ({admitted_any})");
         assert!(back_any > 10, "{l:?}: proxies give back ({back_any})");
     }
+    assert!(
+        weighted_any > 50,
+        "demands weigh some grants past the equal share ({weighted_any})"
+    );
 }
 
 #[test]
 fn a_holder_giving_back_what_it_spent_passes_the_bound() {
     let over = cases()
         .into_iter()
-        .filter(|&(l, proxies)| (0..12u64).any(|s| excess(&l, &run(s, l, proxies, true).0) > 0))
+        .filter(|&(l, proxies)| {
+            (0..12u64).any(|s| excess(&l, &run(s, l, proxies, true).admitted) > 0)
+        })
         .count();
     assert!(over > 0, "the check sees a liar");
 }

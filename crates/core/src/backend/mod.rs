@@ -102,8 +102,8 @@ impl ScriptCall {
 
     /// Appends the lease argument (ARGV[5]): `<lease_want>`, or with a holder
     /// `<lease_want>:<holder>:<seq>:<hold_ms>`, then `:<back>` when it gives tokens back (the
-    /// script tells it by the odd count of parts), and its steps `:<held>:<quiet_ms>` (digits
-    /// and colons only).
+    /// script tells it by the odd count of parts), its steps `:<held>:<quiet_ms>`, and
+    /// `/<demand>` when it reports its demand (digits, colons and a slash only).
     pub fn push_lease(&self, out: &mut Vec<u8>) {
         crate::decimal::push_bytes(out, self.lease_want);
         if let Some(h) = &self.holder {
@@ -113,6 +113,10 @@ impl ScriptCall {
             for n in head.chain(steps) {
                 out.push(b':');
                 crate::decimal::push_bytes(out, n);
+            }
+            if let Some(d) = h.demand {
+                out.push(b'/');
+                crate::decimal::push_bytes(out, d);
             }
         }
     }

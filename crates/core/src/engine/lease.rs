@@ -12,7 +12,9 @@
 //! share is under `bucket::RACE_SHARE` tokens the script reserves nothing: a call takes what the
 //! bucket holds, and one that emptied it, or was denied, holds the key here (deny cache) for
 //! a horizon at least rather than calling for each token as it refills. Each call gives back the
-//! tokens the proxy dropped unspent since its last one.
+//! tokens the proxy dropped unspent since its last one, and reports the proxy's demand for the
+//! key since then, which weighs its share of the key's burst (`bucket::share`): a busy proxy
+//! among many quiet ones holds a lease's worth, not burst ÷ holders.
 //!
 //! Invariant: a key's waiters are served when something can change their answer — this worker's
 //! call for the key is answered, or (polled each millisecond, read-only) another worker's call
@@ -144,6 +146,11 @@ impl Engine {
                     &steps,
                 )
                 .giving_back(claim.back());
+                // Its demand weighs its share of the key (unknown on its first call).
+                let holder = match claim.demand() {
+                    Some(d) => holder.demanding(d),
+                    None => holder,
+                };
                 let call = ScriptCall {
                     lease_want: want.max(first),
                     max_wait_ms: sizing.max_wait_ms(),

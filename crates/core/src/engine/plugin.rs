@@ -18,7 +18,7 @@ use crate::rule::{KeyCache, RequestView};
 /// The version of the shared-data layout (set-associative leases of `shared::lease` entries, one health value),
 /// part of every shared-data key: a module upgrade in place starts with fresh tables instead of
 /// misreading old ones.
-const SHARED_LAYOUT: &str = "v4";
+const SHARED_LAYOUT: &str = "v5";
 /// A check waits for a call already out for it (a lease call, a leader's) this many backend
 /// timeouts; then that call is taken as lost.
 const PATIENCE_TIMEOUTS: u64 = 2;

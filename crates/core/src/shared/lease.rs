@@ -85,9 +85,14 @@ pub struct Lease {
     /// entry is placed and grows to at least the clock's ms, so a batch of an earlier entry of
     /// the same key (evicted since: a lease lives milliseconds at least) has a lower one.
     pub epoch: u64,
+    /// When the latest lease call for the key was claimed (0: none since the entry was placed),
+    /// and the tokens taken from the lease since then, less what workers handed back unspent:
+    /// the demand the next call reports ([`Claim::demand`]).
+    pub claimed_ms: u64,
+    pub asked: u64,
 }
 
-const FIELDS: usize = 24;
+const FIELDS: usize = 26;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -125,6 +130,8 @@ impl Lease {
             self.flight_seq,
             self.back,
             self.epoch,
+            self.claimed_ms,
+            self.asked,
         ]
     }
 
@@ -149,6 +156,8 @@ impl Lease {
             flight_seq: f(21)?,
             back: f(22)?,
             epoch: f(23)?,
+            claimed_ms: f(24)?,
+            asked: f(25)?,
         })
     }
 
@@ -233,6 +242,7 @@ impl Lease {
             };
             self.tokens -= cost;
             self.win_demand = self.win_demand.saturating_add(cost);
+            self.asked = self.asked.saturating_add(cost);
             take.spent.push(Spent {
                 remaining: spendable.saturating_add(self.global_remaining),
                 reset_ms: self.reset_at_ms.saturating_sub(now_ms),
@@ -319,6 +329,8 @@ impl Lease {
             return back.unspent;
         }
         self.lent = self.lent.saturating_sub(back.batch);
+        // Taken but not spent: no demand.
+        self.asked = self.asked.saturating_sub(back.unspent);
         let dropped = if now_ms < self.expires_ms {
             self.tokens = self.tokens.saturating_add(back.unspent);
             0
@@ -521,6 +533,7 @@ pub struct Claim {
     seq: u64,
     life_ms: u64,
     back: u64,
+    demand: Option<u64>,
 }
 
 impl Claim {
@@ -552,6 +565,25 @@ impl Claim {
     pub fn back(&self) -> u64 {
         self.back
     }
+
+    /// This proxy's demand for the key since its previous claim, in thousandths of a token per
+    /// second (at most [`MAX_DEMAND`]): the tokens its workers took from the lease (less what
+    /// they handed back unspent) and those its requests were denied here, over the time since
+    /// that claim. None on the key's first claim since its entry was placed: unknown. The
+    /// script weighs the proxy's share of the key by it ([`crate::bucket::share`]).
+    pub fn demand(&self) -> Option<u64> {
+        self.demand
+    }
+}
+
+/// What one call's reported demand may be at most (the script refuses more).
+pub use crate::bucket::MAX_DEMAND;
+
+/// Thousandths of a token per second for `tokens` over `ms` (at least 1 ms), at most
+/// [`MAX_DEMAND`].
+pub fn demand_rate(tokens: u64, ms: u64) -> u64 {
+    let rate = u128::from(tokens) * 1_000_000 / u128::from(ms.max(1));
+    u64::try_from(rate).unwrap_or(MAX_DEMAND).min(MAX_DEMAND)
 }
 
 /// The outcome of [`LeasePool::begin_flight`].
@@ -819,6 +851,7 @@ impl<'a> LeasePool<'a> {
                 lease.lent = lease.lent.saturating_add(tokens);
             }
             lease.win_demand = lease.win_demand.saturating_add(tokens);
+            lease.asked = lease.asked.saturating_add(tokens);
             lease.touched_ms = now_ms;
             lease.note_level(now_ms);
             let batch = Batch {
@@ -891,6 +924,15 @@ impl<'a> LeasePool<'a> {
                 ..*lease
             };
             let want = sizing.want(&seen, waiting, current, now_ms);
+            // The demand since the previous claim: what was taken, and denied, since then (the
+            // waiting requests are this call's, and count in the next one's once spent).
+            let demand = (lease.claimed_ms > 0).then(|| {
+                let since = unmet.after(lease.claimed_ms, now_ms);
+                let tokens = lease.asked.saturating_add(since);
+                demand_rate(tokens, now_ms.saturating_sub(lease.claimed_ms))
+            });
+            lease.claimed_ms = now_ms.max(1);
+            lease.asked = 0;
             lease.flight_until_ms = until_ms;
             lease.flight_seq = lease.flight_seq.saturating_add(1).max(now_ms);
             let claim = Claim {
@@ -899,6 +941,7 @@ impl<'a> LeasePool<'a> {
                 seq: lease.flight_seq,
                 life_ms: sizing.life_ms(lease.saturated(now_ms, sizing)),
                 back: std::mem::take(&mut lease.back),
+                demand,
             };
             Change::Write(set.encode(), (Flight::Claimed(claim, placed), want))
         })

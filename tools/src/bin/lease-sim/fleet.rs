@@ -115,7 +115,7 @@ pub fn header() -> String {
         .map(|w| format!("{:>7}", format!("+W{}", *w as f64 / 1000.0)))
         .collect();
     format!(
-        "{:>7} {:>5} {:>6} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
+        "{:>7} {:>5} {:>6} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
         "proxies",
         "load",
         "wait",
@@ -127,6 +127,8 @@ pub fn header() -> String {
         "hot c/s",
         "/1k adm",
         "hot /1k",
+        "gw /1k",
+        "side/1k",
         "warm/1k",
         "1st p50",
         "1st p99",
@@ -154,7 +156,7 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         None => "never".to_string(),
     };
     format!(
-        "{:>7} {:>4}x {:>6} {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
+        "{:>7} {:>4}x {:>6} {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
         o.proxies,
         o.overload,
         o.max_wait_ms,
@@ -166,6 +168,8 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         f.hot_calls as f64 / f.seconds,
         Figures::per_1k(f.calls(), f.admitted()),
         Figures::per_1k(f.hot_calls, f.hot_admitted),
+        Figures::per_1k(f.hot_gateway_calls, f.hot_admitted),
+        Figures::per_1k(f.hot_calls - f.hot_gateway_calls, f.hot_admitted),
         Figures::per_1k(f.warm_calls, f.warm_admitted),
         ms(0.5),
         ms(0.99),
@@ -185,7 +189,8 @@ wait: the rules' max_wait_ms (lease mode: how long a request may wait for the to
   admitted - (burst + rate x W) (never over: <= 0); warm+W: the most any warm key's window (10 ms to
   10 s) passed its bound by; calls/s: script calls per simulated second, hot c/s those of the hot
   key; /1k adm: calls per 1000
-  admitted (all keys), hot /1k and warm/1k the same per kind of key; 1st p50/p99: from a sidecar's
+  admitted (all keys), hot /1k and warm/1k the same per kind of key; gw /1k and side/1k: the hot
+  key's calls the gateways and the sidecars sent, per 1000 of its admissions (together hot /1k); 1st p50/p99: from a sidecar's
   first request of the hot key to its first admission (median and 99th percentile over sidecars;
   never: not admitted in the run); starved: sidecars never admitted; fair: the sidecars' share of
   the hot key's admissions / their share of its requests (1 = admitted in proportion to demand);

@@ -69,10 +69,13 @@ pub fn parse_request(text: &str) -> (Form, Vec<Group>) {
 /// max_wait_ms and settle when sent (a penalty's `time` and window are not modelled here).
 fn group(key: String, args: &[&str]) -> Group {
     let num = |i: usize| args[i].parse::<u64>().unwrap();
-    let lease: Vec<u64> = unescape(args[4])
-        .split(':')
-        .map(|n| n.parse().unwrap())
-        .collect();
+    let lease_arg = unescape(args[4]);
+    // A holder's demand comes after a slash.
+    let (lease_arg, demand) = match lease_arg.split_once('/') {
+        Some((body, d)) => (body.to_string(), Some(d.parse::<u64>().unwrap())),
+        None => (lease_arg, None),
+    };
+    let lease: Vec<u64> = lease_arg.split(':').map(|n| n.parse().unwrap()).collect();
     let limits = Limits {
         burst: num(0),
         rate: num(1),
@@ -89,7 +92,11 @@ fn group(key: String, args: &[&str]) -> Group {
                 (0, 4)
             };
             let steps: Vec<(u64, u64)> = lease[first..].chunks(2).map(|c| (c[0], c[1])).collect();
-            Holder::new(lease[1], lease[2], lease[3], &steps).giving_back(back)
+            let h = Holder::new(lease[1], lease[2], lease[3], &steps).giving_back(back);
+            match demand {
+                Some(d) => h.demanding(d),
+                None => h,
+            }
         }),
         max_wait_ms: args.get(5).map_or(0, |_| num(5)),
         settle: args.get(6).map_or(0, |s| s.parse().unwrap()),
@@ -139,12 +146,14 @@ mod tests {
             holder: Some(Box::new(Holder::new(7, 3, 1450, &[(40, 30), (5, 2)]))),
             ..ScriptCall::new("tollgate:{lease:0a}".into(), &limits, 1)
         };
-        // One that gives tokens back: an odd count of parts.
+        // One that gives tokens back (an odd count of parts) and reports its demand.
         let back = ScriptCall {
             lease_want: 9,
             max_wait_ms: 2000,
             holder: Some(Box::new(
-                Holder::new(8, 4, 1450, &[(0, 120)]).giving_back(3),
+                Holder::new(8, 4, 1450, &[(0, 120)])
+                    .giving_back(3)
+                    .demanding(16_000),
             )),
             ..ScriptCall::new("tollgate:{lease:0b}".into(), &limits, 1)
         };

@@ -829,3 +829,57 @@ fn a_batch_of_an_evicted_entry_never_joins_the_key_s_new_lease() {
     assert_eq!(pool.take_back(k, back, 480).unwrap(), 4, "dropped");
     assert_eq!(pool.peek(k).unwrap().tokens, 4, "only the new grant");
 }
+
+/// A lease call reports the proxy's demand since its previous call: what its workers took from
+/// the lease, less what they handed back unspent, and what its requests were denied here, over
+/// the time since that call (thousandths of a token per second). The first call of an entry
+/// knows no previous one: none.
+#[test]
+fn a_call_reports_the_demand_since_the_previous_one() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 1000);
+    assert_eq!(c.demand(), None, "no previous call");
+    // The waiting request spends its token from the grant: it counts toward the next call.
+    let grant = Grant {
+        tokens: 20,
+        global_remaining: 50,
+        reset_after_ms: 500,
+        refill_ms: 0,
+    };
+    pool.deposit(c, &grant, &[1], 1001, &SIZING).unwrap();
+    // A worker takes a batch of 4 (a quarter of 19) and hands 1 back unspent; another spends 2.
+    let b = batch(&pool, 1, 1100, false).unwrap();
+    assert_eq!(b.tokens, 4);
+    let back = Back {
+        batch: 4,
+        unspent: 1,
+        epoch: b.epoch,
+    };
+    pool.take_back("k", back, 1150).unwrap();
+    assert_eq!(spent(&pool.take("k", &[1, 1], 1200, &SIZING).unwrap()), 2);
+    // 1 + 3 + 2 = 6 tokens taken, and 2 denied here since 1400: 8 in 500 ms, 16 a second.
+    let unmet = Unmet {
+        tokens: 2,
+        since_ms: 1400,
+    };
+    let (flight, _) = pool
+        .begin_flight("k", 1, unmet, 1500, 1600, &SIZING)
+        .unwrap();
+    let Flight::Claimed(c, _) = flight else {
+        panic!("{flight:?}");
+    };
+    assert_eq!(c.demand(), Some(16_000));
+    pool.release(c, None, 1501).unwrap();
+    // Nothing since: a demand of 0. A long-quiet proxy reports a small one.
+    let c = claim(&pool, "k", 3500);
+    assert_eq!(c.demand(), Some(0));
+    pool.release(c, None, 3501).unwrap();
+    assert_eq!(spent(&pool.take("k", &[1], 3600, &SIZING).unwrap()), 0);
+    assert_eq!(demand_rate(1, 5000), 200, "one token in 5 s");
+    assert_eq!(
+        demand_rate(u64::MAX, 1),
+        MAX_DEMAND,
+        "never past what the script takes"
+    );
+}

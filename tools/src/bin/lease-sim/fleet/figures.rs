@@ -31,6 +31,8 @@ pub struct Figures {
     /// Script calls sent while requests arrived, per kind of key.
     pub hot_calls: u64,
     pub warm_calls: u64,
+    /// Of the hot key's calls, those the gateways sent (the sidecars sent the rest).
+    pub hot_gateway_calls: u64,
     /// Of the hot key's calls: the tokens granted, and the calls denied and reserved.
     pub hot_granted: u64,
     pub hot_denied: u64,
@@ -160,6 +162,7 @@ impl FleetSim<'_> {
             }
             if c.hot {
                 f.hot_calls += 1;
+                f.hot_gateway_calls += u64::from(self.proxies[c.proxy as usize].gateway);
                 if let Some(r) = c.reply {
                     f.hot_granted += r.granted;
                     f.hot_denied += u64::from(!r.allowed);

@@ -54,6 +54,8 @@ pub struct Flight {
 #[derive(Debug, Clone)]
 pub struct CallRec {
     pub hot: bool,
+    /// The proxy that sent it.
+    pub proxy: u32,
     pub key: String,
     pub limits: Limits,
     pub ask: Ask,
@@ -276,6 +278,7 @@ impl<'o> FleetSim<'o> {
                 calls.push(self.calls.len());
                 self.calls.push(CallRec {
                     hot: g.key.contains("{hot:"),
+                    proxy: p as u32,
                     key: g.key,
                     limits: g.limits,
                     ask: g.ask,
