@@ -168,8 +168,14 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         f.hot_calls as f64 / f.seconds,
         Figures::per_1k(f.calls(), f.admitted()),
         Figures::per_1k(f.hot_calls, f.hot_admitted),
-        Figures::per_1k(f.hot_gateway_calls, f.hot_admitted),
-        Figures::per_1k(f.hot_calls - f.hot_gateway_calls, f.hot_admitted),
+        Figures::per_1k(
+            f.hot_gateway_calls,
+            f.hot_admitted.saturating_sub(f.hot_sidecar_admitted)
+        ),
+        Figures::per_1k(
+            f.hot_calls.saturating_sub(f.hot_gateway_calls),
+            f.hot_sidecar_admitted
+        ),
         Figures::per_1k(f.warm_calls, f.warm_admitted),
         ms(0.5),
         ms(0.99),
@@ -190,7 +196,8 @@ wait: the rules' max_wait_ms (lease mode: how long a request may wait for the to
   10 s) passed its bound by; calls/s: script calls per simulated second, hot c/s those of the hot
   key; /1k adm: calls per 1000
   admitted (all keys), hot /1k and warm/1k the same per kind of key; gw /1k and side/1k: the hot
-  key's calls the gateways and the sidecars sent, per 1000 of its admissions (together hot /1k); 1st p50/p99: from a sidecar's
+  key's calls the gateways sent per 1000 of the gateways' admissions of it, and the sidecars' per
+  1000 of theirs (how each kind of proxy scales); 1st p50/p99: from a sidecar's
   first request of the hot key to its first admission (median and 99th percentile over sidecars;
   never: not admitted in the run); starved: sidecars never admitted; fair: the sidecars' share of
   the hot key's admissions / their share of its requests (1 = admitted in proportion to demand);

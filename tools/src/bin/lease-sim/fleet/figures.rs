@@ -33,6 +33,8 @@ pub struct Figures {
     pub warm_calls: u64,
     /// Of the hot key's calls, those the gateways sent (the sidecars sent the rest).
     pub hot_gateway_calls: u64,
+    /// Of the hot key's admissions, the sidecars' (the gateways had the rest).
+    pub hot_sidecar_admitted: u64,
     /// Of the hot key's calls: the tokens granted, and the calls denied and reserved.
     pub hot_granted: u64,
     pub hot_denied: u64,
@@ -191,6 +193,7 @@ impl FleetSim<'_> {
                 f.worst_sidecar = f.worst_sidecar.min(own / fleet.max(f64::MIN_POSITIVE));
             }
         }
+        f.hot_sidecar_admitted = side_got;
         f.fairness = (side_got as f64 / f.hot_admitted.max(1) as f64)
             / (side_asked as f64 / f.hot_requests.max(1) as f64).max(f64::MIN_POSITIVE);
         f
