@@ -574,7 +574,8 @@ impl Claim {
     /// second (at most [`MAX_DEMAND`]): the tokens it spent (of a worker's batch, what the
     /// worker had spent when it handed the batch back) and those its requests were denied here,
     /// over the time since
-    /// that claim. None on the key's first claim since its entry was placed: unknown. The
+    /// that claim. None on the key's first claim since its entry was placed, or when the clock
+    /// went back since the previous one: unknown. The
     /// script weighs the proxy's share of the key by it ([`crate::bucket::share`]).
     pub fn demand(&self) -> Option<u64> {
         self.demand
@@ -936,8 +937,10 @@ impl<'a> LeasePool<'a> {
             };
             let want = sizing.want(&seen, waiting, current, now_ms);
             // The demand since the previous claim: what was taken, and denied, since then (the
-            // waiting requests are this call's, and count in the next one's once spent).
-            let demand = (lease.claimed_ms > 0).then(|| {
+            // waiting requests are this call's, and count in the next one's once spent). None
+            // when the clock went back since: no time to measure it over.
+            let measured = lease.claimed_ms > 0 && now_ms >= lease.claimed_ms;
+            let demand = measured.then(|| {
                 let since = unmet.after(lease.claimed_ms, now_ms);
                 let tokens = lease.asked.saturating_add(since);
                 demand_rate(tokens, now_ms.saturating_sub(lease.claimed_ms))

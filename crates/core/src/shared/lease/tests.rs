@@ -920,3 +920,20 @@ fn a_call_reports_what_was_spent_not_what_workers_stashed() {
     let c = claim(&pool, "k", 2000);
     assert_eq!(c.demand(), Some(2_000), "2 tokens in 1 s");
 }
+
+/// A clock that went back since the previous claim (the host's wall clock, stepped back) gives
+/// no time to measure a demand over: the call reports none (the equal share), not its tokens as
+/// if spent in a millisecond (a thousand times their count a second, up to the most there is).
+#[test]
+fn a_clock_gone_back_reports_no_demand() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 5000);
+    deposit(&pool, c, (20, 60, 500, 0), 5000);
+    assert_eq!(
+        spent(&pool.take("k", &[1, 1, 1], 5001, &SIZING).unwrap()),
+        3
+    );
+    let c = claim(&pool, "k", 3000);
+    assert_eq!(c.demand(), None);
+}
