@@ -432,7 +432,11 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     k = tonumber(h[5]) or 0
     n = tonumber(h[6]) or 0
     m = tonumber(h[7]) or 0
-    ds = tonumber(h[8]) or 0
+    -- A sum with no holder on record weighs nothing (a version before demand reports lets its
+    -- last holder go without deleting s).
+    if k > 0 then
+      ds = tonumber(h[8]) or 0
+    end
   end
   if u == nil or t == nil or p == nil or t < 0 or p < 1
       or u ~= floor(u) or t ~= floor(t) or p ~= floor(p) then

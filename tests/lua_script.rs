@@ -745,3 +745,37 @@ fn penalty_argument_is_bounded_and_time_is_redis_clock() {
         .unwrap_err();
     assert!(err.to_string().contains("bad argument now"), "{err}");
 }
+
+/// A version before demand reports keeps neither `s` nor `d<id>`: when its call lets the last
+/// holder go it deletes `o`, `k`, `n`, `m` and leaves `s` behind (and the `d<id>` of holders it
+/// dropped). A sum with no holder on record weighs nothing: the next holders' sum is theirs alone,
+/// or a busy holder among quiet ones would get the equal share for as long as none of them
+/// expires.
+#[test]
+fn a_sum_left_behind_by_an_older_version_weighs_nothing() {
+    let (_r, mut c) = start("lua-demand-upgrade");
+    let run = |c: &mut redis::Connection, lease: &str, ms: u64| {
+        let now = (T0 + ms * 1000).to_string();
+        let args = ["100", "100", "1000", "1", lease, "0", "0", now.as_str()];
+        eval_raw(c, KEY, &args).unwrap()
+    };
+    let field = |c: &mut redis::Connection, f: &str| -> Option<u64> {
+        redis::cmd("HGET").arg(KEY).arg(f).query(c).unwrap()
+    };
+    // A new proxy reports the most there is; its record expires, and an older version's call
+    // lets it go as that version does.
+    assert_eq!(run(&mut c, "1:7:1:1000:0:0/4294967296", 0)[4], 1);
+    assert_eq!(field(&mut c, "s"), Some(1 << 32));
+    let _: () = redis::cmd("HDEL")
+        .arg(KEY)
+        .arg(&["e7", "h7", "q7", "o", "k", "n", "m"])
+        .query(&mut c)
+        .unwrap();
+    for id in 1..=20 {
+        assert_eq!(run(&mut c, &format!("1:{id}:1:5000:0:0/200"), 2000)[4], 1);
+    }
+    // 16 a second among 20 at 0.2: 30 of the 40 asked for, as on a key that never saw the
+    // older version.
+    assert_eq!(run(&mut c, "40:99:1:5000:0:0/16000", 2000)[4], 30);
+    assert_eq!(field(&mut c, "s"), Some(20 * 200 + 16_000));
+}

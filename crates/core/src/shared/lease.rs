@@ -86,8 +86,9 @@ pub struct Lease {
     /// the same key (evicted since: a lease lives milliseconds at least) has a lower one.
     pub epoch: u64,
     /// When the latest lease call for the key was claimed (0: none since the entry was placed),
-    /// and the tokens taken from the lease since then, less what workers handed back unspent:
-    /// the demand the next call reports ([`Claim::demand`]).
+    /// and the tokens spent since then: by requests served from the lease at once, and of
+    /// workers' batches as they are handed back (a batch counts none when taken): the demand the
+    /// next call reports ([`Claim::demand`]).
     pub claimed_ms: u64,
     pub asked: u64,
 }
@@ -325,12 +326,15 @@ impl Lease {
         if back.batch == 0 && back.unspent == 0 {
             return 0;
         }
+        // What the worker spent of it is demand (the batch counted none when taken), whether or
+        // not the lease it came from still stands.
+        self.asked = self
+            .asked
+            .saturating_add(back.batch.saturating_sub(back.unspent));
         if back.epoch != self.epoch {
             return back.unspent;
         }
         self.lent = self.lent.saturating_sub(back.batch);
-        // Taken but not spent: no demand.
-        self.asked = self.asked.saturating_sub(back.unspent);
         let dropped = if now_ms < self.expires_ms {
             self.tokens = self.tokens.saturating_add(back.unspent);
             0
@@ -567,9 +571,11 @@ impl Claim {
     }
 
     /// This proxy's demand for the key since its previous claim, in thousandths of a token per
-    /// second (at most [`MAX_DEMAND`]): the tokens its workers took from the lease (less what
-    /// they handed back unspent) and those its requests were denied here, over the time since
-    /// that claim. None on the key's first claim since its entry was placed: unknown. The
+    /// second (at most [`MAX_DEMAND`]): the tokens it spent (of a worker's batch, what the
+    /// worker had spent when it handed the batch back) and those its requests were denied here,
+    /// over the time since
+    /// that claim. None on the key's first claim since its entry was placed, or when the clock
+    /// went back since the previous one: unknown. The
     /// script weighs the proxy's share of the key by it ([`crate::bucket::share`]).
     pub fn demand(&self) -> Option<u64> {
         self.demand
@@ -847,11 +853,17 @@ impl<'a> LeasePool<'a> {
                 (spendable / 4).max(cost)
             };
             lease.tokens -= tokens;
-            if !exact {
+            if exact {
+                // Spent at once. A batch for a stash counts as demand only as far as it is
+                // spent, when its worker hands it back: counted whole when taken, a quarter of
+                // the lease moved at once would be reported as demand (a bigger share, a bigger
+                // lease, bigger batches), and what comes back after the next call, or after the
+                // lease expired, could no longer be taken off.
+                lease.asked = lease.asked.saturating_add(tokens);
+            } else {
                 lease.lent = lease.lent.saturating_add(tokens);
             }
             lease.win_demand = lease.win_demand.saturating_add(tokens);
-            lease.asked = lease.asked.saturating_add(tokens);
             lease.touched_ms = now_ms;
             lease.note_level(now_ms);
             let batch = Batch {
@@ -925,8 +937,10 @@ impl<'a> LeasePool<'a> {
             };
             let want = sizing.want(&seen, waiting, current, now_ms);
             // The demand since the previous claim: what was taken, and denied, since then (the
-            // waiting requests are this call's, and count in the next one's once spent).
-            let demand = (lease.claimed_ms > 0).then(|| {
+            // waiting requests are this call's, and count in the next one's once spent). None
+            // when the clock went back since: no time to measure it over.
+            let measured = lease.claimed_ms > 0 && now_ms >= lease.claimed_ms;
+            let demand = measured.then(|| {
                 let since = unmet.after(lease.claimed_ms, now_ms);
                 let tokens = lease.asked.saturating_add(since);
                 demand_rate(tokens, now_ms.saturating_sub(lease.claimed_ms))

@@ -830,8 +830,8 @@ fn a_batch_of_an_evicted_entry_never_joins_the_key_s_new_lease() {
     assert_eq!(pool.peek(k).unwrap().tokens, 4, "only the new grant");
 }
 
-/// A lease call reports the proxy's demand since its previous call: what its workers took from
-/// the lease, less what they handed back unspent, and what its requests were denied here, over
+/// A lease call reports the proxy's demand since its previous call: what it spent (a worker's
+/// batch as far as it was spent when handed back) and what its requests were denied here, over
 /// the time since that call (thousandths of a token per second). The first call of an entry
 /// knows no previous one: none.
 #[test]
@@ -882,4 +882,58 @@ fn a_call_reports_the_demand_since_the_previous_one() {
         MAX_DEMAND,
         "never past what the script takes"
     );
+}
+
+/// The demand a call reports is what the proxy spent (and was denied), not what its workers moved
+/// into their stashes: a batch is a quarter of the lease taken at once, and counting it whole
+/// would report a proxy that spent two tokens in a second as spending seventeen (a bigger
+/// share, a bigger lease, bigger batches: the report would feed on itself). A batch's spent
+/// tokens count when the worker hands it back, even after the lease it came from expired.
+#[test]
+fn a_call_reports_what_was_spent_not_what_workers_stashed() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    deposit(&pool, c, (40, 60, 500, 0), 0);
+    // Two workers each take a batch (10, then 7) and spend one token of it.
+    let a = batch(&pool, 1, 10, false).unwrap();
+    let b = batch(&pool, 1, 10, false).unwrap();
+    assert_eq!((a.tokens, b.tokens), (10, 7));
+    // A second on (the lease expired at 400): two tokens spent in a second, 2 a second.
+    let c = claim(&pool, "k", 1000);
+    assert_eq!(
+        c.demand(),
+        Some(0),
+        "nothing handed back yet: nothing known spent"
+    );
+    pool.release(c, None, 1001).unwrap();
+    // The workers hand their batches back (written off with the expired lease): one token of
+    // each was spent, which the next call reports.
+    for (x, tokens) in [(a, 10), (b, 7)] {
+        let back = Back {
+            batch: tokens,
+            unspent: tokens - 1,
+            epoch: x.epoch,
+        };
+        pool.take_back("k", back, 1100).unwrap();
+    }
+    let c = claim(&pool, "k", 2000);
+    assert_eq!(c.demand(), Some(2_000), "2 tokens in 1 s");
+}
+
+/// A clock that went back since the previous claim (the host's wall clock, stepped back) gives
+/// no time to measure a demand over: the call reports none (the equal share), not its tokens as
+/// if spent in a millisecond (a thousand times their count a second, up to the most there is).
+#[test]
+fn a_clock_gone_back_reports_no_demand() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 5000);
+    deposit(&pool, c, (20, 60, 500, 0), 5000);
+    assert_eq!(
+        spent(&pool.take("k", &[1, 1, 1], 5001, &SIZING).unwrap()),
+        3
+    );
+    let c = claim(&pool, "k", 3000);
+    assert_eq!(c.demand(), None);
 }
