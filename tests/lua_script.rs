@@ -39,6 +39,18 @@ fn eval_raw(conn: &mut redis::Connection, key: &str, args: &[&str]) -> redis::Re
     Ok(flat_ints(v))
 }
 
+/// A lease call at `ms` after T0 on `KEY`, a bucket of burst 100 refilling `rate` a second, cost 1.
+fn lease_at(c: &mut redis::Connection, rate: &str, lease: &str, ms: u64) -> Out {
+    let now = (T0 + ms * 1000).to_string();
+    let args = ["100", rate, "1000", "1", lease, "0", "0", now.as_str()];
+    eval_raw(c, KEY, &args).unwrap()
+}
+
+/// A field of `KEY`'s hash, as a number.
+fn hash_field(c: &mut redis::Connection, f: &str) -> Option<u64> {
+    redis::cmd("HGET").arg(KEY).arg(f).query(c).unwrap()
+}
+
 fn flat_ints(v: Value) -> Out {
     let Value::Array(items) = v else {
         panic!("reply is not an array: {v:?}")
@@ -512,11 +524,7 @@ fn leased_tokens_count_against_the_capacity() {
 #[test]
 fn an_expired_holder_counts_until_its_expiry() {
     let (_r, mut c) = start("lua-holder-expiry");
-    let run = |c: &mut redis::Connection, lease: &str, ms: u64| -> Out {
-        let now = (T0 + ms * 1000).to_string();
-        let args = ["100", "20", "1000", "1", lease, "0", "0", now.as_str()];
-        eval_raw(c, KEY, &args).unwrap()
-    };
+    let run = |c: &mut redis::Connection, lease: &str, ms: u64| lease_at(c, "20", lease, ms);
     assert_eq!(run(&mut c, "100:1:1:4000:0:0", 0)[4], 100);
     let [allowed, .., granted] = run(&mut c, "100:2:1:4000:0:0", 4010);
     assert_eq!((allowed, granted), (0, 0), "P1's tokens counted until 4 s");
@@ -599,14 +607,8 @@ fn a_give_back_is_bounded_by_the_record_and_refused_when_hostile() {
 #[test]
 fn a_share_is_weighed_by_the_demand_holders_report() {
     let (_r, mut c) = start("lua-demand");
-    let run = |c: &mut redis::Connection, lease: &str, ms: u64| {
-        let now = (T0 + ms * 1000).to_string();
-        let args = ["100", "100", "1000", "1", lease, "0", "0", now.as_str()];
-        eval_raw(c, KEY, &args).unwrap()
-    };
-    let field = |c: &mut redis::Connection, f: &str| -> Option<u64> {
-        redis::cmd("HGET").arg(KEY).arg(f).query(c).unwrap()
-    };
+    let run = |c: &mut redis::Connection, lease: &str, ms: u64| lease_at(c, "100", lease, ms);
+    let field = hash_field;
     for id in 1..=20 {
         assert_eq!(run(&mut c, &format!("1:{id}:1:5000:0:0/200"), 0)[4], 1);
     }
@@ -754,14 +756,8 @@ fn penalty_argument_is_bounded_and_time_is_redis_clock() {
 #[test]
 fn a_sum_left_behind_by_an_older_version_weighs_nothing() {
     let (_r, mut c) = start("lua-demand-upgrade");
-    let run = |c: &mut redis::Connection, lease: &str, ms: u64| {
-        let now = (T0 + ms * 1000).to_string();
-        let args = ["100", "100", "1000", "1", lease, "0", "0", now.as_str()];
-        eval_raw(c, KEY, &args).unwrap()
-    };
-    let field = |c: &mut redis::Connection, f: &str| -> Option<u64> {
-        redis::cmd("HGET").arg(KEY).arg(f).query(c).unwrap()
-    };
+    let run = |c: &mut redis::Connection, lease: &str, ms: u64| lease_at(c, "100", lease, ms);
+    let field = hash_field;
     // A new proxy reports the most there is; its record expires, and an older version's call
     // lets it go as that version does.
     assert_eq!(run(&mut c, "1:7:1:1000:0:0/4294967296", 0)[4], 1);
