@@ -18,7 +18,11 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
          With an odd count of parts, the fifth is `back`: tokens the holder was granted and
          dropped unspent, which it will never spend; they go back into the bucket, at most what
          its record h<id> counts before this call's steps, never past what the bucket can hold
-         (ignored with the steps of a stale call).
+         (ignored with the steps of a stale call). The script cannot tell spent tokens from
+         unspent ones: the bound holds because the caller gives back only tokens it will never
+         spend (the filter: a worker's batch dropped unspent, given back once, by the first
+         call whose steps no longer count it). Tokens given back after being spent would be
+         admitted twice.
          A suffix "/<demand>" after the last step reports the holder's recent demand for the
          key, in thousandths of a token per second (an integer <= 2^32): its share is weighed
          by it (below). Without it the holder reports no demand and gets the equal share.
