@@ -376,6 +376,12 @@ pub const RACE_SHARE: u64 = 5;
 /// million tokens a second). With it, the demands of up to 2^21 holders add up exactly.
 pub const MAX_DEMAND: u64 = 1 << 32;
 
+/// `burst` divided by the `holders` on record, at least `cost`: every holder's share when the key
+/// is short of tokens, and what decides whether a holder races (`RACE_SHARE`).
+pub fn equal_share(burst: u64, cost: u64, holders: u64) -> u64 {
+    cost.max(burst / holders.max(1))
+}
+
 /// A holder's share of a key's burst: the most it may hold at once. The equal share, `burst`
 /// divided by the holders on record (at least `cost`); or, when the key is not short of tokens
 /// (`plenty`: the bucket holds at least half of what it can hold) and the holder reported a
@@ -401,7 +407,7 @@ pub fn share(
     (demand, total): (u64, u64),
     (plenty, room): (bool, u64),
 ) -> u64 {
-    let equal = cost.max(burst / holders.max(1));
+    let equal = equal_share(burst, cost, holders);
     if !plenty || demand == 0 || total == 0 {
         return equal;
     }
@@ -670,8 +676,8 @@ pub fn take_penalized(
         let (mut share, mut equal) = (burst, burst);
         if let Some(rec) = record {
             let n = u64::try_from(holder_count).unwrap_or(1);
-            equal = cost.max(burst / holder_count.max(1));
             let c = u64::try_from(cost).unwrap_or(0);
+            equal = int(equal_share(limits.burst, c, n));
             // The bucket holds at least half of what it can hold.
             let plenty = units.saturating_mul(2) >= capacity(out);
             // What it may hold with the others' tokens at most half the burst.
