@@ -323,7 +323,7 @@ impl Lease {
     /// batch is of an earlier epoch (written off already: the proxy reported holding none of
     /// it, and it may not join a lease granted since).
     fn hand_back(&mut self, back: Back, now_ms: u64) -> u64 {
-        if back.batch == 0 && back.unspent == 0 {
+        if back.is_empty() {
             return 0;
         }
         // What the worker spent of it is demand (the batch counted none when taken), whether or
@@ -511,6 +511,13 @@ pub struct Back {
     pub unspent: u64,
     /// The lease's epoch when the batch was taken ([`Batch::epoch`]).
     pub epoch: u64,
+}
+
+impl Back {
+    /// Nothing handed back: no batch was out (its epoch says nothing then).
+    fn is_empty(&self) -> bool {
+        self.batch == 0 && self.unspent == 0
+    }
 }
 
 /// Leased tokens moved out of the pool into one worker's stash.
@@ -841,7 +848,7 @@ impl<'a> LeasePool<'a> {
             if spendable < cost || cost == 0 {
                 let later = lease.covered_in(cost, now_ms, sizing);
                 let taken = later.map_or(Taken::Miss, Taken::Refilling);
-                if back.batch == 0 && back.unspent == 0 {
+                if back.is_empty() {
                     return Change::Keep(taken);
                 }
                 return Change::Write(set.encode(), taken);
