@@ -56,6 +56,29 @@ pub struct State {
     /// The units per token `units` are scaled by ([`Limits::units_per_token`] of the limits that
     /// wrote it: `per_token` when the step is 1 ms).
     pub per_token: u64,
+    /// The spill epoch, on a bucket that tracks it (the hash's `E`, `D`; its `T` is `ts_us`).
+    pub spill: Option<Spill>,
+}
+
+/// A tracking bucket's current spill-free stretch: a refund whose take was in it gives back at
+/// most `headroom` units (the script's header, "The spill epoch").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spill {
+    /// When the stretch began (µs): a refill reached the cap, or the bucket was created.
+    pub epoch: u64,
+    /// How far the most the bucket held since `epoch` (with what holders hold) stayed below
+    /// full, in units; less what refunds of the stretch gave back.
+    pub headroom: i64,
+}
+
+/// What a call that may be refunded sends in the tracked form of its settlement (the script's
+/// `<charge>:<refund>:<epoch>`): the bucket tracks its spill epoch, and the reply carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tracked {
+    /// Tokens to give back, as far as the bucket's headroom allows (0: none).
+    pub refund: u64,
+    /// The spill epoch the refund's take was answered with.
+    pub epoch: u64,
 }
 
 /// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`, and with a
@@ -76,6 +99,9 @@ pub struct Reply {
     /// Whether the denial is the penalty box's (the script's 6th field, sent only for a call
     /// with a penalty; `No` otherwise).
     pub penalized: Penalized,
+    /// The bucket's spill epoch after this call (the 7th field), for a call in the tracked form
+    /// only: what a refund of its take carries.
+    pub epoch: Option<u64>,
 }
 
 /// The script's 6th reply field: how the penalty box took part in a denial.
@@ -214,6 +240,7 @@ impl Reply {
         reset_after_ms: 0,
         granted: 0,
         penalized: Penalized::No,
+        epoch: None,
     };
 }
 
@@ -432,8 +459,11 @@ pub struct Ask {
     /// The proxy that holds what it is granted (lease mode); None: spent at once.
     pub holder: Option<Holder>,
     pub max_wait_ms: u64,
-    /// Tokens to charge (> 0) or refund (< 0) first.
+    /// Tokens to charge (> 0) first; a refund without an epoch (< 0) gives back nothing. In the
+    /// tracked form (`track`), the charge (>= 0).
     pub settle: i64,
+    /// The tracked form of the settlement: a refund with its epoch, and the epoch in the reply.
+    pub track: Option<Tracked>,
 }
 
 /// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it, for a caller that holds
@@ -453,6 +483,7 @@ pub fn take(
         holder: None,
         max_wait_ms,
         settle,
+        track: None,
     };
     take_held(state, &mut Holders::default(), limits, &ask, now_us)
 }
@@ -501,8 +532,11 @@ pub fn take_penalized(
         holder,
         max_wait_ms,
         settle,
+        track,
     } = *ask;
-    let settle_ok = settle.unsigned_abs() <= limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+    let most = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+    let settle_ok = settle.unsigned_abs() <= most
+        && track.is_none_or(|t| settle >= 0 && t.refund <= most && t.epoch <= MAX_EXACT);
     let holder_ok = holder.is_none_or(|h| {
         h.id >= 1
             && h.seq >= 1
@@ -525,6 +559,17 @@ pub fn take_penalized(
 
     // 1. Load (absent = full, no holders), rescale to these units per token; drop expired holders
     // and clamp to what the bucket can hold.
+    // The spill epoch, on a bucket that tracks it: (epoch, headroom), whether this call starts a
+    // new stretch, and whether a refill reached the cap in it (the stretch begins at the spill).
+    let tracked = track.is_some() || state.is_some_and(|s| s.spill.is_some());
+    let stored_epoch = state
+        .and_then(|s| s.spill)
+        .filter(|_| state.is_some_and(|s| s.per_token >= 1));
+    let (mut headroom, mut renew, mut spilled) = match (stored_epoch, state) {
+        (Some(sp), Some(s)) if int(s.per_token) == per_token => (sp.headroom, false, false),
+        // Another unit per token: what came back meanwhile is unknown.
+        _ => (0, tracked, false),
+    };
     let (mut units, mut ts_us) = match state {
         Some(s) if s.per_token >= 1 => {
             let p = int(s.per_token);
@@ -546,14 +591,21 @@ pub fn take_penalized(
         }
         _ => {
             holders.0.clear();
+            // A missing key is a full bucket: a new stretch, as a spill starts one.
+            (renew, spilled) = (tracked, tracked);
             (full, now_us)
         }
     };
     let mut out = int(holders.held());
+    let peak = |units: i64, out: i64| full - units - out.saturating_mul(per_token);
+    if tracked {
+        headroom = headroom.min(peak(units, out));
+    }
     let capacity = |out: i64| full.saturating_sub(out.saturating_mul(per_token)).max(0);
     units = units.min(capacity(out));
     // 2. Refill by whole steps (ts_us keeps the remainder), never past what the bucket can hold.
     // The holder's report only lowers what it holds, each step from its quiet_ms ago on.
+    // True when the refill reached the cap (what came past it spilled).
     let refill = |units: &mut i64, ts_us: &mut u64, to_us: u64, out: i64| {
         let elapsed = int(to_us.saturating_sub(*ts_us) / step_us);
         if elapsed > 0 {
@@ -561,13 +613,14 @@ pub fn take_penalized(
             if elapsed >= to_full {
                 *units = capacity(out);
                 *ts_us = to_us;
-            } else {
-                // elapsed < to_full, so neither can overflow.
-                *units = units.saturating_add(elapsed.saturating_mul(rate));
-                *ts_us = ts_us
-                    .saturating_add(u64::try_from(elapsed).unwrap_or(0).saturating_mul(step_us));
+                return true;
             }
+            // elapsed < to_full, so neither can overflow.
+            *units = units.saturating_add(elapsed.saturating_mul(rate));
+            *ts_us =
+                ts_us.saturating_add(u64::try_from(elapsed).unwrap_or(0).saturating_mul(step_us));
         }
+        false
     };
     if now_us < ts_us {
         ts_us = now_us; // the clock went back: no refill
@@ -583,7 +636,11 @@ pub fn take_penalized(
     gone.sort_by_key(|h| h.expires_us);
     for h in gone {
         if h.expires_us > ts_us {
-            refill(&mut units, &mut ts_us, h.expires_us, out);
+            let c = refill(&mut units, &mut ts_us, h.expires_us, out);
+            if tracked {
+                spilled |= c;
+                headroom = headroom.min(peak(units, out));
+            }
         }
         out -= int(h.held);
     }
@@ -611,7 +668,11 @@ pub fn take_penalized(
         for &(held, quiet_ms) in h.steps() {
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
             if from > ts_us {
-                refill(&mut units, &mut ts_us, from, out);
+                let c = refill(&mut units, &mut ts_us, from, out);
+                if tracked {
+                    spilled |= c;
+                    headroom = headroom.min(peak(units, out));
+                }
             }
             if held < rec.held {
                 out -= int(rec.held - held);
@@ -619,13 +680,18 @@ pub fn take_penalized(
             }
         }
     }
-    refill(&mut units, &mut ts_us, now_us, out);
+    spilled |= refill(&mut units, &mut ts_us, now_us, out);
     if back > 0 {
         units = units.max(
             units
                 .saturating_add(back.saturating_mul(per_token))
                 .min(capacity(out)),
         );
+    }
+    if tracked {
+        // The most the bucket held since the stretch began: never below what it holds now.
+        headroom = headroom.min(peak(units, out)).max(0);
+        renew |= spilled;
     }
     // Refilled to now: less than a step has passed since ts_us, and the refill comes at whole
     // steps after it.
@@ -642,12 +708,20 @@ pub fn take_penalized(
 
     // 2c. Settle: a charge only lowers (at most MAX_SETTLE_BURSTS bursts into debt), a refund
     // only raises (never past what the bucket can hold).
+    // A refund without an epoch (settle < 0) gives back nothing.
     let floor = -full.saturating_mul(int(MAX_SETTLE_BURSTS));
     let delta = settle.saturating_mul(per_token);
     if settle > 0 {
         units = units.saturating_sub(delta).max(units.min(floor));
-    } else if settle < 0 {
-        units = units.max(units.saturating_sub(delta).min(capacity(out)));
+    }
+    // A refund gives back what the bucket never came within of full since its take's stretch
+    // began (units: part of a token too), if no spill started another since.
+    if let (Some(t), false, Some(sp)) = (track, renew, stored_epoch) {
+        if t.refund > 0 && t.epoch == sp.epoch {
+            let x = int(t.refund).saturating_mul(per_token).min(headroom);
+            units += x;
+            headroom -= x;
+        }
     }
 
     // 2d. The penalty box: what is on record, if the call has a penalty (a count past the
@@ -767,6 +841,25 @@ pub fn take_penalized(
         reset_after_ms: u64::try_from(clock.wait_ms(capacity(out) - units)).unwrap_or(0),
         granted: u64::try_from(granted).unwrap_or(0),
         penalized,
+        epoch: None,
+    };
+
+    // 4b. The spill epoch: a stretch that began in this call begins at its spill (its takes
+    // ordered after it), with a new epoch; E only grows while the key lives.
+    let spill = tracked.then(|| {
+        if spilled {
+            headroom = peak(units, out).max(0);
+        }
+        let epoch = match (renew, stored_epoch) {
+            (false, Some(sp)) => sp.epoch,
+            (true, Some(sp)) => now_us.max(sp.epoch.saturating_add(1)),
+            (_, None) => now_us,
+        };
+        Spill { epoch, headroom }
+    });
+    let reply = Reply {
+        epoch: track.and(spill).map(|sp| sp.epoch),
+        ..reply
     };
 
     // 5. Store: a full bucket with no holders is no key at all, unless it is boxed or remembers
@@ -779,6 +872,7 @@ pub fn take_penalized(
         units,
         ts_us,
         per_token: limits.period_ms / step_ms,
+        spill,
     });
     if next.is_none() {
         *offences = Offences::default();
@@ -893,6 +987,14 @@ pub fn operate_penalized(
         }
         Operation::Credit(_) => units,
     };
+    // Tokens an operator puts in were never taken: after a reset nothing taken before comes
+    // back; a credit counts as held since the stretch began.
+    if let Some(sp) = refilled.spill.as_mut() {
+        sp.headroom = match op {
+            Operation::Reset => 0,
+            Operation::Credit(_) => sp.headroom.min(capacity - refilled.units).max(0),
+        };
+    }
     let reply = Reply {
         allowed: true,
         remaining: u64::try_from(refilled.units.max(0) / per_token).unwrap_or(0),
@@ -900,6 +1002,7 @@ pub fn operate_penalized(
         reset_after_ms: u64::try_from(clock.wait_ms(capacity - refilled.units)).unwrap_or(0),
         granted: 0,
         penalized: Penalized::No,
+        epoch: None,
     };
     // With the penalty, `offences` already says whether they keep the key (the refill above).
     let keep = penalty.is_some_and(|p| offences.keep_ms(p, now_us) > 0);
@@ -991,7 +1094,7 @@ mod tests {
                 retry_after_ms: 0,
                 reset_after_ms: 200, // 1000 units at 5 units/ms
                 granted: 1,
-                penalized: Penalized::No,
+                penalized: Penalized::No, epoch: None, 
             }
         );
         assert_eq!(
@@ -999,7 +1102,7 @@ mod tests {
             Some(State {
                 units: 9000,
                 ts_us: T0,
-                per_token: 1000
+                per_token: 1000, spill: None, 
             })
         );
     }
@@ -1093,7 +1196,7 @@ mod tests {
                 retry_after_ms: -1,
                 reset_after_ms: 0,
                 granted: 0,
-                penalized: Penalized::No,
+                penalized: Penalized::No, epoch: None, 
             }
         );
         let mut s = None;
@@ -1147,7 +1250,7 @@ mod tests {
         let odd = State {
             units: i64::MAX,
             ts_us: 0,
-            per_token: 3,
+            per_token: 3, spill: None, 
         };
         let l = lim(1 << 40, MAX_RATE, 1 << 10);
         let (_, r) = take(Some(odd), &l, 1, u64::MAX, 0, 0, u64::MAX);
@@ -1187,14 +1290,66 @@ mod tests {
             21 * 60_000,
             "the debt plus one token refills first"
         );
-        // Cost 0 only settles: a refund never fills past full.
-        let (s, r) = take(s, &l, 0, 0, 0, -400, T0);
-        assert_eq!((r.allowed, r.granted, r.remaining), (true, 0, 100));
-        assert_eq!(s, None, "full: no state");
+        // A refund without an epoch gives back nothing.
+        let (after, r) = take(s, &l, 0, 0, 0, -400, T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 0, 0));
+        assert_eq!(after, s, "unchanged");
         // A charge goes at most four bursts deep.
         let (s, _) = take(None, &l, 0, 0, 0, 400, T0);
         let (_, r) = take(s, &l, 0, 0, 0, 400, T0);
         assert_eq!(r.reset_after_ms, 500 * 60_000);
+    }
+
+    /// Takes and refunds in the tracked form: the refund gives back what the bucket stayed
+    /// short of full since the take's stretch began, and nothing after a spill.
+    fn tracked(
+        s: Option<State>,
+        l: &Limits,
+        cost: u64,
+        refund: u64,
+        epoch: u64,
+        now: u64,
+    ) -> (Option<State>, Reply) {
+        let ask = Ask {
+            cost,
+            track: Some(Tracked { refund, epoch }),
+            ..Ask::default()
+        };
+        take_held(s, &mut Holders::default(), l, &ask, now)
+    }
+
+    #[test]
+    fn a_refund_gives_back_what_the_bucket_stayed_short_of_full_since_its_take() {
+        // burst 1, a token a second: the window-bound case.
+        let l = lim(1, 1, 1000);
+        let (s, a) = tracked(None, &l, 1, 0, 0, T0);
+        assert_eq!((a.allowed, a.epoch), (true, Some(T0)), "created: a stretch");
+        let (s, b) = tracked(s, &l, 1, 0, 0, T0 + 1_000_000);
+        assert_eq!((b.allowed, b.epoch), (true, Some(T0 + 1_000_000)), "refilled to full");
+        // A's refund at 1100 ms carries the old epoch: nothing back, C is denied.
+        let (s, _) = tracked(s, &l, 0, 1, T0, T0 + 1_100_000);
+        let (_, c) = tracked(s, &l, 1, 0, 0, T0 + 1_100_000);
+        assert!(!c.allowed, "two admissions in 100 ms would pass burst + rate * W");
+
+        // A drained bucket: its refund comes back whole.
+        let l = lim(5, 1, 1000);
+        let (s, a) = tracked(None, &l, 5, 0, 0, T0);
+        let (s, r) = tracked(s, &l, 0, 5, a.epoch.unwrap(), T0 + 100_000);
+        assert_eq!(r.remaining, 5, "0.1 token refilled, 4.9 back: full");
+        assert_eq!(s, None, "full: no key");
+        // From a full bucket, a refund gives back what the cap leaves.
+        let (s, a) = tracked(None, &l, 3, 0, 0, T0);
+        let (s, _) = tracked(s, &l, 0, 3, a.epoch.unwrap(), T0 + 100_000);
+        assert_eq!(s, None, "2.1 tokens + 2.9 back: full again (no key)");
+        // Two refunds of one stretch share its headroom.
+        let (s, a) = tracked(None, &l, 2, 0, 0, T0);
+        let (s, b) = tracked(s, &l, 2, 0, 0, T0);
+        assert_eq!(a.epoch, b.epoch);
+        // The bucket held 3 at most since the stretch began: 2 tokens of headroom in all.
+        let (s, _) = tracked(s, &l, 0, 2, a.epoch.unwrap(), T0 + 10_000);
+        assert_eq!(s.unwrap().units, 3010, "1 + 0.01 + 2");
+        let (s, _) = tracked(s, &l, 0, 2, b.epoch.unwrap(), T0 + 10_000);
+        assert_eq!(s.unwrap().units, 3010, "none left for the second");
     }
 
     #[test]
@@ -1227,21 +1382,21 @@ mod tests {
             Some(State {
                 units: 60,
                 ts_us: T0,
-                per_token: 10
+                per_token: 10, spill: None, 
             })
         );
         // Partial tokens scale down, never up: 6 tokens + 7/10 at p=10 -> 6.7 tokens at p=1000.
         let part = Some(State {
             units: 67,
             ts_us: T0,
-            per_token: 10,
+            per_token: 10, spill: None, 
         });
         let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 6700 - 1000);
         let part = Some(State {
             units: 7,
             ts_us: T0,
-            per_token: 3,
+            per_token: 3, spill: None, 
         });
         let (s, _) = take(part, &lim(10, 1, 2), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 4 - 2); // floor(7*2/3) = 4
@@ -1319,7 +1474,7 @@ mod tests {
         let debt = State {
             units: -1500,
             ts_us: T0,
-            per_token: 1000,
+            per_token: 1000, spill: None, 
         };
         let l2 = Limits {
             burst: 2,
@@ -1504,7 +1659,7 @@ mod tests {
             Some(State {
                 units: 276_542 * 2_592_000,
                 ts_us: T0,
-                per_token: 2_592_000
+                per_token: 2_592_000, spill: None, 
             })
         );
         let r = step(&mut s, &ms, 2, 0, T0);
@@ -1515,14 +1670,14 @@ mod tests {
         let part = Some(State {
             units: 7 * MONTH_MS as i64 + 999,
             ts_us: T0,
-            per_token: MONTH_MS,
+            per_token: MONTH_MS, spill: None, 
         });
         let (next, _) = take(part, &secs, 0, 0, 0, 0, T0);
         assert_eq!(next.unwrap().units, 7 * 2_592_000);
         let debt = Some(State {
             units: -(7 * 2_592_000 + 1),
             ts_us: T0,
-            per_token: 2_592_000,
+            per_token: 2_592_000, spill: None, 
         });
         let (next, _) = take(debt, &ms, 0, 0, 0, 0, T0);
         assert_eq!(next.unwrap().units, -8 * MONTH_MS as i64);
@@ -1535,7 +1690,7 @@ mod tests {
         let old = State {
             units: 500 * 86_400_000,
             ts_us: T0,
-            per_token: 86_400_000,
+            per_token: 86_400_000, spill: None, 
         };
         let day = lim(1000, 1000, 86_400_000);
         let (next, r) = take(Some(old), &day, 0, 0, 0, 0, T0);
