@@ -1094,7 +1094,8 @@ mod tests {
                 retry_after_ms: 0,
                 reset_after_ms: 200, // 1000 units at 5 units/ms
                 granted: 1,
-                penalized: Penalized::No, epoch: None, 
+                penalized: Penalized::No,
+                epoch: None,
             }
         );
         assert_eq!(
@@ -1102,7 +1103,8 @@ mod tests {
             Some(State {
                 units: 9000,
                 ts_us: T0,
-                per_token: 1000, spill: None, 
+                per_token: 1000,
+                spill: None,
             })
         );
     }
@@ -1196,7 +1198,8 @@ mod tests {
                 retry_after_ms: -1,
                 reset_after_ms: 0,
                 granted: 0,
-                penalized: Penalized::No, epoch: None, 
+                penalized: Penalized::No,
+                epoch: None,
             }
         );
         let mut s = None;
@@ -1250,7 +1253,8 @@ mod tests {
         let odd = State {
             units: i64::MAX,
             ts_us: 0,
-            per_token: 3, spill: None, 
+            per_token: 3,
+            spill: None,
         };
         let l = lim(1 << 40, MAX_RATE, 1 << 10);
         let (_, r) = take(Some(odd), &l, 1, u64::MAX, 0, 0, u64::MAX);
@@ -1325,11 +1329,18 @@ mod tests {
         let (s, a) = tracked(None, &l, 1, 0, 0, T0);
         assert_eq!((a.allowed, a.epoch), (true, Some(T0)), "created: a stretch");
         let (s, b) = tracked(s, &l, 1, 0, 0, T0 + 1_000_000);
-        assert_eq!((b.allowed, b.epoch), (true, Some(T0 + 1_000_000)), "refilled to full");
+        assert_eq!(
+            (b.allowed, b.epoch),
+            (true, Some(T0 + 1_000_000)),
+            "refilled to full"
+        );
         // A's refund at 1100 ms carries the old epoch: nothing back, C is denied.
         let (s, _) = tracked(s, &l, 0, 1, T0, T0 + 1_100_000);
         let (_, c) = tracked(s, &l, 1, 0, 0, T0 + 1_100_000);
-        assert!(!c.allowed, "two admissions in 100 ms would pass burst + rate * W");
+        assert!(
+            !c.allowed,
+            "two admissions in 100 ms would pass burst + rate * W"
+        );
 
         // A drained bucket: its refund comes back whole.
         let l = lim(5, 1, 1000);
@@ -1382,21 +1393,24 @@ mod tests {
             Some(State {
                 units: 60,
                 ts_us: T0,
-                per_token: 10, spill: None, 
+                per_token: 10,
+                spill: None,
             })
         );
         // Partial tokens scale down, never up: 6 tokens + 7/10 at p=10 -> 6.7 tokens at p=1000.
         let part = Some(State {
             units: 67,
             ts_us: T0,
-            per_token: 10, spill: None, 
+            per_token: 10,
+            spill: None,
         });
         let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 6700 - 1000);
         let part = Some(State {
             units: 7,
             ts_us: T0,
-            per_token: 3, spill: None, 
+            per_token: 3,
+            spill: None,
         });
         let (s, _) = take(part, &lim(10, 1, 2), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 4 - 2); // floor(7*2/3) = 4
@@ -1474,7 +1488,8 @@ mod tests {
         let debt = State {
             units: -1500,
             ts_us: T0,
-            per_token: 1000, spill: None, 
+            per_token: 1000,
+            spill: None,
         };
         let l2 = Limits {
             burst: 2,
@@ -1659,7 +1674,8 @@ mod tests {
             Some(State {
                 units: 276_542 * 2_592_000,
                 ts_us: T0,
-                per_token: 2_592_000, spill: None, 
+                per_token: 2_592_000,
+                spill: None,
             })
         );
         let r = step(&mut s, &ms, 2, 0, T0);
@@ -1670,14 +1686,16 @@ mod tests {
         let part = Some(State {
             units: 7 * MONTH_MS as i64 + 999,
             ts_us: T0,
-            per_token: MONTH_MS, spill: None, 
+            per_token: MONTH_MS,
+            spill: None,
         });
         let (next, _) = take(part, &secs, 0, 0, 0, 0, T0);
         assert_eq!(next.unwrap().units, 7 * 2_592_000);
         let debt = Some(State {
             units: -(7 * 2_592_000 + 1),
             ts_us: T0,
-            per_token: 2_592_000, spill: None, 
+            per_token: 2_592_000,
+            spill: None,
         });
         let (next, _) = take(debt, &ms, 0, 0, 0, 0, T0);
         assert_eq!(next.unwrap().units, -8 * MONTH_MS as i64);
@@ -1690,7 +1708,8 @@ mod tests {
         let old = State {
             units: 500 * 86_400_000,
             ts_us: T0,
-            per_token: 86_400_000, spill: None, 
+            per_token: 86_400_000,
+            spill: None,
         };
         let day = lim(1000, 1000, 86_400_000);
         let (next, r) = take(Some(old), &day, 0, 0, 0, 0, T0);

@@ -153,7 +153,8 @@ fn exact_calls_never_pass_the_bound_in_any_window_at_long_steps() {
                 } else {
                     0
                 },
-                settle: 0, track: None, 
+                settle: 0,
+                track: None,
             };
             let (s, r) = take_held(state, &mut Holders::default(), &l, &ask, now_us);
             state = s;
@@ -220,7 +221,8 @@ fn lease_holders_never_pass_the_bound_in_any_window_at_long_steps() {
                 lease_want: want,
                 holder: Some(holder),
                 max_wait_ms: horizon * 10,
-                settle: 0, track: None, 
+                settle: 0,
+                track: None,
             };
             let (s, r) = take_held(state, &mut holders, &l, &ask, now_us);
             state = s;

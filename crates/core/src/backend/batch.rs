@@ -150,7 +150,8 @@ mod tests {
             retry_after_ms: retry,
             reset_after_ms: reset,
             granted,
-            penalized: Penalized::No, epoch: None, 
+            penalized: Penalized::No,
+            epoch: None,
         }
     }
 

@@ -383,7 +383,8 @@ mod tests {
             max_wait_ms: 0,
             settle: -3,
             holder: None,
-            penalty: None, track: None, 
+            penalty: None,
+            track: None,
         }
     }
 
@@ -394,7 +395,8 @@ mod tests {
             retry_after_ms: retry,
             reset_after_ms: reset,
             granted,
-            penalized: crate::bucket::Penalized::No, epoch: None, 
+            penalized: crate::bucket::Penalized::No,
+            epoch: None,
         }
     }
 

@@ -464,7 +464,8 @@ mod tests {
             max_wait_ms: 0,
             settle: 0,
             holder: None,
-            penalty: None, track: None, 
+            penalty: None,
+            track: None,
         }
     }
 
@@ -612,7 +613,8 @@ mod tests {
                 retry_after_ms: 0,
                 reset_after_ms: 10,
                 granted: 1,
-                penalized: crate::bucket::Penalized::No, epoch: None, 
+                penalized: crate::bucket::Penalized::No,
+                epoch: None,
             }
         );
         let r = decode_reply(br#"{"EVAL":[0,0,-1,0,0]}"#).unwrap();
@@ -763,7 +765,10 @@ mod tests {
     #[test]
     fn the_usual_answer_is_read_without_json_and_agrees_with_it() {
         let usual = br#"{"EVALSHA":[1,199,-1,1000,5]}"#;
-        assert_eq!(small_integers(usual), Some(([1, 199, -1, 1000, 5, 0, 0], 5)));
+        assert_eq!(
+            small_integers(usual),
+            Some(([1, 199, -1, 1000, 5, 0, 0], 5))
+        );
         let penalized = br#"{"EVALSHA":[0,3,120000,1000,0,1]}"#;
         assert_eq!(
             small_integers(penalized),

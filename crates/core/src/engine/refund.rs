@@ -21,14 +21,14 @@ use super::decision::By;
 use super::host::Host;
 use super::requests::Check;
 use super::rules::RuleRef;
+use super::usage::Settlement;
 use super::verdict::Outcome;
 use super::Engine;
 use crate::backend::ScriptCall;
 use crate::bucket::Limits;
 use crate::config::Mode;
-use crate::shared::settle;
-use super::usage::Settlement;
 use crate::metrics::{Counter, Metrics};
+use crate::shared::settle;
 
 /// Tokens to give back to one key of a rule.
 #[derive(Debug, Clone)]

@@ -140,7 +140,11 @@ fn with_epochs(request: &str, reply: &[u8]) -> Vec<u8> {
     let Some(ints) = ints.strip_suffix("]}") else {
         return reply.to_vec();
     };
-    let Ok(ints) = ints.split(',').map(str::parse).collect::<Result<Vec<i64>, _>>() else {
+    let Ok(ints) = ints
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<Vec<i64>, _>>()
+    else {
         return reply.to_vec();
     };
     let out: Vec<i64> = if rest.first() == Some(&"batch") {
@@ -1615,9 +1619,7 @@ const LLM: &str = r#"{"name":"llm","key":["header:x-user"],"rate":1,"period_ms":
 fn settle_arg(body: &str) -> i64 {
     let last = body.rsplit('/').next().unwrap();
     match last.split("%3A").collect::<Vec<_>>()[..] {
-        [charge, refund, _epoch] => {
-            charge.parse::<i64>().unwrap() - refund.parse::<i64>().unwrap()
-        }
+        [charge, refund, _epoch] => charge.parse::<i64>().unwrap() - refund.parse::<i64>().unwrap(),
         _ => last.parse().unwrap(),
     }
 }

@@ -96,10 +96,7 @@ fn encode(entries: &[(String, Entry)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (k, e) in entries {
         let r = e.refund;
-        write_u64s(
-            &mut out,
-            &[k.len() as u64, e.charge, r.tokens, r.epoch],
-        );
+        write_u64s(&mut out, &[k.len() as u64, e.charge, r.tokens, r.epoch]);
         out.extend_from_slice(k.as_bytes());
     }
     // Never empty: the host reads an empty value back as no value.
@@ -215,10 +212,7 @@ pub fn take_within(
         }
         let taken = Taken {
             charge,
-            refund: Refund {
-                tokens,
-                ..e.refund
-            },
+            refund: Refund { tokens, ..e.refund },
             left: !rest.is_empty(),
         };
         Change::Write(encode(&entries), taken)
@@ -283,7 +277,11 @@ mod tests {
         // A newer one: the five pending are dropped for it.
         assert_eq!(add_refund(&s, "ns", "k", refund(1, 700), 400), Ok(Some(5)));
         assert_eq!(take(&s, 400).refund, refund(1, 700));
-        assert_eq!(add_refund(&s, "ns", "k", refund(9, 1), 4), Ok(Some(5)), "the limit");
+        assert_eq!(
+            add_refund(&s, "ns", "k", refund(9, 1), 4),
+            Ok(Some(5)),
+            "the limit"
+        );
         assert_eq!(take(&s, 400).refund, refund(4, 1));
     }
 

@@ -317,7 +317,14 @@ impl Engine {
     ) {
         let limits = call.limits();
         if let Ok(charge @ 1..) = u64::try_from(call.settle) {
-            self.keep_pending(host, rule, &call.key, limits, Settlement::Charge(charge), now);
+            self.keep_pending(
+                host,
+                rule,
+                &call.key,
+                limits,
+                Settlement::Charge(charge),
+                now,
+            );
         }
         let Some(t) = call.track.filter(|t| t.refund > 0) else {
             return;
@@ -330,7 +337,14 @@ impl Engine {
                 tokens: t.refund,
                 epoch: t.epoch,
             };
-            self.keep_pending(host, rule, &call.key, limits, Settlement::Refund(refund), now);
+            self.keep_pending(
+                host,
+                rule,
+                &call.key,
+                limits,
+                Settlement::Refund(refund),
+                now,
+            );
         }
     }
 
