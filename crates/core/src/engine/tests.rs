@@ -2066,6 +2066,8 @@ mod penalty;
 mod refund;
 /// Flights shared across a proxy's workers: checks relayed to the collector.
 mod relay;
+/// Refunds carry their take's spill epoch; failed calls' refunds.
+mod spill;
 /// Limits picked by a tier.
 mod tiers;
 /// Usage that never becomes readable.
