@@ -1624,11 +1624,6 @@ fn settle_arg(body: &str) -> i64 {
     }
 }
 
-/// The epoch of the last argument of a call in the tracked form (None: not tracked).
-fn settle_epoch(body: &str) -> Option<u64> {
-    let last = body.rsplit('/').next().unwrap();
-    last.split("%3A").nth(2).map(|e| e.parse().unwrap())
-}
 
 #[test]
 fn usage_rides_on_the_next_call_of_the_key() {
