@@ -69,10 +69,13 @@ A bucket that tracks keeps E, the time (us) its current spill-free stretch began
 V (units held plus what holders hold, as the window bound counts it) has stayed below full at its
 highest since E. A refill that reaches the cap starts a new stretch: E := now, D := what the
 bucket is short of full after this call's steps (the call's takes are ordered after the spill, at
-the same instant). So does creating the bucket (a missing key is full), and, with D := 0 (nothing
-taken before comes back), a change of the units per token, or a t that is not the one this
-version last wrote (T: another version of the script refilled the bucket without tracking). A
-reset sets D := 0; anything else that raises V lowers D to full - V. A refund of r tokens with
+the same instant). So does creating the bucket (a missing key is full), and so does a call that
+ends with D = 0: the stretch's room ran out (a refund or a reset filled it), so nothing taken in
+it could come back any more, and the next stretch begins there. A change of the units per token,
+or a t that is not the one this version last wrote (T: another version of the script refilled
+the bucket without tracking), starts one too, and no refund comes back in that call. A reset
+sets D := 0; anything else that raises V lowers D to full - V. Starting a stretch anywhere is
+safe: it only withholds refunds of earlier takes. A refund of r tokens with
 epoch e gives back x = min(r * units per token, D) units when e == E and no stretch began earlier
 in this call, else nothing; then D := D - x. With e == E nothing spilled between the take and the
 refund and V never passed full - D since: the history where the take had been x units smaller
@@ -842,15 +845,17 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       ceil_div(math.max(pw + pwindow * 1000 - now, 0), 1000))
   end
   if tracked then
-    if spilled then
-      -- The stretch begins at the spill, this call's takes ordered after it.
-      headroom = math.max(full - u - o * per_token, 0)
-    end
     if op == 'reset' then
       -- Tokens an operator puts in were never taken: nothing taken before comes back.
       headroom = 0
     elseif op == 'credit' then
       headroom = math.max(math.min(headroom, full - u - o * per_token), 0)
+    end
+    if spilled or headroom <= 0 then
+      -- A new stretch: at the spill, or where the stretch's room ran out (nothing taken before
+      -- could come back any more). This call's takes are ordered after it.
+      headroom = math.max(full - u - o * per_token, 0)
+      renew = true
     end
     if renew then
       if stored_epoch ~= nil then

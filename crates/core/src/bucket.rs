@@ -844,11 +844,13 @@ pub fn take_penalized(
         epoch: None,
     };
 
-    // 4b. The spill epoch: a stretch that began in this call begins at its spill (its takes
-    // ordered after it), with a new epoch; E only grows while the key lives.
+    // 4b. The spill epoch: a new stretch at the spill, or where the stretch's room ran out
+    // (nothing taken before could come back any more), with its takes ordered after it and a new
+    // epoch; E only grows while the key lives.
     let spill = tracked.then(|| {
-        if spilled {
+        if spilled || headroom <= 0 {
             headroom = peak(units, out).max(0);
+            renew = true;
         }
         let epoch = match (renew, stored_epoch) {
             (false, Some(sp)) => sp.epoch,
@@ -988,12 +990,26 @@ pub fn operate_penalized(
         Operation::Credit(_) => units,
     };
     // Tokens an operator puts in were never taken: after a reset nothing taken before comes
-    // back; a credit counts as held since the stretch began.
+    // back (a new stretch); a credit counts as held since the stretch began. The script does
+    // this before it ends the call, so a stretch begins at most once in it.
+    let before = state
+        .filter(|s| s.per_token >= 1)
+        .and_then(|s| s.spill)
+        .map(|s| s.epoch);
     if let Some(sp) = refilled.spill.as_mut() {
-        sp.headroom = match op {
+        let room = capacity - refilled.units;
+        let headroom = match op {
             Operation::Reset => 0,
-            Operation::Credit(_) => sp.headroom.min(capacity - refilled.units).max(0),
+            Operation::Credit(_) => sp.headroom.min(room),
         };
+        if headroom > 0 {
+            sp.headroom = headroom;
+        } else {
+            sp.headroom = room.max(0);
+            if before == Some(sp.epoch) {
+                sp.epoch = now_us.max(sp.epoch.saturating_add(1));
+            }
+        }
     }
     let reply = Reply {
         allowed: true,

@@ -1624,7 +1624,6 @@ fn settle_arg(body: &str) -> i64 {
     }
 }
 
-
 #[test]
 fn usage_rides_on_the_next_call_of_the_key() {
     let (mut e, rec) = engine("", LLM);
