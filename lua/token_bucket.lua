@@ -294,6 +294,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- A holder whose equal share (burst / holders) is below this reserves nothing.
   local RACE_SHARE = 5
   local MAX_DEMAND = 4294967296 -- 2^32 thousandths of a token per second
+  -- A stretch whose marks (N) pass this starts again: every sum of them stays below 2^53.
+  local MAX_TAKEN = 2251799813685248 -- 2^51
 
   if key == nil then
     return nil, 'key'
@@ -407,15 +409,17 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   end
 
   -- settle: a charge (digits), a refund without an epoch ('-' and digits: gives back nothing),
-  -- or "<charge>:<refund>:<epoch>" (the bucket tracks its spill epoch; the reply carries it).
+  -- or "<charge>:<refund>:<epoch>:<mark>" (the bucket tracks its spill epoch; the reply carries
+  -- it and the mark of this call's take).
   local settle = 0
-  local refund, refund_epoch, track = 0, nil, false
+  local refund, refund_epoch, refund_mark, track = 0, nil, 0, false
   if a7 ~= nil and a7 ~= '0' then
     if type(a7) == 'string' and string.find(a7, ':', 1, true) then
-      local c, r, e = string.match(a7, '^(%d+):(%d+):(%d+)$')
-      settle, refund, refund_epoch = int_arg(c, 0), int_arg(r, 0), int_arg(e, 0)
-      if settle == nil or refund == nil or refund_epoch == nil or settle > 4 * burst
-          or refund > 4 * burst then
+      local c, r, e, m = string.match(a7, '^(%d+):(%d+):(%d+):(%d+)$')
+      settle, refund = int_arg(c, 0), int_arg(r, 0)
+      refund_epoch, refund_mark = int_arg(e, 0), int_arg(m, 0)
+      if settle == nil or refund == nil or refund_epoch == nil or refund_mark == nil
+          or settle > 4 * burst or refund > 4 * burst then
         return nil, 'settle'
       end
       track = true
@@ -473,7 +477,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
   -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
   local full = burst * per_token
-  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's', 'E', 'D', 'T')
+  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's', 'E', 'D', 'N', 'T')
   -- A missing field is false (tonumber makes it nil): a new key needs no tonumber at all.
   local u, t, p
   if h[1] and h[2] and h[3] then
@@ -495,25 +499,24 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
   end
   -- The spill epoch (only on a bucket that tracks it: one a call asked to, or whose E is
-  -- stored): E, when the bucket's current spill-free stretch began (us), and D, how far the most
-  -- it has held since then (with what holders hold) stayed short of full, in units. `renew`: this
-  -- call starts a new stretch (nothing taken before it comes back); `spilled`: at its end, D is
-  -- what the bucket is short of full then (the call's takes are ordered after the spill).
+  -- stored; see the header): E, when the current stretch began (us); N, the units taken since
+  -- (a take's mark); D, full less the most V + N - R has been since E, less R (R: the units
+  -- refunds gave back since E). `renew`: a stretch began in this call (no refund comes back in
+  -- it). A stretch begins where V is known: N := 0, D := full - V.
   local tracked = track or h[9]
-  local epoch, headroom, renew, spilled = 0, 0, false, false
+  local epoch, headroom, taken, renew = 0, 0, 0, false
   local stored_epoch
   if tracked then
     stored_epoch = tonumber(h[9])
-    epoch, headroom = stored_epoch, tonumber(h[10])
-    if epoch == nil or headroom == nil or epoch < 0 or epoch ~= floor(epoch)
-        or headroom ~= floor(headroom) then
-      stored_epoch, epoch, headroom = nil, 0, 0
+    epoch, headroom, taken = stored_epoch, tonumber(h[10]), tonumber(h[11])
+    if epoch == nil or headroom == nil or taken == nil or epoch < 0 or epoch ~= floor(epoch)
+        or headroom ~= floor(headroom) or taken < 0 or taken ~= floor(taken) then
+      stored_epoch = nil
       renew = true
-    elseif tonumber(h[11]) ~= t or p ~= per_token then
-      -- Another version of the script refilled the bucket (t is not what this one wrote), or
-      -- the units changed: what came back meanwhile is unknown, so nothing taken before comes
+    elseif tonumber(h[12]) ~= t or p ~= per_token or taken > MAX_TAKEN then
+      -- Another version of the script refilled the bucket (t is not what this one wrote), the
+      -- units changed, or the marks grew too large to stay exact: nothing taken before comes
       -- back.
-      headroom = 0
       renew = true
     end
   end
@@ -522,7 +525,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     u = full
     t = now
     -- A missing key is a full bucket: a new stretch, as a spill starts one.
-    renew, spilled = true, true
+    renew = true
   elseif p ~= per_token then
     if u < 0 then
       -- Debt: rescale by whole tokens, rounding the debt up, never down (kept exact: at most
@@ -541,8 +544,12 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
   end
   if tracked then
-    -- Whatever raised the bucket without this version seeing it counts as held since E.
-    headroom = math.min(headroom, full - u - o * per_token)
+    if renew then
+      taken, headroom = 0, full - u - o * per_token
+    else
+      -- Whatever raised the bucket without this version seeing it counts as held since E.
+      headroom = math.min(headroom, full - u - o * per_token - taken)
+    end
   end
 
   -- What the bucket can hold, `cap` below: burst less what holders hold (never below 0, so debt
@@ -586,9 +593,10 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       if g[1] > t then
         local c
         u, t, c = refill(u, t, g[1], math.max(full - o * per_token, 0), rate, step_us)
-        if tracked then
-          spilled = spilled or c
-          headroom = math.min(headroom, full - u - o * per_token)
+        if tracked and c then
+          renew, taken, headroom = true, 0, full - u - o * per_token
+        elseif tracked then
+          headroom = math.min(headroom, full - u - o * per_token - taken)
         end
       end
       o = o - g[2]
@@ -644,9 +652,10 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       if from > t then
         local c
         u, t, c = refill(u, t, from, math.max(full - o * per_token, 0), rate, step_us)
-        if tracked then
-          spilled = spilled or c
-          headroom = math.min(headroom, full - u - o * per_token)
+        if tracked and c then
+          renew, taken, headroom = true, 0, full - u - o * per_token
+        elseif tracked then
+          headroom = math.min(headroom, full - u - o * per_token - taken)
         end
       end
       if report[1] < held then
@@ -659,17 +668,17 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   if now - t >= step_us then
     local c
     u, t, c = refill(u, t, now, cap, rate, step_us)
-    spilled = spilled or c
+    if tracked and c then
+      -- A spill: the new stretch begins here.
+      renew, taken, headroom = true, 0, full - u - o * per_token
+    end
   end
   if back > 0 then
     u = math.max(u, math.min(u + back * per_token, cap))
   end
   if tracked then
-    -- The most the bucket held since the stretch began: never below what it holds now.
-    headroom = math.max(math.min(headroom, full - u - o * per_token), 0)
-    if spilled then
-      renew = true
-    end
+    -- The most V + N - R has been since the stretch began: never below what it is now.
+    headroom = math.min(headroom, full - u - o * per_token - taken)
   end
   -- From here on t stays where it is: the whole ms since it, for wait_for.
   local since_ms = idiv(now - t, 1000)
@@ -679,14 +688,16 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   if settle > 0 then
     u = math.max(u - settle * per_token, math.min(u, -4 * full))
   end
-  -- A refund gives back what the bucket never came within of full since its take's stretch
-  -- began (in units: part of a token too), and only if no spill started another since (its epoch is still E): the
-  -- history where the take had been smaller never spills either. The headroom shrinks by it, so
-  -- a later refund of the same stretch is bounded in that history.
+  -- A refund gives back at most D + its mark (in units: part of a token too), and only if no
+  -- stretch began since its take (its epoch is still E): the history where the take had been
+  -- that much smaller never passes full, so never spills either. D shrinks by it, so a later
+  -- refund of the stretch is bounded in that history. A mark is never past N.
   if refund > 0 and not renew and refund_epoch == stored_epoch then
-    local x = math.min(refund * per_token, headroom)
-    u = u + x
-    headroom = headroom - x
+    local x = math.min(refund * per_token, headroom + math.min(refund_mark, taken))
+    if x > 0 then
+      u = u + x
+      headroom = headroom - x
+    end
   end
 
   -- 2c. An operator's operation (cost is 0: step 3 takes nothing).
@@ -695,11 +706,18 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     -- at most what max_wait_ms of refill repays (no reservation reaches deeper).
     local reserved = math.min(math.max(-u, 0), idiv(max_wait_ms + since_ms, step_ms) * rate)
     u = math.max(u, cap - reserved)
+    if tracked then
+      -- Tokens an operator puts in were never taken: a new stretch, after them.
+      renew, taken, headroom = true, 0, full - u - o * per_token
+    end
   elseif op == 'credit' and u < cap then
     if credit >= ceil_div(cap - u, per_token) then
       u = cap
     else
       u = u + credit * per_token
+    end
+    if tracked then
+      headroom = math.min(headroom, full - u - o * per_token - taken)
     end
   end
 
@@ -809,6 +827,12 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     penalized = 1
   end
 
+  -- A take marks the units taken in the stretch (a holder's grant moves tokens from the bucket
+  -- to what holders hold: V, as the bound counts it, stays the same).
+  if tracked and holder == nil then
+    taken = taken + granted * per_token
+  end
+
   -- 3b. The holder's record: what it holds now, until its last grant's reservation has refilled
   -- and hold_ms more. A holder that was denied stays on record as one asking for a share.
   if holder ~= nil then
@@ -845,18 +869,6 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       ceil_div(math.max(pw + pwindow * 1000 - now, 0), 1000))
   end
   if tracked then
-    if op == 'reset' then
-      -- Tokens an operator puts in were never taken: nothing taken before comes back.
-      headroom = 0
-    elseif op == 'credit' then
-      headroom = math.max(math.min(headroom, full - u - o * per_token), 0)
-    end
-    if spilled or headroom <= 0 then
-      -- A new stretch: at the spill, or where the stretch's room ran out (nothing taken before
-      -- could come back any more). This call's takes are ordered after it.
-      headroom = math.max(full - u - o * per_token, 0)
-      renew = true
-    end
     if renew then
       if stored_epoch ~= nil then
         epoch = math.max(now, stored_epoch + 1)
@@ -870,7 +882,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   else
     redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', p_text or fmt(per_token))
     if tracked then
-      redis.call('HSET', key, 'E', fmt(epoch), 'D', fmt(headroom), 'T', fmt(t))
+      redis.call('HSET', key, 'E', fmt(epoch), 'D', fmt(headroom), 'N', fmt(taken), 'T', fmt(t))
     end
     local ttl_ms = reset_after_ms
     if cap ~= full then
@@ -905,26 +917,26 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
   end
 
-  -- The epoch goes back only to a call that asked for it.
+  -- The epoch and the mark go back only to a call that asked for them.
   if not track then
-    epoch = nil
+    epoch, taken = nil, nil
   end
   if pms ~= nil or track then
-    return allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch
+    return allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, taken
   end
   return allowed, remaining, retry_after_ms, reset_after_ms, granted
 end
 
 -- The single form.
 if ARGV[1] ~= 'batch' then
-  local allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch =
+  local allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, mark =
     step(KEYS[1], nil, nil, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
       ARGV[9])
   if allowed == nil then
     return redis.error_reply('ERR tollgate: bad argument ' .. remaining)
   end
   if epoch ~= nil then
-    return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch }
+    return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, mark }
   end
   if penalized ~= nil then
     return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
@@ -994,10 +1006,11 @@ local function batch()
   for g = 1, n do
     local from = i + 1
     i = from + string.byte(ARGV[i]) - 48
-    local ok, allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch =
+    local ok, allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, mark =
       pcall(step, KEYS[g], now, memo, unpack(ARGV, from, i - 1))
-    -- A key whose settle argument has the tracked form asked for its epoch: a 7th integer,
-    -- also when its step failed (0), so the reply's length follows from the arguments alone.
+    -- A key whose settle argument has the tracked form asked for its epoch and mark: a 7th and
+    -- an 8th integer, also when its step failed (0, 0), so the reply's length follows from the
+    -- arguments alone.
     local asked = i - from >= 7 and string.find(ARGV[from + 6], ':', 1, true)
     if not ok then
       local e = server_error(allowed)
@@ -1015,8 +1028,8 @@ local function batch()
     end
     at = at + 6
     if asked then
-      at = at + 1
-      out[at] = epoch or 0
+      out[at + 1], out[at + 2] = epoch or 0, mark or 0
+      at = at + 2
     end
   end
   return out

@@ -17,7 +17,7 @@ use common::{scratch_dir, Redis};
 use redis::Value;
 use tollgate_core::bucket::{
     operate, operate_penalized, take_held, take_penalized, Ask, Holder, Holders, Holding, Limits,
-    Offences, Operation, Penalty, Reply, Spill, State, Tracked, MAX_DEMAND,
+    Offences, Operation, Penalty, Reply, Spill, Stamp, State, Tracked, MAX_DEMAND,
 };
 
 #[path = "model/batch.rs"]
@@ -88,8 +88,8 @@ impl Harness {
         now: u64,
     ) -> (Vec<i64>, i64) {
         let (ints, ttl) = self.run(l, ask, op, &[now.to_string()]);
-        // Five integers, seven (penalized, the epoch) in the tracked form.
-        let want = if ask.track.is_some() { 7 } else { 5 };
+        // Five integers, eight (penalized, the epoch, the mark) in the tracked form.
+        let want = if ask.track.is_some() { 8 } else { 5 };
         assert_eq!(ints.len(), want, "integers and a PTTL: {ints:?}");
         (ints, ttl)
     }
@@ -129,7 +129,7 @@ impl Harness {
             lease,
             ask.max_wait_ms.to_string(),
             match ask.track {
-                Some(t) => format!("{}:{}:{}", ask.settle, t.refund, t.epoch),
+                Some(t) => format!("{}:{}:{}:{}", ask.settle, t.refund, t.epoch, t.mark),
                 None => ask.settle.to_string(),
             },
         ];
@@ -224,17 +224,26 @@ impl Harness {
     /// spill epoch stores E and D, and T, the t it wrote.
     fn stored(&mut self) -> Option<State> {
         type Field = Option<String>;
-        let (u, t, p, e, d, tt): (Field, Field, Field, Option<u64>, Option<i64>, Field) =
-            redis::cmd("HMGET")
-                .arg(&self.key)
-                .arg(&["u", "t", "p", "E", "D", "T"])
-                .query(&mut self.conn)
-                .unwrap();
-        let spill = match (e, d, tt) {
-            (None, None, None) => None,
-            (Some(epoch), Some(headroom), Some(written)) => {
+        type Spilled = (Option<u64>, Option<i64>, Option<u64>, Field);
+        let (u, t, p): (Field, Field, Field) = redis::cmd("HMGET")
+            .arg(&self.key)
+            .arg(&["u", "t", "p"])
+            .query(&mut self.conn)
+            .unwrap();
+        let (e, d, n, tt): Spilled = redis::cmd("HMGET")
+            .arg(&self.key)
+            .arg(&["E", "D", "N", "T"])
+            .query(&mut self.conn)
+            .unwrap();
+        let spill = match (e, d, n, tt) {
+            (None, None, None, None) => None,
+            (Some(epoch), Some(headroom), Some(taken), Some(written)) => {
                 assert_eq!(Some(&written), t.as_ref(), "T is the t this version wrote");
-                Some(Spill { epoch, headroom })
+                Some(Spill {
+                    epoch,
+                    headroom,
+                    taken,
+                })
             }
             other => panic!("partial spill epoch: {other:?}"),
         };
@@ -287,8 +296,8 @@ fn as_ints(r: &Reply) -> Vec<i64> {
         r.reset_after_ms as i64,
         r.granted as i64,
     ];
-    if let Some(epoch) = r.epoch {
-        ints.extend([r.penalized.code(), epoch as i64]);
+    if let Some(s) = r.epoch {
+        ints.extend([r.penalized.code(), s.epoch as i64, s.mark as i64]);
     }
     ints
 }
@@ -299,8 +308,8 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
     let mut state: Option<State> = None;
     let mut holders = Holders::default();
     let mut now = T0 + rng.below(1_000_000);
-    // The epochs replies gave, oldest first.
-    let mut epochs: Vec<u64> = Vec::new();
+    // The stamps replies gave, oldest first.
+    let mut epochs: Vec<Stamp> = Vec::new();
     let (mut allowed, mut denied) = (0, 0);
     for step in 0..STEPS {
         let l = if step < STEPS / 2 { first } else { second };
@@ -398,17 +407,29 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
         };
         // The tracked form now and then: a take that may be refunded, or a refund with the
         // epoch of a recent take (mostly the latest), an older one, or one never given.
-        let track = rng.chance(35).then(|| Tracked {
-            refund: if rng.chance(60) {
-                rng.below(l.burst * 4 + 1)
-            } else {
-                0
-            },
-            epoch: match (rng.below(10), epochs.len() as u64) {
-                (_, 0) | (0, _) => now.saturating_sub(rng.below(3)),
+        let track = rng.chance(35).then(|| {
+            let stamp = match (rng.below(10), epochs.len() as u64) {
+                (_, 0) | (0, _) => Stamp {
+                    epoch: now.saturating_sub(rng.below(3)),
+                    mark: rng.below(1 << 20),
+                },
                 (1..=2, n) => epochs[rng.below(n) as usize],
                 (_, n) => epochs[n as usize - 1],
-            },
+            };
+            Tracked {
+                refund: if rng.chance(60) {
+                    rng.below(l.burst * 4 + 1)
+                } else {
+                    0
+                },
+                epoch: stamp.epoch,
+                // Now and then a mark past what was taken (the script never gives one).
+                mark: if rng.chance(5) {
+                    stamp.mark + rng.below(1 << 40)
+                } else {
+                    stamp.mark
+                },
+            }
         });
         let ask = Ask {
             cost,

@@ -7,8 +7,8 @@ use super::{expiry_ms, harness, lim, Harness, Rng, T0};
 use redis::Value;
 use std::num::NonZeroU64;
 use tollgate_core::bucket::{
-    batch_integers, take_batch, Ask, Group, GroupError, Holder, Limits, Operation, Penalty, Stored,
-    Tracked,
+    batch_integers, take_batch, Ask, Group, GroupError, Holder, Limits, Operation, Penalty, Stamp,
+    Stored, Tracked,
 };
 
 const KEYS: usize = 4;
@@ -43,7 +43,7 @@ fn arguments(g: &Group, rng: &mut Rng) -> Vec<String> {
         lease,
         g.ask.max_wait_ms.to_string(),
         match g.ask.track {
-            Some(t) => format!("{}:{}:{}", g.ask.settle, t.refund, t.epoch),
+            Some(t) => format!("{}:{}:{}:{}", g.ask.settle, t.refund, t.epoch, t.mark),
             None => g.ask.settle.to_string(),
         },
         g.now_us.map_or("time".to_string(), |n| n.to_string()),
@@ -84,7 +84,7 @@ const LIMITS: [Limits; KEYS] = [
 ];
 
 /// A random group of key `key` at `now`; now and then one the script refuses.
-fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64, epochs: &[u64]) -> Group {
+fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64, epochs: &[Stamp]) -> Group {
     let l = if rng.chance(90) {
         LIMITS[key]
     } else {
@@ -139,12 +139,17 @@ fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64, epochs: &[u6
     // or a refund with a recent epoch.
     if rng.chance(35) {
         ask.settle = ask.settle.max(0);
+        let stamp = match epochs.len() as u64 {
+            0 => Stamp {
+                epoch: now,
+                mark: 0,
+            },
+            n => epochs[(n - 1 - rng.below(n.min(4))) as usize],
+        };
         ask.track = Some(Tracked {
             refund: rng.below(burst * 2 + 1),
-            epoch: match epochs.len() as u64 {
-                0 => now,
-                n => epochs[(n - 1 - rng.below(n.min(4))) as usize],
-            },
+            epoch: stamp.epoch,
+            mark: stamp.mark,
         });
     }
     let op = match rng.below(100) {

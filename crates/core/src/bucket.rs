@@ -38,6 +38,9 @@ pub const MAX_RATE: u64 = 1_000_000_000;
 /// Integers up to 2^53 are exact in a Lua number.
 const MAX_EXACT: u64 = 1 << 53;
 
+/// A stretch whose marks pass this starts again (the script's MAX_TAKEN): sums stay exact.
+const MAX_TAKEN: u64 = 1 << 51;
+
 /// Longest `max_wait_ms` the script accepts (so the deepest debt stays below 2^53).
 pub const MAX_WAIT_MS: u64 = 3_600_000;
 
@@ -60,25 +63,39 @@ pub struct State {
     pub spill: Option<Spill>,
 }
 
-/// A tracking bucket's current spill-free stretch: a refund whose take was in it gives back at
-/// most `headroom` units (the script's header, "The spill epoch").
+/// A tracking bucket's current stretch (the script's header, "The spill epoch"): a refund of a
+/// take in it gives back at most `headroom` + the take's mark, in units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spill {
-    /// When the stretch began (µs): a refill reached the cap, or the bucket was created.
+    /// When the stretch began (µs): a refill reached the cap, the bucket was created, or what
+    /// came before is unknown.
     pub epoch: u64,
-    /// How far the most the bucket held since `epoch` (with what holders hold) stayed below
-    /// full, in units; less what refunds of the stretch gave back.
+    /// Full less the most V + taken - R has been since `epoch`, less R (V: units held, with what
+    /// holders hold; R: units refunds gave back since). Negative when refunds used it up.
     pub headroom: i64,
+    /// Units taken since `epoch` (a take's mark is this after it).
+    pub taken: u64,
+}
+
+/// What a take in the tracked form is answered with, and its refund carries back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    /// The bucket's spill epoch after the call.
+    pub epoch: u64,
+    /// Units taken in the stretch, this call's take included.
+    pub mark: u64,
 }
 
 /// What a call that may be refunded sends in the tracked form of its settlement (the script's
-/// `<charge>:<refund>:<epoch>`): the bucket tracks its spill epoch, and the reply carries it.
+/// `<charge>:<refund>:<epoch>:<mark>`): the bucket tracks its spill epoch, and the reply carries
+/// it with the take's mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tracked {
     /// Tokens to give back, as far as the bucket's headroom allows (0: none).
     pub refund: u64,
-    /// The spill epoch the refund's take was answered with.
+    /// The stamp the refund's take was answered with.
     pub epoch: u64,
+    pub mark: u64,
 }
 
 /// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`, and with a
@@ -99,9 +116,9 @@ pub struct Reply {
     /// Whether the denial is the penalty box's (the script's 6th field, sent only for a call
     /// with a penalty; `No` otherwise).
     pub penalized: Penalized,
-    /// The bucket's spill epoch after this call (the 7th field), for a call in the tracked form
-    /// only: what a refund of its take carries.
-    pub epoch: Option<u64>,
+    /// The bucket's spill epoch after this call and the take's mark (the 7th and 8th fields),
+    /// for a call in the tracked form only: what a refund of its take carries.
+    pub epoch: Option<Stamp>,
 }
 
 /// The script's 6th reply field: how the penalty box took part in a denial.
@@ -536,7 +553,9 @@ pub fn take_penalized(
     } = *ask;
     let most = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
     let settle_ok = settle.unsigned_abs() <= most
-        && track.is_none_or(|t| settle >= 0 && t.refund <= most && t.epoch <= MAX_EXACT);
+        && track.is_none_or(|t| {
+            settle >= 0 && t.refund <= most && t.epoch <= MAX_EXACT && t.mark <= MAX_EXACT
+        });
     let holder_ok = holder.is_none_or(|h| {
         h.id >= 1
             && h.seq >= 1
@@ -559,16 +578,16 @@ pub fn take_penalized(
 
     // 1. Load (absent = full, no holders), rescale to these units per token; drop expired holders
     // and clamp to what the bucket can hold.
-    // The spill epoch, on a bucket that tracks it: (epoch, headroom), whether this call starts a
-    // new stretch, and whether a refill reached the cap in it (the stretch begins at the spill).
+    // The spill epoch, on a bucket that tracks it: (headroom, taken), and whether a stretch
+    // began in this call (no refund comes back in it). A stretch begins where V is known.
     let tracked = track.is_some() || state.is_some_and(|s| s.spill.is_some());
-    let stored_epoch = state
-        .and_then(|s| s.spill)
-        .filter(|_| state.is_some_and(|s| s.per_token >= 1));
-    let (mut headroom, mut renew, mut spilled) = match (stored_epoch, state) {
-        (Some(sp), Some(s)) if int(s.per_token) == per_token => (sp.headroom, false, false),
-        // Another unit per token: what came back meanwhile is unknown.
-        _ => (0, tracked, false),
+    let stored_epoch = state.filter(|s| s.per_token >= 1).and_then(|s| s.spill);
+    let (mut headroom, mut taken, mut renew) = match (stored_epoch, state) {
+        (Some(sp), Some(s)) if int(s.per_token) == per_token && sp.taken <= MAX_TAKEN => {
+            (sp.headroom, sp.taken, false)
+        }
+        // Another unit per token, or marks too large to stay exact: what came before is unknown.
+        _ => (0, 0, tracked),
     };
     let (mut units, mut ts_us) = match state {
         Some(s) if s.per_token >= 1 => {
@@ -592,14 +611,21 @@ pub fn take_penalized(
         _ => {
             holders.0.clear();
             // A missing key is a full bucket: a new stretch, as a spill starts one.
-            (renew, spilled) = (tracked, tracked);
+            renew = tracked;
             (full, now_us)
         }
     };
     let mut out = int(holders.held());
-    let peak = |units: i64, out: i64| full - units - out.saturating_mul(per_token);
+    // Full less V + taken: what the headroom never passes.
+    let room = |units: i64, out: i64, taken: u64| {
+        full - units - out.saturating_mul(per_token) - int(taken)
+    };
     if tracked {
-        headroom = headroom.min(peak(units, out));
+        if renew {
+            (taken, headroom) = (0, room(units, out, 0));
+        } else {
+            headroom = headroom.min(room(units, out, taken));
+        }
     }
     let capacity = |out: i64| full.saturating_sub(out.saturating_mul(per_token)).max(0);
     units = units.min(capacity(out));
@@ -637,9 +663,10 @@ pub fn take_penalized(
     for h in gone {
         if h.expires_us > ts_us {
             let c = refill(&mut units, &mut ts_us, h.expires_us, out);
-            if tracked {
-                spilled |= c;
-                headroom = headroom.min(peak(units, out));
+            if tracked && c {
+                (renew, taken, headroom) = (true, 0, room(units, out, 0));
+            } else if tracked {
+                headroom = headroom.min(room(units, out, taken));
             }
         }
         out -= int(h.held);
@@ -669,9 +696,10 @@ pub fn take_penalized(
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
             if from > ts_us {
                 let c = refill(&mut units, &mut ts_us, from, out);
-                if tracked {
-                    spilled |= c;
-                    headroom = headroom.min(peak(units, out));
+                if tracked && c {
+                    (renew, taken, headroom) = (true, 0, room(units, out, 0));
+                } else if tracked {
+                    headroom = headroom.min(room(units, out, taken));
                 }
             }
             if held < rec.held {
@@ -680,7 +708,10 @@ pub fn take_penalized(
             }
         }
     }
-    spilled |= refill(&mut units, &mut ts_us, now_us, out);
+    if refill(&mut units, &mut ts_us, now_us, out) && tracked {
+        // A spill: the new stretch begins here.
+        (renew, taken, headroom) = (true, 0, room(units, out, 0));
+    }
     if back > 0 {
         units = units.max(
             units
@@ -689,9 +720,8 @@ pub fn take_penalized(
         );
     }
     if tracked {
-        // The most the bucket held since the stretch began: never below what it holds now.
-        headroom = headroom.min(peak(units, out)).max(0);
-        renew |= spilled;
+        // The most V + taken - R has been since the stretch began: never below what it is now.
+        headroom = headroom.min(room(units, out, taken));
     }
     // Refilled to now: less than a step has passed since ts_us, and the refill comes at whole
     // steps after it.
@@ -714,13 +744,16 @@ pub fn take_penalized(
     if settle > 0 {
         units = units.saturating_sub(delta).max(units.min(floor));
     }
-    // A refund gives back what the bucket never came within of full since its take's stretch
-    // began (units: part of a token too), if no spill started another since.
+    // A refund gives back at most the headroom + its take's mark (units: part of a token too),
+    // if no stretch began since its take; a mark is never past what was taken.
     if let (Some(t), false, Some(sp)) = (track, renew, stored_epoch) {
         if t.refund > 0 && t.epoch == sp.epoch {
-            let x = int(t.refund).saturating_mul(per_token).min(headroom);
-            units += x;
-            headroom -= x;
+            let bound = headroom.saturating_add(int(t.mark.min(taken)));
+            let x = int(t.refund).saturating_mul(per_token).min(bound);
+            if x > 0 {
+                units += x;
+                headroom -= x;
+            }
         }
     }
 
@@ -816,6 +849,12 @@ pub fn take_penalized(
         penalized = Penalized::Offence;
     }
 
+    // A take marks the units taken in the stretch (a holder's grant moves tokens from the bucket
+    // to what holders hold: V, as the bound counts it, stays the same).
+    if tracked && record.is_none() {
+        taken = taken.saturating_add(u64::try_from(granted.saturating_mul(per_token)).unwrap_or(0));
+    }
+
     // 3b. The holder's record: what it holds now, until its grant's reservation has refilled and
     // hold_ms more; a denied holder stays on record as one asking for a share.
     if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
@@ -844,23 +883,25 @@ pub fn take_penalized(
         epoch: None,
     };
 
-    // 4b. The spill epoch: a new stretch at the spill, or where the stretch's room ran out
-    // (nothing taken before could come back any more), with its takes ordered after it and a new
-    // epoch; E only grows while the key lives.
+    // 4b. The spill epoch: a stretch that began in this call gets a new epoch; E only grows
+    // while the key lives.
     let spill = tracked.then(|| {
-        if spilled || headroom <= 0 {
-            headroom = peak(units, out).max(0);
-            renew = true;
-        }
         let epoch = match (renew, stored_epoch) {
             (false, Some(sp)) => sp.epoch,
             (true, Some(sp)) => now_us.max(sp.epoch.saturating_add(1)),
             (_, None) => now_us,
         };
-        Spill { epoch, headroom }
+        Spill {
+            epoch,
+            headroom,
+            taken,
+        }
     });
     let reply = Reply {
-        epoch: track.and(spill).map(|sp| sp.epoch),
+        epoch: track.and(spill).map(|sp| Stamp {
+            epoch: sp.epoch,
+            mark: sp.taken,
+        }),
         ..reply
     };
 
@@ -997,17 +1038,21 @@ pub fn operate_penalized(
         .and_then(|s| s.spill)
         .map(|s| s.epoch);
     if let Some(sp) = refilled.spill.as_mut() {
-        let room = capacity - refilled.units;
-        let headroom = match op {
-            Operation::Reset => 0,
-            Operation::Credit(_) => sp.headroom.min(room),
-        };
-        if headroom > 0 {
-            sp.headroom = headroom;
-        } else {
-            sp.headroom = room.max(0);
-            if before == Some(sp.epoch) {
-                sp.epoch = now_us.max(sp.epoch.saturating_add(1));
+        // Full less V (what holders hold counted, not clamped as the capacity is).
+        let held = int(holders.held()).saturating_mul(per_token);
+        let room = full - held - refilled.units;
+        match op {
+            Operation::Reset => {
+                sp.headroom = room;
+                sp.taken = 0;
+                // A stretch begins at most once in a call.
+                if before == Some(sp.epoch) {
+                    sp.epoch = now_us.max(sp.epoch.saturating_add(1));
+                }
+            }
+            Operation::Credit(_) => {
+                let taken = i64::try_from(sp.taken).unwrap_or(i64::MAX);
+                sp.headroom = sp.headroom.min(room - taken);
             }
         }
     }
@@ -1327,12 +1372,17 @@ mod tests {
         l: &Limits,
         cost: u64,
         refund: u64,
-        epoch: u64,
+        stamp: Option<Stamp>,
         now: u64,
     ) -> (Option<State>, Reply) {
+        let s0 = stamp.unwrap_or_default();
         let ask = Ask {
             cost,
-            track: Some(Tracked { refund, epoch }),
+            track: Some(Tracked {
+                refund,
+                epoch: s0.epoch,
+                mark: s0.mark,
+            }),
             ..Ask::default()
         };
         take_held(s, &mut Holders::default(), l, &ask, now)
@@ -1342,17 +1392,22 @@ mod tests {
     fn a_refund_gives_back_what_the_bucket_stayed_short_of_full_since_its_take() {
         // burst 1, a token a second: the window-bound case.
         let l = lim(1, 1, 1000);
-        let (s, a) = tracked(None, &l, 1, 0, 0, T0);
-        assert_eq!((a.allowed, a.epoch), (true, Some(T0)), "created: a stretch");
-        let (s, b) = tracked(s, &l, 1, 0, 0, T0 + 1_000_000);
+        let (s, a) = tracked(None, &l, 1, 0, None, T0);
+        let stamp = |epoch, mark| Some(Stamp { epoch, mark });
+        assert_eq!(
+            (a.allowed, a.epoch),
+            (true, stamp(T0, 1000)),
+            "created: a stretch"
+        );
+        let (s, b) = tracked(s, &l, 1, 0, None, T0 + 1_000_000);
         assert_eq!(
             (b.allowed, b.epoch),
-            (true, Some(T0 + 1_000_000)),
+            (true, stamp(T0 + 1_000_000, 1000)),
             "refilled to full"
         );
         // A's refund at 1100 ms carries the old epoch: nothing back, C is denied.
-        let (s, _) = tracked(s, &l, 0, 1, T0, T0 + 1_100_000);
-        let (_, c) = tracked(s, &l, 1, 0, 0, T0 + 1_100_000);
+        let (s, _) = tracked(s, &l, 0, 1, a.epoch, T0 + 1_100_000);
+        let (_, c) = tracked(s, &l, 1, 0, None, T0 + 1_100_000);
         assert!(
             !c.allowed,
             "two admissions in 100 ms would pass burst + rate * W"
@@ -1360,23 +1415,33 @@ mod tests {
 
         // A drained bucket: its refund comes back whole.
         let l = lim(5, 1, 1000);
-        let (s, a) = tracked(None, &l, 5, 0, 0, T0);
-        let (s, r) = tracked(s, &l, 0, 5, a.epoch.unwrap(), T0 + 100_000);
+        let (s, a) = tracked(None, &l, 5, 0, None, T0);
+        let (s, r) = tracked(s, &l, 0, 5, a.epoch, T0 + 100_000);
         assert_eq!(r.remaining, 5, "0.1 token refilled, 4.9 back: full");
         assert_eq!(s, None, "full: no key");
         // From a full bucket, a refund gives back what the cap leaves.
-        let (s, a) = tracked(None, &l, 3, 0, 0, T0);
-        let (s, _) = tracked(s, &l, 0, 3, a.epoch.unwrap(), T0 + 100_000);
+        let (s, a) = tracked(None, &l, 3, 0, None, T0);
+        let (s, _) = tracked(s, &l, 0, 3, a.epoch, T0 + 100_000);
         assert_eq!(s, None, "2.1 tokens + 2.9 back: full again (no key)");
-        // Two refunds of one stretch share its headroom.
-        let (s, a) = tracked(None, &l, 2, 0, 0, T0);
-        let (s, b) = tracked(s, &l, 2, 0, 0, T0);
-        assert_eq!(a.epoch, b.epoch);
-        // The bucket held 3 at most since the stretch began: 2 tokens of headroom in all.
-        let (s, _) = tracked(s, &l, 0, 2, a.epoch.unwrap(), T0 + 10_000);
-        assert_eq!(s.unwrap().units, 3010, "1 + 0.01 + 2");
-        let (s, _) = tracked(s, &l, 0, 2, b.epoch.unwrap(), T0 + 10_000);
-        assert_eq!(s.unwrap().units, 3010, "none left for the second");
+        // Two takes from a full bucket, both refunded: each comes back, less the refill since.
+        let (s, a) = tracked(None, &l, 2, 0, None, T0);
+        let (s, b) = tracked(s, &l, 2, 0, None, T0);
+        assert_eq!(a.epoch.map(|s| s.epoch), b.epoch.map(|s| s.epoch));
+        assert_eq!((a.epoch.unwrap().mark, b.epoch.unwrap().mark), (2000, 4000));
+        let (s, _) = tracked(s, &l, 0, 2, a.epoch, T0 + 10_000);
+        assert_eq!(
+            s.unwrap().units,
+            3000,
+            "1.01 + 1.99: a's 2 less the refill since"
+        );
+        let (s, _) = tracked(s, &l, 0, 2, b.epoch, T0 + 10_000);
+        assert_eq!(s, None, "b's 2 come back too: full, never past");
+        // A refund sent twice gives back no more than its take's mark allows in all.
+        let (s, a) = tracked(None, &l, 1, 0, None, T0);
+        let (s, _) = tracked(s, &l, 0, 1, a.epoch, T0);
+        assert_eq!(s, None, "full again");
+        let (s, _) = tracked(s, &l, 0, 1, a.epoch, T0);
+        assert_eq!(s, None, "a new bucket: its epoch is not a's stretch");
     }
 
     #[test]

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use tollgate_core::bucket::{take_held, Ask, Holders, Limits, State, Tracked};
+use tollgate_core::bucket::{take_held, Ask, Holders, Limits, Stamp, State, Tracked};
 use tollgate_core::shared::mem::MemStore;
 use tollgate_core::shared::settle::{self, Refund};
 
@@ -64,8 +64,8 @@ enum Event {
         keeps: Option<bool>,
         fails: bool,
     },
-    /// Proxy `p` learns that `tokens` of a take answered with `epoch` go back.
-    Refund { p: usize, tokens: u64, epoch: u64 },
+    /// Proxy `p` learns that `tokens` of a take answered with `stamp` go back.
+    Refund { p: usize, tokens: u64, stamp: Stamp },
 }
 
 struct Sim {
@@ -178,6 +178,7 @@ impl Sim {
             track: Some(Tracked {
                 refund: taken.refund.tokens,
                 epoch: taken.refund.epoch,
+                mark: taken.refund.mark,
             }),
             ..Ask::default()
         };
@@ -207,7 +208,18 @@ impl Sim {
         match e {
             Event::Request { p, cost, keeps } => self.send(p, now, cost, keeps),
             Event::Flush { p } => self.send(p, now, 0, None),
-            Event::Refund { p, tokens, epoch } => self.add_refund(p, now, Refund { tokens, epoch }),
+            Event::Refund { p, tokens, stamp } => {
+                let (epoch, mark) = (stamp.epoch, stamp.mark);
+                self.add_refund(
+                    p,
+                    now,
+                    Refund {
+                        tokens,
+                        epoch,
+                        mark,
+                    },
+                )
+            }
             Event::Run {
                 p,
                 cost,
@@ -245,13 +257,13 @@ impl Sim {
                     2 => self.rng.below(token_ms * 4 + 1),
                     _ => self.rng.below(token_ms * self.l.burst * 3 + 1),
                 };
-                let epoch = r.epoch.expect("a take in the tracked form has its epoch");
+                let stamp = r.epoch.expect("a take in the tracked form has its stamp");
                 self.at(
                     now + delay,
                     Event::Refund {
                         p,
                         tokens: back,
-                        epoch,
+                        stamp,
                     },
                 );
             }
@@ -432,7 +444,8 @@ fn given_back_twice(twice: bool) -> i64 {
     let refund = settle::Taken {
         refund: Refund {
             tokens: 1,
-            epoch: r.epoch.unwrap(),
+            epoch: r.epoch.unwrap().epoch,
+            mark: r.epoch.unwrap().mark,
         },
         ..settle::Taken::default()
     };
@@ -469,7 +482,8 @@ fn refunds_from_a_drained_bucket_come_back() {
     let refund = settle::Taken {
         refund: Refund {
             tokens: 5,
-            epoch: a.epoch.unwrap(),
+            epoch: a.epoch.unwrap().epoch,
+            mark: a.epoch.unwrap().mark,
         },
         ..settle::Taken::default()
     };

@@ -61,9 +61,10 @@ pub struct ScriptCall {
     /// Tokens to charge (> 0) first: usage measured after earlier admissions. (The filter sends
     /// refunds only in `track`: a negative settle gives back nothing.)
     pub settle: i64,
-    /// The tracked form of the settlement (ARGV[7] `<charge>:<refund>:<epoch>`): set on every
-    /// call whose take may be refunded, and on every call that carries a refund. The bucket
-    /// tracks its spill epoch, and the reply carries it (a 7th integer).
+    /// The tracked form of the settlement (ARGV[7] `<charge>:<refund>:<epoch>:<mark>`): set on
+    /// every call whose take may be refunded, and on every call that carries a refund. The
+    /// bucket tracks its spill epoch, and the reply carries it and the take's mark (a 7th and an
+    /// 8th integer).
     pub track: Option<crate::bucket::Tracked>,
     /// Lease mode: the proxy that will hold what is granted, what it still holds and for how long
     /// it may hold a grant (the script counts held tokens against the bucket's capacity).
@@ -173,10 +174,10 @@ impl ScriptCall {
             arg(crate::decimal::digits(&mut number, self.max_wait_ms));
         }
         if let (true, Some(t)) = (with_settle, self.track) {
-            // `<charge>:<refund>:<epoch>`: digits and colons only.
-            let mut out = Vec::with_capacity(48);
+            // `<charge>:<refund>:<epoch>:<mark>`: digits and colons only.
+            let mut out = Vec::with_capacity(64);
             crate::decimal::push_bytes(&mut out, u64::try_from(self.settle).unwrap_or(0));
-            for n in [t.refund, t.epoch] {
+            for n in [t.refund, t.epoch, t.mark] {
                 out.push(b':');
                 crate::decimal::push_bytes(&mut out, n);
             }
@@ -231,18 +232,18 @@ pub fn script_reply(ints: [i64; 5]) -> Result<Reply, BackendError> {
 }
 
 /// The script's reply as a list of integers: five; six when the call had a penalty (the 6th
-/// says whether the denial is the penalty box's); seven when it asked for its spill epoch (the
-/// tracked form of the settlement: the 7th is the epoch, the 6th as with a penalty). A 6th
-/// field outside 0..=2, one claiming a penalty for an admission or for a denial of less than
-/// 1 ms, or a negative epoch, is malformed.
+/// says whether the denial is the penalty box's); eight when it asked for its spill epoch (the
+/// tracked form of the settlement: the 7th is the epoch, the 8th the take's mark, the 6th as
+/// with a penalty). A 6th field outside 0..=2, one claiming a penalty for an admission or for a
+/// denial of less than 1 ms, or a negative epoch or mark, is malformed.
 pub fn script_reply_of(ints: &[i64]) -> Result<Reply, BackendError> {
-    let (five, sixth, seventh) = match *ints {
+    let (five, sixth, stamp) = match *ints {
         [a, b, c, d, e] => ([a, b, c, d, e], None, None),
         [a, b, c, d, e, f] => ([a, b, c, d, e], Some(f), None),
-        [a, b, c, d, e, f, g] => ([a, b, c, d, e], Some(f), Some(g)),
+        [a, b, c, d, e, f, g, h] => ([a, b, c, d, e], Some(f), Some((g, h))),
         _ => {
             return Err(BackendError::Malformed(format!(
-                "expected 5 to 7 integers, got {}",
+                "expected 5, 6 or 8 integers, got {}",
                 ints.len()
             )))
         }
@@ -259,10 +260,12 @@ pub fn script_reply_of(ints: &[i64]) -> Result<Reply, BackendError> {
         }
         reply.penalized = penalized;
     }
-    if let Some(epoch) = seventh {
-        let epoch = u64::try_from(epoch)
-            .map_err(|_| BackendError::Malformed("negative epoch".to_string()))?;
-        reply.epoch = Some(epoch);
+    if let Some((epoch, mark)) = stamp {
+        let negative = |_| BackendError::Malformed("negative epoch or mark".to_string());
+        reply.epoch = Some(crate::bucket::Stamp {
+            epoch: u64::try_from(epoch).map_err(negative)?,
+            mark: u64::try_from(mark).map_err(negative)?,
+        });
     }
     Ok(reply)
 }

@@ -207,7 +207,7 @@ fn reply_of(answer: &Answer) -> Result<&[u8], BackendError> {
 
 /// Decodes one raw RESP reply to a script call.
 pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
-    let ints = decode_integers(reply, 5..=7)?;
+    let ints = decode_integers(reply, 5..=8)?;
     script_reply_of(&ints)
 }
 
@@ -673,8 +673,10 @@ mod tests {
             &[0, 0, 12, 9, 0, 3][..],
             &[1, 3, 0, 9, 1, 2],
             &[0, 0, 0, 9, 0, 1],
-            &[0, 0, 12, 9, 0, 0, 0, 0],
-            &[1, 3, 0, 9, 1, 0, -1],
+            &[0, 0, 12, 9, 0, 0, 0],
+            &[0, 0, 12, 9, 0, 0, 0, 0, 0],
+            &[1, 3, 0, 9, 1, 0, -1, 0],
+            &[1, 3, 0, 9, 1, 0, 1, -1],
         ] {
             assert!(
                 matches!(decode_reply(&wire(bad)), Err(BackendError::Malformed(_))),

@@ -284,9 +284,9 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
         return super::script_reply_of(ints.get(..n).unwrap_or_default());
     }
     let items = json_items(body)?;
-    if !(5..=7).contains(&items.len()) {
+    if !matches!(items.len(), 5 | 6 | 8) {
         return Err(BackendError::Malformed(format!(
-            "expected 5 to 7 integers, got {} items",
+            "expected 5, 6 or 8 integers, got {} items",
             items.len()
         )));
     }
@@ -365,8 +365,8 @@ fn json_integers(items: &[serde_json::Value]) -> Result<Vec<i64>, BackendError> 
 /// command name, no spaces, five integers, six with a penalty, seven with an epoch), read without building a JSON
 /// tree: one comes back for every call. Anything else is None and goes through serde_json, which
 /// decides what it means. Returns the integers and how many there are.
-fn small_integers(body: &[u8]) -> Option<([i64; 7], usize)> {
-    let mut out = [0i64; 7];
+fn small_integers(body: &[u8]) -> Option<([i64; 8], usize)> {
+    let mut out = [0i64; 8];
     let count = int_array(body, out.len(), |i, n| {
         if let Some(slot) = out.get_mut(i) {
             *slot = n;
@@ -708,8 +708,9 @@ mod tests {
             // there are, so the array must close there.
             br#"{"EVALSHA":[0,0,990,0,90,0,"#,
             br#"{"EVALSHA":[0,0,5,50,0,2"#,
-            br#"{"EVALSHA":[1,4,0,50,1,0,7,8]}"#,
-            br#"{"EVALSHA":[1,4,0,50,1,0,-7]}"#,
+            br#"{"EVALSHA":[1,4,0,50,1,0,7]}"#,
+            br#"{"EVALSHA":[1,4,0,50,1,0,7,8,9]}"#,
+            br#"{"EVALSHA":[1,4,0,50,1,0,-7,8]}"#,
         ];
         for b in bad {
             match decode_reply(b) {
@@ -767,27 +768,30 @@ mod tests {
         let usual = br#"{"EVALSHA":[1,199,-1,1000,5]}"#;
         assert_eq!(
             small_integers(usual),
-            Some(([1, 199, -1, 1000, 5, 0, 0], 5))
+            Some(([1, 199, -1, 1000, 5, 0, 0, 0], 5))
         );
         let penalized = br#"{"EVALSHA":[0,3,120000,1000,0,1]}"#;
         assert_eq!(
             small_integers(penalized),
-            Some(([0, 3, 120_000, 1000, 0, 1, 0], 6))
+            Some(([0, 3, 120_000, 1000, 0, 1, 0, 0], 6))
         );
-        let tracked = br#"{"EVALSHA":[1,3,0,1000,1,0,1700000000123456]}"#;
+        let tracked = br#"{"EVALSHA":[1,3,0,1000,1,0,1700000000123456,7000]}"#;
         assert_eq!(
             small_integers(tracked),
-            Some(([1, 3, 0, 1000, 1, 0, 1_700_000_000_123_456], 7))
+            Some(([1, 3, 0, 1000, 1, 0, 1_700_000_000_123_456, 7000], 8))
         );
         assert_eq!(
             decode_reply(tracked).map(|r| r.epoch),
-            Ok(Some(1_700_000_000_123_456))
+            Ok(Some(crate::bucket::Stamp {
+                epoch: 1_700_000_000_123_456,
+                mark: 7000
+            }))
         );
         // Anything unusual is left to serde_json, which reads the same numbers or refuses.
         for body in [
             &br#"{"EVALSHA": [1,199,0,1000,5]}"#[..],
             br#"{"EVALSHA":[1,199,0,1000]}"#,
-            br#"{"EVALSHA":[1,199,0,1000,5,0,7,8]}"#,
+            br#"{"EVALSHA":[1,199,0,1000,5,0,7,8,9]}"#,
             br#"{"EVALSHA":[1,199,0,1000,5]} "#,
             br#"{"evalsha":[1,199,0,1000,5]}"#,
             br#"{"":[1,199,0,1000,5]}"#,

@@ -165,6 +165,7 @@ impl Group {
                         a.settle >= 0
                             && t.refund <= l.burst.saturating_mul(MAX_SETTLE_BURSTS)
                             && exact(t.epoch)
+                            && exact(t.mark)
                             && (self.op.is_none() || t.refund == 0)
                     }),
                 GroupError::Settle,
@@ -232,7 +233,8 @@ fn step(stored: &mut Stored, group: &Group, time_us: u64) -> Reply {
 }
 
 /// The flat integers the script answers for `replies` to `groups` (in order): six per group,
-/// and a seventh, the epoch (0 for a refused group), for a group in the tracked form.
+/// and a 7th and 8th, the epoch and the mark (0, 0 for a refused group), for a group in the
+/// tracked form.
 pub fn batch_integers(groups: &[Group], replies: &[Result<Reply, GroupError>]) -> Vec<i64> {
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let mut out = Vec::with_capacity(replies.len() * 7);
@@ -249,7 +251,12 @@ pub fn batch_integers(groups: &[Group], replies: &[Result<Reply, GroupError>]) -
             Err(e) => [-1, e.code(), 0, 0, 0, 0],
         });
         if groups.get(i).is_some_and(|g| g.ask.track.is_some()) {
-            out.push(reply.as_ref().ok().and_then(|r| r.epoch).map_or(0, int));
+            let stamp = reply
+                .as_ref()
+                .ok()
+                .and_then(|r| r.epoch)
+                .unwrap_or_default();
+            out.extend([int(stamp.epoch), int(stamp.mark)]);
         }
     }
     out

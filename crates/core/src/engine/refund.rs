@@ -38,8 +38,8 @@ pub(super) struct Refund {
     /// The key's effective limits (a settlement must not change them).
     limits: Limits,
     tokens: u64,
-    /// The spill epoch its take's reply gave (None: the call did not ask).
-    epoch: Option<u64>,
+    /// The spill epoch and mark its take's reply gave (None: the call did not ask).
+    epoch: Option<crate::bucket::Stamp>,
 }
 
 impl Refund {
@@ -100,14 +100,15 @@ impl Engine {
             self.plugin
                 .metrics
                 .count(r.rule.id(), Counter::Refunded, r.tokens);
-            let Some(epoch) = r.epoch else {
+            let Some(stamp) = r.epoch else {
                 let m = &self.plugin.metrics;
                 m.count(r.rule.id(), Counter::RefundDropped, r.tokens);
                 continue;
             };
             let refund = settle::Refund {
                 tokens: r.tokens,
-                epoch,
+                epoch: stamp.epoch,
+                mark: stamp.mark,
             };
             let s = Settlement::Refund(refund);
             self.settle_pending(host, r.rule, &r.key, r.limits, s, now);

@@ -109,12 +109,13 @@ fn answer(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -
     .into_bytes()
 }
 
-/// The spill epoch the engine tests' Redis answers with.
+/// The spill epoch and mark the engine tests' Redis answers with.
 const EPOCH: u64 = 1_700_000_000_000_000;
+const MARK: u64 = 1000;
 
-/// `reply` to the Webdis command `request` as the script gives it: a 7th integer (the epoch)
-/// for each call in the tracked form (its settle argument, the 7th, holds an encoded ':'). A
-/// reply that is not plain integers, or already has them, stays as it is.
+/// `reply` to the Webdis command `request` as the script gives it: a 7th and 8th integer (the
+/// epoch and the mark) for each call in the tracked form (its settle argument, the 7th, holds an
+/// encoded ':'). A reply that is not plain integers, or already has them, stays as it is.
 fn with_epochs(request: &str, reply: &[u8]) -> Vec<u8> {
     let tracked = |args: &[&str]| args.get(6).is_some_and(|a| a.contains("%3A"));
     let parts: Vec<&str> = request.split('/').collect();
@@ -154,8 +155,13 @@ fn with_epochs(request: &str, reply: &[u8]) -> Vec<u8> {
         ints.chunks(6)
             .zip(&asks)
             .flat_map(|(g, &a)| {
-                let epoch = if g[0] == -1 { 0 } else { EPOCH as i64 };
-                g.iter().copied().chain(a.then_some(epoch))
+                let stamp = if g[0] == -1 {
+                    [0, 0]
+                } else {
+                    [EPOCH as i64, MARK as i64]
+                };
+                let n = if a { 2 } else { 0 };
+                g.iter().copied().chain(stamp.into_iter().take(n))
             })
             .collect()
     } else {
@@ -164,7 +170,7 @@ fn with_epochs(request: &str, reply: &[u8]) -> Vec<u8> {
         }
         let mut out = ints.clone();
         out.resize(6, 0);
-        out.push(EPOCH as i64);
+        out.extend([EPOCH as i64, MARK as i64]);
         out
     };
     let list: Vec<String> = out.iter().map(i64::to_string).collect();
@@ -543,12 +549,12 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     e.request_headers(&mut h, 10.into(), &user("a"));
     // Each asks for its spill epoch (the tracked form, nothing to settle): it may be refunded.
     assert!(
-        h.sent[0].ends_with("/5/10/1000/1/0/800/0%3A0%3A0"),
+        h.sent[0].ends_with("/5/10/1000/1/0/800/0%3A0%3A0%3A0"),
         "{}",
         h.sent[0]
     );
     assert!(
-        h.sent[1].ends_with("/1/0/0/0%3A0%3A0"),
+        h.sent[1].ends_with("/1/0/0/0%3A0%3A0%3A0"),
         "a shadow rule never holds"
     );
     deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
@@ -1615,11 +1621,13 @@ const LLM: &str = r#"{"name":"llm","key":["header:x-user"],"rate":1,"period_ms":
 
 /// The settlement a call carried (its last argument).
 /// What the last argument of a call settles: its charge less its refund (the tracked form
-/// `<charge>:<refund>:<epoch>`, its colons encoded).
+/// `<charge>:<refund>:<epoch>:<mark>`, its colons encoded).
 fn settle_arg(body: &str) -> i64 {
     let last = body.rsplit('/').next().unwrap();
     match last.split("%3A").collect::<Vec<_>>()[..] {
-        [charge, refund, _epoch] => charge.parse::<i64>().unwrap() - refund.parse::<i64>().unwrap(),
+        [charge, refund, _epoch, _mark] => {
+            charge.parse::<i64>().unwrap() - refund.parse::<i64>().unwrap()
+        }
         _ => last.parse().unwrap(),
     }
 }

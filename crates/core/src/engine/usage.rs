@@ -50,8 +50,9 @@ pub(super) struct Admitted {
     /// The key's effective limits (a settlement must not change them).
     limits: Limits,
     upfront: u64,
-    /// The spill epoch of its take (what a refund of it carries; None: the call did not ask).
-    epoch: Option<u64>,
+    /// The spill epoch and mark of its take (what a refund of it carries; None: the call did
+    /// not ask).
+    epoch: Option<crate::bucket::Stamp>,
     /// The response's headers have been seen.
     answered: bool,
     /// Following the body, for a `body_field` source.
@@ -91,7 +92,7 @@ struct Known {
     key: String,
     limits: Limits,
     upfront: u64,
-    epoch: Option<u64>,
+    epoch: Option<crate::bucket::Stamp>,
     result: Result<u64, Unreadable>,
 }
 

@@ -23,12 +23,12 @@ const BACKEND_UNAVAILABLE_RETRY_S: &str = "1";
 /// How one rule decided (or failed to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// `epoch`: the bucket's spill epoch after the take, when the call asked for it (what a
-    /// refund of the take carries; None: a refund of it gives back nothing).
+    /// `epoch`: the bucket's spill epoch after the take and the take's mark, when the call asked
+    /// for them (what a refund of the take carries; None: a refund of it gives back nothing).
     Allowed {
         remaining: u64,
         reset_ms: u64,
-        epoch: Option<u64>,
+        epoch: Option<crate::bucket::Stamp>,
     },
     Denied {
         retry_ms: u64,
@@ -37,7 +37,7 @@ pub enum Outcome {
     Reserved {
         delay_ms: u64,
         reset_ms: u64,
-        epoch: Option<u64>,
+        epoch: Option<crate::bucket::Stamp>,
     },
     /// The backend failed and the failure mode admits / refuses.
     FailOpen,
@@ -81,8 +81,8 @@ impl Outcome {
         }
     }
 
-    /// The spill epoch of an admission by a call that asked for it.
-    pub fn epoch(&self) -> Option<u64> {
+    /// The spill epoch and mark of an admission by a call that asked for them.
+    pub fn epoch(&self) -> Option<crate::bucket::Stamp> {
         match self {
             Outcome::Allowed { epoch, .. } | Outcome::Reserved { epoch, .. } => *epoch,
             _ => None,

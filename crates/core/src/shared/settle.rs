@@ -8,10 +8,11 @@
 //! (its refund only if the call certainly never ran), and what a call may not carry (more than
 //! its limits let the script take) stays pending. A charge is never netted against a refund: the
 //! script bounds a refund by its spill epoch, which a charge carrying it would hide. A key's
-//! pending refund has one epoch, the exact epoch of every take it gives back for: refunds of two
-//! epochs never merge (the older is dropped, reported to the caller: a bucket that answered the
-//! newer take with a newer epoch has spilled since the older one, so the older gives back
-//! nothing). Memory is bounded: `SETS` values of at most `WAYS` keys; a key with no room is
+//! pending refund has one epoch, the exact epoch of every take it gives back for, and the
+//! smallest mark of them (the earliest take: the bound it gives holds for them all): refunds of
+//! two epochs never merge (the older is dropped, reported to the caller: a bucket that answered
+//! the newer take with a newer epoch has started a stretch since the older one, so the older
+//! gives back nothing). Memory is bounded: `SETS` values of at most `WAYS` keys; a key with no room is
 //! reported, and the caller settles it at once instead.
 
 use super::{hash, read_u64, update, write_u64s, Change, Store, StoreError};
@@ -19,11 +20,12 @@ use super::{hash, read_u64, update, write_u64s, Change, Store, StoreError};
 pub const SETS: u64 = 2048;
 pub const WAYS: usize = 4;
 
-/// Tokens to give back to a bucket, and the spill epoch its takes were answered with.
+/// Tokens to give back to a bucket, and the spill epoch and mark its takes were answered with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Refund {
     pub tokens: u64,
     pub epoch: u64,
+    pub mark: u64,
 }
 
 /// One key's pending settlement.
@@ -61,8 +63,8 @@ fn set_key(ns: &str, key: &str) -> String {
     super::slot_key(ns, "settle", hash(key) % SETS)
 }
 
-/// The words of one entry before its key: key length, charge, refund, epoch.
-const WORDS: usize = 4;
+/// The words of one entry before its key: key length, charge, refund, epoch, mark.
+const WORDS: usize = 5;
 
 fn decode(bytes: Option<&[u8]>) -> Vec<(String, Entry)> {
     let mut out = Vec::new();
@@ -72,8 +74,8 @@ fn decode(bytes: Option<&[u8]>) -> Vec<(String, Entry)> {
     let mut at = 0;
     while out.len() < WAYS {
         let word = |i: usize| read_u64(b, at + 8 * i);
-        let (Some(len), Some(charge), Some(tokens), Some(epoch)) =
-            (word(0), word(1), word(2), word(3))
+        let (Some(len), Some(charge), Some(tokens), Some(epoch), Some(mark)) =
+            (word(0), word(1), word(2), word(3), word(4))
         else {
             break;
         };
@@ -85,7 +87,11 @@ fn decode(bytes: Option<&[u8]>) -> Vec<(String, Entry)> {
         else {
             break;
         };
-        let refund = Refund { tokens, epoch };
+        let refund = Refund {
+            tokens,
+            epoch,
+            mark,
+        };
         out.push((key.to_string(), Entry { charge, refund }));
         at = start + key.len();
     }
@@ -96,7 +102,10 @@ fn encode(entries: &[(String, Entry)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (k, e) in entries {
         let r = e.refund;
-        write_u64s(&mut out, &[k.len() as u64, e.charge, r.tokens, r.epoch]);
+        write_u64s(
+            &mut out,
+            &[k.len() as u64, e.charge, r.tokens, r.epoch, r.mark],
+        );
         out.extend_from_slice(k.as_bytes());
     }
     // Never empty: the host reads an empty value back as no value.
@@ -167,8 +176,8 @@ pub fn add_refund(
     })
 }
 
-/// Two refunds of one key as one: summed when their epochs agree, else the newer epoch's (the
-/// other's tokens dropped). Returns it and the tokens dropped.
+/// Two refunds of one key as one: summed when their epochs agree (with the smaller mark), else
+/// the newer epoch's (the other's tokens dropped). Returns it and the tokens dropped.
 fn merged(a: Refund, b: Refund) -> (Refund, u64) {
     if a.tokens == 0 {
         return (b, 0);
@@ -178,7 +187,8 @@ fn merged(a: Refund, b: Refund) -> (Refund, u64) {
     }
     if a.epoch == b.epoch {
         let tokens = a.tokens.saturating_add(b.tokens);
-        return (Refund { tokens, ..a }, 0);
+        let mark = a.mark.min(b.mark);
+        return (Refund { tokens, mark, ..a }, 0);
     }
     let (newer, older) = if a.epoch > b.epoch { (a, b) } else { (b, a) };
     (newer, older.tokens)
@@ -225,7 +235,11 @@ mod tests {
     use crate::shared::mem::MemStore;
 
     fn refund(tokens: u64, epoch: u64) -> Refund {
-        Refund { tokens, epoch }
+        Refund {
+            tokens,
+            epoch,
+            mark: 7,
+        }
     }
 
     fn take(s: &MemStore, limit: u64) -> Taken {
@@ -277,6 +291,20 @@ mod tests {
         // A newer one: the five pending are dropped for it.
         assert_eq!(add_refund(&s, "ns", "k", refund(1, 700), 400), Ok(Some(5)));
         assert_eq!(take(&s, 400).refund, refund(1, 700));
+        // Refunds of one epoch keep the smaller mark: the earlier take's bound holds for both.
+        let early = Refund {
+            mark: 3,
+            ..refund(2, 800)
+        };
+        assert_eq!(add_refund(&s, "ns", "k", refund(1, 800), 400), Ok(Some(0)));
+        assert_eq!(add_refund(&s, "ns", "k", early, 400), Ok(Some(0)));
+        assert_eq!(
+            take(&s, 400).refund,
+            Refund {
+                mark: 3,
+                ..refund(3, 800)
+            }
+        );
         assert_eq!(
             add_refund(&s, "ns", "k", refund(9, 1), 4),
             Ok(Some(5)),

@@ -74,7 +74,7 @@ fn another_status_refunds_the_whole_cost_on_the_next_call_or_the_flush() {
     e.tick(&mut h);
     let flush = h.sent.last().unwrap();
     assert!(
-        flush.ends_with(&format!("/0/0/0/0%3A4%3A{EPOCH}")),
+        flush.ends_with(&format!("/0/0/0/0%3A4%3A{EPOCH}%3A{MARK}")),
         "settle only, cost 0, the refund with its take's epoch: {flush}"
     );
 }

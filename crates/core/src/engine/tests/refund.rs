@@ -35,7 +35,7 @@ fn flushed(e: &mut Engine, h: &mut Fake, flush_ms: u64) -> Vec<String> {
 /// in the tracked form, with the epoch its take's reply gave.
 fn settles(body: &str, rule: &str, settle: i64) -> bool {
     let arg = match settle {
-        s if s < 0 => format!("0%3A{}%3A{EPOCH}", -s),
+        s if s < 0 => format!("0%3A{}%3A{EPOCH}%3A{MARK}", -s),
         s => s.to_string(),
     };
     body.contains(&format!("%7B{rule}%3A")) && body.ends_with(&format!("/0/0/0/{arg}"))
@@ -320,7 +320,9 @@ fn a_penalty_rules_refund_carries_its_penalty() {
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert!(
         calls[0].contains("%7Blogin%3A")
-            && calls[0].ends_with(&format!("/0/0/0/0%3A1%3A{EPOCH}/time/3600000%3A120000")),
+            && calls[0].ends_with(&format!(
+                "/0/0/0/0%3A1%3A{EPOCH}%3A{MARK}/time/3600000%3A120000"
+            )),
         "{}",
         calls[0]
     );

@@ -22,10 +22,11 @@ fn refused(e: &mut Engine, h: &mut Fake, ctx: u32, u: &str, epoch: u64) {
         panic!("{:?}", h.sent)
     };
     assert!(
-        h.out[&quota].body.ends_with("/0/0/0%3A0%3A0"),
+        h.out[&quota].body.ends_with("/0/0/0%3A0%3A0%3A0"),
         "asks for its epoch"
     );
-    let admitted = format!(r#"{{"EVALSHA":[1,9,0,6000,1,0,{epoch}]}}"#);
+    // Its mark: the request's number (the units taken in the stretch, as far as a test cares).
+    let admitted = format!(r#"{{"EVALSHA":[1,9,0,6000,1,0,{epoch},{ctx}]}}"#);
     deliver(e, h, quota, 200, admitted.as_bytes());
     deliver(e, h, cap, 200, &answer(false, 0, 6000, 60_000, 0));
     assert_eq!(h.status_of(ctx), Some(429));
@@ -53,8 +54,8 @@ fn a_refund_carries_its_takes_epoch_and_an_older_epochs_refund_is_dropped() {
     let calls = flush(&mut e, &mut h, 100);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert!(
-        calls[0].contains("%7Bquota%3A") && calls[0].ends_with("/0/0/0/0%3A2%3A700"),
-        "the two of epoch 700, with it: {}",
+        calls[0].contains("%7Bquota%3A") && calls[0].ends_with("/0/0/0/0%3A2%3A700%3A10"),
+        "the two of epoch 700, with it and the smaller mark: {}",
         calls[0]
     );
     // A newer epoch replaces what is pending.
@@ -67,7 +68,7 @@ fn a_refund_carries_its_takes_epoch_and_an_older_epochs_refund_is_dropped() {
     assert_eq!(rec.get(0, Counter::RefundDropped), 2);
     let calls = flush(&mut e, &mut h, 100);
     assert!(
-        calls.len() == 1 && calls[0].ends_with("/0/0/0/0%3A1%3A900"),
+        calls.len() == 1 && calls[0].ends_with("/0/0/0/0%3A1%3A900%3A13"),
         "{calls:?}"
     );
 }
@@ -84,7 +85,11 @@ fn a_failed_call_gives_its_charge_again_and_its_refund_only_if_it_never_left() {
     for ctx in [10, 11] {
         send(&mut e, &mut h, ctx, &user("a"));
         let t = *h.tokens().last().unwrap();
-        assert!(h.out[&t].body.ends_with("/0%3A0%3A0"), "{}", h.out[&t].body);
+        assert!(
+            h.out[&t].body.ends_with("/0%3A0%3A0%3A0"),
+            "{}",
+            h.out[&t].body
+        );
         deliver(&mut e, &mut h, t, 200, &answer(true, 50, 0, 100, 1));
     }
     let used = |n: &str| resp(&[("x-usage-tokens", n)]);
@@ -92,7 +97,7 @@ fn a_failed_call_gives_its_charge_again_and_its_refund_only_if_it_never_left() {
     e.done(&mut h, 10.into());
     e.response_headers(&mut h, 11.into(), &used("0"));
     e.done(&mut h, 11.into());
-    let both = format!("/0/0/0/39%3A1%3A{EPOCH}");
+    let both = format!("/0/0/0/39%3A1%3A{EPOCH}%3A{MARK}");
     // The flush cannot leave (the host refuses the dispatch): both are pending again.
     h.fail_dispatch = true;
     assert!(flush(&mut e, &mut h, 50).is_empty(), "not dispatched");

@@ -171,14 +171,15 @@ impl Engine {
             }
             d => {
                 m.count(rule.id(), Counter::UsageRefunded, d.unsigned_abs());
-                let Some(epoch) = k.epoch else {
+                let Some(stamp) = k.epoch else {
                     // Its take's reply said nothing of when the tokens were taken.
                     m.count(rule.id(), Counter::RefundDropped, d.unsigned_abs());
                     return;
                 };
                 Settlement::Refund(settle::Refund {
                     tokens: d.unsigned_abs(),
-                    epoch,
+                    epoch: stamp.epoch,
+                    mark: stamp.mark,
                 })
             }
         };
@@ -336,6 +337,7 @@ impl Engine {
             let refund = settle::Refund {
                 tokens: t.refund,
                 epoch: t.epoch,
+                mark: t.mark,
             };
             self.keep_pending(
                 host,
@@ -385,21 +387,22 @@ fn settle_limit(burst: u64) -> u64 {
     burst.saturating_mul(MAX_SETTLE_BURSTS)
 }
 
-/// One settlement for a key: a charge, or a refund with the spill epoch of its take.
+/// One settlement for a key: a charge, or a refund with the spill epoch and mark of its take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::engine) enum Settlement {
     Charge(u64),
     Refund(settle::Refund),
 }
 
-/// `call` carries `taken`: its charge as the settle argument, its refund (with its epoch) in
-/// the tracked form.
+/// `call` carries `taken`: its charge as the settle argument, its refund (with its epoch and
+/// mark) in the tracked form.
 pub(in crate::engine) fn carry_taken(call: &mut ScriptCall, taken: &settle::Taken) {
     call.settle = i64::try_from(taken.charge).unwrap_or(i64::MAX);
     if taken.refund.tokens > 0 {
         call.track = Some(Tracked {
             refund: taken.refund.tokens,
             epoch: taken.refund.epoch,
+            mark: taken.refund.mark,
         });
     }
 }
