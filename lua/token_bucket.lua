@@ -40,15 +40,15 @@ ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not 
          would be within this many ms, RESERVE them (the bucket goes into debt) and answer allowed
          with the delay the caller must hold the request for.
 ARGV[7]  optional: settle (default 0), applied first, for usage measured after earlier
-         admissions: "<charge>", or "<charge>:<refund>:<epoch>" (the tracked form), each count
-         <= 4 * burst. A charge only lowers the bucket, at most to 4 bursts of debt (a bucket
-         already deeper in debt stays where it is). A refund gives tokens back to a bucket that
-         tracks its spill epoch (below): at most what the bucket stayed short of full since the
-         stretch `epoch` began, in units, and nothing unless `epoch` is still the bucket's E. The
-         tracked form asks the bucket to track (with refund and epoch 0 when there is nothing to
-         give back: a take that may be refunded later) and the reply to carry E. "-<n>", a refund
-         without an epoch, is accepted and gives back nothing: nothing says when its tokens were
-         taken.
+         admissions: "<charge>", or "<charge>:<refund>:<epoch>:<mark>" (the tracked form), each
+         count <= 4 * burst. A charge only lowers the bucket, at most to 4 bursts of debt (a
+         bucket already deeper in debt stays where it is). A refund gives tokens back to a
+         bucket that tracks its spill epoch (below), as far as the epoch and the mark its take
+         was answered with allow, and nothing unless `epoch` is still the bucket's E. The tracked
+         form asks the bucket to track (with refund, epoch and mark 0 when there is nothing to
+         give back: a take that may be refunded later) and the reply to carry E and this call's
+         mark. "-<n>", a refund without an epoch, is accepted and gives back nothing: nothing
+         says when its tokens were taken.
 ARGV[8]  optional: now in microseconds (tests only), or "time": Redis' TIME, as when it is absent
          (what a caller sends to reach ARGV[9]).
 ARGV[9]  optional: the penalty box, "<window_ms>:<ms1>[:<ms2>...]" (absent or "0": none). A denial
@@ -65,27 +65,29 @@ Every number is a plain decimal integer (digits only, at most 2^53); settle may 
 The spill epoch (why a refund never breaks "at most burst + rate * W in any window"). A refund
 that put tokens back as if they had been banked would be wrong once the bucket has since filled
 and spilled refill at its cap: it would hold tokens a bucket that never lost them could not hold.
-A bucket that tracks keeps E, the time (us) its current spill-free stretch began, and D, how far
-V (units held plus what holders hold, as the window bound counts it) has stayed below full at its
-highest since E. A refill that reaches the cap starts a new stretch: E := now, D := what the
-bucket is short of full after this call's steps (the call's takes are ordered after the spill, at
-the same instant). So does creating the bucket (a missing key is full), and so does a call that
-ends with D = 0: the stretch's room ran out (a refund or a reset filled it), so nothing taken in
-it could come back any more, and the next stretch begins there. A change of the units per token,
-or a t that is not the one this version last wrote (T: another version of the script refilled
-the bucket without tracking), starts one too, and no refund comes back in that call. A reset
-sets D := 0; anything else that raises V lowers D to full - V. Starting a stretch anywhere is
-safe: it only withholds refunds of earlier takes. A refund of r tokens with
-epoch e gives back x = min(r * units per token, D) units when e == E and no stretch began earlier
-in this call, else nothing; then D := D - x. With e == E nothing spilled between the take and the
-refund and V never passed full - D since: the history where the take had been x units smaller
-never passes full either, so it never spills, admits the same requests and is a valid bucket
-history, which the window bound covers. D := D - x keeps D valid in that history, so refunds of
-one stretch that overlap in time are each bounded in the history the earlier ones stand for. A
-change of burst needs nothing: D is kept as headroom below full. E only grows while the key lives
-(a new stretch takes max(now, E + 1)); a deleted key's next E is the now of the call that creates
-it, which differs from every earlier E of the key as long as Redis' clock does not repeat a
-microsecond (explicit ARGV[8] clocks may: the tests choose theirs).
+Let V be what the bucket holds as the window bound counts it (u plus what holders hold), in
+units. A bucket that tracks keeps E, the time (us) its current stretch began; N, the units taken
+since E (a take's MARK is N after it); and D, full less the most V + N - R has been since E, less
+R (R: the units refunds gave back since E). A stretch begins where V is known (N := 0,
+D := full - V): when a refill reaches the cap (a spill: the call's takes come after it, at the
+same instant), when the bucket is created (a missing key is full), after a reset (tokens an
+operator put in were never taken), and, with no refund coming back in that call, when the units
+per token change, when t is not the one this version last wrote (T: another version of the
+script refilled the bucket without tracking), or when N would pass 2^51. Anything else that
+raises V lowers D to full - V - N. A refund of r tokens with epoch e and mark m gives back
+x = min(r * units per token, D + min(m, N)) units when e == E and no stretch began earlier in
+this call, else nothing; then D := D - x. Why: V + N - R never passed full - D - R since E; N
+is at least m from the take on and R only grows, so V never passed full - D - m since the
+take; the history where
+the take had been x units smaller holds V + x <= full from the take on, never spills, admits the
+same requests and is a valid bucket history, which the window bound covers. D := D - x keeps the
+bound valid in that history, so refunds of one stretch are each bounded in the history the
+earlier ones stand for (a refund of a later take first makes an earlier one's bound smaller:
+safe, not tight). The filter gives back a take's tokens at most once: a refund sent twice could
+exceed its take. E only grows while the key lives (a new stretch takes max(now, E + 1)); a
+deleted key's next E is the now of the call that creates it, which differs from every earlier E
+of the key as long as Redis' clock does not repeat a microsecond (explicit ARGV[8] clocks may:
+the tests choose theirs). A change of burst needs nothing: D and N are kept below full.
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
   { allowed (1|0), remaining (whole tokens left, 0 while in debt),
@@ -98,7 +100,8 @@ Returns a FLAT array of integers (Webdis turns nested arrays into null):
   and, only when ARGV[9] names a penalty or ARGV[7] has the tracked form, a 6th: penalized (0:
   not the box's denial; 1: this denial was an offence and boxed the key, retry_after_ms at least
   its duration; 2: denied because the key was already boxed); and, only when ARGV[7] has the
-  tracked form, a 7th: epoch, the bucket's E after this call (what a refund of its take carries).
+  tracked form, a 7th and an 8th: epoch, the bucket's E after this call, and mark, its N (what a
+  refund of its take carries).
 An operation ("reset", "credit:n") answers { 1, remaining, 0, reset_after_ms, 0 }: the bucket after it.
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
 
@@ -115,11 +118,11 @@ not used up exactly give the error reply "ERR tollgate: bad argument batch", and
 or written. Redis' TIME is read once, and is the now of every key whose arguments give none (an
 explicit ARGV[8] wins).
 Returns a FLAT array of 6 integers per key, in key order: the single form's reply, with
-penalized as the 6th (0 when that key has no penalty), and a 7th, its epoch, for a key whose
-count is at least 7 and whose ARGV[7] holds a ':' (the tracked form): so the reply's length
-follows from the arguments. A key whose arguments are bad, or whose step raised an error about
-that key (WRONGTYPE: not a hash) or an error of the script's own, gets { -1, code, 0, 0, 0, 0 }
-(and a 7th 0 when it asked for its epoch) and the others go on. The code names the argument the single form's error
+penalized as the 6th (0 when that key has no penalty), and a 7th and 8th, its epoch and mark,
+for a key whose count is at least 7 and whose ARGV[7] holds a ':' (the tracked form): so the
+reply's length follows from the arguments. A key whose arguments are bad, or whose step raised
+an error about that key (WRONGTYPE: not a hash) or an error of the script's own, gets
+{ -1, code, 0, 0, 0, 0 } (and 0, 0 when it asked for its epoch) and the others go on. The code names the argument the single form's error
 would name: 1 key, 2 burst, 3 rate, 4 period_ms, 5 burst*period_ms, 6 cost, 7 lease, 8 credit,
 9 max_wait_ms, 10 settle, 11 now, 12 penalty; 13 is an error while the step ran. A bad argument
 writes nothing; what a step wrote before an error stays (as in the single form). An error Redis
@@ -165,7 +168,7 @@ when the step is 1 ms), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
 e<id>), s (the demand they reported, together; absent when none did), h<id>, e<id> and q<id> per
 holder, and d<id> (its demand) for a holder that reported one; and while the bucket tracks its
-spill epoch: E, D and T (above). A missing key is a FULL bucket with no holders, so the key is
+spill epoch: E, D, N and T (above). A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack); a key that would be full only after more than 2^53 ms is kept
 without an expiry (PERSIST). When the units per token change (period_ms, or the step), u is
