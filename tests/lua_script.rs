@@ -935,34 +935,20 @@ fn a_refund_comes_back_only_while_its_stretch_is_known() {
 fn the_batched_form_answers_the_epoch_to_a_key_that_asked() {
     let (_r, mut c) = start("lua-spill-batch");
     let now = T0.to_string();
-    let v: Vec<i64> = redis::cmd("EVAL")
-        .arg(SCRIPT)
+    let mut v = redis::cmd("EVAL");
+    v.arg(SCRIPT)
         .arg(3)
         .arg(&["tollgate:{b:1}", "tollgate:{b:2}", "tollgate:{b:3}"])
-        .arg("batch")
-        .arg(&[
-            "8",
-            "5",
-            "1",
-            "1000",
-            "1",
-            "0",
-            "0",
-            "0:0:0:0",
-            now.as_str(),
-        ])
-        .arg(&["8", "5", "1", "1000", "1", "0", "0", "0", now.as_str()])
-        .arg(&[
-            "8",
-            "5",
-            "1",
-            "1000",
-            "1",
-            "0",
-            "0",
-            "99:0:0:0",
-            now.as_str(),
-        ])
+        .arg("batch");
+    // Each key's arguments: limits, cost 1, no lease, no wait, `settle`, the clock.
+    let group = |settle: &'static str| ["8", "5", "1", "1000", "1", "0", "0", settle];
+    let v: Vec<i64> = v
+        .arg(&group("0:0:0:0"))
+        .arg(&now)
+        .arg(&group("0"))
+        .arg(&now)
+        .arg(&group("99:0:0:0"))
+        .arg(&now)
         .query(&mut c)
         .unwrap();
     assert_eq!(

@@ -120,39 +120,25 @@ impl Sim {
 
     fn send(&mut self, p: usize, now: u64, cost: u64, keeps: Option<bool>) {
         let taken = self.carry(p);
-        match self.rng.below(10) {
-            // Never left: all of it is pending again.
-            0 if !taken.is_empty() => self.put_back(p, now, taken, true),
-            // Runs, and the proxy sees it time out.
-            1 => {
-                let run = now + self.rng.below(LATENCY_MS + 1);
-                let (fails, keeps) = (true, Some(true));
-                self.at(
-                    run,
-                    Event::Run {
-                        p,
-                        cost,
-                        taken,
-                        keeps,
-                        fails,
-                    },
-                );
-            }
-            _ => {
-                let run = now + self.rng.below(LATENCY_MS + 1);
-                let fails = false;
-                self.at(
-                    run,
-                    Event::Run {
-                        p,
-                        cost,
-                        taken,
-                        keeps,
-                        fails,
-                    },
-                );
-            }
+        // Never left: all of it is pending again.
+        if self.rng.below(10) == 0 && !taken.is_empty() {
+            self.put_back(p, now, taken, true);
+            return;
         }
+        // It runs; now and then the proxy sees it time out (its request refused, then).
+        let fails = self.rng.below(9) == 0;
+        let keeps = if fails { Some(true) } else { keeps };
+        let run = now + self.rng.below(LATENCY_MS + 1);
+        self.at(
+            run,
+            Event::Run {
+                p,
+                cost,
+                taken,
+                keeps,
+                fails,
+            },
+        );
     }
 
     fn add_refund(&mut self, p: usize, now: u64, refund: Refund) {
@@ -425,6 +411,19 @@ fn refunds_given_back_unreduced_pass_the_bound() {
     assert!(over > 0, "the check can fail");
 }
 
+/// What a call carries to give back `tokens` of the take answered with `r`.
+fn refund_of(tokens: u64, r: &tollgate_core::bucket::Reply) -> settle::Taken {
+    let stamp = r.epoch.expect("a take in the tracked form has its stamp");
+    settle::Taken {
+        refund: Refund {
+            tokens,
+            epoch: stamp.epoch,
+            mark: stamp.mark,
+        },
+        ..settle::Taken::default()
+    }
+}
+
 /// A refund given back twice (a call that timed out after its script ran, sent again) mints a
 /// token within the stretch's headroom: burst 4, no refill to speak of. X takes 2 and keeps
 /// them, R takes 1 and is refused, Y takes 1; R's token comes back, twice if retried; Z takes
@@ -441,14 +440,7 @@ fn given_back_twice(twice: bool) -> i64 {
     take(&mut sim, 2);
     let r = take(&mut sim, 1);
     take(&mut sim, 1);
-    let refund = settle::Taken {
-        refund: Refund {
-            tokens: 1,
-            epoch: r.epoch.unwrap().epoch,
-            mark: r.epoch.unwrap().mark,
-        },
-        ..settle::Taken::default()
-    };
+    let refund = refund_of(1, &r);
     sim.script(0, 0, refund);
     if twice {
         sim.script(0, 0, refund);
@@ -479,15 +471,7 @@ fn refunds_from_a_drained_bucket_come_back() {
     let a = take(&mut sim, 0, 5);
     assert!(a.allowed && a.remaining == 0);
     // Refunded 100 ms later: 0.1 token refilled since, so 4.9 come back.
-    let refund = settle::Taken {
-        refund: Refund {
-            tokens: 5,
-            epoch: a.epoch.unwrap().epoch,
-            mark: a.epoch.unwrap().mark,
-        },
-        ..settle::Taken::default()
-    };
-    sim.script(100, 0, refund);
+    sim.script(100, 0, refund_of(5, &a));
     let b = take(&mut sim, 100, 5);
     assert!(b.allowed, "the bucket is full again");
     let c = take(&mut sim, 100, 1);
