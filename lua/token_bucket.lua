@@ -39,10 +39,16 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
          would be within this many ms, RESERVE them (the bucket goes into debt) and answer allowed
          with the delay the caller must hold the request for.
-ARGV[7]  optional: settle (default 0): tokens to charge (> 0) or refund (< 0) first, for usage
-         measured after earlier admissions; |settle| <= 4 * burst. A charge only lowers the bucket,
-         at most to 4 bursts of debt (a bucket already deeper in debt stays where it is); a refund
-         only raises it, never past what it can hold.
+ARGV[7]  optional: settle (default 0), applied first, for usage measured after earlier
+         admissions: "<charge>", or "<charge>:<refund>:<epoch>:<mark>" (the tracked form), each
+         count <= 4 * burst. A charge only lowers the bucket, at most to 4 bursts of debt (a
+         bucket already deeper in debt stays where it is). A refund gives tokens back to a
+         bucket that tracks its spill epoch (below), as far as the epoch and the mark its take
+         was answered with allow, and nothing unless `epoch` is still the bucket's E. The tracked
+         form asks the bucket to track (with refund, epoch and mark 0 when there is nothing to
+         give back: a take that may be refunded later) and the reply to carry E and this call's
+         mark. "-<n>", a refund without an epoch, is accepted and gives back nothing: nothing
+         says when its tokens were taken.
 ARGV[8]  optional: now in microseconds (tests only), or "time": Redis' TIME, as when it is absent
          (what a caller sends to reach ARGV[9]).
 ARGV[9]  optional: the penalty box, "<window_ms>:<ms1>[:<ms2>...]" (absent or "0": none). A denial
@@ -56,6 +62,33 @@ ARGV[9]  optional: the penalty box, "<window_ms>:<ms1>[:<ms2>...]" (absent or "0
          "reset" (ARGV[5]) empties the box and forgets the offences; "credit:n" leaves them.
 Every number is a plain decimal integer (digits only, at most 2^53); settle may have a leading '-'.
 
+The spill epoch (why a refund never breaks "at most burst + rate * W in any window"). A refund
+that put tokens back as if they had been banked would be wrong once the bucket has since filled
+and spilled refill at its cap: it would hold tokens a bucket that never lost them could not hold.
+Let V be what the bucket holds as the window bound counts it (u plus what holders hold), in
+units. A bucket that tracks keeps E, the time (us) its current stretch began; N, the units taken
+since E (a take's MARK is N after it); and D, full less the most V + N - R has been since E, less
+R (R: the units refunds gave back since E). A stretch begins where V is known (N := 0,
+D := full - V): when a refill reaches the cap (a spill: the call's takes come after it, at the
+same instant), when the bucket is created (a missing key is full), after a reset (tokens an
+operator put in were never taken), and, with no refund coming back in that call, when the units
+per token change, when t is not the one this version last wrote (T: another version of the
+script refilled the bucket without tracking), or when N would pass 2^51. Anything else that
+raises V lowers D to full - V - N. A refund of r tokens with epoch e and mark m gives back
+x = min(r * units per token, D + min(m, N)) units when e == E and no stretch began earlier in
+this call, else nothing; then D := D - x. Why: V + N - R never passed full - D - R since E; N
+is at least m from the take on and R only grows, so V never passed full - D - m since the
+take; the history where
+the take had been x units smaller holds V + x <= full from the take on, never spills, admits the
+same requests and is a valid bucket history, which the window bound covers. D := D - x keeps the
+bound valid in that history, so refunds of one stretch are each bounded in the history the
+earlier ones stand for (a refund of a later take first makes an earlier one's bound smaller:
+safe, not tight). The filter gives back a take's tokens at most once: a refund sent twice could
+exceed its take. E only grows while the key lives (a new stretch takes max(now, E + 1)); a
+deleted key's next E is the now of the call that creates it, which differs from every earlier E
+of the key as long as Redis' clock does not repeat a microsecond (explicit ARGV[8] clocks may:
+the tests choose theirs). A change of burst needs nothing: D and N are kept below full.
+
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
   { allowed (1|0), remaining (whole tokens left, 0 while in debt),
     retry_after_ms (allowed: 0, or the delay of a reservation; denied: ms until `cost` could be
@@ -64,9 +97,11 @@ Returns a FLAT array of integers (Webdis turns nested arrays into null):
     never admissible),
     reset_after_ms (time until the bucket holds all it can again), granted (tokens taken: >= cost
     when allowed, 0 when denied; a cost of 0 is always allowed and takes nothing) }
-  and, only when ARGV[9] names a penalty, a 6th: penalized (0: not the box's denial; 1: this
-  denial was an offence and boxed the key, retry_after_ms at least its duration; 2: denied
-  because the key was already boxed).
+  and, only when ARGV[9] names a penalty or ARGV[7] has the tracked form, a 6th: penalized (0:
+  not the box's denial; 1: this denial was an offence and boxed the key, retry_after_ms at least
+  its duration; 2: denied because the key was already boxed); and, only when ARGV[7] has the
+  tracked form, a 7th and an 8th: epoch, the bucket's E after this call, and mark, its N (what a
+  refund of its take carries).
 An operation ("reset", "credit:n") answers { 1, remaining, 0, reset_after_ms, 0 }: the bucket after it.
 Bad arguments give the error reply "ERR tollgate: bad argument <name>".
 
@@ -82,10 +117,12 @@ The frame is checked first: an n out of range, a count that is not one digit 5 t
 not used up exactly give the error reply "ERR tollgate: bad argument batch", and no key is read
 or written. Redis' TIME is read once, and is the now of every key whose arguments give none (an
 explicit ARGV[8] wins).
-Returns a FLAT array of exactly 6 integers per key, in key order: the single form's reply, with
-penalized as the 6th (0 when that key has no penalty). A key whose arguments are bad, or whose
-step raised an error about that key (WRONGTYPE: not a hash) or an error of the script's own, gets
-{ -1, code, 0, 0, 0, 0 } and the others go on. The code names the argument the single form's error
+Returns a FLAT array of 6 integers per key, in key order: the single form's reply, with
+penalized as the 6th (0 when that key has no penalty), and a 7th and 8th, its epoch and mark,
+for a key whose count is at least 7 and whose ARGV[7] holds a ':' (the tracked form): so the
+reply's length follows from the arguments. A key whose arguments are bad, or whose step raised
+an error about that key (WRONGTYPE: not a hash) or an error of the script's own, gets
+{ -1, code, 0, 0, 0, 0 } (and 0, 0 when it asked for its epoch) and the others go on. The code names the argument the single form's error
 would name: 1 key, 2 burst, 3 rate, 4 period_ms, 5 burst*period_ms, 6 cost, 7 lease, 8 credit,
 9 max_wait_ms, 10 settle, 11 now, 12 penalty; 13 is an error while the step ran. A bad argument
 writes nothing; what a step wrote before an error stays (as in the single form). An error Redis
@@ -130,7 +167,8 @@ State: a hash at KEYS[1] with u (units held; negative while reservations are out
 when the step is 1 ms), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
 e<id>), s (the demand they reported, together; absent when none did), h<id>, e<id> and q<id> per
-holder, and d<id> (its demand) for a holder that reported one. A missing key is a FULL bucket with no holders, so the key is
+holder, and d<id> (its demand) for a holder that reported one; and while the bucket tracks its
+spill epoch: E, D, N and T (above). A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack); a key that would be full only after more than 2^53 ms is kept
 without an expiry (PERSIST). When the units per token change (period_ms, or the step), u is
@@ -207,17 +245,18 @@ local function fmt(n)
 end
 
 -- Refills a bucket holding u units, refilled up to t, by whole steps up to `to` (t keeps the
--- remainder, so there is no drift), never past cap (what it can hold). Returns the new u and t.
+-- remainder, so there is no drift), never past cap (what it can hold). Returns the new u and t,
+-- and true when the refill reached the cap (what came past it spilled: a new spill epoch).
 local function refill(u, t, to, cap, rate, step_us)
   local elapsed = idiv(to - t, step_us)
   if elapsed > 0 then
     local to_full = ceil_div(cap - u, rate)
     if elapsed >= to_full then
-      return cap, to
+      return cap, to, true
     end
-    return u + elapsed * rate, t + elapsed * step_us
+    return u + elapsed * rate, t + elapsed * step_us, false
   end
-  return u, t
+  return u, t, false
 end
 
 -- Once refilled to now, `since_ms` (now - t in whole ms) after the last refill point: ms from now
@@ -258,6 +297,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- A holder whose equal share (burst / holders) is below this reserves nothing.
   local RACE_SHARE = 5
   local MAX_DEMAND = 4294967296 -- 2^32 thousandths of a token per second
+  -- A stretch whose marks (N) pass this starts again: every sum of them stays below 2^53.
+  local MAX_TAKEN = 2251799813685248 -- 2^51
 
   if key == nil then
     return nil, 'key'
@@ -370,18 +411,36 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     if max_wait_ms == nil or max_wait_ms > MAX_WAIT_MS then return nil, 'max_wait_ms' end
   end
 
+  -- settle: a charge (digits), a refund without an epoch ('-' and digits: gives back nothing),
+  -- or "<charge>:<refund>:<epoch>:<mark>" (the bucket tracks its spill epoch; the reply carries
+  -- it and the mark of this call's take).
   local settle = 0
+  local refund, refund_epoch, refund_mark, track = 0, nil, 0, false
   if a7 ~= nil and a7 ~= '0' then
-    local magnitude = a7
-    local sign = 1
-    if type(magnitude) == 'string' and string.sub(magnitude, 1, 1) == '-' then
-      magnitude = string.sub(magnitude, 2)
-      sign = -1
+    if type(a7) == 'string' and string.find(a7, ':', 1, true) then
+      local c, r, e, m = string.match(a7, '^(%d+):(%d+):(%d+):(%d+)$')
+      settle, refund = int_arg(c, 0), int_arg(r, 0)
+      refund_epoch, refund_mark = int_arg(e, 0), int_arg(m, 0)
+      if settle == nil or refund == nil or refund_epoch == nil or refund_mark == nil
+          or settle > 4 * burst or refund > 4 * burst then
+        return nil, 'settle'
+      end
+      track = true
+    else
+      local magnitude = a7
+      local sign = 1
+      if type(magnitude) == 'string' and string.sub(magnitude, 1, 1) == '-' then
+        magnitude = string.sub(magnitude, 2)
+        sign = -1
+      end
+      settle = int_arg(magnitude, 0)
+      if settle == nil or settle > 4 * burst then return nil, 'settle' end
+      if sign < 0 then
+        -- A refund without an epoch: nothing is known of when its tokens were taken.
+        settle = 0
+      end
     end
-    settle = int_arg(magnitude, 0)
-    if settle == nil or settle > 4 * burst then return nil, 'settle' end
-    settle = sign * settle
-    if op ~= nil and settle ~= 0 then return nil, 'settle' end
+    if op ~= nil and (settle ~= 0 or refund ~= 0) then return nil, 'settle' end
   end
 
   local now
@@ -421,7 +480,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
   -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
   local full = burst * per_token
-  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's')
+  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's', 'E', 'D', 'N', 'T')
   -- A missing field is false (tonumber makes it nil): a new key needs no tonumber at all.
   local u, t, p
   if h[1] and h[2] and h[3] then
@@ -442,10 +501,34 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       ds = tonumber(h[8]) or 0
     end
   end
+  -- The spill epoch (only on a bucket that tracks it: one a call asked to, or whose E is
+  -- stored; see the header): E, when the current stretch began (us); N, the units taken since
+  -- (a take's mark); D, full less the most V + N - R has been since E, less R (R: the units
+  -- refunds gave back since E). `renew`: a stretch began in this call (no refund comes back in
+  -- it). A stretch begins where V is known: N := 0, D := full - V.
+  local tracked = track or h[9]
+  local epoch, headroom, taken, renew = 0, 0, 0, false
+  local stored_epoch
+  if tracked then
+    stored_epoch = tonumber(h[9])
+    epoch, headroom, taken = stored_epoch, tonumber(h[10]), tonumber(h[11])
+    if epoch == nil or headroom == nil or taken == nil or epoch < 0 or epoch ~= floor(epoch)
+        or headroom ~= floor(headroom) or taken < 0 or taken ~= floor(taken) then
+      stored_epoch = nil
+      renew = true
+    elseif tonumber(h[12]) ~= t or p ~= per_token or taken > MAX_TAKEN then
+      -- Another version of the script refilled the bucket (t is not what this one wrote), the
+      -- units changed, or the marks grew too large to stay exact: nothing taken before comes
+      -- back.
+      renew = true
+    end
+  end
   if u == nil or t == nil or p == nil or t < 0 or p < 1
       or u ~= floor(u) or t ~= floor(t) or p ~= floor(p) then
     u = full
     t = now
+    -- A missing key is a full bucket: a new stretch, as a spill starts one.
+    renew = true
   elseif p ~= per_token then
     if u < 0 then
       -- Debt: rescale by whole tokens, rounding the debt up, never down (kept exact: at most
@@ -461,6 +544,14 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     else
       -- u * per_token could pass 2^53: drop the partial token instead (rounds down, never up).
       u = idiv(u, p) * per_token
+    end
+  end
+  if tracked then
+    if renew then
+      taken, headroom = 0, full - u - o * per_token
+    else
+      -- Whatever raised the bucket without this version seeing it counts as held since E.
+      headroom = math.min(headroom, full - u - o * per_token - taken)
     end
   end
 
@@ -503,7 +594,13 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     table.sort(gone, function(x, y) return x[1] < y[1] end)
     for _, g in ipairs(gone) do
       if g[1] > t then
-        u, t = refill(u, t, g[1], math.max(full - o * per_token, 0), rate, step_us)
+        local c
+        u, t, c = refill(u, t, g[1], math.max(full - o * per_token, 0), rate, step_us)
+        if tracked and c then
+          renew, taken, headroom = true, 0, full - u - o * per_token
+        elseif tracked then
+          headroom = math.min(headroom, full - u - o * per_token - taken)
+        end
       end
       o = o - g[2]
       redis.call('HDEL', key, 'e' .. g[3], 'h' .. g[3], 'q' .. g[3], 'd' .. g[3])
@@ -556,7 +653,13 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     for _, report in ipairs(steps) do
       local from = now - report[2] * 1000
       if from > t then
-        u, t = refill(u, t, from, math.max(full - o * per_token, 0), rate, step_us)
+        local c
+        u, t, c = refill(u, t, from, math.max(full - o * per_token, 0), rate, step_us)
+        if tracked and c then
+          renew, taken, headroom = true, 0, full - u - o * per_token
+        elseif tracked then
+          headroom = math.min(headroom, full - u - o * per_token - taken)
+        end
       end
       if report[1] < held then
         o = o - held + report[1]
@@ -566,10 +669,19 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     cap = math.max(full - o * per_token, 0)
   end
   if now - t >= step_us then
-    u, t = refill(u, t, now, cap, rate, step_us)
+    local c
+    u, t, c = refill(u, t, now, cap, rate, step_us)
+    if tracked and c then
+      -- A spill: the new stretch begins here.
+      renew, taken, headroom = true, 0, full - u - o * per_token
+    end
   end
   if back > 0 then
     u = math.max(u, math.min(u + back * per_token, cap))
+  end
+  if tracked then
+    -- The most V + N - R has been since the stretch began: never below what it is now.
+    headroom = math.min(headroom, full - u - o * per_token - taken)
   end
   -- From here on t stays where it is: the whole ms since it, for wait_for.
   local since_ms = idiv(now - t, 1000)
@@ -578,8 +690,17 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- bursts into debt), a refund only raises it (never past what it can hold).
   if settle > 0 then
     u = math.max(u - settle * per_token, math.min(u, -4 * full))
-  elseif settle < 0 then
-    u = math.max(u, math.min(u - settle * per_token, cap))
+  end
+  -- A refund gives back at most D + its mark (in units: part of a token too), and only if no
+  -- stretch began since its take (its epoch is still E): the history where the take had been
+  -- that much smaller never passes full, so never spills either. D shrinks by it, so a later
+  -- refund of the stretch is bounded in that history. A mark is never past N.
+  if refund > 0 and not renew and refund_epoch == stored_epoch then
+    local x = math.min(refund * per_token, headroom + math.min(refund_mark, taken))
+    if x > 0 then
+      u = u + x
+      headroom = headroom - x
+    end
   end
 
   -- 2c. An operator's operation (cost is 0: step 3 takes nothing).
@@ -588,11 +709,18 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     -- at most what max_wait_ms of refill repays (no reservation reaches deeper).
     local reserved = math.min(math.max(-u, 0), idiv(max_wait_ms + since_ms, step_ms) * rate)
     u = math.max(u, cap - reserved)
+    if tracked then
+      -- Tokens an operator puts in were never taken: a new stretch, after them.
+      renew, taken, headroom = true, 0, full - u - o * per_token
+    end
   elseif op == 'credit' and u < cap then
     if credit >= ceil_div(cap - u, per_token) then
       u = cap
     else
       u = u + credit * per_token
+    end
+    if tracked then
+      headroom = math.min(headroom, full - u - o * per_token - taken)
     end
   end
 
@@ -702,6 +830,12 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     penalized = 1
   end
 
+  -- A take marks the units taken in the stretch (a holder's grant moves tokens from the bucket
+  -- to what holders hold: V, as the bound counts it, stays the same).
+  if tracked and holder == nil then
+    taken = taken + granted * per_token
+  end
+
   -- 3b. The holder's record: what it holds now, until its last grant's reservation has refilled
   -- and hold_ms more. A holder that was denied stays on record as one asking for a share.
   if holder ~= nil then
@@ -737,10 +871,22 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     keep_ms = math.max(ceil_div(math.max(px - now, 0), 1000),
       ceil_div(math.max(pw + pwindow * 1000 - now, 0), 1000))
   end
+  if tracked then
+    if renew then
+      if stored_epoch ~= nil then
+        epoch = math.max(now, stored_epoch + 1)
+      else
+        epoch = now
+      end
+    end
+  end
   if u >= full and k == 0 and keep_ms == 0 then
     redis.call('DEL', key)
   else
     redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', p_text or fmt(per_token))
+    if tracked then
+      redis.call('HSET', key, 'E', fmt(epoch), 'D', fmt(headroom), 'N', fmt(taken), 'T', fmt(t))
+    end
     local ttl_ms = reset_after_ms
     if cap ~= full then
       ttl_ms = wait_for(full - u, rate, step_ms, since_ms)
@@ -774,19 +920,26 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     end
   end
 
-  if pms ~= nil then
-    return allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized
+  -- The epoch and the mark go back only to a call that asked for them.
+  if not track then
+    epoch, taken = nil, nil
+  end
+  if pms ~= nil or track then
+    return allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, taken
   end
   return allowed, remaining, retry_after_ms, reset_after_ms, granted
 end
 
 -- The single form.
 if ARGV[1] ~= 'batch' then
-  local allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized =
+  local allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, mark =
     step(KEYS[1], nil, nil, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
       ARGV[9])
   if allowed == nil then
     return redis.error_reply('ERR tollgate: bad argument ' .. remaining)
+  end
+  if epoch ~= nil then
+    return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, mark }
   end
   if penalized ~= nil then
     return { allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized }
@@ -856,8 +1009,12 @@ local function batch()
   for g = 1, n do
     local from = i + 1
     i = from + string.byte(ARGV[i]) - 48
-    local ok, allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized =
+    local ok, allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, mark =
       pcall(step, KEYS[g], now, memo, unpack(ARGV, from, i - 1))
+    -- A key whose settle argument has the tracked form asked for its epoch and mark: a 7th and
+    -- an 8th integer, also when its step failed (0, 0), so the reply's length follows from the
+    -- arguments alone.
+    local asked = i - from >= 7 and string.find(ARGV[from + 6], ':', 1, true)
     if not ok then
       local e = server_error(allowed)
       if e ~= nil then
@@ -873,6 +1030,10 @@ local function batch()
       out[at + 4], out[at + 5], out[at + 6] = reset_after_ms, granted, penalized or 0
     end
     at = at + 6
+    if asked then
+      out[at + 1], out[at + 2] = epoch or 0, mark or 0
+      at = at + 2
+    end
   end
   return out
 end

@@ -22,7 +22,7 @@ use tollgate_core::backend::webdis::Invoke;
 use tollgate_core::backend::{
     reply_to, resp, script, slot, webdis, BackendError, Reply, ScriptCall,
 };
-use tollgate_core::bucket::{Holder, Limits, Penalty, MAX_RATE};
+use tollgate_core::bucket::{Holder, Limits, Penalty, Tracked, MAX_RATE};
 
 /// Limits that refill nothing during the test (1 token a minute): every figure is exact.
 const LIMITS: Limits = Limits {
@@ -42,15 +42,25 @@ fn calls() -> Vec<ScriptCall> {
         ..LIMITS
     };
     vec![
-        ScriptCall::new(user.into(), &LIMITS, 4),
+        // A take that may be refunded: the tracked form, its reply with the bucket's epoch.
+        ScriptCall {
+            track: Some(Tracked::default()),
+            ..ScriptCall::new(user.into(), &LIMITS, 4)
+        },
         ScriptCall {
             max_wait_ms: 250,
             penalty: Penalty::new(3_600_000, &[120_000]),
             ..ScriptCall::new("tollgate:{login:cd34}".into(), &LIMITS, 3)
         },
         ScriptCall::new(user.into(), &LIMITS, 4),
+        // A refund in the tracked form whose epoch (0) is not the bucket's (Redis' clock made
+        // it): it gives back nothing (tests/lua_script.rs covers what comes back).
         ScriptCall {
-            settle: -2,
+            track: Some(Tracked {
+                refund: 2,
+                epoch: 0,
+                mark: 0,
+            }),
             ..ScriptCall::new(user.into(), &LIMITS, 0)
         },
         ScriptCall {
@@ -166,7 +176,10 @@ fn a_batch_answers_as_its_calls_one_by_one_on_both_transports() {
     let singles: Vec<String> = calls
         .iter()
         .map(|c| {
-            let items = 5 + usize::from(c.penalty.is_some());
+            let items = match (c.tracked(), c.penalty.is_some()) {
+                (true, _) => 8,
+                (false, penalty) => 5 + usize::from(penalty),
+            };
             let reply = redis_raw(redis.port, &resp::command(c, src), items);
             fields(&resp::decode_reply(&reply).and_then(|r| reply_to(c, r)))
         })
@@ -181,11 +194,11 @@ fn a_batch_answers_as_its_calls_one_by_one_on_both_transports() {
         "{singles:?}"
     );
     assert!(
-        singles[3].starts_with("allowed true remaining 4 "),
+        singles[3].starts_with("allowed true remaining 2 "),
         "{singles:?}"
     );
     assert!(
-        singles[7].starts_with("allowed true remaining 0 "),
+        singles[7].starts_with("allowed false remaining 2 "),
         "{singles:?}"
     );
     assert_eq!(
@@ -199,13 +212,15 @@ fn a_batch_answers_as_its_calls_one_by_one_on_both_transports() {
     );
 
     flushall(&redis);
-    let reply = redis_raw(redis.port, &resp::batch_command(&refs, src), 6 * n);
-    let got = resp::decode_batch_reply(&reply, n).unwrap();
+    let asks: Vec<bool> = calls.iter().map(ScriptCall::tracked).collect();
+    let ints = tollgate_core::backend::reply_ints(n, &asks);
+    let reply = redis_raw(redis.port, &resp::batch_command(&refs, src), ints);
+    let got = resp::decode_batch_reply_asked(&reply, n, &asks).unwrap();
     assert_eq!(checked(got, &calls), singles, "RESP");
 
     flushall(&redis);
     let body = webdis_post(webdis_proc.port, &webdis::batch_command(&refs, src));
-    let got = webdis::decode_batch_reply(&body, n).unwrap();
+    let got = webdis::decode_batch_reply_asked(&body, n, &asks).unwrap();
     assert_eq!(checked(got, &calls), singles, "Webdis");
 
     // EVALSHA now that Redis has the script; after SCRIPT FLUSH, NOSCRIPT for the whole batch.
@@ -215,7 +230,7 @@ fn a_batch_answers_as_its_calls_one_by_one_on_both_transports() {
         webdis_proc.port,
         &webdis::batch_command(&refs, Invoke::Sha(&sha)),
     );
-    let got = webdis::decode_batch_reply(&body, n).unwrap();
+    let got = webdis::decode_batch_reply_asked(&body, n, &asks).unwrap();
     assert_eq!(checked(got, &calls), singles, "Webdis EVALSHA");
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -246,8 +261,9 @@ fn a_batch_answers_as_its_calls_one_by_one_on_both_transports() {
         .arg("x")
         .query(&mut redis.conn())
         .unwrap();
-    let reply = redis_raw(redis.port, &resp::batch_command(&refs[..3], src), 18);
-    let got = checked(resp::decode_batch_reply(&reply, 3).unwrap(), &calls[..3]);
+    let reply = redis_raw(redis.port, &resp::batch_command(&refs[..3], src), 20);
+    let got = resp::decode_batch_reply_asked(&reply, 3, &asks[..3]).unwrap();
+    let got = checked(got, &calls[..3]);
     assert_eq!(got[1], r#"Redis("ERR tollgate: script error")"#, "{got:?}");
     assert_eq!([&got[0], &got[2]], [&singles[0], &singles[2]]);
 }

@@ -451,8 +451,10 @@ fn settle_charges_into_debt_and_refunds_up_to_full() {
     assert_eq!(run(&mut c, "1", "39"), [1, 59, 0, 41 * 60000, 1]);
     assert_eq!(run(&mut c, "1", "39"), [1, 19, 0, 81 * 60000, 1]);
     assert_eq!(run(&mut c, "1", "39"), [0, 0, 21 * 60000, 120 * 60000, 0]);
-    assert_eq!(run(&mut c, "0", "-400"), [1, 100, 0, 0, 0]);
-    assert!(!exists(&mut c), "refunded to full: no key");
+    // A refund without an epoch gives back nothing (refunds go in the tracked form: see
+    // `a_refund_after_the_bucket_refilled_gives_nothing_back`).
+    assert_eq!(run(&mut c, "0", "-400"), [1, 0, 0, 120 * 60000, 0]);
+    assert!(exists(&mut c), "still in debt");
 }
 
 /// A usage charge never lifts a bucket out of reservation debt: after 105 reservations on burst 10
@@ -774,4 +776,187 @@ fn a_sum_left_behind_by_an_older_version_weighs_nothing() {
     // older version.
     assert_eq!(run(&mut c, "40:99:1:5000:0:0/16000", 2000)[4], 30);
     assert_eq!(field(&mut c, "s"), Some(20 * 200 + 16_000));
+}
+
+/// One call in the tracked form (ARGV[7] `<charge>:<refund>:<epoch>:<mark>`) on `KEY`: burst, a
+/// token every `token_ms`, at `ms` after T0; its eight integers (the 7th: the bucket's epoch,
+/// the 8th: the take's mark).
+fn tracked(
+    c: &mut redis::Connection,
+    burst: u64,
+    token_ms: u64,
+    cost: u64,
+    settle: &str,
+    ms: u64,
+) -> Vec<i64> {
+    let (burst, period, cost) = (burst.to_string(), token_ms.to_string(), cost.to_string());
+    let now = (T0 + ms * 1000).to_string();
+    let args = [
+        burst.as_str(),
+        "1",
+        period.as_str(),
+        cost.as_str(),
+        "0",
+        "0",
+        settle,
+        now.as_str(),
+    ];
+    let ints: Vec<i64> = redis::cmd("EVAL")
+        .arg(SCRIPT)
+        .arg(1)
+        .arg(KEY)
+        .arg(&args)
+        .query(c)
+        .unwrap();
+    assert_eq!(
+        ints.len(),
+        8,
+        "the tracked form answers eight integers: {ints:?}"
+    );
+    ints
+}
+
+/// The refund of `tokens` of the take answered with `reply` (its epoch and mark).
+fn refund_of(tokens: u64, reply: &[i64]) -> String {
+    format!("0:{tokens}:{}:{}", reply[6], reply[7])
+}
+
+/// The window bound's case: burst 1, a token a second. A's token is taken at 0 ms (A is then
+/// refused by another rule); B is admitted at 1000 ms, the bucket having refilled; A's refund
+/// reaches Redis at 1100 ms. Given back, it would let C in at 1100 ms: two admissions in 100 ms
+/// where the bound is 1.1. The bucket spilled refill at its cap since A's take (its epoch moved
+/// on): nothing comes back, C is denied.
+#[test]
+fn a_refund_after_the_bucket_refilled_gives_nothing_back() {
+    let (_r, mut c) = start("lua-spill");
+    let a = tracked(&mut c, 1, 1000, 1, "0:0:0:0", 0);
+    assert_eq!(
+        (a[0], a[6], a[7]),
+        (1, T0 as i64, 1000),
+        "A: a new bucket's stretch begins now; A took 1000 units of it"
+    );
+    let b = tracked(&mut c, 1, 1000, 1, "0:0:0:0", 1000);
+    assert_eq!(
+        (b[0], b[6]),
+        (1, (T0 + 1_000_000) as i64),
+        "B: refilled to full, a spill"
+    );
+    let r = tracked(&mut c, 1, 1000, 0, &refund_of(1, &a), 1100);
+    assert_eq!(r[1], 0, "nothing came back");
+    let cc = tracked(&mut c, 1, 1000, 1, "0:0:0:0", 1100);
+    assert_eq!(cc[0], 0, "C is denied");
+}
+
+/// A refund soon after its take from a drained bucket comes back whole; from a bucket at its cap
+/// (a login rule's usual case), it gives back what the cap leaves; refunds of several takes from
+/// a full bucket (a quota's) each come back.
+#[test]
+fn a_refund_gives_back_what_the_bucket_stayed_short_of_its_cap() {
+    let (_r, mut c) = start("lua-spill-back");
+    // Burst 5, a token a second: drained by 4, then the refunded take of 1.
+    let _ = tracked(&mut c, 5, 1000, 4, "0:0:0:0", 0);
+    let t = tracked(&mut c, 5, 1000, 1, "0:0:0:0", 0);
+    assert_eq!(t[1], 0);
+    let r = tracked(&mut c, 5, 1000, 0, &refund_of(1, &t), 10);
+    assert_eq!(r[1], 1, "its whole token (and 0.01 refilled)");
+    assert_eq!(hash_field(&mut c, "u"), Some(1010), "in units: 1.01 tokens");
+
+    // A full bucket: 3 taken, refunded 100 ms later. 0.1 token refilled meanwhile, so 2.9 come
+    // back: full again (the key goes), not past it.
+    let _: () = redis::cmd("DEL").arg(KEY).query(&mut c).unwrap();
+    let t = tracked(&mut c, 5, 1000, 3, "0:0:0:0", 0);
+    let r = tracked(&mut c, 5, 1000, 0, &refund_of(3, &t), 100);
+    assert_eq!(r[1], 5, "full");
+    assert!(!exists(&mut c), "full: no key");
+    let five = tracked(&mut c, 5, 1000, 5, "0:0:0:0", 100);
+    assert_eq!(five[0], 1);
+    let six = tracked(&mut c, 5, 1000, 1, "0:0:0:0", 100);
+    assert_eq!(six[0], 0, "never more than the cap");
+
+    // A quota: burst 10, six takes of 1 from full; the last three are refunded, in order, 10 ms
+    // later: each comes back whole (the bucket never came within 3 tokens of full since they
+    // were taken): 4 tokens, 0.01 refilled, 3 back.
+    let _: () = redis::cmd("DEL").arg(KEY).query(&mut c).unwrap();
+    let takes: Vec<Vec<i64>> = (0..6)
+        .map(|_| tracked(&mut c, 10, 1000, 1, "0:0:0:0", 0))
+        .collect();
+    assert_eq!(takes[5][7], 6000, "the marks count the units taken");
+    for t in &takes[3..] {
+        let _ = tracked(&mut c, 10, 1000, 0, &refund_of(1, t), 10);
+    }
+    assert_eq!(hash_field(&mut c, "u"), Some(7010));
+}
+
+/// A bucket another version of the script refilled (t is not the one this version wrote, T)
+/// starts a new stretch: nothing taken before comes back. So does a change of the units per
+/// token. (A refund without an epoch gives back nothing: `settle_charges_into_debt_and_refunds_up_to_full`.)
+#[test]
+fn a_refund_comes_back_only_while_its_stretch_is_known() {
+    let (_r, mut c) = start("lua-spill-foreign");
+    let _ = tracked(&mut c, 5, 1000, 4, "0:0:0:0", 0);
+    let t = tracked(&mut c, 5, 1000, 1, "0:0:0:0", 0);
+    // Another version refilled 5 ms of it.
+    let _: () = redis::cmd("HSET")
+        .arg(KEY)
+        .arg("t")
+        .arg((T0 + 5000).to_string())
+        .query(&mut c)
+        .unwrap();
+    let r = tracked(&mut c, 5, 1000, 0, &refund_of(1, &t), 10);
+    assert_eq!(r[1], 0, "nothing back");
+    assert!(r[6] > t[6], "a new stretch: {} after {}", r[6], t[6]);
+    // The units per token change (period 1000 -> 2000 ms): nothing back.
+    let t = tracked(&mut c, 5, 1000, 1, "0:0:0:0", 10);
+    let refund = refund_of(1, &t);
+    let args = [
+        "5",
+        "1",
+        "2000",
+        "0",
+        "0",
+        "0",
+        &refund,
+        &(T0 + 20_000).to_string(),
+    ];
+    let v: Vec<i64> = redis::cmd("EVAL")
+        .arg(SCRIPT)
+        .arg(1)
+        .arg(KEY)
+        .arg(&args)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v[1], 0, "nothing back after a rescale");
+}
+
+/// The batched form answers a 7th and an 8th integer, the epoch and the mark, for a key in the
+/// tracked form only, also when its arguments are bad (0, 0), so the reply's length follows from
+/// the arguments.
+#[test]
+fn the_batched_form_answers_the_epoch_to_a_key_that_asked() {
+    let (_r, mut c) = start("lua-spill-batch");
+    let now = T0.to_string();
+    let mut v = redis::cmd("EVAL");
+    v.arg(SCRIPT)
+        .arg(3)
+        .arg(&["tollgate:{b:1}", "tollgate:{b:2}", "tollgate:{b:3}"])
+        .arg("batch");
+    // Each key's arguments: limits, cost 1, no lease, no wait, `settle`, the clock.
+    let group = |settle: &'static str| ["8", "5", "1", "1000", "1", "0", "0", settle];
+    let v: Vec<i64> = v
+        .arg(&group("0:0:0:0"))
+        .arg(&now)
+        .arg(&group("0"))
+        .arg(&now)
+        .arg(&group("99:0:0:0"))
+        .arg(&now)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(
+        v,
+        [
+            1, 4, 0, 1000, 1, 0, T0 as i64, 1000, // tracked
+            1, 4, 0, 1000, 1, 0, // not
+            -1, 10, 0, 0, 0, 0, 0, 0, // a bad settle, tracked form: 8
+        ]
+    );
 }

@@ -17,13 +17,16 @@ use common::{scratch_dir, Redis};
 use redis::Value;
 use tollgate_core::bucket::{
     operate, operate_penalized, take_held, take_penalized, Ask, Holder, Holders, Holding, Limits,
-    Offences, Operation, Penalty, Reply, State, MAX_DEMAND,
+    Offences, Operation, Penalty, Reply, Spill, Stamp, State, Tracked, MAX_DEMAND,
 };
 
 #[path = "model/batch.rs"]
 mod batch;
 
 const T0: u64 = 1_700_000_000_000_000;
+
+/// Refunds in `run`'s sequences that gave something back (the tracked form reached its point).
+static GAVE_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const STEPS: usize = 3000;
 
 /// The script, verbatim, wrapped so that the key's PTTL is read and the expiry removed inside the same
@@ -56,7 +59,7 @@ struct Harness {
 
 impl Harness {
     /// Runs the script and returns its reply and the key's PTTL right after it.
-    fn script(&mut self, l: &Limits, ask: &Ask, now: u64) -> ([i64; 5], i64) {
+    fn script(&mut self, l: &Limits, ask: &Ask, now: u64) -> (Vec<i64>, i64) {
         self.script_with(l, ask, None, now)
     }
 
@@ -83,12 +86,12 @@ impl Harness {
         ask: &Ask,
         op: Option<Operation>,
         now: u64,
-    ) -> ([i64; 5], i64) {
+    ) -> (Vec<i64>, i64) {
         let (ints, ttl) = self.run(l, ask, op, &[now.to_string()]);
-        let [a, b, c, d, e] = ints[..] else {
-            panic!("not 5 integers and a PTTL: {ints:?}")
-        };
-        ([a, b, c, d, e], ttl)
+        // Five integers, eight (penalized, the epoch, the mark) in the tracked form.
+        let want = if ask.track.is_some() { 8 } else { 5 };
+        assert_eq!(ints.len(), want, "integers and a PTTL: {ints:?}");
+        (ints, ttl)
     }
 
     /// Runs the script with ARGV[1..=7] from `ask` (or `op`) and then `tail`; its integers and the
@@ -125,7 +128,10 @@ impl Harness {
             ask.cost.to_string(),
             lease,
             ask.max_wait_ms.to_string(),
-            ask.settle.to_string(),
+            match ask.track {
+                Some(t) => format!("{}:{}:{}:{}", ask.settle, t.refund, t.epoch, t.mark),
+                None => ask.settle.to_string(),
+            },
         ];
         args.extend_from_slice(tail);
         let v: Value = redis::cmd("EVALSHA")
@@ -214,13 +220,33 @@ impl Harness {
         holders
     }
 
-    /// The stored hash as a `State`, or None when the key is absent.
+    /// The stored hash as a `State`, or None when the key is absent. A bucket that tracks its
+    /// spill epoch stores E and D, and T, the t it wrote.
     fn stored(&mut self) -> Option<State> {
-        let (u, t, p): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
+        type Field = Option<String>;
+        type Spilled = (Option<u64>, Option<i64>, Option<u64>, Field);
+        let (u, t, p): (Field, Field, Field) = redis::cmd("HMGET")
             .arg(&self.key)
             .arg(&["u", "t", "p"])
             .query(&mut self.conn)
             .unwrap();
+        let (e, d, n, tt): Spilled = redis::cmd("HMGET")
+            .arg(&self.key)
+            .arg(&["E", "D", "N", "T"])
+            .query(&mut self.conn)
+            .unwrap();
+        let spill = match (e, d, n, tt) {
+            (None, None, None, None) => None,
+            (Some(epoch), Some(headroom), Some(taken), Some(written)) => {
+                assert_eq!(Some(&written), t.as_ref(), "T is the t this version wrote");
+                Some(Spill {
+                    epoch,
+                    headroom,
+                    taken,
+                })
+            }
+            other => panic!("partial spill epoch: {other:?}"),
+        };
         match (u, t, p) {
             (None, None, None) => None,
             (Some(u), Some(t), Some(p)) => {
@@ -235,6 +261,7 @@ impl Harness {
                     units,
                     ts_us: parse("t", &t),
                     per_token: parse("p", &p),
+                    spill,
                 })
             }
             other => panic!("partial hash: {other:?}"),
@@ -260,14 +287,19 @@ fn expiry_ms(l: &Limits, s: State, holders: &Holders, now: u64) -> i64 {
     }
 }
 
-fn as_ints(r: &Reply) -> [i64; 5] {
-    [
+/// The script's integers for `r`: five, and in the tracked form `penalized` and the epoch.
+fn as_ints(r: &Reply) -> Vec<i64> {
+    let mut ints = vec![
         i64::from(r.allowed),
         r.remaining as i64,
         r.retry_after_ms,
         r.reset_after_ms as i64,
         r.granted as i64,
-    ]
+    ];
+    if let Some(s) = r.epoch {
+        ints.extend([r.penalized.code(), s.epoch as i64, s.mark as i64]);
+    }
+    ints
 }
 
 /// Runs `STEPS` calls, switching from `first` to `second` limits halfway, comparing model and script.
@@ -276,6 +308,8 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
     let mut state: Option<State> = None;
     let mut holders = Holders::default();
     let mut now = T0 + rng.below(1_000_000);
+    // The stamps replies gave, oldest first.
+    let mut epochs: Vec<Stamp> = Vec::new();
     let (mut allowed, mut denied) = (0, 0);
     for step in 0..STEPS {
         let l = if step < STEPS / 2 { first } else { second };
@@ -371,12 +405,44 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
         } else {
             None
         };
+        // The tracked form now and then: a take that may be refunded, or a refund with the
+        // epoch of a recent take (mostly the latest), an older one, or one never given.
+        let track = rng.chance(35).then(|| {
+            let stamp = match (rng.below(10), epochs.len() as u64) {
+                (_, 0) | (0, _) => Stamp {
+                    epoch: now.saturating_sub(rng.below(3)),
+                    mark: rng.below(1 << 20),
+                },
+                (1..=2, n) => epochs[rng.below(n) as usize],
+                (_, n) => epochs[n as usize - 1],
+            };
+            Tracked {
+                refund: if rng.chance(60) {
+                    rng.below(l.burst * 4 + 1)
+                } else {
+                    0
+                },
+                epoch: stamp.epoch,
+                // Now and then a mark past what was taken (the script never gives one).
+                mark: if rng.chance(5) {
+                    stamp.mark + rng.below(1 << 40)
+                } else {
+                    stamp.mark
+                },
+            }
+        });
         let ask = Ask {
             cost,
             lease_want: lease,
             holder,
             max_wait_ms: wait,
-            settle,
+            // The tracked form's charge: never negative.
+            settle: if track.is_some() {
+                settle.max(0)
+            } else {
+                settle
+            },
+            track,
         };
 
         // Now and then an operator's reset (with the wait of the step) or credit instead.
@@ -430,7 +496,18 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
             let capacity = ((l.burst * per_token) as i64 - out).max(0);
             assert!(s.units <= capacity, "{ctx}: an operation passed burst");
         }
+        // A refund whose epoch was the bucket's, that gave something back.
+        let gave_back = ask.track.is_some_and(|t| {
+            t.refund > 0
+                && before
+                    .0
+                    .and_then(|s| s.spill)
+                    .is_some_and(|sp| sp.epoch == t.epoch)
+                && next.zip(before.0).is_some_and(|(n, b)| n.units > b.units)
+        });
+        GAVE_BACK.fetch_add(usize::from(gave_back), std::sync::atomic::Ordering::Relaxed);
         state = next;
+        epochs.extend(reply.epoch);
         if reply.allowed {
             allowed += 1;
         } else {
@@ -494,6 +571,8 @@ fn model_matches_script_small_buckets() {
             (lim(3, 2, 86_400_000), lim(3, 2, 1)), // a day period, then a ms
         ],
     );
+    let gave_back = GAVE_BACK.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(gave_back > 50, "refunds that gave back: {gave_back}");
 }
 
 #[test]
@@ -769,6 +848,7 @@ fn model_matches_script_with_a_penalty_box() {
                 } else {
                     0
                 },
+                track: None,
             };
             let op = match rng.below(100) {
                 0..=1 => Some(Operation::Reset),

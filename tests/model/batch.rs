@@ -7,7 +7,8 @@ use super::{expiry_ms, harness, lim, Harness, Rng, T0};
 use redis::Value;
 use std::num::NonZeroU64;
 use tollgate_core::bucket::{
-    batch_integers, take_batch, Ask, Group, GroupError, Holder, Limits, Operation, Penalty, Stored,
+    batch_integers, take_batch, Ask, Group, GroupError, Holder, Limits, Operation, Penalty, Stamp,
+    Stored, Tracked,
 };
 
 const KEYS: usize = 4;
@@ -41,7 +42,10 @@ fn arguments(g: &Group, rng: &mut Rng) -> Vec<String> {
         g.ask.cost.to_string(),
         lease,
         g.ask.max_wait_ms.to_string(),
-        g.ask.settle.to_string(),
+        match g.ask.track {
+            Some(t) => format!("{}:{}:{}:{}", g.ask.settle, t.refund, t.epoch, t.mark),
+            None => g.ask.settle.to_string(),
+        },
         g.now_us.map_or("time".to_string(), |n| n.to_string()),
     ];
     match g.penalty {
@@ -80,7 +84,7 @@ const LIMITS: [Limits; KEYS] = [
 ];
 
 /// A random group of key `key` at `now`; now and then one the script refuses.
-fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64) -> Group {
+fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64, epochs: &[Stamp]) -> Group {
     let l = if rng.chance(90) {
         LIMITS[key]
     } else {
@@ -129,7 +133,25 @@ fn random_group(rng: &mut Rng, key: usize, now: u64, seq: &mut u64) -> Group {
         } else {
             0
         },
+        track: None,
     };
+    // The tracked form now and then (its charge never negative): a take that may be refunded,
+    // or a refund with a recent epoch.
+    if rng.chance(35) {
+        ask.settle = ask.settle.max(0);
+        let stamp = match epochs.len() as u64 {
+            0 => Stamp {
+                epoch: now,
+                mark: 0,
+            },
+            n => epochs[(n - 1 - rng.below(n.min(4))) as usize],
+        };
+        ask.track = Some(Tracked {
+            refund: rng.below(burst * 2 + 1),
+            epoch: stamp.epoch,
+            mark: stamp.mark,
+        });
+    }
     let op = match rng.below(100) {
         0..=2 => Some(Operation::Reset),
         3..=5 => Some(Operation::Credit(
@@ -227,6 +249,7 @@ fn model_matches_script_on_random_batches() {
     let mut keys = vec![Stored::default(); KEYS];
     let mut now = T0;
     let mut seq = 0;
+    let mut epochs = Vec::new();
     // Seen: a key twice, a holder's grant, a reservation, an offence, a refused group.
     let mut seen = [0usize; 5];
     for round in 0..BATCHES {
@@ -248,11 +271,11 @@ fn model_matches_script_on_random_batches() {
                 1 => now + rng.below(500_000),
                 _ => now,
             };
-            groups.push(random_group(&mut rng, key, at, &mut seq));
+            groups.push(random_group(&mut rng, key, at, &mut seq, &epochs));
         }
         let before = keys.clone();
         let replies = take_batch(&mut keys, &groups, 0).unwrap();
-        let want = batch_integers(&replies);
+        let want = batch_integers(&groups, &replies);
 
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&sha).arg(n);
@@ -275,7 +298,8 @@ fn model_matches_script_on_random_batches() {
                 other => panic!("not an integer: {other:?}"),
             })
             .collect();
-        let (got, ttls) = got.split_at(6 * n);
+        let (got, ttls) = got.split_at(want.len());
+        epochs.extend(replies.iter().filter_map(|r| r.as_ref().ok()?.epoch));
         let ctx = format!("round {round}: {groups:?} before {before:?}");
         assert_eq!(got, &want[..], "{ctx}: script vs model");
         for (k, stored) in keys.iter().enumerate() {

@@ -28,6 +28,20 @@ pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
             units,
             ts_us,
             per_token,
+            // The spill epoch (E, D, N) of a bucket that tracks it; the refill to now is the
+            // same.
+            spill: match (
+                get("E").and_then(|v| v.parse::<u64>().ok()),
+                get("D").and_then(|v| v.parse::<i64>().ok()),
+                get("N").and_then(|v| v.parse::<u64>().ok()),
+            ) {
+                (Some(epoch), Some(headroom), Some(taken)) => Some(tollgate_core::bucket::Spill {
+                    epoch,
+                    headroom,
+                    taken,
+                }),
+                _ => None,
+            },
         }),
         _ => None,
     };

@@ -38,6 +38,9 @@ pub const MAX_RATE: u64 = 1_000_000_000;
 /// Integers up to 2^53 are exact in a Lua number.
 const MAX_EXACT: u64 = 1 << 53;
 
+/// A stretch whose marks pass this starts again (the script's MAX_TAKEN): sums stay exact.
+const MAX_TAKEN: u64 = 1 << 51;
+
 /// Longest `max_wait_ms` the script accepts (so the deepest debt stays below 2^53).
 pub const MAX_WAIT_MS: u64 = 3_600_000;
 
@@ -56,6 +59,43 @@ pub struct State {
     /// The units per token `units` are scaled by ([`Limits::units_per_token`] of the limits that
     /// wrote it: `per_token` when the step is 1 ms).
     pub per_token: u64,
+    /// The spill epoch, on a bucket that tracks it (the hash's `E`, `D`; its `T` is `ts_us`).
+    pub spill: Option<Spill>,
+}
+
+/// A tracking bucket's current stretch (the script's header, "The spill epoch"): a refund of a
+/// take in it gives back at most `headroom` + the take's mark, in units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spill {
+    /// When the stretch began (µs): a refill reached the cap, the bucket was created, or what
+    /// came before is unknown.
+    pub epoch: u64,
+    /// Full less the most V + taken - R has been since `epoch`, less R (V: units held, with what
+    /// holders hold; R: units refunds gave back since). Negative when refunds used it up.
+    pub headroom: i64,
+    /// Units taken since `epoch` (a take's mark is this after it).
+    pub taken: u64,
+}
+
+/// What a take in the tracked form is answered with, and its refund carries back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    /// The bucket's spill epoch after the call.
+    pub epoch: u64,
+    /// Units taken in the stretch, this call's take included.
+    pub mark: u64,
+}
+
+/// What a call that may be refunded sends in the tracked form of its settlement (the script's
+/// `<charge>:<refund>:<epoch>:<mark>`): the bucket tracks its spill epoch, and the reply carries
+/// it with the take's mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tracked {
+    /// Tokens to give back, as far as the bucket's headroom allows (0: none).
+    pub refund: u64,
+    /// The stamp the refund's take was answered with.
+    pub epoch: u64,
+    pub mark: u64,
 }
 
 /// The script's reply: `{allowed, remaining, retry_after_ms, reset_after_ms, granted}`, and with a
@@ -76,6 +116,9 @@ pub struct Reply {
     /// Whether the denial is the penalty box's (the script's 6th field, sent only for a call
     /// with a penalty; `No` otherwise).
     pub penalized: Penalized,
+    /// The bucket's spill epoch after this call and the take's mark (the 7th and 8th fields),
+    /// for a call in the tracked form only: what a refund of its take carries.
+    pub epoch: Option<Stamp>,
 }
 
 /// The script's 6th reply field: how the penalty box took part in a denial.
@@ -214,6 +257,7 @@ impl Reply {
         reset_after_ms: 0,
         granted: 0,
         penalized: Penalized::No,
+        epoch: None,
     };
 }
 
@@ -432,8 +476,11 @@ pub struct Ask {
     /// The proxy that holds what it is granted (lease mode); None: spent at once.
     pub holder: Option<Holder>,
     pub max_wait_ms: u64,
-    /// Tokens to charge (> 0) or refund (< 0) first.
+    /// Tokens to charge (> 0) first; a refund without an epoch (< 0) gives back nothing. In the
+    /// tracked form (`track`), the charge (>= 0).
     pub settle: i64,
+    /// The tracked form of the settlement: a refund with its epoch, and the epoch in the reply.
+    pub track: Option<Tracked>,
 }
 
 /// One atomic step of the bucket, exactly as `lua/token_bucket.lua` does it, for a caller that holds
@@ -453,6 +500,7 @@ pub fn take(
         holder: None,
         max_wait_ms,
         settle,
+        track: None,
     };
     take_held(state, &mut Holders::default(), limits, &ask, now_us)
 }
@@ -501,8 +549,13 @@ pub fn take_penalized(
         holder,
         max_wait_ms,
         settle,
+        track,
     } = *ask;
-    let settle_ok = settle.unsigned_abs() <= limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+    let most = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
+    let settle_ok = settle.unsigned_abs() <= most
+        && track.is_none_or(|t| {
+            settle >= 0 && t.refund <= most && t.epoch <= MAX_EXACT && t.mark <= MAX_EXACT
+        });
     let holder_ok = holder.is_none_or(|h| {
         h.id >= 1
             && h.seq >= 1
@@ -525,6 +578,17 @@ pub fn take_penalized(
 
     // 1. Load (absent = full, no holders), rescale to these units per token; drop expired holders
     // and clamp to what the bucket can hold.
+    // The spill epoch, on a bucket that tracks it: (headroom, taken), and whether a stretch
+    // began in this call (no refund comes back in it). A stretch begins where V is known.
+    let tracked = track.is_some() || state.is_some_and(|s| s.spill.is_some());
+    let stored_epoch = state.filter(|s| s.per_token >= 1).and_then(|s| s.spill);
+    let (mut headroom, mut taken, mut renew) = match (stored_epoch, state) {
+        (Some(sp), Some(s)) if int(s.per_token) == per_token && sp.taken <= MAX_TAKEN => {
+            (sp.headroom, sp.taken, false)
+        }
+        // Another unit per token, or marks too large to stay exact: what came before is unknown.
+        _ => (0, 0, tracked),
+    };
     let (mut units, mut ts_us) = match state {
         Some(s) if s.per_token >= 1 => {
             let p = int(s.per_token);
@@ -546,14 +610,28 @@ pub fn take_penalized(
         }
         _ => {
             holders.0.clear();
+            // A missing key is a full bucket: a new stretch, as a spill starts one.
+            renew = tracked;
             (full, now_us)
         }
     };
     let mut out = int(holders.held());
+    // Full less V + taken: what the headroom never passes.
+    let room = |units: i64, out: i64, taken: u64| {
+        full - units - out.saturating_mul(per_token) - int(taken)
+    };
+    if tracked {
+        if renew {
+            (taken, headroom) = (0, room(units, out, 0));
+        } else {
+            headroom = headroom.min(room(units, out, taken));
+        }
+    }
     let capacity = |out: i64| full.saturating_sub(out.saturating_mul(per_token)).max(0);
     units = units.min(capacity(out));
     // 2. Refill by whole steps (ts_us keeps the remainder), never past what the bucket can hold.
     // The holder's report only lowers what it holds, each step from its quiet_ms ago on.
+    // True when the refill reached the cap (what came past it spilled).
     let refill = |units: &mut i64, ts_us: &mut u64, to_us: u64, out: i64| {
         let elapsed = int(to_us.saturating_sub(*ts_us) / step_us);
         if elapsed > 0 {
@@ -561,13 +639,14 @@ pub fn take_penalized(
             if elapsed >= to_full {
                 *units = capacity(out);
                 *ts_us = to_us;
-            } else {
-                // elapsed < to_full, so neither can overflow.
-                *units = units.saturating_add(elapsed.saturating_mul(rate));
-                *ts_us = ts_us
-                    .saturating_add(u64::try_from(elapsed).unwrap_or(0).saturating_mul(step_us));
+                return true;
             }
+            // elapsed < to_full, so neither can overflow.
+            *units = units.saturating_add(elapsed.saturating_mul(rate));
+            *ts_us =
+                ts_us.saturating_add(u64::try_from(elapsed).unwrap_or(0).saturating_mul(step_us));
         }
+        false
     };
     if now_us < ts_us {
         ts_us = now_us; // the clock went back: no refill
@@ -583,7 +662,12 @@ pub fn take_penalized(
     gone.sort_by_key(|h| h.expires_us);
     for h in gone {
         if h.expires_us > ts_us {
-            refill(&mut units, &mut ts_us, h.expires_us, out);
+            let c = refill(&mut units, &mut ts_us, h.expires_us, out);
+            if tracked && c {
+                (renew, taken, headroom) = (true, 0, room(units, out, 0));
+            } else if tracked {
+                headroom = headroom.min(room(units, out, taken));
+            }
         }
         out -= int(h.held);
     }
@@ -611,7 +695,12 @@ pub fn take_penalized(
         for &(held, quiet_ms) in h.steps() {
             let from = now_us.saturating_sub(quiet_ms.saturating_mul(1000));
             if from > ts_us {
-                refill(&mut units, &mut ts_us, from, out);
+                let c = refill(&mut units, &mut ts_us, from, out);
+                if tracked && c {
+                    (renew, taken, headroom) = (true, 0, room(units, out, 0));
+                } else if tracked {
+                    headroom = headroom.min(room(units, out, taken));
+                }
             }
             if held < rec.held {
                 out -= int(rec.held - held);
@@ -619,13 +708,20 @@ pub fn take_penalized(
             }
         }
     }
-    refill(&mut units, &mut ts_us, now_us, out);
+    if refill(&mut units, &mut ts_us, now_us, out) && tracked {
+        // A spill: the new stretch begins here.
+        (renew, taken, headroom) = (true, 0, room(units, out, 0));
+    }
     if back > 0 {
         units = units.max(
             units
                 .saturating_add(back.saturating_mul(per_token))
                 .min(capacity(out)),
         );
+    }
+    if tracked {
+        // The most V + taken - R has been since the stretch began: never below what it is now.
+        headroom = headroom.min(room(units, out, taken));
     }
     // Refilled to now: less than a step has passed since ts_us, and the refill comes at whole
     // steps after it.
@@ -642,12 +738,23 @@ pub fn take_penalized(
 
     // 2c. Settle: a charge only lowers (at most MAX_SETTLE_BURSTS bursts into debt), a refund
     // only raises (never past what the bucket can hold).
+    // A refund without an epoch (settle < 0) gives back nothing.
     let floor = -full.saturating_mul(int(MAX_SETTLE_BURSTS));
     let delta = settle.saturating_mul(per_token);
     if settle > 0 {
         units = units.saturating_sub(delta).max(units.min(floor));
-    } else if settle < 0 {
-        units = units.max(units.saturating_sub(delta).min(capacity(out)));
+    }
+    // A refund gives back at most the headroom + its take's mark (units: part of a token too),
+    // if no stretch began since its take; a mark is never past what was taken.
+    if let (Some(t), false, Some(sp)) = (track, renew, stored_epoch) {
+        if t.refund > 0 && t.epoch == sp.epoch {
+            let bound = headroom.saturating_add(int(t.mark.min(taken)));
+            let x = int(t.refund).saturating_mul(per_token).min(bound);
+            if x > 0 {
+                units += x;
+                headroom -= x;
+            }
+        }
     }
 
     // 2d. The penalty box: what is on record, if the call has a penalty (a count past the
@@ -742,6 +849,12 @@ pub fn take_penalized(
         penalized = Penalized::Offence;
     }
 
+    // A take marks the units taken in the stretch (a holder's grant moves tokens from the bucket
+    // to what holders hold: V, as the bound counts it, stays the same).
+    if tracked && record.is_none() {
+        taken = taken.saturating_add(u64::try_from(granted.saturating_mul(per_token)).unwrap_or(0));
+    }
+
     // 3b. The holder's record: what it holds now, until its grant's reservation has refilled and
     // hold_ms more; a denied holder stays on record as one asking for a share.
     if let (Some(rec), Some(h)) = (record.as_mut(), holder) {
@@ -767,6 +880,29 @@ pub fn take_penalized(
         reset_after_ms: u64::try_from(clock.wait_ms(capacity(out) - units)).unwrap_or(0),
         granted: u64::try_from(granted).unwrap_or(0),
         penalized,
+        epoch: None,
+    };
+
+    // 4b. The spill epoch: a stretch that began in this call gets a new epoch; E only grows
+    // while the key lives.
+    let spill = tracked.then(|| {
+        let epoch = match (renew, stored_epoch) {
+            (false, Some(sp)) => sp.epoch,
+            (true, Some(sp)) => now_us.max(sp.epoch.saturating_add(1)),
+            (_, None) => now_us,
+        };
+        Spill {
+            epoch,
+            headroom,
+            taken,
+        }
+    });
+    let reply = Reply {
+        epoch: track.and(spill).map(|sp| Stamp {
+            epoch: sp.epoch,
+            mark: sp.taken,
+        }),
+        ..reply
     };
 
     // 5. Store: a full bucket with no holders is no key at all, unless it is boxed or remembers
@@ -779,6 +915,7 @@ pub fn take_penalized(
         units,
         ts_us,
         per_token: limits.period_ms / step_ms,
+        spill,
     });
     if next.is_none() {
         *offences = Offences::default();
@@ -893,6 +1030,32 @@ pub fn operate_penalized(
         }
         Operation::Credit(_) => units,
     };
+    // Tokens an operator puts in were never taken: after a reset nothing taken before comes
+    // back (a new stretch); a credit counts as held since the stretch began. The script does
+    // this before it ends the call, so a stretch begins at most once in it.
+    let before = state
+        .filter(|s| s.per_token >= 1)
+        .and_then(|s| s.spill)
+        .map(|s| s.epoch);
+    if let Some(sp) = refilled.spill.as_mut() {
+        // Full less V (what holders hold counted, not clamped as the capacity is).
+        let held = int(holders.held()).saturating_mul(per_token);
+        let room = full - held - refilled.units;
+        match op {
+            Operation::Reset => {
+                sp.headroom = room;
+                sp.taken = 0;
+                // A stretch begins at most once in a call.
+                if before == Some(sp.epoch) {
+                    sp.epoch = now_us.max(sp.epoch.saturating_add(1));
+                }
+            }
+            Operation::Credit(_) => {
+                let taken = i64::try_from(sp.taken).unwrap_or(i64::MAX);
+                sp.headroom = sp.headroom.min(room - taken);
+            }
+        }
+    }
     let reply = Reply {
         allowed: true,
         remaining: u64::try_from(refilled.units.max(0) / per_token).unwrap_or(0),
@@ -900,6 +1063,7 @@ pub fn operate_penalized(
         reset_after_ms: u64::try_from(clock.wait_ms(capacity - refilled.units)).unwrap_or(0),
         granted: 0,
         penalized: Penalized::No,
+        epoch: None,
     };
     // With the penalty, `offences` already says whether they keep the key (the refill above).
     let keep = penalty.is_some_and(|p| offences.keep_ms(p, now_us) > 0);
@@ -992,6 +1156,7 @@ mod tests {
                 reset_after_ms: 200, // 1000 units at 5 units/ms
                 granted: 1,
                 penalized: Penalized::No,
+                epoch: None,
             }
         );
         assert_eq!(
@@ -999,7 +1164,8 @@ mod tests {
             Some(State {
                 units: 9000,
                 ts_us: T0,
-                per_token: 1000
+                per_token: 1000,
+                spill: None,
             })
         );
     }
@@ -1094,6 +1260,7 @@ mod tests {
                 reset_after_ms: 0,
                 granted: 0,
                 penalized: Penalized::No,
+                epoch: None,
             }
         );
         let mut s = None;
@@ -1148,6 +1315,7 @@ mod tests {
             units: i64::MAX,
             ts_us: 0,
             per_token: 3,
+            spill: None,
         };
         let l = lim(1 << 40, MAX_RATE, 1 << 10);
         let (_, r) = take(Some(odd), &l, 1, u64::MAX, 0, 0, u64::MAX);
@@ -1187,14 +1355,93 @@ mod tests {
             21 * 60_000,
             "the debt plus one token refills first"
         );
-        // Cost 0 only settles: a refund never fills past full.
-        let (s, r) = take(s, &l, 0, 0, 0, -400, T0);
-        assert_eq!((r.allowed, r.granted, r.remaining), (true, 0, 100));
-        assert_eq!(s, None, "full: no state");
+        // A refund without an epoch gives back nothing.
+        let (after, r) = take(s, &l, 0, 0, 0, -400, T0);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 0, 0));
+        assert_eq!(after, s, "unchanged");
         // A charge goes at most four bursts deep.
         let (s, _) = take(None, &l, 0, 0, 0, 400, T0);
         let (_, r) = take(s, &l, 0, 0, 0, 400, T0);
         assert_eq!(r.reset_after_ms, 500 * 60_000);
+    }
+
+    /// Takes and refunds in the tracked form: the refund gives back what the bucket stayed
+    /// short of full since the take's stretch began, and nothing after a spill.
+    fn tracked(
+        s: Option<State>,
+        l: &Limits,
+        cost: u64,
+        refund: u64,
+        stamp: Option<Stamp>,
+        now: u64,
+    ) -> (Option<State>, Reply) {
+        let s0 = stamp.unwrap_or_default();
+        let ask = Ask {
+            cost,
+            track: Some(Tracked {
+                refund,
+                epoch: s0.epoch,
+                mark: s0.mark,
+            }),
+            ..Ask::default()
+        };
+        take_held(s, &mut Holders::default(), l, &ask, now)
+    }
+
+    #[test]
+    fn a_refund_gives_back_what_the_bucket_stayed_short_of_full_since_its_take() {
+        // burst 1, a token a second: the window-bound case.
+        let l = lim(1, 1, 1000);
+        let (s, a) = tracked(None, &l, 1, 0, None, T0);
+        let stamp = |epoch, mark| Some(Stamp { epoch, mark });
+        assert_eq!(
+            (a.allowed, a.epoch),
+            (true, stamp(T0, 1000)),
+            "created: a stretch"
+        );
+        let (s, b) = tracked(s, &l, 1, 0, None, T0 + 1_000_000);
+        assert_eq!(
+            (b.allowed, b.epoch),
+            (true, stamp(T0 + 1_000_000, 1000)),
+            "refilled to full"
+        );
+        // A's refund at 1100 ms carries the old epoch: nothing back, C is denied.
+        let (s, _) = tracked(s, &l, 0, 1, a.epoch, T0 + 1_100_000);
+        let (_, c) = tracked(s, &l, 1, 0, None, T0 + 1_100_000);
+        assert!(
+            !c.allowed,
+            "two admissions in 100 ms would pass burst + rate * W"
+        );
+
+        // A drained bucket: its refund comes back whole.
+        let l = lim(5, 1, 1000);
+        let (s, a) = tracked(None, &l, 5, 0, None, T0);
+        let (s, r) = tracked(s, &l, 0, 5, a.epoch, T0 + 100_000);
+        assert_eq!(r.remaining, 5, "0.1 token refilled, 4.9 back: full");
+        assert_eq!(s, None, "full: no key");
+        // From a full bucket, a refund gives back what the cap leaves.
+        let (s, a) = tracked(None, &l, 3, 0, None, T0);
+        let (s, _) = tracked(s, &l, 0, 3, a.epoch, T0 + 100_000);
+        assert_eq!(s, None, "2.1 tokens + 2.9 back: full again (no key)");
+        // Two takes from a full bucket, both refunded: each comes back, less the refill since.
+        let (s, a) = tracked(None, &l, 2, 0, None, T0);
+        let (s, b) = tracked(s, &l, 2, 0, None, T0);
+        assert_eq!(a.epoch.map(|s| s.epoch), b.epoch.map(|s| s.epoch));
+        assert_eq!((a.epoch.unwrap().mark, b.epoch.unwrap().mark), (2000, 4000));
+        let (s, _) = tracked(s, &l, 0, 2, a.epoch, T0 + 10_000);
+        assert_eq!(
+            s.unwrap().units,
+            3000,
+            "1.01 + 1.99: a's 2 less the refill since"
+        );
+        let (s, _) = tracked(s, &l, 0, 2, b.epoch, T0 + 10_000);
+        assert_eq!(s, None, "b's 2 come back too: full, never past");
+        // A refund sent twice gives back no more than its take's mark allows in all.
+        let (s, a) = tracked(None, &l, 1, 0, None, T0);
+        let (s, _) = tracked(s, &l, 0, 1, a.epoch, T0);
+        assert_eq!(s, None, "full again");
+        let (s, _) = tracked(s, &l, 0, 1, a.epoch, T0);
+        assert_eq!(s, None, "a new bucket: its epoch is not a's stretch");
     }
 
     #[test]
@@ -1227,7 +1474,8 @@ mod tests {
             Some(State {
                 units: 60,
                 ts_us: T0,
-                per_token: 10
+                per_token: 10,
+                spill: None,
             })
         );
         // Partial tokens scale down, never up: 6 tokens + 7/10 at p=10 -> 6.7 tokens at p=1000.
@@ -1235,6 +1483,7 @@ mod tests {
             units: 67,
             ts_us: T0,
             per_token: 10,
+            spill: None,
         });
         let (s, _) = take(part, &lim(10, 1, 1000), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 6700 - 1000);
@@ -1242,6 +1491,7 @@ mod tests {
             units: 7,
             ts_us: T0,
             per_token: 3,
+            spill: None,
         });
         let (s, _) = take(part, &lim(10, 1, 2), 1, 0, 0, 0, T0);
         assert_eq!(s.unwrap().units, 4 - 2); // floor(7*2/3) = 4
@@ -1320,6 +1570,7 @@ mod tests {
             units: -1500,
             ts_us: T0,
             per_token: 1000,
+            spill: None,
         };
         let l2 = Limits {
             burst: 2,
@@ -1504,7 +1755,8 @@ mod tests {
             Some(State {
                 units: 276_542 * 2_592_000,
                 ts_us: T0,
-                per_token: 2_592_000
+                per_token: 2_592_000,
+                spill: None,
             })
         );
         let r = step(&mut s, &ms, 2, 0, T0);
@@ -1516,6 +1768,7 @@ mod tests {
             units: 7 * MONTH_MS as i64 + 999,
             ts_us: T0,
             per_token: MONTH_MS,
+            spill: None,
         });
         let (next, _) = take(part, &secs, 0, 0, 0, 0, T0);
         assert_eq!(next.unwrap().units, 7 * 2_592_000);
@@ -1523,6 +1776,7 @@ mod tests {
             units: -(7 * 2_592_000 + 1),
             ts_us: T0,
             per_token: 2_592_000,
+            spill: None,
         });
         let (next, _) = take(debt, &ms, 0, 0, 0, 0, T0);
         assert_eq!(next.unwrap().units, -8 * MONTH_MS as i64);
@@ -1536,6 +1790,7 @@ mod tests {
             units: 500 * 86_400_000,
             ts_us: T0,
             per_token: 86_400_000,
+            spill: None,
         };
         let day = lim(1000, 1000, 86_400_000);
         let (next, r) = take(Some(old), &day, 0, 0, 0, 0, T0);

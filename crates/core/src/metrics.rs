@@ -93,10 +93,14 @@ pub enum Counter {
     /// Exact checks this worker relayed to the worker collecting the proxy's next flight, to
     /// ride it instead of a flight of their own.
     Relayed,
+    /// Tokens of refunds this proxy dropped instead of sending: their take's reply carried no
+    /// spill epoch, a newer take's refund of the key replaced them, or the call carrying them
+    /// failed after it may have run (sent again, they could be given back twice).
+    RefundDropped,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 35] = [
+    pub const ALL: [Counter; 36] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -132,6 +136,7 @@ impl Counter {
         Counter::PenaltyOffences,
         Counter::Refunded,
         Counter::Relayed,
+        Counter::RefundDropped,
     ];
 
     /// The number of counters of a rule.
@@ -176,6 +181,7 @@ impl Counter {
             Counter::PenaltyOffences => 32,
             Counter::Refunded => 33,
             Counter::Relayed => 34,
+            Counter::RefundDropped => 35,
         }
     }
 
@@ -220,6 +226,7 @@ impl Counter {
             Counter::PenaltyOffences => "penalty_offences",
             Counter::Refunded => "refunded_tokens",
             Counter::Relayed => "relayed",
+            Counter::RefundDropped => "refund_dropped",
         }
     }
 }

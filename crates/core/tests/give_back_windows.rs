@@ -130,6 +130,7 @@ fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> Ran {
                 holder: Some(holder),
                 max_wait_ms: 10 * rng.below(3),
                 settle: 0,
+                track: None,
             };
             let (next, r) = take_held(state, &mut holders, &l, &ask, now * 1000);
             state = next;

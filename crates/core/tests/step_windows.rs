@@ -154,6 +154,7 @@ fn exact_calls_never_pass_the_bound_in_any_window_at_long_steps() {
                     0
                 },
                 settle: 0,
+                track: None,
             };
             let (s, r) = take_held(state, &mut Holders::default(), &l, &ask, now_us);
             state = s;
@@ -221,6 +222,7 @@ fn lease_holders_never_pass_the_bound_in_any_window_at_long_steps() {
                 holder: Some(holder),
                 max_wait_ms: horizon * 10,
                 settle: 0,
+                track: None,
             };
             let (s, r) = take_held(state, &mut holders, &l, &ask, now_us);
             state = s;

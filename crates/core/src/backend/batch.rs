@@ -1,8 +1,10 @@
 //! The script's batched form, transport-neutral: its bounds, the bytes a call adds to a batch, and
-//! the batched reply (6 integers per key) as one outcome per key.
+//! the batched reply (6 integers per key, 8 for a key that asked for its spill epoch and mark)
+//! as one outcome per key.
 //!
-//! Invariant: a batched reply maps to outcomes only when it holds exactly 6 integers per key sent;
-//! anything else is one `Malformed` for the whole call, never a partial mapping. A key's group is
+//! Invariant: a batched reply maps to outcomes only when it holds exactly the integers each key
+//! sent asks for (6, or 8 in the tracked form); anything else is one `Malformed` for the whole
+//! call, never a partial mapping. A key's group is
 //! either its `{-1, code, 0, 0, 0, 0}` error, mapped to the error its single call would have got,
 //! or the script's reply checked as the single form's is (`script_reply_of`, 6-integer form).
 
@@ -28,26 +30,59 @@ pub fn batch_bytes(call: &ScriptCall) -> usize {
     super::webdis::group_bytes(call).max(super::resp::group_bytes(call))
 }
 
-/// The batched reply `ints` to a call of `n` keys as one outcome per key, in order; `Malformed`
-/// for the whole call unless there are exactly 6 integers per key.
+/// The batched reply `ints` to a call of `n` keys none of which asked for its epoch.
 pub fn batch_replies(
     ints: &[i64],
     n: usize,
 ) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
-    if Some(ints.len()) != n.checked_mul(GROUP_INTS) {
+    batch_replies_asked(ints, n, &[])
+}
+
+/// The integers a batched reply holds for `n` keys, of which those whose `asks` entry is true
+/// sent the tracked form (8 integers: the epoch and the mark; the others, and every key past the
+/// end of `asks`, 6).
+pub fn reply_ints(n: usize, asks: &[bool]) -> usize {
+    let tracked = asks.iter().take(n).filter(|&&a| a).count();
+    n.saturating_mul(GROUP_INTS)
+        .saturating_add(tracked.saturating_mul(STAMP_INTS))
+}
+
+/// The integers a key in the tracked form adds to its group: its epoch and its mark.
+pub const STAMP_INTS: usize = 2;
+
+/// The batched reply `ints` as one outcome per key, in order, for `n` keys that asked for their
+/// spill epoch or not (`asks`, as [`reply_ints`] reads it); `Malformed` for the whole call
+/// unless there are exactly the integers they asked for.
+pub fn batch_replies_asked(
+    ints: &[i64],
+    n: usize,
+    asks: &[bool],
+) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+    let want = reply_ints(n, asks);
+    if ints.len() != want {
         return Err(BackendError::Malformed(format!(
-            "expected {} integers for {n} keys, got {}",
-            n.saturating_mul(GROUP_INTS),
+            "expected {want} integers for {n} keys, got {}",
             ints.len()
         )));
     }
-    Ok(ints.chunks_exact(GROUP_INTS).map(group).collect())
+    let mut out = Vec::with_capacity(n);
+    let mut rest = ints;
+    for i in 0..n {
+        let asked = asks.get(i).copied().unwrap_or(false);
+        let len = GROUP_INTS + if asked { STAMP_INTS } else { 0 };
+        let Some((one, more)) = rest.split_at_checked(len) else {
+            return Err(BackendError::Malformed("a short batched reply".to_string()));
+        };
+        out.push(group(one));
+        rest = more;
+    }
+    Ok(out)
 }
 
-/// One key's 6 integers.
+/// One key's 6 integers (8 with its epoch and mark).
 fn group(ints: &[i64]) -> Result<Reply, BackendError> {
     match *ints {
-        [-1, code, 0, 0, 0, 0] => Err(group_error(code)),
+        [-1, code, 0, 0, 0, 0] | [-1, code, 0, 0, 0, 0, 0, 0] => Err(group_error(code)),
         [-1, ..] => Err(BackendError::Malformed(
             "an error group with fields".to_string(),
         )),
@@ -122,6 +157,7 @@ mod tests {
             reset_after_ms: reset,
             granted,
             penalized: Penalized::No,
+            epoch: None,
         }
     }
 

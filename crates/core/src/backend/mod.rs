@@ -12,7 +12,9 @@ pub mod script;
 pub mod slot;
 pub mod webdis;
 
-pub use batch::{batch_bytes, batch_replies, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
+pub use batch::{
+    batch_bytes, batch_replies, batch_replies_asked, reply_ints, MAX_BATCH_BYTES, MAX_BATCH_KEYS,
+};
 pub use exchange::{Answer, Outgoing, Payload, MAX_REPLY_BYTES};
 pub use slot::slot;
 
@@ -29,15 +31,17 @@ pub trait Transport {
     /// out with `request`, whose bytes are the single form's). Each group's arguments are what
     /// `request` sends after the key, written by the same code.
     fn request_batch(&self, calls: &[&ScriptCall], with_source: bool) -> Outgoing;
-    /// The answer to a `request_batch` of `n` calls: `Err` = the whole request failed (every call
-    /// gets it: no answer, NOSCRIPT, CROSSSLOT, a Redis error, anything but exactly 6n integers);
-    /// `Ok` = exactly `n` per-call results, in order (a key's own error is its own `Err`). The
-    /// caller still checks each reply against its call with [`reply_to`] (a penalty claimed for
-    /// a call that sent none), as it does for `decode`.
+    /// The answer to a `request_batch` of `n` calls, `asks` saying which of them sent the
+    /// tracked form (7 integers each, 6 for the others; empty: none did): `Err` = the whole request
+    /// failed (every call gets it: no answer, NOSCRIPT, CROSSSLOT, a Redis error, anything but
+    /// exactly the integers asked for); `Ok` = exactly `n` per-call results, in order (a key's
+    /// own error is its own `Err`). The caller still checks each reply against its call with
+    /// [`reply_to`] (a penalty claimed for a call that sent none), as it does for `decode`.
     fn decode_batch(
         &self,
         answer: &Answer,
         n: usize,
+        asks: &[bool],
     ) -> Result<Vec<Result<Reply, BackendError>>, BackendError>;
 }
 
@@ -54,8 +58,14 @@ pub struct ScriptCall {
     pub lease_want: u64,
     /// How long the proxy will hold the request for a reservation (0 = none).
     pub max_wait_ms: u64,
-    /// Tokens to charge (> 0) or refund (< 0) first: usage measured after earlier admissions.
+    /// Tokens to charge (> 0) first: usage measured after earlier admissions. (The filter sends
+    /// refunds only in `track`: a negative settle gives back nothing.)
     pub settle: i64,
+    /// The tracked form of the settlement (ARGV[7] `<charge>:<refund>:<epoch>:<mark>`): set on
+    /// every call whose take may be refunded, and on every call that carries a refund. The
+    /// bucket tracks its spill epoch, and the reply carries it and the take's mark (a 7th and an
+    /// 8th integer).
+    pub track: Option<crate::bucket::Tracked>,
     /// Lease mode: the proxy that will hold what is granted, what it still holds and for how long
     /// it may hold a grant (the script counts held tokens against the bucket's capacity).
     pub holder: Option<Box<crate::bucket::Holder>>,
@@ -76,9 +86,20 @@ impl ScriptCall {
             lease_want: 0,
             max_wait_ms: 0,
             settle: 0,
+            track: None,
             holder: None,
             penalty: None,
         }
+    }
+
+    /// Whether the call sends the tracked form of the settlement (its reply has the epoch).
+    pub fn tracked(&self) -> bool {
+        self.track.is_some()
+    }
+
+    /// Whether the call carries a settlement (a charge, or a refund in its tracked form).
+    pub fn settles(&self) -> bool {
+        self.settle != 0 || self.track.is_some_and(|t| t.refund > 0)
     }
 
     /// Appends the script's ARGV[8] and ARGV[9] when the call has a penalty: `time` (Redis'
@@ -132,7 +153,7 @@ impl ScriptCall {
         let (with_settle, with_wait) = match tail {
             Tail::Full => (true, true),
             Tail::Trimmed => {
-                let settle = with_penalty || self.settle != 0;
+                let settle = with_penalty || self.settle != 0 || self.tracked();
                 (settle, settle || self.max_wait_ms != 0)
             }
         };
@@ -152,7 +173,16 @@ impl ScriptCall {
         if with_wait {
             arg(crate::decimal::digits(&mut number, self.max_wait_ms));
         }
-        if with_settle {
+        if let (true, Some(t)) = (with_settle, self.track) {
+            // `<charge>:<refund>:<epoch>:<mark>`: digits and colons only.
+            let mut out = Vec::with_capacity(64);
+            crate::decimal::push_bytes(&mut out, u64::try_from(self.settle).unwrap_or(0));
+            for n in [t.refund, t.epoch, t.mark] {
+                out.push(b':');
+                crate::decimal::push_bytes(&mut out, n);
+            }
+            arg(&out);
+        } else if with_settle {
             arg(crate::decimal::signed_digits(&mut number, self.settle));
         }
         self.push_penalty(&mut arg);
@@ -197,19 +227,23 @@ pub fn script_reply(ints: [i64; 5]) -> Result<Reply, BackendError> {
         reset_after_ms: non_negative(reset_after_ms, "reset_after_ms")?,
         granted: non_negative(granted, "granted")?,
         penalized: crate::bucket::Penalized::No,
+        epoch: None,
     })
 }
 
-/// The script's reply as a list of integers: five, or six when the call had a penalty (the 6th
-/// says whether the denial is the penalty box's). A 6th field outside 0..=2, or one claiming a
-/// penalty for an admission or for a denial of less than 1 ms, is malformed.
+/// The script's reply as a list of integers: five; six when the call had a penalty (the 6th
+/// says whether the denial is the penalty box's); eight when it asked for its spill epoch (the
+/// tracked form of the settlement: the 7th is the epoch, the 8th the take's mark, the 6th as
+/// with a penalty). A 6th field outside 0..=2, one claiming a penalty for an admission or for a
+/// denial of less than 1 ms, or a negative epoch or mark, is malformed.
 pub fn script_reply_of(ints: &[i64]) -> Result<Reply, BackendError> {
-    let (five, sixth) = match *ints {
-        [a, b, c, d, e] => ([a, b, c, d, e], None),
-        [a, b, c, d, e, f] => ([a, b, c, d, e], Some(f)),
+    let (five, sixth, stamp) = match *ints {
+        [a, b, c, d, e] => ([a, b, c, d, e], None, None),
+        [a, b, c, d, e, f] => ([a, b, c, d, e], Some(f), None),
+        [a, b, c, d, e, f, g, h] => ([a, b, c, d, e], Some(f), Some((g, h))),
         _ => {
             return Err(BackendError::Malformed(format!(
-                "expected 5 or 6 integers, got {}",
+                "expected 5, 6 or 8 integers, got {}",
                 ints.len()
             )))
         }
@@ -226,6 +260,13 @@ pub fn script_reply_of(ints: &[i64]) -> Result<Reply, BackendError> {
         }
         reply.penalized = penalized;
     }
+    if let Some((epoch, mark)) = stamp {
+        let negative = |_| BackendError::Malformed("negative epoch or mark".to_string());
+        reply.epoch = Some(crate::bucket::Stamp {
+            epoch: u64::try_from(epoch).map_err(negative)?,
+            mark: u64::try_from(mark).map_err(negative)?,
+        });
+    }
     Ok(reply)
 }
 
@@ -236,6 +277,12 @@ pub fn reply_to(call: &ScriptCall, reply: Reply) -> Result<Reply, BackendError> 
     if call.penalty.is_none() && reply.penalized != crate::bucket::Penalized::No {
         return Err(BackendError::Malformed(
             "penalized for a call without a penalty".to_string(),
+        ));
+    }
+    // The epoch comes back to a call in the tracked form, and only to one.
+    if call.tracked() != reply.epoch.is_some() {
+        return Err(BackendError::Malformed(
+            "a spill epoch the call did not ask for, or none where it did".to_string(),
         ));
     }
     Ok(reply)
@@ -361,6 +408,21 @@ impl BackendError {
                 }
             }
         }
+    }
+
+    /// Whether the script may have run for a call that failed so: anything but a call that never
+    /// left (not dispatched, refused by the breaker or `max_inflight`) or that the backend
+    /// refused before running the script (NOSCRIPT, CROSSSLOT). A timeout, a reset, an HTTP
+    /// error, a Redis error or a garbled reply may all follow a script that ran.
+    pub fn may_have_run(&self) -> bool {
+        !matches!(
+            self,
+            BackendError::Dispatch(_)
+                | BackendError::CircuitOpen
+                | BackendError::Overflow
+                | BackendError::NoScript
+                | BackendError::CrossSlot
+        )
     }
 
     /// Whether this failure says the backend as a whole cannot serve (it counts toward opening

@@ -164,8 +164,9 @@ impl Transport for Resp {
         &self,
         answer: &Answer,
         n: usize,
+        asks: &[bool],
     ) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
-        decode_batch_answer(answer, n)
+        reply_of(answer).and_then(|reply| decode_batch_reply_asked(reply, n, asks))
     }
 }
 
@@ -206,7 +207,7 @@ fn reply_of(answer: &Answer) -> Result<&[u8], BackendError> {
 
 /// Decodes one raw RESP reply to a script call.
 pub fn decode_reply(reply: &[u8]) -> Result<Reply, BackendError> {
-    let ints = decode_integers(reply, 5..=6)?;
+    let ints = decode_integers(reply, 5..=8)?;
     script_reply_of(&ints)
 }
 
@@ -216,9 +217,19 @@ pub fn decode_batch_reply(
     reply: &[u8],
     n: usize,
 ) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
-    let want = n.saturating_mul(super::batch::GROUP_INTS);
+    decode_batch_reply_asked(reply, n, &[])
+}
+
+/// [`decode_batch_reply`] for keys that asked for their spill epoch or not (`asks`: 7 integers
+/// for a key that did: [`super::reply_ints`]).
+pub fn decode_batch_reply_asked(
+    reply: &[u8],
+    n: usize,
+    asks: &[bool],
+) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+    let want = super::reply_ints(n, asks);
     let ints = decode_integers(reply, want..=want).map_err(super::batch::whole_error)?;
-    super::batch_replies(&ints, n)
+    super::batch_replies_asked(&ints, n, asks)
 }
 
 /// One RESP value, nothing after it, within `MAX_REPLY_BYTES`: an array of integers, as many as
@@ -373,6 +384,7 @@ mod tests {
             settle: -3,
             holder: None,
             penalty: None,
+            track: None,
         }
     }
 
@@ -384,6 +396,7 @@ mod tests {
             reset_after_ms: reset,
             granted,
             penalized: crate::bucket::Penalized::No,
+            epoch: None,
         }
     }
 
@@ -661,6 +674,9 @@ mod tests {
             &[1, 3, 0, 9, 1, 2],
             &[0, 0, 0, 9, 0, 1],
             &[0, 0, 12, 9, 0, 0, 0],
+            &[0, 0, 12, 9, 0, 0, 0, 0, 0],
+            &[1, 3, 0, 9, 1, 0, -1, 0],
+            &[1, 3, 0, 9, 1, 0, 1, -1],
         ] {
             assert!(
                 matches!(decode_reply(&wire(bad)), Err(BackendError::Malformed(_))),

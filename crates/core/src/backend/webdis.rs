@@ -234,8 +234,9 @@ impl super::Transport for Webdis {
         &self,
         answer: &Answer,
         n: usize,
+        asks: &[bool],
     ) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
-        decode_batch_answer(answer, n)
+        body_of(answer).and_then(|body| decode_batch_reply_asked(body, n, asks))
     }
 }
 
@@ -283,9 +284,9 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, BackendError> {
         return super::script_reply_of(ints.get(..n).unwrap_or_default());
     }
     let items = json_items(body)?;
-    if !(5..=6).contains(&items.len()) {
+    if !matches!(items.len(), 5 | 6 | 8) {
         return Err(BackendError::Malformed(format!(
-            "expected 5 or 6 integers, got {} items",
+            "expected 5, 6 or 8 integers, got {} items",
             items.len()
         )));
     }
@@ -298,9 +299,19 @@ pub fn decode_batch_reply(
     body: &[u8],
     n: usize,
 ) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
-    let want = n.saturating_mul(super::batch::GROUP_INTS);
+    decode_batch_reply_asked(body, n, &[])
+}
+
+/// [`decode_batch_reply`] for keys that asked for their spill epoch or not (`asks`: 7 integers
+/// for a key that did: [`super::reply_ints`]).
+pub fn decode_batch_reply_asked(
+    body: &[u8],
+    n: usize,
+    asks: &[bool],
+) -> Result<Vec<Result<Reply, BackendError>>, BackendError> {
+    let want = super::reply_ints(n, asks);
     if let Some(ints) = integers(body, want) {
-        return super::batch_replies(&ints, n);
+        return super::batch_replies_asked(&ints, n, asks);
     }
     let items = json_items(body).map_err(super::batch::whole_error)?;
     if items.len() != want {
@@ -309,7 +320,7 @@ pub fn decode_batch_reply(
             items.len()
         )));
     }
-    super::batch_replies(&json_integers(&items)?, n)
+    super::batch_replies_asked(&json_integers(&items)?, n, asks)
 }
 
 /// The array Webdis wrapped in `{"<COMMAND>": [...]}`, or the error it stands for: Redis' error
@@ -351,11 +362,11 @@ fn json_integers(items: &[serde_json::Value]) -> Result<Vec<i64>, BackendError> 
 }
 
 /// The script's normal answer as Webdis writes it, `{"EVALSHA":[1,199,0,1000,5]}` (any upper-case
-/// command name, no spaces, five integers, or six with a penalty), read without building a JSON
+/// command name, no spaces, five integers, six with a penalty, seven with an epoch), read without building a JSON
 /// tree: one comes back for every call. Anything else is None and goes through serde_json, which
 /// decides what it means. Returns the integers and how many there are.
-fn small_integers(body: &[u8]) -> Option<([i64; 6], usize)> {
-    let mut out = [0i64; 6];
+fn small_integers(body: &[u8]) -> Option<([i64; 8], usize)> {
+    let mut out = [0i64; 8];
     let count = int_array(body, out.len(), |i, n| {
         if let Some(slot) = out.get_mut(i) {
             *slot = n;
@@ -454,6 +465,7 @@ mod tests {
             settle: 0,
             holder: None,
             penalty: None,
+            track: None,
         }
     }
 
@@ -602,6 +614,7 @@ mod tests {
                 reset_after_ms: 10,
                 granted: 1,
                 penalized: crate::bucket::Penalized::No,
+                epoch: None,
             }
         );
         let r = decode_reply(br#"{"EVAL":[0,0,-1,0,0]}"#).unwrap();
@@ -696,6 +709,8 @@ mod tests {
             br#"{"EVALSHA":[0,0,990,0,90,0,"#,
             br#"{"EVALSHA":[0,0,5,50,0,2"#,
             br#"{"EVALSHA":[1,4,0,50,1,0,7]}"#,
+            br#"{"EVALSHA":[1,4,0,50,1,0,7,8,9]}"#,
+            br#"{"EVALSHA":[1,4,0,50,1,0,-7,8]}"#,
         ];
         for b in bad {
             match decode_reply(b) {
@@ -751,17 +766,32 @@ mod tests {
     #[test]
     fn the_usual_answer_is_read_without_json_and_agrees_with_it() {
         let usual = br#"{"EVALSHA":[1,199,-1,1000,5]}"#;
-        assert_eq!(small_integers(usual), Some(([1, 199, -1, 1000, 5, 0], 5)));
+        assert_eq!(
+            small_integers(usual),
+            Some(([1, 199, -1, 1000, 5, 0, 0, 0], 5))
+        );
         let penalized = br#"{"EVALSHA":[0,3,120000,1000,0,1]}"#;
         assert_eq!(
             small_integers(penalized),
-            Some(([0, 3, 120_000, 1000, 0, 1], 6))
+            Some(([0, 3, 120_000, 1000, 0, 1, 0, 0], 6))
+        );
+        let tracked = br#"{"EVALSHA":[1,3,0,1000,1,0,1700000000123456,7000]}"#;
+        assert_eq!(
+            small_integers(tracked),
+            Some(([1, 3, 0, 1000, 1, 0, 1_700_000_000_123_456, 7000], 8))
+        );
+        assert_eq!(
+            decode_reply(tracked).map(|r| r.epoch),
+            Ok(Some(crate::bucket::Stamp {
+                epoch: 1_700_000_000_123_456,
+                mark: 7000
+            }))
         );
         // Anything unusual is left to serde_json, which reads the same numbers or refuses.
         for body in [
             &br#"{"EVALSHA": [1,199,0,1000,5]}"#[..],
             br#"{"EVALSHA":[1,199,0,1000]}"#,
-            br#"{"EVALSHA":[1,199,0,1000,5,0,7]}"#,
+            br#"{"EVALSHA":[1,199,0,1000,5,0,7,8,9]}"#,
             br#"{"EVALSHA":[1,199,0,1000,5]} "#,
             br#"{"evalsha":[1,199,0,1000,5]}"#,
             br#"{"":[1,199,0,1000,5]}"#,

@@ -160,7 +160,14 @@ impl Group {
             (
                 exact(settle)
                     && settle <= l.burst.saturating_mul(MAX_SETTLE_BURSTS)
-                    && (self.op.is_none() || settle == 0),
+                    && (self.op.is_none() || settle == 0)
+                    && a.track.is_none_or(|t| {
+                        a.settle >= 0
+                            && t.refund <= l.burst.saturating_mul(MAX_SETTLE_BURSTS)
+                            && exact(t.epoch)
+                            && exact(t.mark)
+                            && (self.op.is_none() || t.refund == 0)
+                    }),
                 GroupError::Settle,
             ),
             (self.now_us.is_none_or(exact), GroupError::Now),
@@ -225,12 +232,13 @@ fn step(stored: &mut Stored, group: &Group, time_us: u64) -> Reply {
     reply
 }
 
-/// The batched form's flat reply: six integers per group, `{allowed, remaining, retry_after_ms,
-/// reset_after_ms, granted, penalized}`, or `{-1, code, 0, 0, 0, 0}` for a refused group.
-pub fn batch_integers(replies: &[Result<Reply, GroupError>]) -> Vec<i64> {
+/// The flat integers the script answers for `replies` to `groups` (in order): six per group,
+/// and a 7th and 8th, the epoch and the mark (0, 0 for a refused group), for a group in the
+/// tracked form.
+pub fn batch_integers(groups: &[Group], replies: &[Result<Reply, GroupError>]) -> Vec<i64> {
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    let mut out = Vec::with_capacity(replies.len() * 6);
-    for reply in replies {
+    let mut out = Vec::with_capacity(replies.len() * 7);
+    for (i, reply) in replies.iter().enumerate() {
         out.extend(match reply {
             Ok(r) => [
                 i64::from(r.allowed),
@@ -242,6 +250,14 @@ pub fn batch_integers(replies: &[Result<Reply, GroupError>]) -> Vec<i64> {
             ],
             Err(e) => [-1, e.code(), 0, 0, 0, 0],
         });
+        if groups.get(i).is_some_and(|g| g.ask.track.is_some()) {
+            let stamp = reply
+                .as_ref()
+                .ok()
+                .and_then(|r| r.epoch)
+                .unwrap_or_default();
+            out.extend([int(stamp.epoch), int(stamp.mark)]);
+        }
     }
     out
 }
@@ -288,7 +304,7 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!((keys[0].state, keys[1].state), (a, b));
         assert_eq!(
-            batch_integers(&got),
+            batch_integers(&groups, &got),
             [
                 1, 1, 0, 2000, 2, 0, 1, 2, 0, 1000, 1, 0, 0, 1, 1000, 2000, 0, 0, 1, 0, 0, 3000, 1,
                 0
@@ -323,7 +339,7 @@ mod tests {
             ]
         );
         assert_eq!(keys[0].state.map(|s| s.units), Some(2000), "one take only");
-        assert_eq!(batch_integers(&got)[..6], [-1, 9, 0, 0, 0, 0]);
+        assert_eq!(batch_integers(&groups, &got)[..6], [-1, 9, 0, 0, 0, 0]);
     }
 
     #[test]

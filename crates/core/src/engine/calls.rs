@@ -57,6 +57,9 @@ impl Call {
 pub(super) struct Flight {
     /// How many calls the request carried (the reply has one answer per call).
     pub size: usize,
+    /// Which of them sent the tracked form (their answers have a 7th integer); empty when none
+    /// did (no allocation on the common path).
+    pub asks: Vec<bool>,
     /// The calls whose answers matter, with their positions (all of them, but for a flight
     /// adopted from a replaced engine: only its settlements).
     pub calls: Vec<(usize, Call)>,
@@ -65,6 +68,17 @@ pub(super) struct Flight {
     /// Whether it left from the worker's open batch (exact checks and settlements), not as a
     /// lease call.
     pub batched: bool,
+}
+
+impl Flight {
+    /// [`Flight::asks`] of the calls a request carries, in order.
+    pub fn asks<'a>(calls: impl Iterator<Item = &'a ScriptCall> + Clone) -> Vec<bool> {
+        if calls.clone().any(ScriptCall::tracked) {
+            calls.map(ScriptCall::tracked).collect()
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 /// The flights a worker has out.

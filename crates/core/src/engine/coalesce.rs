@@ -207,6 +207,7 @@ impl Engine {
                 Outcome::Allowed {
                     remaining,
                     reset_ms: r.reset_after_ms,
+                    epoch: r.epoch,
                 }
             } else {
                 Outcome::Denied { retry_ms }
@@ -222,6 +223,7 @@ impl Engine {
             Outcome::Allowed {
                 remaining,
                 reset_ms: r.reset_after_ms,
+                epoch: r.epoch,
             },
             By::Redis,
         );

@@ -161,11 +161,13 @@ mod tests {
         let allowed = Outcome::Allowed {
             remaining: 19,
             reset_ms: 5,
+            epoch: None,
         };
         let denied = Outcome::Denied { retry_ms: 900 };
         let reserved = Outcome::Reserved {
             delay_ms: 40,
             reset_ms: 900,
+            epoch: None,
         };
         let mut out = String::from("left over");
         for (checks, want) in [
@@ -219,6 +221,7 @@ mod tests {
             let o = Outcome::Allowed {
                 remaining: u64::MAX,
                 reset_ms: 0,
+                epoch: None,
             };
             (r, o, By::FailureClosed)
         });

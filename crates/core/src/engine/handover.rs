@@ -46,6 +46,8 @@ struct Carrying {
     token: Token,
     /// How many calls the flight carried.
     size: usize,
+    /// Which of them sent the tracked form (`Flight::asks`).
+    asks: Vec<bool>,
     /// Its settling calls: (position, rule name, the call, when it was sent).
     settles: Vec<(usize, String, ScriptCall, u64)>,
     with_source: bool,
@@ -74,6 +76,7 @@ impl Pending {
 fn settlement_of(c: &ScriptCall) -> ScriptCall {
     ScriptCall {
         settle: c.settle,
+        track: c.track,
         penalty: c.penalty,
         ..ScriptCall::new(c.key.clone(), &c.limits(), 0)
     }
@@ -97,10 +100,11 @@ impl Engine {
                 .map(|(token, f)| Carrying {
                     token,
                     size: f.size,
+                    asks: f.asks.clone(),
                     settles: f
                         .calls
                         .iter()
-                        .filter(|(_, c)| c.call.settle != 0)
+                        .filter(|(_, c)| c.call.settles())
                         .map(|(at, c)| {
                             (*at, c.rule.name.clone(), settlement_of(&c.call), c.sent_ms)
                         })
@@ -126,7 +130,7 @@ impl Engine {
         // Not sent yet: any engine of the namespace can send them.
         let open = waiting
             .into_iter()
-            .filter(|c| c.call.settle != 0)
+            .filter(|c| c.call.settles())
             .map(|c| (c.rule.name.clone(), settlement_of(&c.call)))
             .collect();
         Pending {
@@ -184,6 +188,7 @@ impl Engine {
             if !calls.is_empty() {
                 let flight = Flight {
                     size: carrying.size,
+                    asks: carrying.asks.clone(),
                     calls,
                     with_source: carrying.with_source,
                     batched: carrying.batched,

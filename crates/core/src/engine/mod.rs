@@ -158,7 +158,7 @@ impl Engine {
         let decoded = if flight.size == 1 {
             transport.decode(answer).map(|r| vec![Ok(r)])
         } else {
-            transport.decode_batch(answer, flight.size)
+            transport.decode_batch(answer, flight.size, &flight.asks)
         };
         if matches!(decoded, Err(BackendError::NoScript)) && !flight.with_source {
             self.resend_with_source(host, flight, now);
@@ -216,7 +216,7 @@ impl Engine {
                 .latency(call.rule.id(), now.saturating_sub(call.sent_ms));
             if let Err(e) = &reply {
                 self.count_failure(&call.rule, e);
-                self.settlement_failed(host, &call.rule, &call.call, now);
+                self.settlement_failed(host, &call.rule, &call.call, e.may_have_run(), now);
             }
             self.call_answered(host, call, reply, now);
         }

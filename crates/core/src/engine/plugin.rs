@@ -15,10 +15,11 @@ use crate::headers;
 use crate::metrics::{Batched, Counter, Metrics, NoMetrics};
 use crate::rule::{KeyCache, RequestView};
 
-/// The version of the shared-data layout (set-associative leases of `shared::lease` entries, one health value),
+/// The version of the shared-data layout (set-associative leases of `shared::lease` entries, one health value,
+/// pending settlements of `shared::settle` entries: a charge and a refund with its spill epoch),
 /// part of every shared-data key: a module upgrade in place starts with fresh tables instead of
 /// misreading old ones.
-const SHARED_LAYOUT: &str = "v5";
+const SHARED_LAYOUT: &str = "v6";
 /// A check waits for a call already out for it (a lease call, a leader's) this many backend
 /// timeouts; then that call is taken as lost.
 const PATIENCE_TIMEOUTS: u64 = 2;

@@ -214,7 +214,7 @@ impl Engine {
         let probe = gate == Gate::Probe;
         if gate == Gate::Shut {
             for c in &calls {
-                self.settlement_failed(host, &c.rule, &c.call, now);
+                self.settlement_failed(host, &c.rule, &c.call, false, now);
             }
             for c in calls {
                 self.call_failed(host, c, &BackendError::CircuitOpen, now);
@@ -265,7 +265,7 @@ impl Engine {
                 for c in &calls {
                     let m = &self.plugin.metrics;
                     m.count(c.rule.id(), Counter::InflightRejected, 1);
-                    self.settlement_failed(host, &c.rule, &c.call, now);
+                    self.settlement_failed(host, &c.rule, &c.call, false, now);
                 }
                 Some((BackendError::Overflow, calls))
             } else {
@@ -333,6 +333,7 @@ impl Engine {
                 }
                 let flight = Flight {
                     size: calls.len(),
+                    asks: Flight::asks(calls.iter().map(|c| &c.call)),
                     calls: calls.into_iter().enumerate().collect(),
                     with_source,
                     batched,
@@ -345,7 +346,7 @@ impl Engine {
                 self.feed_health(host, Err(&e), now);
                 for c in &calls {
                     self.count_failure(&c.rule, &e);
-                    self.settlement_failed(host, &c.rule, &c.call, now);
+                    self.settlement_failed(host, &c.rule, &c.call, false, now);
                 }
                 Err((e, calls))
             }
@@ -358,20 +359,27 @@ impl Engine {
         self.plugin
             .metrics
             .count(out.rule.id(), Counter::InflightRejected, 1);
-        self.settlement_failed(host, &out.rule, &out.call, out.sent_ms);
+        self.settlement_failed(host, &out.rule, &out.call, false, out.sent_ms);
         (BackendError::Overflow, out.purpose)
     }
 
     /// This proxy's pending usage for the call's key rides on it: Redis settles it first, so this
     /// very check sees every charge this proxy knows of (as much of it as the call's limits let
-    /// the script take; the rest waits for the next call or flush). Whether the call changed.
+    /// the script take; the rest waits for the next call or flush). A take that may be refunded
+    /// asks for its spill epoch ([`Engine::may_refund`]). Whether the call changed.
     fn carry(&mut self, host: &mut dyn Host, out: &mut Call) -> bool {
-        if out.call.settle == 0 && out.rule.usage.is_some() {
-            let (rule, call) = (&out.rule, &out.call);
-            out.call.settle = self.carry_pending(host, rule, &call.key, call.limits(), out.sent_ms);
-            return out.call.settle != 0;
+        let mut changed = false;
+        if out.call.cost > 0 && out.call.track.is_none() && self.may_refund(&out.rule) {
+            out.call.track = Some(crate::bucket::Tracked::default());
+            changed = true;
         }
-        false
+        if !out.call.settles() && out.rule.usage.is_some() {
+            let (rule, call) = (&out.rule, &out.call);
+            let taken = self.carry_pending(host, rule, &call.key, call.limits(), out.sent_ms);
+            super::usage::carry_taken(&mut out.call, &taken);
+            changed |= !taken.is_empty();
+        }
+        changed
     }
 
     pub(super) fn batch_max_keys(&self) -> usize {

@@ -109,6 +109,74 @@ fn answer(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -
     .into_bytes()
 }
 
+/// The spill epoch and mark the engine tests' Redis answers with.
+const EPOCH: u64 = 1_700_000_000_000_000;
+const MARK: u64 = 1000;
+
+/// `reply` to the Webdis command `request` as the script gives it: a 7th and 8th integer (the
+/// epoch and the mark) for each call in the tracked form (its settle argument, the 7th, holds an
+/// encoded ':'). A reply that is not plain integers, or already has them, stays as it is.
+fn with_epochs(request: &str, reply: &[u8]) -> Vec<u8> {
+    let tracked = |args: &[&str]| args.get(6).is_some_and(|a| a.contains("%3A"));
+    let parts: Vec<&str> = request.split('/').collect();
+    let n: usize = parts.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+    let rest = parts.get(3 + n..).unwrap_or_default();
+    let asks: Vec<bool> = if rest.first() == Some(&"batch") {
+        let mut asks = Vec::new();
+        let mut at = 1;
+        while let Some(c) = rest.get(at).and_then(|c| c.parse::<usize>().ok()) {
+            asks.push(tracked(rest.get(at + 1..at + 1 + c).unwrap_or_default()));
+            at += 1 + c;
+        }
+        asks
+    } else {
+        vec![tracked(rest)]
+    };
+    let Ok(text) = std::str::from_utf8(reply) else {
+        return reply.to_vec();
+    };
+    let Some((head, ints)) = text.split_once(":[") else {
+        return reply.to_vec();
+    };
+    let Some(ints) = ints.strip_suffix("]}") else {
+        return reply.to_vec();
+    };
+    let Ok(ints) = ints
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<Vec<i64>, _>>()
+    else {
+        return reply.to_vec();
+    };
+    let out: Vec<i64> = if rest.first() == Some(&"batch") {
+        if ints.len() != 6 * asks.len() {
+            return reply.to_vec();
+        }
+        ints.chunks(6)
+            .zip(&asks)
+            .flat_map(|(g, &a)| {
+                let stamp = if g[0] == -1 {
+                    [0, 0]
+                } else {
+                    [EPOCH as i64, MARK as i64]
+                };
+                let n = if a { 2 } else { 0 };
+                g.iter().copied().chain(stamp.into_iter().take(n))
+            })
+            .collect()
+    } else {
+        if !asks[0] || !(5..=6).contains(&ints.len()) {
+            return reply.to_vec();
+        }
+        let mut out = ints.clone();
+        out.resize(6, 0);
+        out.extend([EPOCH as i64, MARK as i64]);
+        out
+    };
+    let list: Vec<String> = out.iter().map(i64::to_string).collect();
+    format!("{head}:[{}]}}", list.join(",")).into_bytes()
+}
+
 const NOSCRIPT: &[u8] = br#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#;
 
 fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -184,12 +252,14 @@ fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
 /// Delivers the answer to `token` (on the root context, as the host does): Webdis' `status` and
 /// `body`, or with `status` 0 no answer (the stream reset or timed out).
 fn deliver(e: &mut Engine, h: &mut Fake, token: u32, status: u32, body: &[u8]) {
-    h.out.remove(&token);
+    let sent = h.out.remove(&token);
+    // As the script answers: a call in the tracked form gets its epoch.
+    let body = sent.map_or(body.to_vec(), |out| with_epochs(&out.body, body));
     let answer = match status {
         0 => crate::backend::Answer::NoAnswer,
         status => crate::backend::Answer::Http {
             status,
-            body: crate::backend::Payload::Read(body.to_vec()),
+            body: crate::backend::Payload::Read(body),
         },
     };
     e.call_response(h, token, &answer);
@@ -477,8 +547,16 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     let (mut e, rec) = engine("", rules);
     let mut h = Fake::at(1000);
     e.request_headers(&mut h, 10.into(), &user("a"));
-    assert!(h.sent[0].ends_with("/5/10/1000/1/0/800/0"), "{}", h.sent[0]);
-    assert!(h.sent[1].ends_with("/1/0/0/0"), "a shadow rule never holds");
+    // Each asks for its spill epoch (the tracked form, nothing to settle): it may be refunded.
+    assert!(
+        h.sent[0].ends_with("/5/10/1000/1/0/800/0%3A0%3A0%3A0"),
+        "{}",
+        h.sent[0]
+    );
+    assert!(
+        h.sent[1].ends_with("/1/0/0/0%3A0%3A0%3A0"),
+        "a shadow rule never holds"
+    );
     deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
     deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 0, 800, 1));
     assert!(h.resumed.is_empty());
@@ -1542,8 +1620,16 @@ const LLM: &str = r#"{"name":"llm","key":["header:x-user"],"rate":1,"period_ms":
     "usage":{"header":"x-usage-tokens"}}"#;
 
 /// The settlement a call carried (its last argument).
+/// What the last argument of a call settles: its charge less its refund (the tracked form
+/// `<charge>:<refund>:<epoch>:<mark>`, its colons encoded).
 fn settle_arg(body: &str) -> i64 {
-    body.rsplit('/').next().unwrap().parse().unwrap()
+    let last = body.rsplit('/').next().unwrap();
+    match last.split("%3A").collect::<Vec<_>>()[..] {
+        [charge, refund, _epoch, _mark] => {
+            charge.parse::<i64>().unwrap() - refund.parse::<i64>().unwrap()
+        }
+        _ => last.parse().unwrap(),
+    }
 }
 
 #[test]
@@ -1982,6 +2068,8 @@ mod penalty;
 mod refund;
 /// Flights shared across a proxy's workers: checks relayed to the collector.
 mod relay;
+/// Refunds carry their take's spill epoch; failed calls' refunds.
+mod spill;
 /// Limits picked by a tier.
 mod tiers;
 /// Usage that never becomes readable.

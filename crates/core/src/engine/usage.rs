@@ -19,6 +19,7 @@ mod status;
 pub use read::{encoded, from_headers, parse_header, BodyReader, Unreadable, WINDOW};
 pub use readers::{Readers, MAX_READERS};
 
+pub(super) use charge::{carry_taken, Settlement};
 pub(super) use flushes::Flush;
 use flushes::Flushes;
 
@@ -49,6 +50,9 @@ pub(super) struct Admitted {
     /// The key's effective limits (a settlement must not change them).
     limits: Limits,
     upfront: u64,
+    /// The spill epoch and mark of its take (what a refund of it carries; None: the call did
+    /// not ask).
+    epoch: Option<crate::bucket::Stamp>,
     /// The response's headers have been seen.
     answered: bool,
     /// Following the body, for a `body_field` source.
@@ -74,6 +78,7 @@ pub(super) fn admissions(checks: &[Check]) -> Vec<Admitted> {
             key: c.call.key.clone(),
             limits: c.call.limits(),
             upfront: c.call.cost,
+            epoch: c.outcome.and_then(|(o, _)| o.epoch()),
             answered: false,
             reader: None,
         })
@@ -87,6 +92,7 @@ struct Known {
     key: String,
     limits: Limits,
     upfront: u64,
+    epoch: Option<crate::bucket::Stamp>,
     result: Result<u64, Unreadable>,
 }
 
@@ -96,6 +102,7 @@ fn known(a: &Admitted, result: Result<u64, Unreadable>) -> Known {
         key: a.key.clone(),
         limits: a.limits,
         upfront: a.upfront,
+        epoch: a.epoch,
         result,
     }
 }

@@ -23,9 +23,12 @@ const BACKEND_UNAVAILABLE_RETRY_S: &str = "1";
 /// How one rule decided (or failed to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// `epoch`: the bucket's spill epoch after the take and the take's mark, when the call asked
+    /// for them (what a refund of the take carries; None: a refund of it gives back nothing).
     Allowed {
         remaining: u64,
         reset_ms: u64,
+        epoch: Option<crate::bucket::Stamp>,
     },
     Denied {
         retry_ms: u64,
@@ -34,6 +37,7 @@ pub enum Outcome {
     Reserved {
         delay_ms: u64,
         reset_ms: u64,
+        epoch: Option<crate::bucket::Stamp>,
     },
     /// The backend failed and the failure mode admits / refuses.
     FailOpen,
@@ -47,11 +51,13 @@ impl Outcome {
             return Outcome::Reserved {
                 delay_ms: s.delay_ms,
                 reset_ms: s.reset_ms,
+                epoch: None,
             };
         }
         Outcome::Allowed {
             remaining: s.remaining,
             reset_ms: s.reset_ms,
+            epoch: None,
         }
     }
 
@@ -62,14 +68,24 @@ impl Outcome {
             r if r.allowed && r.retry_after_ms > 0 => Outcome::Reserved {
                 delay_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
                 reset_ms: r.reset_after_ms,
+                epoch: r.epoch,
             },
             r if r.allowed => Outcome::Allowed {
                 remaining: r.remaining,
                 reset_ms: r.reset_after_ms,
+                epoch: r.epoch,
             },
             r => Outcome::Denied {
                 retry_ms: u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms),
             },
+        }
+    }
+
+    /// The spill epoch and mark of an admission by a call that asked for them.
+    pub fn epoch(&self) -> Option<crate::bucket::Stamp> {
+        match self {
+            Outcome::Allowed { epoch, .. } | Outcome::Reserved { epoch, .. } => *epoch,
+            _ => None,
         }
     }
 
@@ -187,13 +203,16 @@ impl<'a> Fold<'a> {
                 }
                 return;
             }
-            Outcome::Reserved { delay_ms, reset_ms } => {
+            Outcome::Reserved {
+                delay_ms, reset_ms, ..
+            } => {
                 self.delay_ms = self.delay_ms.max(delay_ms);
                 (0, reset_ms)
             }
             Outcome::Allowed {
                 remaining,
                 reset_ms,
+                ..
             } => (remaining, reset_ms),
             Outcome::FailClosed => {
                 self.closed = self.closed.or(Some(&rule.name));
@@ -308,6 +327,7 @@ mod tests {
         Outcome::Allowed {
             remaining,
             reset_ms: 100,
+            epoch: None,
         }
     }
 

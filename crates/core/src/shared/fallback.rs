@@ -51,6 +51,8 @@ fn decode_state(bytes: &[u8]) -> Option<State> {
         units: i64::from_le_bytes(read_u64(bytes, 0)?.to_le_bytes()),
         ts_us: read_u64(bytes, 8)?,
         per_token: read_u64(bytes, 16)?,
+        // A proxy's own fallback bucket is never refunded.
+        spill: None,
     })
 }
 

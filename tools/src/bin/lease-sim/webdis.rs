@@ -100,6 +100,7 @@ fn group(key: String, args: &[&str]) -> Group {
         }),
         max_wait_ms: args.get(5).map_or(0, |_| num(5)),
         settle: args.get(6).map_or(0, |s| s.parse().unwrap()),
+        track: None,
     };
     Group { key, limits, ask }
 }
@@ -211,6 +212,7 @@ mod tests {
                 reset_after_ms: 1000 + i,
                 granted: u64::from(i != 1),
                 penalized: bucket::Penalized::No,
+                epoch: None,
             })
             .collect();
         let body = reply_body(Form::Batched, &replies);

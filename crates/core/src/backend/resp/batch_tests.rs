@@ -111,7 +111,7 @@ fn decodes_six_integers_per_key() {
         1, 9, 0, 100, 1, 0, 0, 0, 250, 1000, 0, 1, -1, 13, 0, 0, 0, 0,
     ];
     let out = Resp::new()
-        .decode_batch(&Answer::Redis(Payload::Read(wire(&ints))), 3)
+        .decode_batch(&Answer::Redis(Payload::Read(wire(&ints))), 3, &[])
         .unwrap();
     assert_eq!(out, crate::backend::batch_replies(&ints, 3).unwrap());
     assert!(out[0].as_ref().is_ok_and(|r| r.allowed && r.remaining == 9));

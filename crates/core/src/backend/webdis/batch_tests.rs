@@ -138,7 +138,7 @@ fn http(body: Vec<u8>) -> Answer {
 fn decodes_six_integers_per_key() {
     let ints = [1, 9, 0, 100, 1, 0, 0, 0, 250, 1000, 0, 0, -1, 6, 0, 0, 0, 0];
     let webdis = Webdis::new("webdis", None);
-    let out = webdis.decode_batch(&http(ok_body(&ints)), 3).unwrap();
+    let out = webdis.decode_batch(&http(ok_body(&ints)), 3, &[]).unwrap();
     assert_eq!(out, crate::backend::batch_replies(&ints, 3).unwrap());
     assert!(out[0].as_ref().is_ok_and(|r| r.allowed && r.remaining == 9));
     assert!(out[1]

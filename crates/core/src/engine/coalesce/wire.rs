@@ -179,27 +179,52 @@ pub enum Told {
 }
 
 /// One answer line: `r <ask> a <remaining> <reset_ms>` (admitted), `r <ask> w <delay_ms>
-/// <reset_ms>` (admitted on a reservation), `r <ask> d <retry_ms>` (denied), `r <ask> f` (the
-/// call failed) or `r <ask> n` (not taken).
+/// <reset_ms>` (admitted on a reservation), each with ` <epoch> <mark>` after it when the call
+/// asked for its spill epoch, `r <ask> d <retry_ms>` (denied), `r <ask> f` (the call failed) or
+/// `r <ask> n` (not taken).
 fn push_answer(out: &mut Vec<u8>, ask: u64, told: Told) {
     out.extend_from_slice(b"r ");
     decimal::push_bytes(out, ask);
-    let (kind, nums): (&[u8], &[u64]) = match &told {
+    // The numbers, and how many of them go out.
+    let with = |a: u64, b: u64, stamp: Option<crate::bucket::Stamp>| {
+        let s = stamp.unwrap_or_default();
+        (
+            [a, b, s.epoch, s.mark],
+            2 + 2 * usize::from(stamp.is_some()),
+        )
+    };
+    let (kind, (nums, count)): (&[u8], ([u64; 4], usize)) = match &told {
         Told::Decided(Outcome::Allowed {
             remaining,
             reset_ms,
-        }) => (b" a", &[*remaining, *reset_ms]),
-        Told::Decided(Outcome::Reserved { delay_ms, reset_ms }) => (b" w", &[*delay_ms, *reset_ms]),
-        Told::Decided(Outcome::Denied { retry_ms }) => (b" d", &[*retry_ms]),
-        Told::NotTaken => (b" n", &[]),
-        Told::Decided(Outcome::FailOpen | Outcome::FailClosed) | Told::Failed => (b" f", &[]),
+            epoch,
+        }) => (b" a", with(*remaining, *reset_ms, *epoch)),
+        Told::Decided(Outcome::Reserved {
+            delay_ms,
+            reset_ms,
+            epoch,
+        }) => (b" w", with(*delay_ms, *reset_ms, *epoch)),
+        Told::Decided(Outcome::Denied { retry_ms }) => (b" d", ([*retry_ms, 0, 0, 0], 1)),
+        Told::NotTaken => (b" n", ([0; 4], 0)),
+        Told::Decided(Outcome::FailOpen | Outcome::FailClosed) | Told::Failed => {
+            (b" f", ([0; 4], 0))
+        }
     };
     out.extend_from_slice(kind);
-    for n in nums {
+    for n in nums.into_iter().take(count) {
         out.push(b' ');
-        decimal::push_bytes(out, *n);
+        decimal::push_bytes(out, n);
     }
     out.push(b'\n');
+}
+
+/// The epoch and mark after an admission's numbers: none, or both (None: neither).
+fn stamp_of(nums: &[u64]) -> Option<Option<crate::bucket::Stamp>> {
+    match *nums {
+        [] => Some(None),
+        [epoch, mark] => Some(Some(crate::bucket::Stamp { epoch, mark })),
+        _ => None,
+    }
 }
 
 /// An answer line: the ask and what it was told.
@@ -211,11 +236,16 @@ pub fn parse_answer(line: &[u8]) -> Option<(u64, Told)> {
     let kind = parts.next()?;
     let nums: Vec<u64> = parts.map(|p| p.parse().ok()).collect::<Option<_>>()?;
     let told = match (kind, nums.as_slice()) {
-        ("a", &[remaining, reset_ms]) => Told::Decided(Outcome::Allowed {
+        ("a", &[remaining, reset_ms, ref stamp @ ..]) => Told::Decided(Outcome::Allowed {
             remaining,
             reset_ms,
+            epoch: stamp_of(stamp)?,
         }),
-        ("w", &[delay_ms, reset_ms]) => Told::Decided(Outcome::Reserved { delay_ms, reset_ms }),
+        ("w", &[delay_ms, reset_ms, ref stamp @ ..]) => Told::Decided(Outcome::Reserved {
+            delay_ms,
+            reset_ms,
+            epoch: stamp_of(stamp)?,
+        }),
         ("d", &[retry_ms]) => Told::Decided(Outcome::Denied { retry_ms }),
         ("f", []) => Told::Failed,
         ("n", []) => Told::NotTaken,
@@ -283,6 +313,7 @@ mod tests {
         let allowed = Outcome::Allowed {
             remaining: 5,
             reset_ms: 900,
+            epoch: None,
         };
         push_answer(&mut out, 1, Told::Decided(allowed));
         push_answer(
@@ -311,6 +342,7 @@ mod tests {
         let reserved = Outcome::Reserved {
             delay_ms: 250,
             reset_ms: 900,
+            epoch: None,
         };
         let mut out = Vec::new();
         push_answer(&mut out, 4, Told::Decided(reserved));
@@ -318,6 +350,31 @@ mod tests {
             parse_answer(out.trim_ascii_end()),
             Some((4, Told::Decided(reserved)))
         );
+        // A spill epoch travels with the admission it came with.
+        for told in [
+            Outcome::Reserved {
+                delay_ms: 250,
+                reset_ms: 900,
+                epoch: Some(crate::bucket::Stamp {
+                    epoch: 1_700_000_000_123_456,
+                    mark: 42_000,
+                }),
+            },
+            Outcome::Allowed {
+                remaining: 5,
+                reset_ms: 900,
+                epoch: Some(crate::bucket::Stamp { epoch: 0, mark: 0 }),
+            },
+        ] {
+            let mut out = Vec::new();
+            push_answer(&mut out, 5, Told::Decided(told));
+            assert_eq!(
+                parse_answer(out.trim_ascii_end()),
+                Some((5, Told::Decided(told)))
+            );
+        }
+        assert_eq!(parse_answer(b"r 1 a 5 900 7"), None);
+        assert_eq!(parse_answer(b"r 1 a 5 900 7 8 9"), None);
     }
 
     #[test]

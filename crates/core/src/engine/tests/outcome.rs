@@ -73,7 +73,10 @@ fn another_status_refunds_the_whole_cost_on_the_next_call_or_the_flush() {
     h.now = 20;
     e.tick(&mut h);
     let flush = h.sent.last().unwrap();
-    assert!(flush.ends_with("/0/0/0/-4"), "settle only, cost 0: {flush}");
+    assert!(
+        flush.ends_with(&format!("/0/0/0/0%3A4%3A{EPOCH}%3A{MARK}")),
+        "settle only, cost 0, the refund with its take's epoch: {flush}"
+    );
 }
 
 #[test]

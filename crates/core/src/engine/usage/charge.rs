@@ -4,12 +4,15 @@
 //!
 //! Invariant: each admission settles once: the usage its response reported, clamped to
 //! `[0, cap]`, or a worst case never below what it paid up front; a settlement is pending in
-//! shared data, in flight on a call, or applied by the script, never lost on a failed call (it is
-//! put back) and never sent twice.
+//! shared data, in flight on a call, or applied by the script, and never sent twice. A charge is
+//! never lost on a failed call (it is put back: applied twice, it only lowers the bucket). A
+//! refund is put back only when its call certainly never ran; one whose call may have run is
+//! dropped and counted (`refund_dropped`), as is one whose take's reply carried no spill epoch:
+//! a refund given back twice, or without its epoch, could pass the window bound.
 
 use super::{settlement, Admitted, Flush, Known, Usage};
 use crate::backend::ScriptCall;
-use crate::bucket::{Limits, MAX_SETTLE_BURSTS};
+use crate::bucket::{Limits, Tracked, MAX_SETTLE_BURSTS};
 use crate::config::{WorstCase, DEFAULT_USAGE_FLUSH_MS};
 use crate::engine::calls::{Call, Purpose};
 use crate::engine::host::Host;
@@ -119,6 +122,7 @@ impl Engine {
             limits,
             upfront,
             result,
+            ..
         } = k;
         let cap = limits.burst.saturating_mul(MAX_SETTLE_BURSTS);
         let m = &self.plugin.metrics;
@@ -159,16 +163,31 @@ impl Engine {
         if clamped && result.is_ok() {
             m.count(rule.id(), Counter::UsageClamped, 1);
         }
-        match delta {
+        let s = match delta {
             0 => return,
-            d if d > 0 => m.count(rule.id(), Counter::UsageCharged, d.unsigned_abs()),
-            d => m.count(rule.id(), Counter::UsageRefunded, d.unsigned_abs()),
-        }
-        self.settle_pending(host, rule, &key, limits, delta, now);
+            d if d > 0 => {
+                m.count(rule.id(), Counter::UsageCharged, d.unsigned_abs());
+                Settlement::Charge(d.unsigned_abs())
+            }
+            d => {
+                m.count(rule.id(), Counter::UsageRefunded, d.unsigned_abs());
+                let Some(stamp) = k.epoch else {
+                    // Its take's reply said nothing of when the tokens were taken.
+                    m.count(rule.id(), Counter::RefundDropped, d.unsigned_abs());
+                    return;
+                };
+                Settlement::Refund(settle::Refund {
+                    tokens: d.unsigned_abs(),
+                    epoch: stamp.epoch,
+                    mark: stamp.mark,
+                })
+            }
+        };
+        self.settle_pending(host, rule, &key, limits, s, now);
     }
 
-    /// Settles `delta` for `key` of `rule`: pending for the key (carried by its next call or
-    /// its flush), or, when the shared table has no room for it, by a call now. The one path of
+    /// Settles `s` for `key` of `rule`: pending for the key (carried by its next call or its
+    /// flush), or, when the shared table has no room for it, by a call now. The one path of
     /// every settlement: usage, and the refunds of requests that never went upstream.
     pub(in crate::engine) fn settle_pending(
         &mut self,
@@ -176,16 +195,26 @@ impl Engine {
         rule: RuleRef,
         key: &str,
         limits: Limits,
-        delta: i64,
+        s: Settlement,
         now: u64,
     ) {
-        if !self.keep_pending(host, &rule, key, limits, delta, now) {
+        if !self.keep_pending(host, &rule, key, limits, s, now) {
             // No room in the shared table: settle this one now.
-            self.send_settlement(host, rule, key, limits, delta, now);
+            let taken = match s {
+                Settlement::Charge(charge) => settle::Taken {
+                    charge,
+                    ..settle::Taken::default()
+                },
+                Settlement::Refund(refund) => settle::Taken {
+                    refund,
+                    ..settle::Taken::default()
+                },
+            };
+            self.send_settlement(host, rule, key, limits, taken, now);
         }
     }
 
-    /// Adds `delta` to `key`'s pending settlement and schedules its flush; false if the shared
+    /// Adds `s` to `key`'s pending settlement and schedules its flush; false if the shared
     /// table has no room for the key.
     fn keep_pending(
         &mut self,
@@ -193,7 +222,7 @@ impl Engine {
         rule: &RuleRef,
         key: &str,
         limits: Limits,
-        delta: i64,
+        s: Settlement,
         now: u64,
     ) -> bool {
         // Calls of one key may carry different tiers' limits, so its pending sum is bounded by
@@ -203,7 +232,18 @@ impl Engine {
             .as_ref()
             .map_or(limits.burst, |t| t.widest_burst().max(limits.burst));
         let limit = settle_limit(widest);
-        let kept = settle::add(host.store(), &self.plugin.ns, key, delta, limit) == Ok(true);
+        let (store, ns) = (host.store(), &self.plugin.ns);
+        let kept = match s {
+            Settlement::Charge(tokens) => settle::add_charge(store, ns, key, tokens, limit),
+            Settlement::Refund(refund) => {
+                let added = settle::add_refund(store, ns, key, refund, limit);
+                if let Ok(Some(dropped @ 1..)) = added {
+                    let m = &self.plugin.metrics;
+                    m.count(rule.id(), Counter::RefundDropped, dropped);
+                }
+                added.map(|a| a.is_some())
+            }
+        } == Ok(true);
         if kept {
             self.schedule_flush(rule.clone(), key.to_string(), limits, now);
         }
@@ -231,22 +271,22 @@ impl Engine {
         rule: RuleRef,
         key: &str,
         limits: Limits,
-        delta: i64,
+        taken: settle::Taken,
         now: u64,
     ) {
-        let call = ScriptCall {
-            settle: delta,
+        let mut call = ScriptCall {
             // Every call of a penalty rule carries it: a refund must not end a box.
             penalty: rule.penalty,
             ..ScriptCall::new(key.to_string(), &limits, 0)
         };
+        carry_taken(&mut call, &taken);
         // A failure to send puts it back (`settlement_failed`).
         let _ = self.enqueue(host, Call::new(rule, call, Purpose::Settle, now));
     }
 
     /// Takes the part of `key`'s pending settlement that a call under `limits` may carry (the
-    /// script refuses more than [`MAX_SETTLE_BURSTS`] of its bursts); the rest stays pending,
-    /// with a flush scheduled for it.
+    /// script refuses more than [`MAX_SETTLE_BURSTS`] of its bursts, of a charge and of a
+    /// refund); the rest stays pending, with a flush scheduled for it.
     pub(in crate::engine) fn carry_pending(
         &mut self,
         host: &mut dyn Host,
@@ -254,26 +294,59 @@ impl Engine {
         key: &str,
         limits: Limits,
         now: u64,
-    ) -> i64 {
+    ) -> settle::Taken {
         let bound = settle_limit(limits.burst);
-        let (taken, left) =
-            settle::take_within(host.store(), &self.plugin.ns, key, bound).unwrap_or((0, false));
-        if left {
+        let taken =
+            settle::take_within(host.store(), &self.plugin.ns, key, bound).unwrap_or_default();
+        if taken.left {
             self.schedule_flush(rule.clone(), key.to_string(), limits, now);
         }
         taken
     }
 
-    /// A call of `rule` that carried a settlement failed: the settlement is pending again.
+    /// A call of `rule` that carried a settlement failed. Its charge is pending again. Its
+    /// refund is pending again only if the call certainly never ran (`may_have_run` false: it
+    /// never left, or the backend refused it before the script ran); otherwise it is dropped and
+    /// counted, since the script may have given it back already.
     pub(in crate::engine) fn settlement_failed(
         &mut self,
         host: &mut dyn Host,
         rule: &RuleRef,
         call: &ScriptCall,
+        may_have_run: bool,
         now: u64,
     ) {
-        if call.settle != 0 {
-            self.keep_pending(host, rule, &call.key, call.limits(), call.settle, now);
+        let limits = call.limits();
+        if let Ok(charge @ 1..) = u64::try_from(call.settle) {
+            self.keep_pending(
+                host,
+                rule,
+                &call.key,
+                limits,
+                Settlement::Charge(charge),
+                now,
+            );
+        }
+        let Some(t) = call.track.filter(|t| t.refund > 0) else {
+            return;
+        };
+        if may_have_run {
+            let m = &self.plugin.metrics;
+            m.count(rule.id(), Counter::RefundDropped, t.refund);
+        } else {
+            let refund = settle::Refund {
+                tokens: t.refund,
+                epoch: t.epoch,
+                mark: t.mark,
+            };
+            self.keep_pending(
+                host,
+                rule,
+                &call.key,
+                limits,
+                Settlement::Refund(refund),
+                now,
+            );
         }
     }
 
@@ -286,7 +359,7 @@ impl Engine {
                 break;
             }
             let pending = self.carry_pending(host, &f.rule, &f.key, f.limits, now);
-            if pending != 0 {
+            if !pending.is_empty() {
                 self.send_settlement(host, f.rule, &f.key, f.limits, pending, now);
             }
         }
@@ -310,6 +383,26 @@ impl Engine {
 }
 
 /// The most one settlement may be, for a bucket of `burst`: what one script call may carry.
-fn settle_limit(burst: u64) -> i64 {
-    i64::try_from(burst.saturating_mul(MAX_SETTLE_BURSTS)).unwrap_or(i64::MAX)
+fn settle_limit(burst: u64) -> u64 {
+    burst.saturating_mul(MAX_SETTLE_BURSTS)
+}
+
+/// One settlement for a key: a charge, or a refund with the spill epoch and mark of its take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum Settlement {
+    Charge(u64),
+    Refund(settle::Refund),
+}
+
+/// `call` carries `taken`: its charge as the settle argument, its refund (with its epoch and
+/// mark) in the tracked form.
+pub(in crate::engine) fn carry_taken(call: &mut ScriptCall, taken: &settle::Taken) {
+    call.settle = i64::try_from(taken.charge).unwrap_or(i64::MAX);
+    if taken.refund.tokens > 0 {
+        call.track = Some(Tracked {
+            refund: taken.refund.tokens,
+            epoch: taken.refund.epoch,
+            mark: taken.refund.mark,
+        });
+    }
 }

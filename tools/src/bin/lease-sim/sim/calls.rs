@@ -145,6 +145,7 @@ impl Sim<'_> {
             holder: call.holder,
             max_wait_ms: call.max_wait_ms,
             settle: call.settle,
+            track: None,
         };
         let (state, reply) =
             bucket::take_held(state, &mut holders, &call.limits, &ask, self.now_us);
