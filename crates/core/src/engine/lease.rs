@@ -14,7 +14,11 @@
 //! a horizon at least rather than calling for each token as it refills. Each call gives back the
 //! tokens the proxy dropped unspent since its last one, and reports the proxy's demand for the
 //! key since then, which weighs its share of the key's burst (`bucket::share`): a busy proxy
-//! among many quiet ones holds a lease's worth, not burst ÷ holders.
+//! among many quiet ones holds a lease's worth, not burst ÷ holders. A proxy quiet on a key
+//! (it holds none of it, and has had no other request of it within about a lease's life) makes
+//! no lease call: its request is checked exactly, so it is not on record as a holder and the
+//! key's shares are those of the proxies that spend leases; unless the key was short of tokens
+//! lately, where holders are served in turns and an exact check would find it empty.
 //!
 //! Invariant: a key's waiters are served when something can change their answer — this worker's
 //! call for the key is answered, or (polled each millisecond, read-only) another worker's call
@@ -36,7 +40,7 @@ use super::verdict::Outcome;
 use super::Engine;
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::bucket::{Holder, Limits, MAX_HOLD_MS};
-use crate::config::Rule;
+use crate::config::{Mode, Rule};
 use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Back, Claim, Flight, Grant, LeasePool, Sizing, Take};
@@ -120,6 +124,15 @@ impl Engine {
         }
         let until = self.claim_until(now);
         let pool = LeasePool::new(host.store(), &self.plugin.ns);
+        // A proxy quiet on the key checks its waiters exactly: one call each, as a lease call
+        // would be, without a holder record diluting the shares of the proxies that spend leases.
+        if pool.check_quietly(key, waiting, unmet, now, &sizing) == Ok(true) {
+            self.waits.set_state(key, State::Idle);
+            for w in self.waits.drain(key) {
+                self.send_check(host, w.ctx, w.check, now);
+            }
+            return;
+        }
         // Without a holder id no lease could be counted as held: exact calls instead.
         let flight = pool.holder_id().and_then(|id| {
             let (flight, want) = pool.begin_flight(key, waiting, unmet, now, until, &sizing)?;
@@ -181,6 +194,23 @@ impl Engine {
                     self.send_check(host, w.ctx, w.check, now);
                 }
             }
+        }
+    }
+
+    /// The answer to an exact check of a lease rule's key: one that left the key with fewer
+    /// tokens than the check needed says the key is short of them, and the proxy leases it
+    /// rather than check it exactly for a while (`LeasePool::check_quietly`). Only then is shared data
+    /// touched (a flood of new keys never is).
+    pub(super) fn exact_answered(
+        &self,
+        host: &dyn Host,
+        (rule, call): (&RuleRef, &ScriptCall),
+        r: &Reply,
+        now: u64,
+    ) {
+        if rule.mode == Mode::Lease && r.remaining < call.cost {
+            let pool = LeasePool::new(host.store(), &self.plugin.ns);
+            let _ = pool.note_short(&call.key, r.remaining, now);
         }
     }
 

@@ -247,6 +247,7 @@ impl Engine {
                             self.reply_outcome(host, &call.rule, &call.call, &r, call.sent_ms),
                             decision::By::Redis,
                         );
+                        self.exact_answered(host, (&call.rule, &call.call), &r, now);
                         if late {
                             let of = (&call.rule, &call.call);
                             self.refund_late(host, of, outcome, call.call.cost);

@@ -2060,6 +2060,8 @@ mod batch_attack;
 mod decision;
 /// Lease mode with `max_wait_ms`: requests held for the proxy's reservation.
 mod lease_hold;
+/// Lease mode on a key the proxy is quiet on: exact checks, no holder record.
+mod lease_quiet;
 /// `charge_on`: settled by the answer's status.
 mod outcome;
 /// The penalty box: the script says a denial is the box's, the deny cache answers it.

@@ -35,6 +35,10 @@ pub const LIFE_HORIZONS: u64 = 2;
 /// turn's tokens at its own pace (the script counts them as held that much longer).
 pub const SATURATED_LIFE_HORIZONS: u64 = 6;
 
+/// An answer that left a key with fewer tokens than a request needed keeps the proxy leasing it
+/// for this many horizons ([`LeasePool::check_quietly`]).
+pub const SHORT_MEMORY_HORIZONS: u64 = 50;
+
 /// Sets of the lease table (each one shared-data value).
 pub const SETS: u64 = 2048;
 /// Keys per set.
@@ -367,6 +371,36 @@ impl Lease {
     /// lifetime, would still live (a reservation is what a saturated key's calls bring).
     fn saturated(&self, now_ms: u64, sizing: &Sizing) -> bool {
         self.vest_until_ms > 0 && now_ms < self.vest_until_ms.saturating_add(sizing.life_ms(true))
+    }
+
+    /// How many tokens a lease call would ask for ([`Sizing::want`]), its demand windows rolled
+    /// to `now_ms`. The unmet demand counts in the demand windows it fell in (the current one and
+    /// the one before), so it is extrapolated like the rest, from its own rate.
+    fn want(&self, waiting: u64, unmet: Unmet, now_ms: u64, sizing: &Sizing) -> u64 {
+        let current = unmet.after(self.win_start_ms, now_ms);
+        let before = unmet
+            .after(self.win_start_ms.saturating_sub(sizing.horizon_ms), now_ms)
+            .saturating_sub(current);
+        let seen = Lease {
+            prev_demand: self.prev_demand.saturating_add(before),
+            ..*self
+        };
+        sizing.want(&seen, waiting, current, now_ms)
+    }
+
+    /// Whether a lease call asking for `want` tokens, with `waiting` tokens waiting for it, is
+    /// better made as an exact check ([`LeasePool::check_quietly`]): the proxy holds none of the key (so it
+    /// has nothing to report or keep), `want` is no more than what the waiting requests need
+    /// (no demand beyond them in the current and previous horizon: fewer than about one request
+    /// per lease life), and no answer within [`SHORT_MEMORY_HORIZONS`] said the key was short of
+    /// them. A key short of tokens is served in turns to its holders (reservations, or racing:
+    /// see `engine::lease`), and an exact check would find it empty each time: there the proxy
+    /// leases, as a holder waiting its turn.
+    fn quiet(&self, want: u64, waiting: u64, now_ms: u64, sizing: &Sizing) -> bool {
+        let memory = sizing.horizon_ms.saturating_mul(SHORT_MEMORY_HORIZONS);
+        let short = !self.known
+            || (self.global_remaining < waiting && now_ms < self.reply_ms.saturating_add(memory));
+        self.held(now_ms) == 0 && want <= waiting.min(sizing.burst).max(1) && !short
     }
 
     /// Whether evicting this entry would lose something: tokens to spend or lent, or a call in
@@ -898,6 +932,38 @@ impl<'a> LeasePool<'a> {
         })
     }
 
+    /// Whether the requests waiting for a lease of `key` (`waiting` tokens; `unmet`: tokens
+    /// denied here since the last call) are better checked exactly, one call each for its cost
+    /// and no holder record in the script: this proxy is quiet on the key ([`Lease::quiet`]; a
+    /// key it has never had an answer for is not, so its first request leases). If so, their
+    /// tokens count as demand (a second request within a lease's life leases). Writes only then.
+    pub fn check_quietly(
+        &self,
+        key: &str,
+        waiting: u64,
+        unmet: Unmet,
+        now_ms: u64,
+        sizing: &Sizing,
+    ) -> Result<bool, StoreError> {
+        update(self.store, &self.set_key(key), |bytes| {
+            let mut set = Set::decode(bytes);
+            let Some(lease) = set.find(key) else {
+                return Change::Keep(false);
+            };
+            if lease.flight_until_ms > now_ms || lease.refilling_ms(now_ms, sizing).is_some() {
+                return Change::Keep(false);
+            }
+            lease.roll(now_ms, sizing.horizon_ms);
+            let want = lease.want(waiting, unmet, now_ms, sizing);
+            if !lease.quiet(want, waiting, now_ms, sizing) {
+                return Change::Keep(false);
+            }
+            lease.win_demand = lease.win_demand.saturating_add(waiting);
+            lease.touched_ms = now_ms;
+            Change::Write(set.encode(), true)
+        })
+    }
+
     /// Claims the single lease call for `key` on this proxy until `until_ms`; says how big a lease
     /// to ask for ([`Sizing::want`]), given the tokens `waiting` for it and those `unmet` here
     /// since the last call.
@@ -932,17 +998,7 @@ impl<'a> LeasePool<'a> {
             // An expired lease's tokens are dropped now, so this call gives them back.
             placed.dropped = placed.dropped.saturating_add(lease.expire(now_ms));
             lease.roll(now_ms, sizing.horizon_ms);
-            // The unmet demand counts in the demand windows it fell in (the current one and the
-            // one before), so it is extrapolated like the rest, from its own rate.
-            let current = unmet.after(lease.win_start_ms, now_ms);
-            let before = unmet
-                .after(lease.win_start_ms.saturating_sub(sizing.horizon_ms), now_ms)
-                .saturating_sub(current);
-            let seen = Lease {
-                prev_demand: lease.prev_demand.saturating_add(before),
-                ..*lease
-            };
-            let want = sizing.want(&seen, waiting, current, now_ms);
+            let want = lease.want(waiting, unmet, now_ms, sizing);
             // The demand since the previous claim: what was taken, and denied, since then (the
             // waiting requests are this call's, and count in the next one's once spent). None
             // when the clock went back since: no time to measure it over.
@@ -1038,6 +1094,22 @@ impl<'a> LeasePool<'a> {
                 return Change::Keep(());
             };
             lease.flight_until_ms = lease.flight_until_ms.max(until_ms);
+            Change::Write(set.encode(), ())
+        })
+    }
+
+    /// Notes an exact check's answer that left `key` with `remaining` tokens, fewer than it
+    /// needed (or denied it): the key is short of tokens, and this proxy leases it for a while
+    /// rather than check it exactly ([`LeasePool::check_quietly`]). Writes only to a key with an entry.
+    pub fn note_short(&self, key: &str, remaining: u64, now_ms: u64) -> Result<(), StoreError> {
+        update(self.store, &self.set_key(key), |bytes| {
+            let mut set = Set::decode(bytes);
+            let Some(lease) = set.find(key) else {
+                return Change::Keep(());
+            };
+            lease.global_remaining = remaining;
+            lease.known = true;
+            lease.reply_ms = now_ms;
             Change::Write(set.encode(), ())
         })
     }

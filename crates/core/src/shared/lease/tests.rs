@@ -937,3 +937,40 @@ fn a_clock_gone_back_reports_no_demand() {
     let c = claim(&pool, "k", 3000);
     assert_eq!(c.demand(), None);
 }
+
+/// A proxy is quiet on a key only while it holds none of it, has no demand beyond the waiting
+/// request in the current and previous horizon, and no answer lately said the key was short.
+#[test]
+fn a_proxy_is_quiet_on_a_key_it_holds_none_of_and_seldom_asks_for() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let quiet = |now| {
+        pool.check_quietly("k", 1, Unmet::default(), now, &SIZING)
+            .unwrap()
+    };
+    assert!(!quiet(0), "nothing known of the key: lease");
+    let c = claim(&pool, "k", 0);
+    deposit(&pool, c, (3, 50, 500, 0), 1);
+    assert!(!quiet(100), "it holds tokens");
+    assert_eq!(spent(&pool.take("k", &[1, 1, 1], 100, &SIZING).unwrap()), 3);
+    assert!(!quiet(300), "three requests in the previous horizon");
+    assert!(quiet(2000), "none for two horizons");
+    assert!(!quiet(2001), "a second request at once");
+    assert!(quiet(5000));
+    pool.note_short("k", 0, 5000).unwrap();
+    let memory = SIZING.horizon_ms * SHORT_MEMORY_HORIZONS;
+    assert!(!quiet(5000 + memory - 1), "short of tokens lately");
+    assert!(quiet(5000 + memory));
+    assert!(
+        !quiet_with_unmet(&pool, 2 * 5000 + memory),
+        "denied here since the last call"
+    );
+}
+
+fn quiet_with_unmet(pool: &LeasePool, now: u64) -> bool {
+    let unmet = Unmet {
+        tokens: 3,
+        since_ms: now - 10,
+    };
+    pool.check_quietly("k", 1, unmet, now, &SIZING).unwrap()
+}
