@@ -32,7 +32,7 @@ pub trait Transport {
     /// `request` sends after the key, written by the same code.
     fn request_batch(&self, calls: &[&ScriptCall], with_source: bool) -> Outgoing;
     /// The answer to a `request_batch` of `n` calls, `asks` saying which of them sent the
-    /// tracked form (7 integers each, 6 for the others; empty: none did): `Err` = the whole request
+    /// tracked form (8 integers each, 6 for the others; empty: none did): `Err` = the whole request
     /// failed (every call gets it: no answer, NOSCRIPT, CROSSSLOT, a Redis error, anything but
     /// exactly the integers asked for); `Ok` = exactly `n` per-call results, in order (a key's
     /// own error is its own `Err`). The caller still checks each reply against its call with

@@ -302,7 +302,7 @@ pub fn decode_batch_reply(
     decode_batch_reply_asked(body, n, &[])
 }
 
-/// [`decode_batch_reply`] for keys that asked for their spill epoch or not (`asks`: 7 integers
+/// [`decode_batch_reply`] for keys that asked for their spill epoch or not (`asks`: 8 integers
 /// for a key that did: [`super::reply_ints`]).
 pub fn decode_batch_reply_asked(
     body: &[u8],
