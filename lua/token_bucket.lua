@@ -88,6 +88,13 @@ exceed its take. E only grows while the key lives (a new stretch takes max(now, 
 deleted key's next E is the now of the call that creates it, which differs from every earlier E
 of the key as long as Redis' clock does not repeat a microsecond (explicit ARGV[8] clocks may:
 the tests choose theirs). A change of burst needs nothing: D and N are kept below full.
+Reservations: the history above admits the same requests, but a request held for a reservation
+is released when the refill has repaid the debt its take saw. A refund into a bucket whose debt
+is promised to held requests would let a later take reserve a slot one of them already holds
+(burst 1, a token a second: A and B reserve the tokens of 1 s and 2 s, A's refund at 0.5 s lets C
+reserve the token of 2 s too: B and C at one instant). So the bucket also keeps W, the release
+time (us) of its last reservation (a stretch that begins in debt, what came before unknown:
+when the refill will have repaid it), and a refund gives back nothing while now < W.
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
   { allowed (1|0), remaining (whole tokens left, 0 while in debt),
@@ -168,7 +175,7 @@ when the step is 1 ms), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
 e<id>), s (the demand they reported, together; absent when none did), h<id>, e<id> and q<id> per
 holder, and d<id> (its demand) for a holder that reported one; and while the bucket tracks its
-spill epoch: E, D, N and T (above). A missing key is a FULL bucket with no holders, so the key is
+spill epoch: E, D, N, T and W (above). A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack); a key that would be full only after more than 2^53 ms is kept
 without an expiry (PERSIST). When the units per token change (period_ms, or the step), u is
