@@ -88,6 +88,13 @@ exceed its take. E only grows while the key lives (a new stretch takes max(now, 
 deleted key's next E is the now of the call that creates it, which differs from every earlier E
 of the key as long as Redis' clock does not repeat a microsecond (explicit ARGV[8] clocks may:
 the tests choose theirs). A change of burst needs nothing: D and N are kept below full.
+Reservations: the history above admits the same requests, but a request held for a reservation
+is released when the refill has repaid the debt its take saw. A refund into a bucket whose debt
+is promised to held requests would let a later take reserve a slot one of them already holds
+(burst 1, a token a second: A and B reserve the tokens of 1 s and 2 s, A's refund at 0.5 s lets C
+reserve the token of 2 s too: B and C at one instant). So the bucket also keeps W, the release
+time (us) of its last reservation (a stretch that begins in debt, what came before unknown:
+when the refill will have repaid it), and a refund gives back nothing while now < W.
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
   { allowed (1|0), remaining (whole tokens left, 0 while in debt),
@@ -168,7 +175,7 @@ when the step is 1 ms), and
 while there are holders: o (tokens they hold), k (how many), n and m (the earliest and latest
 e<id>), s (the demand they reported, together; absent when none did), h<id>, e<id> and q<id> per
 holder, and d<id> (its demand) for a holder that reported one; and while the bucket tracks its
-spill epoch: E, D, N and T (above). A missing key is a FULL bucket with no holders, so the key is
+spill epoch: E, D, N, T and W (above). A missing key is a FULL bucket with no holders, so the key is
 deleted when full with no holders and otherwise expires (PEXPIRE) once it would be full and every
 holder expired (+ 1 s of slack); a key that would be full only after more than 2^53 ms is kept
 without an expiry (PERSIST). When the units per token change (period_ms, or the step), u is
@@ -480,7 +487,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- 1. Load (absent or unreadable = full, no holders), rescale to these units, clamp to what the
   -- bucket can hold, and let expired holders go (refilling up to each one's expiry first).
   local full = burst * per_token
-  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's', 'E', 'D', 'N', 'T')
+  local h = redis.call('HMGET', key, 'u', 't', 'p', 'o', 'k', 'n', 'm', 's', 'E', 'D', 'N', 'T',
+    'W')
   -- A missing field is false (tonumber makes it nil): a new key needs no tonumber at all.
   local u, t, p
   if h[1] and h[2] and h[3] then
@@ -509,6 +517,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   local tracked = track or h[9]
   local epoch, headroom, taken, renew = 0, 0, 0, false
   local stored_epoch
+  -- W: until when (us) a reservation may still wait for its tokens; no refund comes back before.
+  local reserved_until = 0
   if tracked then
     stored_epoch = tonumber(h[9])
     epoch, headroom, taken = stored_epoch, tonumber(h[10]), tonumber(h[11])
@@ -521,6 +531,12 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       -- units changed, or the marks grew too large to stay exact: nothing taken before comes
       -- back.
       renew = true
+    end
+    if stored_epoch ~= nil then
+      reserved_until = tonumber(h[13]) or 0
+      if reserved_until < 0 or reserved_until ~= floor(reserved_until) then
+        reserved_until = 0
+      end
     end
   end
   if u == nil or t == nil or p == nil or t < 0 or p < 1
@@ -685,6 +701,12 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   end
   -- From here on t stays where it is: the whole ms since it, for wait_for.
   local since_ms = idiv(now - t, 1000)
+  if tracked and renew and u < 0 then
+    -- A stretch that began on a bucket in debt (what came before is unknown): reservations may
+    -- be waiting until the refill has repaid it.
+    reserved_until = math.max(reserved_until,
+      math.min(now + wait_for(-u, rate, step_ms, since_ms) * 1000, MAX_EXACT))
+  end
 
   -- 2b. Settle usage measured after earlier admissions: a charge only lowers the bucket (at most 4
   -- bursts into debt), a refund only raises it (never past what it can hold).
@@ -695,7 +717,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   -- stretch began since its take (its epoch is still E): the history where the take had been
   -- that much smaller never passes full, so never spills either. D shrinks by it, so a later
   -- refund of the stretch is bounded in that history. A mark is never past N.
-  if refund > 0 and not renew and refund_epoch == stored_epoch then
+  if refund > 0 and not renew and refund_epoch == stored_epoch and now >= reserved_until then
     local x = math.min(refund * per_token, headroom + math.min(refund_mark, taken))
     if x > 0 then
       u = u + x
@@ -830,6 +852,12 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     penalized = 1
   end
 
+  -- A reservation's tokens are promised to its request at its release: no refund comes back
+  -- before the last one is released.
+  if tracked and allowed == 1 and retry_after_ms > 0 then
+    reserved_until = math.max(reserved_until, math.min(now + retry_after_ms * 1000, MAX_EXACT))
+  end
+
   -- A take marks the units taken in the stretch (a holder's grant moves tokens from the bucket
   -- to what holders hold: V, as the bound counts it, stays the same).
   if tracked and holder == nil then
@@ -885,7 +913,8 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
   else
     redis.call('HSET', key, 'u', fmt(u), 't', fmt(t), 'p', p_text or fmt(per_token))
     if tracked then
-      redis.call('HSET', key, 'E', fmt(epoch), 'D', fmt(headroom), 'N', fmt(taken), 'T', fmt(t))
+      redis.call('HSET', key, 'E', fmt(epoch), 'D', fmt(headroom), 'N', fmt(taken), 'T', fmt(t),
+        'W', fmt(reserved_until))
     end
     local ttl_ms = reset_after_ms
     if cap ~= full then

@@ -789,7 +789,20 @@ fn tracked(
     settle: &str,
     ms: u64,
 ) -> Vec<i64> {
+    tracked_waiting(c, (burst, token_ms), cost, 0, settle, ms)
+}
+
+/// [`tracked`] with a max_wait_ms: a take may reserve.
+fn tracked_waiting(
+    c: &mut redis::Connection,
+    (burst, token_ms): (u64, u64),
+    cost: u64,
+    max_wait_ms: u64,
+    settle: &str,
+    ms: u64,
+) -> Vec<i64> {
     let (burst, period, cost) = (burst.to_string(), token_ms.to_string(), cost.to_string());
+    let wait = max_wait_ms.to_string();
     let now = (T0 + ms * 1000).to_string();
     let args = [
         burst.as_str(),
@@ -797,7 +810,7 @@ fn tracked(
         period.as_str(),
         cost.as_str(),
         "0",
-        "0",
+        wait.as_str(),
         settle,
         now.as_str(),
     ];
@@ -959,4 +972,58 @@ fn the_batched_form_answers_the_epoch_to_a_key_that_asked() {
             -1, 10, 0, 0, 0, 0, 0, 0, // a bad settle, tracked form: 8
         ]
     );
+}
+
+/// A refund while reservations wait for their tokens: burst 1, a token a second. X takes the
+/// token at 0 ms; A and B reserve (released at 1000 and 2000 ms); A's client leaves, and its
+/// refund reaches Redis at 500 ms. Given back, it would let C reserve the slot B already holds:
+/// B and C both released at 2000 ms, two at one instant where the bound is 1. The refund gives
+/// nothing until the last reservation is released (W); after it, the spill epoch's rule applies.
+#[test]
+fn a_refund_never_hands_out_a_slot_a_reservation_holds() {
+    let (_r, mut c) = start("lua-spill-reserved");
+    let l = (1, 1000);
+    let x = tracked_waiting(&mut c, l, 1, 5000, "0:0:0:0", 0);
+    assert_eq!((x[0], x[2]), (1, 0), "X: the full bucket's token");
+    let a = tracked_waiting(&mut c, l, 1, 5000, "0:0:0:0", 0);
+    assert_eq!((a[0], a[2]), (1, 1000), "A reserves the token of 1000 ms");
+    let b = tracked_waiting(&mut c, l, 1, 5000, "0:0:0:0", 0);
+    assert_eq!((b[0], b[2]), (1, 2000), "B reserves the token of 2000 ms");
+    let _ = tracked_waiting(&mut c, l, 0, 5000, &refund_of(1, &a), 500);
+    let cc = tracked_waiting(&mut c, l, 1, 5000, "0:0:0:0", 500);
+    assert_eq!(cc[0], 1);
+    let (b_at, c_at) = (2000, 500 + cc[2]);
+    assert!(
+        c_at >= b_at + 1000,
+        "C released at {c_at} ms, B at {b_at} ms: a token a second"
+    );
+    assert_eq!(
+        hash_field(&mut c, "W"),
+        Some(T0 + 3_000_000),
+        "W: C's release"
+    );
+}
+
+/// After the last reservation was released, a refund comes back as the spill epoch allows: a
+/// reservation whose request used nothing, refunded at its release, gives its token back to a
+/// bucket that never came close to full since (burst 2, drained).
+#[test]
+fn a_refund_after_the_last_release_comes_back() {
+    let (_r, mut c) = start("lua-spill-released");
+    let l = (2, 1000);
+    let _ = tracked_waiting(&mut c, l, 2, 5000, "0:0:0:0", 0);
+    let a = tracked_waiting(&mut c, l, 2, 5000, "0:0:0:0", 0);
+    assert_eq!(
+        (a[0], a[2]),
+        (1, 2000),
+        "A reserves two tokens, released at 2000 ms"
+    );
+    let _ = tracked_waiting(&mut c, l, 0, 5000, &refund_of(1, &a), 1999);
+    let u: i64 = redis::cmd("HGET").arg(KEY).arg("u").query(&mut c).unwrap();
+    assert_eq!(
+        u, -1,
+        "before A's release: nothing comes back (1 ms of refill short of 0)"
+    );
+    let r = tracked_waiting(&mut c, l, 0, 5000, &refund_of(1, &a), 2000);
+    assert_eq!(r[1], 1, "at its release: its token comes back");
 }

@@ -221,28 +221,29 @@ impl Harness {
     }
 
     /// The stored hash as a `State`, or None when the key is absent. A bucket that tracks its
-    /// spill epoch stores E and D, and T, the t it wrote.
+    /// spill epoch stores E and D, T, the t it wrote, and W, until when reservations wait.
     fn stored(&mut self) -> Option<State> {
         type Field = Option<String>;
-        type Spilled = (Option<u64>, Option<i64>, Option<u64>, Field);
+        type Spilled = (Option<u64>, Option<i64>, Option<u64>, Field, Option<u64>);
         let (u, t, p): (Field, Field, Field) = redis::cmd("HMGET")
             .arg(&self.key)
             .arg(&["u", "t", "p"])
             .query(&mut self.conn)
             .unwrap();
-        let (e, d, n, tt): Spilled = redis::cmd("HMGET")
+        let (e, d, n, tt, w): Spilled = redis::cmd("HMGET")
             .arg(&self.key)
-            .arg(&["E", "D", "N", "T"])
+            .arg(&["E", "D", "N", "T", "W"])
             .query(&mut self.conn)
             .unwrap();
-        let spill = match (e, d, n, tt) {
-            (None, None, None, None) => None,
-            (Some(epoch), Some(headroom), Some(taken), Some(written)) => {
+        let spill = match (e, d, n, tt, w) {
+            (None, None, None, None, None) => None,
+            (Some(epoch), Some(headroom), Some(taken), Some(written), Some(w)) => {
                 assert_eq!(Some(&written), t.as_ref(), "T is the t this version wrote");
                 Some(Spill {
                     epoch,
                     headroom,
                     taken,
+                    reserved_until_us: w,
                 })
             }
             other => panic!("partial spill epoch: {other:?}"),

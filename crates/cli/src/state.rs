@@ -39,6 +39,7 @@ pub fn parse(fields: &[(String, String)]) -> (Option<State>, Holders) {
                     epoch,
                     headroom,
                     taken,
+                    reserved_until_us: get("W").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0),
                 }),
                 _ => None,
             },

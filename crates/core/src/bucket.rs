@@ -75,6 +75,10 @@ pub struct Spill {
     pub headroom: i64,
     /// Units taken since `epoch` (a take's mark is this after it).
     pub taken: u64,
+    /// Until when (µs) a reservation may still be waiting for its tokens: no refund comes back
+    /// before (the hash's `W`). A refund into a bucket whose debt is promised to held requests
+    /// would let a later take be released with one of them.
+    pub reserved_until_us: u64,
 }
 
 /// What a take in the tracked form is answered with, and its refund carries back.
@@ -582,6 +586,7 @@ pub fn take_penalized(
     // began in this call (no refund comes back in it). A stretch begins where V is known.
     let tracked = track.is_some() || state.is_some_and(|s| s.spill.is_some());
     let stored_epoch = state.filter(|s| s.per_token >= 1).and_then(|s| s.spill);
+    let mut reserved_until = stored_epoch.map_or(0, |sp| sp.reserved_until_us);
     let (mut headroom, mut taken, mut renew) = match (stored_epoch, state) {
         (Some(sp), Some(s)) if int(s.per_token) == per_token && sp.taken <= MAX_TAKEN => {
             (sp.headroom, sp.taken, false)
@@ -736,6 +741,15 @@ pub fn take_penalized(
             .fold(rec.demand, u64::saturating_add)
     });
 
+    // A stretch that began on a bucket in debt (what came before is unknown): reservations may
+    // be waiting until the refill has repaid it.
+    if tracked && renew && units < 0 {
+        let wait_us = u64::try_from(clock.wait_ms(-units))
+            .unwrap_or(0)
+            .saturating_mul(1000);
+        reserved_until = reserved_until.max(now_us.saturating_add(wait_us).min(MAX_EXACT));
+    }
+
     // 2c. Settle: a charge only lowers (at most MAX_SETTLE_BURSTS bursts into debt), a refund
     // only raises (never past what the bucket can hold).
     // A refund without an epoch (settle < 0) gives back nothing.
@@ -747,7 +761,7 @@ pub fn take_penalized(
     // A refund gives back at most the headroom + its take's mark (units: part of a token too),
     // if no stretch began since its take; a mark is never past what was taken.
     if let (Some(t), false, Some(sp)) = (track, renew, stored_epoch) {
-        if t.refund > 0 && t.epoch == sp.epoch {
+        if t.refund > 0 && t.epoch == sp.epoch && now_us >= reserved_until {
             let bound = headroom.saturating_add(int(t.mark.min(taken)));
             let x = int(t.refund).saturating_mul(per_token).min(bound);
             if x > 0 {
@@ -849,6 +863,16 @@ pub fn take_penalized(
         penalized = Penalized::Offence;
     }
 
+    // A reservation's tokens are promised to its request at its release: no refund comes back
+    // before the last one is released.
+    if tracked && allowed && retry_after_ms > 0 {
+        let wait_us = u64::try_from(retry_after_ms)
+            .unwrap_or(0)
+            .saturating_mul(1000);
+        let until = now_us.saturating_add(wait_us);
+        reserved_until = reserved_until.max(until.min(MAX_EXACT));
+    }
+
     // A take marks the units taken in the stretch (a holder's grant moves tokens from the bucket
     // to what holders hold: V, as the bound counts it, stays the same).
     if tracked && record.is_none() {
@@ -895,6 +919,7 @@ pub fn take_penalized(
             epoch,
             headroom,
             taken,
+            reserved_until_us: reserved_until,
         }
     });
     let reply = Reply {
