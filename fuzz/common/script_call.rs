@@ -45,6 +45,9 @@ impl Input {
             lease_want: self.lease_want,
             max_wait_ms: self.max_wait_ms,
             settle: self.settle,
+            // The untracked form: the targets check its arguments (the tracked settlement has
+            // the codec's unit tests).
+            track: None,
             penalty: None,
         };
         (call, lease)
