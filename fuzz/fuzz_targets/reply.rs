@@ -49,8 +49,8 @@ fuzz_target!(|data: &[u8]| {
     match &got {
         Ok(r) => {
             assert!(r.retry_after_ms >= -1, "{r:?}");
-            // What was accepted is a one-key JSON object holding an array of five integers, or
-            // six with the penalty box's field.
+            // What was accepted is a one-key JSON object holding an array of five integers, six
+            // with the penalty box's field, or eight with the spill epoch and the take's mark.
             let doc: serde_json::Value =
                 serde_json::from_slice(body).expect("accepted a body that is not JSON");
             let obj = doc.as_object().expect("accepted a non-object");
@@ -61,7 +61,7 @@ fuzz_target!(|data: &[u8]| {
                 .and_then(|v| v.as_array())
                 .expect("accepted a non-array");
             let ints: Vec<i64> = items.iter().filter_map(|v| v.as_i64()).collect();
-            assert!(matches!(ints.len(), 5 | 6), "accepted {items:?}");
+            assert!(matches!(ints.len(), 5 | 6 | 8), "accepted {items:?}");
             assert_eq!(items.len(), ints.len(), "accepted {items:?}");
             let mut want = vec![
                 i64::from(r.allowed),
@@ -70,8 +70,12 @@ fuzz_target!(|data: &[u8]| {
                 r.reset_after_ms as i64,
                 r.granted as i64,
             ];
-            if ints.len() == 6 {
+            if ints.len() >= 6 {
                 want.push(r.penalized.code());
+            }
+            if let Some(stamp) = r.epoch {
+                want.push(stamp.epoch as i64);
+                want.push(stamp.mark as i64);
             }
             assert_eq!(ints, want, "decoded {r:?} from {items:?}");
             // And the canonical form of the same reply decodes to the same thing.

@@ -84,11 +84,22 @@ fuzz_target!(|data: &[u8]| {
                     r.reset_after_ms,
                     r.granted
                 );
-                // Five integers, or six with the penalty box's field (a penalty call's reply).
+                // Five integers, six with the penalty box's field (a penalty call's reply), or
+                // eight with the spill epoch and the take's mark (a call in the tracked form).
                 let five = format!("*5\r\n{canonical}");
                 let six = format!("*6\r\n{canonical}:{}\r\n", r.penalized.code());
+                let eight = r.epoch.map(|stamp| {
+                    format!(
+                        "*8\r\n{canonical}:{}\r\n:{}\r\n:{}\r\n",
+                        r.penalized.code(),
+                        stamp.epoch,
+                        stamp.mark
+                    )
+                });
                 assert!(
-                    five.as_bytes() == reply || six.as_bytes() == reply,
+                    five.as_bytes() == reply
+                        || six.as_bytes() == reply
+                        || eight.is_some_and(|e| e.as_bytes() == reply),
                     "accepted a non-canonical reply"
                 );
             }
