@@ -20,7 +20,7 @@ use tollgate_core::bucket::{take_held, Ask, Holder, Holders, Limits, Stamp, Stat
 
 mod common;
 
-use common::Rng;
+use common::{excess, Rng};
 
 enum Event {
     /// An exact-mode take of `cost`, holding up to `max_wait_ms`.
@@ -204,19 +204,6 @@ fn run(seed: u64, l: Limits, holders: bool, refunds: bool) -> (Vec<(u64, u64)>, 
     }
     sim.used.sort();
     (sim.used, sim.admitted)
-}
-
-fn excess(l: &Limits, used: &[(u64, u64)]) -> i64 {
-    let mut worst = i64::MIN;
-    for (i, &(from, _)) in used.iter().enumerate() {
-        let mut sum = 0;
-        for &(to, n) in &used[i..] {
-            sum += n;
-            let bound = l.burst + ((to - from) * l.rate).div_ceil(l.period_ms);
-            worst = worst.max(sum as i64 - bound as i64);
-        }
-    }
-    worst
 }
 
 /// The worst excess over the cases, where it was, and the takes admitted.

@@ -27,7 +27,7 @@ use tollgate_core::shared::settle::{self, Refund};
 
 mod common;
 
-use common::Rng;
+use common::{excess, Rng};
 
 /// A call's script runs at most this long after the call was sent.
 const LATENCY_MS: u64 = 30;
@@ -337,21 +337,6 @@ fn episode(sim: &mut Sim, t: u64, proxies: usize) -> u64 {
         }
     }
     later + sim.rng.below(fill_ms * 2 + 1)
-}
-
-/// The most any window that starts at an admission passes `burst + ceil(rate × W / period)`
-/// (the step is 1 ms for every case here).
-fn excess(l: &Limits, used: &[(u64, u64)]) -> i64 {
-    let mut worst = i64::MIN;
-    for (i, &(from, _)) in used.iter().enumerate() {
-        let mut sum = 0;
-        for &(to, n) in &used[i..] {
-            sum += n;
-            let bound = l.burst + ((to - from) * l.rate).div_ceil(l.period_ms);
-            worst = worst.max(sum as i64 - bound as i64);
-        }
-    }
-    worst
 }
 
 fn lim(burst: u64, rate: u64, period_ms: u64) -> Limits {
