@@ -83,6 +83,17 @@ pub fn added(rows: &[Row], name: &str) -> Option<f64> {
     median(&mut v)
 }
 
+/// The median over rounds of `a`'s added CPU per request less `b`'s in the same round.
+pub fn added_over(rows: &[Row], a: &str, b: &str) -> Option<f64> {
+    let bs = added_per_round(rows, b);
+    let mut v: Vec<f64> = added_per_round(rows, a)
+        .into_iter()
+        .zip(bs)
+        .filter_map(|(x, y)| Some(x? - y?))
+        .collect();
+    median(&mut v)
+}
+
 /// The median over rounds of `a`'s added CPU per request ÷ the least any of `bs` added in the same
 /// round (rounds where that least is not above zero are left out).
 pub fn added_ratio(rows: &[Row], a: &str, bs: &[&str]) -> Option<f64> {
@@ -134,6 +145,7 @@ mod tests {
             row_of("limitador-redis", &[90.0, 100.0, 85.0]),
             row_of("limitador-redis-cached", &[100.0, 95.0, 80.0]),
             row_of("tollgate-exact", &[50.0, 60.0, 55.0]),
+            row_of("wasm-floor-hold", &[40.0, 38.0, 47.0]),
         ];
         let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
         // Added per round: 30, 30, 30.
@@ -150,6 +162,11 @@ mod tests {
                 &["limitador-redis", "limitador-redis-cached"]
             ),
             30.0 / 65.0
+        ));
+        // tollgate less the hold per round: 10, 22, 8 (the medians' difference would be 30 - 18).
+        assert!(close(
+            added_over(&rows, "tollgate-exact", "wasm-floor-hold"),
+            10.0
         ));
         assert_eq!(added(&rows, "tollgate-exact-b"), None);
         assert_eq!(added_ratio(&rows, "tollgate-exact", &["nothing"]), None);

@@ -86,6 +86,8 @@ fn main() -> ExitCode {
 fn run(settings: &args::Settings, limitador: &Path) -> Result<(), String> {
     let machine = Machine::now();
     let tollgate_wasm = wasm_path();
+    eprintln!("peers: building bench/wasm-floor");
+    let floor_wasm = tollgate_e2e::build_wasm_floor()?;
     let dir = scratch_dir("peers");
     eprintln!(
         "peers: starting redis, webdis and the upstream (logs in {})",
@@ -110,7 +112,11 @@ fn run(settings: &args::Settings, limitador: &Path) -> Result<(), String> {
         .flatten()
         .collect();
 
-    let systems = systems::all(&tollgate_wasm, settings.compare_wasm.as_deref());
+    let systems = systems::all(
+        &tollgate_wasm,
+        &floor_wasm,
+        settings.compare_wasm.as_deref(),
+    );
     let mut samples: Vec<Vec<Sample>> = systems.iter().map(|_| Vec::new()).collect();
     for round in 1..=settings.rounds {
         eprint!("peers: round {round}/{}:", settings.rounds);

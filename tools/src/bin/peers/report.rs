@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tollgate_tools::machine::Machine;
 
 use crate::args::Settings;
-use crate::figures::{added, added_ratio, Row, Sample};
+use crate::figures::{added, added_over, added_ratio, Row, Sample};
 use crate::systems::{PATH, WORKERS};
 use crate::SETTLE;
 
@@ -15,6 +15,8 @@ use crate::SETTLE;
 /// Limitador's (issue 33: "at most half of Limitador's").
 pub const PEER_LIMIT_X: f64 = 0.5;
 const LIMITADORS: [&str; 2] = ["limitador-redis", "limitador-redis-cached"];
+/// The system that holds each request for a shared callout and checks nothing.
+const HOLD: &str = "wasm-floor-hold";
 
 /// What a run measured, for the report.
 pub struct Outcome {
@@ -106,6 +108,17 @@ pub fn print(settings: &Settings, run: &Outcome) {
             fmt(added(&run.rows, a), 1),
             fmt(added(&run.rows, LIMITADORS[0]), 1),
             fmt(added(&run.rows, LIMITADORS[1]), 1),
+        ));
+    }
+    if run.rows.iter().any(|r| r.name == HOLD) {
+        lines.push(format!(
+            "- where tollgate-exact's added CPU goes: holding each request for a callout its worker \
+             shares, with no check ({HOLD}) +{} µs, ÷ the better Limitador of each round {}; the \
+             rest +{} µs (tollgate's wasm code and host calls, its script in Redis, its larger \
+             Webdis requests)",
+            fmt(added(&run.rows, HOLD), 1),
+            fmt(added_ratio(&run.rows, HOLD, &LIMITADORS), 3),
+            fmt(added_over(&run.rows, "tollgate-exact", HOLD), 1),
         ));
     }
     if run.rows.iter().any(|r| r.name == "tollgate-exact-b") {

@@ -4,6 +4,7 @@
 //! | system | Envoy | rate limiter |
 //! |---|---|---|
 //! | plain | envoy/bench/plain.yaml (router only) | none: the figure every other one is added over |
+//! | wasm-floor-hold | envoy/bench/wasm-floor-hold.yaml: bench/wasm-floor holding each request for a Webdis `PING` its worker shares (no check) | Webdis → Redis |
 //! | limitador-redis | envoy/bench/ratelimit.yaml (envoy.filters.http.ratelimit, gRPC) | limitador-server, storage `redis` |
 //! | limitador-redis-cached | the same | limitador-server, storage `redis_cached` (its defaults) |
 //! | tollgate-exact | envoy/envoy.yaml, tollgate exact (this build), one rule on `header:x-user-id` | Webdis → Redis |
@@ -50,6 +51,10 @@ pub enum Storage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum System {
     Plain,
+    /// bench/wasm-floor in `hold` mode: each request held for a callout to Webdis (a `PING`) that
+    /// the requests arriving meanwhile share, as tollgate's exact mode holds a new key's request,
+    /// with no check at all: what the stock-Envoy architecture costs before any rate limiting.
+    Hold(PathBuf),
     Limitador(Storage),
     /// tollgate exact on this filter build.
     Tollgate(PathBuf),
@@ -61,6 +66,7 @@ impl System {
     pub fn name(&self) -> &'static str {
         match self {
             System::Plain => "plain",
+            System::Hold(_) => "wasm-floor-hold",
             System::Limitador(Storage::Redis) => "limitador-redis",
             System::Limitador(Storage::RedisCached) => "limitador-redis-cached",
             System::Tollgate(_) => "tollgate-exact",
@@ -69,10 +75,11 @@ impl System {
     }
 }
 
-/// The systems of a run, in the order they take turns.
-pub fn all(tollgate: &Path, compare: Option<&Path>) -> Vec<System> {
+/// The systems of a run, in the order they take turns (`floor`: bench/wasm-floor's build).
+pub fn all(tollgate: &Path, floor: &Path, compare: Option<&Path>) -> Vec<System> {
     let mut v = vec![
         System::Plain,
+        System::Hold(floor.to_path_buf()),
         System::Limitador(Storage::Redis),
         System::Limitador(Storage::RedisCached),
         System::Tollgate(tollgate.to_path_buf()),
@@ -160,10 +167,15 @@ pub fn start(shared: &Shared, system: &System) -> Result<Started, String> {
     let upstream = shared.upstream_port;
     let dir = shared.dir;
     let envoy = match system {
-        System::Plain | System::Limitador(_) => {
-            let (file, backend) = match &limitador {
-                Some((_, rls_port)) => ("ratelimit.yaml", *rls_port),
-                None => ("plain.yaml", shared.webdis_port),
+        System::Plain | System::Hold(_) | System::Limitador(_) => {
+            let (file, backend) = match (&limitador, system) {
+                (Some((_, rls_port)), _) => ("ratelimit.yaml", *rls_port),
+                (None, System::Hold(_)) => ("wasm-floor-hold.yaml", shared.webdis_port),
+                (None, _) => ("plain.yaml", shared.webdis_port),
+            };
+            let wasm = match system {
+                System::Hold(floor) => floor.as_path(),
+                _ => Path::new(""),
             };
             let text = envoy_file(&format!("bench/{file}"));
             Envoy::try_start_yaml_workers(dir, WORKERS, &[], &[], |listen, admin| {
@@ -173,7 +185,7 @@ pub fn start(shared: &Shared, system: &System) -> Result<Started, String> {
                     admin,
                     upstream,
                 };
-                render_bench_template(&text, ports, Path::new(""))
+                render_bench_template(&text, ports, wasm)
             })
         }
         System::Tollgate(wasm) | System::TollgateB(wasm) => {
@@ -276,7 +288,7 @@ mod tests {
     #[test]
     fn the_systems_and_their_names() {
         let names = |c: Option<&Path>| -> Vec<&str> {
-            all(Path::new("/a.wasm"), c)
+            all(Path::new("/a.wasm"), Path::new("/floor.wasm"), c)
                 .iter()
                 .map(System::name)
                 .collect()
@@ -285,6 +297,7 @@ mod tests {
             names(None),
             [
                 "plain",
+                "wasm-floor-hold",
                 "limitador-redis",
                 "limitador-redis-cached",
                 "tollgate-exact"
