@@ -184,11 +184,22 @@ mod tests {
             settle: -17,
             ..ScriptCall::new("tollgate:{tokens:ef56}".into(), &limits, 0)
         };
+        // A take that may be refunded, carrying a refund: the tracked form of the settlement.
+        let tracked = ScriptCall {
+            settle: 2,
+            track: Some(Tracked {
+                refund: 5,
+                epoch: 1_700_000_000_123,
+                mark: 42,
+            }),
+            ..ScriptCall::new("tollgate:{tokens:cd34}".into(), &limits, 1)
+        };
         vec![
             ScriptCall::new("tollgate:{per-user:ab12}".into(), &limits, 1),
             lease,
             back,
             settle,
+            tracked,
         ]
     }
 
@@ -200,6 +211,7 @@ mod tests {
         assert_eq!(g.ask.holder, c.holder.as_deref().copied());
         assert_eq!(g.ask.max_wait_ms, c.max_wait_ms);
         assert_eq!(g.ask.settle, c.settle);
+        assert_eq!(g.ask.track, c.track);
     }
 
     /// What the engine's codec writes, single or batched, reads back as the calls it came from.
@@ -245,5 +257,31 @@ mod tests {
             reply_body(Form::Single, &replies[..1]),
             r#"{"EVALSHA":[1,10,0,1000,1]}"#
         );
+        // A call in the tracked form is answered with its epoch and mark, in either form.
+        let stamped = bucket::Reply {
+            epoch: Some(bucket::Stamp {
+                epoch: 1_700_000_000_123,
+                mark: 7,
+            }),
+            ..replies[0]
+        };
+        assert_eq!(
+            reply_body(Form::Single, &[stamped]),
+            r#"{"EVALSHA":[1,10,0,1000,1,0,1700000000123,7]}"#
+        );
+        let single = reply_body(Form::Single, &[stamped]);
+        assert_eq!(
+            tollgate_core::backend::webdis::decode_reply(single.as_bytes()).unwrap(),
+            stamped
+        );
+        let body = reply_body(Form::Batched, &[replies[1], stamped]);
+        let decoded = tollgate_core::backend::webdis::decode_batch_reply_asked(
+            body.as_bytes(),
+            2,
+            &[false, true],
+        )
+        .unwrap();
+        let decoded: Vec<bucket::Reply> = decoded.into_iter().map(Result::unwrap).collect();
+        assert_eq!(decoded, vec![replies[1], stamped]);
     }
 }
