@@ -14,6 +14,7 @@
 pub mod args;
 pub mod demand;
 pub mod figures;
+pub mod floor;
 pub mod sim;
 
 use figures::{Figures, SHOWN_MS};
@@ -115,7 +116,7 @@ pub fn header() -> String {
         .map(|w| format!("{:>7}", format!("+W{}", *w as f64 / 1000.0)))
         .collect();
     format!(
-        "{:>7} {:>5} {:>6} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
+        "{:>7} {:>5} {:>6} {:>7} {:>7} {} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6}",
         "proxies",
         "load",
         "wait",
@@ -127,6 +128,8 @@ pub fn header() -> String {
         "hot c/s",
         "/1k adm",
         "hot /1k",
+        "floor/1k",
+        "c/floor",
         "gw /1k",
         "side/1k",
         "warm/1k",
@@ -156,7 +159,7 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         None => "never".to_string(),
     };
     format!(
-        "{:>7} {:>4}x {:>6} {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
+        "{:>7} {:>4}x {:>6} {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
         o.proxies,
         o.overload,
         o.max_wait_ms,
@@ -168,6 +171,8 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         f.hot_calls as f64 / f.seconds,
         Figures::per_1k(f.calls(), f.admitted()),
         Figures::per_1k(f.hot_calls, f.hot_admitted),
+        f.hot_floor * 1000.0 / f.hot_admitted.max(1) as f64,
+        f.hot_calls as f64 / f.hot_floor.max(f64::MIN_POSITIVE),
         Figures::per_1k(
             f.hot_gateway_calls,
             f.hot_admitted.saturating_sub(f.hot_sidecar_admitted)
@@ -195,7 +200,12 @@ wait: the rules' max_wait_ms (lease mode: how long a request may wait for the to
   admitted - (burst + rate x W) (never over: <= 0); warm+W: the most any warm key's window (10 ms to
   10 s) passed its bound by; calls/s: script calls per simulated second, hot c/s those of the hot
   key; /1k adm: calls per 1000
-  admitted (all keys), hot /1k and warm/1k the same per kind of key; gw /1k and side/1k: the hot
+  admitted (all keys), hot /1k and warm/1k the same per kind of key; floor/1k: the fewest hot-key
+  calls per 1000 admitted any scheme needs whose proxies admit only with tokens a call granted and
+  hold no more than the burst idle on average, for the same requests and admissions, each request
+  waiting at most a round trip plus max_wait_ms (fleet/floor.rs; a lower bound under those
+  assumptions; exact mode meets them, so it holds there too); c/floor: hot-key calls / that floor
+  (>= 1; how far from what any such scheme could do); gw /1k and side/1k: the hot
   key's calls the gateways sent per 1000 of the gateways' admissions of it, and the sidecars' per
   1000 of theirs (how each kind of proxy scales); 1st p50/p99: from a sidecar's
   first request of the hot key to its first admission (median and 99th percentile over sidecars;

@@ -125,3 +125,88 @@ fn assert_fleet(proxies: usize, overload: f64, max_wait_ms: u64, duration_ms: u6
     assert!(f.fairness >= 0.5, "{at}: sidecars\n{row}");
     assert_eq!(f.starved(), 0, "{at}\n{row}");
 }
+
+/// `n` equal proxies, each sent `rate` requests a second for `seconds`, all admitted.
+fn equal_proxies(n: usize, rate: f64, seconds: f64) -> Vec<crate::fleet::floor::ProxyDemand> {
+    let each = (rate * seconds) as u64;
+    vec![
+        crate::fleet::floor::ProxyDemand {
+            requests: each,
+            admitted: each,
+            alive_s: seconds,
+        };
+        n
+    ]
+}
+
+#[test]
+fn the_floor_of_equal_proxies_grants_one_plus_twice_the_burst_over_the_proxies() {
+    use crate::fleet::floor::lease_floor;
+    // Each proxy holds (g - 1) / 2 tokens on average whatever its rate: 10 of them within a
+    // burst of 20 get g = 1 + 2 x 20 / 10 = 5 tokens a call, 10,000 admissions take 2,000 calls.
+    for rate in [10.0, 100.0, 1000.0] {
+        let floor = lease_floor(&equal_proxies(10, rate, 10.0), 20.0, 10.0, 0.0);
+        let want = 10.0 * rate * 10.0 / 5.0;
+        assert!(
+            (floor - want).abs() < 1e-6 * want,
+            "rate {rate}: {floor} != {want}"
+        );
+    }
+}
+
+#[test]
+fn the_floor_is_a_call_per_admission_without_a_burst_and_a_call_per_proxy_with_a_huge_one() {
+    use crate::fleet::floor::lease_floor;
+    let ps = equal_proxies(10, 100.0, 10.0);
+    let none = lease_floor(&ps, 0.0, 10.0, 0.0);
+    assert!((none - 10_000.0).abs() < 1e-6, "{none}");
+    let huge = lease_floor(&ps, 1e9, 10.0, 0.0);
+    assert!((huge - 10.0).abs() < 1e-9, "{huge}");
+    // A proxy that admitted nothing needs no call.
+    let mut idle = ps.clone();
+    idle[0].admitted = 0;
+    assert!((lease_floor(&idle, 1e9, 10.0, 0.0) - 9.0).abs() < 1e-9);
+}
+
+#[test]
+fn the_floor_shares_a_call_among_the_requests_that_may_wait_for_it() {
+    use crate::fleet::floor::lease_floor;
+    // No burst to hold: a call serves the request that made it and the 100/s x 0.05 s = 5 that
+    // arrive while they may wait.
+    let ps = equal_proxies(10, 100.0, 10.0);
+    let floor = lease_floor(&ps, 0.0, 10.0, 0.05);
+    assert!((floor - 10_000.0 / 6.0).abs() < 1e-6, "{floor}");
+    // With a burst as well, waiting only lowers it.
+    assert!(lease_floor(&ps, 20.0, 10.0, 0.05) < lease_floor(&ps, 20.0, 10.0, 0.0));
+}
+
+#[test]
+fn the_floor_of_a_skewed_fleet_matches_its_closed_form() {
+    use crate::fleet::floor::{lease_floor, ProxyDemand};
+    // The fleet of `make sim-scale` at 1000 proxies and 1x: 50 gateways at 16/s, 950 sidecars
+    // at 0.2105/s, burst 1000; over 100 s so that no grant reaches a proxy's admissions. With
+    // every grant g_p = c sqrt(D_p) > 1, holding sum a_p (g_p - 1) / (2 D_p) = B T gives
+    // c = (2B + N) / sum sqrt(D_p) and calls = T (sum sqrt(D_p))^2 / (2B + N).
+    let t = 100.0;
+    let (gw, side): (f64, f64) = (16.0, 200.0 / 950.0);
+    let mut ps = Vec::new();
+    for (n, d) in [(50, gw), (950, side)] {
+        for _ in 0..n {
+            let a = (d * t).round() as u64;
+            ps.push(ProxyDemand {
+                requests: a,
+                admitted: a,
+                alive_s: t,
+            });
+        }
+    }
+    let sum_sqrt: f64 = ps
+        .iter()
+        .map(|p| (p.requests as f64 / p.alive_s).sqrt())
+        .sum();
+    let want = t * sum_sqrt * sum_sqrt / (2.0 * 1000.0 + 1000.0);
+    let floor = lease_floor(&ps, 1000.0, t, 0.0);
+    assert!((floor - want).abs() < 1e-6 * want, "{floor} != {want}");
+    // About 135 calls a second for about 1000 admissions a second.
+    assert!((floor / t - 134.8).abs() < 0.5, "{}", floor / t);
+}

@@ -5,7 +5,7 @@
 //! single form, 6 per key for the batched one). Both simulators speak it, so the engine parses
 //! what a real Webdis would send.
 
-use tollgate_core::bucket::{self, Ask, Holder, Limits};
+use tollgate_core::bucket::{self, Ask, Holder, Limits, Tracked};
 
 /// Undoes the Webdis percent-encoding of one argument.
 fn unescape(s: &str) -> String {
@@ -76,6 +76,20 @@ fn group(key: String, args: &[&str]) -> Group {
         None => (lease_arg, None),
     };
     let lease: Vec<u64> = lease_arg.split(':').map(|n| n.parse().unwrap()).collect();
+    // The settlement, in its tracked form `<charge>:<refund>:<epoch>:<mark>` when the call may
+    // be refunded.
+    let settle: (Option<i64>, Option<Tracked>) = match args.get(6).map(|s| unescape(s)) {
+        Some(s) if s.contains(':') => {
+            let n: Vec<u64> = s.split(':').map(|n| n.parse().unwrap()).collect();
+            let track = Tracked {
+                refund: n[1],
+                epoch: n[2],
+                mark: n[3],
+            };
+            (Some(n[0] as i64), Some(track))
+        }
+        _ => (None, None),
+    };
     let limits = Limits {
         burst: num(0),
         rate: num(1),
@@ -99,15 +113,18 @@ fn group(key: String, args: &[&str]) -> Group {
             }
         }),
         max_wait_ms: args.get(5).map_or(0, |_| num(5)),
-        settle: args.get(6).map_or(0, |s| s.parse().unwrap()),
-        track: None,
+        settle: args
+            .get(6)
+            .map_or(0, |s| settle.0.unwrap_or_else(|| s.parse().unwrap())),
+        track: settle.1,
     };
     Group { key, limits, ask }
 }
 
 /// The bucket's replies as Webdis answers the call: `{"EVALSHA":[allowed,remaining,
 /// retry_after_ms,reset_after_ms,granted]}` for the single form, and for the batched one the same
-/// five and `penalized` for each key, in order, in one flat array.
+/// five and `penalized` for each key, in order, in one flat array; a call in the tracked form
+/// adds `penalized`, its epoch and its mark (8 integers).
 pub fn reply_body(form: Form, replies: &[bucket::Reply]) -> String {
     let ints: Vec<String> = replies
         .iter()
@@ -119,8 +136,13 @@ pub fn reply_body(form: Form, replies: &[bucket::Reply]) -> String {
                 r.reset_after_ms as i64,
                 r.granted as i64,
             ];
-            if form == Form::Batched {
+            // The 6th field comes with a batched call and with an epoch, the 7th and 8th with a
+            // call in the tracked form.
+            if form == Form::Batched || r.epoch.is_some() {
                 ints.push(r.penalized.code());
+            }
+            if let Some(stamp) = r.epoch {
+                ints.extend([stamp.epoch as i64, stamp.mark as i64]);
             }
             ints
         })
@@ -162,11 +184,22 @@ mod tests {
             settle: -17,
             ..ScriptCall::new("tollgate:{tokens:ef56}".into(), &limits, 0)
         };
+        // A take that may be refunded, carrying a refund: the tracked form of the settlement.
+        let tracked = ScriptCall {
+            settle: 2,
+            track: Some(Tracked {
+                refund: 5,
+                epoch: 1_700_000_000_123,
+                mark: 42,
+            }),
+            ..ScriptCall::new("tollgate:{tokens:cd34}".into(), &limits, 1)
+        };
         vec![
             ScriptCall::new("tollgate:{per-user:ab12}".into(), &limits, 1),
             lease,
             back,
             settle,
+            tracked,
         ]
     }
 
@@ -178,6 +211,7 @@ mod tests {
         assert_eq!(g.ask.holder, c.holder.as_deref().copied());
         assert_eq!(g.ask.max_wait_ms, c.max_wait_ms);
         assert_eq!(g.ask.settle, c.settle);
+        assert_eq!(g.ask.track, c.track);
     }
 
     /// What the engine's codec writes, single or batched, reads back as the calls it came from.
@@ -223,5 +257,31 @@ mod tests {
             reply_body(Form::Single, &replies[..1]),
             r#"{"EVALSHA":[1,10,0,1000,1]}"#
         );
+        // A call in the tracked form is answered with its epoch and mark, in either form.
+        let stamped = bucket::Reply {
+            epoch: Some(bucket::Stamp {
+                epoch: 1_700_000_000_123,
+                mark: 7,
+            }),
+            ..replies[0]
+        };
+        assert_eq!(
+            reply_body(Form::Single, &[stamped]),
+            r#"{"EVALSHA":[1,10,0,1000,1,0,1700000000123,7]}"#
+        );
+        let single = reply_body(Form::Single, &[stamped]);
+        assert_eq!(
+            tollgate_core::backend::webdis::decode_reply(single.as_bytes()).unwrap(),
+            stamped
+        );
+        let body = reply_body(Form::Batched, &[replies[1], stamped]);
+        let decoded = tollgate_core::backend::webdis::decode_batch_reply_asked(
+            body.as_bytes(),
+            2,
+            &[false, true],
+        )
+        .unwrap();
+        let decoded: Vec<bucket::Reply> = decoded.into_iter().map(Result::unwrap).collect();
+        assert_eq!(decoded, vec![replies[1], stamped]);
     }
 }

@@ -6,6 +6,7 @@
 //! quiet proxy (a sidecar) waits for its first token of the hot key, and the quiet proxies' share
 //! of the hot key's admissions against their share of its demand.
 
+use super::floor::{lease_floor, ProxyDemand};
 use super::sim::FleetSim;
 use crate::ideal::{self, perfect_waiting};
 
@@ -39,6 +40,8 @@ pub struct Figures {
     pub hot_granted: u64,
     pub hot_denied: u64,
     pub hot_reserved: u64,
+    /// The fewest hot-key calls any lease-style scheme makes for these admissions (floor.rs).
+    pub hot_floor: f64,
     pub seconds: f64,
     /// Quiet proxies (sidecars) that asked for the hot key: the time from each one's first
     /// request of it to its first admission, in ms (`None`: never admitted).
@@ -112,6 +115,7 @@ impl FleetSim<'_> {
         let mut warm_admits = vec![Vec::new(); o.warm_keys];
         let n = self.proxies.len();
         let (mut asked, mut got) = (vec![0u64; n], vec![0u64; n]);
+        let mut got_by_end = vec![0u64; n];
         let mut first_ask = vec![None; n];
         let mut first_got = vec![None; n];
         // Every request arrived before the end (the arrivals stop there).
@@ -127,6 +131,7 @@ impl FleetSim<'_> {
                         hot_admits.push(a);
                         // Admitted ÷ ideal counts what was let through by the end, as the ideal.
                         f.hot_admitted += u64::from(a <= end);
+                        got_by_end[p] += u64::from(a <= end);
                         got[p] += 1;
                         first_got[p] = Some(first_got[p].map_or(a, |g: u64| g.min(a)));
                     }
@@ -142,6 +147,19 @@ impl FleetSim<'_> {
             }
         }
         hot_admits.sort_unstable();
+        let demand: Vec<ProxyDemand> = self
+            .proxies
+            .iter()
+            .enumerate()
+            .map(|(p, proxy)| ProxyDemand {
+                requests: asked[p],
+                admitted: got_by_end[p],
+                alive_s: proxy.leave_us.min(end).saturating_sub(proxy.join_us) as f64 / 1e6,
+            })
+            .collect();
+        // A request may wait for its token as long as its call's round trip and the rules' wait.
+        let wait_s = (o.lat_max_us + o.max_wait_ms * 1000) as f64 / 1e6;
+        f.hot_floor = lease_floor(&demand, o.hot_burst as f64, f.seconds, wait_s);
         f.hot_ideal = perfect_waiting(&hot_arrivals, o.hot_burst, o.hot_rate, o.max_wait_ms, end);
         f.hot_excess = WINDOWS_MS
             .iter()
