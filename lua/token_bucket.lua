@@ -22,13 +22,7 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
          unspent ones: the bound holds because the caller gives back only tokens it will never
          spend (the filter: a worker's batch dropped unspent, given back once, by the first
          call whose steps no longer count it). Tokens given back after being spent would be
-         admitted twice. Nothing comes back into a bucket in debt (u < 0, after the refill to
-         now): its refill is promised to reservations (held requests, holders' grants spent as
-         they refill) whose release times were fixed by the debt their takes saw, and tokens put
-         back would let a later take reserve a slot one of them holds (burst 1, a token a second:
-         X takes the token at 0, holder H reserves the token of 1 s and drops it unspent, B
-         reserves the token of 2 s; H's give-back at 1.3 s would let C reserve the token of 2 s
-         too). The report still moves them off H's record: the bucket refills into their room.
+         admitted twice.
          A suffix "/<demand>" after the last step reports the holder's recent demand for the
          key, in thousandths of a token per second (an integer <= 2^32): its share is weighed
          by it (below). Without it the holder reports no demand and gets the equal share.
@@ -161,7 +155,7 @@ pass burst. A holder whose equal share (burst / holders) is below RACE_SHARE (5)
 burst reserves nothing, whatever its demand:
 it takes what the bucket holds, or is denied until the bucket has refilled a token for every live
 holder (retry_after_ms: its turn). What a holder gives back (`back`) moves tokens from what it
-holds on record to the bucket, never into a bucket in debt: the two together never pass burst.
+holds on record to the bucket: the two together never pass burst.
 
 Units and steps. Arithmetic is on integers only (Lua numbers are doubles: every value here stays
 below 2^53). The bucket refills by whole STEPS of step_ms, derived from burst and period_ms:
@@ -698,9 +692,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       renew, taken, headroom = true, 0, full - u - o * per_token
     end
   end
-  -- Given back only into a bucket out of debt: while it is in debt its refill is promised to
-  -- reservations whose release times were fixed by the debt their takes saw (header, `back`).
-  if back > 0 and u >= 0 then
+  if back > 0 then
     u = math.max(u, math.min(u + back * per_token, cap))
   end
   if tracked then

@@ -603,46 +603,6 @@ fn a_give_back_is_bounded_by_the_record_and_refused_when_hostile() {
     assert_eq!(run(&mut c, "0", "0:7:8:5000:20:0:0").unwrap()[1], 100);
 }
 
-/// A give-back while reservations wait for their tokens: burst 1, a token a second. X takes the
-/// token at 0 ms; holder 7 reserves the token of 1000 ms (and drops it unspent: its lease expires
-/// at 1300 ms, its record at 1350 ms); B reserves the token of 2000 ms. The holder's next call, at
-/// 1320 ms, gives its token back. Put into the bucket in debt, it would let C reserve the slot B
-/// already holds: B and C both released at 2000 ms, two at one instant where the bound is 1.
-/// Nothing comes back into a bucket in debt; the report still takes the token off the record.
-#[test]
-fn a_give_back_never_hands_out_a_slot_a_reservation_holds() {
-    let (_r, mut c) = start("lua-give-back-debt");
-    let run = |c: &mut redis::Connection, cost: &str, lease: &str, wait: &str, ms: u64| {
-        let now = (T0 + ms * 1000).to_string();
-        let args = ["1", "1", "1000", cost, lease, wait, "0", now.as_str()];
-        eval_raw(c, KEY, &args).unwrap()
-    };
-    assert_eq!(
-        run(&mut c, "1", "0", "0", 0)[0],
-        1,
-        "X: the full bucket's token"
-    );
-    let h = run(&mut c, "1", "1:7:1:350:0:0", "3000", 0);
-    assert_eq!(
-        (h[0], h[2], h[4]),
-        (1, 1000, 1),
-        "the holder reserves the token of 1000 ms"
-    );
-    let b = run(&mut c, "1", "0", "3000", 0);
-    assert_eq!((b[0], b[2]), (1, 2000), "B reserves the token of 2000 ms");
-    // It held nothing for the last 20 ms and gives back its token.
-    assert_eq!(run(&mut c, "0", "0:7:2:350:1:0:20", "0", 1320)[0], 1);
-    assert_eq!(stored(&mut c).0.as_deref(), Some("-680"), "still B's debt");
-    assert_eq!(hash_field(&mut c, "h7"), Some(0), "off the record");
-    let cc = run(&mut c, "1", "0", "3000", 1320);
-    assert_eq!(cc[0], 1);
-    let (b_at, c_at) = (2000, 1320 + cc[2]);
-    assert!(
-        c_at >= b_at + 1000,
-        "C released at {c_at} ms, B at {b_at} ms: a token a second"
-    );
-}
-
 /// A holder's share is weighed by the demand it reports (`/<demand>` after the lease's steps):
 /// among twenty quiet holders a busy one gets its part; a holder that reports none (the
 /// old format) gets the equal share; a report weighs until its holder's record expires.

@@ -356,9 +356,8 @@ pub struct Holder {
     /// How long it may hold what it is granted, after any reservation in it refilled.
     pub hold_ms: u64,
     /// Tokens it was granted and dropped unspent (its lease expired) since its last call: the
-    /// script puts them back in the bucket, as far as its record still counts them as held and
-    /// never into a bucket in debt (its refill is promised to reservations) (`back` in the
-    /// script; 0: none, and the argument leaves it out).
+    /// script puts them back in the bucket, as far as its record still counts them as held
+    /// (`back` in the script; 0: none, and the argument leaves it out).
     pub back: u64,
     /// Its recent demand for the key, in thousandths of a token per second (at most
     /// [`MAX_DEMAND`]), or None: unknown (the argument leaves it out, and the holder's share is
@@ -718,12 +717,7 @@ pub fn take_penalized(
         // A spill: the new stretch begins here.
         (renew, taken, headroom) = (true, 0, room(units, out, 0));
     }
-    // Given back only into a bucket out of debt: while it is in debt the refill is promised to
-    // reservations whose release times (held requests', holders' spend schedules) were fixed by
-    // the debt their takes saw, and tokens put back would let a later take reserve a slot one
-    // of them already holds. The report has moved them off the record all the same: the bucket
-    // refills into the room they leave.
-    if back > 0 && units >= 0 {
+    if back > 0 {
         units = units.max(
             units
                 .saturating_add(back.saturating_mul(per_token))
