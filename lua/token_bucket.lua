@@ -38,7 +38,8 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
                        what holders hold): a credit repays debt first
 ARGV[6]  optional: max_wait_ms (default 0, <= 3600000): when the tokens are not there now but
          would be within this many ms, RESERVE them (the bucket goes into debt) and answer allowed
-         with the delay the caller must hold the request for.
+         with the delay the caller must hold the request for. A call without a holder reserves
+         nothing while holders hold tokens of the bucket (below).
 ARGV[7]  optional: settle (default 0), applied first, for usage measured after earlier
          admissions: "<charge>", or "<charge>:<refund>:<epoch>:<mark>" (the tracked form), each
          count <= 4 * burst. A charge only lowers the bucket, at most to 4 bursts of debt (a
@@ -155,7 +156,12 @@ pass burst. A holder whose equal share (burst / holders) is below RACE_SHARE (5)
 burst reserves nothing, whatever its demand:
 it takes what the bucket holds, or is denied until the bucket has refilled a token for every live
 holder (retry_after_ms: its turn). What a holder gives back (`back`) moves tokens from what it
-holds on record to the bucket: the two together never pass burst.
+holds on record to the bucket: the two together never pass burst. A call without a holder
+reserves nothing while holders hold tokens (o > 0): it takes what the bucket holds or is denied
+(retry_after_ms: until cost is there). A reservation's release time is fixed by the refill, and
+a holder may spend what it holds at that very moment: burst 2, a token a second, H leases both
+tokens, X reserves the tokens of 2 s, and at 2 s X goes through as H spends its two, four at one
+instant.
 
 Units and steps. Arithmetic is on integers only (Lua numbers are doubles: every value here stays
 below 2^53). The bucket refills by whole STEPS of step_ms, derived from burst and period_ms:
@@ -815,7 +821,9 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       -- share decides, whatever the holder's demand.
       local racing = holder ~= nil and equal < RACE_SHARE and equal < burst
       local reach_ms = max_wait_ms
-      if racing then
+      -- A take without a record reserves nothing while holders hold tokens: its release time
+      -- would be fixed by the refill, and a holder may spend what it holds at that very moment.
+      if racing or (holder == nil and o > 0) then
         reach_ms = 0
       end
       local take = cost
@@ -831,9 +839,10 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
         allowed, granted = 0, 0
         retry_after_ms = math.max(wait_ms, wait_for(k * per_token, rate, step_ms, since_ms))
       else
-        -- retry_after_ms: until the wait would fit in max_wait_ms (until cost is there, if 0).
+        -- retry_after_ms: until the wait would fit in what it may reserve (until cost is there,
+        -- if nothing).
         allowed, granted = 0, 0
-        retry_after_ms = wait_ms - max_wait_ms
+        retry_after_ms = wait_ms - reach_ms
       end
     end
   end

@@ -642,12 +642,17 @@ fn reset_and_credit_never_hand_out_what_is_out() {
         let args = ["100", "10", "1000", cost, lease, wait, "0", now.as_str()];
         eval_raw(c, KEY, &args)
     };
-    // Holder 7 leases 30 for 60 s; exact callers drain the rest and reserve 20 more (2 s wait).
-    assert_eq!(run(&mut c, "1", "30:7:1:60000:0:0", "0", 0).unwrap()[4], 30);
-    assert_eq!(run(&mut c, "70", "0", "0", 0).unwrap()[0], 1);
+    // Exact callers drain the bucket and reserve 20 more (2 s wait); then holder 7 reserves 30
+    // behind them (a 5 s wait), to hold them for 60 s. (No exact caller reserves while a holder
+    // holds tokens.)
+    assert_eq!(run(&mut c, "100", "0", "0", 0).unwrap()[0], 1);
     assert_eq!(
         run(&mut c, "20", "0", "2000", 0).unwrap(),
-        [1, 0, 2000, 9000, 20]
+        [1, 0, 2000, 12000, 20]
+    );
+    assert_eq!(
+        run(&mut c, "1", "30:7:1:60000:0:0", "5000", 0).unwrap(),
+        [1, 0, 5000, 12000, 30]
     );
     // A reset keeps the 30 on lease and the 20 reserved out: 50 in the bucket, not 100.
     assert_eq!(
@@ -664,10 +669,11 @@ fn reset_and_credit_never_hand_out_what_is_out() {
         run(&mut c, "0", "credit:9007199254740992", "0", 0).unwrap(),
         [1, 70, 0, 0, 0]
     );
-    // The holder is still on record: once its lease expired, the bucket refills to full and
-    // the key goes away.
+    // The holder is still on record: once its lease expired (60 s after its reservation
+    // refilled at 5 s), the bucket refills to full and the key goes away.
     assert!(exists(&mut c));
-    assert_eq!(run(&mut c, "0", "reset", "0", 61_000).unwrap()[1], 100);
+    assert_eq!(run(&mut c, "0", "reset", "0", 61_000).unwrap()[1], 70);
+    assert_eq!(run(&mut c, "0", "reset", "0", 66_000).unwrap()[1], 100);
     assert!(!exists(&mut c), "full and no holders: no key");
     // Bad operations touch nothing.
     for (cost, lease, settle, name) in [
@@ -1002,6 +1008,43 @@ fn a_refund_never_hands_out_a_slot_a_reservation_holds() {
         Some(T0 + 3_000_000),
         "W: C's release"
     );
+}
+
+/// A take without a holder record reserves nothing while holders hold tokens: burst 2, a token a
+/// second, holder 7 leases both tokens at 0; X (cost 2, a wait of 3 s) would have reserved the
+/// tokens of 2 s and gone through at 2 s as holder 7 spent its two, four at one instant. X is
+/// denied until its tokens are there; once the holder reports holding nothing, X reserves again.
+#[test]
+fn a_take_reserves_nothing_beside_held_tokens() {
+    let (_r, mut c) = start("lua-beside-held");
+    let at = |ms: u64| (T0 + ms * 1000).to_string();
+    let t0 = at(0);
+    let h = eval_raw(
+        &mut c,
+        KEY,
+        &["2", "1", "1000", "1", "2:7:1:5000:0:0", "0", "0", &t0],
+    )
+    .unwrap();
+    assert_eq!((h[0], h[4]), (1, 2), "holder 7 leases both tokens");
+    let x = eval_raw(&mut c, KEY, &["2", "1", "1000", "2", "0", "3000", "0", &t0]).unwrap();
+    assert_eq!((x[0], x[2]), (0, 2000), "X reserves nothing beside them");
+    // At 100 ms holder 7 says it has held nothing for the last 100 ms: nothing is held.
+    let t100 = at(100);
+    let h = eval_raw(
+        &mut c,
+        KEY,
+        &["2", "1", "1000", "0", "1:7:2:5000:0:100", "0", "0", &t100],
+    )
+    .unwrap();
+    assert_eq!(h[0], 1);
+    assert_eq!(hash_field(&mut c, "o"), Some(0), "no token held");
+    let x = eval_raw(
+        &mut c,
+        KEY,
+        &["2", "1", "1000", "2", "0", "3000", "0", &t100],
+    )
+    .unwrap();
+    assert_eq!(x[0], 1, "X reserves when nothing is held: {x:?}");
 }
 
 /// After the last reservation was released, a refund comes back as the spill epoch allows: a

@@ -819,7 +819,16 @@ pub fn take_penalized(
             // A holder among so many that an equal share is small reserves nothing
             // (RACE_SHARE), whatever its demand.
             let racing = record.is_some() && equal < int(RACE_SHARE).min(burst);
-            let reach_ms = if racing { 0 } else { int(max_wait_ms) };
+            // A take without a record reserves nothing while holders hold tokens: its release
+            // time would be fixed by the refill, and a holder may spend what it holds at that
+            // very moment (burst 2: H leases both tokens, X reserves the tokens of 2 s, and at
+            // 2 s X goes through as H spends its two).
+            let beside_held = record.is_none() && out > 0;
+            let reach_ms = if racing || beside_held {
+                0
+            } else {
+                int(max_wait_ms)
+            };
             let take = if record.is_some() {
                 let reach = units.saturating_add(clock.refill_within(reach_ms)) / per_token;
                 cost.max(want.min(reach))
@@ -835,7 +844,7 @@ pub fn take_penalized(
                 let turn = clock.wait_ms(holder_count.saturating_mul(per_token));
                 (false, 0, wait_ms.max(turn))
             } else {
-                (false, 0, wait_ms - int(max_wait_ms))
+                (false, 0, wait_ms - reach_ms)
             }
         }
     };
