@@ -53,7 +53,7 @@ const CLAIM_SLACK_MS: u64 = 50;
 const HOLD_SLACK_MS: u64 = 1000;
 /// The longest a racer's turn keeps its key denied here (the script's turn may be longer for a
 /// proxy with a sliver of the key's demand).
-const MAX_TURN_MS: u64 = 60_000;
+const MAX_TURN_MS: u64 = 10_000;
 
 /// Lease sizing for `rule` on a key with `limits` (the rule's, an override's or a tier's).
 pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
