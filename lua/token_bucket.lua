@@ -99,7 +99,8 @@ when the refill will have repaid it), and a refund gives back nothing while now 
 
 Returns a FLAT array of integers (Webdis turns nested arrays into null):
   { allowed (1|0), remaining (whole tokens left, 0 while in debt),
-    retry_after_ms (allowed: 0, or the delay of a reservation; denied: ms until `cost` could be
+    retry_after_ms (allowed: 0, or the delay of a reservation, or for a racer's paced grant minus
+    the ms to its next turn (below); denied: ms until `cost` could be
     reserved within max_wait_ms (until it is there, when max_wait_ms is 0), or for a holder
     denied its share, the time the bucket takes to refill one share; -1 when cost > burst:
     never admissible),
@@ -155,13 +156,19 @@ reservation. Shares only cap what each asks: the bucket and what holders hold to
 pass burst. A holder whose equal share (burst / holders) is below RACE_SHARE (5) tokens and below
 burst reserves nothing, whatever its demand:
 it takes what the bucket holds, or is denied until the bucket has refilled a token for every live
-holder (retry_after_ms: its turn). What a holder gives back (`back`) moves tokens from what it
-holds on record to the bucket: the two together never pass burst. A call without a holder
-reserves nothing while holders hold tokens (o > 0): it takes what the bucket holds or is denied
-(retry_after_ms: until cost is there). A reservation's release time is fixed by the refill, and
-a holder may spend what it holds at that very moment: burst 2, a token a second, H leases both
-tokens, X reserves the tokens of 2 s, and at 2 s X goes through as H spends its two, four at one
-instant.
+holder (retry_after_ms: its turn). Such a racer's part by demand counts whether or not the bucket
+holds half of what it can hold, at most burst less what the others hold (their tokens are few
+each); and its grant while the bucket holds less than half of what it can hold is paced: the
+reply's retry_after_ms is then negative, minus its next turn in ms, the refill time of
+granted * floor(s / d<id>) tokens (granted * the live holders, without a demand; at most 2^53
+units), so each racer calls at the pace of its part of the rate, not for each token as it
+refills (the filter denies the key until then). What a holder gives back (`back`) moves tokens
+from what it holds on record to the bucket: the two together never pass burst. A call without a
+holder reserves nothing while holders hold tokens (o > 0): it takes what the bucket holds or is
+denied (retry_after_ms: until cost is there). A reservation's release time is fixed by the
+refill, and a holder may spend what it holds at that very moment: burst 2, a token a second, H
+leases both tokens, X reserves the tokens of 2 s, and at 2 s X goes through as H spends its two,
+four at one instant.
 
 Units and steps. Arithmetic is on integers only (Lua numbers are doubles: every value here stays
 below 2^53). The bucket refills by whole STEPS of step_ms, derived from burst and period_ms:
@@ -772,8 +779,9 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     penalty_fields = false
   end
 
-  -- 3. Decide.
+  -- 3. Decide. paced: a racer's call on a key short of tokens (a grant tells it its next turn).
   local allowed, granted, retry_after_ms
+  local paced = false
   if cost == 0 then
     allowed, granted, retry_after_ms = 1, 0, 0
   elseif cost > burst then
@@ -792,7 +800,15 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       -- holders together hold at most burst.
       equal = math.max(cost, idiv(burst, k))
       share = equal
-      if hd > 0 and ds > 0 and u * 2 >= cap then
+      -- A racer (RACE_SHARE) gets its part by demand on a key short of tokens too: its grants
+      -- are paced instead (3d), and the others' tokens leave it the rest of the burst, not half.
+      local racer = equal < RACE_SHARE and equal < burst
+      paced = racer and u * 2 < cap
+      local half = idiv(burst, 2)
+      if racer then
+        half = burst
+      end
+      if hd > 0 and ds > 0 and (u * 2 >= cap or racer) then
         local part
         if burst * hd < MAX_EXACT then
           part = idiv(burst * hd, ds)
@@ -800,7 +816,7 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
           part = idiv(burst, math.max(idiv(ds, hd), 1))
         end
         -- At most what it may hold with the others' tokens at most half the burst.
-        share = math.max(equal, math.min(part, burst, idiv(burst, 2) - (o - held)))
+        share = math.max(equal, math.min(part, burst, half - (o - held)))
       end
       want = math.min(want, share - math.min(share, held), burst - o)
     end
@@ -845,6 +861,20 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
         retry_after_ms = wait_ms - reach_ms
       end
     end
+  end
+
+  -- 3d. A racer's grant on a key short of tokens, nothing reserved, tells the holder its next
+  -- turn, as -ms: the refill of its tokens times the total demand over its own (times the
+  -- holders on record, without a demand), so each racer calls at the pace of its part of the
+  -- rate by demand rather than for each token as it refills. (A product past 2^53 is at least
+  -- the bound in a double too.)
+  if paced and allowed == 1 and granted > 0 and retry_after_ms == 0 then
+    local per = k
+    if hd > 0 and ds > 0 then
+      per = math.max(idiv(ds, hd), 1)
+    end
+    local tokens = math.min(granted * per, idiv(MAX_EXACT, per_token))
+    retry_after_ms = -math.max(wait_for(tokens * per_token, rate, step_ms, since_ms), 1)
   end
 
   -- 3c. A denial by the bucket is an offence: the n-th within pwindow of the previous one boxes the

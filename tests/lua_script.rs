@@ -614,9 +614,9 @@ fn a_share_is_weighed_by_the_demand_holders_report() {
     for id in 1..=20 {
         assert_eq!(run(&mut c, &format!("1:{id}:1:5000:0:0/200"), 0)[4], 1);
     }
-    // 16 a second among 20 at 0.2: 80 of the 100 by demand, where the equal share is 4; at most
-    // what keeps holders at half the burst (the others hold 20): 30 of the 40 asked for.
-    assert_eq!(run(&mut c, "40:99:1:5000:0:0/16000", 0)[4], 30);
+    // 16 a second among 20 at 0.2: 80 of the 100 by demand, where the equal share is 4 (racers:
+    // at most what the others leave of the burst, 80): the 40 asked for.
+    assert_eq!(run(&mut c, "40:99:1:5000:0:0/16000", 0)[4], 40);
     assert_eq!(field(&mut c, "s"), Some(20 * 200 + 16_000));
     assert_eq!(field(&mut c, "d99"), Some(16_000));
     // No demand reported: the equal share, 100 / 22.
@@ -629,6 +629,30 @@ fn a_share_is_weighed_by_the_demand_holders_report() {
         (Some(300), Some(1))
     );
     assert_eq!((field(&mut c, "d99"), field(&mut c, "d2")), (None, None));
+}
+
+/// Racers (an equal share under RACE_SHARE) on a key short of tokens get their part by demand
+/// and take turns at its pace: a grant's retry_after_ms, negative, is the holder's next turn,
+/// the refill of its tokens times the total demand over its own. As the model's test
+/// (`bucket::tests::racers_on_a_key_short_of_tokens_take_turns_by_demand`).
+#[test]
+fn racers_on_a_key_short_of_tokens_take_turns_by_demand() {
+    let (_r, mut c) = start("lua-race-turns");
+    let run = |c: &mut redis::Connection, lease: &str, ms: u64| lease_at(c, "100", lease, ms);
+    for id in 1..=20 {
+        assert_eq!(run(&mut c, &format!("1:{id}:1:5000:0:0/200"), 0)[4], 1);
+    }
+    // An exact check takes 41 of the 80: 39 left, under half of what the bucket can hold.
+    let now = T0.to_string();
+    let args = ["100", "100", "1000", "41", "0", "0", "0", now.as_str()];
+    assert_eq!(eval_raw(&mut c, KEY, &args).unwrap()[..2], [1, 39]);
+    // The busy one takes the 39 (its part is 80) and comes back once 39 × 20 000 / 16 000
+    // (floored) tokens have refilled: 390 ms.
+    let out = run(&mut c, "40:99:1:5000:0:0/16000", 0);
+    assert_eq!((out[0], out[4], out[2], out[1]), (1, 39, -390, 0));
+    // 20 ms on, a quiet one (0.2 of 20 a second) takes one of the 2 there: 100 tokens' refill.
+    let out = run(&mut c, "1:1:2:5000:0:0/200", 20);
+    assert_eq!((out[0], out[4], out[2]), (1, 1, -1000));
 }
 
 /// The operator's operations (`tollgate reset`, `tollgate credit`): a reset fills the bucket to
@@ -778,9 +802,9 @@ fn a_sum_left_behind_by_an_older_version_weighs_nothing() {
     for id in 1..=20 {
         assert_eq!(run(&mut c, &format!("1:{id}:1:5000:0:0/200"), 2000)[4], 1);
     }
-    // 16 a second among 20 at 0.2: 30 of the 40 asked for, as on a key that never saw the
-    // older version.
-    assert_eq!(run(&mut c, "40:99:1:5000:0:0/16000", 2000)[4], 30);
+    // 16 a second among 20 at 0.2: the 40 asked for, as on a key that never saw the older
+    // version.
+    assert_eq!(run(&mut c, "40:99:1:5000:0:0/16000", 2000)[4], 40);
     assert_eq!(field(&mut c, "s"), Some(20 * 200 + 16_000));
 }
 

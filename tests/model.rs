@@ -27,6 +27,8 @@ const T0: u64 = 1_700_000_000_000_000;
 
 /// Refunds in `run`'s sequences that gave something back (the tracked form reached its point).
 static GAVE_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Racers' grants in `run`'s sequences that told the holder its next turn (a negative retry).
+static PACED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const STEPS: usize = 3000;
 
 /// The script, verbatim, wrapped so that the key's PTTL is read and the expiry removed inside the same
@@ -513,6 +515,10 @@ fn run(h: &mut Harness, seed: u64, first: Limits, second: Limits, jump_us: u64) 
         GAVE_BACK.fetch_add(usize::from(gave_back), std::sync::atomic::Ordering::Relaxed);
         state = next;
         epochs.extend(reply.epoch);
+        PACED.fetch_add(
+            usize::from(reply.allowed && reply.retry_after_ms < 0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if reply.allowed {
             allowed += 1;
         } else {
@@ -578,6 +584,8 @@ fn model_matches_script_small_buckets() {
     );
     let gave_back = GAVE_BACK.load(std::sync::atomic::Ordering::Relaxed);
     assert!(gave_back > 50, "refunds that gave back: {gave_back}");
+    let paced = PACED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(paced > 20, "racers' paced grants: {paced}");
 }
 
 #[test]

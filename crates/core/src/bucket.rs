@@ -109,9 +109,10 @@ pub struct Reply {
     pub allowed: bool,
     /// Whole tokens left after this call.
     pub remaining: u64,
-    /// Allowed: 0, or how long to hold the request for a reservation. Denied: ms until `cost` could
-    /// be reserved within `max_wait_ms` (until it is held, when that is 0). -1 when `cost > burst`
-    /// (never admissible).
+    /// Allowed: 0, or how long to hold the request for a reservation, or, negative, a racer's paced
+    /// grant (`RACE_SHARE`): minus the ms until the holder's next turn. Denied: ms until `cost`
+    /// could be reserved within `max_wait_ms` (until it is held, when that is 0). -1 when
+    /// `cost > burst` (never admissible).
     pub retry_after_ms: i64,
     /// Milliseconds until the bucket is full again (0 when full).
     pub reset_after_ms: u64,
@@ -417,7 +418,10 @@ pub const MAX_HOLD_MS: u64 = 86_400_000;
 /// when that is too little it is denied until the bucket has refilled a token for every holder
 /// on record (its turn). With so many holders a reservation would bring a few tokens per call at
 /// most, and would tie them to a proxy before it has requests for them (a quiet proxy drops most
-/// of them unspent).
+/// of them unspent). A racer's share is its part by demand even on a key short of tokens (at most
+/// what the other holders leave of the burst), and its grant there (the bucket under half of what
+/// it can hold) is paced: the reply's `retry_after_ms` is minus its next turn, the refill time of
+/// `granted` × ⌊total demand ÷ its own⌋ tokens (× the holders on record without a demand).
 pub const RACE_SHARE: u64 = 5;
 
 /// The largest demand a holder may report, in thousandths of a token per second (2^32: over four
@@ -780,6 +784,8 @@ pub fn take_penalized(
     let boxed = penalty.is_some() && offences.boxed_until_us > now_us;
 
     // 3. Decide. cost * per_token is only computed once cost <= burst (so it is <= full).
+    // Whether this call is a racer's on a key short of tokens: a grant tells it its next turn.
+    let mut paced = false;
     let (allowed, granted, mut retry_after_ms) = if cost == 0 {
         (true, 0, 0)
     } else if int(cost) > burst {
@@ -801,11 +807,25 @@ pub fn take_penalized(
             equal = int(equal_share(limits.burst, c, n));
             // The bucket holds at least half of what it can hold.
             let plenty = units.saturating_mul(2) >= capacity(out);
+            // A holder among so many that an equal share is small (RACE_SHARE) gets its part by
+            // demand even on a key short of tokens: its grants are paced instead (`pace`).
+            let racer = equal < int(RACE_SHARE).min(burst);
+            paced = racer && !plenty;
             // What it may hold with the others' tokens at most half the burst.
             let others = out - int(rec.held);
-            let room = u64::try_from(burst / 2 - others).unwrap_or(0);
+            // A racer's room is what the others leave of the burst: their tokens are few each,
+            // spent or not (a record drops only at the holder's next call), and half the burst
+            // would leave a busy racer no part at all.
+            let half = if racer { burst } else { burst / 2 };
+            let room = u64::try_from(half - others).unwrap_or(0);
             let demand = (rec.demand, total_demand);
-            share = int(self::share(limits.burst, c, n, demand, (plenty, room)));
+            share = int(self::share(
+                limits.burst,
+                c,
+                n,
+                demand,
+                (plenty || racer, room),
+            ));
             want = want.min(share - share.min(int(rec.held))).min(burst - out);
         }
         let need = cost.saturating_mul(per_token);
@@ -848,6 +868,21 @@ pub fn take_penalized(
             }
         }
     };
+
+    // 3d. A racer's grant on a key short of tokens, with nothing reserved, tells the holder its
+    // next turn (as -ms): the refill of its tokens times the total demand over its own (times
+    // the holders on record, without a demand), so each racer calls at the pace of its part of
+    // the rate by demand rather than for every token as it refills.
+    if paced && allowed && granted > 0 && retry_after_ms == 0 {
+        let per = match record {
+            Some(rec) if rec.demand > 0 && total_demand > 0 => {
+                int((total_demand / rec.demand).max(1))
+            }
+            _ => holder_count.max(1),
+        };
+        let tokens = granted.saturating_mul(per).min(int(MAX_EXACT) / per_token);
+        retry_after_ms = -clock.wait_ms(tokens * per_token).max(1);
+    }
 
     // 3c. A denial by the bucket is an offence: the n-th within the window of the previous one
     // boxes the key for the n-th duration.
@@ -2146,15 +2181,23 @@ mod tests {
     }
 
     /// A holder's share is weighed by the demand it reports: among 20 quiet holders (an equal
-    /// share of 4 tokens) a busy one asking for 40 gets 30, its part by demand being 80 of the
-    /// 100 (16 ÷ (16 + 20 × 0.2)), at most what keeps all holders at half the burst (the quiet
-    /// ones hold 20). Without a report, the equal share, as before.
+    /// share of 4 tokens: racers) a busy one asking for 40 gets them, its part by demand being 80
+    /// of the 100 (16 ÷ (16 + 20 × 0.2)), at most what the others leave of the burst (they hold
+    /// 20); among 8 (an equal share of 11) at most what keeps all holders at half the burst: 42.
+    /// Without a report, the equal share, as before.
     #[test]
     fn a_busy_holder_among_quiet_ones_gets_its_part_by_demand() {
         let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(8, &l, Some(16_000));
+        let ask = Ask {
+            lease_want: 60,
+            ..ask
+        };
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted), (true, 42));
         let (s, mut holders, ask) = busy_among_quiet(20, &l, Some(16_000));
         let (s, r) = take_held(s, &mut holders, &l, &ask, T0);
-        assert_eq!((r.allowed, r.granted), (true, 30));
+        assert_eq!((r.allowed, r.granted), (true, 40));
         assert_eq!(holders.demand(), 20 * 200 + 16_000);
         assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 100)), 80);
         assert_eq!(share(100, 1, 21, (16_000, 20_000), (true, 30)), 30);
@@ -2176,10 +2219,33 @@ mod tests {
     }
 
     /// A key short of tokens (the bucket holds less than half of what it can hold) is shared
-    /// equally whatever the demands: a busy holder's part would take every token as it refills
-    /// from the quiet ones waiting their turn.
+    /// equally among holders that reserve, whatever the demands: a busy holder's part would take
+    /// every token as it refills from the quiet ones waiting their turn.
     #[test]
     fn a_key_short_of_tokens_is_shared_equally() {
+        let l = lim(100, 100, 1000);
+        let (s, mut holders, ask) = busy_among_quiet(10, &l, Some(16_000));
+        // 90 in the bucket; an exact check takes 46: 44 left, under half of 90.
+        let drain = Ask {
+            cost: 46,
+            ..Ask::default()
+        };
+        let (s, r) = take_held(s, &mut holders, &l, &drain, T0);
+        assert_eq!((r.allowed, r.remaining), (true, 44));
+        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (true, 9, 0));
+        assert_eq!(share(100, 1, 11, (16_000, 18_000), (false, 100)), 9);
+    }
+
+    /// Racers (an equal share under RACE_SHARE) on a key short of tokens get their part by
+    /// demand too, and take turns at the pace of that part: a grant's reply says, as a negative
+    /// retry_after_ms, when the holder's next turn comes: the refill of its tokens times the
+    /// total demand over its own (over the holders on record, without a demand). Among 20 quiet
+    /// holders the busy one takes the 39 there (its part is 80) and comes back once 39 × 20/16
+    /// (floored: 39) tokens have refilled; a quiet one (0.2 of 20 a second) takes one token and
+    /// comes back once 100 have.
+    #[test]
+    fn racers_on_a_key_short_of_tokens_take_turns_by_demand() {
         let l = lim(100, 100, 1000);
         let (s, mut holders, ask) = busy_among_quiet(20, &l, Some(16_000));
         // 80 in the bucket; an exact check takes 41: 39 left, under half of 80.
@@ -2189,15 +2255,26 @@ mod tests {
         };
         let (s, r) = take_held(s, &mut holders, &l, &drain, T0);
         assert_eq!((r.allowed, r.remaining), (true, 39));
-        let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
-        assert_eq!((r.allowed, r.granted), (true, 4));
-        assert_eq!(share(100, 1, 21, (16_000, 20_000), (false, 100)), 4);
+        let (s, r) = take_held(s, &mut holders, &l, &ask, T0);
+        assert_eq!(
+            (r.allowed, r.granted, r.retry_after_ms, r.remaining),
+            (true, 39, -390, 0)
+        );
+        // 20 ms on, 2 tokens there: a quiet one (holder 1, reporting again) takes its one.
+        let quiet = Ask {
+            cost: 1,
+            lease_want: 1,
+            holder: Some(Holder::new(1, 2, 5000, &[(0, 0)]).demanding(200)),
+            ..Ask::default()
+        };
+        let (_, r) = take_held(s, &mut holders, &l, &quiet, T0 + 20_000);
+        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (true, 1, -1000));
     }
 
-    /// A part by demand comes from what the bucket holds, never from a reservation: it is
-    /// weighed only while the bucket holds at least half of what it can hold, and at most what
-    /// keeps holders at half the burst, which is less. Among 30 quiet holders (an equal share of
-    /// 3, racing) a busy one asking for 60 gets 20 from the 36 there.
+    /// A part by demand comes from what the bucket holds, never from a reservation. Among 30
+    /// quiet holders (an equal share of 3, racing) a busy one asking for 60 gets the 36 there
+    /// (its part, 70, is what the others leave of the burst); the bucket holds at least half of
+    /// what it can hold, so it is not paced.
     #[test]
     fn a_part_by_demand_comes_from_what_the_bucket_holds() {
         let l = lim(100, 100, 1000);
@@ -2215,7 +2292,7 @@ mod tests {
         let (_, r) = take_held(s, &mut holders, &l, &ask, T0);
         assert_eq!(
             (r.allowed, r.granted, r.retry_after_ms, r.remaining),
-            (true, 20, 0, 16),
+            (true, 36, 0, 0),
             "what is there, no reservation"
         );
     }
@@ -2271,8 +2348,9 @@ mod tests {
         // The 26th: a share of 3, an empty bucket. No reservation: denied for 26 tokens' refill.
         let (s, r) = take_held(s, &mut holders, &l, &call(26), T0);
         assert_eq!((r.allowed, r.granted, r.retry_after_ms), (false, 0, 260));
-        // 20 ms on, the 27th takes the 2 tokens there, and reserves nothing.
+        // 20 ms on, the 27th takes the 2 tokens there, and reserves nothing; without a demand
+        // its next turn is when 2 tokens for each of the 27 holders have refilled.
         let (_, r) = take_held(s, &mut holders, &l, &call(27), T0 + 20_000);
-        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (true, 2, 0));
+        assert_eq!((r.allowed, r.granted, r.retry_after_ms), (true, 2, -540));
     }
 }

@@ -141,7 +141,8 @@ fn run(seed: u64, l: Limits, proxies: usize, liar: bool) -> Ran {
                     p: c.p,
                     seq: c.seq,
                     granted: r.granted,
-                    vest_at: now + u64::try_from(r.retry_after_ms).unwrap(),
+                    // A negative retry is a racer's next turn: its tokens are there now.
+                    vest_at: now + u64::try_from(r.retry_after_ms.max(0)).unwrap(),
                     lands: now + rng.below(5),
                 });
             }

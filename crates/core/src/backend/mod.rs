@@ -217,7 +217,7 @@ pub fn script_reply(ints: [i64; 5]) -> Result<Reply, BackendError> {
     let non_negative = |v: i64, what: &str| {
         u64::try_from(v).map_err(|_| BackendError::Malformed(format!("negative {what}")))
     };
-    if !(0..=1).contains(&allowed) || retry_after_ms < -1 {
+    if !(0..=1).contains(&allowed) || (allowed == 0 && retry_after_ms < -1) {
         return Err(BackendError::Malformed("field out of range".to_string()));
     }
     Ok(Reply {

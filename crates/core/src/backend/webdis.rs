@@ -694,7 +694,7 @@ mod tests {
             br#"{"EVALSHA":[1,2.5,3,4,5]}"#,
             br#"{"EVALSHA":[2,2,3,4,5]}"#,
             br#"{"EVALSHA":[1,-2,3,4,5]}"#,
-            br#"{"EVALSHA":[1,2,-3,4,5]}"#,
+            br#"{"EVALSHA":[0,2,-3,4,5]}"#,
             br#"{"EVALSHA":[1,2,null,4,5]}"#,
             br#"{"EVALSHA":"OK"}"#,
             br#"{"EVALSHA":[true,"OK"]}"#,

@@ -11,7 +11,9 @@
 //! no refill waits in the bucket for a call to fetch it. On a key with so many holders that a
 //! share is under `bucket::RACE_SHARE` tokens the script reserves nothing: a call takes what the
 //! bucket holds, and one that emptied it, or was denied, holds the key here (deny cache) for
-//! a horizon at least rather than calling for each token as it refills. Each call gives back the
+//! a horizon at least rather than calling for each token as it refills; a grant on a key short of
+//! tokens says when the proxy's next turn is (its part of the rate by demand), and the key is
+//! held here until then. Each call gives back the
 //! tokens the proxy dropped unspent since its last one, and reports the proxy's demand for the
 //! key since then, which weighs its share of the key's burst (`bucket::share`): a busy proxy
 //! among many quiet ones holds a lease's worth, not burst ÷ holders. A proxy quiet on a key
@@ -49,6 +51,9 @@ use crate::shared::lease::{Back, Claim, Flight, Grant, LeasePool, Sizing, Take};
 const CLAIM_SLACK_MS: u64 = 50;
 /// Slack on how long the script counts a grant as held by this proxy.
 const HOLD_SLACK_MS: u64 = 1000;
+/// The longest a racer's turn keeps its key denied here (the script's turn may be longer for a
+/// proxy with a sliver of the key's demand).
+const MAX_TURN_MS: u64 = 10_000;
 
 /// Lease sizing for `rule` on a key with `limits` (the rule's, an override's or a tier's).
 pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
@@ -208,9 +213,13 @@ impl Engine {
         r: &Reply,
         now: u64,
     ) {
-        if rule.mode == Mode::Lease && r.remaining < call.cost {
+        // Less than half the burst left: the key is short, and with many holders they race
+        // in turns (paced, see `lease_answer`): an exact check would take each token as it
+        // refills, one call each, outside the turns.
+        let low = r.remaining.saturating_mul(2) < call.limits().burst;
+        if rule.mode == Mode::Lease && (r.remaining < call.cost || low) {
             let pool = LeasePool::new(host.store(), &self.plugin.ns);
-            let _ = pool.note_short(&call.key, r.remaining, now);
+            let _ = pool.note_short(&call.key, if low { 0 } else { r.remaining }, now);
         }
     }
 
@@ -275,11 +284,21 @@ impl Engine {
                 // then (the key is saturated); those tokens are spent as they refill.
                 let grant = Grant {
                     tokens: granted,
-                    global_remaining: r.remaining,
+                    // A racer's turn: what the bucket holds is the next racers', and this
+                    // proxy, short of tokens, leases (is paced) rather than check exactly.
+                    global_remaining: if r.retry_after_ms < 0 { 0 } else { r.remaining },
                     reset_after_ms: r.reset_after_ms,
                     refill_ms: u64::try_from(r.retry_after_ms).unwrap_or(0),
                 };
-                if grant.refill_ms == 0 && r.remaining == 0 && granted < asked.lease_want {
+                if r.retry_after_ms < 0 {
+                    // A racer's grant on a key short of tokens (see `bucket::RACE_SHARE`): the
+                    // script says when its next turn comes; until then the key is denied here
+                    // once these tokens are spent, rather than called for each token as it
+                    // refills.
+                    let turn = r.retry_after_ms.unsigned_abs().min(MAX_TURN_MS);
+                    let until = sent_ms.saturating_add(turn.max(sizing.horizon_ms));
+                    let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until);
+                } else if grant.refill_ms == 0 && r.remaining == 0 && granted < asked.lease_want {
                     // The bucket held less than this proxy asked for and reserved nothing (the
                     // key has many holders: see `bucket::RACE_SHARE`): once these tokens are
                     // spent, the key is denied here for one horizon, as after a denial, rather

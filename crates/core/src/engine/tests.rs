@@ -778,6 +778,31 @@ fn a_grant_that_emptied_the_bucket_unreserved_holds_the_key_for_a_horizon() {
     assert_eq!(h.sent.len(), 3);
 }
 
+/// A racer's grant on a key short of tokens says when the proxy's next turn comes (a negative
+/// retry_after_ms): once its tokens are spent the key is denied here until then, longer than a
+/// horizon, though the bucket still held some; then the proxy leases again (not an exact check:
+/// the key is short).
+#[test]
+fn a_racers_grant_holds_the_key_until_its_next_turn() {
+    let (mut e, _) = engine("", LEASE);
+    let mut h = Fake::at(1000);
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 3, -1500, 200, 1));
+    assert_eq!(h.resumed, [10]);
+    h.now = 1300;
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(h.status_of(11), Some(429));
+    h.now = 2499;
+    e.request_headers(&mut h, 12.into(), &user("a"));
+    assert_eq!(h.status_of(12), Some(429));
+    assert_eq!(h.sent.len(), 1, "no call before the turn");
+    h.now = 2500;
+    e.request_headers(&mut h, 13.into(), &user("a"));
+    assert_eq!(h.sent.len(), 2);
+    let lease = h.sent[1].rsplit('/').nth(2).unwrap_or_default();
+    assert!(lease.contains("%3A"), "a lease call: {}", h.sent[1]);
+}
+
 #[test]
 fn a_reservation_is_spent_as_it_refills_with_no_call_meanwhile() {
     let (mut e, rec) = engine("", LEASE);
