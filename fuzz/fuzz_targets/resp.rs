@@ -75,7 +75,8 @@ fuzz_target!(|data: &[u8]| {
         }
         match &got {
             Ok(r) => {
-                assert!(r.retry_after_ms >= -1, "{r:?}");
+                // Below -1 only on an allowed reply: a racer's paced grant, minus its next turn.
+                assert!(r.retry_after_ms >= -1 || r.allowed, "{r:?}");
                 let canonical = format!(
                     ":{}\r\n:{}\r\n:{}\r\n:{}\r\n:{}\r\n",
                     u8::from(r.allowed),
