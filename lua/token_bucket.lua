@@ -779,9 +779,10 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     penalty_fields = false
   end
 
-  -- 3. Decide. paced: a racer's call on a key short of tokens (a grant tells it its next turn).
+  -- 3. Decide. racing: a holder whose equal share is under RACE_SHARE tokens (and who is not
+  -- alone); paced: a racer's call on a key short of tokens (a grant tells it its next turn).
   local allowed, granted, retry_after_ms
-  local paced = false
+  local racing, paced = false, false
   if cost == 0 then
     allowed, granted, retry_after_ms = 1, 0, 0
   elseif cost > burst then
@@ -792,23 +793,23 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     penalized = 2
   else
     local want = math.min(math.max(cost, lease_want), burst)
-    local share, equal = burst, burst
+    local share = burst
     if holder ~= nil then
       -- A holder's share: the equal one, or, while the bucket holds at least half of what it
       -- can hold, its part by demand when that is more (burst * d is exact below 2^53, and a
       -- product past it rounds to 2^53 or more; past it, burst / floor(s / d)); and room:
       -- holders together hold at most burst.
-      equal = math.max(cost, idiv(burst, k))
+      local equal = math.max(cost, idiv(burst, k))
       share = equal
       -- A racer (RACE_SHARE) gets its part by demand on a key short of tokens too: its grants
       -- are paced instead (3d), and the others' tokens leave it the rest of the burst, not half.
-      local racer = equal < RACE_SHARE and equal < burst
-      paced = racer and u * 2 < cap
+      racing = equal < RACE_SHARE and equal < burst
+      paced = racing and u * 2 < cap
       local half = idiv(burst, 2)
-      if racer then
+      if racing then
         half = burst
       end
-      if hd > 0 and ds > 0 and (u * 2 >= cap or racer) then
+      if hd > 0 and ds > 0 and (u * 2 >= cap or racing) then
         local part
         if burst * hd < MAX_EXACT then
           part = idiv(burst * hd, ds)
@@ -835,7 +836,6 @@ local function step(key, now_or_nil, memo, a1, a2, a3, a4, a5, a6, a7, a8, a9)
       -- burst (it is not alone) reserves nothing: it takes what is there, or is denied until
       -- its turn, when the bucket has refilled a token for every holder on record. The equal
       -- share decides, whatever the holder's demand.
-      local racing = holder ~= nil and equal < RACE_SHARE and equal < burst
       local reach_ms = max_wait_ms
       -- A take without a record reserves nothing while holders hold tokens: its release time
       -- would be fixed by the refill, and a holder may spend what it holds at that very moment.

@@ -784,8 +784,9 @@ pub fn take_penalized(
     let boxed = penalty.is_some() && offences.boxed_until_us > now_us;
 
     // 3. Decide. cost * per_token is only computed once cost <= burst (so it is <= full).
-    // Whether this call is a racer's on a key short of tokens: a grant tells it its next turn.
-    let mut paced = false;
+    // racing: a holder whose equal share is under RACE_SHARE tokens (and who is not alone);
+    // paced: a racer's call on a key short of tokens (a grant tells it its next turn).
+    let (mut racing, mut paced) = (false, false);
     let (allowed, granted, mut retry_after_ms) = if cost == 0 {
         (true, 0, 0)
     } else if int(cost) > burst {
@@ -800,23 +801,23 @@ pub fn take_penalized(
     } else {
         let cost = int(cost);
         let mut want = cost.max(int(lease_want)).min(burst);
-        let (mut share, mut equal) = (burst, burst);
+        let mut share = burst;
         if let Some(rec) = record {
             let n = u64::try_from(holder_count).unwrap_or(1);
             let c = u64::try_from(cost).unwrap_or(0);
-            equal = int(equal_share(limits.burst, c, n));
+            let equal = int(equal_share(limits.burst, c, n));
             // The bucket holds at least half of what it can hold.
             let plenty = units.saturating_mul(2) >= capacity(out);
             // A holder among so many that an equal share is small (RACE_SHARE) gets its part by
             // demand even on a key short of tokens: its grants are paced instead (`pace`).
-            let racer = equal < int(RACE_SHARE).min(burst);
-            paced = racer && !plenty;
+            racing = equal < int(RACE_SHARE).min(burst);
+            paced = racing && !plenty;
             // What it may hold with the others' tokens at most half the burst.
             let others = out - int(rec.held);
             // A racer's room is what the others leave of the burst: their tokens are few each,
             // spent or not (a record drops only at the holder's next call), and half the burst
             // would leave a busy racer no part at all.
-            let half = if racer { burst } else { burst / 2 };
+            let half = if racing { burst } else { burst / 2 };
             let room = u64::try_from(half - others).unwrap_or(0);
             let demand = (rec.demand, total_demand);
             share = int(self::share(
@@ -824,7 +825,7 @@ pub fn take_penalized(
                 c,
                 n,
                 demand,
-                (plenty || racer, room),
+                (plenty || racing, room),
             ));
             want = want.min(share - share.min(int(rec.held))).min(burst - out);
         }
@@ -838,7 +839,6 @@ pub fn take_penalized(
         } else {
             // A holder among so many that an equal share is small reserves nothing
             // (RACE_SHARE), whatever its demand.
-            let racing = record.is_some() && equal < int(RACE_SHARE).min(burst);
             // A take without a record reserves nothing while holders hold tokens: its release
             // time would be fixed by the refill, and a holder may spend what it holds at that
             // very moment (burst 2: H leases both tokens, X reserves the tokens of 2 s, and at
