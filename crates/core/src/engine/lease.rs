@@ -203,9 +203,10 @@ impl Engine {
     }
 
     /// The answer to an exact check of a lease rule's key: one that left the key with fewer
-    /// tokens than the check needed says the key is short of them, and the proxy leases it
-    /// rather than check it exactly for a while (`LeasePool::check_quietly`). Only then is shared data
-    /// touched (a flood of new keys never is).
+    /// tokens than the check needed, or under half its burst, says the key is short of them, and
+    /// the proxy leases it rather than check it exactly for a while
+    /// (`LeasePool::check_quietly`). Only then is shared data touched (a flood of new keys never
+    /// is).
     pub(super) fn exact_answered(
         &self,
         host: &dyn Host,
@@ -213,11 +214,14 @@ impl Engine {
         r: &Reply,
         now: u64,
     ) {
+        if rule.mode != Mode::Lease {
+            return;
+        }
         // Less than half the burst left: the key is short, and with many holders they race
         // in turns (paced, see `lease_answer`): an exact check would take each token as it
         // refills, one call each, outside the turns.
         let low = r.remaining.saturating_mul(2) < call.limits().burst;
-        if rule.mode == Mode::Lease && (r.remaining < call.cost || low) {
+        if r.remaining < call.cost || low {
             let pool = LeasePool::new(host.store(), &self.plugin.ns);
             let _ = pool.note_short(&call.key, if low { 0 } else { r.remaining }, now);
         }

@@ -1098,9 +1098,9 @@ impl<'a> LeasePool<'a> {
         })
     }
 
-    /// Notes an exact check's answer that left `key` with `remaining` tokens, fewer than it
-    /// needed (or denied it): the key is short of tokens, and this proxy leases it for a while
-    /// rather than check it exactly ([`LeasePool::check_quietly`]). Writes only to a key with an entry.
+    /// Notes that an exact check's answer found `key` short of tokens (`remaining`: what it left,
+    /// or 0 for a key under half its burst): this proxy leases it for a while rather than check
+    /// it exactly ([`LeasePool::check_quietly`]). Writes only to a key with an entry.
     pub fn note_short(&self, key: &str, remaining: u64, now_ms: u64) -> Result<(), StoreError> {
         update(self.store, &self.set_key(key), |bytes| {
             let mut set = Set::decode(bytes);
