@@ -78,7 +78,7 @@ fn group(key: String, args: &[&str]) -> Group {
     let lease: Vec<u64> = lease_arg.split(':').map(|n| n.parse().unwrap()).collect();
     // The settlement, in its tracked form `<charge>:<refund>:<epoch>:<mark>` when the call may
     // be refunded.
-    let settle: (Option<i64>, Option<Tracked>) = match args.get(6).map(|s| unescape(s)) {
+    let (settle, track) = match args.get(6).map(|s| unescape(s)) {
         Some(s) if s.contains(':') => {
             let n: Vec<u64> = s.split(':').map(|n| n.parse().unwrap()).collect();
             let track = Tracked {
@@ -86,9 +86,10 @@ fn group(key: String, args: &[&str]) -> Group {
                 epoch: n[2],
                 mark: n[3],
             };
-            (Some(n[0] as i64), Some(track))
+            (n[0] as i64, Some(track))
         }
-        _ => (None, None),
+        Some(s) => (s.parse().unwrap(), None),
+        None => (0, None),
     };
     let limits = Limits {
         burst: num(0),
@@ -113,10 +114,8 @@ fn group(key: String, args: &[&str]) -> Group {
             }
         }),
         max_wait_ms: args.get(5).map_or(0, |_| num(5)),
-        settle: args
-            .get(6)
-            .map_or(0, |s| settle.0.unwrap_or_else(|| s.parse().unwrap())),
-        track: settle.1,
+        settle,
+        track,
     };
     Group { key, limits, ask }
 }
