@@ -383,8 +383,8 @@ fn holders_giving_back_keep_the_bound() {
 }
 
 /// The same beside exact takes that may hold requests for their reservations (`max_wait_ms`):
-/// on main, before takes without a record reserved nothing beside held tokens, up to 12 over
-/// (burst 20, 4 holders), and up to 7 with nothing given back.
+/// without the rule that a take without a record reserves nothing beside held tokens, up to 12
+/// over (burst 20, 4 holders), and up to 7 with nothing given back.
 #[test]
 fn holders_giving_back_beside_held_requests_keep_the_bound() {
     for loose in [false, true] {
@@ -408,10 +408,10 @@ fn holders_giving_back_beside_held_requests_keep_the_bound() {
 
 /// The refund case's analogue: burst 1, a token a second. X takes the token at 0; holder H's lease
 /// call reserves the token of 1 s (its only one, spendable then, which it never spends). B asks
-/// with a wait of 3 s: on main it reserved the token of 2 s, H gave its token back at 1.32 s (its
-/// lease expired at 1.3 s, its record lasts 50 ms more) and C, asking then, was released at 2 s
-/// with B. Now B reserves nothing beside H's token: it is told to come back when its token is
-/// there, and C, asking after the give-back, finds none yet either.
+/// with a wait of 3 s: without that rule it reserved the token of 2 s, H gave its token back at
+/// 1.32 s (its lease expired at 1.3 s, its record lasts 50 ms more) and C, asking then, was
+/// released at 2 s with B. B reserves nothing beside H's token: it is told to come back when its
+/// token is there, and C, asking after the give-back, finds none yet either.
 #[test]
 fn a_give_back_while_a_reservation_is_held_keeps_the_bound() {
     let l = Limits {
@@ -467,9 +467,9 @@ fn a_give_back_while_a_reservation_is_held_keeps_the_bound() {
 /// Found by this harness, with nothing given back: a request held for its reservation counts at
 /// its release, but its take took what V held (u plus what holders hold) when it was made; a
 /// holder that spends its unspent tokens at that release admits them a second time. Burst 2, a
-/// token a second: H leases both tokens at 0; X (cost 2) finds the bucket empty and, on main,
-/// reserved the tokens of 2 s; at 2 s X was released and H spent its 2: 4 at one instant where
-/// the bound is 2. A take without a record now reserves nothing while holders hold tokens.
+/// token a second: H leases both tokens at 0; X (cost 2) finds the bucket empty and, without that
+/// rule, reserved the tokens of 2 s; at 2 s X was released and H spent its 2: 4 at one instant
+/// where the bound is 2. A take without a record reserves nothing while holders hold tokens.
 #[test]
 fn held_requests_beside_held_tokens_keep_the_bound() {
     let l = Limits {
