@@ -69,12 +69,15 @@ fn every_shape_of_the_sweep_keeps_the_bound_in_every_window() {
 /// bucket admits, and the sidecars admitted at no less than half their share of the demand; with
 /// lease mode's default (a request its proxy cannot serve yet is refused) and with requests held
 /// up to a second. At 5x the sidecars' leases were sized on everything denied since their last
-/// call, more than they could spend before expiry: 0.83 of the ideal.
+/// call, more than they could spend before expiry: 0.83 of the ideal. Ten seconds: a run falls
+/// short of the ideal by 100 to 150 tokens however long it is, and the holder ids and table
+/// seeds each proxy draws at random move it; in 4 s runs that was 0.9716 to 0.9892 over 40
+/// draws at 5x without a wait, and one draw in CI gave 0.967 (10 s: 0.9845 to 0.9951).
 #[test]
 fn a_fleet_of_ten_keeps_the_bound_admits_the_ideal_and_serves_quiet_proxies() {
     for max_wait_ms in [0, 1000] {
         for overload in [1.0, 5.0, 50.0] {
-            assert_fleet(10, overload, max_wait_ms, 4000);
+            assert_fleet(10, overload, max_wait_ms, 10_000);
         }
     }
 }
