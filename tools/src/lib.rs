@@ -1,5 +1,5 @@
-//! What the tools' binaries share (`make bench` and `make peers`): CPU time read off /proc, the
-//! machine a run measured on, medians, and the Envoy configurations both render. Every reader here
+//! What the tools' binaries share (`make bench` and `make peers`): CPU time read off /proc, Redis'
+//! script calls, the machine a run measured on, medians, and the Envoy configurations both render. Every reader here
 //! only reads; a reading that fails counts as zero, so a figure shows it rather than a run being lost.
 #![cfg_attr(
     test,
@@ -11,6 +11,7 @@
     )
 )]
 
+pub mod commandstats;
 pub mod configs;
 pub mod cpu;
 pub mod machine;

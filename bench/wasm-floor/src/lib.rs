@@ -16,8 +16,15 @@
 //! one callout out (a Webdis `PING`), the requests that arrive meanwhile wait for it and leave
 //! together in the next one, and an answer resumes the requests its callout was for. What Envoy
 //! spends on it is the price of holding a request for a shared check, whatever the check decides.
+//!
+//! With `hold-script <sha>` (`make peers`' `wasm-floor-script`) each callout is instead one
+//! `EVALSHA` of `minimal_bucket.lua` (loaded by `make peers`, which passes its SHA) for the keys
+//! of the requests it is for: the least a shared token bucket per key costs in this architecture
+//! (a held request, a batched Webdis callout, one script run), without tollgate's own work. Its
+//! key is `floor:` and the hex of the request's `x-user-id` (at most its first 64 bytes).
 
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
@@ -33,13 +40,13 @@ struct Root {
     mode: Mode,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 enum Mode {
     Floor,
     /// Configured with `host-calls`.
     HostCalls,
-    /// Configured with `hold`.
-    Hold,
+    /// Configured with `hold`, or with `hold-script <sha>` (the script's SHA).
+    Hold(Option<Rc<str>>),
 }
 
 impl Context for Root {}
@@ -48,10 +55,21 @@ impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let config =
             hostcalls::get_buffer(proxy_wasm::types::BufferType::PluginConfiguration, 0, 64);
-        self.mode = match config {
-            Ok(Some(c)) if c == b"host-calls" => Mode::HostCalls,
-            Ok(Some(c)) if c == b"hold" => Mode::Hold,
-            _ => Mode::Floor,
+        let config = match config {
+            Ok(Some(c)) => c,
+            _ => Vec::new(),
+        };
+        self.mode = match config.as_slice() {
+            b"host-calls" => Mode::HostCalls,
+            b"hold" => Mode::Hold(None),
+            c => match c.strip_prefix(b"hold-script ") {
+                // A SHA1 in hex, or the configuration is refused (Envoy does not start).
+                Some(sha) if sha.len() == 40 && sha.iter().all(u8::is_ascii_hexdigit) => {
+                    Mode::Hold(Some(String::from_utf8_lossy(sha).into()))
+                }
+                Some(_) => return false,
+                None => Mode::Floor,
+            },
         };
         true
     }
@@ -59,10 +77,13 @@ impl RootContext for Root {
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Floor and HostCalls are zero-sized types, so boxing them allocates nothing: the floor
         // stays what it was before the other variants existed.
-        Some(match self.mode {
+        Some(match &self.mode {
             Mode::Floor => Box::new(Floor),
             Mode::HostCalls => Box::new(HostCalls),
-            Mode::Hold => Box::new(Hold { id: context_id }),
+            Mode::Hold(sha) => Box::new(Hold {
+                id: context_id,
+                sha: sha.clone(),
+            }),
         })
     }
 
@@ -118,6 +139,8 @@ struct Held {
     flight: Vec<u32>,
     /// The requests that came while it was out: the next callout's.
     waiting: Vec<u32>,
+    /// Their bucket keys, with `hold-script` (empty with `hold`).
+    keys: Vec<String>,
     /// The request whose context sent the callout out.
     anchor: u32,
 }
@@ -129,15 +152,43 @@ thread_local! {
 /// The hold variant: a request waits for the worker's next callout.
 struct Hold {
     id: u32,
+    /// With `hold-script`: the SHA of minimal_bucket.lua.
+    sha: Option<Rc<str>>,
+}
+
+/// The bucket key of a request whose `x-user-id` is `user`: `floor:` and its hex (at most its
+/// first 64 bytes), so no request byte reaches the callout's path as it came.
+fn bucket_key(user: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut key = String::from("floor:");
+    let digit = |n: u8| char::from(HEX.get(usize::from(n)).copied().unwrap_or(b'0'));
+    for b in user.iter().take(64) {
+        key.push(digit(b >> 4));
+        key.push(digit(b & 15));
+    }
+    key
 }
 
 impl Hold {
     /// Sends the callout for `flight` from this request's context (the SDK hands the answer to
     /// the context that sent it, so this request is in `flight` and stays until it comes).
-    fn send(&self, flight: Vec<u32>) -> Result<(), Vec<u32>> {
+    fn send(&self, flight: Vec<u32>, keys: Vec<String>) -> Result<(), Vec<u32>> {
+        let path = match &self.sha {
+            // Webdis: EVALSHA <sha> <n> <keys> <burst> <rate> <period_ms> (a limit never reached).
+            Some(sha) => {
+                let mut p = format!("/EVALSHA/{sha}/{}", keys.len());
+                for k in &keys {
+                    p.push('/');
+                    p.push_str(k);
+                }
+                p.push_str("/1000000/1000000/1000");
+                p
+            }
+            None => "/PING".to_string(),
+        };
         let headers = vec![
             (":method", "GET"),
-            (":path", "/PING"),
+            (":path", path.as_str()),
             (":authority", "webdis"),
         ];
         match self.dispatch_http_call(
@@ -195,21 +246,23 @@ impl Context for Hold {
             0,
             body_size,
         );
-        let (done, mut next) = HELD.with(|h| {
+        let (done, mut next, keys) = HELD.with(|h| {
             let mut h = h.borrow_mut();
             h.out = false;
             (
                 std::mem::take(&mut h.flight),
                 std::mem::take(&mut h.waiting),
+                std::mem::take(&mut h.keys),
             )
         });
         if next.is_empty() {
             resume(done);
             return;
         }
-        // The next callout leaves from this context, which therefore waits for it too.
+        // The next callout leaves from this context, which therefore waits for it too (with
+        // no key of its own: it was checked by the callout just answered).
         next.push(self.id);
-        match self.send(next) {
+        match self.send(next, keys) {
             Ok(()) => resume(done.into_iter().filter(|id| *id != self.id)),
             Err(next) => {
                 resume(done.into_iter().filter(|id| *id != self.id));
@@ -221,14 +274,19 @@ impl Context for Hold {
 
 impl HttpContext for Hold {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let _ = hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-user-id");
+        let user = hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-user-id");
+        let key = self
+            .sha
+            .as_ref()
+            .map(|_| bucket_key(user.ok().flatten().unwrap_or_default().as_bytes()));
         let idle = HELD.with(|h| {
             let mut h = h.borrow_mut();
             h.waiting.push(self.id);
-            (!h.out).then(|| std::mem::take(&mut h.waiting))
+            h.keys.extend(key);
+            (!h.out).then(|| (std::mem::take(&mut h.waiting), std::mem::take(&mut h.keys)))
         });
-        if let Some(flight) = idle {
-            if let Err(flight) = self.send(flight) {
+        if let Some((flight, keys)) = idle {
+            if let Err(flight) = self.send(flight, keys) {
                 resume(flight.into_iter().filter(|id| *id != self.id));
                 return Action::Continue;
             }

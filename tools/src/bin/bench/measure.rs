@@ -15,9 +15,10 @@ use tollgate_tools::cpu::{cpu_ns, cpu_ns_of, cpu_ticks};
 
 use crate::args::Settings;
 use crate::h2load::{spawn_h2load, wait_h2load, H2Result, H2load, Load, Pace, Target};
-use crate::probe::{decided, filter_stats, redis_script_calls, stats_delta};
+use crate::probe::{decided, filter_stats, stats_delta};
 use crate::sample::Sample;
 use crate::scenarios::{Running, Setup, PACED_CLIENTS, PATH, QUERY_KEY};
+use tollgate_tools::commandstats::redis_script_calls;
 
 /// A flood's URI lists are sized for this many requests per second in total, twice over (one
 /// connection may run ahead of the others); far above what a flood through Redis reaches here.

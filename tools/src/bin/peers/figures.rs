@@ -16,6 +16,8 @@ pub struct Sample {
     pub limiter_s: f64,
     pub webdis_s: f64,
     pub redis_s: f64,
+    /// Scripts and PINGs Redis was sent over the load (and `SETTLE` after it).
+    pub redis_calls: u64,
     /// Connections Envoy opened to the upstream over its life (warm-up and load): a handful when
     /// they are kept alive, as they should be.
     pub upstream_cx: u64,
@@ -40,6 +42,11 @@ impl Sample {
 
     pub fn redis_us(&self) -> Option<f64> {
         self.per_request(self.redis_s)
+    }
+
+    /// Scripts and PINGs sent to Redis per request answered.
+    pub fn redis_calls(&self) -> Option<f64> {
+        (self.load.requests > 0).then(|| self.redis_calls as f64 / self.load.requests as f64)
     }
 
     /// Envoy + limiter + Webdis + Redis CPU per request: the whole system's.

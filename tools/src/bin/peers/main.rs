@@ -40,6 +40,7 @@ use std::time::Duration;
 use tollgate_e2e::envoy::wasm_path;
 use tollgate_e2e::webdis::{Webdis, WebdisOpts};
 use tollgate_e2e::{scratch_dir, Redis};
+use tollgate_tools::commandstats::redis_script_calls;
 use tollgate_tools::cpu::cpu_ns_of;
 use tollgate_tools::machine::Machine;
 
@@ -96,6 +97,7 @@ fn run(settings: &args::Settings, limitador: &Path) -> Result<(), String> {
     let redis = Redis::start(&dir);
     let webdis = Webdis::try_start_with(&dir, redis.port, &WebdisOpts::default())?;
     let upstream_port = upstream::start()?;
+    let floor_script_sha = load_floor_script(&redis)?;
     let limits_file = dir.join("limits.yaml");
     std::fs::write(&limits_file, systems::limits_yaml())
         .map_err(|e| format!("write {}: {e}", limits_file.display()))?;
@@ -106,6 +108,7 @@ fn run(settings: &args::Settings, limitador: &Path) -> Result<(), String> {
         upstream_port,
         limitador: Some(limitador),
         limits_file: &limits_file,
+        floor_script_sha: &floor_script_sha,
     };
     let backend_pids: Vec<u32> = [webdis.proc.pid(), redis.proc.pid()]
         .into_iter()
@@ -193,10 +196,12 @@ fn measure(
         _ => (Vec::new(), Vec::new()),
     };
     let read = || [&envoy, &limiter, &webdis, &redis].map(|pids| cpu_ns_of(pids) as f64 / 1e9);
+    let calls_before = redis_calls(shared.redis_port)?;
     let before = read();
     let measured = load("load", settings.duration)?;
     std::thread::sleep(SETTLE);
     let after = read();
+    let calls_after = redis_calls(shared.redis_port)?;
     let used = |i: usize| (after[i] - before[i]).max(0.0);
     let upstream_cx = started
         .envoy
@@ -208,6 +213,29 @@ fn measure(
         limiter_s: used(1),
         webdis_s: used(2),
         redis_s: used(3),
+        redis_calls: calls_after.saturating_sub(calls_before),
         upstream_cx,
     })
+}
+
+/// Loads bench/wasm-floor/minimal_bucket.lua into Redis; its SHA configures wasm-floor-script.
+fn load_floor_script(redis: &Redis) -> Result<String, String> {
+    let path = tollgate_e2e::repo_root().join("bench/wasm-floor/minimal_bucket.lua");
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(text)
+        .query::<String>(&mut redis.conn())
+        .map_err(|e| format!("SCRIPT LOAD {}: {e}", path.display()))
+}
+
+/// The scripts (EVALSHA, EVAL) and PINGs Redis has been sent so far: the calls a check or a
+/// held request's callout makes (a script's own commands are not counted).
+fn redis_calls(port: u16) -> Result<u64, String> {
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection())
+        .map_err(|e| format!("connect to redis: {e}"))?;
+    let calls = redis_script_calls(&mut conn);
+    Ok(calls.calls + calls.pings)
 }

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | plain | envoy/bench/plain.yaml (router only) | none: the figure every other one is added over |
 //! | wasm-floor-hold | envoy/bench/wasm-floor-hold.yaml: bench/wasm-floor holding each request for a Webdis `PING` its worker shares (no check) | Webdis → Redis |
+//! | wasm-floor-script | the same, each callout one run of bench/wasm-floor/minimal_bucket.lua for the keys of its requests (the least a shared token bucket per key does) | Webdis → Redis |
 //! | limitador-redis | envoy/bench/ratelimit.yaml (envoy.filters.http.ratelimit, gRPC) | limitador-server, storage `redis` |
 //! | limitador-redis-cached | the same | limitador-server, storage `redis_cached` (its defaults) |
 //! | tollgate-exact | envoy/envoy.yaml, tollgate exact (this build), one rule on `header:x-user-id` | Webdis → Redis |
@@ -55,6 +56,10 @@ pub enum System {
     /// the requests arriving meanwhile share, as tollgate's exact mode holds a new key's request,
     /// with no check at all: what the stock-Envoy architecture costs before any rate limiting.
     Hold(PathBuf),
+    /// The same, each callout an `EVALSHA` of bench/wasm-floor/minimal_bucket.lua for the keys of
+    /// the requests it is for: the stock-Envoy architecture with the least a shared token bucket
+    /// per key does, without tollgate's own work.
+    Script(PathBuf),
     Limitador(Storage),
     /// tollgate exact on this filter build.
     Tollgate(PathBuf),
@@ -67,6 +72,7 @@ impl System {
         match self {
             System::Plain => "plain",
             System::Hold(_) => "wasm-floor-hold",
+            System::Script(_) => "wasm-floor-script",
             System::Limitador(Storage::Redis) => "limitador-redis",
             System::Limitador(Storage::RedisCached) => "limitador-redis-cached",
             System::Tollgate(_) => "tollgate-exact",
@@ -80,12 +86,25 @@ pub fn all(tollgate: &Path, floor: &Path, compare: Option<&Path>) -> Vec<System>
     let mut v = vec![
         System::Plain,
         System::Hold(floor.to_path_buf()),
+        System::Script(floor.to_path_buf()),
         System::Limitador(Storage::Redis),
         System::Limitador(Storage::RedisCached),
         System::Tollgate(tollgate.to_path_buf()),
     ];
     v.extend(compare.map(|p| System::TollgateB(p.to_path_buf())));
     v
+}
+
+/// The wasm-floor-hold template with the floor's configuration `hold` replaced by
+/// `hold-script <sha>`.
+fn with_floor_script(template: &str, sha: &str) -> Result<String, String> {
+    const HOLD: &str = "value: 'hold'";
+    if template.matches(HOLD).count() != 1 {
+        return Err(format!(
+            "envoy/bench/wasm-floor-hold.yaml: expected one `{HOLD}`, the floor's configuration"
+        ));
+    }
+    Ok(template.replace(HOLD, &format!("value: 'hold-script {sha}'")))
 }
 
 /// The limits file: one limit in namespace `bench` (the filter's domain), counted per `user`.
@@ -130,6 +149,8 @@ pub struct Shared<'a> {
     pub upstream_port: u16,
     pub limitador: Option<&'a Path>,
     pub limits_file: &'a Path,
+    /// The SHA Redis gave bench/wasm-floor/minimal_bucket.lua (loaded before any system starts).
+    pub floor_script_sha: &'a str,
 }
 
 /// One started system: its Envoy and, for Limitador, the service.
@@ -167,17 +188,22 @@ pub fn start(shared: &Shared, system: &System) -> Result<Started, String> {
     let upstream = shared.upstream_port;
     let dir = shared.dir;
     let envoy = match system {
-        System::Plain | System::Hold(_) | System::Limitador(_) => {
+        System::Plain | System::Hold(_) | System::Script(_) | System::Limitador(_) => {
             let (file, backend) = match (&limitador, system) {
                 (Some((_, rls_port)), _) => ("ratelimit.yaml", *rls_port),
-                (None, System::Hold(_)) => ("wasm-floor-hold.yaml", shared.webdis_port),
+                (None, System::Hold(_) | System::Script(_)) => {
+                    ("wasm-floor-hold.yaml", shared.webdis_port)
+                }
                 (None, _) => ("plain.yaml", shared.webdis_port),
             };
             let wasm = match system {
-                System::Hold(floor) => floor.as_path(),
+                System::Hold(floor) | System::Script(floor) => floor.as_path(),
                 _ => Path::new(""),
             };
-            let text = envoy_file(&format!("bench/{file}"));
+            let mut text = envoy_file(&format!("bench/{file}"));
+            if matches!(system, System::Script(_)) {
+                text = with_floor_script(&text, shared.floor_script_sha)?;
+            }
             Envoy::try_start_yaml_workers(dir, WORKERS, &[], &[], |listen, admin| {
                 let ports = Ports {
                     backend,
@@ -298,6 +324,7 @@ mod tests {
             [
                 "plain",
                 "wasm-floor-hold",
+                "wasm-floor-script",
                 "limitador-redis",
                 "limitador-redis-cached",
                 "tollgate-exact"
@@ -313,6 +340,19 @@ mod tests {
             limits.contains(r#"variables: ["descriptors[0].user"]"#),
             "{limits}"
         );
+    }
+
+    #[test]
+    fn the_script_floor_is_the_hold_floor_configured_with_the_sha() {
+        let template = envoy_file("bench/wasm-floor-hold.yaml");
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let text = with_floor_script(&template, sha).unwrap();
+        assert!(text.contains(&format!("value: 'hold-script {sha}'")));
+        assert_eq!(
+            text.replace(&format!("hold-script {sha}"), "hold"),
+            template
+        );
+        assert!(with_floor_script("no floor here", sha).is_err());
     }
 
     #[test]
