@@ -159,7 +159,7 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         None => "never".to_string(),
     };
     format!(
-        "{:>7} {:>4}x {:>6} {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6.2} {:>6.1}",
+        "{:>7} {:>4}x {:>6} {:>7.3} {:>7.3} {} {:>+7.0} {:>8.0} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>8.2} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>7} {:>6.2} {:>6} {:>6.1}",
         o.proxies,
         o.overload,
         o.max_wait_ms,
@@ -186,7 +186,12 @@ pub fn row(o: &FleetOpts, f: &Figures) -> String {
         ms(0.99),
         f.starved(),
         f.fairness,
-        if f.worst_sidecar.is_finite() { f.worst_sidecar } else { f64::NAN },
+        // No sidecar asked 20 times (a large fleet at 1x): no figure, rather than NaN.
+        if f.worst_sidecar.is_finite() {
+            format!("{:.2}", f.worst_sidecar)
+        } else {
+            "—".to_string()
+        },
         f.wall_s,
     )
 }
@@ -211,7 +216,8 @@ wait: the rules' max_wait_ms (lease mode: how long a request may wait for the to
   first request of the hot key to its first admission (median and 99th percentile over sidecars;
   never: not admitted in the run); starved: sidecars never admitted; fair: the sidecars' share of
   the hot key's admissions / their share of its requests (1 = admitted in proportion to demand);
-  worst: the lowest sidecar's admitted/requested over the fleet's (sidecars with 20+ requests);
+  worst: the lowest sidecar's admitted/requested over the fleet's (sidecars with 20+ requests; —:
+  none had);
   wall s: the run's real time";
 
 /// `--scale`: every rules' wait, size and overload, one line each.
