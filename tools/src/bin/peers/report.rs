@@ -118,8 +118,8 @@ pub fn print(settings: &Settings, run: &Outcome) {
              shares, with no check ({HOLD}) +{} µs, ÷ the better Limitador of each round {}; with \
              the least a shared token bucket per key does in that callout ({SCRIPT}) +{} µs, ÷ the \
              better Limitador {}; tollgate's own beyond that +{} µs (its wasm code and host calls, \
-             its script's work beyond the least, its larger Webdis requests, and the more callouts \
-             per request its worker's slower requests leave it)",
+             its script's work beyond the least, its larger Webdis requests, its callouts' count: \
+             Redis calls/req)",
             fmt(added(&run.rows, HOLD), 1),
             fmt(added_ratio(&run.rows, HOLD, &LIMITADORS), 3),
             fmt(added(&run.rows, SCRIPT), 1),
