@@ -122,10 +122,12 @@ KEYS[1..n]  1 <= n <= 256 bucket keys; the same key may come more than once (its
 ARGV        "batch", then for each key in order a count c (5 to 9) and exactly c arguments: that
             key's ARGV[1..c] of the single form (an operator's operation included):
               batch  c1 a1_1 .. a1_c1  c2 a2_1 .. a2_c2  ..  cn an_1 .. an_cn
-The frame is checked first: an n out of range, a count that is not one digit 5 to 9, or arguments
-not used up exactly give the error reply "ERR tollgate: bad argument batch", and no key is read
-or written. Redis' TIME is read once, and is the now of every key whose arguments give none (an
-explicit ARGV[8] wins).
+            or, for any key but the first, the count 0 and no argument: that key's arguments are
+            the previous key's (many keys of one rule carry the same limits and cost).
+The frame is checked first: an n out of range, a count that is not one digit 5 to 9 (or 0 after
+the first key), or arguments not used up exactly give the error reply "ERR tollgate: bad
+argument batch", and no key is read or written. Redis' TIME is read once, and is the now of
+every key whose arguments give none (an explicit ARGV[8] wins).
 Returns a FLAT array of 6 integers per key, in key order: the single form's reply, with
 penalized as the 6th (0 when that key has no penalty), and a 7th and 8th, its epoch and mark,
 for a key whose count is at least 7 and whose ARGV[7] holds a ':' (the tracked form): so the
@@ -1047,22 +1049,26 @@ local function server_error(e)
   return e
 end
 
--- KEYS[1..n], ARGV = { 'batch', c1, <c1 arguments>, c2, <c2 arguments>, ... }: the whole frame
--- is checked before any step runs, Redis' TIME is read once, then each key's step runs in order
--- (on its own slice of ARGV, copied nowhere) and adds six integers to one flat reply.
+-- KEYS[1..n], ARGV = { 'batch', c1, <c1 arguments>, c2, <c2 arguments>, ... }, a count 0 after
+-- the first meaning the previous key's arguments again: the whole frame is checked before any
+-- step runs, Redis' TIME is read once, then each key's step runs in order (on its slice of ARGV,
+-- copied nowhere) and adds six integers to one flat reply.
 local function batch()
   local n = #KEYS
   if n < 1 or n > MAX_BATCH_KEYS then
     return bad('batch')
   end
   local i = 2
-  for _ = 1, n do
+  for g = 1, n do
     local c = ARGV[i]
+    if g > 1 and c == '0' then
+      i = i + 1
     -- One digit, 5 to 9 (bytes 53 to 57).
-    if type(c) ~= 'string' or #c ~= 1 or string.byte(c) < 53 or string.byte(c) > 57 then
+    elseif type(c) ~= 'string' or #c ~= 1 or string.byte(c) < 53 or string.byte(c) > 57 then
       return bad('batch')
+    else
+      i = i + string.byte(c) - 47
     end
-    i = i + string.byte(c) - 47
   end
   if i ~= #ARGV + 1 then
     return bad('batch')
@@ -1074,15 +1080,22 @@ local function batch()
   local out = {}
   local at = 0
   i = 2
+  -- The key's arguments: ARGV[from..to - 1] (the previous key's again after a count 0).
+  local from, to = 0, 0
   for g = 1, n do
-    local from = i + 1
-    i = from + string.byte(ARGV[i]) - 48
+    if ARGV[i] == '0' then
+      i = i + 1
+    else
+      from = i + 1
+      i = from + string.byte(ARGV[i]) - 48
+      to = i
+    end
     local ok, allowed, remaining, retry_after_ms, reset_after_ms, granted, penalized, epoch, mark =
-      pcall(step, KEYS[g], now, memo, unpack(ARGV, from, i - 1))
+      pcall(step, KEYS[g], now, memo, unpack(ARGV, from, to - 1))
     -- A key whose settle argument has the tracked form asked for its epoch and mark: a 7th and
     -- an 8th integer, also when its step failed (0, 0), so the reply's length follows from the
     -- arguments alone.
-    local asked = i - from >= 7 and string.find(ARGV[from + 6], ':', 1, true)
+    local asked = to - from >= 7 and string.find(ARGV[from + 6], ':', 1, true)
     if not ok then
       local e = server_error(allowed)
       if e ~= nil then

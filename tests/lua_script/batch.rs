@@ -45,6 +45,14 @@ fn ints(v: Value) -> Vec<i64> {
         .collect()
 }
 
+/// The bucket keys of `groups` (by their key numbers) under `prefix`.
+fn keys_of(groups: &[(usize, Vec<String>)], prefix: &str) -> Vec<String> {
+    groups
+        .iter()
+        .map(|(k, _)| format!("{prefix}:{{k{k}}}"))
+        .collect()
+}
+
 /// The batched call: KEYS = `keys`, ARGV = batch, then each group's count and arguments.
 fn batch(
     conn: &mut redis::Connection,
@@ -251,12 +259,7 @@ fn a_batch_answers_and_writes_what_single_calls_do_in_the_same_order() {
             last = key;
             groups.push((key, args));
         }
-        let keys = |prefix: &str| -> Vec<String> {
-            groups
-                .iter()
-                .map(|(k, _)| format!("{prefix}:{{k{k}}}"))
-                .collect()
-        };
+        let keys = |prefix: &str| keys_of(&groups, prefix);
         let args: Vec<Vec<String>> = groups.iter().map(|(_, a)| a.clone()).collect();
         let got = ints(batch(&mut c, &sha, &keys("a"), &args).unwrap());
         let (replies, batch_ttls) = got.split_at(6 * n);
@@ -309,9 +312,61 @@ fn a_batch_answers_and_writes_what_single_calls_do_in_the_same_order() {
     );
 }
 
-/// A frame that is not well formed (no key, more than 256, a count that is not 5 to 9, too few
-/// or too many arguments) is refused as a whole before any step: every key stays as it was,
-/// even when the first groups are fine.
+/// A count 0 stands for the previous key's arguments: random batches (some groups repeating the
+/// arguments of the group before them, as many keys of one rule do) answer and write the same
+/// with each repeat sent as 0 as with every group written out.
+#[test]
+fn a_count_of_zero_repeats_the_previous_keys_arguments() {
+    let (_r, mut c) = start("lua-batch-repeat");
+    let sha = load(&mut c, SCRIPT);
+    let mut rng = Rng(0xBA7C_0002);
+    let mut now = T0;
+    let mut seq = 0;
+    let mut repeats = 0;
+    for round in 0..200 {
+        now += rng.below(200_000);
+        let n = 1 + rng.below(12) as usize;
+        let mut groups: Vec<(usize, Vec<String>)> = Vec::new();
+        for i in 0..n {
+            let (key, fresh) =
+                random_group(&mut rng, now, &mut seq, groups.last().map_or(0, |g| g.0));
+            let args = match groups.last() {
+                Some((_, previous)) if i > 0 && rng.below(2) == 0 => previous.clone(),
+                _ => fresh,
+            };
+            groups.push((key, args));
+        }
+        let keys = |prefix: &str| keys_of(&groups, prefix);
+        let args: Vec<Vec<String>> = groups.iter().map(|(_, a)| a.clone()).collect();
+        let written = batch(&mut c, &sha, &keys("a"), &args);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&sha).arg(n).arg(keys("b")).arg("batch");
+        for (i, g) in args.iter().enumerate() {
+            if i > 0 && args[i - 1] == *g {
+                cmd.arg("0");
+                repeats += 1;
+            } else {
+                cmd.arg(g.len()).arg(g);
+            }
+        }
+        let compact: redis::RedisResult<Value> = cmd.query(&mut c);
+        let ctx = format!("round {round}: {groups:?}");
+        assert_eq!(
+            written.map(ints).map_err(|e| e.to_string()),
+            compact.map(ints).map_err(|e| e.to_string()),
+            "{ctx}"
+        );
+        for k in 0..KEYS {
+            let (a, b) = (format!("a:{{k{k}}}"), format!("b:{{k{k}}}"));
+            assert_eq!(hash(&mut c, &a), hash(&mut c, &b), "{ctx}: key {k}");
+        }
+    }
+    assert!(repeats >= 100, "only {repeats} groups repeated");
+}
+
+/// A frame that is not well formed (no key, more than 256, a count that is not 5 to 9 or a 0
+/// for the first key, too few or too many arguments) is refused as a whole before any step:
+/// every key stays as it was, even when the first groups are fine.
 #[test]
 fn a_bad_frame_is_refused_and_touches_nothing() {
     let (_r, mut c) = start("lua-batch-frame");
@@ -349,6 +404,10 @@ fn a_bad_frame_is_refused_and_touches_nothing() {
         (vec![keys[0]], [&["08"][..], &good].concat()),
         (vec![keys[0]], [&["x"][..], &good].concat()),
         (vec![keys[0]], [&[" 8"][..], &good].concat()),
+        // A count 0 (the previous key's arguments) for the first key, alone or with arguments.
+        (vec![keys[0]], vec!["0"]),
+        (vec![keys[0], keys[2]], [&["0"][..], &["8"], &good].concat()),
+        (vec![keys[0]], [&["0"][..], &good].concat()),
         // Too few arguments: the last group is cut short, or has no count at all.
         (
             vec![keys[0], keys[2]],

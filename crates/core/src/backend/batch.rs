@@ -109,6 +109,21 @@ pub fn whole_error(e: BackendError) -> BackendError {
     }
 }
 
+/// Five checks of one rule (200 per second, a burst of 200) at costs 1, 1, 1, 2, 2: the second,
+/// third and fifth repeat the arguments of the call before them.
+#[cfg(test)]
+pub(crate) fn repeating_calls() -> Vec<ScriptCall> {
+    let limits = crate::bucket::Limits {
+        burst: 200,
+        rate: 100,
+        period_ms: 1000,
+    };
+    [("a", 1), ("b", 1), ("c", 1), ("d", 2), ("e", 2)]
+        .into_iter()
+        .map(|(k, cost)| ScriptCall::new(format!("k:{{{k}}}"), &limits, cost))
+        .collect()
+}
+
 /// Calls of every shape a batch carries, for the transports' tests: a plain check, a penalty
 /// rule's check with a reservation, a settlement, a lease call with a holder, a key with every
 /// character Webdis and RESP could trip on, and the first key again.

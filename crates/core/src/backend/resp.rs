@@ -49,21 +49,29 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
 
 /// The RESP command for a batched call of n = `calls.len()` keys: `[EVALSHA|EVAL, <sha|script>,
 /// n, key1..keyn, "batch", c1, <args of key 1>, c2, <args of key 2>, ...]`, each key's
-/// arguments exactly its single form's ([`command`]), `ci` of them. One command (one reply): a
-/// Higress callout must never carry two.
+/// arguments exactly its single form's ([`command`]), `ci` of them, or `0` alone for a key whose
+/// arguments are the previous key's. One command (one reply): a Higress callout must never carry
+/// two.
 pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
     let mut groups = Vec::with_capacity(calls.len() * 96);
     let mut count = 3 + calls.len() + 1;
     let mut number = Vec::with_capacity(4);
-    let mut args = Vec::with_capacity(160);
+    let (mut args, mut previous) = (Vec::with_capacity(160), Vec::with_capacity(160));
     for call in calls {
         args.clear();
         let c = push_args(call, &mut args);
+        if args == previous {
+            // The previous key's arguments again.
+            bulk(b"0", &mut groups);
+            count += 1;
+            continue;
+        }
         number.clear();
         crate::decimal::push_bytes(&mut number, c as u64);
         bulk(&number, &mut groups);
         groups.extend_from_slice(&args);
         count += 1 + c;
+        std::mem::swap(&mut args, &mut previous);
     }
     let keys: usize = calls.iter().map(|c| c.key.len() + 16).sum();
     let mut out = Vec::with_capacity(script_of(invoke).len() + keys + groups.len() + 64);

@@ -66,13 +66,19 @@ pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(script.len() * 3 + groups + 64);
     push_head(&mut out, invoke, calls);
     out.extend_from_slice(b"/batch");
-    let mut group = Vec::with_capacity(128);
+    let (mut group, mut previous) = (Vec::with_capacity(128), Vec::with_capacity(128));
     for call in calls {
         group.clear();
         let count = push_args(call, &mut group);
         out.push(b'/');
+        if group == previous {
+            // The previous key's arguments again.
+            out.push(b'0');
+            continue;
+        }
         crate::decimal::push_bytes(&mut out, count as u64);
         out.extend_from_slice(&group);
+        std::mem::swap(&mut group, &mut previous);
     }
     out
 }

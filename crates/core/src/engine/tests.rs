@@ -125,7 +125,12 @@ fn with_epochs(request: &str, reply: &[u8]) -> Vec<u8> {
         let mut asks = Vec::new();
         let mut at = 1;
         while let Some(c) = rest.get(at).and_then(|c| c.parse::<usize>().ok()) {
-            asks.push(tracked(rest.get(at + 1..at + 1 + c).unwrap_or_default()));
+            // A count 0: the previous key's arguments again.
+            let asked = match c {
+                0 => asks.last().copied().unwrap_or(false),
+                _ => tracked(rest.get(at + 1..at + 1 + c).unwrap_or_default()),
+            };
+            asks.push(asked);
             at += 1 + c;
         }
         asks

@@ -56,9 +56,14 @@ pub fn parse_request(text: &str) -> (Form, Vec<Group>) {
     }
     let mut at = 1;
     let mut groups = Vec::with_capacity(n);
+    // A count 0: the previous key's arguments again.
+    let mut own: &[&str] = &[];
     for key in keys {
         let count: usize = args[at].parse().unwrap();
-        groups.push(group(key, &args[at + 1..at + 1 + count]));
+        if count > 0 {
+            own = &args[at + 1..at + 1 + count];
+        }
+        groups.push(group(key, own));
         at += 1 + count;
     }
     assert_eq!(at, args.len(), "every argument belongs to a group: {text}");

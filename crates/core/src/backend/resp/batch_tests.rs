@@ -218,3 +218,28 @@ fn a_full_batchs_longest_reply_is_read() {
         .iter()
         .all(|r| matches!(r, Err(BackendError::Malformed(_)))));
 }
+
+/// A key whose arguments are the previous key's goes as the count 0 alone; one whose arguments
+/// differ (another cost) is written out again.
+#[test]
+fn a_key_with_the_previous_keys_arguments_is_sent_as_zero() {
+    let calls = crate::backend::batch::repeating_calls();
+    let refs: Vec<&ScriptCall> = calls.iter().collect();
+    let args = argv(&batch_command(&refs, Invoke::Sha("ab")));
+    assert_eq!(args[8], b"batch");
+    let groups: Vec<String> = args[9..]
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let written = |cost: &str| ["5", "200", "100", "1000", cost, "0"].map(String::from);
+    let repeat = || vec!["0".to_string()];
+    let want = [
+        written("1").to_vec(),
+        repeat(),
+        repeat(),
+        written("2").to_vec(),
+        repeat(),
+    ]
+    .concat();
+    assert_eq!(groups, want, "{args:?}");
+}

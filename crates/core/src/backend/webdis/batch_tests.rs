@@ -382,3 +382,17 @@ fn the_fast_paths_agree_with_serde_on_random_bodies() {
     }
     assert!(fast > 1000, "the fast path read only {fast} bodies");
 }
+
+/// A key whose arguments are the previous key's goes as the count 0 alone; one whose arguments
+/// differ (another cost) is written out again.
+#[test]
+fn a_key_with_the_previous_keys_arguments_is_sent_as_zero() {
+    let calls = crate::backend::batch::repeating_calls();
+    let refs: Vec<&ScriptCall> = calls.iter().collect();
+    let body = s(&batch_command(&refs, Invoke::Sha("ab")));
+    let groups = body.split_once("/batch/").unwrap().1;
+    assert_eq!(
+        groups, "7/200/100/1000/1/0/0/0/0/0/7/200/100/1000/2/0/0/0/0",
+        "{body}"
+    );
+}
