@@ -23,6 +23,7 @@
 //! (a held request, a batched Webdis callout, one script run), without tollgate's own work. Its
 //! key is `floor:` and the hex of the request's `x-user-id` (at most its first 64 bytes).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -173,7 +174,8 @@ impl Hold {
     /// Sends the callout for `flight` from this request's context (the SDK hands the answer to
     /// the context that sent it, so this request is in `flight` and stays until it comes).
     fn send(&self, flight: Vec<u32>, keys: Vec<String>) -> Result<(), Vec<u32>> {
-        let path = match &self.sha {
+        // `hold` builds nothing per callout, as before the script variant existed.
+        let path: Cow<'static, str> = match &self.sha {
             // Webdis: EVALSHA <sha> <n> <keys> <burst> <rate> <period_ms> (a limit never reached).
             Some(sha) => {
                 let mut p = format!("/EVALSHA/{sha}/{}", keys.len());
@@ -182,13 +184,13 @@ impl Hold {
                     p.push_str(k);
                 }
                 p.push_str("/1000000/1000000/1000");
-                p
+                Cow::Owned(p)
             }
-            None => "/PING".to_string(),
+            None => Cow::Borrowed("/PING"),
         };
         let headers = vec![
             (":method", "GET"),
-            (":path", path.as_str()),
+            (":path", path.as_ref()),
             (":authority", "webdis"),
         ];
         match self.dispatch_http_call(

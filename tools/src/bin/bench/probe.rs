@@ -1,7 +1,7 @@
 //! What the bench reads off its processes, never changing them: an Envoy's counters from its admin
 //! /stats (CPU time, Redis' script calls and the machine's description are the tools' shared
-//! readers, `tollgate_tools::cpu`, `::commandstats` and `::machine`). A reading that fails counts as zero (the
-//! figure shows it), never as an error that would lose a run.
+//! readers, `tollgate_tools::cpu`, `::commandstats` and `::machine`). A reading that fails counts
+//! as zero (the figure shows it), never as an error that would lose a run.
 
 use std::collections::BTreeMap;
 
