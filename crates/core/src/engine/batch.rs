@@ -3,7 +3,7 @@
 //! Invariant: the open batch holds at most `batch_max_keys` calls and at most
 //! [`MAX_BATCH_BYTES`] of their command bytes, so a flood of new keys never builds an unbounded
 //! request; what it holds leaves as one flight when the flight out before it is answered, at the
-//! end of the event that filled it when none is out, or at once when it is full.
+//! end of the host's round of events that filled it when none is out, or at once when it is full.
 
 use super::calls::Call;
 use crate::backend::MAX_BATCH_BYTES;

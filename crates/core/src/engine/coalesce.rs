@@ -21,7 +21,7 @@ mod wire;
 
 use chains::Forwarded;
 pub(super) use chains::{Chains, Waiter};
-pub(super) use wire::{Answers, Told};
+pub(super) use wire::{Answers, Told, LEAVE};
 
 use super::calls::{Call, Purpose};
 use super::decision::By;
@@ -249,7 +249,7 @@ impl Engine {
     }
 
     /// A message on queue `queue`, one this worker's root registered: a check another worker sent
-    /// here, or answers to checks sent from here. The host calls this once per message put on the
+    /// here, answers to checks sent from here, or this worker's note that its open batch leaves. The host calls this once per message put on the
     /// queue, so one is taken. `queue` is the host's word, not `lane`: after a reconfiguration
     /// in the same VM (a new engine, a new queue) messages sent to the old queue still come here:
     /// checks are served, answers are dropped (they are the old engine's, whose asks were
@@ -259,7 +259,9 @@ impl Engine {
             return;
         };
         let now = self.timer.read(host);
-        if let Some(ask) = wire::parse_ask(&message) {
+        if message == LEAVE {
+            self.leave_now(host);
+        } else if let Some(ask) = wire::parse_ask(&message) {
             self.take_ask(host, ask, now);
         } else if message.starts_with(b"c ") {
             match wire::parse_relay(&message) {

@@ -69,6 +69,12 @@ pub struct Engine {
     calls: calls::Calls,
     /// The calls that go out together in the worker's next flight.
     open: batch::OpenBatch,
+    /// A [`coalesce::LEAVE`] note is on this worker's queue: the open batch leaves when it comes.
+    leaving: bool,
+    /// The worker's last flight from its open batch had company: several calls, or calls that
+    /// waited behind a flight. Only then does an idle worker's open batch wait for the end of
+    /// the round (see `flush_open`).
+    company: bool,
     /// Whether the backend is known to be a Redis Cluster (one slot per flight).
     cluster_known: bool,
     /// Bucket keys of recently seen key values (a hot key's requests skip the digest).
@@ -96,6 +102,8 @@ impl Engine {
             requests: requests::Requests::default(),
             calls: calls::Calls::default(),
             open: batch::OpenBatch::default(),
+            leaving: false,
+            company: false,
             cluster_known: false,
             keys: KeyCache::default(),
             waits: lease::Waits::default(),

@@ -9,11 +9,13 @@
 //! it; a call that does not go out gives its purpose back to its sender, or, when its flight
 //! could not leave, ends it here (the failure mode for its checks, a released claim, a
 //! settlement pending again): nothing waits on a call that is neither out nor in the open batch,
-//! and the open batch leaves at the latest when a flight is answered.
+//! and the open batch leaves at the latest when a flight is answered, or, with none of its flights
+//! out, at the end of the host's round of events (at once if the worker has no queue).
 //!
 //! [`batch`]: super::batch
 
 use super::calls::{Call, Flight, Purpose};
+use super::coalesce::LEAVE;
 use super::decision::By;
 use super::health::{Event, Gate, Health};
 use super::host::Host;
@@ -121,9 +123,9 @@ impl Engine {
     }
 
     /// Puts a call in the worker's open batch, which goes out as one flight when the flight out
-    /// before it is answered, at the end of this event if none is out, or now if it is full.
-    /// Gives the purpose back if `max_inflight` flights are out (the failure mode at once, not a
-    /// wait behind a struggling backend).
+    /// before it is answered, at the end of the host's round of events if none is out, or now if
+    /// it is full. Gives the purpose back if `max_inflight` flights are out (the failure mode at
+    /// once, not a wait behind a struggling backend).
     pub(super) fn enqueue(
         &mut self,
         host: &mut dyn Host,
@@ -173,17 +175,45 @@ impl Engine {
             })
     }
 
-    /// The worker's open batch goes out now, if it holds anything, unless a flight that left
-    /// from it is still out or `max_inflight` flights are (an answer sends it then). Called at
-    /// the end of every event.
+    /// The worker's open batch goes out, if it holds anything, unless a flight that left from it
+    /// is still out or `max_inflight` flights are (an answer sends it then). Called at the end of
+    /// every event.
+    ///
+    /// It leaves at the end of the host's current round of events, not of this one: a
+    /// [`LEAVE`] note on the worker's own queue, which Envoy delivers after the events already
+    /// at hand (a post to the worker's dispatcher). So the checks of the requests that came in the
+    /// same round go with it, in one flight instead of one each; and its bytes leave no later
+    /// than a flight sent now would have, because Envoy writes a callout to its connection in
+    /// that same round too. Only a worker whose last flight had company waits for the round (a
+    /// note costs Envoy a post and a call into the VM, which a lone request's flight would pay
+    /// for nothing); a worker without a queue, or whose note the host refused, sends now.
     pub(super) fn flush_open(&mut self, host: &mut dyn Host) {
-        if self.open.is_empty()
-            || self.calls.batched_out()
-            || self.calls.full(self.plugin.config.backend.max_inflight)
-        {
+        if self.leaving || !self.open_may_leave() {
             return;
         }
+        if let Some(lane) = self.chains.lane().filter(|_| self.company) {
+            if host.enqueue(lane, LEAVE) {
+                self.leaving = true;
+                return;
+            }
+        }
         self.dispatch_open(host);
+    }
+
+    /// The worker's [`LEAVE`] note came: its open batch goes out now, if it still may.
+    pub(super) fn leave_now(&mut self, host: &mut dyn Host) {
+        self.leaving = false;
+        if self.open_may_leave() {
+            self.dispatch_open(host);
+        }
+    }
+
+    /// Whether the open batch holds something, no flight of it is out, and fewer than
+    /// `max_inflight` flights are.
+    fn open_may_leave(&self) -> bool {
+        !self.open.is_empty()
+            && !self.calls.batched_out()
+            && !self.calls.full(self.plugin.config.backend.max_inflight)
     }
 
     /// The open batch leaves now unless `max_inflight` flights are out.
@@ -203,6 +233,7 @@ impl Engine {
         if calls.is_empty() {
             return;
         }
+        self.company = gathered || calls.len() > 1;
         let now = self.timer.read(host);
         // Another worker's flight carries them, if one is out.
         let calls = self.relay(host, calls, now);

@@ -6,7 +6,7 @@
 //!
 //! Invariant: a relayed check waits at most for the collector's flight out and its own, as in
 //! the worker's own open batch (the collector's open batch leaves when that flight is answered,
-//! or at the end of the event that brought the relay when none is out). Only a check with
+//! or at the end of the round of events that brought the relay when none is out). Only a check with
 //! nothing to settle is relayed, so a relay that is lost loses no usage; a relayed check is
 //! remembered until its answer comes or its patience runs out, and then gets its failure mode,
 //! never a second call.

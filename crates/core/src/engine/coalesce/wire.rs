@@ -1,6 +1,6 @@
 //! Messages between workers on their shared queues: a check sent to the worker leading its key
-//! (an ask), checks relayed to the worker collecting the proxy's next flight (a relay), and
-//! answers to checks (one line each).
+//! (an ask), checks relayed to the worker collecting the proxy's next flight (a relay), answers
+//! to checks (one line each), and a worker's note to itself that its open batch leaves ([`LEAVE`]).
 //!
 //! Invariant: what is written reads back as it was; anything else (another version's message, a
 //! garbled one) reads as nothing, never as another check or answer. A message holds no user
@@ -12,6 +12,10 @@ use super::super::verdict::Outcome;
 use crate::backend::ScriptCall;
 use crate::bucket::Limits;
 use crate::decimal;
+
+/// A worker's note to itself, on its own queue: its open batch leaves now. The host delivers it
+/// after the events already at hand (see `Engine::flush_open`).
+pub const LEAVE: &[u8] = b"l";
 
 /// The parts of an ask after its `a `: six numbers and the key.
 const ASK_PARTS: usize = 7;

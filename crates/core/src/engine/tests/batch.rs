@@ -81,6 +81,129 @@ fn checks_of_different_keys_that_arrive_while_a_flight_is_out_share_the_next_one
     assert_eq!(e.load().1, 0);
 }
 
+/// An engine configured by `top` whose worker has shared queue 1, as every Envoy worker has.
+fn with_queue(top: &str) -> (Engine, Rc<Recorder>, Fake) {
+    let (mut e, rec) = engine(top, EXACT);
+    let mut h = Fake::default();
+    h.queues.insert(1, Default::default());
+    e.set_queue(1);
+    (e, rec, h)
+}
+
+/// The host's round of events ends: what it posted to worker `e`'s queue 1 comes.
+fn end_round(e: &mut Engine, h: &mut Fake) {
+    for _ in 0..h.queues[&1].len() {
+        e.queue_ready(h, 1);
+    }
+}
+
+/// Worker `e` has had company: "x" (context 1) went alone, "y" and "z" (2, 3) gathered behind it
+/// and went together; both flights are answered, so it is idle. Clears what the host recorded.
+fn had_company(e: &mut Engine, h: &mut Fake) {
+    requests(e, h, 1, &["x"]);
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "a lone check on a quiet worker leaves at once"
+    );
+    assert!(h.queues[&1].is_empty(), "no note for it");
+    requests(e, h, 2, &["y", "z"]);
+    deliver(e, h, 1, 200, &answer(true, 19, 0, 100, 1));
+    deliver(
+        e,
+        h,
+        2,
+        200,
+        &batch_answer(&[part(true, 19, 0), part(true, 19, 0)]),
+    );
+    assert_eq!(h.resumed, [1, 2, 3]);
+    end_round(e, h);
+    h.sent.clear();
+    h.resumed.clear();
+}
+
+#[test]
+fn on_a_busy_worker_the_checks_of_one_round_of_events_leave_together() {
+    let (mut e, _, mut h) = with_queue(BATCHED);
+    had_company(&mut e, &mut h);
+    requests(&mut e, &mut h, 10, &["a", "b", "c"]);
+    assert!(h.sent.is_empty(), "nothing leaves before the round ends");
+    assert_eq!(
+        h.queues[&1].len(),
+        1,
+        "one note for the round, not one per request"
+    );
+    end_round(&mut e, &mut h);
+    assert_eq!(h.sent.len(), 1);
+    assert_eq!(keys_in(&h.sent[0]), 3, "{}", h.sent[0]);
+    // While that flight is out, checks wait for its answer (no note), which sends them at once.
+    requests(&mut e, &mut h, 13, &["d", "e"]);
+    assert!(h.queues[&1].is_empty());
+    let b = batch_answer(&[part(true, 19, 0), part(true, 19, 0), part(true, 19, 0)]);
+    deliver(&mut e, &mut h, 3, 200, &b);
+    assert_eq!(h.resumed, [10, 11, 12]);
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "the answer sends what gathered, without a note"
+    );
+    assert_eq!(keys_in(&h.sent[1]), 2);
+}
+
+#[test]
+fn a_worker_whose_last_flight_went_alone_sends_at_once_again() {
+    let (mut e, _, mut h) = with_queue(BATCHED);
+    had_company(&mut e, &mut h);
+    send(&mut e, &mut h, 10, &user("a"));
+    end_round(&mut e, &mut h);
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "it had company: its flight left at the round's end, alone"
+    );
+    deliver(&mut e, &mut h, 3, 200, &answer(true, 19, 0, 100, 1));
+    send(&mut e, &mut h, 11, &user("b"));
+    assert_eq!(
+        h.sent.len(),
+        2,
+        "one request at a time: no note, no wait for the round"
+    );
+    assert!(h.queues[&1].is_empty());
+}
+
+#[test]
+fn a_note_that_comes_after_its_batch_left_sends_nothing_more() {
+    let (mut e, _, mut h) = with_queue(r#""backend":{"batch_max_keys":2},"#);
+    had_company(&mut e, &mut h);
+    requests(&mut e, &mut h, 10, &["a", "b"]);
+    assert_eq!(h.sent.len(), 1, "a full batch leaves at once");
+    assert_eq!(h.queues[&1].len(), 1, "the note for \"a\" is still to come");
+    end_round(&mut e, &mut h);
+    assert_eq!(h.sent.len(), 1, "and sends nothing");
+    deliver(
+        &mut e,
+        &mut h,
+        3,
+        200,
+        &batch_answer(&[part(true, 1, 0), part(true, 1, 0)]),
+    );
+    // Idle again, with company: the next round's check leaves at its end.
+    send(&mut e, &mut h, 12, &user("c"));
+    assert_eq!(h.sent.len(), 1);
+    end_round(&mut e, &mut h);
+    assert_eq!(h.sent.len(), 2);
+    assert_eq!(keys_in(&h.sent[1]), 1);
+}
+
+#[test]
+fn a_busy_worker_whose_note_the_host_refuses_sends_at_the_end_of_the_event() {
+    let (mut e, _, mut h) = with_queue(BATCHED);
+    had_company(&mut e, &mut h);
+    h.queues.clear(); // the host no longer knows queue 1: every enqueue is refused
+    send(&mut e, &mut h, 10, &user("a"));
+    assert_eq!(h.sent.len(), 1);
+}
+
 #[test]
 fn a_request_with_two_rules_makes_one_backend_request() {
     let second = r#"{"name":"per-path","key":["path"],"rate":10,"burst":20}"#;
