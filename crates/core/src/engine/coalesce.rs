@@ -249,9 +249,10 @@ impl Engine {
     }
 
     /// A message on queue `queue`, one this worker's root registered: a check another worker sent
-    /// here, answers to checks sent from here, or this worker's note that its open batch leaves. The host calls this once per message put on the
-    /// queue, so one is taken. `queue` is the host's word, not `lane`: after a reconfiguration
-    /// in the same VM (a new engine, a new queue) messages sent to the old queue still come here:
+    /// here, answers to checks sent from here, or this worker's note that its open batch leaves.
+    /// The host calls this once per message put on the queue, so one is taken. `queue` is the
+    /// host's word, not `lane`: after a reconfiguration in the same VM (a new engine, a new
+    /// queue) messages sent to the old queue still come here: a note sends the open batch,
     /// checks are served, answers are dropped (they are the old engine's, whose asks were
     /// numbered like this engine's).
     pub fn queue_ready(&mut self, host: &mut dyn Host, queue: u32) {
