@@ -30,6 +30,28 @@ pub fn batch_bytes(call: &ScriptCall) -> usize {
     super::webdis::group_bytes(call).max(super::resp::group_bytes(call))
 }
 
+/// A batched call's argument groups as one transport encodes them (`encode`: its single form's
+/// arguments of a call, their count returned): `emit` gets, for each call in order, its count
+/// and its encoded arguments, or None for a call whose encoded arguments are the previous
+/// call's (the script's count `0`: the same arguments again).
+pub(super) fn each_group(
+    calls: &[&ScriptCall],
+    encode: impl Fn(&ScriptCall, &mut Vec<u8>) -> usize,
+    mut emit: impl FnMut(Option<(usize, &[u8])>),
+) {
+    let (mut args, mut previous) = (Vec::with_capacity(160), Vec::with_capacity(160));
+    for call in calls {
+        args.clear();
+        let count = encode(call, &mut args);
+        if args == previous {
+            emit(None);
+        } else {
+            emit(Some((count, &args)));
+            std::mem::swap(&mut args, &mut previous);
+        }
+    }
+}
+
 /// The batched reply `ints` to a call of `n` keys none of which asked for its epoch.
 pub fn batch_replies(
     ints: &[i64],

@@ -56,23 +56,19 @@ pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
     let mut groups = Vec::with_capacity(calls.len() * 96);
     let mut count = 3 + calls.len() + 1;
     let mut number = Vec::with_capacity(4);
-    let (mut args, mut previous) = (Vec::with_capacity(160), Vec::with_capacity(160));
-    for call in calls {
-        args.clear();
-        let c = push_args(call, &mut args);
-        if args == previous {
-            // The previous key's arguments again.
+    super::batch::each_group(calls, push_args, |group| match group {
+        Some((c, args)) => {
+            number.clear();
+            crate::decimal::push_bytes(&mut number, c as u64);
+            bulk(&number, &mut groups);
+            groups.extend_from_slice(args);
+            count += 1 + c;
+        }
+        None => {
             bulk(b"0", &mut groups);
             count += 1;
-            continue;
         }
-        number.clear();
-        crate::decimal::push_bytes(&mut number, c as u64);
-        bulk(&number, &mut groups);
-        groups.extend_from_slice(&args);
-        count += 1 + c;
-        std::mem::swap(&mut args, &mut previous);
-    }
+    });
     let keys: usize = calls.iter().map(|c| c.key.len() + 16).sum();
     let mut out = Vec::with_capacity(script_of(invoke).len() + keys + groups.len() + 64);
     push_head(&mut out, count, invoke, calls);

@@ -58,7 +58,8 @@ pub fn command(call: &ScriptCall, invoke: Invoke<'_>) -> Vec<u8> {
 
 /// The Webdis command text for a batched call of n = `calls.len()` keys:
 /// `EVALSHA/<sha>/<n>/<key1>/.../<keyn>/batch/<c1>/<args of key 1>/<c2>/<args of key 2>/...`,
-/// each key's arguments exactly its single form's ([`command`]), `ci` of them.
+/// each key's arguments exactly its single form's ([`command`]), `ci` of them, or `0` alone for a
+/// key whose arguments are the previous key's.
 pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
     let script = script_of(invoke);
     // Room for the usual call (an encoded key and a dozen numbers); an unusual one grows it.
@@ -66,20 +67,16 @@ pub fn batch_command(calls: &[&ScriptCall], invoke: Invoke<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(script.len() * 3 + groups + 64);
     push_head(&mut out, invoke, calls);
     out.extend_from_slice(b"/batch");
-    let (mut group, mut previous) = (Vec::with_capacity(128), Vec::with_capacity(128));
-    for call in calls {
-        group.clear();
-        let count = push_args(call, &mut group);
+    super::batch::each_group(calls, push_args, |group| {
         out.push(b'/');
-        if group == previous {
-            // The previous key's arguments again.
-            out.push(b'0');
-            continue;
+        match group {
+            Some((count, args)) => {
+                crate::decimal::push_bytes(&mut out, count as u64);
+                out.extend_from_slice(args);
+            }
+            None => out.push(b'0'),
         }
-        crate::decimal::push_bytes(&mut out, count as u64);
-        out.extend_from_slice(&group);
-        std::mem::swap(&mut group, &mut previous);
-    }
+    });
     out
 }
 
