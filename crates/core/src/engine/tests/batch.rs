@@ -92,9 +92,7 @@ fn with_queue(top: &str) -> (Engine, Rc<Recorder>, Fake) {
 
 /// The host's round of events ends: what it posted to worker `e`'s queue 1 comes.
 fn end_round(e: &mut Engine, h: &mut Fake) {
-    for _ in 0..h.queues[&1].len() {
-        e.queue_ready(h, 1);
-    }
+    ready(e, h, 1);
 }
 
 /// Worker `e` has had company: "x" (context 1) went alone, "y" and "z" (2, 3) gathered behind it

@@ -24,18 +24,12 @@ fn two(top: &str) -> (Worker, Worker, Fake) {
     (w1, w2, h)
 }
 
-/// The end of the host's round of events on worker `w` (queue `q`): its note to itself comes, and
-/// its open batch leaves (relayed to the collector, if one collects).
-fn end_round(w: &mut Engine, h: &mut Fake, q: u32) {
-    ready(w, h, q);
-}
-
 /// [`two`], where worker 1 has a flight out (token 1, user "a", context 10) and collects (as it
 /// does once checks gathered behind its flights: see the first test).
 fn collecting(top: &str) -> (Worker, Worker, Fake) {
     let (mut w1, w2, mut h) = two(top);
     w1.0.request_headers(&mut h, 10.into(), &user("a"));
-    end_round(&mut w1.0, &mut h, 1);
+    ready(&mut w1.0, &mut h, 1);
     assert_eq!(h.sent.len(), 1);
     assert_eq!(
         Collector::new(&*h.store, &w1.0.plugin.ns).claim(1),
@@ -49,7 +43,7 @@ fn collecting(top: &str) -> (Worker, Worker, Fake) {
 fn a_worker_collects_once_checks_gather_behind_its_flight_not_for_a_lone_check() {
     let ((mut w1, _), _, mut h) = two(BATCHED);
     w1.request_headers(&mut h, 10.into(), &user("a"));
-    end_round(&mut w1, &mut h, 1);
+    ready(&mut w1, &mut h, 1);
     assert_eq!(
         collector(&w1, &h),
         None,
@@ -73,7 +67,7 @@ fn another_workers_checks_ride_the_collectors_next_flight_and_are_decided_at_hom
     let ((mut w1, rec1), (mut w2, rec2), mut h) = collecting(BATCHED);
     w2.request_headers(&mut h, 20.into(), &user("b"));
     w2.request_headers(&mut h, 21.into(), &user("c"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.sent.len(), 1, "worker 2 sent no flight of its own");
     ready(&mut w1, &mut h, 1);
     assert_eq!(h.sent.len(), 1, "they wait for worker 1's flight out");
@@ -99,7 +93,7 @@ fn another_workers_checks_ride_the_collectors_next_flight_and_are_decided_at_hom
     assert_eq!(collector(&w1, &h), None, "no flight out: nobody collects");
     // Idle now: worker 2's next check leaves at the end of the round, in a flight of its own.
     w2.request_headers(&mut h, 22.into(), &user("d"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.sent.len(), 3);
     assert_eq!(collector(&w2, &h), None, "a lone check names no collector");
 }
@@ -108,7 +102,7 @@ fn another_workers_checks_ride_the_collectors_next_flight_and_are_decided_at_hom
 fn a_relayed_check_whose_flight_fails_gets_its_own_workers_failure_mode() {
     let ((mut w1, _), (mut w2, rec2), mut h) = collecting(CLOSED);
     w2.request_headers(&mut h, 20.into(), &user("b"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
     deliver(&mut w1, &mut h, 2, 503, b"");
@@ -122,7 +116,7 @@ fn a_relayed_check_whose_flight_fails_gets_its_own_workers_failure_mode() {
 fn a_check_relayed_to_a_silent_collector_gets_its_failure_mode_and_the_collector_is_forgotten() {
     let ((_w1, _), (mut w2, _), mut h) = collecting(CLOSED);
     w2.request_headers(&mut h, 20.into(), &user("b"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.sent.len(), 1);
     // The collector's flight out and its own, each with a NOSCRIPT and two Cluster resends.
     let patience = 8 * w2.plugin.config.backend.timeout_ms;
@@ -137,7 +131,7 @@ fn a_check_relayed_to_a_silent_collector_gets_its_failure_mode_and_the_collector
     assert_eq!(h.sent.len(), 1);
     assert_eq!(collector(&w2, &h), None, "the collector is forgotten");
     w2.request_headers(&mut h, 21.into(), &user("c"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.sent.len(), 2, "worker 2 sends its own flight");
 }
 
@@ -146,7 +140,7 @@ fn a_key_whose_relayed_call_is_out_queues_its_next_check_until_the_answer() {
     let ((mut w1, _), (mut w2, _), mut h) = collecting(BATCHED);
     w2.request_headers(&mut h, 20.into(), &user("b"));
     w2.request_headers(&mut h, 21.into(), &user("b"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(keys_of(&h.sent[1]), 1, "one call for b: 21 waits behind it");
@@ -155,7 +149,7 @@ fn a_key_whose_relayed_call_is_out_queues_its_next_check_until_the_answer() {
     assert_eq!(h.resumed, [10, 20]);
     // 21 goes with the answer (the key's chain goes on): worker 1 collects no more, so in
     // worker 2's own flight.
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     assert_eq!(h.sent.len(), 3);
     deliver(&mut w2, &mut h, 3, 200, &answer(true, 17, 0, 100, 1));
     assert_eq!(h.resumed, [10, 20, 21]);
@@ -184,7 +178,7 @@ fn a_collector_at_max_inflight_does_not_take_a_relayed_check_and_its_worker_send
     let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"max_inflight":1},"#;
     let ((mut w1, _), (mut w2, rec2), mut h) = collecting(top);
     w2.request_headers(&mut h, 20.into(), &user("b"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
     ready(&mut w2, &mut h, 2);
     assert_eq!(
@@ -205,7 +199,7 @@ fn a_relayed_check_waits_out_the_collectors_slow_but_healthy_path() {
     let ((mut w1, _), (mut w2, _), mut h) = collecting(top);
     let t = w1.plugin.config.backend.timeout_ms;
     w2.request_headers(&mut h, 20.into(), &user("b"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
     h.now = t - 1;
     deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
@@ -225,7 +219,7 @@ fn a_relayed_check_waits_out_the_collectors_slow_but_healthy_path() {
 fn an_answer_meant_for_a_replaced_engine_decides_nothing_of_the_new_one() {
     let ((mut w1, _), (mut old, _), mut h) = collecting(BATCHED);
     old.request_headers(&mut h, 20.into(), &user("b"));
-    end_round(&mut old, &mut h, 2);
+    ready(&mut old, &mut h, 2);
     let pending = old.hand_over(true);
     // The root is configured again: a new engine with a new queue, numbering its asks afresh.
     let (mut new, _) = engine(BATCHED, EXACT);
@@ -233,7 +227,7 @@ fn an_answer_meant_for_a_replaced_engine_decides_nothing_of_the_new_one() {
     new.set_queue(3);
     new.adopt(&mut h, pending);
     new.request_headers(&mut h, 30.into(), &user("c"));
-    end_round(&mut new, &mut h, 3);
+    ready(&mut new, &mut h, 3);
     ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
     let b = batch_answer(&[part(true, 19, 0), part(false, 0, 300)]);
@@ -259,7 +253,7 @@ fn a_relayed_check_of_a_rule_the_collector_lacks_is_sent_by_its_worker() {
     w2.set_queue(2);
     h.queues.insert(2, Default::default());
     w2.request_headers(&mut h, 20.into(), &user("b"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
     ready(&mut w2, &mut h, 2);
     assert_eq!(h.status_of(20), None, "not the failure mode");
@@ -275,12 +269,12 @@ fn a_relayed_check_of_a_rule_the_collector_lacks_is_sent_by_its_worker() {
 fn relayed_checks_in_a_replaced_collector_are_sent_by_their_workers_or_failed_if_out() {
     let ((mut w1, _), (mut w2, _), mut h) = collecting(CLOSED);
     w2.request_headers(&mut h, 20.into(), &user("b"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
     deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
     assert_eq!(h.sent.len(), 2, "b's call is out in worker 1's flight");
     w2.request_headers(&mut h, 21.into(), &user("c"));
-    end_round(&mut w2, &mut h, 2);
+    ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
     let pending = w1.hand_over(true);
     let (mut next, _) = engine(CLOSED, EXACT);
