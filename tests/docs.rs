@@ -425,3 +425,52 @@ fn the_link_checker_fails_on_broken_links() {
         "{broken:#?}"
     );
 }
+
+/// The commands lua/token_bucket.lua calls (`redis.call('NAME'`), lower-cased.
+fn script_commands() -> BTreeSet<String> {
+    let script = read("lua/token_bucket.lua");
+    script
+        .split("redis.call('")
+        .skip(1)
+        .filter_map(|rest| rest.split('\'').next())
+        .map(str::to_ascii_lowercase)
+        .collect()
+}
+
+/// The commands an `ACL SETUSER` line grants (`+name`), lower-cased.
+fn granted(line: &str) -> BTreeSet<String> {
+    line.split_whitespace()
+        .filter_map(|a| a.strip_prefix('+'))
+        .map(|a| a.trim_end_matches('`').to_ascii_lowercase())
+        .collect()
+}
+
+/// Redis applies the caller's ACL to every command a script calls: the user the docs create must
+/// be granted each one, or the script fails partway (after it has written the bucket).
+#[test]
+fn the_documented_acl_user_may_run_every_command_the_script_calls() {
+    let commands = script_commands();
+    assert!(
+        commands.contains("hmget") && commands.contains("pexpire"),
+        "read the script's commands: {commands:?}"
+    );
+    for page in ["docs/deploy/redis.md", "docs/operations.md"] {
+        let text = read(page);
+        let line = text
+            .lines()
+            .find(|l| l.contains("ACL SETUSER") && l.contains("+evalsha"))
+            .unwrap_or_else(|| panic!("{page}: no ACL SETUSER line with +evalsha"));
+        let granted = granted(line);
+        let missing: Vec<&String> = commands.difference(&granted).collect();
+        assert!(missing.is_empty(), "{page}: the ACL line lacks {missing:?}");
+    }
+    let operations = read("docs/operations.md");
+    let named: Vec<&String> = commands
+        .iter()
+        .filter(|c| !operations.contains(&format!("`{}`", c.to_ascii_uppercase())))
+        .collect();
+    assert!(
+        named.is_empty(),
+        "docs/operations.md names the script's commands; it lacks {named:?}"
+    );
+}

@@ -417,19 +417,9 @@ fn redis_error_replies_and_passwords() {
 /// `auth` class, and writes nothing.
 #[test]
 fn acl_user_from_the_docs_admits_and_a_wrong_password_is_auth() {
-    const ADMIN: &str = "admin-s3cret";
     const PASSWORD: &str = "tollgate-acl-s3cret";
-    let dir = scratch_dir("higress-acl");
-    let redis = Redis::start_with(&dir, &["--requirepass", ADMIN]);
-    let mut admin =
-        redis::Client::open(format!("redis://default:{ADMIN}@127.0.0.1:{}/", redis.port))
-            .unwrap()
-            .get_connection()
-            .unwrap();
-    let (user, acl) = common::redis_tls::documented_acl(PASSWORD);
-    let mut setuser = redis::cmd(&acl[0]);
-    setuser.arg(&acl[1..]);
-    let _: () = setuser.query(&mut admin).unwrap();
+    let (redis, mut admin, user) =
+        common::redis_tls::redis_with_documented_user(&scratch_dir("higress-acl"), PASSWORD);
 
     let credentials =
         |password: &str| format!(r#", "username": "{user}", "password": "{password}""#);

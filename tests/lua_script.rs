@@ -175,6 +175,29 @@ fn pexpire_is_the_time_to_full_plus_slack() {
     assert_eq!(call(&mut c, l, 1, 0, T0 + 1_000), [1, 4, 0, 1, 1]);
 }
 
+/// A bucket that is full again only in more than 2^53 ms keeps no expiry (PERSIST), and the ACL
+/// user of docs/deploy/redis.md may run that too: Redis applies the caller's ACL to each command
+/// a script calls, after the script has already written the bucket.
+#[test]
+fn a_bucket_full_only_past_2_53_ms_persists_as_the_documented_acl_user() {
+    const PASSWORD: &str = "tollgate-acl-s3cret";
+    let (redis, mut admin, user) =
+        common::redis_tls::redis_with_documented_user(&scratch_dir("lua-persist"), PASSWORD);
+    let mut c = redis::Client::open(format!(
+        "redis://{user}:{PASSWORD}@127.0.0.1:{}/",
+        redis.port
+    ))
+    .unwrap()
+    .get_connection()
+    .unwrap();
+    // 300,000 tokens refilling one per 366 days: taking them all leaves a bucket full again in
+    // 300,000 × 366 days, past 2^53 ms; the wait it reports saturates there.
+    let l = (300_000, 1, 31_622_400_000);
+    assert_eq!(call(&mut c, l, 300_000, 0, T0), [1, 0, 0, 1 << 53, 300_000]);
+    assert_eq!(stored(&mut admin).0.as_deref(), Some("0"));
+    assert_eq!(pttl(&mut admin), -1, "a key kept without an expiry");
+}
+
 #[test]
 fn key_is_deleted_when_full_again() {
     let (_r, mut c) = start("lua-delete");

@@ -53,6 +53,28 @@ pub fn documented_acl(password: &str) -> (String, Vec<String>) {
     (args[2].clone(), args)
 }
 
+/// A plain (no TLS) Redis whose `default` user has password [`ADMIN_PASSWORD`], with the ACL
+/// user of docs/deploy/redis.md created with `password`: the Redis, a connection as `default`
+/// (to read what the user wrote), and the user's name.
+pub fn redis_with_documented_user(
+    dir: &Path,
+    password: &str,
+) -> (super::Redis, redis::Connection, String) {
+    let redis = super::Redis::start_with(dir, &["--requirepass", ADMIN_PASSWORD]);
+    let mut admin = redis::Client::open(format!(
+        "redis://default:{ADMIN_PASSWORD}@127.0.0.1:{}/",
+        redis.port
+    ))
+    .and_then(|c| c.get_connection())
+    .unwrap_or_else(|e| panic!("connect to redis as default: {e}"));
+    let (user, acl) = documented_acl(password);
+    redis::cmd(&acl[0])
+        .arg(&acl[1..])
+        .query::<()>(&mut admin)
+        .unwrap_or_else(|e| panic!("{acl:?}: {e}"));
+    (redis, admin, user)
+}
+
 /// The other `ACL SETUSER` lines of docs/deploy/redis.md: what a Redis Cluster adds for the front,
 /// as arguments. Each names the user that [`documented_acl`] creates.
 pub fn documented_cluster_acl() -> Vec<Vec<String>> {
