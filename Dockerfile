@@ -14,7 +14,7 @@
 #
 # `--provenance=false --sbom=false` keeps the pushed reference a single image manifest (no attestation
 # index), so the digest `docker push` prints is the one Istio checks against WasmPlugin `sha256`.
-# See envoy/istio/README.md for the rest of the steps.
+# See docs/deploy/istio.md for the rest of the steps.
 FROM scratch
 ARG WASM=tollgate.wasm
 COPY ${WASM} ./plugin.wasm

@@ -446,7 +446,8 @@ fn granted(line: &str) -> BTreeSet<String> {
 }
 
 /// Redis applies the caller's ACL to every command a script calls: the user the docs create must
-/// be granted each one, or the script fails partway (after it has written the bucket).
+/// be granted each one, or the script fails partway (after it has written the bucket). The
+/// operator's user of docs/cli.md runs the same script.
 #[test]
 fn the_documented_acl_user_may_run_every_command_the_script_calls() {
     let commands = script_commands();
@@ -464,13 +465,38 @@ fn the_documented_acl_user_may_run_every_command_the_script_calls() {
         let missing: Vec<&String> = commands.difference(&granted).collect();
         assert!(missing.is_empty(), "{page}: the ACL line lacks {missing:?}");
     }
-    let operations = read("docs/operations.md");
-    let named: Vec<&String> = commands
-        .iter()
-        .filter(|c| !operations.contains(&format!("`{}`", c.to_ascii_uppercase())))
-        .collect();
-    assert!(
-        named.is_empty(),
-        "docs/operations.md names the script's commands; it lacks {named:?}"
-    );
+    for page in ["docs/operations.md", "docs/cli.md"] {
+        let text = read(page);
+        let named: Vec<&String> = commands
+            .iter()
+            .filter(|c| !text.contains(&format!("`{}`", c.to_ascii_uppercase())))
+            .collect();
+        assert!(
+            named.is_empty(),
+            "{page} names the script's commands; it lacks {named:?}"
+        );
+    }
+}
+
+/// The docs name the shared-data prefix `tollgate|v<N>|<key_prefix>` with the layout version the
+/// filter uses (`SHARED_LAYOUT`), so an operator looks for keys that exist.
+#[test]
+fn the_docs_name_the_shared_data_layout_the_filter_uses() {
+    let plugin = read("crates/core/src/engine/plugin.rs");
+    let version = plugin
+        .split("SHARED_LAYOUT: &str = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("crates/core/src/engine/plugin.rs defines SHARED_LAYOUT");
+    let tree = tree();
+    let mut wrong = Vec::new();
+    for (path, text) in &tree.markdown {
+        for rest in text.replace("\\|", "|").split("tollgate|").skip(1) {
+            let named = rest.split('|').next().unwrap_or_default();
+            if named.starts_with('v') && named != version {
+                wrong.push(format!("{path}: tollgate|{named}|"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the layout is {version}: {wrong:?}");
 }

@@ -579,6 +579,7 @@ fn acl_user_and_password_in_the_url() {
             "+hdel",
             "+del",
             "+pexpire",
+            "+persist",
             "+time",
         ],
     );
