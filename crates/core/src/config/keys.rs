@@ -246,7 +246,7 @@ pub(super) fn override_value(
                 ),
             )
         }),
-        KeySource::Authority => Ok(text.to_ascii_lowercase().into_bytes()),
+        KeySource::Authority => Ok(crate::rule::host::of_authority(text.as_bytes())),
         KeySource::Path => Ok(crate::rule::path::key_value(text.as_bytes())),
         KeySource::Cookie(_) => {
             crate::rule::reading::cookie_value(text.as_bytes()).ok_or_else(|| {

@@ -1,11 +1,13 @@
-//! Host names as `match.hosts` compares them: one spelling per IP literal.
+//! Host names as `match.hosts` compares them and the `authority` key reads them: one spelling per
+//! host, whatever its port, case, trailing dot or IP literal's spelling.
 //!
 //! Invariant: every spelling of one IPv6 address in brackets (`[::1]`, `[0:0::1]`, `[::0001]`,
 //! `[0:0:0:0:0:0:0:1]`, hex digits in either case, with or without a zone id) has one canonical
 //! form, `[::1]` (RFC 5952, as Rust prints it), and an IPv4-mapped one (`[::ffff:10.0.0.1]`) is its
-//! IPv4 address (`10.0.0.1`), as `client_ip` reads it. A configured host and a request's
-//! `:authority` go through the same function, so a request cannot step out of a host-scoped rule by
-//! spelling its host literal another way.
+//! IPv4 address (`10.0.0.1`), as `client_ip` reads it. A configured host (or `authority` key
+//! value) and a request's `:authority` go through the same function, so a request cannot step out
+//! of a host-scoped rule, or into a fresh bucket of an `authority` key, by spelling its host
+//! another way.
 
 use std::net::Ipv6Addr;
 
@@ -28,6 +30,30 @@ pub fn canonical(host: Vec<u8>) -> Vec<u8> {
         },
         None => host,
     }
+}
+
+/// `:authority` as the host a server routes by: without its port (and userinfo), lower-cased,
+/// without a trailing dot, an IP literal in canonical form: `API.Example.com.:8443` → `api.example.com`, `[0:0::1]:80` → `[::1]`.
+pub fn of_authority(authority: &[u8]) -> Vec<u8> {
+    let after_user = match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => authority.get(at + 1..).unwrap_or_default(),
+        None => authority,
+    };
+    let host = if after_user.first() == Some(&b'[') {
+        let end = after_user
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(after_user.len(), |e| e + 1);
+        after_user.get(..end).unwrap_or(after_user)
+    } else {
+        match after_user.iter().rposition(|&b| b == b':') {
+            Some(colon) => after_user.get(..colon).unwrap_or(after_user),
+            None => after_user,
+        }
+    };
+    let mut host = host.strip_suffix(b".").unwrap_or(host).to_vec();
+    host.make_ascii_lowercase();
+    canonical(host)
 }
 
 #[cfg(test)]

@@ -51,33 +51,9 @@ fn header_condition(name: &str, value: &HeaderValueMatch, req: &dyn RequestView)
     }
 }
 
-/// `:authority` without its port (and userinfo), lower-cased, without a trailing dot, an IP
-/// literal in canonical form: `API.Example.com.:8443` → `api.example.com`, `[0:0::1]:80` → `[::1]`.
-fn host_of(authority: &[u8]) -> Vec<u8> {
-    let after_user = match authority.iter().rposition(|&b| b == b'@') {
-        Some(at) => authority.get(at + 1..).unwrap_or_default(),
-        None => authority,
-    };
-    let host = if after_user.first() == Some(&b'[') {
-        let end = after_user
-            .iter()
-            .position(|&b| b == b']')
-            .map_or(after_user.len(), |e| e + 1);
-        after_user.get(..end).unwrap_or(after_user)
-    } else {
-        match after_user.iter().rposition(|&b| b == b':') {
-            Some(colon) => after_user.get(..colon).unwrap_or(after_user),
-            None => after_user,
-        }
-    };
-    let mut host = host.strip_suffix(b".").unwrap_or(host).to_vec();
-    host.make_ascii_lowercase();
-    host::canonical(host)
-}
-
 /// Whether `pattern` (from `match.hosts`) matches the request's `:authority`.
 fn host_matches(pattern: &str, authority: &[u8]) -> bool {
-    let host = host_of(authority);
+    let host = host::of_authority(authority);
     match pattern.strip_prefix('*') {
         // `*.example.com`: at least one character before `.example.com`.
         Some(suffix) => host.len() > suffix.len() && host.ends_with(suffix.as_bytes()),

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use super::{ip, path, reading, value, Read, RequestView};
+use super::{host, ip, path, reading, value, Read, RequestView};
 use crate::config::KeySource;
 
 /// A key source's reading of `req`, borrowed from the request where it is taken as sent (a
@@ -41,7 +41,7 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
                 .map(|ip| ip::key_value(&ip, *v4_prefix, *v6_prefix)),
         ),
         KeySource::Path => owned(req.header(":path").map(|p| path::key_value(&p))),
-        KeySource::Authority => owned(req.header(":authority").map(|a| a.to_ascii_lowercase())),
+        KeySource::Authority => owned(req.header(":authority").map(|a| host::of_authority(&a))),
         KeySource::Cookie(name) => reading::cookie(&req.header_lines("cookie"), name),
         // Envoy's `request.headers` attribute joins a header's lines with `,`: read as the header
         // source reads it, so a repeated line is ambiguous here too.

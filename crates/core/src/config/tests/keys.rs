@@ -230,6 +230,7 @@ fn overrides() {
         (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1,"cost":2}]"#, "rules[0].overrides[0].cost: unknown field"),
         (r#""key":["header:x"],"overrides":[{"key":["a"],"rate":1},{"key":["b"],"rate":1},{"key":["a"],"unlimited":true}]"#, "rules[0].overrides[2].key: names the same key as an earlier override"),
         (r#""key":["authority"],"overrides":[{"key":["A.com"],"rate":1},{"key":["a.com"],"rate":2}]"#, "rules[0].overrides[1].key: names the same key as an earlier override"),
+        (r#""key":["authority"],"overrides":[{"key":["a.com"],"rate":1},{"key":["A.com.:443"],"rate":2}]"#, "rules[0].overrides[1].key: names the same key as an earlier override"),
         (r#""key":["client_ip"],"overrides":[{"key":["2001:db8::1"],"rate":1}]"#, r#"rules[0].overrides[0].key[0]: must be an address or network as client_ip gives it: IPv4 /32, IPv6 /64, host bits zero (got "2001:db8::1")"#),
         (r#""key":["client_ip:v4=/24"],"overrides":[{"key":["10.0.0.7/24"],"rate":1}]"#, r#"rules[0].overrides[0].key[0]: must be an address or network as client_ip:v4=/24 gives it: IPv4 /24, IPv6 /64, host bits zero (got "10.0.0.7/24")"#),
         (r#""key":["header:x"],"cost":3,"burst":5,"overrides":[{"key":["a"],"rate":2}]"#, "rules[0].overrides[0].burst: must be at least the rule's cost (3)"),

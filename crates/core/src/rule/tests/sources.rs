@@ -18,7 +18,7 @@ fn each_key_source() {
     assert_eq!(one(KeySource::Method, &req), Some(b"PATCH".to_vec()));
     assert_eq!(
         one(KeySource::Authority, &req),
-        Some(b"api.example.com:8443".to_vec())
+        Some(b"api.example.com".to_vec())
     );
     assert_eq!(
         one(KeySource::Literal("all".into()), &req),
