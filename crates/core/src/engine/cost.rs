@@ -7,7 +7,7 @@ use super::decision::Refusal;
 use super::verdict::{LocalReply, Verdict};
 use crate::bucket::Limits;
 use crate::config::Rule;
-use crate::rule::RequestView;
+use crate::rule::{reading, Read, RequestView};
 
 /// The HTTP status of the answer to a request whose cost is unusable.
 pub const BAD_COST_STATUS: u32 = 400;
@@ -34,15 +34,17 @@ pub fn parse_cost(value: &[u8]) -> Option<u64> {
         .filter(|c| *c > 0)
 }
 
-/// What `rule` charges `req` under `limits`: its `cost`, raised (never lowered) by `cost_header`.
+/// What `rule` charges `req` under `limits`: its `cost`, raised (never lowered) by `cost_header`,
+/// read as a `header:` key reads it (`x_cost` is `x-cost` too, as CGI-style servers read it); a
+/// header sent more than once, however spelled, is unusable.
 pub fn cost_of(rule: &Rule, limits: &Limits, req: &dyn RequestView) -> Result<u64, CostError> {
-    let asked = match rule
-        .cost_header
-        .as_deref()
-        .and_then(|name| req.header(name))
-    {
-        Some(v) => parse_cost(&v).ok_or(CostError::Invalid)?,
-        None => rule.cost,
+    let read = rule.cost_header.as_deref().map_or(Read::Missing, |name| {
+        reading::header(req.header_lines(name))
+    });
+    let asked = match read {
+        Read::Value(v) => parse_cost(&v).ok_or(CostError::Invalid)?,
+        Read::Ambiguous => return Err(CostError::Invalid),
+        Read::Missing => rule.cost,
     };
     let cost = asked.max(rule.cost);
     if cost > limits.burst {

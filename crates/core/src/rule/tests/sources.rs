@@ -255,3 +255,26 @@ fn metadata_sources() {
         None
     );
 }
+
+/// The cost header is read as a `header:` key is: an application that reads `x_cost` as
+/// `x-cost` (CGI, WSGI, PHP) is charged for it, and two lines of it, however spelled, are
+/// refused rather than one of them chosen.
+#[test]
+fn the_cost_header_is_read_as_header_keys_are() {
+    use crate::engine::{cost_of, CostError};
+    let mut r = rule(Match::default(), vec![]);
+    r.cost_header = Some("x-cost".into());
+    let limits = Limits {
+        burst: 10,
+        rate: 10,
+        period_ms: 1000,
+    };
+    let cost = |req: &Req| cost_of(&r, &limits, req);
+    assert_eq!(cost(&Req::new("GET", "/")), Ok(1));
+    assert_eq!(cost(&Req::new("GET", "/").with("x-cost", "4")), Ok(4));
+    assert_eq!(cost(&Req::new("GET", "/").with("X_Cost", "7")), Ok(7));
+    assert_eq!(
+        cost(&Req::new("GET", "/").line("x-cost", "1").line("x_cost", "9")),
+        Err(CostError::Invalid)
+    );
+}
