@@ -396,7 +396,7 @@ fuzz_target!(|input: Input| {
                     input
                         .authority
                         .as_ref()
-                        .map(|a| a.to_ascii_lowercase())
+                        .map(|a| tollgate_core::rule::host::of_authority(a))
                         .as_ref()
                 ),
                 KeySource::Query(_) | KeySource::Cookie(_) | KeySource::Metadata { .. } => {}
