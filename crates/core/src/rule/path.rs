@@ -5,13 +5,16 @@
 //! prefix starts **any** reading a server could give the path; an override applies only when
 //! **every** reading is the path as sent (`agreed`). The readings: the bytes as sent,
 //! or the RFC 3986 normal form with `%2F`/`%5C` read as data or as separators and `;params` kept
-//! or cut (four normal forms). A path no reading can make sense of (an invalid `%` escape, a `..`
-//! above the root) is *irregular*, and an irregular path matches every path rule.
+//! or cut (four normal forms), each also with the escapes servers decode before routing decoded
+//! ([`decoded`]). A path no reading can make sense of (an invalid `%` escape, a `..` above the
+//! root) is *irregular*, and an irregular path matches every path rule.
 //!
 //! The normal form: the path before `?`/`#`, with a leading `/` added if missing; unreserved
 //! characters (`A-Z a-z 0-9 - . _ ~`) percent-decoded, every other escape upper-cased
 //! (`%2f` → `%2F`) and a `%` that starts no escape written `%25`; repeated slashes merged; `.` and `..` segments resolved as RFC 3986 §5.2.4
 //! says, a `..` at the root staying at the root. Case is kept.
+
+use std::borrow::Cow;
 
 /// How a server may read the two things servers disagree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +194,39 @@ pub fn normalize(path: &[u8], reading: Reading) -> Normal {
     }
 }
 
+/// `path` (in normal form) with every escape decoded that servers decode before they route, all
+/// but `%2F` and `%5C` (separators to some readings, which read them so) and `%25` (decoding it
+/// would make a new escape): Kestrel, Go, Django or Spring route `/odata/%24batch` as
+/// `/odata/$batch` and `/caf%C3%A9` as `/café`. Borrowed when there is nothing to decode.
+fn decoded(path: &[u8]) -> Cow<'_, [u8]> {
+    if !path.contains(&b'%') {
+        return Cow::Borrowed(path);
+    }
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while let Some(&b) = path.get(i) {
+        let escape = (b == b'%')
+            .then(|| {
+                let hi = path.get(i + 1).copied().and_then(hex_value)?;
+                let lo = path.get(i + 2).copied().and_then(hex_value)?;
+                Some(hi << 4 | lo)
+            })
+            .flatten()
+            .filter(|v| !matches!(v, b'/' | b'\\' | b'%'));
+        match escape {
+            Some(v) => {
+                out.push(v);
+                i += 3;
+            }
+            None => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// Whether `prefix` starts `s` (ASCII case-insensitively if `ignore_case`).
 fn starts_with(s: &[u8], prefix: &[u8], ignore_case: bool) -> bool {
     match s.get(..prefix.len()) {
@@ -201,27 +237,35 @@ fn starts_with(s: &[u8], prefix: &[u8], ignore_case: bool) -> bool {
 }
 
 /// Whether a path rule with `prefix` (itself in normal form) applies to `full_path` (`:path`
-/// with any query): the prefix starts the path as sent or one of its normal forms, or the path is
-/// irregular.
+/// with any query): the prefix starts the path as sent or one of its normal forms, each also
+/// [`decoded`] (with the prefix decoded too), or the path is irregular.
 pub fn prefix_matches(full_path: &[u8], prefix: &[u8], ignore_case: bool) -> bool {
     let raw = path_only(full_path);
     if starts_with(raw, prefix, ignore_case) {
         return true;
     }
+    let decoded_prefix = decoded(prefix);
     Reading::ALL.iter().any(|&r| {
         let n = normalize(raw, r);
-        n.irregular || starts_with(&n.path, prefix, ignore_case)
+        n.irregular
+            || starts_with(&n.path, prefix, ignore_case)
+            || starts_with(&decoded(&n.path), &decoded_prefix, ignore_case)
     })
 }
 
-/// The value of the `path` key source: the loosest normal form, so every spelling a server could
-/// read as one path shares that path's bucket.
+/// The value of the `path` key source: the loosest normal form, [`decoded`], so every spelling a
+/// server could read as one path shares that path's bucket.
 pub fn key_value(full_path: &[u8]) -> Vec<u8> {
-    normalize(path_only(full_path), Reading::LOOSE).path
+    let loose = normalize(path_only(full_path), Reading::LOOSE).path;
+    match decoded(&loose) {
+        Cow::Borrowed(_) => loose,
+        Cow::Owned(d) => d,
+    }
 }
 
 /// The path of `full_path` (`:path` with any query) when every reading agrees on it: the bytes as
-/// sent are their own normal form under each reading, and regular. An override on a path applies
+/// sent are their own normal form under each reading, regular, and hold no escape that some
+/// servers decode (`/odata/%24batch` is `/odata/$batch` only to those). An override on a path applies
 /// only then: `/x/..;/health` is `/health` only to a server that cuts `;params`, so it does not
 /// get `/health`'s override (the reverse of `prefix_matches`, where any reading is enough).
 pub fn agreed(full_path: &[u8]) -> Option<&[u8]> {
@@ -229,13 +273,11 @@ pub fn agreed(full_path: &[u8]) -> Option<&[u8]> {
     if is_plain(raw) {
         return Some(raw);
     }
-    Reading::ALL
-        .iter()
-        .all(|&r| {
-            let n = normalize(raw, r);
-            !n.irregular && n.path == raw
-        })
-        .then_some(raw)
+    let agree = Reading::ALL.iter().all(|&r| {
+        let n = normalize(raw, r);
+        !n.irregular && n.path == raw
+    });
+    (agree && *decoded(raw) == *raw).then_some(raw)
 }
 
 #[cfg(test)]
@@ -412,7 +454,7 @@ mod tests {
 
     #[test]
     fn only_a_path_every_reading_agrees_on_is_agreed() {
-        for p in ["/health", "/health?x=1", "/api/x/", "/a%20b", "/a..b", "/"] {
+        for p in ["/health", "/health?x=1", "/api/x/", "/a..b", "/"] {
             assert_eq!(agreed(p.as_bytes()), Some(path_only(p.as_bytes())), "{p}");
         }
         for p in [
@@ -429,6 +471,10 @@ mod tests {
             "/x/../health",
             "/%68ealth",
             "/a%2fb",
+            // Escapes that servers decode before they route, and Envoy's route match does not.
+            "/a%20b",
+            "/odata/%24batch",
+            "/caf%C3%A9",
             // Irregular.
             "/../health",
             "/health%zz",
@@ -456,5 +502,43 @@ mod tests {
         }
         assert_ne!(key_value(b"/API/x"), want);
         assert_ne!(key_value(b"/api/x/"), want);
+        // Escapes servers decode before routing: one bucket per path they route to.
+        let batch = key_value(b"/odata/$batch");
+        for p in [
+            "/odata/%24batch",
+            "/odata/%24ba%74ch",
+            "/odata;v=1/%24batch",
+        ] {
+            assert_eq!(key_value(p.as_bytes()), batch, "{p}");
+        }
+        assert_eq!(key_value("/caf%C3%A9".as_bytes()), "/café".as_bytes());
+        // Never a separator or a new escape.
+        assert_eq!(key_value(b"/a%2Fb%5Cc%2525"), b"/a/b/c%2525".to_vec());
+        assert_eq!(key_value(b"/a%25%32%46"), b"/a%252F".to_vec());
+    }
+
+    /// A prefix with a character servers decode from an escape (`$`, `:`, `@`, UTF-8) holds for
+    /// every spelling of it, either way round.
+    #[test]
+    fn prefix_matching_decodes_what_servers_decode() {
+        for (path, prefix) in [
+            ("/odata/%24batch", "/odata/$batch"),
+            ("/odata/$batch", "/odata/%24batch"),
+            ("/odata/%24BATCH", "/odata/$batch"),
+            ("/users/me%40example.com", "/users/me@"),
+            ("/caf%C3%A9/menu", "/café/"),
+            ("/v1/items%3Aimport", "/v1/items:import"),
+        ] {
+            let ignore_case = path.ends_with("BATCH");
+            assert!(
+                prefix_matches(path.as_bytes(), prefix.as_bytes(), ignore_case),
+                "{path} must match {prefix}"
+            );
+        }
+        assert!(!prefix_matches(
+            b"/odata/%24batchx",
+            b"/odata/$batchy",
+            false
+        ));
     }
 }
