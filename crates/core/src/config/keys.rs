@@ -247,6 +247,7 @@ pub(super) fn override_value(
             )
         }),
         KeySource::Authority => Ok(crate::rule::host::of_authority(text.as_bytes())),
+        KeySource::Method => Ok(crate::rule::as_routed(text.as_bytes()).to_vec()),
         KeySource::Path => Ok(crate::rule::path::key_value(text.as_bytes())),
         KeySource::Cookie(_) => {
             crate::rule::reading::cookie_value(text.as_bytes()).ok_or_else(|| {

@@ -8,6 +8,18 @@
 use super::{host, path, RequestView};
 use crate::config::{HeaderValueMatch, Match};
 
+/// The method as applications route it: `HEAD` runs the `GET` handler (Express, Rails, Flask,
+/// Django, Spring, Go's mux: the response is the GET's without its body), so it is `GET` to a
+/// method match and to the `method` key; a request cannot step out of a GET rule, or into a
+/// bucket of its own, by asking for the headers only.
+pub fn as_routed(method: &[u8]) -> &[u8] {
+    if method == b"HEAD" {
+        b"GET"
+    } else {
+        method
+    }
+}
+
 /// Whether the request satisfies every condition of `m` (an empty `Match` matches everything).
 pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
     if let Some(prefix) = &m.path_prefix {
@@ -18,7 +30,10 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
     }
     if !m.methods.is_empty() {
         match req.header(":method") {
-            Some(method) if m.methods.iter().any(|x| x.as_bytes() == &*method) => {}
+            Some(method)
+                if m.methods
+                    .iter()
+                    .any(|x| x.as_bytes() == &*method || x.as_bytes() == as_routed(&method)) => {}
             _ => return false,
         }
     }

@@ -35,7 +35,7 @@ pub mod value;
 pub use apply::{applies, Applied, LimitsBy};
 pub use cache::KeyCache;
 pub use digest::{bucket_key, bucket_key_of, Part};
-pub use matching::matches;
+pub use matching::{as_routed, matches};
 pub use reading::{Lines, Read};
 pub use source::key_values;
 

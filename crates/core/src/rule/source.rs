@@ -15,7 +15,12 @@ use crate::config::KeySource;
 pub(super) fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a> {
     match source {
         KeySource::Header(name) => reading::header(req.header_lines(name)),
-        KeySource::Method => req.header(":method").map_or(Read::Missing, Read::Value),
+        KeySource::Method => req.header(":method").map_or(Read::Missing, |m| {
+            Read::Value(match m {
+                Cow::Borrowed(m) => Cow::Borrowed(super::as_routed(m)),
+                Cow::Owned(m) => Cow::Owned(super::as_routed(&m).to_vec()),
+            })
+        }),
         KeySource::Literal(text) => Read::Value(Cow::Borrowed(text.as_bytes())),
         derived => derived_value(derived, req),
     }

@@ -38,6 +38,19 @@ fn methods() {
     assert!(matches(&m, &Req::new("POST", "/")));
     assert!(!matches(&m, &Req::new("PUT", "/")));
     assert!(!matches(&m, &Req::new("get", "/")));
+    // HEAD runs the GET handler: a GET rule holds for it; nothing else is widened.
+    assert!(matches(&m, &Req::new("HEAD", "/")));
+    let post = Match {
+        methods: vec!["POST".into()],
+        ..Match::default()
+    };
+    assert!(!matches(&post, &Req::new("HEAD", "/")));
+    let head = Match {
+        methods: vec!["HEAD".into()],
+        ..Match::default()
+    };
+    assert!(matches(&head, &Req::new("HEAD", "/")));
+    assert!(!matches(&head, &Req::new("GET", "/")));
     assert!(!matches(&m, &Req::default().with(":path", "/")));
     // Empty list = any method.
     assert!(matches(&Match::default(), &Req::new("DELETE", "/")));

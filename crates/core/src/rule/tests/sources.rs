@@ -278,3 +278,13 @@ fn the_cost_header_is_read_as_header_keys_are() {
         Err(CostError::Invalid)
     );
 }
+
+/// HEAD runs the GET handler: the `method` key reads it as GET, so asking for the headers only is
+/// no bucket of its own.
+#[test]
+fn the_method_key_reads_head_as_get() {
+    let key = |m: &str| one(KeySource::Method, &Req::new(m, "/"));
+    assert_eq!(key("HEAD"), Some(b"GET".to_vec()));
+    assert_eq!(key("GET"), Some(b"GET".to_vec()));
+    assert_eq!(key("POST"), Some(b"POST".to_vec()));
+}
