@@ -143,10 +143,27 @@ pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A query or cookie name (already decoded) as the most lenient server reads it: trimmed, `.`
-/// and ` ` before any `[` as `_` (PHP), ASCII lower-case (ASP.NET Core).
+/// Whether Python's `str.strip()` removes byte `b` from a header that WSGI and ASGI servers
+/// decode as Latin-1 (Django's and Starlette's cookie parsers strip each name and value so):
+/// ASCII whitespace, `\x0b`, `\x1c`–`\x1f`, and NEL and NO-BREAK SPACE (`\x85`, `\xa0`).
+fn is_stripped(b: u8) -> bool {
+    b.is_ascii_whitespace() || matches!(b, 0x0b | 0x1c..=0x1f | 0x85 | 0xa0)
+}
+
+/// `s` without the bytes the most lenient server strips from both ends ([`is_stripped`]).
+fn trim_lenient(s: &[u8]) -> &[u8] {
+    let start = s.iter().position(|&b| !is_stripped(b)).unwrap_or(s.len());
+    let end = s
+        .iter()
+        .rposition(|&b| !is_stripped(b))
+        .map_or(start, |e| e + 1);
+    s.get(start..end).unwrap_or_default()
+}
+
+/// A query or cookie name (already decoded) as the most lenient server reads it: trimmed
+/// ([`trim_lenient`]), `.` and ` ` before any `[` as `_` (PHP), ASCII lower-case (ASP.NET Core).
 fn fold_name(decoded: &[u8]) -> Vec<u8> {
-    let name = decoded.trim_ascii();
+    let name = trim_lenient(decoded);
     let mut in_base = true;
     name.iter()
         .map(|&b| {
@@ -241,12 +258,13 @@ pub fn query(full_path: &[u8], name: &str) -> Read<'static> {
     found.read()
 }
 
-/// A cookie value as servers read it: surrounding whitespace and one pair of double quotes
-/// removed (Go, Python, Express), then percent-decoded (PHP, Rack, Express), so that the
-/// spellings of one value share its bucket. None for a quoted value with a backslash: Python
-/// reads `\` escapes in it, other servers keep them or drop the cookie.
+/// A cookie value as servers read it: surrounding whitespace (as the most lenient server reads
+/// it, [`trim_lenient`]) and one pair of double quotes removed (Go, Python, Express), then
+/// percent-decoded (PHP, Rack, Express), so that the spellings of one value share its bucket.
+/// None for a quoted value with a backslash: Python reads `\` escapes in it, other servers keep
+/// them or drop the cookie.
 pub(crate) fn cookie_value(raw: &[u8]) -> Option<Vec<u8>> {
-    let value = raw.trim_ascii();
+    let value = trim_lenient(raw);
     let value = match value {
         [b'"', inner @ .., b'"'] => {
             if inner.contains(&b'\\') {
@@ -404,6 +422,35 @@ mod tests {
         assert_eq!(c("sid", &["sid=a+b"]).as_deref(), Some("a b"));
         // A `,` that only some readings split at: read by those, another cookie for the others.
         assert_eq!(c("sid", &["a=1,sid=abc"]).as_deref(), Some("abc"));
+    }
+
+    /// Django and Starlette strip a cookie's name and value as Python strips a Latin-1 string:
+    /// NEL, NO-BREAK SPACE and `\x1c`–`\x1f` too. A client cannot mint buckets, or hide the
+    /// cookie, with them.
+    #[test]
+    fn cookie_names_and_values_are_stripped_as_python_strips_them() {
+        let read = |line: &[u8]| {
+            let mut l = Lines::None;
+            l.push(Cow::Borrowed(line));
+            value(cookie(&l, "sid"))
+        };
+        for line in [
+            &b"sid=VALID\xa0"[..],
+            b"sid=VALID\xa0\xa0",
+            b"sid=\x85VALID\x1f",
+            b"\xa0sid=VALID",
+            b"a=1; \x85sid\xa0=VALID",
+            b"sid=\xa0\"VALID\"\x0b",
+        ] {
+            assert_eq!(read(line).as_deref(), Some("VALID"), "{line:?}");
+        }
+        // Only at the ends.
+        let mut inner = Lines::None;
+        inner.push(Cow::Borrowed(&b"sid=VA\xa0LID"[..]));
+        assert!(
+            matches!(cookie(&inner, "sid"), Read::Value(v) if *v == b"VA\xa0LID"[..]),
+            "a stripped byte inside a value stays"
+        );
     }
 
     /// Every way a cookie name can appear twice, as some server reads it.
