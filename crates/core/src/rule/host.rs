@@ -33,7 +33,8 @@ pub fn canonical(host: Vec<u8>) -> Vec<u8> {
 }
 
 /// `:authority` as the host a server routes by: without its port (and userinfo), lower-cased,
-/// without a trailing dot, an IP literal in canonical form: `API.Example.com.:8443` → `api.example.com`, `[0:0::1]:80` → `[::1]`.
+/// without a trailing dot, an IP literal in canonical form: `API.Example.com.:8443` →
+/// `api.example.com`, `[0:0::1]:80` → `[::1]`.
 pub fn of_authority(authority: &[u8]) -> Vec<u8> {
     let after_user = match authority.iter().rposition(|&b| b == b'@') {
         Some(at) => authority.get(at + 1..).unwrap_or_default(),

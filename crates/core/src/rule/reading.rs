@@ -123,17 +123,16 @@ pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
                 out.push(b' ');
                 i += 1;
             }
-            b'%' => {
-                let hi = s.get(i + 1).copied().and_then(path::hex_value);
-                let lo = s.get(i + 2).copied().and_then(path::hex_value);
-                if let (Some(hi), Some(lo)) = (hi, lo) {
-                    out.push(hi << 4 | lo);
+            b'%' => match path::escape_at(s, i) {
+                Some(v) => {
+                    out.push(v);
                     i += 3;
-                } else {
+                }
+                None => {
                     out.push(b'%');
                     i += 1;
                 }
-            }
+            },
             _ => {
                 out.push(b);
                 i += 1;
