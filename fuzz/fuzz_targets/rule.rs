@@ -34,6 +34,8 @@ const CONFIG: &str = r#"{
       "key": ["client_ip:v4=/24,v6=/56", "path", "method"], "rate": 10 },
     { "name": "by_query", "match": { "path_prefix": "/q", "path_ignore_case": true },
       "key": ["query:user", "query:a b", "authority"], "rate": 10 },
+    { "name": "ci-path", "match": { "path_prefix": "/API/", "path_ignore_case": true },
+      "key": ["path", "property:request.url_path"], "rate": 10 },
     { "name": "authed", "match": { "headers": [ { "name": "authorization", "present": true } ] },
       "key": ["header:authorization", "literal:all"], "rate": 10 },
     { "name": "ident", "key": ["cookie:sid", "metadata:jwt:p.sub", "property:source.port"],
@@ -322,9 +324,31 @@ fuzz_target!(|input: Input| {
         let applied = KEYS.with(|k| applies(prefix, (idx, rule), &req, &mut k.borrow_mut()));
         let key = applied.as_ref().map(|a| a.key.clone());
         let reads = key_values(&rule.key, &req);
-        let parts: Option<Vec<Part<'_>>> = reads
-            .as_ref()
-            .map(|r| r.iter().filter_map(Read::part).collect());
+        // A source that reads the path, in a rule whose path match ignores case: lower-cased.
+        let folds = |source: &KeySource| {
+            rule.matcher.path_ignore_case && tollgate_core::rule::reads_the_path(source).is_some()
+        };
+        let folded: Option<Vec<Vec<u8>>> = reads.as_ref().map(|r| {
+            r.iter()
+                .zip(&rule.key)
+                .map(|(read, source)| match read {
+                    Read::Value(v) if folds(source) => v.to_ascii_lowercase(),
+                    Read::Value(v) => v.to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        });
+        let parts: Option<Vec<Part<'_>>> = reads.as_ref().zip(folded.as_ref()).map(|(r, f)| {
+            r.iter()
+                .zip(f)
+                .filter_map(|(read, v)| {
+                    read.part().map(|p| match p {
+                        Part::Value(_) => Part::Value(v),
+                        ambiguous => ambiguous,
+                    })
+                })
+                .collect()
+        });
         let want = if matches(&rule.matcher, &req) {
             parts
                 .as_ref()
@@ -367,6 +391,31 @@ fuzz_target!(|input: Input| {
             prefix,
             &rule.name,
         );
+        // The path as the rule keys it: its loosest decoded form, lower-cased if the rule ignores
+        // case, and the same for the path lower-cased as sent.
+        let path_key = |source: &KeySource| {
+            let full = req.header(":path")?;
+            let v = path::key_value(&full);
+            Some(if folds(source) {
+                v.to_ascii_lowercase()
+            } else {
+                v
+            })
+        };
+        if rule.matcher.path_ignore_case && rule.key.iter().any(folds) {
+            let mut lower = input.clone();
+            if let Some(p) = lower.path.as_mut() {
+                p.rest.make_ascii_lowercase();
+            }
+            let again =
+                KEYS.with(|k| applies(prefix, (idx, rule), &Req(lower), &mut k.borrow_mut()));
+            assert_eq!(
+                again.map(|a| a.key),
+                key,
+                "rule {}: the path lower-cased",
+                rule.name
+            );
+        }
         for (source, v) in rule.key.iter().zip(&values) {
             match source {
                 KeySource::Header(h) => {
@@ -392,10 +441,7 @@ fuzz_target!(|input: Input| {
                             .map(tollgate_core::rule::as_routed)
                     )
                 }
-                KeySource::Path => assert_eq!(
-                    Some(v),
-                    req.header(":path").as_deref().map(path::key_value).as_ref()
-                ),
+                KeySource::Path => assert_eq!(Some(v), path_key(source).as_ref()),
                 KeySource::Authority => assert_eq!(
                     Some(v),
                     input
@@ -405,6 +451,11 @@ fuzz_target!(|input: Input| {
                         .as_ref()
                 ),
                 KeySource::Query(_) | KeySource::Cookie(_) | KeySource::Metadata { .. } => {}
+                KeySource::Property { .. }
+                    if tollgate_core::rule::reads_the_path(source).is_some() =>
+                {
+                    assert_eq!(Some(v), path_key(source).as_ref())
+                }
                 KeySource::Property { path, .. } => assert_eq!(
                     Some(v),
                     input

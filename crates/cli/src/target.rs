@@ -5,11 +5,12 @@
 //! host lower-cased, a JWT claim read as the filter reads it; the bucket key is the core's
 //! `bucket_key` of them and the limits are the rule's, or its override's for these values.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use tollgate_core::bucket::Limits;
 use tollgate_core::config::{Config, KeySource, Override, Rule};
-use tollgate_core::rule::{bucket_key, ip, key_values, Read};
+use tollgate_core::rule::{as_matched, bucket_key, ip, key_values, Read};
 
 use crate::metadata;
 use crate::request::Described;
@@ -126,7 +127,7 @@ pub fn target<'c>(
         }
         let req = carrying(source, value);
         let v = match key_values(std::slice::from_ref(*source), &req).as_deref() {
-            Some([Read::Value(v)]) => v.to_vec(),
+            Some([Read::Value(v)]) => as_matched(rule, source, Cow::Borrowed(v)).into_owned(),
             _ => {
                 return Err(TargetError::Unreadable {
                     source: source.to_string(),
@@ -175,6 +176,10 @@ fn carrying(source: &KeySource, value: &str) -> Described {
         KeySource::Method => req.line(":method", value.as_bytes()),
         KeySource::Authority => req.line(":authority", value.as_bytes()),
         KeySource::Literal(_) => {}
+        // `request.path` and `request.url_path` are read from the path, as the filter reads them.
+        KeySource::Property { .. } if tollgate_core::rule::reads_the_path(source).is_some() => {
+            req.line(":path", value.as_bytes())
+        }
         KeySource::Property { path, .. } => req.property(&path.join("."), value),
         KeySource::Metadata { namespace, fields } => {
             // The value as a string at the field's path: its key text is the value itself, as it
@@ -204,4 +209,37 @@ fn encode(text: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::rule::{applies, KeyCache};
+
+    use super::*;
+
+    #[test]
+    fn a_path_is_the_filters_bucket_however_it_is_spelled() {
+        let config = Config::parse(
+            br#"{"rules":[{"name":"ci","rate":5,"key":["path","property:request.path"],
+                "match":{"path_prefix":"/api/","path_ignore_case":true},
+                "overrides":[{"key":["/api/health","/api/health"],"unlimited":true}]}]}"#,
+            tollgate_core::config::Artifact::Envoy,
+        )
+        .unwrap();
+        let key = |p: &str| target(&config, "ci", &[p.to_string(), p.to_string()]).unwrap();
+        let mut filter = Described::default();
+        filter.line(":path", b"/api/x");
+        let rule = config.rules.first().unwrap();
+        let applied = applies("tg", (0, rule), &filter, &mut KeyCache::default()).unwrap();
+        for p in ["/api/x", "/API/x", "/api//X"] {
+            assert_eq!(
+                key(p).key,
+                applied
+                    .key
+                    .replacen("tg:", &format!("{}:", config.key_prefix), 1),
+                "{p}"
+            );
+        }
+        assert!(key("/API/Health").unlimited);
+    }
 }

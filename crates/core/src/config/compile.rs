@@ -308,7 +308,13 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
         ));
     }
     let usage = outcome::usage(usage, r.charge_on, r.mode, &at("charge_on"))?;
-    let overrides = keys::overrides(r.overrides, &at("overrides"), &key, r.period_ms, cost)?;
+    let overrides = keys::overrides(
+        r.overrides,
+        &at("overrides"),
+        (&key, matcher.path_ignore_case),
+        r.period_ms,
+        cost,
+    )?;
     let tiers = r
         .tiers
         .map(|t| tiers::tiers(t, &at("tiers"), &key, r.period_ms, cost))

@@ -248,7 +248,6 @@ pub(super) fn override_value(
         }),
         KeySource::Authority => Ok(crate::rule::host::of_authority(text.as_bytes())),
         KeySource::Method => Ok(crate::rule::as_routed(text.as_bytes()).to_vec()),
-        KeySource::Path => Ok(crate::rule::path::key_value(text.as_bytes())),
         KeySource::Cookie(_) => {
             crate::rule::reading::cookie_value(text.as_bytes()).ok_or_else(|| {
                 err(
@@ -261,7 +260,10 @@ pub(super) fn override_value(
                 )
             })
         }
-        _ => Ok(text.as_bytes().to_vec()),
+        _ => Ok(match crate::rule::reads_the_path(source) {
+            Some(part) => crate::rule::path_value(part, text.as_bytes()),
+            None => text.as_bytes().to_vec(),
+        }),
     }
 }
 
@@ -270,7 +272,7 @@ pub(super) fn override_value(
 pub fn overrides(
     items: Vec<doc::Override>,
     path: &str,
-    key: &[KeySource],
+    (key, path_ignore_case): (&[KeySource], bool),
     rule_period: PeriodMs,
     cost: u64,
 ) -> Result<BTreeMap<Vec<Vec<u8>>, Override>, ConfigError> {
@@ -308,7 +310,13 @@ pub fn overrides(
             .iter()
             .zip(key)
             .enumerate()
-            .map(|(j, (v, source))| override_value(source, v, &index(&key_path, j)))
+            .map(|(j, (v, source))| {
+                let value = override_value(source, v, &index(&key_path, j))?;
+                Ok(match crate::rule::reads_the_path(source) {
+                    Some(_) if path_ignore_case => value.to_ascii_lowercase(),
+                    _ => value,
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let value = limits_of(
             &p,

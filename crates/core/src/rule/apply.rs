@@ -8,7 +8,9 @@
 //! tier; a tier wins over the rule's limits (`tiers`: only a value every reading agrees on picks
 //! one).
 
-use super::source::key_value;
+use std::borrow::Cow;
+
+use super::source::{key_value, reads_the_path};
 use super::tiers::{pick, Pick};
 use super::{bucket_key_of, matches, path, KeyCache, Part, Read, RequestView};
 use crate::bucket::Limits;
@@ -56,7 +58,7 @@ fn override_of<'r>(
     values: &[&[u8]],
     req: &dyn RequestView,
 ) -> Option<&'r Override> {
-    if rule.key.iter().any(reads_the_path) && !path_agreed(req) {
+    if rule.key.iter().any(|s| reads_the_path(s).is_some()) && !path_agreed(req) {
         return None;
     }
     let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();
@@ -69,14 +71,14 @@ pub(super) fn path_agreed(req: &dyn RequestView) -> bool {
         .is_some_and(|full| path::agreed(&full).is_some())
 }
 
-/// Whether `source`'s value is the request's path, in some spelling.
-pub(super) fn reads_the_path(source: &KeySource) -> bool {
-    match source {
-        KeySource::Path => true,
-        KeySource::Property { path, .. } => {
-            matches!(path.as_slice(), [r, p] if r == "request" && (p == "path" || p == "url_path"))
-        }
-        _ => false,
+/// A key value of `source` as `rule` reads it: ASCII lower-cased when the source reads the path
+/// and the rule's path match ignores case, so `/API/x` and `/api/x`, one path to that rule, share
+/// a bucket (and an override written for either).
+pub fn as_matched<'v>(rule: &Rule, source: &KeySource, value: Cow<'v, [u8]>) -> Cow<'v, [u8]> {
+    if rule.matcher.path_ignore_case && reads_the_path(source).is_some() {
+        Cow::Owned(value.to_ascii_lowercase())
+    } else {
+        value
     }
 }
 
@@ -96,7 +98,7 @@ pub fn applies(
     let values: &[&[u8]] = match rule.key.as_slice() {
         [source] => {
             one = match key_value(source, req) {
-                Read::Value(v) => v,
+                Read::Value(v) => as_matched(rule, source, v),
                 Read::Missing => return None,
                 Read::Ambiguous => return Some(ambiguous(prefix, rule, &[Part::Ambiguous])),
             };
@@ -107,7 +109,7 @@ pub fn applies(
             many = sources
                 .iter()
                 .map(|s| match key_value(s, req) {
-                    Read::Value(v) => Some(Some(v)),
+                    Read::Value(v) => Some(Some(as_matched(rule, s, v))),
                     Read::Missing => None,
                     Read::Ambiguous => Some(None),
                 })

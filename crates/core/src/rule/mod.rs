@@ -32,12 +32,12 @@ mod source;
 mod tiers;
 pub mod value;
 
-pub use apply::{applies, Applied, LimitsBy};
+pub use apply::{applies, as_matched, Applied, LimitsBy};
 pub use cache::KeyCache;
 pub use digest::{bucket_key, bucket_key_of, Part};
 pub use matching::{as_routed, matches};
 pub use reading::{Lines, Read};
-pub use source::key_values;
+pub use source::{key_values, path_value, reads_the_path, PathPart};
 
 use std::borrow::Cow;
 

@@ -263,6 +263,18 @@ pub fn key_value(full_path: &[u8]) -> Vec<u8> {
     }
 }
 
+/// The value of the attribute `request.path` as a key: [`key_value`] of the path, then its query
+/// (from `?`) as sent.
+pub fn key_value_with_query(full_path: &[u8]) -> Vec<u8> {
+    let mut value = key_value(full_path);
+    value.extend_from_slice(
+        full_path
+            .get(path_only(full_path).len()..)
+            .unwrap_or_default(),
+    );
+    value
+}
+
 /// The path of `full_path` (`:path` with any query) when every reading agrees on it: the bytes as
 /// sent are their own normal form under each reading, regular, and hold no escape that some
 /// servers decode (`/odata/%24batch` is `/odata/$batch` only to those). An override on a path applies

@@ -50,9 +50,10 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
         KeySource::Cookie(name) => reading::cookie(&req.header_lines("cookie"), name),
         // Envoy's `request.headers` attribute joins a header's lines with `,`: read as the header
         // source reads it, so a repeated line is ambiguous here too.
-        KeySource::Property { path, .. } => match request_header(path) {
-            Some(name) => reading::header(req.header_lines(&name)),
-            None => {
+        KeySource::Property { path, .. } => match (reads_the_path(source), request_header(path)) {
+            (Some(part), _) => owned(req.header(":path").map(|p| path_value(part, &p))),
+            (None, Some(name)) => reading::header(req.header_lines(&name)),
+            (None, None) => {
                 let segments: Vec<&str> = path.iter().map(String::as_str).collect();
                 owned(
                     req.property(&segments)
@@ -66,6 +67,39 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
                 .as_ref()
                 .and_then(value::key_text),
         ),
+    }
+}
+
+/// What of the request line a source that reads the path keys on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathPart {
+    /// The path: `path`, or the attribute `request.url_path`.
+    Path,
+    /// The path and its query: the attribute `request.path`.
+    PathAndQuery,
+}
+
+/// Whether `source`'s value is the request's path, in some spelling, and with what. Such a
+/// source keys on the path as [`path::key_value`] reads it, however the attribute is spelled, so
+/// no spelling of a path is a bucket of its own.
+pub fn reads_the_path(source: &KeySource) -> Option<PathPart> {
+    match source {
+        KeySource::Path => Some(PathPart::Path),
+        KeySource::Property { path, .. } => match path.as_slice() {
+            [r, p] if r == "request" && p == "url_path" => Some(PathPart::Path),
+            [r, p] if r == "request" && p == "path" => Some(PathPart::PathAndQuery),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The key value of a source that reads `part` of `:path` `full_path` (also an override's value,
+/// written as a path).
+pub fn path_value(part: PathPart, full_path: &[u8]) -> Vec<u8> {
+    match part {
+        PathPart::Path => path::key_value(full_path),
+        PathPart::PathAndQuery => path::key_value_with_query(full_path),
     }
 }
 

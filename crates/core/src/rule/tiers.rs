@@ -7,8 +7,9 @@
 //! never a higher tier; so does a missing value, or one no tier names ([`Pick::Default`]). A
 //! tier never changes the bucket key (`apply`).
 
-use super::apply::{path_agreed, reads_the_path};
+use super::apply::path_agreed;
 use super::source::key_value;
+use super::source::reads_the_path;
 use super::value::{self, Value};
 use super::{Read, RequestView};
 use crate::config::{KeySource, Override, Tiers};
@@ -44,7 +45,7 @@ pub(super) fn pick<'r>(tiers: &'r Tiers, req: &dyn RequestView) -> Pick<'r> {
             }
         }
         source => {
-            if reads_the_path(source) && !path_agreed(req) {
+            if reads_the_path(source).is_some() && !path_agreed(req) {
                 return Pick::Ambiguous;
             }
             match key_value(source, req) {

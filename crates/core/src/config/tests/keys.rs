@@ -210,6 +210,14 @@ fn overrides() {
     // A path override is normalised as requests are.
     let r = one_rule(r#""rate":1,"key":["path"],"overrides":[{"key":["//api/./x"],"rate":9}]"#);
     assert!(r.overrides.contains_key(&vec![b"/api/x".to_vec()]));
+    // ... and lower-cased where the rule's path match ignores case, as requests' values are.
+    let r = one_rule(
+        r#""rate":1,"match":{"path_prefix":"/api/","path_ignore_case":true},
+               "key":["path","property:request.path"],"overrides":[{"key":["/API//X","/Api/x?Q=1"],"rate":9}]"#,
+    );
+    assert!(r
+        .overrides
+        .contains_key(&vec![b"/api/x".to_vec(), b"/api/x?q=1".to_vec()]));
     // A cookie value as requests give it: unquoted and percent-decoded.
     let r =
         one_rule(r#""rate":1,"key":["cookie:sid"],"overrides":[{"key":["\"s%3Aab\""],"rate":9}]"#);

@@ -219,6 +219,86 @@ fn path_rules_see_through_spellings() {
 }
 
 #[test]
+fn a_rule_that_ignores_the_paths_case_keys_each_path_once() {
+    let folding = |key| {
+        let mut r = rule(
+            Match {
+                path_prefix: Some("/api/".into()),
+                path_ignore_case: true,
+                ..Match::default()
+            },
+            vec![KeySource::Method, key],
+        );
+        r.overrides.insert(
+            vec![b"GET".to_vec(), b"/api/health".to_vec()],
+            Override::Unlimited,
+        );
+        r
+    };
+    for source in ["path", "request.url_path"] {
+        let r = folding(match source {
+            "path" => KeySource::Path,
+            attribute => property(attribute),
+        });
+        let apply = |p: &str| {
+            applies("tg", (0, &r), &Req::new("GET", p), &mut KeyCache::default()).unwrap()
+        };
+        let want = apply("/api/x").key;
+        for p in ["/API/x", "/api/X", "//Api/%58", "/aPI/./x"] {
+            assert_eq!(apply(p).key, want, "{source}: {p}");
+        }
+        assert_ne!(apply("/api/y").key, want, "{source}");
+        assert!(apply("/API/Health").unlimited, "{source}");
+        assert!(!apply("/API/x").unlimited, "{source}");
+    }
+    // A rule that minds case keys each case apart.
+    let r = rule(Match::default(), vec![KeySource::Path]);
+    assert_ne!(
+        key_of("tg", &r, &Req::new("GET", "/API/x")),
+        key_of("tg", &r, &Req::new("GET", "/api/x"))
+    );
+}
+
+#[test]
+fn the_path_attributes_key_on_the_path_however_it_is_spelled() {
+    let key = |attribute: &str, p: &str| {
+        // The host's attribute is the path as sent; the key reads through its spellings.
+        let req = Req::new("GET", p).prop(attribute, p);
+        key_of(
+            "tg",
+            &rule(Match::default(), vec![property(attribute)]),
+            &req,
+        )
+        .unwrap()
+    };
+    for p in ["/api//x", "/api/./x", "/api/%78", "/api;v=1/x", "/api%2Fx"] {
+        assert_eq!(
+            key("request.url_path", p),
+            key("request.url_path", "/api/x"),
+            "{p}"
+        );
+        assert_eq!(
+            key("request.url_path", &format!("{p}?a=1")),
+            key("request.url_path", "/api/x")
+        );
+        assert_eq!(
+            key("request.path", &format!("{p}?a=1")),
+            key("request.path", "/api/x?a=1"),
+            "{p}"
+        );
+    }
+    // `request.path` keeps the query: another query is another bucket, as the user asked.
+    assert_ne!(
+        key("request.path", "/api/x?a=2"),
+        key("request.path", "/api/x?a=1")
+    );
+    assert_ne!(
+        key("request.path", "/api/x"),
+        key("request.path", "/api/x?")
+    );
+}
+
+#[test]
 fn the_ambiguous_marker_has_known_digests() {
     // Computed independently (Python hashlib): sha256(be32(16) "header:x-api-key"
     // be32(0xffffffff)).hexdigest()[:32].
