@@ -17,9 +17,9 @@
 //!   name folds to the name.
 //!
 //! A query or cookie name folds by: percent-decoding (a query name always is; PHP and Rack 2
-//! decode cookie names too), trimming ASCII whitespace, `.` and ` ` as `_` (PHP), and ASCII
-//! lower-casing (ASP.NET Core); an array entry of the name (`key[]`, `key[0]`: PHP, Rack) is the
-//! name too. A name that only some servers fold to the name, alone, is read: the servers
+//! decode cookie names too), cutting at a NUL and trimming whitespace, `.` and ` ` as `_` (PHP),
+//! and ASCII lower-casing (ASP.NET Core); an array entry of the name (`key[]`, `key[0]`: PHP,
+//! Rack) is the name too. A name that only some servers fold to the name, alone, is read: the servers
 //! that see it see that value, the others see no such name (and the rule would not apply if it
 //! were skipped).
 
@@ -159,10 +159,12 @@ fn trim_lenient(s: &[u8]) -> &[u8] {
     s.get(start..end).unwrap_or_default()
 }
 
-/// A query or cookie name (already decoded) as the most lenient server reads it: trimmed
-/// ([`trim_lenient`]), `.` and ` ` before any `[` as `_` (PHP), ASCII lower-case (ASP.NET Core).
+/// A query or cookie name (already decoded) as the most lenient server reads it: up to its first
+/// NUL (PHP reads a name as a C string), trimmed ([`trim_lenient`]), `.` and ` ` before any `[`
+/// as `_` (PHP), ASCII lower-case (ASP.NET Core).
 fn fold_name(decoded: &[u8]) -> Vec<u8> {
-    let name = trim_lenient(decoded);
+    let c_string = decoded.split(|&b| b == 0).next().unwrap_or_default();
+    let name = trim_lenient(c_string);
     let mut in_base = true;
     name.iter()
         .map(|&b| {
@@ -354,6 +356,7 @@ mod tests {
             "/?key&key=VALID",        // a name alone is an empty value
             "/?key=VALID;junk",       // `VALID;junk` or `VALID`, by the separator
             "/?a=1&key=R1&b=2&key=VALID", //
+            "/?key=R1&key%00junk=VALID", // PHP's name ends at a NUL
         ] {
             assert_eq!(q("key", path).as_deref(), AMBIGUOUS, "{path}");
         }
@@ -374,6 +377,8 @@ mod tests {
             "/?x=1;key=VALID", // only the readings that split at `;` see it
             "/?key=V%41LID",
             "/?a=1&key=VALID&b=2",
+            "/?key%00=VALID",
+            "/?key%00junk=VALID",
         ] {
             assert_eq!(q("key", path).as_deref(), Some("VALID"), "{path}");
         }
@@ -464,6 +469,7 @@ mod tests {
             &["session=R1; Session=VALID"], // ASP.NET Core ignores case
             &["session=R1; %73ession=VALID"], // PHP and Rack 2 decode names
             &["session=R1; session[x]=VALID"], // PHP's arrays
+            &["session=R1; session%00x=VALID"], // PHP's name ends at a NUL
             &["session=R1;  session =VALID"],
             &["session; session=VALID"],
             &["session=VALID,junk"], // `VALID,junk` or `VALID`, by the separator
