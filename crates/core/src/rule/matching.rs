@@ -1,24 +1,14 @@
 //! A rule's `match` against a request: path prefix, methods, hosts and header conditions.
 //!
 //! Invariant: a request cannot step out of a rule by how it spells what the rule matches on: the
-//! path under every reading ([`path::prefix_matches`]), a header by repeating it or respelling its
+//! path under every reading ([`path::prefix_matches`]), the method by asking the application to
+//! route it as another ([`method`]), a header by repeating it or respelling its
 //! name (a condition holds if it holds for the lines joined or for any one line), the authority
 //! by its port, case, trailing dot or IP literal spelling.
 
+use super::method::{self, as_routed};
 use super::{host, path, RequestView};
 use crate::config::{HeaderValueMatch, Match};
-
-/// The method as applications route it: `HEAD` runs the `GET` handler (Express, Rails, Flask,
-/// Django, Spring, Go's mux: the response is the GET's without its body), so it is `GET` to a
-/// method match and to the `method` key; a request cannot step out of a GET rule, or into a
-/// bucket of its own, by asking for the headers only.
-pub fn as_routed(method: &[u8]) -> &[u8] {
-    if method == b"HEAD" {
-        b"GET"
-    } else {
-        method
-    }
-}
 
 /// Whether the request satisfies every condition of `m` (an empty `Match` matches everything).
 pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
@@ -29,11 +19,13 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
         }
     }
     if !m.methods.is_empty() {
+        let named = |method: &[u8]| {
+            m.methods
+                .iter()
+                .any(|x| x.as_bytes() == method || x.as_bytes() == as_routed(method))
+        };
         match req.header(":method") {
-            Some(method)
-                if m.methods
-                    .iter()
-                    .any(|x| x.as_bytes() == &*method || x.as_bytes() == as_routed(&method)) => {}
+            Some(sent) if named(&sent) || method::any_override(req, &sent, named) => {}
             _ => return false,
         }
     }

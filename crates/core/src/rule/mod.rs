@@ -13,10 +13,10 @@
 //! The files: [`matching`] (a rule's `match`), [`source`] (a key source's reading of a request),
 //! [`digest`] (the bucket key), [`cache`] (bucket keys of recently seen values), [`apply`] (a rule
 //! applied to a request: its key and limits), [`tiers`] (the tier a request's verified attribute
-//! picks); and under them [`path`] (path readings), [`ip`]
-//! (client networks), [`reading`] (headers, query parameters, cookies: one reading or
-//! ambiguous), [`value`] (attribute and metadata values), [`host`] (authority normal form),
-//! [`pattern`] (header regex), [`hash`].
+//! picks); and under them [`path`] (path readings), [`method`] (the methods a request may be
+//! routed as), [`ip`] (client networks), [`reading`] (headers, query parameters, cookies: one
+//! reading or ambiguous), [`value`] (attribute and metadata values), [`host`] (authority normal
+//! form), [`pattern`] (header regex), [`hash`].
 
 mod apply;
 mod cache;
@@ -25,6 +25,7 @@ pub mod hash;
 pub mod host;
 pub mod ip;
 mod matching;
+mod method;
 pub mod path;
 pub mod pattern;
 pub mod reading;
@@ -35,7 +36,8 @@ pub mod value;
 pub use apply::{applies, as_matched, Applied, LimitsBy};
 pub use cache::KeyCache;
 pub use digest::{bucket_key, bucket_key_of, Part};
-pub use matching::{as_routed, matches};
+pub use matching::matches;
+pub use method::as_routed;
 pub use reading::{Lines, Read};
 pub use source::{key_values, path_value, reads_the_path, PathPart};
 

@@ -239,6 +239,24 @@ fn name_value(pair: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
+/// The ways servers split a query into pairs: at `&`, or at `&` and `;` (Rack 2, older Python).
+const QUERY_SEPARATORS: [&[u8]; 2] = [b"&", b"&;"];
+
+/// The values (form-decoded) of the pairs of `query`, split at `separators`, whose name folds to
+/// `want` (folded).
+fn query_pairs<'q>(
+    query: &'q [u8],
+    separators: &'q [u8],
+    want: &'q [u8],
+) -> impl Iterator<Item = Vec<u8>> + 'q {
+    query
+        .split(|b| separators.contains(b))
+        .filter(|pair| !pair.is_empty())
+        .map(name_value)
+        .filter(move |(n, _)| is_name(&fold_name(&percent_decode(n)), want))
+        .map(|(_, v)| percent_decode(v))
+}
+
 /// The value of query parameter `name` in `:path` `full_path` (form-decoded; `?name` alone is an
 /// empty value).
 pub fn query(full_path: &[u8], name: &str) -> Read<'static> {
@@ -247,16 +265,20 @@ pub fn query(full_path: &[u8], name: &str) -> Read<'static> {
     };
     let want = fold_name(name.as_bytes());
     let mut found = Found::default();
-    for separators in [&b"&"[..], b"&;"] {
-        let matches = query
-            .split(|b| separators.contains(b))
-            .filter(|pair| !pair.is_empty())
-            .map(name_value)
-            .filter(|(n, _)| is_name(&fold_name(&percent_decode(n)), &want))
-            .map(|(_, v)| Some(percent_decode(v)));
-        found.reading(matches);
+    for separators in QUERY_SEPARATORS {
+        found.reading(query_pairs(query, separators, &want).map(Some));
     }
     found.read()
+}
+
+/// Every value some reading of `:path` `full_path` gives query parameter `name` (form-decoded),
+/// a value once per reading that finds it: where any of them matters, not only one agreed on.
+pub fn query_values<'q>(full_path: &'q [u8], name: &str) -> impl Iterator<Item = Vec<u8>> + 'q {
+    let want = fold_name(name.as_bytes());
+    let query = query_of(full_path).unwrap_or_default();
+    QUERY_SEPARATORS
+        .into_iter()
+        .flat_map(move |separators| query_pairs(query, separators, &want).collect::<Vec<_>>())
 }
 
 /// A cookie value as servers read it: surrounding whitespace (as the most lenient server reads

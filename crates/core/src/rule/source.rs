@@ -1,12 +1,14 @@
 //! A key source's reading of a request: a value every reading agrees on, ambiguous (its name
-//! appears more than once, however spelled), or missing.
+//! appears more than once, however spelled; a method asked for besides the one sent), or missing.
 //!
 //! Invariant: a value is what a server would see, or what Envoy verified (`client_ip` is Envoy's
-//! `source.address`, never `x-forwarded-for`); a source whose name a request repeats reads as
-//! [`Read::Ambiguous`], never as one of the values, so repeating it mints no bucket.
+//! `source.address`, never `x-forwarded-for`); a source whose name a request repeats, or whose
+//! readings differ, reads as [`Read::Ambiguous`], never as one of the values, so repeating it
+//! mints no bucket.
 
 use std::borrow::Cow;
 
+use super::method::{self, as_routed};
 use super::{host, ip, path, reading, value, Read, RequestView};
 use crate::config::KeySource;
 
@@ -16,9 +18,15 @@ pub(super) fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> 
     match source {
         KeySource::Header(name) => reading::header(req.header_lines(name)),
         KeySource::Method => req.header(":method").map_or(Read::Missing, |m| {
+            let routed = as_routed(&m);
+            // A POST that asks to be routed as another method: which one the application runs
+            // depends on the application.
+            if method::any_override(req, &m, |other| as_routed(other) != routed) {
+                return Read::Ambiguous;
+            }
             Read::Value(match m {
-                Cow::Borrowed(m) => Cow::Borrowed(super::as_routed(m)),
-                Cow::Owned(m) => Cow::Owned(super::as_routed(&m).to_vec()),
+                Cow::Borrowed(m) => Cow::Borrowed(as_routed(m)),
+                Cow::Owned(m) => Cow::Owned(as_routed(&m).to_vec()),
             })
         }),
         KeySource::Literal(text) => Read::Value(Cow::Borrowed(text.as_bytes())),

@@ -56,6 +56,53 @@ fn methods() {
     assert!(matches(&Match::default(), &Req::new("DELETE", "/")));
 }
 
+/// A POST that asks the application to route it as another method (Symfony, Laravel, Rack,
+/// ASP.NET Core's middleware) holds for a rule naming that method too.
+#[test]
+fn a_post_that_asks_for_another_method_matches_that_method() {
+    let delete = Match {
+        methods: vec!["DELETE".into()],
+        ..Match::default()
+    };
+    let post = |path: &str| Req::new("POST", path);
+    for req in [
+        post("/").line("X-HTTP-Method-Override", "DELETE"),
+        post("/").line("x-http-method-override", "delete"),
+        post("/").line("X_HTTP_METHOD_OVERRIDE", "DELETE"),
+        post("/").line("X-HTTP-Method", "DELETE"),
+        post("/").line("X-Method-Override", "Delete"),
+        post("/")
+            .line("x-http-method-override", "PUT")
+            .line("x-http-method-override", "DELETE"),
+        post("/?_method=DELETE"),
+        post("/?x=1;_method=delete"),
+        post("/?%5Fmethod=DELETE"),
+        post("/?_method=PUT&_method=DELETE"),
+    ] {
+        assert!(matches(&delete, &req), "{:?}", req.lines);
+    }
+    // Only a POST asks; the POST itself still matches a POST rule; HEAD asked for is GET.
+    assert!(!matches(&delete, &Req::new("GET", "/?_method=DELETE")));
+    assert!(!matches(
+        &delete,
+        &Req::new("PUT", "/").line("x-http-method-override", "DELETE")
+    ));
+    assert!(!matches(&delete, &post("/?method=DELETE")));
+    let posts = Match {
+        methods: vec!["POST".into()],
+        ..Match::default()
+    };
+    assert!(matches(&posts, &post("/?_method=DELETE")));
+    let gets = Match {
+        methods: vec!["GET".into()],
+        ..Match::default()
+    };
+    assert!(matches(
+        &gets,
+        &post("/").line("x-http-method-override", "HEAD")
+    ));
+}
+
 #[test]
 fn header_exact() {
     let m = Match {

@@ -288,3 +288,37 @@ fn the_method_key_reads_head_as_get() {
     assert_eq!(key("GET"), Some(b"GET".to_vec()));
     assert_eq!(key("POST"), Some(b"POST".to_vec()));
 }
+
+/// A POST that asks to be routed as another method is ambiguous under the `method` key (one
+/// bucket per rule), so asking for a method per request mints no bucket; asking for POST (or
+/// nothing) keeps POST's.
+#[test]
+fn the_method_key_of_a_post_that_asks_for_another_method_is_ambiguous() {
+    let post = |path: &str| Req::new("POST", path);
+    for req in [
+        post("/").line("x-http-method-override", "DELETE"),
+        post("/?_method=PATCH"),
+        post("/?_method=POST;_method=PUT"),
+        post("/")
+            .line("x-method-override", "POST")
+            .line("x-method-override", "PUT"),
+    ] {
+        assert_eq!(
+            read(KeySource::Method, &req),
+            Read::Ambiguous,
+            "{:?}",
+            req.lines
+        );
+    }
+    for req in [
+        post("/").line("x-http-method-override", "post"),
+        post("/?_method=POST"),
+        Req::new("GET", "/?_method=DELETE"),
+    ] {
+        assert!(
+            matches!(read(KeySource::Method, &req), Read::Value(_)),
+            "{:?}",
+            req.lines
+        );
+    }
+}

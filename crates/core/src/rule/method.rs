@@ -1,0 +1,57 @@
+//! The methods an application may route a request as.
+//!
+//! Invariant: a request cannot step out of a method match, or into a bucket of its own under the
+//! `method` key, by how it asks for a method: `HEAD` is `GET` ([`as_routed`]), and a `POST` that
+//! asks the application to route it as another method ([`any_override`]) matches a rule naming
+//! either, and its `method` key is ambiguous (one bucket per rule) unless every reading agrees.
+
+use super::{reading, RequestView};
+
+/// The headers with which a `POST` asks to be routed as another method: Symfony and Laravel,
+/// Rack (Rails, Sinatra), ASP.NET Core's and Express's method-override middleware, Scalatra read
+/// `X-HTTP-Method-Override`; others read `X-HTTP-Method` or `X-Method-Override`.
+const OVERRIDE_HEADERS: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// The query parameter with which a `POST` asks the same (Laravel enables Symfony's `_method`).
+const OVERRIDE_PARAMETER: &str = "_method";
+
+/// The method as applications route it: `HEAD` runs the `GET` handler (Express, Rails, Flask,
+/// Django, Spring, Go's mux: the response is the GET's without its body), so it is `GET` to a
+/// method match and to the `method` key; a request cannot step out of a GET rule, or into a
+/// bucket of its own, by asking for the headers only.
+pub fn as_routed(method: &[u8]) -> &[u8] {
+    if method == b"HEAD" {
+        b"GET"
+    } else {
+        method
+    }
+}
+
+/// Whether `holds` holds for one of the methods a request sent as `sent` asks the application to
+/// route it as instead: for a `POST`, each line of the override headers (names as servers fold
+/// them, [`RequestView::header_lines`]) and each value of `_method` in the query, upper-cased as
+/// the frameworks upper-case them. Frameworks honour these only on a `POST`; another method asks
+/// for none.
+pub fn any_override(
+    req: &dyn RequestView,
+    sent: &[u8],
+    mut holds: impl FnMut(&[u8]) -> bool,
+) -> bool {
+    if sent != b"POST" {
+        return false;
+    }
+    let in_headers = OVERRIDE_HEADERS.iter().any(|name| {
+        req.header_lines(name)
+            .iter()
+            .any(|line| holds(&line.to_ascii_uppercase()))
+    });
+    in_headers
+        || req.header(":path").is_some_and(|full| {
+            reading::query_values(&full, OVERRIDE_PARAMETER)
+                .any(|value| holds(&value.to_ascii_uppercase()))
+        })
+}
