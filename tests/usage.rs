@@ -347,6 +347,41 @@ fn a_stream_without_a_usage_event_is_charged_the_worst_case() {
 
 const BODY_FIELD: &str = r#"{"body_field": "usage.total_tokens"}"#;
 
+/// A usage header on two lines, the low one first (what a gateway that passes on a header the
+/// client set, then adds the upstream's, sends), is charged the worst case: Envoy's
+/// `get_header_map_value` would give the first line.
+#[test]
+fn a_usage_header_on_two_lines_is_charged_the_worst_case() {
+    let app = Upstream::start_with(|head| {
+        let usage = if head.contains("x-mode: honest") {
+            "x-usage-tokens: 40\r\n"
+        } else {
+            "x-usage-tokens: 1\r\nx-usage-tokens: 40\r\n"
+        };
+        vec![http_response(usage, "done\n")]
+    });
+    let wasm = common::wasm_path();
+    let p = proxy(
+        "usage-header-twice",
+        &wasm,
+        r#"{"header": "x-usage-tokens"}"#,
+        &app,
+    );
+    let figure = attack("usage header on two lines", &p.envoy, &app, |envoy, _| {
+        envoy.get("/app/chat", &[("x-user-id", "ada")]).status
+    });
+    assert_honest_figure(&p.envoy, figure);
+    assert_usage_counters(
+        &p.envoy,
+        &[
+            ("usage_invalid", 2),
+            ("usage_worst_case", 2),
+            ("usage_charged", CHARGED),
+            ("usage_refunded", 0),
+        ],
+    );
+}
+
 /// A JSON answer with usage 40, gzipped.
 fn gzipped_answer() -> Vec<Vec<u8>> {
     use std::io::Write;

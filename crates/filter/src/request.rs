@@ -1,8 +1,8 @@
-//! The `RequestView`s of the stream being called back: the request (its headers read from the host
-//! in one call, the first time a rule needs one) and the response's headers or trailers.
+//! The `RequestView`s of the stream being called back: the request and the response's headers or
+//! trailers, each map read from the host in one call, the first time a rule needs a header.
 //!
-//! Invariant: a header or attribute the host will not give reads as absent, never a panic; the
-//! request's header map is read at most once per callback.
+//! Invariant: a header or attribute the host will not give reads as absent, never a panic; a
+//! header map is read at most once per callback, whole, so every line of a header is seen.
 
 use std::borrow::Cow;
 
@@ -12,32 +12,37 @@ use tollgate_core::rule::{Lines, RequestView};
 
 use crate::host::property;
 
-/// The current request, read lazily from the host: all its headers in one call, the first time
-/// a rule needs one (each header read on its own would cost Envoy a call and an allocation
-/// callback into the VM).
-#[derive(Default)]
-pub struct HostRequest {
-    headers: std::cell::OnceCell<Option<Vec<u8>>>,
+/// A header map of the current stream, read lazily from the host: all its lines in one call, the
+/// first time a rule needs one (each header read on its own would cost Envoy a call and an
+/// allocation callback into the VM, and `get_header_map_value` gives only a header's first line).
+struct HostMap {
+    map: MapType,
+    pairs: std::cell::OnceCell<Option<Vec<u8>>>,
 }
 
-impl HostRequest {
-    /// The request's headers as the host encodes them, read once.
+impl HostMap {
+    fn new(map: MapType) -> HostMap {
+        HostMap {
+            map,
+            pairs: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The map's lines as the host encodes them, read once.
     fn pairs(&self) -> Option<&[u8]> {
-        self.headers
+        self.pairs
             .get_or_init(|| {
-                let pairs = abi::header_pairs(MapType::HttpRequestHeaders).ok();
-                if pairs.is_none() {
+                let pairs = abi::header_pairs(self.map).ok();
+                if pairs.is_none() && self.map == MapType::HttpRequestHeaders {
                     log::error!("tollgate: the host gave no request headers; rules see none");
                 }
                 pairs
             })
             .as_deref()
     }
-}
 
-impl RequestView for HostRequest {
     /// Every line of a repeated header, joined with `,` as Envoy's `request.headers` attribute
-    /// joins them (`get_header_map_value` would give only the first line).
+    /// joins them.
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         tollgate_core::pairs::lookup(self.pairs()?, name)
     }
@@ -54,6 +59,25 @@ impl RequestView for HostRequest {
             None => Lines::None,
         }
     }
+}
+
+/// The current request.
+pub struct HostRequest(HostMap);
+
+impl Default for HostRequest {
+    fn default() -> HostRequest {
+        HostRequest(HostMap::new(MapType::HttpRequestHeaders))
+    }
+}
+
+impl RequestView for HostRequest {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.0.header(name)
+    }
+
+    fn header_lines(&self, name: &str) -> Lines<'_> {
+        self.0.header_lines(name)
+    }
 
     fn client_ip(&self) -> Option<Vec<u8>> {
         let addr = property(SOURCE_ADDRESS)?;
@@ -65,22 +89,27 @@ impl RequestView for HostRequest {
     }
 }
 
-/// The current response's headers or trailers.
-pub struct HostResponse(MapType);
+/// The current response's headers or trailers: a usage header sent twice, however spelled, is
+/// seen twice (and charged as unreadable), never read from its first line.
+pub struct HostResponse(HostMap);
 
 impl HostResponse {
     pub fn headers() -> HostResponse {
-        HostResponse(MapType::HttpResponseHeaders)
+        HostResponse(HostMap::new(MapType::HttpResponseHeaders))
     }
 
     pub fn trailers() -> HostResponse {
-        HostResponse(MapType::HttpResponseTrailers)
+        HostResponse(HostMap::new(MapType::HttpResponseTrailers))
     }
 }
 
 impl RequestView for HostResponse {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        abi::header(self.0, name).ok().map(Cow::Owned)
+        self.0.header(name)
+    }
+
+    fn header_lines(&self, name: &str) -> Lines<'_> {
+        self.0.header_lines(name)
     }
 
     fn client_ip(&self) -> Option<Vec<u8>> {

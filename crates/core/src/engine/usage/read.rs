@@ -8,7 +8,7 @@
 
 use super::readers::{Readers, Slot};
 use crate::metrics::Counter;
-use crate::rule::RequestView;
+use crate::rule::{reading, Read, RequestView};
 
 /// Most bytes kept per response: the current SSE line, or the tail of a JSON body.
 pub const WINDOW: usize = 16 * 1024;
@@ -61,8 +61,8 @@ pub fn encoded(view: &dyn RequestView) -> bool {
     })
 }
 
-/// Parses a usage header value: digits only (a repeated header, which Envoy joins with a comma,
-/// is not a number and so is invalid).
+/// Parses a usage header value: digits only (a header's lines joined with a comma are not a
+/// number, and so are invalid).
 pub fn parse_header(value: &[u8]) -> Result<u64, Unreadable> {
     if value.is_empty() || value.len() > MAX_USAGE_DIGITS || !value.iter().all(u8::is_ascii_digit) {
         return Err(Unreadable::Invalid);
@@ -74,9 +74,15 @@ pub fn parse_header(value: &[u8]) -> Result<u64, Unreadable> {
 }
 
 /// The header of `name` in a response view (response headers and trailers are read through the
-/// same trait as requests).
+/// same trait as requests): None when no line has it; two lines, however spelled (`x_usage` for
+/// `x-usage`, [`RequestView::header_lines`]), are [`Unreadable::Invalid`], so a client that gets
+/// a low line put before the upstream's is charged the worst case, not the low line.
 pub fn from_headers(view: &dyn RequestView, name: &str) -> Option<Result<u64, Unreadable>> {
-    view.header(name).map(|v| parse_header(&v))
+    match reading::header(view.header_lines(name)) {
+        Read::Missing => None,
+        Read::Ambiguous => Some(Err(Unreadable::Invalid)),
+        Read::Value(v) => Some(parse_header(&v)),
+    }
 }
 
 fn field<'a>(doc: &'a serde_json::Value, path: &[String]) -> Option<&'a serde_json::Value> {
@@ -548,6 +554,48 @@ mod tests {
         assert!(encoded(&Headers(&[("content-encoding", "gzip")])));
         assert!(encoded(&Headers(&[("content-encoding", "br")])));
         assert!(encoded(&Headers(&[("content-encoding", "identity, gzip")])));
+    }
+
+    /// A usage header given twice, however spelled, is charged as invalid (the worst case): a
+    /// low line put before the upstream's is never the one read.
+    #[test]
+    fn a_usage_header_on_two_lines_is_invalid() {
+        struct Lined(&'static [(&'static str, &'static str)]);
+        impl RequestView for Lined {
+            fn header(&self, _: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
+                unreachable!("usage is read by its lines")
+            }
+            fn header_lines(&self, name: &str) -> crate::rule::Lines<'_> {
+                let mut lines = crate::rule::Lines::None;
+                for (n, v) in self.0 {
+                    if reading::is_header_name(n.as_bytes(), name) {
+                        lines.push(std::borrow::Cow::Borrowed(v.as_bytes()));
+                    }
+                }
+                lines
+            }
+            fn client_ip(&self) -> Option<Vec<u8>> {
+                None
+            }
+        }
+        let usage = |lines| from_headers(&Lined(lines), "x-usage");
+        assert_eq!(
+            usage(&[("x-usage", "1"), ("x-usage", "4000")]),
+            Some(Err(Unreadable::Invalid))
+        );
+        assert_eq!(
+            usage(&[("X-Usage", "1"), ("x_usage", "4000")]),
+            Some(Err(Unreadable::Invalid))
+        );
+        assert_eq!(
+            usage(&[("x-usage", "4000"), ("x-usage", "4000")]),
+            Some(Err(Unreadable::Invalid))
+        );
+        assert_eq!(
+            usage(&[("x-usage", "4000"), ("x-other", "1")]),
+            Some(Ok(4000))
+        );
+        assert_eq!(usage(&[("x-other", "1")]), None);
     }
 
     #[test]
