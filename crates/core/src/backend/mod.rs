@@ -383,6 +383,17 @@ const NODE_UNREACHABLE: &[&str] = &[
     "upstream protocol error",
 ];
 
+/// Redis and Envoy errors that refuse a call before its script runs: a Redis Cluster redirect, a
+/// slot being moved, a cluster down, no host for the key's node.
+const REFUSED_BEFORE_RUN: &[&str] = &[
+    "MOVED ",
+    "ASK ",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "ERR no upstream host",
+    "no upstream host",
+];
+
 impl BackendError {
     pub fn class(&self) -> ErrorClass {
         match self {
@@ -412,17 +423,20 @@ impl BackendError {
 
     /// Whether the script may have run for a call that failed so: anything but a call that never
     /// left (not dispatched, refused by the breaker or `max_inflight`) or that the backend
-    /// refused before running the script (NOSCRIPT, CROSSSLOT). A timeout, a reset, an HTTP
-    /// error, a Redis error or a garbled reply may all follow a script that ran.
+    /// refused before running the script (NOSCRIPT, CROSSSLOT, a Redis Cluster redirect or
+    /// resharding, Envoy finding no host for the key's node). A timeout, a reset, an HTTP error,
+    /// another Redis error (Envoy's `upstream failure`: the connection closed with the call
+    /// pending) or a garbled reply may all follow a script that ran.
     pub fn may_have_run(&self) -> bool {
-        !matches!(
-            self,
+        match self {
             BackendError::Dispatch(_)
-                | BackendError::CircuitOpen
-                | BackendError::Overflow
-                | BackendError::NoScript
-                | BackendError::CrossSlot
-        )
+            | BackendError::CircuitOpen
+            | BackendError::Overflow
+            | BackendError::NoScript
+            | BackendError::CrossSlot => false,
+            BackendError::Redis(msg) => !REFUSED_BEFORE_RUN.iter().any(|p| msg.starts_with(p)),
+            _ => true,
+        }
     }
 
     /// Whether this failure says the backend as a whole cannot serve (it counts toward opening

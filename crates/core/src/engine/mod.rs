@@ -186,7 +186,13 @@ impl Engine {
             _ => None,
         };
         if let Some(apart) = again {
-            let calls = flight.calls.into_iter().map(|(_, c)| c).collect();
+            let mut calls: Vec<_> = flight.calls.into_iter().map(|(_, c)| c).collect();
+            // A script that may have run gave a refund back already: it goes no second time.
+            if decoded.as_ref().is_err_and(BackendError::may_have_run) {
+                for c in &mut calls {
+                    self.refund_may_have_run(&c.rule, &mut c.call);
+                }
+            }
             if apart == send::Apart::BySlot {
                 self.learn_cluster(host, calls, now);
             } else {

@@ -351,3 +351,54 @@ fn failure_mode_and_lease_admissions_are_not_refunded() {
     assert_eq!(rec.get(0, Counter::Refunded), 0);
     assert!(flushed(&mut e, &mut h, 100).is_empty());
 }
+
+/// A flight of refunds that fails in a way that may follow its script (Envoy's `upstream
+/// failure`: the connection closed with the call pending) goes again key by key without them,
+/// counted as dropped: given back twice, they would admit past the bucket. An error that comes
+/// before the script runs (a Redis Cluster redirect) keeps them.
+#[test]
+fn a_failed_flights_refunds_go_again_only_if_its_script_never_ran() {
+    for (error, kept) in [
+        ("upstream failure", false),
+        ("MOVED 866 127.0.0.1:7001", true),
+    ] {
+        let (mut e, rec) = engine(super::batch::BATCHED, &month_and_minute());
+        let mut h = Fake::at(1000);
+        for (ctx, who) in [(10, "ann"), (11, "bob")] {
+            send(
+                &mut e,
+                &mut h,
+                ctx,
+                &req("/api/x", &[("x-user", who), ("x-cost", "3")]),
+            );
+            let [flight] = h.tokens()[..] else {
+                panic!("{:?}", h.sent)
+            };
+            let reply = super::batch::batch_answer(&[
+                super::batch::part(true, 9, 0),
+                super::batch::part(false, 0, 6000),
+            ]);
+            deliver(&mut e, &mut h, flight, 200, &reply);
+            assert_eq!(h.status_of(ctx), Some(429));
+        }
+        assert_eq!(rec.get(0, Counter::Refunded), 6);
+        assert_eq!(
+            flushed(&mut e, &mut h, 100).len(),
+            1,
+            "both refunds in one flight"
+        );
+        let [flight] = h.tokens()[..] else {
+            panic!("{:?}", h.sent)
+        };
+        let before = h.sent.len();
+        let failed = format!(r#"{{"EVALSHA":[false,"{error}"]}}"#);
+        deliver(&mut e, &mut h, flight, 200, failed.as_bytes());
+        let again = &h.sent[before..];
+        assert_eq!(again.len(), 2, "{error}: each key alone");
+        for body in again {
+            assert_eq!(settles(body, "monthly", -3), kept, "{error}: {body}");
+        }
+        let dropped = if kept { 0 } else { 6 };
+        assert_eq!(rec.get(0, Counter::RefundDropped), dropped, "{error}");
+    }
+}

@@ -308,6 +308,17 @@ impl Engine {
     /// refund is pending again only if the call certainly never ran (`may_have_run` false: it
     /// never left, or the backend refused it before the script ran); otherwise it is dropped and
     /// counted, since the script may have given it back already.
+    /// `call` goes again after a failure that may have run its script: a refund it carries
+    /// may have been given back already, so it goes without it, counted as dropped (a refund is
+    /// given back only when its call certainly never ran).
+    pub(in crate::engine) fn refund_may_have_run(&self, rule: &RuleRef, call: &mut ScriptCall) {
+        if let Some(t) = call.track.as_mut().filter(|t| t.refund > 0) {
+            let m = &self.plugin.metrics;
+            m.count(rule.id(), Counter::RefundDropped, t.refund);
+            t.refund = 0;
+        }
+    }
+
     pub(in crate::engine) fn settlement_failed(
         &mut self,
         host: &mut dyn Host,
