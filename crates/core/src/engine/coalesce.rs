@@ -177,7 +177,12 @@ impl Engine {
                 return;
             }
         };
-        let granted = if r.allowed { r.granted } else { 0 };
+        // No more than was asked for: a garbled reply must not mint shares to give back.
+        let granted = if r.allowed {
+            r.granted.min(asked.lease_want)
+        } else {
+            0
+        };
         // Until one more token refills (what Redis would answer a lone request now).
         let next_token_ms = asked.period_ms.div_ceil(asked.rate.max(1)).max(1);
         let retry_ms = if r.allowed {

@@ -26,11 +26,12 @@ use crate::shared::collect::Collector;
 /// resend by slot and then key by key). Past that its call is taken as lost.
 const RELAY_PATIENCE_TIMEOUTS: u64 = 8;
 
-/// Whether `c` may ride another worker's flight: a check's own call with nothing to settle and
-/// no lease, whose key fits on one line of a message.
+/// Whether `c` may ride another worker's flight: a check's own call with nothing to settle (a
+/// charge, or a refund: a relay carries neither) and no lease, whose key fits on one line of a
+/// message.
 fn relayable(c: &Call) -> bool {
     matches!(c.purpose, Purpose::Check { .. })
-        && c.call.settle == 0
+        && !c.call.settles()
         && c.call.lease_want == 0
         && c.call.holder.is_none()
         && !c.call.key.as_bytes().contains(&b'\n')
@@ -178,5 +179,50 @@ impl Engine {
         if let Some(me) = self.chains.lane() {
             let _ = Collector::new(host.store(), &self.plugin.ns).release(me);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ScriptCall;
+    use crate::bucket::{Limits, Tracked};
+    use crate::config::Config;
+    use crate::engine::ids::{CheckId, ContextId};
+    use crate::engine::rules::Rules;
+
+    #[test]
+    fn a_check_that_carries_a_settlement_is_never_relayed() {
+        let config =
+            Config::try_from(&br#"{"rules":[{"name":"r","key":["header:x-user"],"rate":10}]}"#[..])
+                .unwrap();
+        let rules = Rules::new(&config.rules);
+        let limits = Limits {
+            burst: 10,
+            rate: 10,
+            period_ms: 1000,
+        };
+        let check = |call: ScriptCall| {
+            let purpose = Purpose::Check {
+                ctx: ContextId::from(1),
+                check: CheckId::at(0),
+            };
+            Call::new(rules.iter().next().unwrap().clone(), call, purpose, 0)
+        };
+        let plain = ScriptCall::new("k".into(), &limits, 1);
+        assert!(relayable(&check(plain.clone())));
+        let mut refund = plain.clone();
+        refund.track = Some(Tracked {
+            refund: 3,
+            epoch: 1,
+            mark: 1,
+        });
+        assert!(
+            !relayable(&check(refund)),
+            "the relay would lose the refund"
+        );
+        let mut charge = plain;
+        charge.settle = 5;
+        assert!(!relayable(&check(charge)));
     }
 }

@@ -352,6 +352,27 @@ fn failure_mode_and_lease_admissions_are_not_refunded() {
     assert!(flushed(&mut e, &mut h, 100).is_empty());
 }
 
+/// A shared call's reply that grants more than it asked for (garbled, or not the script's) gives
+/// back no token it never took: the shares are what was asked, at most.
+#[test]
+fn a_shared_call_granted_more_than_it_asked_gives_back_only_its_own_shares() {
+    let (mut e, rec) = engine("", EXACT);
+    let mut h = Fake::default();
+    for ctx in 10..13 {
+        e.request_headers(&mut h, ctx.into(), &user("a"));
+    }
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
+    assert!(h.sent[1].ends_with("/1/2/0/0"), "two shares: {}", h.sent[1]);
+    e.done(&mut h, 11.into());
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 0, 100, 1000));
+    assert_eq!(h.resumed, [10, 12]);
+    assert_eq!(
+        rec.get(0, Counter::Refunded),
+        1,
+        "the one share nobody used, not 999"
+    );
+}
+
 /// A flight of refunds that fails in a way that may follow its script (Envoy's `upstream
 /// failure`: the connection closed with the call pending) goes again key by key without them,
 /// counted as dropped: given back twice, they would admit past the bucket. An error that comes

@@ -108,7 +108,8 @@ pub struct BodyReader {
     /// Event stream: the current line (and whether it overflowed).
     window: Vec<u8>,
     cut: bool,
-    /// Event stream: a line longer than the window was skipped.
+    /// Event stream: a line longer than the window was skipped since the last event that carried
+    /// the field (it may have carried a later usage, which would win).
     skipped: bool,
     /// Event stream: the usage of the last event that carried the field.
     found: Option<Result<u64, Unreadable>>,
@@ -214,6 +215,7 @@ impl BodyReader {
         };
         if let Some(v) = field(&doc, &self.path) {
             self.found = Some(as_usage(v));
+            self.skipped = false;
         }
     }
 
@@ -228,8 +230,8 @@ impl BodyReader {
                     self.event_line(&last);
                 }
                 match self.found {
+                    _ if self.skipped => Err(Unreadable::TooLarge),
                     Some(found) => found,
-                    None if self.skipped => Err(Unreadable::TooLarge),
                     None => Err(Unreadable::Missing),
                 }
             }
@@ -243,9 +245,11 @@ impl BodyReader {
     }
 
     /// What the body has said so far, for a response that will not end: the last event that
-    /// carried the field (a JSON body is read only whole).
+    /// carried the field, unless a line too long to read came after it (a JSON body is read only
+    /// whole).
     pub fn seen(&self) -> Option<Result<u64, Unreadable>> {
         match self.kind {
+            Kind::EventStream if self.skipped => self.found.map(|_| Err(Unreadable::TooLarge)),
             Kind::EventStream => self.found,
             Kind::Json => None,
         }
@@ -512,6 +516,13 @@ mod tests {
             ),
             Err(Unreadable::TooLarge)
         );
+        // After a usage event, a line too long to read may carry a later one: too large, also
+        // for a client gone before the end.
+        let mut r = new(Some(b"text/event-stream"), "usage.total_tokens").unwrap();
+        r.feed(b"data: {\"usage\":{\"total_tokens\":1}}\n\n");
+        r.feed(long.as_bytes());
+        assert_eq!(r.seen(), Some(Err(Unreadable::TooLarge)));
+        assert_eq!(r.finish(), Err(Unreadable::TooLarge));
         // Cut at the very end, with no newline after it: too large as well.
         assert_eq!(
             read(
