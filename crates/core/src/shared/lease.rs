@@ -241,11 +241,19 @@ impl Lease {
                 0
             } else {
                 match self.held_for(cost, now_ms, sizing) {
-                    Some(ms) => ms,
+                    // It takes the tokens refilled already first: a later, smaller cost waits
+                    // for tokens still to refill, after it.
+                    Some(ms) => {
+                        spendable = 0;
+                        ms
+                    }
                     None => break,
                 }
             };
-            self.tokens -= cost;
+            let Some(left) = self.tokens.checked_sub(cost) else {
+                break;
+            };
+            self.tokens = left;
             self.win_demand = self.win_demand.saturating_add(cost);
             self.asked = self.asked.saturating_add(cost);
             take.spent.push(Spent {

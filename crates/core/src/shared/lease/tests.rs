@@ -584,6 +584,28 @@ fn a_held_request_takes_the_next_token_to_refill_and_waits_for_it() {
     );
 }
 
+/// A held request takes the tokens refilled already before later ones refill: a smaller cost
+/// after it is held too, never admitted from tokens the held one took (which would spend ahead of
+/// the refill, and past zero).
+#[test]
+fn after_a_held_request_a_smaller_one_waits_its_turn() {
+    for (costs, want) in [
+        (&[20, 10][..], vec![100]),
+        (&[15, 5][..], vec![50, 100]),
+        (&[15, 10][..], vec![50]),
+    ] {
+        let s = MemStore::default();
+        let pool = LeasePool::new(&s, "ns");
+        reserved_20(&pool);
+        // At 100 ms, 10 of the 20 have refilled.
+        let t = pool.take("k", costs, 100, &HOLDING).unwrap();
+        let delays: Vec<u64> = t.spent.iter().map(|s| s.delay_ms).collect();
+        assert_eq!(delays, want, "{costs:?}");
+        let taken: u64 = costs.iter().take(want.len()).sum();
+        assert_eq!(pool.peek("k").unwrap().tokens, 20 - taken, "{costs:?}");
+    }
+}
+
 #[test]
 fn a_request_is_held_only_as_long_as_the_rule_lets_it_wait() {
     let s = MemStore::default();
