@@ -7,7 +7,9 @@
 
 use tollgate_core::config::{Config, Match, Mode};
 use tollgate_core::engine::{cost_of, CostError};
-use tollgate_core::rule::{applies, key_values, matches, KeyCache, LimitsBy, Read, RequestView};
+use tollgate_core::rule::{
+    applies, as_matched, key_values, matches, KeyCache, LimitsBy, Read, RequestView,
+};
 
 use crate::describe;
 
@@ -38,7 +40,10 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
         let readings = key_values(&rule.key, req).unwrap_or_default();
         for (source, read) in rule.key.iter().zip(&readings) {
             let shown = match read {
-                Read::Value(v) => format!("{:?}", String::from_utf8_lossy(v)),
+                Read::Value(v) => {
+                    let v = as_matched(rule, source, std::borrow::Cow::Borrowed(v));
+                    format!("{:?}", String::from_utf8_lossy(&v))
+                }
                 Read::Missing => "(missing)".to_string(),
                 Read::Ambiguous => {
                     "AMBIGUOUS (sent more than once, or read differently by different servers)"

@@ -317,7 +317,10 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
     )?;
     let tiers = r
         .tiers
-        .map(|t| tiers::tiers(t, &at("tiers"), &key, r.period_ms, cost))
+        .map(|t| {
+            let key = (&key[..], matcher.path_ignore_case);
+            tiers::tiers(t, &at("tiers"), key, r.period_ms, cost)
+        })
         .transpose()?;
     let penalty = r
         .penalty

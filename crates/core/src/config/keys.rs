@@ -227,11 +227,7 @@ fn client_ip(spec: &str, whole: &str, path: &str) -> Result<KeySource, ConfigErr
 
 /// The value an override (or a tier) names for `source`, in the form a request's value would
 /// take.
-pub(super) fn override_value(
-    source: &KeySource,
-    text: &str,
-    path: &str,
-) -> Result<Vec<u8>, ConfigError> {
+fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
     match source {
         KeySource::ClientIp {
             v4_prefix,
@@ -247,7 +243,6 @@ pub(super) fn override_value(
             )
         }),
         KeySource::Authority => Ok(crate::rule::host::of_authority(text.as_bytes())),
-        KeySource::Method => Ok(crate::rule::as_routed(text.as_bytes()).to_vec()),
         KeySource::Cookie(_) => {
             crate::rule::reading::cookie_value(text.as_bytes()).ok_or_else(|| {
                 err(
@@ -260,11 +255,29 @@ pub(super) fn override_value(
                 )
             })
         }
+        _ if crate::rule::reads_the_method(source) => {
+            Ok(crate::rule::as_routed(text.as_bytes()).to_vec())
+        }
         _ => Ok(match crate::rule::reads_the_path(source) {
             Some(part) => crate::rule::path_value(part, text.as_bytes()),
             None => text.as_bytes().to_vec(),
         }),
     }
+}
+
+/// The value an override or a tier names for `source`, as a rule whose path match ignores case
+/// (`path_ignore_case`) reads it ([`crate::rule::as_matched`]).
+pub(super) fn matched_value(
+    source: &KeySource,
+    text: &str,
+    path: &str,
+    path_ignore_case: bool,
+) -> Result<Vec<u8>, ConfigError> {
+    let value = override_value(source, text, path)?;
+    Ok(match crate::rule::reads_the_path(source) {
+        Some(_) if path_ignore_case => value.to_ascii_lowercase(),
+        _ => value,
+    })
 }
 
 /// A rule's `overrides`: key tuples (as requests give them) to their limits. An override's
@@ -311,11 +324,7 @@ pub fn overrides(
             .zip(key)
             .enumerate()
             .map(|(j, (v, source))| {
-                let value = override_value(source, v, &index(&key_path, j))?;
-                Ok(match crate::rule::reads_the_path(source) {
-                    Some(_) if path_ignore_case => value.to_ascii_lowercase(),
-                    _ => value,
-                })
+                matched_value(source, v, &index(&key_path, j), path_ignore_case)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let value = limits_of(

@@ -66,7 +66,7 @@ fn client_controlled(from: &KeySource) -> Option<&'static str> {
 pub fn tiers(
     t: doc::Tiers,
     path: &str,
-    key: &[KeySource],
+    (key, path_ignore_case): (&[KeySource], bool),
     rule_period: PeriodMs,
     cost: u64,
 ) -> Result<Tiers, ConfigError> {
@@ -127,7 +127,7 @@ pub fn tiers(
                 ),
             ));
         }
-        let value = keys::override_value(&from, &name, &p)?;
+        let value = keys::matched_value(&from, &name, &p, path_ignore_case)?;
         let given = keys::limits_of(
             &p,
             (tier.unlimited, tier.rate, tier.period_ms, tier.burst),

@@ -187,11 +187,13 @@ impl Engine {
         };
         if let Some(apart) = again {
             let mut calls: Vec<_> = flight.calls.into_iter().map(|(_, c)| c).collect();
-            // A script that may have run gave a refund back already: it goes no second time.
+            // A script that may have run gave a refund back already: it goes no second time,
+            // nor does a call that carried nothing else.
             if decoded.as_ref().is_err_and(BackendError::may_have_run) {
                 for c in &mut calls {
                     self.refund_may_have_run(&c.rule, &mut c.call);
                 }
+                calls.retain(|c| !matches!(c.purpose, Purpose::Settle) || c.call.settles());
             }
             if apart == send::Apart::BySlot {
                 self.learn_cluster(host, calls, now);

@@ -133,7 +133,7 @@ pub fn applies(
     let (given, by) = match (overridden, &rule.tiers) {
         (Some(o), _) => (Some(o), LimitsBy::Override),
         (None, None) => (None, LimitsBy::Rule),
-        (None, Some(tiers)) => match pick(tiers, req) {
+        (None, Some(tiers)) => match pick(rule, tiers, req) {
             Pick::Tier(t) => (Some(t), LimitsBy::Tier),
             Pick::Default => (None, LimitsBy::Rule),
             Pick::Ambiguous => (None, LimitsBy::AmbiguousTier),

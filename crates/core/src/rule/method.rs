@@ -1,15 +1,16 @@
 //! The methods an application may route a request as.
 //!
 //! Invariant: a request cannot step out of a method match, or into a bucket of its own under the
-//! `method` key, by how it asks for a method: `HEAD` is `GET` ([`as_routed`]), and a `POST` that
+//! `method` key, by how it asks for a method: `HEAD` is `GET` ([`as_routed`]), and a request that
 //! asks the application to route it as another method ([`any_override`]) matches a rule naming
 //! either, and its `method` key is ambiguous (one bucket per rule) unless every reading agrees.
 
 use super::{reading, RequestView};
 
-/// The headers with which a `POST` asks to be routed as another method: Symfony and Laravel,
-/// Rack (Rails, Sinatra), ASP.NET Core's and Express's method-override middleware, Scalatra read
-/// `X-HTTP-Method-Override`; others read `X-HTTP-Method` or `X-Method-Override`.
+/// The headers with which a request asks to be routed as another method: Symfony and Laravel,
+/// Rack (Rails, Sinatra), ASP.NET Core's and Express's method-override middleware, Scalatra, Slim
+/// and Yii read `X-HTTP-Method-Override`; others read `X-HTTP-Method` or `X-Method-Override`.
+/// Most honour it on a `POST` only; Slim, Yii and Express (configured so) on any method.
 const OVERRIDE_HEADERS: [&str; 3] = [
     "x-http-method-override",
     "x-http-method",
@@ -32,26 +33,28 @@ pub fn as_routed(method: &[u8]) -> &[u8] {
 }
 
 /// Whether `holds` holds for one of the methods a request sent as `sent` asks the application to
-/// route it as instead: for a `POST`, each line of the override headers (names as servers fold
-/// them, [`RequestView::header_lines`]) and each value of `_method` in the query, upper-cased as
-/// the frameworks upper-case them. Frameworks honour these only on a `POST`; another method asks
-/// for none.
+/// route it as instead, each upper-cased as the frameworks upper-case them: each line of the
+/// override headers (names as servers fold them, [`RequestView::header_lines`]), whole and each of
+/// its comma-separated items trimmed (Express reads the first), on any method; and for a `POST`,
+/// each value of `_method` in the query.
 pub fn any_override(
     req: &dyn RequestView,
     sent: &[u8],
     mut holds: impl FnMut(&[u8]) -> bool,
 ) -> bool {
-    if sent != b"POST" {
-        return false;
-    }
-    let in_headers = OVERRIDE_HEADERS.iter().any(|name| {
-        req.header_lines(name)
-            .iter()
-            .any(|line| holds(&line.to_ascii_uppercase()))
-    });
+    let mut asks = |value: &[u8]| {
+        holds(&value.to_ascii_uppercase())
+            || (value.contains(&b',')
+                && value
+                    .split(|&b| b == b',')
+                    .any(|item| holds(&item.trim_ascii().to_ascii_uppercase())))
+    };
+    let in_headers = OVERRIDE_HEADERS
+        .iter()
+        .any(|name| req.header_lines(name).iter().any(&mut asks));
     in_headers
-        || req.header(":path").is_some_and(|full| {
-            reading::query_values(&full, OVERRIDE_PARAMETER)
-                .any(|value| holds(&value.to_ascii_uppercase()))
-        })
+        || (sent == b"POST"
+            && req.header(":path").is_some_and(|full| {
+                reading::query_values(&full, OVERRIDE_PARAMETER).any(|value| asks(&value))
+            }))
 }

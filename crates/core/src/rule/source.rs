@@ -17,18 +17,7 @@ use crate::config::KeySource;
 pub(super) fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a> {
     match source {
         KeySource::Header(name) => reading::header(req.header_lines(name)),
-        KeySource::Method => req.header(":method").map_or(Read::Missing, |m| {
-            let routed = as_routed(&m);
-            // A POST that asks to be routed as another method: which one the application runs
-            // depends on the application.
-            if method::any_override(req, &m, |other| as_routed(other) != routed) {
-                return Read::Ambiguous;
-            }
-            Read::Value(match m {
-                Cow::Borrowed(m) => Cow::Borrowed(as_routed(m)),
-                Cow::Owned(m) => Cow::Owned(as_routed(&m).to_vec()),
-            })
-        }),
+        KeySource::Method => method_value(req),
         KeySource::Literal(text) => Read::Value(Cow::Borrowed(text.as_bytes())),
         derived => derived_value(derived, req),
     }
@@ -60,6 +49,7 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
         // source reads it, so a repeated line is ambiguous here too.
         KeySource::Property { path, .. } => match (reads_the_path(source), request_header(path)) {
             (Some(part), _) => owned(req.header(":path").map(|p| path_value(part, &p))),
+            (None, _) if reads_the_method(source) => method_value(req),
             (None, Some(name)) => reading::header(req.header_lines(&name)),
             (None, None) => {
                 let segments: Vec<&str> = path.iter().map(String::as_str).collect();
@@ -78,6 +68,36 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
     }
 }
 
+/// The `method` key's reading: `:method` as applications route it (`HEAD` as `GET`), ambiguous
+/// when the request asks to be routed as another method (which one runs depends on the
+/// application). The attributes `request.method` and `request.headers.:method` read the same.
+fn method_value(req: &dyn RequestView) -> Read<'_> {
+    req.header(":method").map_or(Read::Missing, |m| {
+        let routed = as_routed(&m);
+        if method::any_override(req, &m, |other| as_routed(other) != routed) {
+            return Read::Ambiguous;
+        }
+        Read::Value(match m {
+            Cow::Borrowed(m) => Cow::Borrowed(as_routed(m)),
+            Cow::Owned(m) => Cow::Owned(as_routed(&m).to_vec()),
+        })
+    })
+}
+
+/// Whether `source`'s value is the request's method: `method`, or the attributes
+/// `request.method` and `request.headers.:method`, all read as [`method_value`] reads it.
+pub fn reads_the_method(source: &KeySource) -> bool {
+    match source {
+        KeySource::Method => true,
+        KeySource::Property { path, .. } => match path.as_slice() {
+            [r, m] => r == "request" && m == "method",
+            [r, h, m] => r == "request" && h == "headers" && m.eq_ignore_ascii_case(":method"),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// What of the request line a source that reads the path keys on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathPart {
@@ -87,15 +107,19 @@ pub enum PathPart {
     PathAndQuery,
 }
 
-/// Whether `source`'s value is the request's path, in some spelling, and with what. Such a
-/// source keys on the path as [`path::key_value`] reads it, however the attribute is spelled, so
-/// no spelling of a path is a bucket of its own.
+/// Whether `source`'s value is the request's path, in some spelling, and with what (the attributes
+/// `request.path` and `request.headers.:path` are the path and its query). Such a source keys on
+/// the path as [`path::key_value`] reads it, however the attribute is spelled, so no spelling of a
+/// path is a bucket of its own.
 pub fn reads_the_path(source: &KeySource) -> Option<PathPart> {
     match source {
         KeySource::Path => Some(PathPart::Path),
         KeySource::Property { path, .. } => match path.as_slice() {
             [r, p] if r == "request" && p == "url_path" => Some(PathPart::Path),
             [r, p] if r == "request" && p == "path" => Some(PathPart::PathAndQuery),
+            [r, h, p] if r == "request" && h == "headers" && p.eq_ignore_ascii_case(":path") => {
+                Some(PathPart::PathAndQuery)
+            }
             _ => None,
         },
         _ => None,

@@ -7,12 +7,12 @@
 //! never a higher tier; so does a missing value, or one no tier names ([`Pick::Default`]). A
 //! tier never changes the bucket key (`apply`).
 
-use super::apply::path_agreed;
+use super::apply::{as_matched, path_agreed};
 use super::source::key_value;
 use super::source::reads_the_path;
 use super::value::{self, Value};
 use super::{Read, RequestView};
-use crate::config::{KeySource, Override, Tiers};
+use crate::config::{KeySource, Override, Rule, Tiers};
 
 /// What a rule's tiers give a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub(super) enum Pick<'r> {
 /// The tier `tiers` pick for `req`. Out of line: few rules have tiers, and `applies` calls it
 /// only for those.
 #[inline(never)]
-pub(super) fn pick<'r>(tiers: &'r Tiers, req: &dyn RequestView) -> Pick<'r> {
+pub(super) fn pick<'r>(rule: &'r Rule, tiers: &'r Tiers, req: &dyn RequestView) -> Pick<'r> {
     let found = |value: &[u8]| tiers.limits.get(value).map_or(Pick::Default, Pick::Tier);
     match &tiers.from {
         KeySource::Metadata { namespace, fields } => {
@@ -49,7 +49,7 @@ pub(super) fn pick<'r>(tiers: &'r Tiers, req: &dyn RequestView) -> Pick<'r> {
                 return Pick::Ambiguous;
             }
             match key_value(source, req) {
-                Read::Value(v) => found(&v),
+                Read::Value(v) => found(&as_matched(rule, source, v)),
                 Read::Missing => Pick::Default,
                 Read::Ambiguous => Pick::Ambiguous,
             }

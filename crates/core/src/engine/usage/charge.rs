@@ -304,10 +304,6 @@ impl Engine {
         taken
     }
 
-    /// A call of `rule` that carried a settlement failed. Its charge is pending again. Its
-    /// refund is pending again only if the call certainly never ran (`may_have_run` false: it
-    /// never left, or the backend refused it before the script ran); otherwise it is dropped and
-    /// counted, since the script may have given it back already.
     /// `call` goes again after a failure that may have run its script: a refund it carries
     /// may have been given back already, so it goes without it, counted as dropped (a refund is
     /// given back only when its call certainly never ran).
@@ -319,6 +315,10 @@ impl Engine {
         }
     }
 
+    /// A call of `rule` that carried a settlement failed. Its charge is pending again. Its
+    /// refund is pending again only if the call certainly never ran (`may_have_run` false: it
+    /// never left, or the backend refused it before the script ran); otherwise it is dropped and
+    /// counted, since the script may have given it back already.
     pub(in crate::engine) fn settlement_failed(
         &mut self,
         host: &mut dyn Host,

@@ -293,7 +293,7 @@ fn the_method_key_reads_head_as_get() {
 /// bucket per rule), so asking for a method per request mints no bucket; asking for POST (or
 /// nothing) keeps POST's.
 #[test]
-fn the_method_key_of_a_post_that_asks_for_another_method_is_ambiguous() {
+fn the_method_key_of_a_request_that_asks_for_another_method_is_ambiguous() {
     let post = |path: &str| Req::new("POST", path);
     for req in [
         post("/").line("x-http-method-override", "DELETE"),
@@ -302,6 +302,8 @@ fn the_method_key_of_a_post_that_asks_for_another_method_is_ambiguous() {
         post("/")
             .line("x-method-override", "POST")
             .line("x-method-override", "PUT"),
+        post("/").line("x-http-method-override", "POST, PUT"),
+        Req::new("GET", "/").line("x-http-method-override", "DELETE"),
     ] {
         assert_eq!(
             read(KeySource::Method, &req),
@@ -314,6 +316,7 @@ fn the_method_key_of_a_post_that_asks_for_another_method_is_ambiguous() {
         post("/").line("x-http-method-override", "post"),
         post("/?_method=POST"),
         Req::new("GET", "/?_method=DELETE"),
+        Req::new("HEAD", "/").line("x-http-method-override", "GET"),
     ] {
         assert!(
             matches!(read(KeySource::Method, &req), Read::Value(_)),
@@ -321,4 +324,20 @@ fn the_method_key_of_a_post_that_asks_for_another_method_is_ambiguous() {
             req.lines
         );
     }
+}
+
+/// The attributes that are the method or the path are read as the `method` and `path` keys read
+/// them, whatever the host's attribute holds: the bytes as sent would be a bucket per spelling.
+#[test]
+fn attributes_of_the_request_line_read_as_its_keys() {
+    for attribute in ["request.method", "request.headers.:method"] {
+        let source = || property(attribute);
+        let head = Req::new("HEAD", "/").prop(attribute, "HEAD");
+        assert_eq!(one(source(), &head), Some(b"GET".to_vec()), "{attribute}");
+        let asks = Req::new("POST", "/?_method=DELETE").prop(attribute, "POST");
+        assert_eq!(read(source(), &asks), Read::Ambiguous, "{attribute}");
+    }
+    let path = |p: &str| one(property("request.headers.:path"), &Req::new("GET", p));
+    assert_eq!(path("/api//x?a=1"), path("/api/%78?a=1"));
+    assert_eq!(path("/api//x?a=1"), Some(b"/api/x?a=1".to_vec()));
 }

@@ -217,4 +217,14 @@ fn a_path_tier_needs_every_reading_to_agree() {
     for p in ["/x/..;/bulk", "//bulk", "/%62ulk", "/bulk;v=1"] {
         assert_eq!(by(p), LimitsBy::AmbiguousTier, "{p}");
     }
+    // A rule that ignores the path's case picks the tier of a path in any case.
+    let r = rule_of(
+        r#"{"rules":[{"name":"all","key":["header:x-user"],"rate":1,"burst":3,
+            "match":{"path_prefix":"/","path_ignore_case":true},
+            "tiers":{"from":"path","trusted":true,"limits":{"/Bulk":{"rate":10,"burst":20}}}}]}"#,
+    );
+    let by = |p: &str| apply(&r, &Req::new("GET", p).with("x-user", "a")).by;
+    for p in ["/bulk", "/BULK", "/Bulk"] {
+        assert_eq!(by(p), LimitsBy::Tier, "{p}");
+    }
 }
