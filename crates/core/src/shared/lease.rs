@@ -177,7 +177,9 @@ impl Lease {
 
     /// Tokens that can be spent now: not expired, and refilled already.
     pub fn spendable(&self, now_ms: u64, sizing: &Sizing) -> u64 {
-        let refilling = sizing.refill_in(self.vest_until_ms.saturating_sub(now_ms));
+        let refilling = sizing
+            .vesting
+            .tokens_in(self.vest_until_ms.saturating_sub(now_ms));
         self.live_tokens(now_ms).saturating_sub(refilling)
     }
 
@@ -190,10 +192,7 @@ impl Lease {
             return None;
         }
         // Spendable from when at most `live - cost` tokens are still refilling.
-        let spare_ms = (live - cost)
-            .saturating_mul(sizing.period_ms)
-            .checked_div(sizing.rate)
-            .unwrap_or(0);
+        let spare_ms = sizing.vesting.ms_for(live - cost);
         Some(
             self.vest_until_ms
                 .saturating_sub(spare_ms)
@@ -710,6 +709,34 @@ pub struct Sizing {
     /// The rule's `max_wait_ms` (0 for a shadow rule): a request the proxy's reservation covers
     /// within this long is held until it does, instead of refused (0: never held).
     pub hold_ms: u64,
+    /// How fast a reservation vests, whichever of its rule's limits granted it.
+    pub vesting: Vesting,
+}
+
+/// The refill at which a reservation's tokens become spendable, one by one, until it ends: the
+/// fastest of the limits a key's requests may have (the rule's own, its overrides', its tiers').
+/// Requests of one key may have different limits (a tier each, or an override that only an
+/// agreed spelling gets), so a reservation granted under the fastest must not vest at a slower
+/// one's pace when a slower request spends it; taken faster, a slower grant only vests late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vesting {
+    pub rate: u64,
+    pub period_ms: u64,
+}
+
+impl Vesting {
+    /// Tokens still vesting `ms` before the reservation ends.
+    fn tokens_in(&self, ms: u64) -> u64 {
+        ms.saturating_mul(self.rate).div_ceil(self.period_ms.max(1))
+    }
+
+    /// How long `tokens` take to vest.
+    fn ms_for(&self, tokens: u64) -> u64 {
+        tokens
+            .saturating_mul(self.period_ms)
+            .checked_div(self.rate)
+            .unwrap_or(0)
+    }
 }
 
 impl Sizing {

@@ -12,6 +12,10 @@ const SIZING: Sizing = Sizing {
     lease_max: 50,
     horizon_ms: 200,
     hold_ms: 0,
+    vesting: Vesting {
+        rate: 100,
+        period_ms: 1000,
+    },
 };
 
 /// A deposit of `tokens` with no waiter spending from it.
@@ -581,6 +585,32 @@ fn a_held_request_takes_the_next_token_to_refill_and_waits_for_it() {
     assert_eq!(
         pool.take_batch("k", 1, 0, &SIZING, (false, Back::default())),
         Ok(Taken::Refilling(10))
+    );
+}
+
+/// A reservation vests at its rule's fastest refill, whatever the limits of the request that
+/// spends it: 20 tokens reserved at 100/s are 10 spendable 100 ms before the end, not 19 because
+/// the spender's own limits (a slower tier) refill 10/s.
+#[test]
+fn a_reservation_vests_at_the_rules_fastest_refill_whoever_spends_it() {
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    reserved_20(&pool);
+    let lease = pool.peek("k").unwrap();
+    let slow = Sizing { rate: 10, ..SIZING };
+    assert_eq!(lease.spendable(100, &slow), 10);
+    assert_eq!(lease.spendable(100, &SIZING), 10);
+    let paced_by_the_spender = Sizing {
+        vesting: Vesting {
+            rate: 10,
+            period_ms: 1000,
+        },
+        ..slow
+    };
+    assert_eq!(
+        lease.spendable(100, &paced_by_the_spender),
+        19,
+        "what it would be"
     );
 }
 
