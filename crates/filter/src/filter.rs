@@ -135,7 +135,7 @@ pub extern "C" fn proxy_on_configure(ctx: u32, _size: u32) -> bool {
         // The new engine flushes what the old one still owed the backend; the answers to the old
         // one's calls come to this root, so to the new engine, too. What no rule of the new
         // configuration names is left: its buckets are no longer used.
-        let pending = old.hand_over(true);
+        let pending = old.hand_over(&mut WasmHost::new(ctx), true);
         let _ = engine.adopt(&mut WasmHost::new(ctx), pending);
     }
     *slot = Some(engine);
@@ -248,7 +248,7 @@ pub extern "C" fn proxy_on_delete(ctx: u32) {
     match slot.as_mut() {
         Some(e) if root => {
             e.plugin().metrics.flush();
-            hand_to_other_roots(e.hand_over(false), ctx);
+            hand_to_other_roots(e.hand_over(&mut WasmHost::new(ctx), false), ctx);
         }
         Some(e) => e.done(&mut WasmHost::new(ctx), ctx.into()),
         None => {}

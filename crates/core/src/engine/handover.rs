@@ -7,7 +7,8 @@
 //! amounts stay in shared data throughout (the settle table is keyed by the plugin namespace, not
 //! by the engine); what moves is the schedule that flushes them and, on the same root, the calls
 //! in flight that carry some, whose failure must put them back, and those waiting in the open
-//! batch.
+//! batch. A deleted root's calls are answered to no engine: what they carried, and what waited
+//! in its open batch, is put back in shared data first, as a failure would put it back.
 
 use super::calls::{Call, Flight, Purpose};
 use super::coalesce::Told;
@@ -85,8 +86,31 @@ fn settlement_of(c: &ScriptCall) -> ScriptCall {
 impl Engine {
     /// Gives up this engine's pending settlements to the engine that replaces it. `calls_too`:
     /// the answers to this engine's calls in flight will reach the next engine (it replaces this
-    /// one on the same root context); otherwise they are left out, as no engine will see them.
-    pub fn hand_over(&mut self, calls_too: bool) -> Pending {
+    /// one on the same root context). Otherwise no engine will see them: what they carried is
+    /// pending again in shared data as if they failed after their script may have run (a charge
+    /// kept, a refund dropped), and what waited in the open batch as if it never left, each with
+    /// a flush for whichever engine adopts it (else the key's next call carries it).
+    pub fn hand_over(&mut self, host: &mut dyn Host, calls_too: bool) -> Pending {
+        let mut waiting = self.open.take();
+        if !calls_too {
+            let now = self.timer.read(host);
+            let in_flight: Vec<_> = self
+                .calls
+                .flights()
+                .flat_map(|(_, f)| &f.calls)
+                .filter(|(_, c)| c.call.settles())
+                .map(|(_, c)| (c.rule.clone(), c.call.clone(), true))
+                .collect();
+            let never_left = waiting
+                .iter()
+                .filter(|c| c.call.settles())
+                .map(|c| (c.rule.clone(), c.call.clone(), false));
+            let carried: Vec<_> = in_flight.into_iter().chain(never_left).collect();
+            for (rule, call, may_have_run) in carried {
+                self.settlement_failed(host, &rule, &call, may_have_run, now);
+            }
+            waiting.retain(|c| !c.call.settles());
+        }
         // One flush per key (the earliest): it takes whatever the key has pending then.
         let flushes = self
             .usage
@@ -125,7 +149,6 @@ impl Engine {
         let mut told: Vec<_> = in_flights
             .filter_map(|(_, c)| relayed(c, Told::Failed))
             .collect();
-        let waiting = self.open.take();
         told.extend(waiting.iter().filter_map(|c| relayed(c, Told::NotTaken)));
         // Not sent yet: any engine of the namespace can send them.
         let open = waiting

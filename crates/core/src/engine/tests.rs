@@ -1795,7 +1795,8 @@ fn a_pending_settlement_survives_a_new_configuration() {
     assert_eq!(h.sent.len(), sent, "a fresh engine alone never flushes it");
     let (mut new, _) = engine("", &reordered);
     h.tick = 0;
-    let left = new.adopt(&mut h, old.hand_over(true));
+    let pending = old.hand_over(&mut h, true);
+    let left = new.adopt(&mut h, pending);
     assert!(left.is_empty());
     assert_eq!(h.tick, 1, "the new engine's tick, for the flush due now");
     new.tick(&mut h);
@@ -1824,7 +1825,7 @@ fn a_settlement_in_flight_survives_a_new_configuration() {
     old.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(settle_arg(&h.out[&2].body), 39, "the next call carries it");
     let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
-    let pending = old.hand_over(true);
+    let pending = old.hand_over(&mut h, true);
     assert_eq!(pending.len(), 2, "the flush and the call");
     assert!(new.adopt(&mut h, pending).is_empty());
     deliver(&mut new, &mut h, 2, 0, b"");
@@ -1839,6 +1840,32 @@ fn a_settlement_in_flight_survives_a_new_configuration() {
     assert_eq!(settle_arg(h.sent.last().unwrap()), 0);
 }
 
+/// A root deleted while a call carrying a charge is out (its answer will reach no engine): the
+/// charge is pending again in shared data, and the configuration in force flushes it.
+#[test]
+fn a_charge_in_flight_survives_its_root_being_deleted() {
+    let (mut old, _) = engine(r#""failure_mode":"open","#, LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    old.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
+    old.done(&mut h, 10.into());
+    old.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(settle_arg(&h.out[&2].body), 39, "the next call carries it");
+    let pending = old.hand_over(&mut h, false);
+    let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
+    assert!(new.adopt(&mut h, pending).is_empty());
+    let sent = h.sent.len();
+    h.now += 100;
+    new.tick(&mut h);
+    assert_eq!(
+        h.sent.len(),
+        sent + 1,
+        "flushed by the configuration in force"
+    );
+    assert_eq!(settle_arg(h.sent.last().unwrap()), 39, "put back whole");
+}
+
 /// Settlements of a rule the new configuration no longer has, or of another namespace (another
 /// `key_prefix`), are not adopted: their buckets are no longer used.
 #[test]
@@ -1849,7 +1876,8 @@ fn settlements_of_a_gone_rule_are_not_adopted() {
     deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
     old.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
     let (mut renamed, _) = engine("", &LLM.replace("\"llm\"", "\"llm2\""));
-    let left = renamed.adopt(&mut h, old.hand_over(false));
+    let pending = old.hand_over(&mut h, false);
+    let left = renamed.adopt(&mut h, pending);
     assert_eq!(left.len(), 1);
     let (mut other_ns, _) = engine(r#""key_prefix":"other","#, LLM);
     let left = other_ns.adopt(&mut h, left);

@@ -328,7 +328,7 @@ fn a_settlement_waiting_in_the_open_batch_is_handed_to_the_next_engine() {
     h.now += 10;
     e.tick(&mut h);
     assert_eq!(h.sent.len(), 2, "the settlement waits in the open batch");
-    let pending = e.hand_over(true);
+    let pending = e.hand_over(&mut h, true);
     assert!(!pending.is_empty());
     let (mut next, _) = engine(BATCHED, usage);
     next.adopt(&mut h, pending);

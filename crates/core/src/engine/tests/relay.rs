@@ -165,7 +165,7 @@ fn one_call_per_flight_relays_nothing() {
 #[test]
 fn an_engine_replaced_while_it_collects_is_forgotten_as_the_collector() {
     let ((mut w1, _), (_w2, _), mut h) = collecting(BATCHED);
-    let pending = w1.hand_over(true);
+    let pending = w1.hand_over(&mut h, true);
     let (mut next, _) = engine(BATCHED, EXACT);
     next.adopt(&mut h, pending);
     assert_eq!(collector(&next, &h), None);
@@ -220,7 +220,7 @@ fn an_answer_meant_for_a_replaced_engine_decides_nothing_of_the_new_one() {
     let ((mut w1, _), (mut old, _), mut h) = collecting(BATCHED);
     old.request_headers(&mut h, 20.into(), &user("b"));
     ready(&mut old, &mut h, 2);
-    let pending = old.hand_over(true);
+    let pending = old.hand_over(&mut h, true);
     // The root is configured again: a new engine with a new queue, numbering its asks afresh.
     let (mut new, _) = engine(BATCHED, EXACT);
     h.queues.insert(3, Default::default());
@@ -276,7 +276,7 @@ fn relayed_checks_in_a_replaced_collector_are_sent_by_their_workers_or_failed_if
     w2.request_headers(&mut h, 21.into(), &user("c"));
     ready(&mut w2, &mut h, 2);
     ready(&mut w1, &mut h, 1);
-    let pending = w1.hand_over(true);
+    let pending = w1.hand_over(&mut h, true);
     let (mut next, _) = engine(CLOSED, EXACT);
     next.set_queue(1);
     next.adopt(&mut h, pending);
