@@ -324,7 +324,7 @@ fn rule(r: doc::Rule, path: &str) -> Result<Rule, ConfigError> {
         .transpose()?;
     let penalty = r
         .penalty
-        .map(|p| penalty(p, r.mode, &at("penalty")))
+        .map(|p| penalty(p, (r.mode, max_wait_ms), &at("penalty")))
         .transpose()?;
 
     Ok(Rule {
@@ -354,13 +354,24 @@ const MIN_DEFAULT_PENALTY_WINDOW_MS: u64 = 3_600_000;
 /// (so a client that offends again soon after its longest box still counts as a repeat) and at
 /// least an hour, and must be at least the longest duration (a shorter one forgets an offence
 /// before its box ends, so the next could never count as a repeat). Exact mode only.
-fn penalty(p: doc::Penalty, mode: Mode, path: &str) -> Result<crate::bucket::Penalty, ConfigError> {
+fn penalty(
+    p: doc::Penalty,
+    (mode, max_wait_ms): (Mode, u64),
+    path: &str,
+) -> Result<crate::bucket::Penalty, ConfigError> {
     use crate::bucket::{MAX_PENALTY_STEPS, MAX_PENALTY_WINDOW_MS};
     if mode == Mode::Lease {
         return Err(err(
             path.to_string(),
             "needs \"mode\": \"exact\" (leased tokens are spent without a call, so the other \
              proxies would keep admitting a boxed client until their leases run out)",
+        ));
+    }
+    if max_wait_ms > 0 {
+        return Err(err(
+            path.to_string(),
+            "needs \"max_wait_ms\": 0 (a request held for its reservation would be let through \
+             while its key is boxed)",
         ));
     }
     let ms: Vec<u64> = p.ms.iter().map(|d| d.get()).collect();

@@ -64,6 +64,15 @@ fn bad_penalties_name_the_field() {
     }
 }
 
+/// A held request would be let through while its key is boxed: a penalty rule holds none.
+#[test]
+fn a_penalty_needs_requests_never_held() {
+    assert_eq!(
+        rule_error(r#""rate":5,"max_wait_ms":60000,"penalty":{"ms":[1000]}"#),
+        "rules[0].penalty: needs \"max_wait_ms\": 0 (a request held for its reservation would be let through while its key is boxed)"
+    );
+}
+
 #[test]
 fn a_penalty_needs_exact_mode() {
     assert_eq!(
