@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 
-use super::source::{key_value, reads_the_path};
+use super::source::{as_spelled, key_value, reads_the_path};
 use super::tiers::{pick, Pick};
 use super::{bucket_key_of, matches, path, KeyCache, Part, Read, RequestView};
 use crate::bucket::Limits;
@@ -59,6 +59,15 @@ fn override_of<'r>(
     req: &dyn RequestView,
 ) -> Option<&'r Override> {
     if rule.key.iter().any(|s| reads_the_path(s).is_some()) && !path_agreed(req) {
+        return None;
+    }
+    // A header a filter before tollgate sets: only its own spelling names an override.
+    if !rule
+        .key
+        .iter()
+        .zip(values)
+        .all(|(s, v)| as_spelled(s, req, v))
+    {
         return None;
     }
     let values: Vec<Vec<u8>> = values.iter().map(|v| v.to_vec()).collect();

@@ -135,6 +135,22 @@ pub fn path_value(part: PathPart, full_path: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Whether `value`, which `source` read, is on a line spelled as the source names its header
+/// (ASCII case aside): a filter before tollgate that sets, checks or strips a header does so for
+/// that spelling only, so a value on another (`x_plan` for `x-plan`, which CGI, WSGI and PHP
+/// read alike) is the client's own. Always true for a source that is not a header.
+pub(super) fn as_spelled(source: &KeySource, req: &dyn RequestView, value: &[u8]) -> bool {
+    let name = match source {
+        KeySource::Header(name) => Cow::Borrowed(name.as_str()),
+        KeySource::Property { path, .. } => match request_header(path) {
+            Some(name) if !name.starts_with(':') => Cow::Owned(name),
+            _ => return true,
+        },
+        _ => return true,
+    };
+    req.header(&name).is_some_and(|exact| *exact == *value)
+}
+
 /// The header an attribute path `request.headers.<name>` names (lower-cased), if it is one.
 fn request_header(path: &[String]) -> Option<String> {
     match path {

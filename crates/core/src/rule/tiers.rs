@@ -9,7 +9,7 @@
 
 use super::apply::{as_matched, path_agreed};
 use super::source::key_value;
-use super::source::reads_the_path;
+use super::source::{as_spelled, reads_the_path};
 use super::value::{self, Value};
 use super::{Read, RequestView};
 use crate::config::{KeySource, Override, Rule, Tiers};
@@ -49,6 +49,8 @@ pub(super) fn pick<'r>(rule: &'r Rule, tiers: &'r Tiers, req: &dyn RequestView) 
                 return Pick::Ambiguous;
             }
             match key_value(source, req) {
+                // A header a filter before tollgate sets: only its own spelling names a tier.
+                Read::Value(v) if !as_spelled(source, req, &v) => Pick::Ambiguous,
                 Read::Value(v) => found(&as_matched(rule, source, v)),
                 Read::Missing => Pick::Default,
                 Read::Ambiguous => Pick::Ambiguous,

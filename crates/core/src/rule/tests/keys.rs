@@ -539,6 +539,25 @@ fn a_path_override_applies_only_where_every_reading_agrees() {
     );
 }
 
+/// An override on a header names only the header's own spelling: a filter in front that sets or
+/// strips `x-tenant` leaves a client's `x_tenant` line, which some servers read as the same
+/// header, in place.
+#[test]
+fn a_header_override_needs_the_headers_own_spelling() {
+    let mut r = rule(Match::default(), vec![KeySource::Header("x-tenant".into())]);
+    r.overrides
+        .insert(vec![b"internal".to_vec()], Override::Unlimited);
+    let apply = |name: &str| {
+        let req = Req::new("GET", "/").line(name, "internal");
+        applies("tg", (0, &r), &req, &mut KeyCache::default()).unwrap()
+    };
+    assert!(apply("x-tenant").unlimited);
+    assert!(apply("X-Tenant").unlimited);
+    let spoofed = apply("x_tenant");
+    assert!(!spoofed.unlimited, "the rule's own limits");
+    assert_eq!(spoofed.key, apply("x-tenant").key, "the same bucket");
+}
+
 #[test]
 fn overrides_change_limits_not_keys() {
     let mut r = rule(Match::default(), vec![KeySource::Header("x-tenant".into())]);
