@@ -19,6 +19,7 @@ use super::Engine;
 use crate::backend::ScriptCall;
 use crate::bucket::Limits;
 use crate::shared::collect::Collector;
+use crate::shared::lead::Leaders;
 
 /// An outgoing engine's pending settlements, by rule name (a new configuration may number its
 /// rules differently).
@@ -91,6 +92,8 @@ impl Engine {
     /// kept, a refund dropped), and what waited in the open batch as if it never left, each with
     /// a flush for whichever engine adopts it (else the key's next call carries it).
     pub fn hand_over(&mut self, host: &mut dyn Host, calls_too: bool) -> Pending {
+        self.chains
+            .release_leads(&Leaders::new(host.store(), &self.plugin.ns));
         let mut waiting = self.open.take();
         if !calls_too {
             let now = self.timer.read(host);

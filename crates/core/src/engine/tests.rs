@@ -1384,6 +1384,19 @@ fn lead_a(w: &mut Engine, h: &mut Fake) {
     );
 }
 
+/// A leader's engine replaced or gone: its places in the leader table go with it, so the other
+/// workers call for the key themselves rather than send checks to a queue nobody reads.
+#[test]
+fn an_engine_that_goes_frees_the_keys_it_leads() {
+    for same_root in [true, false] {
+        let ((mut w1, _), _, mut h) = two_workers();
+        lead_a(&mut w1, &mut h);
+        let _ = w1.hand_over(&mut h, same_root);
+        let leaders = crate::shared::lead::Leaders::new(&*h.store, &w1.plugin.ns);
+        assert_eq!(leaders.leader(&lease_key(&w1, "a")), None, "{same_root}");
+    }
+}
+
 #[test]
 fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     let ((mut w1, rec1), (mut w2, rec2), mut h) = two_workers();

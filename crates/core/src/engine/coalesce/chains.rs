@@ -161,6 +161,18 @@ impl Chains {
         }
     }
 
+    /// This worker's engine goes: its places in the leader table go (no engine reads its queue
+    /// any more; the workers that would send it checks call for them themselves).
+    pub fn release_leads(&mut self, leaders: &Leaders) {
+        if let Some(me) = self.lane {
+            for (key, chain) in &self.by_key {
+                if chain.leads {
+                    let _ = leaders.release(key, me);
+                }
+            }
+        }
+    }
+
     /// Takes every queued check of request `ctx` off `key`'s chain.
     pub fn remove_waiter(&mut self, key: &str, ctx: ContextId) {
         if let Some(chain) = self.by_key.get_mut(key) {
