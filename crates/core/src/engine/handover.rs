@@ -7,8 +7,9 @@
 //! amounts stay in shared data throughout (the settle table is keyed by the plugin namespace, not
 //! by the engine); what moves is the schedule that flushes them and, on the same root, the calls
 //! in flight that carry some, whose failure must put them back, and those waiting in the open
-//! batch. A deleted root's calls are answered to no engine: what they carried, and what waited
-//! in its open batch, is put back in shared data first, as a failure would put it back.
+//! batch, and the checks other workers relayed in those flights, which it answers to them. A
+//! deleted root's calls are answered to no engine: what they carried, and what waited in its open
+//! batch, is put back in shared data first, as a failure would put it back.
 
 use super::calls::{Call, Flight, Purpose};
 use super::coalesce::Told;
@@ -38,11 +39,12 @@ pub struct Pending {
     collector: Option<u32>,
     /// What the checks other workers relayed to the outgoing engine are told: not taken if they
     /// were waiting in its open batch (their workers send them), failed if their flight was out
-    /// (it may have run). (queue, ask, told)
+    /// and its root is gone (it may have run; on the same root the next engine answers them).
+    /// (queue, ask, told)
     told: Vec<(u32, u64, Told)>,
 }
 
-/// A flight in flight with the settlements it carries.
+/// A flight in flight with the calls of it the next engine answers.
 #[derive(Debug)]
 struct Carrying {
     token: Token,
@@ -50,10 +52,31 @@ struct Carrying {
     size: usize,
     /// Which of them sent the tracked form (`Flight::asks`).
     asks: Vec<bool>,
-    /// Its settling calls: (position, rule name, the call, when it was sent).
-    settles: Vec<(usize, String, ScriptCall, u64)>,
+    /// Its settling calls and the checks other workers relayed in it.
+    kept: Vec<Kept>,
     with_source: bool,
     batched: bool,
+}
+
+/// A call of a flight in flight that the next engine answers: a settlement (the request it was
+/// for belongs to the outgoing engine), or a check another worker relayed (its answer goes to
+/// that worker's `queue` as `ask`, as the outgoing engine would have sent it).
+#[derive(Debug)]
+struct Kept {
+    at: usize,
+    rule: String,
+    call: ScriptCall,
+    sent_ms: u64,
+    relayed: Option<(u32, u64)>,
+}
+
+impl Kept {
+    fn purpose(&self) -> Purpose {
+        match self.relayed {
+            Some((queue, ask)) => Purpose::Relayed { queue, ask },
+            None => Purpose::Settle,
+        }
+    }
 }
 
 impl Pending {
@@ -68,9 +91,26 @@ impl Pending {
 
     /// Settlements scheduled or in flight (for tests and logs).
     pub fn len(&self) -> usize {
-        let in_flight: usize = self.calls.iter().map(|c| c.settles.len()).sum();
+        let in_flight: usize = self.calls.iter().map(|c| c.kept.len()).sum();
         self.flushes.len() + in_flight + self.open.len()
     }
+}
+
+/// The call at `at` of a flight in flight, if the next engine answers it: a relayed check whole,
+/// a settlement (see [`settlement_of`]).
+fn kept(at: usize, c: &Call) -> Option<Kept> {
+    let (call, relayed) = match c.purpose {
+        Purpose::Relayed { queue, ask } => (c.call.clone(), Some((queue, ask))),
+        _ if c.call.settles() => (settlement_of(&c.call), None),
+        _ => return None,
+    };
+    Some(Kept {
+        at,
+        rule: c.rule.name.clone(),
+        call,
+        sent_ms: c.sent_ms,
+        relayed,
+    })
 }
 
 /// Only the settlement of `c` matters to the next engine: the request it was for belongs to the
@@ -128,18 +168,11 @@ impl Engine {
                     token,
                     size: f.size,
                     asks: f.asks.clone(),
-                    settles: f
-                        .calls
-                        .iter()
-                        .filter(|(_, c)| c.call.settles())
-                        .map(|(at, c)| {
-                            (*at, c.rule.name.clone(), settlement_of(&c.call), c.sent_ms)
-                        })
-                        .collect(),
+                    kept: f.calls.iter().filter_map(|(at, c)| kept(*at, c)).collect(),
                     with_source: f.with_source,
                     batched: f.batched,
                 })
-                .filter(|c| !c.settles.is_empty())
+                .filter(|c| !c.kept.is_empty())
                 .collect()
         } else {
             Vec::new()
@@ -148,8 +181,10 @@ impl Engine {
             Purpose::Relayed { queue, ask } => Some((queue, ask, told)),
             _ => None,
         };
+        // Out, and answered to no engine (the root is gone): it may have run.
         let in_flights = self.calls.flights().flat_map(|(_, f)| &f.calls);
         let mut told: Vec<_> = in_flights
+            .filter(|_| !calls_too)
             .filter_map(|(_, c)| relayed(c, Told::Failed))
             .collect();
         told.extend(waiting.iter().filter_map(|c| relayed(c, Told::NotTaken)));
@@ -180,6 +215,12 @@ impl Engine {
             self.answers.tell(queue, ask, told);
         }
         if pending.ns != self.plugin.ns {
+            // Relayed checks in flight: no engine of this namespace will answer them.
+            for kept in pending.calls.iter_mut().flat_map(|c| &mut c.kept) {
+                if let Some((queue, ask)) = kept.relayed.take() {
+                    self.answers.tell(queue, ask, Told::Failed);
+                }
+            }
             std::mem::take(&mut self.answers).send(host);
             return pending;
         }
@@ -201,16 +242,23 @@ impl Engine {
         }
         for carrying in pending.calls {
             let (ours, theirs): (Vec<_>, Vec<_>) = carrying
-                .settles
+                .kept
                 .into_iter()
-                .partition(|(_, name, ..)| rules.named(name).is_some());
+                .partition(|k| rules.named(&k.rule).is_some());
             let calls: Vec<(usize, Call)> = ours
                 .into_iter()
-                .filter_map(|(at, name, call, sent_ms)| {
-                    let rule = rules.named(&name)?.clone();
-                    Some((at, Call::new(rule, call, Purpose::Settle, sent_ms)))
+                .filter_map(|k| {
+                    let rule = rules.named(&k.rule)?.clone();
+                    let purpose = k.purpose();
+                    Some((k.at, Call::new(rule, k.call, purpose, k.sent_ms)))
                 })
                 .collect();
+            // A relayed check of a rule this configuration lacks: nothing here can answer it.
+            let (lost, theirs): (Vec<_>, Vec<_>) =
+                theirs.into_iter().partition(|k| k.relayed.is_some());
+            for (queue, ask) in lost.into_iter().filter_map(|k| k.relayed) {
+                self.answers.tell(queue, ask, Told::Failed);
+            }
             if !calls.is_empty() {
                 let flight = Flight {
                     size: carrying.size,
@@ -223,7 +271,7 @@ impl Engine {
             }
             if !theirs.is_empty() {
                 left.calls.push(Carrying {
-                    settles: theirs,
+                    kept: theirs,
                     ..carrying
                 });
             }
