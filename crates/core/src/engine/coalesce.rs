@@ -287,13 +287,20 @@ impl Engine {
 
     /// A check another worker sent: it joins the key's chain here, or starts one with a call now
     /// (this runs in the root context, which carries it). Its rule is named by its place in the
-    /// sender's configuration: one this configuration does not have gets a failed answer.
+    /// sender's configuration: one this configuration does not have there (its key says whose it
+    /// is) gets a failed answer.
     fn take_ask(&mut self, host: &mut dyn Host, ask: wire::Ask, now: u64) {
         let waiter = Waiter::Remote {
             queue: ask.queue,
             ask: ask.ask,
         };
-        let Some(rule) = self.plugin.rules().get(ask.rule).cloned() else {
+        let prefix = &self.plugin.config.key_prefix;
+        let Some(rule) = self
+            .plugin
+            .rules()
+            .of_key(ask.rule, prefix, &ask.call.key)
+            .cloned()
+        else {
             let mut answers = Answers::default();
             answers.add(ask.queue, ask.ask, None);
             answers.send(host);

@@ -161,6 +161,19 @@ impl Rules {
         self.0.get(id.0)
     }
 
+    /// The rule at `id` that bucket key `key` (under `prefix`) belongs to: None when the rule at
+    /// `id` here is another (`key` carries its rule's name, `<prefix>:{<rule>:…}`), as for a check
+    /// another configuration of this namespace sent, which numbers its rules otherwise.
+    pub fn of_key(&self, id: RuleId, prefix: &str, key: &str) -> Option<&RuleRef> {
+        let rule = self.get(id)?;
+        let named = key
+            .strip_prefix(prefix)
+            .and_then(|k| k.strip_prefix(":{"))
+            .and_then(|k| k.strip_prefix(rule.name.as_str()))
+            .is_some_and(|k| k.starts_with(':'));
+        named.then_some(rule)
+    }
+
     /// The rule named `name` (what a previous configuration's rule is known by here).
     pub fn named(&self, name: &str) -> Option<&RuleRef> {
         self.0.iter().find(|r| r.name == name)
@@ -171,6 +184,30 @@ impl Rules {
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    #[test]
+    fn a_key_finds_its_rule_only_at_that_rules_place() {
+        let config = Config::try_from(
+            &br#"{"key_prefix":"tg","rules":[{"name":"a","rate":1},{"name":"ab","rate":1}]}"#[..],
+        )
+        .unwrap();
+        let rules = Rules::new(&config.rules);
+        let name = |id, key| {
+            rules
+                .of_key(RuleId::new(id), "tg", key)
+                .map(|r| r.name.clone())
+        };
+        assert_eq!(name(0, "tg:{a:00ff}"), Some("a".to_string()));
+        assert_eq!(name(1, "tg:{ab:00ff}"), Some("ab".to_string()));
+        assert_eq!(
+            name(0, "tg:{ab:00ff}"),
+            None,
+            "another configuration's rule 0"
+        );
+        assert_eq!(name(1, "tg:{a:00ff}"), None);
+        assert_eq!(name(0, "other:{a:00ff}"), None);
+        assert_eq!(name(2, "tg:{a:00ff}"), None);
+    }
 
     #[test]
     fn a_rules_vesting_is_the_fastest_refill_of_its_limits() {

@@ -109,7 +109,13 @@ impl Engine {
         now: u64,
     ) {
         for r in checks {
-            let Some(rule) = self.plugin.rules().get(r.rule).cloned() else {
+            let prefix = &self.plugin.config.key_prefix;
+            let Some(rule) = self
+                .plugin
+                .rules()
+                .of_key(r.rule, prefix, &r.call.key)
+                .cloned()
+            else {
                 self.answers.tell(queue, r.ask, Told::NotTaken);
                 continue;
             };
