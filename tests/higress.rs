@@ -411,6 +411,36 @@ fn redis_error_replies_and_passwords() {
     assert_clean(&bad);
 }
 
+/// The Redis cluster removed and defined again (an xDS push): the new definition's client has
+/// Higress' defaults, no AUTH. The worker that found the cluster gone sets its client up again
+/// before its next call, so its checks are answered as the ACL user once the cluster is back.
+#[test]
+fn a_cluster_defined_again_gets_its_client_set_up_again() {
+    const PASSWORD: &str = "tollgate-acl-s3cret";
+    let (redis, _admin, user) =
+        common::redis_tls::redis_with_documented_user(&scratch_dir("higress-redefined"), PASSWORD);
+    let credentials = format!(r#", "username": "{user}", "password": "{PASSWORD}""#);
+    let mut cfg = host_config(
+        &exact_config(&credentials, r#""failure_mode": "closed","#, 3),
+        redis.port,
+    );
+    cfg.workers = 1;
+    let host = Proxy::start(cfg).unwrap_or_else(|e| panic!("test host did not start: {e}"));
+    assert_eq!(statuses(&host, "a", 1), [200], "{}", host.log_text());
+    host.remove_cluster(CLUSTER);
+    assert_eq!(statuses(&host, "b", 1), [503], "the cluster is gone");
+    host.set_cluster(CLUSTER, Some(loopback(redis.port)));
+    let ok = wait_until(Duration::from_secs(5), || get(&host, "probe").status == 200);
+    assert!(ok, "{}", host.log_text());
+    assert_eq!(
+        statuses(&host, "c", 4),
+        [200, 200, 200, 429],
+        "{}",
+        host.log_text()
+    );
+    assert_clean(&host);
+}
+
 /// `backend.username` and `backend.password` against a real Redis ACL user, created with the
 /// `ACL SETUSER` line of docs/deploy/redis.md (the `default` user has another password): the right
 /// password admits the burst then 429, as that user; a wrong one gives the failure mode and the

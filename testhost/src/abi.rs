@@ -1051,6 +1051,7 @@ fn redis_init(
     let Some(addr) = h.shared.cluster(&name) else {
         return Ok(BAD_ARGUMENT);
     };
+    h.follow_definition(&name);
     let db = query
         .split('&')
         .find_map(|kv| kv.strip_prefix("db="))
@@ -1082,6 +1083,7 @@ fn redis_call(c: &mut C, cluster: String, query: Vec<u8>) -> Result<u32, i32> {
     let Some(addr) = addr else {
         return Err(INTERNAL_FAILURE);
     };
+    h.follow_definition(&name);
     h.next_redis += 4;
     let token = h.next_redis;
     if !h.redis.contains_key(&name) {

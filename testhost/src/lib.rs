@@ -162,6 +162,9 @@ pub(crate) struct Shared {
     pub stats: Mutex<BTreeMap<String, Stat>>,
     pub log: Mutex<Vec<String>>,
     pub clusters: Mutex<HashMap<String, Option<SocketAddr>>>,
+    /// How many times each cluster was removed: a cluster defined again is a new thread-local
+    /// cluster entry in each worker (Envoy), with a new Redis client of Higress' defaults.
+    pub removals: Mutex<HashMap<String, u64>>,
     pub traps: Mutex<Vec<String>>,
     pub unmodelled: Mutex<BTreeSet<String>>,
     pub cost: Mutex<Cost>,
@@ -199,6 +202,15 @@ impl Shared {
 
     pub fn cluster(&self, name: &str) -> Option<Option<SocketAddr>> {
         self.clusters.lock().ok()?.get(name).copied()
+    }
+
+    /// Which definition of cluster `name` is current (see `removals`).
+    pub fn definition(&self, name: &str) -> u64 {
+        self.removals
+            .lock()
+            .ok()
+            .and_then(|r| r.get(name).copied())
+            .unwrap_or(0)
     }
 }
 
@@ -324,6 +336,7 @@ impl Proxy {
             .map_err(|e| format!("read {}: {e}", config.wasm.display()))?;
         let shared = Arc::new(Shared {
             clusters: Mutex::new(config.clusters.iter().cloned().collect()),
+            removals: Mutex::new(HashMap::new()),
             config: config.clone(),
             data: Mutex::new(SharedData::new()),
             stats: Mutex::new(BTreeMap::new()),
@@ -452,6 +465,17 @@ impl Proxy {
     pub fn set_cluster(&self, name: &str, addr: Option<SocketAddr>) {
         if let Ok(mut c) = self.shared.clusters.lock() {
             c.insert(name.to_string(), addr);
+        }
+    }
+
+    /// Removes a cluster while running (as xDS would): the workers no longer know it, and a later
+    /// `set_cluster` of the name is a new definition, whose Redis client each worker sets up anew.
+    pub fn remove_cluster(&self, name: &str) {
+        if let Ok(mut c) = self.shared.clusters.lock() {
+            c.remove(name);
+        }
+        if let Ok(mut r) = self.shared.removals.lock() {
+            *r.entry(name.to_string()).or_default() += 1;
         }
     }
 

@@ -134,12 +134,26 @@ pub struct Host {
     pub next_redis: u32,
     pub redis: HashMap<String, RedisClient>,
     pub redis_config: HashMap<String, RedisConfig>,
+    /// The definition of each cluster the worker's Redis client and settings belong to.
+    pub redis_definition: HashMap<String, u64>,
     pub events: mpsc::Sender<Event>,
     pub next_metric: [u32; 3],
     pub metrics: HashMap<u32, String>,
 }
 
 impl Host {
+    /// The worker's Redis client and settings for cluster `name` belong to its current definition:
+    /// a cluster removed and defined again is a new thread-local entry, whose client has Higress'
+    /// defaults (no AUTH, database 0) until `proxy_redis_init` sets it up.
+    pub fn follow_definition(&mut self, name: &str) {
+        let current = self.shared.definition(name);
+        if self.redis_definition.get(name) != Some(&current) {
+            self.redis.remove(name);
+            self.redis_config.remove(name);
+            self.redis_definition.insert(name.to_string(), current);
+        }
+    }
+
     /// Envoy's `contextOrEffectiveContext()`: the effective context if one is set and still
     /// exists, else the current one.
     pub fn context(&self) -> u32 {
@@ -235,6 +249,7 @@ impl Worker {
             next_redis: 3,
             redis: HashMap::new(),
             redis_config: HashMap::new(),
+            redis_definition: HashMap::new(),
             events,
             next_metric: [0, 1, 2],
             metrics: HashMap::new(),

@@ -5,7 +5,8 @@
 //! Envoy artifact must not import them (stock Envoy refuses a module with imports it does not
 //! have), so there a Redis call is a dispatch error. Configure already refuses a RESP backend in
 //! that artifact, naming the one to use, so the error is never reached. A client whose set-up the
-//! host refused is set up again before each call, and calls fail (the failure mode) until it works.
+//! host refused, or whose cluster the host stopped knowing, is set up again before the next call,
+//! and calls fail (the failure mode) until it works.
 
 use std::cell::RefCell;
 
@@ -93,6 +94,15 @@ pub fn call(cluster: &str, command: &[u8]) -> Result<u32, BackendError> {
         )),
     })?;
     redis_call(cluster, command).map_err(|s| {
+        if s == Status::BadArgument {
+            // The cluster is unknown to this worker now (xDS replaced or removed it): its next
+            // definition comes with a client of Higress' defaults, so set it up again first.
+            INIT.with(|slot| {
+                if let Some(i) = slot.borrow_mut().as_mut() {
+                    i.ready = false;
+                }
+            });
+        }
         BackendError::Dispatch(match s {
             Status::BadArgument => format!("BadArgument (is cluster \"{cluster}\" defined?)"),
             Status::InternalFailure => "InternalFailure (no Redis host to send to)".to_string(),
