@@ -286,9 +286,8 @@ impl Engine {
     }
 
     /// A check another worker sent: it joins the key's chain here, or starts one with a call now
-    /// (this runs in the root context, which carries it). Its rule is named by its place in the
-    /// sender's configuration: one this configuration does not have there (its key says whose it
-    /// is) gets a failed answer.
+    /// (this runs in the root context, which carries it). Its rule is the one its key names
+    /// ([`super::rules::Rules::of_key`]): one this configuration lacks gets a failed answer.
     fn take_ask(&mut self, host: &mut dyn Host, ask: wire::Ask, now: u64) {
         let waiter = Waiter::Remote {
             queue: ask.queue,

@@ -161,17 +161,21 @@ impl Rules {
         self.0.get(id.0)
     }
 
-    /// The rule at `id` that bucket key `key` (under `prefix`) belongs to: None when the rule at
-    /// `id` here is another (`key` carries its rule's name, `<prefix>:{<rule>:…}`), as for a check
-    /// another configuration of this namespace sent, which numbers its rules otherwise.
+    /// The rule bucket key `key` (under `prefix`) belongs to, `<prefix>:{<rule>:…}`, for a check
+    /// another worker sent with its rule's place `id` in the sender's configuration: the rule at
+    /// `id` if it is that one, else the rule of that name (an old and a new configuration of one
+    /// namespace, both live while a listener drains, may number their rules otherwise).
     pub fn of_key(&self, id: RuleId, prefix: &str, key: &str) -> Option<&RuleRef> {
-        let rule = self.get(id)?;
-        let named = key
-            .strip_prefix(prefix)
-            .and_then(|k| k.strip_prefix(":{"))
-            .and_then(|k| k.strip_prefix(rule.name.as_str()))
-            .is_some_and(|k| k.starts_with(':'));
-        named.then_some(rule)
+        // A rule's name has no ':' ([A-Za-z0-9_-]).
+        let name = key
+            .strip_prefix(prefix)?
+            .strip_prefix(":{")?
+            .split(':')
+            .next()?;
+        match self.get(id) {
+            Some(rule) if rule.name == name => Some(rule),
+            _ => self.named(name),
+        }
     }
 
     /// The rule named `name` (what a previous configuration's rule is known by here).
@@ -186,7 +190,7 @@ mod tests {
     use crate::config::Config;
 
     #[test]
-    fn a_key_finds_its_rule_only_at_that_rules_place() {
+    fn a_key_finds_the_rule_it_names() {
         let config = Config::try_from(
             &br#"{"key_prefix":"tg","rules":[{"name":"a","rate":1},{"name":"ab","rate":1}]}"#[..],
         )
@@ -199,14 +203,16 @@ mod tests {
         };
         assert_eq!(name(0, "tg:{a:00ff}"), Some("a".to_string()));
         assert_eq!(name(1, "tg:{ab:00ff}"), Some("ab".to_string()));
+        // Another configuration's rule 0 (or one past this configuration's rules): by its name.
+        assert_eq!(name(0, "tg:{ab:00ff}"), Some("ab".to_string()));
+        assert_eq!(name(1, "tg:{a:00ff}"), Some("a".to_string()));
+        assert_eq!(name(2, "tg:{a:00ff}"), Some("a".to_string()));
         assert_eq!(
-            name(0, "tg:{ab:00ff}"),
+            name(0, "tg:{gone:00ff}"),
             None,
-            "another configuration's rule 0"
+            "a rule this configuration lacks"
         );
-        assert_eq!(name(1, "tg:{a:00ff}"), None);
         assert_eq!(name(0, "other:{a:00ff}"), None);
-        assert_eq!(name(2, "tg:{a:00ff}"), None);
     }
 
     #[test]
