@@ -42,7 +42,7 @@ use super::verdict::Outcome;
 use super::Engine;
 use crate::backend::{BackendError, Reply, ScriptCall};
 use crate::bucket::{Holder, Limits, MAX_HOLD_MS};
-use crate::config::Mode;
+use crate::config::{Mode, Rule};
 use crate::metrics::{Counter, Metrics};
 use crate::shared::deny::DenyCache;
 use crate::shared::lease::{Back, Claim, Flight, Grant, LeasePool, Sizing, Take};
@@ -56,9 +56,8 @@ const HOLD_SLACK_MS: u64 = 1000;
 const MAX_TURN_MS: u64 = 10_000;
 
 /// Lease sizing for `rule` on a key with `limits` (the rule's, an override's or a tier's).
-pub(super) fn sizing(rule: &RuleRef, limits: &Limits) -> Sizing {
+pub(super) fn sizing(rule: &Rule, limits: &Limits) -> Sizing {
     Sizing {
-        vesting: rule.vesting(),
         burst: limits.burst,
         rate: limits.rate,
         period_ms: limits.period_ms,

@@ -19,7 +19,7 @@ use crate::rule::{KeyCache, RequestView};
 /// pending settlements of `shared::settle` entries: a charge and a refund with its spill epoch),
 /// part of every shared-data key: a module upgrade in place starts with fresh tables instead of
 /// misreading old ones.
-const SHARED_LAYOUT: &str = "v6";
+const SHARED_LAYOUT: &str = "v7";
 /// A check waits for a call already out for it (a lease call, a leader's) this many backend
 /// timeouts; then that call is taken as lost.
 const PATIENCE_TIMEOUTS: u64 = 2;

@@ -11,9 +11,8 @@ use std::cmp::Ordering;
 use std::ops::Deref;
 use std::rc::Rc;
 
-use crate::config::{Override, Rule};
+use crate::config::Rule;
 use crate::headers;
-use crate::shared::lease::Vesting;
 
 /// A rule's place in its configuration (what metrics and the key cache know it by).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -39,39 +38,6 @@ struct Entry {
     rule: Rule,
     /// The rule's `RateLimit-Policy` value under its own limits (constant per configuration).
     policy: String,
-    /// The fastest refill of the rule's limits (see [`Vesting`]).
-    vesting: Vesting,
-}
-
-/// The fastest refill among `rule`'s own limits, its overrides' and its tiers'.
-fn fastest_refill(rule: &Rule) -> Vesting {
-    let own = rule.limits.limits();
-    let overrides = rule.overrides.values();
-    let tiers = rule.tiers.iter().flat_map(|t| t.limits.values());
-    overrides
-        .chain(tiers)
-        .filter_map(|o| match o {
-            Override::Limits(q) => Some(q.limits()),
-            Override::Unlimited => None,
-        })
-        .fold(
-            Vesting {
-                rate: own.rate,
-                period_ms: own.period_ms,
-            },
-            |fastest, l| {
-                let faster = u128::from(l.rate) * u128::from(fastest.period_ms)
-                    > u128::from(fastest.rate) * u128::from(l.period_ms);
-                if faster {
-                    Vesting {
-                        rate: l.rate,
-                        period_ms: l.period_ms,
-                    }
-                } else {
-                    fastest
-                }
-            },
-        )
 }
 
 impl RuleRef {
@@ -82,11 +48,6 @@ impl RuleRef {
     /// The `RateLimit-Policy` value of the rule's own limits.
     pub fn policy(&self) -> &str {
         &self.0.policy
-    }
-
-    /// How fast a reservation of this rule vests, whichever of its limits granted it.
-    pub fn vesting(&self) -> Vesting {
-        self.0.vesting
     }
 }
 
@@ -137,7 +98,6 @@ impl Rules {
             RuleRef(Rc::new(Entry {
                 id: RuleId(index),
                 policy: headers::policy(&rule.name, &rule.limits),
-                vesting: fastest_refill(rule),
                 rule: rule.clone(),
             }))
         });
@@ -213,33 +173,5 @@ mod tests {
             "a rule this configuration lacks"
         );
         assert_eq!(name(0, "other:{a:00ff}"), None);
-    }
-
-    #[test]
-    fn a_rules_vesting_is_the_fastest_refill_of_its_limits() {
-        let vesting = |json: &str| {
-            let config = Config::try_from(json.as_bytes()).unwrap();
-            Rules::new(&config.rules).iter().next().unwrap().vesting()
-        };
-        let v = |rate, period_ms| Vesting { rate, period_ms };
-        assert_eq!(
-            vesting(r#"{"rules":[{"name":"r","rate":10}]}"#),
-            v(10, 1000)
-        );
-        assert_eq!(
-            vesting(
-                r#"{"rules":[{"name":"r","key":["metadata:jwt:plan"],"rate":10,
-                "tiers":{"from":"metadata:jwt:plan","limits":{
-                    "pro":{"rate":6000,"period_ms":60000},"max":{"rate":200},"all":{"unlimited":true}}}}]}"#
-            ),
-            v(200, 1000)
-        );
-        assert_eq!(
-            vesting(
-                r#"{"rules":[{"name":"r","key":["header:x"],"rate":10,
-                "overrides":[{"key":["a"],"rate":600,"period_ms":60000},{"key":["b"],"rate":11}]}]}"#
-            ),
-            v(11, 1000)
-        );
     }
 }

@@ -244,10 +244,6 @@ fn deposit_at_0(h: &Fake, e: &Engine, grant: crate::shared::lease::Grant) {
         lease_max: 20,
         horizon_ms: 200,
         hold_ms: 0,
-        vesting: crate::shared::lease::Vesting {
-            rate: 100,
-            period_ms: 1000,
-        },
     };
     let key = lease_key(e, "a");
     let Ok((crate::shared::lease::Flight::Claimed(claim, _), _)) =

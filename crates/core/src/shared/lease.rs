@@ -95,9 +95,14 @@ pub struct Lease {
     /// next call reports ([`Claim::demand`]).
     pub claimed_ms: u64,
     pub asked: u64,
+    /// The refill a reservation still refilling vests at (`vest_rate` tokens a `vest_period_ms`):
+    /// the limits the script granted it under, which may not be those of the request that spends
+    /// it (a tier each, or an override only some spellings get).
+    pub vest_rate: u64,
+    pub vest_period_ms: u64,
 }
 
-const FIELDS: usize = 26;
+const FIELDS: usize = 28;
 const ENTRY_HEADER: usize = (FIELDS + 1) * 8;
 
 impl Lease {
@@ -137,6 +142,8 @@ impl Lease {
             self.epoch,
             self.claimed_ms,
             self.asked,
+            self.vest_rate,
+            self.vest_period_ms,
         ]
     }
 
@@ -163,7 +170,19 @@ impl Lease {
             epoch: f(23)?,
             claimed_ms: f(24)?,
             asked: f(25)?,
+            vest_rate: f(26)?,
+            vest_period_ms: f(27)?,
         })
+    }
+
+    /// The refill the reservation vests at: as it was granted, or `sizing`'s (the limits of the
+    /// request asking) for a lease that recorded none.
+    fn pace(&self, sizing: &Sizing) -> (u64, u64) {
+        if self.vest_rate > 0 {
+            (self.vest_rate, self.vest_period_ms)
+        } else {
+            (sizing.rate, sizing.period_ms)
+        }
     }
 
     /// Tokens not expired yet (refilled or not).
@@ -177,9 +196,12 @@ impl Lease {
 
     /// Tokens that can be spent now: not expired, and refilled already.
     pub fn spendable(&self, now_ms: u64, sizing: &Sizing) -> u64 {
-        let refilling = sizing
-            .vesting
-            .tokens_in(self.vest_until_ms.saturating_sub(now_ms));
+        let (rate, period_ms) = self.pace(sizing);
+        let refilling = self
+            .vest_until_ms
+            .saturating_sub(now_ms)
+            .saturating_mul(rate)
+            .div_ceil(period_ms.max(1));
         self.live_tokens(now_ms).saturating_sub(refilling)
     }
 
@@ -192,7 +214,11 @@ impl Lease {
             return None;
         }
         // Spendable from when at most `live - cost` tokens are still refilling.
-        let spare_ms = sizing.vesting.ms_for(live - cost);
+        let (rate, period_ms) = self.pace(sizing);
+        let spare_ms = (live - cost)
+            .saturating_mul(period_ms)
+            .checked_div(rate)
+            .unwrap_or(0);
         Some(
             self.vest_until_ms
                 .saturating_sub(spare_ms)
@@ -709,34 +735,6 @@ pub struct Sizing {
     /// The rule's `max_wait_ms` (0 for a shadow rule): a request the proxy's reservation covers
     /// within this long is held until it does, instead of refused (0: never held).
     pub hold_ms: u64,
-    /// How fast a reservation vests, whichever of its rule's limits granted it.
-    pub vesting: Vesting,
-}
-
-/// The refill at which a reservation's tokens become spendable, one by one, until it ends: the
-/// fastest of the limits a key's requests may have (the rule's own, its overrides', its tiers').
-/// Requests of one key may have different limits (a tier each, or an override that only an
-/// agreed spelling gets), so a reservation granted under the fastest must not vest at a slower
-/// one's pace when a slower request spends it; taken faster, a slower grant only vests late.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Vesting {
-    pub rate: u64,
-    pub period_ms: u64,
-}
-
-impl Vesting {
-    /// Tokens still vesting `ms` before the reservation ends.
-    fn tokens_in(&self, ms: u64) -> u64 {
-        ms.saturating_mul(self.rate).div_ceil(self.period_ms.max(1))
-    }
-
-    /// How long `tokens` take to vest.
-    fn ms_for(&self, tokens: u64) -> u64 {
-        tokens
-            .saturating_mul(self.period_ms)
-            .checked_div(self.rate)
-            .unwrap_or(0)
-    }
 }
 
 impl Sizing {
@@ -1095,6 +1093,18 @@ impl<'a> LeasePool<'a> {
             // reservation in it moves nothing: by this worker's clock its tokens vest now, and a
             // worker whose reading is behind must not count them as refilling.
             if grant.refill_ms > 0 {
+                // At the limits it was granted under (`sizing`: the lease call's); with an earlier
+                // reservation still refilling, at the faster of the two.
+                let granted = (sizing.rate, sizing.period_ms);
+                let earlier = (lease.vest_rate, lease.vest_period_ms);
+                let faster = u128::from(earlier.0) * u128::from(granted.1)
+                    > u128::from(granted.0) * u128::from(earlier.1);
+                let (rate, period_ms) = if lease.vest_until_ms > now_ms && faster {
+                    earlier
+                } else {
+                    granted
+                };
+                (lease.vest_rate, lease.vest_period_ms) = (rate, period_ms);
                 lease.vest_until_ms = lease
                     .vest_until_ms
                     .max(now_ms.saturating_add(grant.refill_ms));

@@ -12,10 +12,6 @@ const SIZING: Sizing = Sizing {
     lease_max: 50,
     horizon_ms: 200,
     hold_ms: 0,
-    vesting: Vesting {
-        rate: 100,
-        period_ms: 1000,
-    },
 };
 
 /// A deposit of `tokens` with no waiter spending from it.
@@ -588,30 +584,30 @@ fn a_held_request_takes_the_next_token_to_refill_and_waits_for_it() {
     );
 }
 
-/// A reservation vests at its rule's fastest refill, whatever the limits of the request that
-/// spends it: 20 tokens reserved at 100/s are 10 spendable 100 ms before the end, not 19 because
-/// the spender's own limits (a slower tier) refill 10/s.
+/// A reservation vests at the refill it was granted under, whatever the limits of the request that
+/// spends it: granted at 100/s, 20 tokens are 10 spendable 100 ms before the end to a request of a
+/// slower tier too (not 19); granted at 10/s, the one token still refilling 100 ms before the end
+/// leaves 19 to a faster tier's request too (not 10).
 #[test]
-fn a_reservation_vests_at_the_rules_fastest_refill_whoever_spends_it() {
+fn a_reservation_vests_at_the_refill_it_was_granted_under() {
+    let slow = Sizing { rate: 10, ..SIZING };
     let s = MemStore::default();
     let pool = LeasePool::new(&s, "ns");
     reserved_20(&pool);
-    let lease = pool.peek("k").unwrap();
-    let slow = Sizing { rate: 10, ..SIZING };
-    assert_eq!(lease.spendable(100, &slow), 10);
-    assert_eq!(lease.spendable(100, &SIZING), 10);
-    let paced_by_the_spender = Sizing {
-        vesting: Vesting {
-            rate: 10,
-            period_ms: 1000,
-        },
-        ..slow
+    assert_eq!(pool.peek("k").unwrap().spendable(100, &slow), 10);
+    assert_eq!(pool.peek("k").unwrap().spendable(100, &SIZING), 10);
+    let s = MemStore::default();
+    let pool = LeasePool::new(&s, "ns");
+    let c = claim(&pool, "k", 0);
+    let grant = Grant {
+        tokens: 20,
+        global_remaining: 0,
+        reset_after_ms: 2000,
+        refill_ms: 200,
     };
-    assert_eq!(
-        lease.spendable(100, &paced_by_the_spender),
-        19,
-        "what it would be"
-    );
+    pool.deposit(c, &grant, &[], 0, &slow).unwrap();
+    assert_eq!(pool.peek("k").unwrap().spendable(100, &SIZING), 19);
+    assert_eq!(pool.peek("k").unwrap().spendable(100, &slow), 19);
 }
 
 /// A held request takes the tokens refilled already before later ones refill: a smaller cost
