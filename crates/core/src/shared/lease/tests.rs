@@ -30,6 +30,16 @@ fn deposit(
     pool.deposit(c, &grant, &[], now, &SIZING).unwrap().0
 }
 
+/// A grant of `tokens` the bucket did not hold: all refilling over `refill_ms`.
+fn reserved(tokens: u64, reset_after_ms: u64, refill_ms: u64) -> Grant {
+    Grant {
+        tokens,
+        global_remaining: 0,
+        reset_after_ms,
+        refill_ms,
+    }
+}
+
 fn claim(pool: &LeasePool, key: &str, now: u64) -> Claim {
     match pool
         .begin_flight(key, 1, Unmet::default(), now, now + 100, &SIZING)
@@ -116,13 +126,9 @@ fn a_deposit_serves_the_waiters_in_the_same_write() {
     );
     // A reservation's tokens are not there for the waiters before they refill.
     let c = claim(&pool, "k", 3);
-    let reserved = Grant {
-        tokens: 20,
-        global_remaining: 0,
-        reset_after_ms: 1200,
-        refill_ms: 200,
-    };
-    let (_, t) = pool.deposit(c, &reserved, &[1], 3, &SIZING).unwrap();
+    let (_, t) = pool
+        .deposit(c, &reserved(20, 1200, 200), &[1], 3, &SIZING)
+        .unwrap();
     assert_eq!(spent(&t), 0, "20 tokens still refilling at 100/s");
 }
 
@@ -599,13 +605,8 @@ fn a_reservation_vests_at_the_refill_it_was_granted_under() {
     let s = MemStore::default();
     let pool = LeasePool::new(&s, "ns");
     let c = claim(&pool, "k", 0);
-    let grant = Grant {
-        tokens: 20,
-        global_remaining: 0,
-        reset_after_ms: 2000,
-        refill_ms: 200,
-    };
-    pool.deposit(c, &grant, &[], 0, &slow).unwrap();
+    pool.deposit(c, &reserved(20, 2000, 200), &[], 0, &slow)
+        .unwrap();
     assert_eq!(pool.peek("k").unwrap().spendable(100, &SIZING), 19);
     assert_eq!(pool.peek("k").unwrap().spendable(100, &slow), 19);
 }
