@@ -411,9 +411,10 @@ fn redis_error_replies_and_passwords() {
     assert_clean(&bad);
 }
 
-/// The Redis cluster removed and defined again (an xDS push): the new definition's client has
-/// Higress' defaults, no AUTH. The worker that found the cluster gone sets its client up again
-/// before its next call, so its checks are answered as the ACL user once the cluster is back.
+/// The Redis cluster removed and defined again, or defined anew in one push (xDS): the new
+/// definition's client has Higress' defaults, no AUTH. A worker that found the cluster gone, or
+/// whose call Redis refused with NOAUTH, sets its client up again before its next call, so its
+/// checks are answered as the ACL user.
 #[test]
 fn a_cluster_defined_again_gets_its_client_set_up_again() {
     const PASSWORD: &str = "tollgate-acl-s3cret";
@@ -434,6 +435,16 @@ fn a_cluster_defined_again_gets_its_client_set_up_again() {
     assert!(ok, "{}", host.log_text());
     assert_eq!(
         statuses(&host, "c", 4),
+        [200, 200, 200, 429],
+        "{}",
+        host.log_text()
+    );
+    // Defined anew in one push: the worker never finds it unknown, and its new client has no
+    // AUTH. Redis' NOAUTH (the failure mode once) makes the worker set it up again.
+    host.redefine_cluster(CLUSTER, loopback(redis.port));
+    assert_eq!(statuses(&host, "d", 1), [503], "refused once: NOAUTH");
+    assert_eq!(
+        statuses(&host, "e", 4),
         [200, 200, 200, 429],
         "{}",
         host.log_text()

@@ -162,8 +162,8 @@ pub(crate) struct Shared {
     pub stats: Mutex<BTreeMap<String, Stat>>,
     pub log: Mutex<Vec<String>>,
     pub clusters: Mutex<HashMap<String, Option<SocketAddr>>>,
-    /// How many times each cluster was removed: a cluster defined again is a new thread-local
-    /// cluster entry in each worker (Envoy), with a new Redis client of Higress' defaults.
+    /// How many times each cluster was removed or defined anew: a new definition is a new
+    /// thread-local cluster entry in each worker (Envoy), with a Redis client of Higress' defaults.
     pub removals: Mutex<HashMap<String, u64>>,
     pub traps: Mutex<Vec<String>>,
     pub unmodelled: Mutex<BTreeSet<String>>,
@@ -474,6 +474,18 @@ impl Proxy {
         if let Ok(mut c) = self.shared.clusters.lock() {
             c.remove(name);
         }
+        self.new_definition(name);
+    }
+
+    /// Defines a cluster anew in one push (as xDS does when a cluster's definition changes): the
+    /// workers know it throughout, and each worker's Redis client for it starts from Higress'
+    /// defaults.
+    pub fn redefine_cluster(&self, name: &str, addr: SocketAddr) {
+        self.set_cluster(name, Some(addr));
+        self.new_definition(name);
+    }
+
+    fn new_definition(&self, name: &str) {
         if let Ok(mut r) = self.shared.removals.lock() {
             *r.entry(name.to_string()).or_default() += 1;
         }

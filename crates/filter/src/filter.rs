@@ -297,6 +297,16 @@ pub extern "C" fn proxy_on_redis_call_response(
     use tollgate_abi::higress::{redis_reply, RedisStatus};
     let replied = RedisStatus::from_raw(status).replied();
     let size = usize::try_from(response_size).unwrap_or(usize::MAX);
-    let answer = tollgate_core::backend::Answer::redis(replied, size, |n| redis_reply(n).ok());
+    let mut refused = false;
+    let answer = tollgate_core::backend::Answer::redis(replied, size, |n| {
+        let reply = redis_reply(n).ok();
+        refused = reply
+            .as_deref()
+            .is_some_and(tollgate_core::backend::resp::refuses_the_client);
+        reply
+    });
+    if refused {
+        crate::redis::set_up_again();
+    }
     with_engine(ctx, |e, h| e.call_response(h, token, &answer));
 }

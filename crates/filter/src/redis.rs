@@ -5,8 +5,9 @@
 //! Envoy artifact must not import them (stock Envoy refuses a module with imports it does not
 //! have), so there a Redis call is a dispatch error. Configure already refuses a RESP backend in
 //! that artifact, naming the one to use, so the error is never reached. A client whose set-up the
-//! host refused, or whose cluster the host stopped knowing, is set up again before the next call,
-//! and calls fail (the failure mode) until it works.
+//! host refused, whose cluster the host stopped knowing, or that Redis refused (a cluster defined
+//! anew comes with a client of Higress' defaults) is set up again before the next call, and calls
+//! fail (the failure mode) until it works.
 
 use std::cell::RefCell;
 
@@ -95,13 +96,9 @@ pub fn call(cluster: &str, command: &[u8]) -> Result<u32, BackendError> {
     })?;
     redis_call(cluster, command).map_err(|s| {
         if s == Status::BadArgument {
-            // The cluster is unknown to this worker now (xDS replaced or removed it): its next
-            // definition comes with a client of Higress' defaults, so set it up again first.
-            INIT.with(|slot| {
-                if let Some(i) = slot.borrow_mut().as_mut() {
-                    i.ready = false;
-                }
-            });
+            // The cluster is unknown to this worker now (xDS removed it): its next definition
+            // comes with a client of Higress' defaults.
+            set_up_again();
         }
         BackendError::Dispatch(match s {
             Status::BadArgument => format!("BadArgument (is cluster \"{cluster}\" defined?)"),
@@ -109,4 +106,16 @@ pub fn call(cluster: &str, command: &[u8]) -> Result<u32, BackendError> {
             other => other.to_string(),
         })
     })
+}
+
+/// The worker's client is set up again before its next call: its cluster was defined anew (a
+/// new thread-local cluster entry, whose client has Higress' defaults: no AUTH, database 0).
+pub fn set_up_again() {
+    INIT.with(|slot| {
+        if let Ok(mut slot) = slot.try_borrow_mut() {
+            if let Some(i) = slot.as_mut() {
+                i.ready = false;
+            }
+        }
+    });
 }

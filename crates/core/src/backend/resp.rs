@@ -371,8 +371,32 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Whether a reply is Redis refusing the connection's client itself (`NOAUTH`, `WRONGPASS`,
+/// `NOPERM`) rather than answering the command: on Higress, a cluster xDS defined anew comes with
+/// a client of Higress' defaults that never authenticated, which the filter sets up again.
+pub fn refuses_the_client(reply: &[u8]) -> bool {
+    [&b"-NOAUTH"[..], b"-WRONGPASS", b"-NOPERM"]
+        .iter()
+        .any(|e| reply.starts_with(e))
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_refused_client_is_told_from_a_refused_command() {
+        assert!(refuses_the_client(b"-NOAUTH Authentication required.\r\n"));
+        assert!(refuses_the_client(
+            b"-WRONGPASS invalid username-password pair\r\n"
+        ));
+        assert!(refuses_the_client(b"-NOPERM User x has no permissions\r\n"));
+        assert!(!refuses_the_client(b"-NOSCRIPT No matching script.\r\n"));
+        assert!(
+            !refuses_the_client(b"*1\r\n-NOAUTH x\r\n"),
+            "one key's error, not the client's"
+        );
+    }
+
     use super::*;
     use crate::backend::script_reply;
 
