@@ -135,8 +135,46 @@ fn a_query_parameter_named_twice_gets_no_fresh_bucket() {
             no_headers("/x?key=V%41LID".into()),
             no_headers("/x?KEY=VALID".into()),
             no_headers("/x?a=1;key=VALID".into()),
+            // PHP's name ends at a NUL.
+            no_headers("/x?key%00junk=VALID".into()),
         ],
     );
+}
+
+/// Through a real Envoy, a request that asks its application to route it as another method
+/// (Symfony, Laravel, Rack, ASP.NET Core's and Express's middleware, Slim, Yii) counts in a rule
+/// naming that method: after 3 DELETEs spent the burst, each way of asking for DELETE is refused.
+#[test]
+fn a_request_that_asks_for_delete_counts_as_a_delete() {
+    let cfg = config(
+        "header:x-user",
+        3,
+        r#", "match": { "methods": ["DELETE"] }"#,
+    );
+    let stack = Stack::start("ambiguous-method", &cfg);
+    let send = |method: &str, path: &str, headers: &[(&str, &str)]| {
+        let mut lines = vec![("x-user", "ann")];
+        lines.extend_from_slice(headers);
+        stack.request(method, path, &lines).status
+    };
+    let deletes: Vec<u16> = (0..3).map(|_| send("DELETE", "/x", &[])).collect();
+    assert_eq!(deletes, [200, 200, 200], "{}", stack.logs());
+    assert_eq!(send("DELETE", "/x", &[]), 429);
+    assert_eq!(send("POST", "/x", &[]), 200, "a POST is not a DELETE");
+    for (method, path, headers) in [
+        ("POST", "/x", &[("x-http-method-override", "DELETE")][..]),
+        ("POST", "/x", &[("x-http-method", "delete")]),
+        ("POST", "/x", &[("x-method-override", "DELETE, GET")]),
+        ("POST", "/x?_method=DELETE", &[]),
+        ("GET", "/x", &[("x-http-method-override", "DELETE")]),
+    ] {
+        assert_eq!(
+            send(method, path, headers),
+            429,
+            "{method} {path} {headers:?}\n{}",
+            stack.logs()
+        );
+    }
 }
 
 #[test]

@@ -276,8 +276,8 @@ fn hand_to_other_roots(mut pending: engine::Pending, deleted: u32) {
         }
     }
     log::info!(
-        "tollgate: a replaced configuration handed {} of {total} pending usage settlements to \
-         the configuration in force",
+        "tollgate: a replaced configuration handed {} of {total} pending usage settlements and \
+         relayed checks to the configuration in force",
         total - pending.len()
     );
 }

@@ -89,7 +89,8 @@ impl Pending {
             && self.told.is_empty()
     }
 
-    /// Settlements scheduled or in flight (for tests and logs).
+    /// Settlements scheduled or in flight, and checks other workers relayed in flights (for tests
+    /// and logs).
     pub fn len(&self) -> usize {
         let in_flight: usize = self.calls.iter().map(|c| c.kept.len()).sum();
         self.flushes.len() + in_flight + self.open.len()
