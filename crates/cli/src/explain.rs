@@ -41,7 +41,11 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
         for (source, read) in rule.key.iter().zip(&readings) {
             let shown = match read {
                 Read::Value(v) => {
-                    let v = as_matched(rule, source, std::borrow::Cow::Borrowed(v));
+                    let v = as_matched(
+                        rule.matcher.path_ignore_case,
+                        source,
+                        std::borrow::Cow::Borrowed(v),
+                    );
                     format!("{:?}", String::from_utf8_lossy(&v))
                 }
                 Read::Missing => "(missing)".to_string(),

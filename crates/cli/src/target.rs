@@ -127,7 +127,9 @@ pub fn target<'c>(
         }
         let req = carrying(source, value);
         let v = match key_values(std::slice::from_ref(*source), &req).as_deref() {
-            Some([Read::Value(v)]) => as_matched(rule, source, Cow::Borrowed(v)).into_owned(),
+            Some([Read::Value(v)]) => {
+                as_matched(rule.matcher.path_ignore_case, source, Cow::Borrowed(v)).into_owned()
+            }
             _ => {
                 return Err(TargetError::Unreadable {
                     source: source.to_string(),

@@ -273,11 +273,8 @@ pub(super) fn matched_value(
     path: &str,
     path_ignore_case: bool,
 ) -> Result<Vec<u8>, ConfigError> {
-    let value = override_value(source, text, path)?;
-    Ok(match crate::rule::reads_the_path(source) {
-        Some(_) if path_ignore_case => value.to_ascii_lowercase(),
-        _ => value,
-    })
+    let value = std::borrow::Cow::Owned(override_value(source, text, path)?);
+    Ok(crate::rule::as_matched(path_ignore_case, source, value).into_owned())
 }
 
 /// A rule's `overrides`: key tuples (as requests give them) to their limits. An override's

@@ -80,11 +80,16 @@ pub(super) fn path_agreed(req: &dyn RequestView) -> bool {
         .is_some_and(|full| path::agreed(&full).is_some())
 }
 
-/// A key value of `source` as `rule` reads it: ASCII lower-cased when the source reads the path
-/// and the rule's path match ignores case, so `/API/x` and `/api/x`, one path to that rule, share
-/// a bucket (and an override written for either).
-pub fn as_matched<'v>(rule: &Rule, source: &KeySource, value: Cow<'v, [u8]>) -> Cow<'v, [u8]> {
-    if rule.matcher.path_ignore_case && reads_the_path(source).is_some() {
+/// A key value of `source` (a request's, or an override's or a tier's) as a rule whose path match
+/// ignores case or not (`path_ignore_case`) reads it: ASCII lower-cased when the source reads the
+/// path and the match ignores case, so `/API/x` and `/api/x`, one path to that rule, share a
+/// bucket (and an override written for either).
+pub fn as_matched<'v>(
+    path_ignore_case: bool,
+    source: &KeySource,
+    value: Cow<'v, [u8]>,
+) -> Cow<'v, [u8]> {
+    if path_ignore_case && reads_the_path(source).is_some() {
         Cow::Owned(value.to_ascii_lowercase())
     } else {
         value
@@ -107,7 +112,7 @@ pub fn applies(
     let values: &[&[u8]] = match rule.key.as_slice() {
         [source] => {
             one = match key_value(source, req) {
-                Read::Value(v) => as_matched(rule, source, v),
+                Read::Value(v) => as_matched(rule.matcher.path_ignore_case, source, v),
                 Read::Missing => return None,
                 Read::Ambiguous => return Some(ambiguous(prefix, rule, &[Part::Ambiguous])),
             };
@@ -118,7 +123,7 @@ pub fn applies(
             many = sources
                 .iter()
                 .map(|s| match key_value(s, req) {
-                    Read::Value(v) => Some(Some(as_matched(rule, s, v))),
+                    Read::Value(v) => Some(Some(as_matched(rule.matcher.path_ignore_case, s, v))),
                     Read::Missing => None,
                     Read::Ambiguous => Some(None),
                 })

@@ -51,7 +51,7 @@ pub(super) fn pick<'r>(rule: &'r Rule, tiers: &'r Tiers, req: &dyn RequestView) 
             match key_value(source, req) {
                 // A header a filter before tollgate sets: only its own spelling names a tier.
                 Read::Value(v) if !as_spelled(source, req, &v) => Pick::Ambiguous,
-                Read::Value(v) => found(&as_matched(rule, source, v)),
+                Read::Value(v) => found(&as_matched(rule.matcher.path_ignore_case, source, v)),
                 Read::Missing => Pick::Default,
                 Read::Ambiguous => Pick::Ambiguous,
             }
