@@ -293,13 +293,7 @@ impl Engine {
             queue: ask.queue,
             ask: ask.ask,
         };
-        let prefix = &self.plugin.config.key_prefix;
-        let Some(rule) = self
-            .plugin
-            .rules()
-            .of_key(ask.rule, prefix, &ask.call.key)
-            .cloned()
-        else {
+        let Some(rule) = self.plugin.rule_of_key(ask.rule, &ask.call.key) else {
             let mut answers = Answers::default();
             answers.add(ask.queue, ask.ask, None);
             answers.send(host);

@@ -7,7 +7,7 @@
 //! `denied` or `shadow_denied`.
 
 use super::cost::{cost_of, CostError};
-use super::rules::{RuleRef, Rules};
+use super::rules::{RuleId, RuleRef, Rules};
 use super::verdict::{Admit, Outcome, Shown, Source};
 use crate::backend::{ScriptCall, Transport};
 use crate::config::{Config, Protocol};
@@ -79,6 +79,12 @@ impl Plugin {
     /// The configuration's rules, in order.
     pub fn rules(&self) -> &Rules {
         &self.rules
+    }
+
+    /// The rule of a check another worker sent, at place `id` in its configuration, for bucket
+    /// key `key` ([`Rules::of_key`]).
+    pub fn rule_of_key(&self, id: RuleId, key: &str) -> Option<RuleRef> {
+        self.rules.of_key(id, &self.config.key_prefix, key).cloned()
     }
 
     /// How long a check waits for a call already out for it before that call is taken as lost.

@@ -109,13 +109,7 @@ impl Engine {
         now: u64,
     ) {
         for r in checks {
-            let prefix = &self.plugin.config.key_prefix;
-            let Some(rule) = self
-                .plugin
-                .rules()
-                .of_key(r.rule, prefix, &r.call.key)
-                .cloned()
-            else {
+            let Some(rule) = self.plugin.rule_of_key(r.rule, &r.call.key) else {
                 self.answers.tell(queue, r.ask, Told::NotTaken);
                 continue;
             };
