@@ -1821,10 +1821,9 @@ fn a_pending_settlement_survives_a_new_configuration() {
     );
 }
 
-/// A call in flight that carries a settlement when its root is configured again: its answer comes
-/// to the new engine, and a failure puts the settlement back there, to be flushed.
-#[test]
-fn a_settlement_in_flight_survives_a_new_configuration() {
+/// An engine (failure mode open) whose call out (token 2) carries user "a"'s charge of 39: the
+/// usage of an admission before it.
+fn charge_in_flight() -> (Engine, Fake) {
     let (mut old, _) = engine(r#""failure_mode":"open","#, LLM);
     let mut h = Fake::default();
     old.request_headers(&mut h, 10.into(), &user("a"));
@@ -1833,6 +1832,14 @@ fn a_settlement_in_flight_survives_a_new_configuration() {
     old.done(&mut h, 10.into());
     old.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(settle_arg(&h.out[&2].body), 39, "the next call carries it");
+    (old, h)
+}
+
+/// A call in flight that carries a settlement when its root is configured again: its answer comes
+/// to the new engine, and a failure puts the settlement back there, to be flushed.
+#[test]
+fn a_settlement_in_flight_survives_a_new_configuration() {
+    let (mut old, mut h) = charge_in_flight();
     let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
     let pending = old.hand_over(&mut h, true);
     assert_eq!(pending.len(), 2, "the flush and the call");
@@ -1853,14 +1860,7 @@ fn a_settlement_in_flight_survives_a_new_configuration() {
 /// charge is pending again in shared data, and the configuration in force flushes it.
 #[test]
 fn a_charge_in_flight_survives_its_root_being_deleted() {
-    let (mut old, _) = engine(r#""failure_mode":"open","#, LLM);
-    let mut h = Fake::default();
-    old.request_headers(&mut h, 10.into(), &user("a"));
-    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
-    old.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
-    old.done(&mut h, 10.into());
-    old.request_headers(&mut h, 11.into(), &user("a"));
-    assert_eq!(settle_arg(&h.out[&2].body), 39, "the next call carries it");
+    let (mut old, mut h) = charge_in_flight();
     let pending = old.hand_over(&mut h, false);
     let (mut new, _) = engine(r#""failure_mode":"open","#, LLM);
     assert!(new.adopt(&mut h, pending).is_empty());
