@@ -20,7 +20,7 @@ use std::rc::Rc;
 use crate::host::{self, WasmHost};
 use crate::metrics::HostMetrics;
 use crate::redis;
-use crate::request::{HostRequest, HostResponse};
+use crate::request::HostView;
 use tollgate_abi::{self as abi, Action};
 use tollgate_core::config::{Artifact, Config, Protocol};
 use tollgate_core::engine::{self, Engine, Plugin};
@@ -170,7 +170,7 @@ pub extern "C" fn proxy_on_http_call_response(
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32) -> Action {
     match with_engine(ctx, |e, h| {
-        e.request_headers(h, ctx.into(), &HostRequest::default())
+        e.request_headers(h, ctx.into(), &HostView::request())
     }) {
         Some(engine::Action::Pause) => Action::Pause,
         Some(engine::Action::Continue) | None => Action::Continue,
@@ -181,7 +181,7 @@ pub extern "C" fn proxy_on_request_headers(ctx: u32, _headers: usize, _end: u32)
 pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32) -> Action {
     // The ABI's flags are u32s (a Rust `bool` parameter would trust the host to send 0 or 1).
     let end = end != 0;
-    let view = HostResponse::headers();
+    let view = HostView::response_headers();
     let wants_body =
         with_engine(ctx, |e, h| e.response_headers(h, ctx.into(), &view)) == Some(true);
     if wants_body {
@@ -220,7 +220,7 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> Act
 #[no_mangle]
 pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> Action {
     with_stream(ctx, |s| s.watch_body = false);
-    let view = HostResponse::trailers();
+    let view = HostView::response_trailers();
     with_engine(ctx, |e, h| e.response_trailers(h, ctx.into(), &view));
     Action::Continue
 }

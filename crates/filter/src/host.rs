@@ -203,7 +203,7 @@ impl Host for WasmHost {
 
     fn request_header(&mut self, ctx: ContextId, name: &str) -> Option<Vec<u8>> {
         let ctx = ctx.get();
-        // The attribute, as `HostRequest::header` reads it, in the request's own context.
+        // The attribute, as `HostView::header` reads it, in the request's own context.
         self.act_for(ctx).ok()?;
         property(&["request", "headers", name])
     }

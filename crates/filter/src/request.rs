@@ -61,16 +61,26 @@ impl HostMap {
     }
 }
 
-/// The current request.
-pub struct HostRequest(HostMap);
+/// The stream's request headers, or its response's headers or trailers: the response has no
+/// client address of its own, and a usage header sent twice, however spelled, is seen twice (and
+/// charged as unreadable), never read from its first line.
+pub struct HostView(HostMap);
 
-impl Default for HostRequest {
-    fn default() -> HostRequest {
-        HostRequest(HostMap::new(MapType::HttpRequestHeaders))
+impl HostView {
+    pub fn request() -> HostView {
+        HostView(HostMap::new(MapType::HttpRequestHeaders))
+    }
+
+    pub fn response_headers() -> HostView {
+        HostView(HostMap::new(MapType::HttpResponseHeaders))
+    }
+
+    pub fn response_trailers() -> HostView {
+        HostView(HostMap::new(MapType::HttpResponseTrailers))
     }
 }
 
-impl RequestView for HostRequest {
+impl RequestView for HostView {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
         self.0.header(name)
     }
@@ -80,40 +90,11 @@ impl RequestView for HostRequest {
     }
 
     fn client_ip(&self) -> Option<Vec<u8>> {
+        if self.0.map != MapType::HttpRequestHeaders {
+            return None;
+        }
         let addr = property(SOURCE_ADDRESS)?;
         Some(strip_port(&addr).to_vec())
-    }
-
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        property(path)
-    }
-}
-
-/// The current response's headers or trailers: a usage header sent twice, however spelled, is
-/// seen twice (and charged as unreadable), never read from its first line.
-pub struct HostResponse(HostMap);
-
-impl HostResponse {
-    pub fn headers() -> HostResponse {
-        HostResponse(HostMap::new(MapType::HttpResponseHeaders))
-    }
-
-    pub fn trailers() -> HostResponse {
-        HostResponse(HostMap::new(MapType::HttpResponseTrailers))
-    }
-}
-
-impl RequestView for HostResponse {
-    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
-        self.0.header(name)
-    }
-
-    fn header_lines(&self, name: &str) -> Lines<'_> {
-        self.0.header_lines(name)
-    }
-
-    fn client_ip(&self) -> Option<Vec<u8>> {
-        None
     }
 
     /// The stream's attributes (`response.code_details`: who answered, and why).
