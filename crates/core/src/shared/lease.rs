@@ -175,13 +175,17 @@ impl Lease {
         })
     }
 
-    /// The refill the reservation vests at: as it was granted, or `sizing`'s (the limits of the
-    /// request asking) for a lease that recorded none.
-    fn pace(&self, sizing: &Sizing) -> (u64, u64) {
+    /// `sizing` at the refill the reservation vests at: as it was granted, or `sizing`'s own (the
+    /// limits of the request asking) for a lease that recorded none.
+    fn vesting(&self, sizing: &Sizing) -> Sizing {
         if self.vest_rate > 0 {
-            (self.vest_rate, self.vest_period_ms)
+            Sizing {
+                rate: self.vest_rate,
+                period_ms: self.vest_period_ms,
+                ..*sizing
+            }
         } else {
-            (sizing.rate, sizing.period_ms)
+            *sizing
         }
     }
 
@@ -196,12 +200,9 @@ impl Lease {
 
     /// Tokens that can be spent now: not expired, and refilled already.
     pub fn spendable(&self, now_ms: u64, sizing: &Sizing) -> u64 {
-        let (rate, period_ms) = self.pace(sizing);
         let refilling = self
-            .vest_until_ms
-            .saturating_sub(now_ms)
-            .saturating_mul(rate)
-            .div_ceil(period_ms.max(1));
+            .vesting(sizing)
+            .refill_in(self.vest_until_ms.saturating_sub(now_ms));
         self.live_tokens(now_ms).saturating_sub(refilling)
     }
 
@@ -214,10 +215,10 @@ impl Lease {
             return None;
         }
         // Spendable from when at most `live - cost` tokens are still refilling.
-        let (rate, period_ms) = self.pace(sizing);
+        let vesting = self.vesting(sizing);
         let spare_ms = (live - cost)
-            .saturating_mul(period_ms)
-            .checked_div(rate)
+            .saturating_mul(vesting.period_ms)
+            .checked_div(vesting.rate)
             .unwrap_or(0);
         Some(
             self.vest_until_ms
