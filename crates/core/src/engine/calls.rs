@@ -31,6 +31,23 @@ pub(super) enum Purpose {
     Relayed { queue: u32, ask: u64 },
 }
 
+impl Purpose {
+    /// The checks of other workers whose answers this call's answer is: (queue, ask) each.
+    pub fn asked_by_others(&self) -> Vec<(u32, u64)> {
+        match self {
+            Purpose::Relayed { queue, ask } => vec![(*queue, *ask)],
+            Purpose::Batch(checks) => checks
+                .iter()
+                .filter_map(|w| match *w {
+                    Waiter::Remote { queue, ask } => Some((queue, ask)),
+                    Waiter::Local(..) => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// One script call and what its answer is for.
 #[derive(Debug)]
 pub(super) struct Call {

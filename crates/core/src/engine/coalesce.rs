@@ -320,7 +320,9 @@ impl Engine {
             Told::Decided(o) => self.settle(host, f.ctx, f.check, (o, By::Redis)),
             // Nothing ran for it: its own call goes now (and carries on its key's chain).
             Told::NotTaken if f.relayed => return self.send_own(host, f, now),
-            Told::Failed | Told::NotTaken => {
+            // Nothing ran for it: its leader went away. It goes again from here.
+            Told::NotTaken => return self.send_again(host, f, now),
+            Told::Failed => {
                 self.fail_check(host, f.ctx, f.check, &BackendError::Reset, now);
             }
         }
@@ -336,13 +338,19 @@ impl Engine {
         while let Some(f) = self.chains.pop_expired(now) {
             if f.relayed {
                 self.relay_lost(host, f, now);
-                continue;
+            } else {
+                self.send_again(host, f, now);
             }
-            let leaders = Leaders::new(host.store(), &self.plugin.ns);
-            self.chains.forget_leader(&f.call.key, f.leader, &leaders);
-            if self.requests.is_waiting(f.ctx, f.check) {
-                self.send_exact(host, f.ctx, f.check, now);
-            }
+        }
+    }
+
+    /// Check `f`, which this worker sent to the key's leader, goes again from this worker, and
+    /// that leader is forgotten.
+    fn send_again(&mut self, host: &mut dyn Host, f: Forwarded, now: u64) {
+        let leaders = Leaders::new(host.store(), &self.plugin.ns);
+        self.chains.forget_leader(&f.call.key, f.leader, &leaders);
+        if self.requests.is_waiting(f.ctx, f.check) {
+            self.send_exact(host, f.ctx, f.check, now);
         }
     }
 }

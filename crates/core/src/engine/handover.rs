@@ -7,9 +7,11 @@
 //! amounts stay in shared data throughout (the settle table is keyed by the plugin namespace, not
 //! by the engine); what moves is the schedule that flushes them and, on the same root, the calls
 //! in flight that carry some, whose failure must put them back, and those waiting in the open
-//! batch, and the checks other workers relayed in those flights, which it answers to them. A
-//! deleted root's calls are answered to no engine: what they carried, and what waited in its open
-//! batch, is put back in shared data first, as a failure would put it back.
+//! batch, and the checks other workers relayed or sent for a hot key in those flights, which it
+//! answers to them. A deleted root's calls are answered to no engine: what they carried, and what
+//! waited in its open batch, is put back in shared data first, as a failure would put it back.
+//! Other workers' checks that no call carries yet go back to their workers at once, and those in
+//! a deleted root's flights fail into their failure modes (they may have run).
 
 use super::calls::{Call, Flight, Purpose};
 use super::coalesce::Told;
@@ -37,10 +39,10 @@ pub struct Pending {
     /// The outgoing engine's queue, if it was the proxy's collector: the next engine unnames it
     /// (no flight of it will be answered by the old engine).
     collector: Option<u32>,
-    /// What the checks other workers relayed to the outgoing engine are told: not taken if they
-    /// were waiting in its open batch (their workers send them), failed if their flight was out
-    /// and its root is gone (it may have run; on the same root the next engine answers them).
-    /// (queue, ask, told)
+    /// What the checks other workers relayed or sent to the outgoing engine are told: not taken
+    /// if they were waiting for a call of it (their workers send them), failed if their flight
+    /// was out and its root is gone (it may have run; on the same root the next engine answers
+    /// them). (queue, ask, told)
     told: Vec<(u32, u64, Told)>,
 }
 
@@ -52,31 +54,23 @@ struct Carrying {
     size: usize,
     /// Which of them sent the tracked form (`Flight::asks`).
     asks: Vec<bool>,
-    /// Its settling calls and the checks other workers relayed in it.
+    /// Its settling calls and the calls that answer other workers' checks.
     kept: Vec<Kept>,
     with_source: bool,
     batched: bool,
 }
 
 /// A call of a flight in flight that the next engine answers: a settlement (the request it was
-/// for belongs to the outgoing engine), or a check another worker relayed (its answer goes to
-/// that worker's `queue` as `ask`, as the outgoing engine would have sent it).
+/// for belongs to the outgoing engine), or a call that answers checks of other workers, relayed
+/// or queued for a hot key (each answer goes to that worker's queue, as the outgoing engine
+/// would have sent it).
 #[derive(Debug)]
 struct Kept {
     at: usize,
     rule: String,
     call: ScriptCall,
     sent_ms: u64,
-    relayed: Option<(u32, u64)>,
-}
-
-impl Kept {
-    fn purpose(&self) -> Purpose {
-        match self.relayed {
-            Some((queue, ask)) => Purpose::Relayed { queue, ask },
-            None => Purpose::Settle,
-        }
-    }
+    purpose: Purpose,
 }
 
 impl Pending {
@@ -97,12 +91,22 @@ impl Pending {
     }
 }
 
-/// The call at `at` of a flight in flight, if the next engine answers it: a relayed check whole,
-/// a settlement (see [`settlement_of`]).
+/// The call at `at` of a flight in flight, if the next engine answers it: one that answers other
+/// workers' checks whole (its own worker's checks in it belong to the outgoing engine: their
+/// shares go back), a settlement (see [`settlement_of`]).
 fn kept(at: usize, c: &Call) -> Option<Kept> {
-    let (call, relayed) = match c.purpose {
-        Purpose::Relayed { queue, ask } => (c.call.clone(), Some((queue, ask))),
-        _ if c.call.settles() => (settlement_of(&c.call), None),
+    let (call, purpose) = match &c.purpose {
+        Purpose::Relayed { queue, ask } => (
+            c.call.clone(),
+            Purpose::Relayed {
+                queue: *queue,
+                ask: *ask,
+            },
+        ),
+        Purpose::Batch(checks) if !c.purpose.asked_by_others().is_empty() => {
+            (c.call.clone(), Purpose::Batch(checks.clone()))
+        }
+        _ if c.call.settles() => (settlement_of(&c.call), Purpose::Settle),
         _ => return None,
     };
     Some(Kept {
@@ -110,7 +114,7 @@ fn kept(at: usize, c: &Call) -> Option<Kept> {
         rule: c.rule.name.clone(),
         call,
         sent_ms: c.sent_ms,
-        relayed,
+        purpose,
     })
 }
 
@@ -133,8 +137,9 @@ impl Engine {
     /// kept, a refund dropped), and what waited in the open batch as if it never left, each with
     /// a flush for whichever engine adopts it (else the key's next call carries it).
     pub fn hand_over(&mut self, host: &mut dyn Host, calls_too: bool) -> Pending {
-        self.chains
-            .release_leads(&Leaders::new(host.store(), &self.plugin.ns));
+        let queued = self
+            .chains
+            .leave(&Leaders::new(host.store(), &self.plugin.ns));
         let mut waiting = self.open.take();
         if !calls_too {
             let now = self.timer.read(host);
@@ -178,17 +183,23 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let relayed = |c: &Call, told| match c.purpose {
-            Purpose::Relayed { queue, ask } => Some((queue, ask, told)),
-            _ => None,
+        let others = |c: &Call, told| {
+            let asks = c.purpose.asked_by_others().into_iter();
+            asks.map(move |(queue, ask)| (queue, ask, told))
         };
         // Out, and answered to no engine (the root is gone): it may have run.
         let in_flights = self.calls.flights().flat_map(|(_, f)| &f.calls);
         let mut told: Vec<_> = in_flights
             .filter(|_| !calls_too)
-            .filter_map(|(_, c)| relayed(c, Told::Failed))
+            .flat_map(|(_, c)| others(c, Told::Failed))
             .collect();
-        told.extend(waiting.iter().filter_map(|c| relayed(c, Told::NotTaken)));
+        // No call of this engine carries them.
+        told.extend(waiting.iter().flat_map(|c| others(c, Told::NotTaken)));
+        told.extend(
+            queued
+                .into_iter()
+                .map(|(queue, ask)| (queue, ask, Told::NotTaken)),
+        );
         // Not sent yet: any engine of the namespace can send them.
         let open = waiting
             .into_iter()
@@ -216,11 +227,12 @@ impl Engine {
             self.answers.tell(queue, ask, told);
         }
         if pending.ns != self.plugin.ns {
-            // Relayed checks in flight: no engine of this namespace will answer them.
+            // Other workers' checks in flight: no engine of this namespace will answer them.
             for kept in pending.calls.iter_mut().flat_map(|c| &mut c.kept) {
-                if let Some((queue, ask)) = kept.relayed.take() {
+                for (queue, ask) in kept.purpose.asked_by_others() {
                     self.answers.tell(queue, ask, Told::Failed);
                 }
+                kept.purpose = Purpose::Settle;
             }
             std::mem::take(&mut self.answers).send(host);
             return pending;
@@ -250,14 +262,15 @@ impl Engine {
                 .into_iter()
                 .filter_map(|k| {
                     let rule = rules.named(&k.rule)?.clone();
-                    let purpose = k.purpose();
-                    Some((k.at, Call::new(rule, k.call, purpose, k.sent_ms)))
+                    Some((k.at, Call::new(rule, k.call, k.purpose, k.sent_ms)))
                 })
                 .collect();
-            // A relayed check of a rule this configuration lacks: nothing here can answer it.
-            let (lost, theirs): (Vec<_>, Vec<_>) =
-                theirs.into_iter().partition(|k| k.relayed.is_some());
-            for (queue, ask) in lost.into_iter().filter_map(|k| k.relayed) {
+            // Other workers' checks of a rule this configuration lacks: nothing here can answer
+            // them.
+            let (lost, theirs): (Vec<_>, Vec<_>) = theirs
+                .into_iter()
+                .partition(|k| !k.purpose.asked_by_others().is_empty());
+            for (queue, ask) in lost.iter().flat_map(|k| k.purpose.asked_by_others()) {
                 self.answers.tell(queue, ask, Told::Failed);
             }
             if !calls.is_empty() {

@@ -1393,6 +1393,61 @@ fn an_engine_that_goes_frees_the_keys_it_leads() {
     }
 }
 
+/// A leader's engine replaced or gone with another worker's check of its key on hand: waiting
+/// for its next call (nothing ran for it), the check's worker sends it at once; in its call out,
+/// the next engine answers it on the same root, and with the root gone (it may have run) it gets
+/// its worker's failure mode. Never the wait for the leader's silence, then a second call.
+#[test]
+fn checks_sent_to_a_leader_that_goes_are_sent_again_answered_or_failed_at_once() {
+    for (same_root, out) in [(true, false), (false, false), (true, true), (false, true)] {
+        let case = format!("same root {same_root}, its call out {out}");
+        let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
+        lead_a(&mut w1, &mut h);
+        w2.request_headers(&mut h, 20.into(), &user("a"));
+        ready(&mut w1, &mut h, 1);
+        if out {
+            deliver(&mut w1, &mut h, 2, 200, &answer(true, 8, 0, 100, 1));
+            assert_eq!(h.sent.len(), 3, "{case}: 20 rides worker 1's call");
+        }
+        let sent = h.sent.len();
+        let pending = w1.hand_over(&mut h, same_root);
+        let (mut next, _) = engine("", EXACT);
+        next.set_queue(1);
+        next.adopt(&mut h, pending);
+        ready(&mut w2, &mut h, 2);
+        match (same_root, out) {
+            (_, false) => {
+                assert_eq!(h.sent.len(), sent + 1, "{case}: worker 2 calls for 20");
+                assert_eq!(h.status_of(20), None, "{case}");
+                deliver(
+                    &mut w2,
+                    &mut h,
+                    sent as u32 + 1,
+                    200,
+                    &answer(true, 7, 0, 100, 1),
+                );
+                assert!(h.resumed.contains(&20), "{case}: admitted by its own call");
+            }
+            (true, true) => {
+                assert!(
+                    !h.resumed.contains(&20),
+                    "{case}: its answer is still to come"
+                );
+                deliver(&mut next, &mut h, 3, 200, &answer(true, 7, 0, 100, 1));
+                ready(&mut w2, &mut h, 2);
+                assert!(h.resumed.contains(&20), "{case}: admitted by Redis' answer");
+                assert_eq!(rec2.get(0, Counter::Allowed), 1, "{case}");
+            }
+            (false, true) => {
+                // The local fallback bucket (the default failure mode) admits.
+                assert!(h.resumed.contains(&20), "{case}: its failure mode, now");
+                assert_eq!(rec2.get(0, Counter::BackendCalls), 0, "{case}: never twice");
+            }
+        }
+        assert_eq!(h.sent.len(), sent + usize::from(!out), "{case}");
+    }
+}
+
 #[test]
 fn a_hot_key_shares_one_call_across_the_proxys_workers() {
     let ((mut w1, rec1), (mut w2, rec2), mut h) = two_workers();

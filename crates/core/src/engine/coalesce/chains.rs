@@ -162,15 +162,24 @@ impl Chains {
     }
 
     /// This worker's engine goes: its places in the leader table go (no engine reads its queue
-    /// any more; the workers that would send it checks call for them themselves).
-    pub fn release_leads(&mut self, leaders: &Leaders) {
-        if let Some(me) = self.lane {
-            for (key, chain) in &self.by_key {
-                if chain.leads {
-                    let _ = leaders.release(key, me);
-                }
+    /// any more; the workers that would send it checks call for them themselves), and the checks
+    /// other workers sent that wait for a next call here are taken off: (queue, ask) each, for
+    /// their workers to send.
+    pub fn leave(&mut self, leaders: &Leaders) -> Vec<(u32, u64)> {
+        let mut theirs = Vec::new();
+        for (key, chain) in &mut self.by_key {
+            if let (true, Some(me)) = (chain.leads, self.lane) {
+                let _ = leaders.release(key, me);
             }
+            chain.waiting.retain(|w| match *w {
+                Waiter::Remote { queue, ask } => {
+                    theirs.push((queue, ask));
+                    false
+                }
+                Waiter::Local(..) => true,
+            });
         }
+        theirs
     }
 
     /// Takes every queued check of request `ctx` off `key`'s chain.
