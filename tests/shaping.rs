@@ -149,3 +149,46 @@ fn a_client_hanging_up_mid_wait_leaves_the_filter_healthy() {
         "{log}"
     );
 }
+
+/// Envoy answers a request that is still held itself when its `request_timeout` ends first
+/// (Envoy 1.40 answers a request it has whole `504`, one still arriving `408`; either passes the
+/// filter's response path): the request never left the filter, so a `charge_on` rule that keeps
+/// the cost of such answers gives it back all the same.
+#[test]
+fn envoys_timeout_of_a_held_request_gives_its_cost_back() {
+    let config = r#"{ "backend": { "timeout_ms": 2000 },
+        "rules": [ { "name": "hooks", "key": ["header:x-user-id"],
+                     "rate": 1, "period_ms": 1000, "burst": 1, "max_wait_ms": 5000,
+                     "charge_on": { "status": ["2xx", "4xx", "5xx"], "flush_ms": 20 } } ] }"#;
+    let stack = Stack::start_edited("shape-408", config, |yaml, _| {
+        yaml.replacen(
+            "stat_prefix: ingress_http\n",
+            "stat_prefix: ingress_http\n          request_timeout: 0.3s\n",
+            1,
+        )
+    });
+    let port = stack.port();
+    // The first goes at once and keeps its cost; the second is held for a second, and Envoy
+    // times it out first.
+    let statuses: Vec<u16> = (0..2)
+        .map(|_| common::get(port, "/hook", &[("x-user-id", "slow")]).status)
+        .collect();
+    assert_eq!(statuses, [200, 504], "{}", stack.logs());
+    let stat = |n: &str| format!("wasmcustom.tollgate.hooks.{n}");
+    assert_eq!(
+        stack
+            .envoy
+            .stat_eventually(&stat("delayed"), |v| v == Some(1)),
+        Some(1),
+        "the second was held\n{}",
+        stack.logs()
+    );
+    assert_eq!(
+        stack
+            .envoy
+            .stat_eventually(&stat("refunded_tokens"), |v| v == Some(1)),
+        Some(1),
+        "the held one's cost went back\n{}",
+        stack.logs()
+    );
+}

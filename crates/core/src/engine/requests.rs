@@ -267,6 +267,13 @@ impl Requests {
     pub fn is_held(&self, ctx: ContextId) -> bool {
         self.held.iter().any(|Reverse((_, held))| *held == ctx)
     }
+
+    /// Whether `ctx` was admitted and is still held for its reservation: any answer it gets
+    /// now is the proxy's own, not the upstream's (a timeout's).
+    pub fn still_held(&self, ctx: ContextId) -> bool {
+        matches!(self.get(ctx), Some(Request::Admitted { held, .. }) if !held.is_empty())
+            && self.is_held(ctx)
+    }
 }
 
 #[cfg(test)]

@@ -306,6 +306,56 @@ fn a_reservation_is_given_back_when_another_rule_refuses_or_the_client_leaves_wh
     assert_eq!(rec.get(1, Counter::Refunded), 1);
 }
 
+/// Envoy answers a request still held for its reservation itself (a 408 when the stream's
+/// timeout ends the wait): that answer passes the response path, but the request never went
+/// upstream, so what it paid goes back whole and nothing is read from that answer.
+#[test]
+fn envoys_own_answer_to_a_held_request_charges_nothing() {
+    for (name, rule, answer_headers) in [
+        (
+            "llm",
+            r#"{"name":"llm","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800,
+                "usage":{"header":"x-usage-tokens","unreadable":50,"flush_ms":50}}"#,
+            vec![(":status", "408")],
+        ),
+        (
+            "chat",
+            r#"{"name":"chat","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800,
+                "usage":{"body_field":"usage.total_tokens","unreadable":50,"flush_ms":50}}"#,
+            vec![(":status", "408"), ("content-type", "application/json")],
+        ),
+        (
+            "login",
+            r#"{"name":"login","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800,
+                "charge_on":{"status":[408],"flush_ms":50}}"#,
+            vec![(":status", "408")],
+        ),
+    ] {
+        let (mut e, rec) = engine("", &format!("{rule}, {MINUTE}"));
+        let mut h = Fake::at(1000);
+        send(&mut e, &mut h, 10, &user("ann"));
+        deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
+        deliver(&mut e, &mut h, 2, 200, &admitted());
+        assert!(h.resumed.is_empty(), "held");
+        e.response_headers(&mut h, 10.into(), &resp(&answer_headers));
+        e.response_body(&mut h, 10.into(), b"request timeout", true);
+        e.done(&mut h, 10.into());
+        assert_eq!(rec.get(0, Counter::Refunded), 1, "{rule}: what it paid");
+        for c in [
+            Counter::UsageCharged,
+            Counter::UsageWorstCase,
+            Counter::UsageUnfinished,
+        ] {
+            assert_eq!(rec.get(0, c), 0, "{rule}: {c:?}: it never went upstream");
+        }
+        let calls = flushed(&mut e, &mut h, 50);
+        assert!(
+            calls.len() == 1 && settles(&calls[0], name, -1),
+            "{rule}: {calls:?}"
+        );
+    }
+}
+
 #[test]
 fn a_penalty_rules_refund_carries_its_penalty() {
     let boxed = r#"{"name":"login","key":["header:x-user"],"rate":10,"burst":2,

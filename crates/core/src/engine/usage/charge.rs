@@ -34,6 +34,10 @@ impl Engine {
         view: &dyn RequestView,
         trailers: bool,
     ) -> bool {
+        if self.requests.still_held(ctx) {
+            // Not the upstream's answer: `done` gives back what the request paid.
+            return false;
+        }
         let Some(usage) = self
             .requests
             .get_mut(ctx)
@@ -55,6 +59,9 @@ impl Engine {
         chunk: &[u8],
         end: bool,
     ) {
+        if self.requests.still_held(ctx) {
+            return;
+        }
         let Some(r) = self.requests.get_mut(ctx) else {
             return;
         };
