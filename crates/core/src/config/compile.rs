@@ -122,6 +122,14 @@ fn backend(b: doc::Backend, artifact: Artifact) -> Result<Backend, ConfigError> 
     if username.is_some() && password.is_none() {
         return Err(err(at("username"), "needs password"));
     }
+    let database = b.database.map_or(0, |d| d.get());
+    if database != 0 && password.is_none() {
+        return Err(err(
+            at("database"),
+            "other than 0 needs password (a client Higress makes anew starts in database 0, and \
+             only Redis refusing it unauthenticated tells tollgate to select it again)",
+        ));
+    }
     let authority = match b.authority {
         Some(a) => {
             check_text(&at("authority"), &a, MAX_BACKEND_NAME_LEN)?;
@@ -156,7 +164,7 @@ fn backend(b: doc::Backend, artifact: Artifact) -> Result<Backend, ConfigError> 
         basic_auth,
         username,
         password,
-        database: b.database.map_or(0, |d| d.get()),
+        database,
         protocol: artifact.protocol(),
         breaker_failures: b.breaker_failures.get(),
         breaker_cooloff_ms: b.breaker_cooloff_ms.get(),

@@ -148,6 +148,14 @@ fn higress_build_redis_fields() {
         "backend.service_port: needs service_name"
     );
     assert_eq!(e(r#"{"username":"u"}"#), "backend.username: needs password");
+    // Only Redis refusing an unauthenticated client tells a worker that xDS gave it a new one,
+    // which starts in database 0 (buckets split between two databases admit up to twice).
+    assert_eq!(
+        e(r#"{"database":3}"#),
+        "backend.database: other than 0 needs password (a client Higress makes anew starts in \
+         database 0, and only Redis refusing it unauthenticated tells tollgate to select it again)"
+    );
+    assert_eq!(backend(r#"{"database":0}"#).unwrap().database, 0);
     assert_eq!(
         e(r#"{"password":""}"#),
         "backend.password: must not be empty"
