@@ -25,6 +25,10 @@ pub(super) enum Purpose {
     /// One call for several exact checks of one key (of this worker or sent by others), one
     /// token each, in order.
     Batch(Vec<Waiter>),
+    /// A [`Purpose::Batch`] call the engine this one replaced sent: its answer goes to the
+    /// checks in it (those of its own worker's requests are gone: their shares go back), and it
+    /// is not this engine's chain for the key.
+    Adopted(Vec<Waiter>),
     /// Carries a key's pending usage settlement, nothing else (cost 0).
     Settle,
     /// Check `ask` of the worker on `queue`, relayed here to ride this worker's flight.
@@ -36,7 +40,7 @@ impl Purpose {
     pub fn asked_by_others(&self) -> Vec<(u32, u64)> {
         match self {
             Purpose::Relayed { queue, ask } => vec![(*queue, *ask)],
-            Purpose::Batch(checks) => checks
+            Purpose::Batch(checks) | Purpose::Adopted(checks) => checks
                 .iter()
                 .filter_map(|w| match *w {
                     Waiter::Remote { queue, ask } => Some((queue, ask)),

@@ -103,8 +103,10 @@ fn kept(at: usize, c: &Call) -> Option<Kept> {
                 ask: *ask,
             },
         ),
-        Purpose::Batch(checks) if !c.purpose.asked_by_others().is_empty() => {
-            (c.call.clone(), Purpose::Batch(checks.clone()))
+        Purpose::Batch(checks) | Purpose::Adopted(checks)
+            if !c.purpose.asked_by_others().is_empty() =>
+        {
+            (c.call.clone(), Purpose::Adopted(checks.clone()))
         }
         _ if c.call.settles() => (settlement_of(&c.call), Purpose::Settle),
         _ => return None,
@@ -141,6 +143,19 @@ impl Engine {
             .chains
             .leave(&Leaders::new(host.store(), &self.plugin.ns));
         let mut waiting = self.open.take();
+        let others = |c: &Call, told| {
+            let asks = c.purpose.asked_by_others().into_iter();
+            asks.map(move |(queue, ask)| (queue, ask, told))
+        };
+        // No call of this engine carries them.
+        let queued = queued
+            .into_iter()
+            .map(|(queue, ask)| (queue, ask, Told::NotTaken));
+        let mut told: Vec<_> = waiting
+            .iter()
+            .flat_map(|c| others(c, Told::NotTaken))
+            .chain(queued)
+            .collect();
         if !calls_too {
             let now = self.timer.read(host);
             let in_flight: Vec<_> = self
@@ -183,22 +198,12 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let others = |c: &Call, told| {
-            let asks = c.purpose.asked_by_others().into_iter();
-            asks.map(move |(queue, ask)| (queue, ask, told))
-        };
         // Out, and answered to no engine (the root is gone): it may have run.
         let in_flights = self.calls.flights().flat_map(|(_, f)| &f.calls);
-        let mut told: Vec<_> = in_flights
-            .filter(|_| !calls_too)
-            .flat_map(|(_, c)| others(c, Told::Failed))
-            .collect();
-        // No call of this engine carries them.
-        told.extend(waiting.iter().flat_map(|c| others(c, Told::NotTaken)));
         told.extend(
-            queued
-                .into_iter()
-                .map(|(queue, ask)| (queue, ask, Told::NotTaken)),
+            in_flights
+                .filter(|_| !calls_too)
+                .flat_map(|(_, c)| others(c, Told::Failed)),
         );
         // Not sent yet: any engine of the namespace can send them.
         let open = waiting

@@ -284,6 +284,10 @@ impl Engine {
                 self.batch_answer(host, asked, checks, reply, call.sent_ms, now);
                 self.chain_next(host, &call.call.key, now);
             }
+            Purpose::Adopted(checks) => {
+                let asked = (&call.rule, &call.call);
+                self.batch_answer(host, asked, checks, reply, call.sent_ms, now);
+            }
             Purpose::Settle => {}
             Purpose::Relayed { queue, ask } => {
                 self.relayed_answer(host, &call, (queue, ask), reply.as_ref().ok());

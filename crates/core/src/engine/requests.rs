@@ -256,7 +256,11 @@ impl Requests {
                 return None;
             }
             self.held.pop();
-            if self.by_ctx.contains_key(&ctx) {
+            if let Some(r) = self.by_ctx.get_mut(&ctx) {
+                // It goes upstream now: nothing of it is given back any more.
+                if let Request::Admitted { held, .. } = r {
+                    held.clear();
+                }
                 return Some(ctx);
             }
         }

@@ -446,6 +446,7 @@ impl Engine {
                 self.fail_chained(host, &checks, e, now);
                 self.chain_next(host, &c.call.key, now);
             }
+            Purpose::Adopted(checks) => self.fail_chained(host, &checks, e, now),
             Purpose::Settle => {}
             Purpose::Relayed { queue, ask } => self.answers.add(queue, ask, None),
             Purpose::Lease(claim) => {

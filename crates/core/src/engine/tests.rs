@@ -1350,7 +1350,12 @@ type Worker = (Engine, Rc<Recorder>);
 
 /// Two workers of one proxy (queues 1 and 2) on one fake host, exact mode.
 fn two_workers() -> (Worker, Worker, Fake) {
-    let (mut w1, mut w2) = (engine("", EXACT), engine("", EXACT));
+    two_workers_with("", EXACT)
+}
+
+/// [`two_workers`] with the top-level fields `top` and the rule `rule`.
+fn two_workers_with(top: &str, rule: &str) -> (Worker, Worker, Fake) {
+    let (mut w1, mut w2) = (engine(top, rule), engine(top, rule));
     let mut h = Fake::default();
     for (q, w) in [(1, &mut w1.0), (2, &mut w2.0)] {
         h.queues.insert(q, Default::default());
@@ -1380,6 +1385,17 @@ fn lead_a(w: &mut Engine, h: &mut Fake) {
     );
 }
 
+/// Worker 2's check 20 of "a" goes to worker 1, which leads the key ([`lead_a`]): queued behind
+/// worker 1's call out, and with `out`, in its next call (token 3), once that one is answered.
+fn send_20_to_the_leader(w1: &mut Engine, w2: &mut Engine, h: &mut Fake, out: bool) {
+    w2.request_headers(h, 20.into(), &user("a"));
+    ready(w1, h, 1);
+    if out {
+        deliver(w1, h, 2, 200, &answer(true, 8, 0, 100, 1));
+        assert_eq!(h.sent.len(), 3, "20 rides worker 1's call");
+    }
+}
+
 /// A leader's engine replaced or gone: its places in the leader table go with it, so the other
 /// workers call for the key themselves rather than send checks to a queue nobody reads.
 #[test]
@@ -1403,12 +1419,7 @@ fn checks_sent_to_a_leader_that_goes_are_sent_again_answered_or_failed_at_once()
         let case = format!("same root {same_root}, its call out {out}");
         let ((mut w1, _), (mut w2, rec2), mut h) = two_workers();
         lead_a(&mut w1, &mut h);
-        w2.request_headers(&mut h, 20.into(), &user("a"));
-        ready(&mut w1, &mut h, 1);
-        if out {
-            deliver(&mut w1, &mut h, 2, 200, &answer(true, 8, 0, 100, 1));
-            assert_eq!(h.sent.len(), 3, "{case}: 20 rides worker 1's call");
-        }
+        send_20_to_the_leader(&mut w1, &mut w2, &mut h, out);
         let sent = h.sent.len();
         let pending = w1.hand_over(&mut h, same_root);
         let (mut next, _) = engine("", EXACT);
@@ -1446,6 +1457,65 @@ fn checks_sent_to_a_leader_that_goes_are_sent_again_answered_or_failed_at_once()
         }
         assert_eq!(h.sent.len(), sent + usize::from(!out), "{case}");
     }
+}
+
+/// The same with the leader's call for another worker's check still in its open batch, carrying
+/// a usage settlement of the key: the settlement goes back to shared data, and the check back to
+/// its worker, at once.
+#[test]
+fn a_check_in_a_gone_leaders_open_batch_goes_back_with_a_settlement_beside_it() {
+    let rule = r#"{"name":"per-user","key":["header:x-user"],"rate":10,"burst":20,
+        "usage":{"header":"x-usage-tokens","flush_ms":10000}}"#;
+    let top = r#""backend":{"batch_max_keys":8},"#;
+    let ((mut w1, _), (mut w2, _), mut h) = two_workers_with(top, rule);
+    // Worker 1's flights had company (c's check gathered behind a's), and a's usage settles 4
+    // more than it paid, pending for the key's next call.
+    w1.request_headers(&mut h, 10.into(), &user("a"));
+    w1.request_headers(&mut h, 11.into(), &user("c"));
+    deliver(&mut w1, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    deliver(&mut w1, &mut h, 2, 200, &answer(true, 19, 0, 100, 1));
+    w1.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "5")]));
+    w1.done(&mut h, 10.into());
+    // A record names worker 1 the key's leader: worker 2 sends it its check of a.
+    let key = lease_key(&w1, "a");
+    let leaders = crate::shared::lead::Leaders::new(&*h.store, &w1.plugin.ns);
+    assert_eq!(leaders.claim(&key, 1).unwrap(), Some(1));
+    w2.request_headers(&mut h, 20.into(), &user("a"));
+    w1.queue_ready(&mut h, 1);
+    assert_eq!(h.sent.len(), 2, "its call waits in worker 1's open batch");
+    let pending = w1.hand_over(&mut h, false);
+    let (mut next, _) = engine(top, rule);
+    next.set_queue(3);
+    next.adopt(&mut h, pending);
+    ready(&mut w2, &mut h, 2);
+    assert_eq!(h.sent.len(), 3, "worker 2 calls for 20 at once");
+    assert!(
+        h.sent[2].contains("/1/0/0/4%3A"),
+        "with the settlement: {}",
+        h.sent[2]
+    );
+}
+
+/// A leader's call for another worker's check, adopted by the engine on the same root, answers
+/// that check, and only that: the next engine's own chain of the key goes on with its own call.
+#[test]
+fn an_adopted_leaders_call_does_not_move_the_next_engines_chain() {
+    let ((mut w1, _), (mut w2, _), mut h) = two_workers();
+    lead_a(&mut w1, &mut h);
+    send_20_to_the_leader(&mut w1, &mut w2, &mut h, true);
+    let pending = w1.hand_over(&mut h, true);
+    let (mut next, _) = engine("", EXACT);
+    next.set_queue(1);
+    next.adopt(&mut h, pending);
+    next.request_headers(&mut h, 30.into(), &user("a"));
+    next.request_headers(&mut h, 31.into(), &user("a"));
+    assert_eq!(h.sent.len(), 4, "30's call is out, 31 waits for it");
+    deliver(&mut next, &mut h, 3, 200, &answer(true, 7, 0, 100, 1));
+    ready(&mut w2, &mut h, 2);
+    assert!(h.resumed.contains(&20));
+    assert_eq!(h.sent.len(), 4, "31 still waits for 30's call");
+    deliver(&mut next, &mut h, 4, 200, &answer(true, 6, 0, 100, 1));
+    assert_eq!(h.sent.len(), 5, "then it goes");
 }
 
 #[test]

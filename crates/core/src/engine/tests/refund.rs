@@ -306,9 +306,10 @@ fn a_reservation_is_given_back_when_another_rule_refuses_or_the_client_leaves_wh
     assert_eq!(rec.get(1, Counter::Refunded), 1);
 }
 
-/// Envoy answers a request still held for its reservation itself (a 408 when the stream's
-/// timeout ends the wait): that answer passes the response path, but the request never went
-/// upstream, so what it paid goes back whole and nothing is read from that answer.
+/// Envoy answers a request still held for its reservation itself (a 504 when its
+/// `request_timeout` ends the wait; a 408 for one still arriving): that answer passes the
+/// response path, but the request never went upstream, so what it paid goes back whole and
+/// nothing is read from that answer.
 #[test]
 fn envoys_own_answer_to_a_held_request_charges_nothing() {
     for (name, rule, answer_headers) in [
