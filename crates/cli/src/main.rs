@@ -141,12 +141,36 @@ struct RequestArgs {
 #[derive(Args)]
 struct BucketArgs {
     /// The rule's name.
-    #[arg(long, required = true)]
-    rule: String,
-    /// The key values, one per key source of the rule in order (literal: sources excepted),
-    /// as the request carries them (a client address, a JWT claim, a header value).
-    #[arg(long = "key", value_name = "VALUE", required = true, num_args = 1..)]
+    #[arg(long, required_unless_present = "bucket", requires = "keys")]
+    rule: Option<String>,
+    /// The key values, one per key source of the rule in order (literal: sources excepted), as
+    /// `explain` prints them (what the filter reads: a client address, a JWT claim, a header
+    /// value, a cookie or query parameter decoded).
+    #[arg(long = "key", value_name = "VALUE", num_args = 1.., requires = "rule")]
     keys: Vec<String>,
+    /// Or the bucket key itself, as `explain` prints it (`<prefix>:{<rule>:<digest>}`): also
+    /// names a rule's bucket for ambiguous requests, which no key value does.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["rule", "keys"])]
+    bucket: Option<String>,
+}
+
+impl BucketArgs {
+    /// The bucket these arguments name in `config`.
+    fn target<'c>(
+        &self,
+        config: &'c tollgate_core::config::Config,
+    ) -> Result<target::Target<'c>, Failed> {
+        let named = match (&self.bucket, &self.rule) {
+            (Some(key), _) => target::by_key(config, key),
+            (None, Some(rule)) => target(config, rule, &self.keys),
+            (None, None) => {
+                return Err(Failed(
+                    "name a bucket: --rule and --key, or --bucket".to_string(),
+                ))
+            }
+        };
+        named.map_err(|e| Failed(e.to_string()))
+    }
 }
 
 #[derive(Args)]
@@ -218,8 +242,7 @@ fn run(command: Command) -> Result<Vec<String>, Failed> {
             redis,
         } => {
             let loaded = configured(&config)?;
-            let t = target(&loaded.config, &bucket.rule, &bucket.keys)
-                .map_err(|e| Failed(e.to_string()))?;
+            let t = bucket.target(&loaded.config)?;
             let mut store = connect(&redis)?;
             let (now, fields) = store.snapshot(&t.key).map_err(|e| Failed(e.to_string()))?;
             let mut out = vec![store.describe()];
@@ -269,8 +292,7 @@ fn operate(
     op: Operation,
 ) -> Result<Vec<String>, Failed> {
     let loaded = configured(config)?;
-    let t =
-        target(&loaded.config, &bucket.rule, &bucket.keys).map_err(|e| Failed(e.to_string()))?;
+    let t = bucket.target(&loaded.config)?;
     let mut store = connect(redis)?;
     let l = t.limits;
     let mut args = vec![

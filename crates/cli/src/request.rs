@@ -98,6 +98,65 @@ impl RequestView for Described {
         if path == ["metadata"] {
             return self.metadata.clone();
         }
-        self.properties.get(&path.join(".")).cloned()
+        match self.properties.get(&path.join(".")) {
+            Some(given) => Some(given.clone()),
+            None => self.derived(path),
+        }
+    }
+}
+
+impl Described {
+    /// An attribute Envoy derives from the request line and headers, as it derives it, when no
+    /// `--property` gives it.
+    fn derived(&self, path: &[&str]) -> Option<Vec<u8>> {
+        let header = match path {
+            ["request", "host"] => ":authority",
+            ["request", "scheme"] => ":scheme",
+            ["request", "referer"] => "referer",
+            ["request", "useragent"] => "user-agent",
+            ["request", "id"] => "x-request-id",
+            ["request", "query"] => {
+                let full = self.header(":path")?;
+                let at = full.iter().position(|b| *b == b'?')?;
+                return full.get(at + 1..).map(<[u8]>::to_vec);
+            }
+            _ => return None,
+        };
+        self.header(header).map(Cow::into_owned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_envoy_derives_from_the_request_are_there_unless_given() {
+        let mut req = Described::default();
+        req.line(":path", b"/a?x=1&y=2");
+        req.line(":authority", b"api.example.com");
+        req.line("user-agent", b"curl/8.5");
+        let attr = |req: &Described, name: &str| {
+            let path: Vec<&str> = name.split('.').collect();
+            RequestView::property(req, &path)
+        };
+        assert_eq!(
+            attr(&req, "request.useragent").as_deref(),
+            Some(&b"curl/8.5"[..])
+        );
+        assert_eq!(
+            attr(&req, "request.host").as_deref(),
+            Some(&b"api.example.com"[..])
+        );
+        assert_eq!(
+            attr(&req, "request.query").as_deref(),
+            Some(&b"x=1&y=2"[..])
+        );
+        assert_eq!(attr(&req, "request.referer"), None);
+        Described::property(&mut req, "request.useragent", "given");
+        assert_eq!(
+            attr(&req, "request.useragent").as_deref(),
+            Some(&b"given"[..])
+        );
     }
 }

@@ -77,18 +77,26 @@ fn repaid_ms(units: i64, rate: u64, step_ms: u64, since_ms: u64) -> u64 {
 pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> Vec<String> {
     let l = target.limits;
     let mut out = vec![format!("bucket: {}", target.key)];
-    let values: Vec<String> = target
-        .rule
-        .key
-        .iter()
-        .zip(&target.values)
-        .map(|(s, v)| format!("{s} = {:?}", String::from_utf8_lossy(v)))
-        .collect();
-    out.push(format!(
-        "rule {}: key {}",
-        target.rule.name,
-        values.join(", ")
-    ));
+    if target.values.is_empty() {
+        out.push(format!(
+            "rule {}: named by its bucket key (its key values, and an override of them, are not \
+             known here)",
+            target.rule.name
+        ));
+    } else {
+        let values: Vec<String> = target
+            .rule
+            .key
+            .iter()
+            .zip(&target.values)
+            .map(|(s, v)| format!("{s} = {:?}", String::from_utf8_lossy(v)))
+            .collect();
+        out.push(format!(
+            "rule {}: key {}",
+            target.rule.name,
+            values.join(", ")
+        ));
+    }
     let whose = if l == target.rule.limits.limits() {
         "the rule's"
     } else {
@@ -97,7 +105,10 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
     out.push(format!("limits: {} ({whose})", describe::limits(&l)));
     if target.unlimited {
         out.push(
-            "an override makes this key unlimited: the filter never calls Redis for it".to_string(),
+            "an override makes these key values unlimited: the filter never calls Redis for a \
+             request that reads them the override's way; one that reads them only some ways \
+             (another spelling of its path or header) is charged here under the rule's limits"
+                .to_string(),
         );
     }
     let (stored, mut holders) = parse(fields);

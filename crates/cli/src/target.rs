@@ -44,6 +44,11 @@ pub enum TargetError {
         source: String,
         value: String,
     },
+    /// `--bucket` names no bucket of this configuration.
+    NotABucket {
+        key: String,
+        prefix: String,
+    },
 }
 
 impl fmt::Display for TargetError {
@@ -65,6 +70,11 @@ impl fmt::Display for TargetError {
                 f,
                 "the value {value:?} is not one the filter can read for key source {source} \
                  (a client_ip source takes an address, or its network at the source's prefix)"
+            ),
+            TargetError::NotABucket { key, prefix } => write!(
+                f,
+                "{key:?} is no bucket of this configuration: a bucket key reads \
+                 {prefix}:{{<rule>:<32 hex digits>}}, with the name of one of its rules"
             ),
         }
     }
@@ -163,6 +173,38 @@ pub fn target<'c>(
     })
 }
 
+/// The bucket whose key `key` is (as `explain` prints it): a rule's bucket under the rule's own
+/// limits, its key values unknown (an override of them does not show).
+pub fn by_key<'c>(config: &'c Config, key: &str) -> Result<Target<'c>, TargetError> {
+    let not_one = || TargetError::NotABucket {
+        key: key.to_string(),
+        prefix: config.key_prefix.clone(),
+    };
+    let inner = key
+        .strip_prefix(config.key_prefix.as_str())
+        .and_then(|k| k.strip_prefix(":{"))
+        .and_then(|k| k.strip_suffix('}'))
+        .ok_or_else(not_one)?;
+    let (name, digest) = inner.split_once(':').ok_or_else(not_one)?;
+    let is_digest = digest.len() == 32
+        && digest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let rule = config
+        .rules
+        .iter()
+        .find(|r| r.name == name)
+        .filter(|_| is_digest)
+        .ok_or_else(not_one)?;
+    Ok(Target {
+        rule,
+        key: key.to_string(),
+        values: Vec::new(),
+        limits: rule.limits.limits(),
+        unlimited: false,
+    })
+}
+
 /// A request that carries `value` where `source` reads it.
 fn carrying(source: &KeySource, value: &str) -> Described {
     let mut req = Described::default();
@@ -172,7 +214,10 @@ fn carrying(source: &KeySource, value: &str) -> Described {
             ":path",
             format!("/?{}={}", encode(name), encode(value)).as_bytes(),
         ),
-        KeySource::Cookie(name) => req.line("cookie", format!("{name}={value}").as_bytes()),
+        // Encoded, as a query value is: the value named is the one the filter reads (decoded).
+        KeySource::Cookie(name) => {
+            req.line("cookie", format!("{name}={}", encode(value)).as_bytes())
+        }
         KeySource::ClientIp { .. } => req.client_ip(value),
         KeySource::Path => req.line(":path", value.as_bytes()),
         KeySource::Method => req.line(":method", value.as_bytes()),
@@ -182,7 +227,15 @@ fn carrying(source: &KeySource, value: &str) -> Described {
         KeySource::Property { .. } if tollgate_core::rule::reads_the_path(source).is_some() => {
             req.line(":path", value.as_bytes())
         }
-        KeySource::Property { path, .. } => req.property(&path.join("."), value),
+        // So are `request.method` and the other `request.headers.<name>`: from the request line
+        // and header lines, not from Envoy's attribute.
+        KeySource::Property { .. } if tollgate_core::rule::reads_the_method(source) => {
+            req.line(":method", value.as_bytes())
+        }
+        KeySource::Property { path, .. } => match tollgate_core::rule::request_header(path) {
+            Some(name) => req.line(&name, value.as_bytes()),
+            None => req.property(&path.join("."), value),
+        },
         KeySource::Metadata { namespace, fields } => {
             // The value as a string at the field's path: its key text is the value itself, as it
             // is for a number or a boolean the filter reads (`42`, `true`).
@@ -243,5 +296,92 @@ mod tests {
             );
         }
         assert!(key("/API/Health").unlimited);
+    }
+
+    /// The filter's bucket of `req` for the one rule of `config`.
+    fn filters_key(config: &Config, req: &Described) -> String {
+        let rule = config.rules.first().unwrap();
+        let applied = applies("tg", (0, rule), req, &mut KeyCache::default()).unwrap();
+        applied
+            .key
+            .replacen("tg:", &format!("{}:", config.key_prefix), 1)
+    }
+
+    /// `--bucket` names the bucket `explain` printed, the ambiguous one too; nothing else.
+    #[test]
+    fn a_bucket_key_names_its_rules_bucket() {
+        let config = Config::parse(
+            br#"{"key_prefix":"tg","rules":[{"name":"r","rate":5,"burst":7,"key":["header:x-user"]}]}"#,
+            tollgate_core::config::Artifact::Envoy,
+        )
+        .unwrap();
+        let mut twice = Described::default();
+        twice.line(":path", b"/");
+        twice.line("x-user", b"a");
+        twice.line("x-user", b"b");
+        let ambiguous = filters_key(&config, &twice);
+        let t = by_key(&config, &ambiguous).unwrap();
+        assert_eq!(
+            (t.rule.name.as_str(), t.key.as_str()),
+            ("r", ambiguous.as_str())
+        );
+        assert_eq!(t.limits.burst, 7);
+        let alice = target(&config, "r", &["alice".to_string()]).unwrap().key;
+        assert_eq!(by_key(&config, &alice).unwrap().key, alice);
+        for wrong in [
+            alice.replacen("tg:", "tollgate:", 1),
+            alice.replacen("{r:", "{s:", 1),
+            alice.replacen('}', "0}", 1),
+            alice.to_uppercase().replacen("TG:{R:", "tg:{r:", 1),
+            "tg:{r}".to_string(),
+        ] {
+            assert!(
+                matches!(by_key(&config, &wrong), Err(TargetError::NotABucket { .. })),
+                "{wrong}"
+            );
+        }
+    }
+
+    /// A value is named as `explain` prints it (the value the filter reads: a cookie's or a query
+    /// parameter's decoded), and names the bucket the filter keys that request on.
+    #[test]
+    fn a_value_names_the_filters_bucket_whatever_the_source() {
+        let cases: [(&str, &str, &[u8], &str); 5] = [
+            ("cookie:sid", "cookie", b"sid=AbC%2Bd%2F%3D%3D", "AbC+d/=="),
+            ("cookie:sid", "cookie", b"sid=\"a b\"", "a b"),
+            (
+                "query:email",
+                ":path",
+                b"/?email=alice%40example.com",
+                "alice@example.com",
+            ),
+            (
+                "property:request.headers.x-api-key",
+                "x-api-key",
+                b"k1",
+                "k1",
+            ),
+            ("property:request.method", ":method", b"POST", "POST"),
+        ];
+        for (source, name, sent, value) in cases {
+            let config = Config::parse(
+                format!(r#"{{"rules":[{{"name":"r","rate":5,"key":["{source}"]}}]}}"#).as_bytes(),
+                tollgate_core::config::Artifact::Envoy,
+            )
+            .unwrap();
+            let mut req = Described::default();
+            for (pseudo, v) in [(":path", "/"), (":method", "GET")] {
+                if pseudo != name {
+                    req.line(pseudo, v.as_bytes());
+                }
+            }
+            req.line(name, sent);
+            let named = target(&config, "r", &[value.to_string()]);
+            assert_eq!(
+                named.map(|t| t.key),
+                Ok(filters_key(&config, &req)),
+                "{source} = {value:?}"
+            );
+        }
     }
 }

@@ -416,6 +416,18 @@ fn operate_against(url: &str, extra: &[&str], conn: &mut dyn redis::ConnectionLi
         0,
         "60 stay out"
     );
+    // The same bucket named by its key, as `explain` prints it.
+    let out = run(&["inspect", &config, "--bucket", &client]);
+    assert!(
+        out.contains(&format!(
+            "bucket: {client}\nrule per-client: named by its bucket key"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("on lease: up to 60 tokens held by 1 proxy"),
+        "{out}"
+    );
     // Bad inputs.
     let bad = |args: &[&str], message: &str| {
         let v = with(args);
@@ -425,6 +437,15 @@ fn operate_against(url: &str, extra: &[&str], conn: &mut dyn redis::ConnectionLi
     bad(
         &["inspect", &config, "--rule", "nope", "--key", "a"],
         "unknown rule \"nope\": the configuration has per-user, per-client, bulk",
+    );
+    bad(
+        &[
+            "reset",
+            &config,
+            "--bucket",
+            &client.replacen("per-client", "per-cl1ent", 1),
+        ],
+        "is no bucket of this configuration: a bucket key reads tollgate:{<rule>:<32 hex digits>}",
     );
     bad(&["reset", &config, "--rule", "per-user", "--key", "a", "b"], "rule \"per-user\" needs 1 key value (--key), one for each of: metadata:envoy.filters.http.jwt_authn:payload.sub; got 2");
     bad(

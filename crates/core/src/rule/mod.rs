@@ -39,7 +39,9 @@ pub use digest::{bucket_key, bucket_key_of, Part};
 pub use matching::matches;
 pub use method::as_routed;
 pub use reading::{Lines, Read};
-pub use source::{key_values, path_value, reads_the_method, reads_the_path, PathPart};
+pub use source::{
+    key_values, path_value, reads_the_method, reads_the_path, request_header, PathPart,
+};
 
 use std::borrow::Cow;
 

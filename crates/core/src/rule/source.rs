@@ -152,7 +152,7 @@ pub(super) fn as_spelled(source: &KeySource, req: &dyn RequestView, value: &[u8]
 }
 
 /// The header an attribute path `request.headers.<name>` names (lower-cased), if it is one.
-fn request_header(path: &[String]) -> Option<String> {
+pub fn request_header(path: &[String]) -> Option<String> {
     match path {
         [request, headers, name] if request == "request" && headers == "headers" => {
             Some(name.to_ascii_lowercase())
