@@ -128,7 +128,8 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
     let units = now.map_or(i64::MAX, |s| s.units);
     out.push(format!("tokens now: {} of {}", reply.remaining, l.burst));
     if units < 0 {
-        let debt_tokens = (-units).div_euclid(period) + i64::from((-units).rem_euclid(period) != 0);
+        let debt = units.saturating_neg();
+        let debt_tokens = debt.div_euclid(period) + i64::from(debt.rem_euclid(period) != 0);
         let since_ms = now.map_or(0, |s| now_us.saturating_sub(s.ts_us) / 1000);
         let repaid = repaid_ms(units, l.rate, step_ms, since_ms);
         out.push(format!(

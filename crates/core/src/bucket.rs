@@ -606,7 +606,7 @@ pub fn take_penalized(
             } else if s.units < 0 {
                 // Debt: rescale by whole tokens, rounding the debt up, never down (2^52 units
                 // deep at most, so it stays exact).
-                let debt = ceil_div_i(-s.units, p);
+                let debt = ceil_div_i(s.units.saturating_neg(), p);
                 let deepest = -DEBT_FLOOR / per_token;
                 -debt.min(deepest).saturating_mul(per_token)
             } else if s.units <= int(MAX_EXACT) / per_token {
@@ -644,7 +644,7 @@ pub fn take_penalized(
     let refill = |units: &mut i64, ts_us: &mut u64, to_us: u64, out: i64| {
         let elapsed = int(to_us.saturating_sub(*ts_us) / step_us);
         if elapsed > 0 {
-            let to_full = ceil_div_i(capacity(out) - *units, rate);
+            let to_full = ceil_div_i(capacity(out).saturating_sub(*units), rate);
             if elapsed >= to_full {
                 *units = capacity(out);
                 *ts_us = to_us;
@@ -855,7 +855,7 @@ pub fn take_penalized(
             } else {
                 cost
             };
-            let wait_ms = clock.wait_ms(take.saturating_mul(per_token) - units);
+            let wait_ms = clock.wait_ms(take.saturating_mul(per_token).saturating_sub(units));
             if wait_ms <= reach_ms {
                 units -= take.saturating_mul(per_token);
                 (true, take, wait_ms)

@@ -74,7 +74,10 @@ impl<'a> Leaders<'a> {
 /// A number no other worker of this plugin got from the same store (names this worker's queue).
 pub fn worker_number(store: &dyn Store, ns: &str) -> Result<u64, StoreError> {
     update(store, &format!("{ns}|workers"), |value| {
-        let next = value.and_then(|v| read_u64(v, 0)).unwrap_or(0) + 1;
+        let next = value
+            .and_then(|v| read_u64(v, 0))
+            .unwrap_or(0)
+            .saturating_add(1);
         let mut bytes = Vec::with_capacity(8);
         write_u64s(&mut bytes, &[next]);
         Change::Write(bytes, next)

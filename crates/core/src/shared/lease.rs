@@ -44,6 +44,11 @@ pub const SETS: u64 = 2048;
 /// Keys per set.
 pub const WAYS: usize = 4;
 
+/// `k` eighths of `peak`, rounded down (exact for any `peak`).
+fn eighths(peak: u64, k: u64) -> u64 {
+    u64::try_from(u128::from(peak) * u128::from(k) / 8).unwrap_or(u64::MAX)
+}
+
 /// One proxy's lease on one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Lease {
@@ -320,7 +325,7 @@ impl Lease {
         let mut steps = Vec::with_capacity(8);
         for (k, &since) in (1..=7u64).rev().zip(&self.eighths_ms) {
             if since > 0 {
-                steps.push((self.peak * k / 8, now_ms.saturating_sub(since)));
+                steps.push((eighths(self.peak, k), now_ms.saturating_sub(since)));
             }
         }
         steps.push((self.held(now_ms), now_ms.saturating_sub(self.touched_ms)));
@@ -332,7 +337,7 @@ impl Lease {
     fn note_level(&mut self, now_ms: u64) {
         let held = self.held(now_ms);
         for (k, since) in (1..=7u64).rev().zip(self.eighths_ms.iter_mut()) {
-            if *since == 0 && held <= self.peak * k / 8 {
+            if *since == 0 && held <= eighths(self.peak, k) {
                 *since = now_ms.max(1);
             }
         }

@@ -1023,3 +1023,18 @@ fn quiet_with_unmet(pool: &LeasePool, now: u64) -> bool {
     };
     pool.check_quietly("k", 1, unmet, now, &SIZING).unwrap()
 }
+
+/// A peak as large as a stored entry can say (shared data is the workers' and older modules'
+/// writing) still reports its eighths exactly, never a product that wrapped.
+#[test]
+fn the_eighths_of_any_peak_are_reported_exactly() {
+    let lease = Lease {
+        peak: u64::MAX / 4,
+        eighths_ms: [1; 7],
+        expires_ms: 100,
+        ..Lease::default()
+    };
+    let steps = lease.report(10);
+    assert_eq!(steps.first().map(|s| s.0), Some(u64::MAX / 4 / 8 * 7 + 6));
+    assert_eq!(steps.get(6).map(|s| s.0), Some(u64::MAX / 4 / 8));
+}
