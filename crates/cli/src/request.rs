@@ -24,8 +24,10 @@ pub struct Described {
 }
 
 impl Described {
-    /// Adds a header line as sent (a name may come several times).
+    /// Adds a header line as sent (a name may come several times), read as the filter reads it:
+    /// without the spaces and tabs around its value.
     pub fn line(&mut self, name: &str, value: &[u8]) {
+        let value = tollgate_core::pairs::trim_ows(value);
         self.lines.push((name.to_string(), value.to_vec()));
     }
 

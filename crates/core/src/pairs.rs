@@ -54,8 +54,20 @@ pub fn lookup<'a>(buf: &'a [u8], name: &str) -> Option<Cow<'a, [u8]>> {
     found
 }
 
+/// `value` without the spaces and tabs around it, as an HTTP/1.1 server reads a field (RFC 9112
+/// section 5). Envoy trims them from what an HTTP/1.1 client sends, but passes an HTTP/2 or
+/// HTTP/3 client's through (`x-user: W ` is `W` to the application): read trimmed, such a value
+/// names no bucket, and steps out of no condition, of its own.
+pub fn trim_ows(value: &[u8]) -> &[u8] {
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = value.iter().position(|b| !ows(b)).unwrap_or(value.len());
+    let end = value.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
+    value.get(start..end).unwrap_or_default()
+}
+
 /// Calls `each` with the value of every entry of encoded map `buf` whose name `wanted` accepts,
-/// in order. None when `buf` is malformed: what `each` was given then must be dropped.
+/// in order, [trimmed](trim_ows). None when `buf` is malformed: what `each` was given then must
+/// be dropped.
 pub fn each<'a>(
     buf: &'a [u8],
     mut wanted: impl FnMut(&[u8]) -> bool,
@@ -72,7 +84,7 @@ pub fn each<'a>(
         let value_at = at.checked_add(key_len)?.checked_add(1)?;
         let next = value_at.checked_add(value_len)?.checked_add(1)?;
         if wanted(data.get(at..value_at - 1)?) {
-            each(data.get(value_at..next - 1)?);
+            each(trim_ows(data.get(value_at..next - 1)?));
         }
         at = next;
     }
@@ -100,6 +112,19 @@ mod tests {
         // One line is the map's own bytes, not a copy; only repeated lines are joined into one.
         assert!(matches!(lookup(&buf, ":path"), Some(Cow::Borrowed(_))));
         assert!(matches!(lookup(&buf, "x-user-id"), Some(Cow::Owned(_))));
+    }
+
+    #[test]
+    fn values_are_read_without_the_spaces_and_tabs_around_them() {
+        let buf = encode(&[("x-user", " W \t"), ("pad", " \t "), ("in", "a  b")]);
+        assert_eq!(lookup(&buf, "x-user").as_deref(), Some(&b"W"[..]));
+        assert_eq!(lookup(&buf, "pad").as_deref(), Some(&b""[..]));
+        assert_eq!(
+            lookup(&buf, "in").as_deref(),
+            Some(&b"a  b"[..]),
+            "only around it"
+        );
+        assert_eq!(trim_ows(b"\tx\r"), b"x\r", "spaces and tabs only");
     }
 
     #[test]

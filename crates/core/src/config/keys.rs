@@ -256,7 +256,7 @@ fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>,
             })
         }
         _ if crate::rule::reads_the_method(source) => {
-            Ok(crate::rule::as_routed(text.as_bytes()).to_vec())
+            Ok(crate::rule::as_routed(text.as_bytes()).into_owned())
         }
         _ => Ok(match crate::rule::reads_the_path(source) {
             Some(part) => crate::rule::path_value(part, text.as_bytes()),

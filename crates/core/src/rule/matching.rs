@@ -20,9 +20,9 @@ pub fn matches(m: &Match, req: &dyn RequestView) -> bool {
     }
     if !m.methods.is_empty() {
         let named = |method: &[u8]| {
-            m.methods
-                .iter()
-                .any(|x| x.as_bytes() == method || x.as_bytes() == as_routed(method))
+            m.methods.iter().any(|x| {
+                x.as_bytes().eq_ignore_ascii_case(method) || *x.as_bytes() == *as_routed(method)
+            })
         };
         match req.header(":method") {
             Some(sent) if named(&sent) || method::any_override(req, &sent, named) => {}

@@ -5,6 +5,8 @@
 //! asks the application to route it as another method ([`any_override`]) matches a rule naming
 //! either, and its `method` key is ambiguous (one bucket per rule) unless every reading agrees.
 
+use std::borrow::Cow;
+
 use super::{reading, RequestView};
 
 /// The headers with which a request asks to be routed as another method: Symfony and Laravel,
@@ -20,15 +22,18 @@ const OVERRIDE_HEADERS: [&str; 3] = [
 /// The query parameter with which a `POST` asks the same (Laravel enables Symfony's `_method`).
 const OVERRIDE_PARAMETER: &str = "_method";
 
-/// The method as applications route it: `HEAD` runs the `GET` handler (Express, Rails, Flask,
-/// Django, Spring, Go's mux: the response is the GET's without its body), so it is `GET` to a
-/// method match and to the `method` key; a request cannot step out of a GET rule, or into a
-/// bucket of its own, by asking for the headers only.
-pub fn as_routed(method: &[u8]) -> &[u8] {
-    if method == b"HEAD" {
-        b"GET"
+/// The method as applications route it: upper-cased (HTTP/2 lets a client send `delete`, which
+/// Django and Werkzeug upper-case and run as `DELETE`), and `HEAD` runs the `GET` handler
+/// (Express, Rails, Flask, Django, Spring, Go's mux: the response is the GET's without its body),
+/// so it is `GET` to a method match and to the `method` key; a request cannot step out of a rule,
+/// or into a bucket of its own, by the case of its method or by asking for the headers only.
+pub fn as_routed(method: &[u8]) -> Cow<'_, [u8]> {
+    if method.eq_ignore_ascii_case(b"HEAD") {
+        Cow::Borrowed(b"GET")
+    } else if method.iter().any(u8::is_ascii_lowercase) {
+        Cow::Owned(method.to_ascii_uppercase())
     } else {
-        method
+        Cow::Borrowed(method)
     }
 }
 
@@ -53,7 +58,7 @@ pub fn any_override(
         .iter()
         .any(|name| req.header_lines(name).iter().any(&mut asks));
     in_headers
-        || (sent == b"POST"
+        || (sent.eq_ignore_ascii_case(b"POST")
             && req.header(":path").is_some_and(|full| {
                 reading::query_values(&full, OVERRIDE_PARAMETER).any(|value| asks(&value))
             }))

@@ -73,14 +73,14 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
 /// application). The attributes `request.method` and `request.headers.:method` read the same.
 fn method_value(req: &dyn RequestView) -> Read<'_> {
     req.header(":method").map_or(Read::Missing, |m| {
-        let routed = as_routed(&m);
-        if method::any_override(req, &m, |other| as_routed(other) != routed) {
+        let routed = match m {
+            Cow::Borrowed(m) => as_routed(m),
+            Cow::Owned(m) => Cow::Owned(as_routed(&m).into_owned()),
+        };
+        if method::any_override(req, &routed, |other| *as_routed(other) != *routed) {
             return Read::Ambiguous;
         }
-        Read::Value(match m {
-            Cow::Borrowed(m) => Cow::Borrowed(as_routed(m)),
-            Cow::Owned(m) => Cow::Owned(as_routed(&m).to_vec()),
-        })
+        Read::Value(routed)
     })
 }
 

@@ -287,6 +287,11 @@ fn the_method_key_reads_head_as_get() {
     assert_eq!(key("HEAD"), Some(b"GET".to_vec()));
     assert_eq!(key("GET"), Some(b"GET".to_vec()));
     assert_eq!(key("POST"), Some(b"POST".to_vec()));
+    // Nor is the case of the method (HTTP/2 lets a client send it lower-case).
+    for spelled in ["delete", "Delete", "dELETE"] {
+        assert_eq!(key(spelled), Some(b"DELETE".to_vec()), "{spelled}");
+    }
+    assert_eq!(key("head"), Some(b"GET".to_vec()));
 }
 
 /// A POST that asks to be routed as another method is ambiguous under the `method` key (one
