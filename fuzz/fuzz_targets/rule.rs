@@ -439,6 +439,7 @@ fuzz_target!(|input: Input| {
                         req.header(":method")
                             .as_deref()
                             .map(tollgate_core::rule::as_routed)
+                            .as_deref()
                     )
                 }
                 KeySource::Path => assert_eq!(Some(v), path_key(source).as_ref()),
