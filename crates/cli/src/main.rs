@@ -343,13 +343,20 @@ fn described(args: &RequestArgs) -> Result<Described, Failed> {
         req.line(":authority", host.as_bytes());
     }
     for h in &args.headers {
-        let Some((name, value)) = h.split_once(':') else {
+        // A pseudo-header (`:scheme: https`) keeps its leading colon.
+        let (colon, rest) = match h.strip_prefix(':') {
+            Some(rest) => (":", rest),
+            None => ("", h.as_str()),
+        };
+        let Some((name, value)) = rest.split_once(':') else {
             return Err(Failed(format!("--header {h:?}: expected NAME: VALUE")));
         };
-        req.line(
-            &name.trim().to_ascii_lowercase(),
-            value.trim_start().as_bytes(),
-        );
+        let name = format!("{colon}{}", name.trim().to_ascii_lowercase());
+        req.line(&name, value.as_bytes());
+    }
+    // Envoy always gives a request its scheme: `http` on a listener without TLS.
+    if !args.headers.iter().any(|h| h.starts_with(":scheme:")) {
+        req.line(":scheme", b"http");
     }
     if let Some(ip) = &args.client_ip {
         req.client_ip(ip);

@@ -108,23 +108,20 @@ impl RequestView for Described {
 }
 
 impl Described {
-    /// An attribute Envoy derives from the request line and headers, as it derives it, when no
-    /// `--property` gives it.
+    /// An attribute Envoy derives from the request line, as it derives it, when no `--property`
+    /// gives it: `request.query`, the path's query without a fragment (empty without a `?`).
+    /// (The attributes Envoy takes from one header the core reads from that header's lines.)
     fn derived(&self, path: &[&str]) -> Option<Vec<u8>> {
-        let header = match path {
-            ["request", "host"] => ":authority",
-            ["request", "scheme"] => ":scheme",
-            ["request", "referer"] => "referer",
-            ["request", "useragent"] => "user-agent",
-            ["request", "id"] => "x-request-id",
-            ["request", "query"] => {
-                let full = self.header(":path")?;
-                let at = full.iter().position(|b| *b == b'?')?;
-                return full.get(at + 1..).map(<[u8]>::to_vec);
-            }
-            _ => return None,
+        if path != ["request", "query"] {
+            return None;
+        }
+        let full = self.header(":path")?;
+        let query = match full.iter().position(|b| *b == b'?') {
+            Some(at) => full.get(at + 1..).unwrap_or_default(),
+            None => &[],
         };
-        self.header(header).map(Cow::into_owned)
+        let end = query.iter().position(|b| *b == b'#').unwrap_or(query.len());
+        query.get(..end).map(<[u8]>::to_vec)
     }
 }
 
@@ -133,32 +130,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn attributes_envoy_derives_from_the_request_are_there_unless_given() {
+    fn the_query_attribute_is_envoys_unless_given() {
+        let attr = |req: &Described| RequestView::property(req, &["request", "query"]);
         let mut req = Described::default();
-        req.line(":path", b"/a?x=1&y=2");
-        req.line(":authority", b"api.example.com");
-        req.line("user-agent", b"curl/8.5");
-        let attr = |req: &Described, name: &str| {
-            let path: Vec<&str> = name.split('.').collect();
-            RequestView::property(req, &path)
-        };
-        assert_eq!(
-            attr(&req, "request.useragent").as_deref(),
-            Some(&b"curl/8.5"[..])
-        );
-        assert_eq!(
-            attr(&req, "request.host").as_deref(),
-            Some(&b"api.example.com"[..])
-        );
-        assert_eq!(
-            attr(&req, "request.query").as_deref(),
-            Some(&b"x=1&y=2"[..])
-        );
-        assert_eq!(attr(&req, "request.referer"), None);
-        Described::property(&mut req, "request.useragent", "given");
-        assert_eq!(
-            attr(&req, "request.useragent").as_deref(),
-            Some(&b"given"[..])
-        );
+        req.line(":path", b"/a?x=1&y=2#top");
+        assert_eq!(attr(&req).as_deref(), Some(&b"x=1&y=2"[..]));
+        let mut bare = Described::default();
+        bare.line(":path", b"/a");
+        assert_eq!(attr(&bare).as_deref(), Some(&b""[..]));
+        Described::property(&mut req, "request.query", "given");
+        assert_eq!(attr(&req).as_deref(), Some(&b"given"[..]));
     }
 }

@@ -173,8 +173,8 @@ pub fn target<'c>(
     })
 }
 
-/// The bucket whose key `key` is (as `explain` prints it): a rule's bucket under the rule's own
-/// limits, its key values unknown (an override of them does not show).
+/// The bucket whose key `key` is (as `explain` prints it): the bucket of an override's values
+/// under its limits, else a rule's bucket under the rule's own limits, its key values unknown.
 pub fn by_key<'c>(config: &'c Config, key: &str) -> Result<Target<'c>, TargetError> {
     let not_one = || TargetError::NotABucket {
         key: key.to_string(),
@@ -196,12 +196,21 @@ pub fn by_key<'c>(config: &'c Config, key: &str) -> Result<Target<'c>, TargetErr
         .find(|r| r.name == name)
         .filter(|_| is_digest)
         .ok_or_else(not_one)?;
+    // An override's values are known: its bucket is the one their key names.
+    let overridden = rule.overrides.iter().find(|(values, _)| {
+        bucket_key(&config.key_prefix, &rule.name, &rule.key, values.as_slice()) == key
+    });
+    let (values, limits, unlimited) = match overridden {
+        Some((values, Override::Limits(q))) => (values.clone(), q.limits(), false),
+        Some((values, Override::Unlimited)) => (values.clone(), rule.limits.limits(), true),
+        None => (Vec::new(), rule.limits.limits(), false),
+    };
     Ok(Target {
         rule,
         key: key.to_string(),
-        values: Vec::new(),
-        limits: rule.limits.limits(),
-        unlimited: false,
+        values,
+        limits,
+        unlimited,
     })
 }
 
@@ -327,6 +336,20 @@ mod tests {
         );
         assert_eq!(t.limits.burst, 7);
         let alice = target(&config, "r", &["alice".to_string()]).unwrap().key;
+        // An override's bucket, under its limits.
+        let gold = Config::parse(
+            br#"{"key_prefix":"tg","rules":[{"name":"r","rate":5,"burst":7,"key":["header:x-user"],
+                "overrides":[{"key":["gold"],"rate":50,"burst":1000}]}]}"#,
+            tollgate_core::config::Artifact::Envoy,
+        )
+        .unwrap();
+        let gold_key = target(&gold, "r", &["gold".to_string()]).unwrap();
+        let named = by_key(&gold, &gold_key.key).unwrap();
+        assert_eq!(
+            (named.limits.burst, named.values),
+            (1000, vec![b"gold".to_vec()])
+        );
+        assert_eq!(by_key(&gold, &alice).unwrap().limits.burst, 7);
         assert_eq!(by_key(&config, &alice).unwrap().key, alice);
         for wrong in [
             alice.replacen("tg:", "tollgate:", 1),

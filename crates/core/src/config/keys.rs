@@ -258,6 +258,15 @@ fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>,
         _ if crate::rule::reads_the_method(source) => {
             Ok(crate::rule::as_routed(text.as_bytes()).into_owned())
         }
+        // A header's value is read without the spaces and tabs around it.
+        KeySource::Header(_) => Ok(crate::pairs::trim_ows(text.as_bytes()).to_vec()),
+        KeySource::Property {
+            path: attribute, ..
+        } if crate::rule::reads_the_path(source).is_none()
+            && crate::rule::request_header(attribute).is_some() =>
+        {
+            Ok(crate::pairs::trim_ows(text.as_bytes()).to_vec())
+        }
         _ => Ok(match crate::rule::reads_the_path(source) {
             Some(part) => crate::rule::path_value(part, text.as_bytes()),
             None => text.as_bytes().to_vec(),

@@ -177,8 +177,10 @@ fn header_match(h: doc::HeaderMatch, path: &str) -> Result<HeaderMatch, ConfigEr
         }
     };
     let value = match (h.exact, h.prefix, h.regex, h.present, h.absent) {
-        (Some(v), ..) => HeaderValueMatch::Exact(v),
-        (_, Some(v), ..) => HeaderValueMatch::Prefix(v),
+        // As a request's value is read: without the spaces and tabs around it (a prefix's end
+        // is its own: `Bearer `).
+        (Some(v), ..) => HeaderValueMatch::Exact(trimmed(&v, true)),
+        (_, Some(v), ..) => HeaderValueMatch::Prefix(trimmed(&v, false)),
         (_, _, Some(source), ..) => {
             HeaderValueMatch::Regex(Pattern::new(&source).map_err(|e| err(join(path, "regex"), e))?)
         }
@@ -195,4 +197,14 @@ fn header_match(h: doc::HeaderMatch, path: &str) -> Result<HeaderMatch, ConfigEr
         }
     };
     Ok(HeaderMatch { name, value })
+}
+
+/// `v` without the spaces and tabs before it, and, with `end`, after it.
+fn trimmed(v: &str, end: bool) -> String {
+    let ows: &[char] = &[' ', '\t'];
+    if end {
+        v.trim_matches(ows).to_string()
+    } else {
+        v.trim_start_matches(ows).to_string()
+    }
 }

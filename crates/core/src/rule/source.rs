@@ -151,11 +151,26 @@ pub(super) fn as_spelled(source: &KeySource, req: &dyn RequestView, value: &[u8]
     req.header(&name).is_some_and(|exact| *exact == *value)
 }
 
-/// The header an attribute path `request.headers.<name>` names (lower-cased), if it is one.
+/// The request header an attribute path names (lower-cased), if it names one: `request.headers.<name>`,
+/// and the attributes Envoy takes from one header (`request.host`, `request.scheme`,
+/// `request.useragent`, `request.referer`, `request.id`). Such a source is read from the
+/// request's lines as `header:` reads them (without the spaces and tabs around the value,
+/// ambiguous on several lines), not from Envoy's attribute, which keeps what a client sent.
 pub fn request_header(path: &[String]) -> Option<String> {
     match path {
         [request, headers, name] if request == "request" && headers == "headers" => {
             Some(name.to_ascii_lowercase())
+        }
+        [request, attribute] if request == "request" => {
+            let header = match attribute.as_str() {
+                "host" => ":authority",
+                "scheme" => ":scheme",
+                "useragent" => "user-agent",
+                "referer" => "referer",
+                "id" => "x-request-id",
+                _ => return None,
+            };
+            Some(header.to_string())
         }
         _ => None,
     }

@@ -178,7 +178,7 @@ fn overrides() {
         r#""rate":10,"period_ms":60000,"key":["header:x-tenant","client_ip:v6=/56","authority"],
                "overrides":[
                  {"key":["acme","2001:db8:0:100::/56","API.example.com"],"rate":1000,"burst":2000},
-                 {"key":["internal","10.0.0.1","a"],"unlimited":true},
+                 {"key":[" internal\t","10.0.0.1","a"],"unlimited":true},
                  {"key":["slow","::ffff:10.0.0.2","a"],"rate":1,"period_ms":1000}]"#,
     );
     let o = |t: &[&str]| {
@@ -195,6 +195,7 @@ fn overrides() {
             period_ms: 60000
         })))
     );
+    // A header's value as a request's is read: without the spaces and tabs around it.
     assert_eq!(o(&["internal", "10.0.0.1", "a"]), Some(Override::Unlimited));
     assert_eq!(
         o(&["slow", "10.0.0.2", "a"]),

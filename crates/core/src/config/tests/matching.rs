@@ -31,6 +31,16 @@ fn header_match_kinds() {
         m(r#"{"name":"a","prefix":"Bearer "}"#),
         HeaderValueMatch::Prefix("Bearer ".into())
     );
+    // Read as a request's value is: without the spaces and tabs around it (a prefix keeps its
+    // end), so a condition written with them still holds for some value.
+    assert_eq!(
+        m(r#"{"name":"a","prefix":" \tBearer "}"#),
+        HeaderValueMatch::Prefix("Bearer ".into())
+    );
+    assert_eq!(
+        m(r#"{"name":"a","exact":" free\t"}"#),
+        HeaderValueMatch::Exact("free".into())
+    );
     assert_eq!(m(r#"{"name":"a","absent":true}"#), HeaderValueMatch::Absent);
     assert_eq!(
         m(r#"{"name":"a","exact":""}"#),

@@ -346,3 +346,35 @@ fn attributes_of_the_request_line_read_as_its_keys() {
     assert_eq!(path("/api//x?a=1"), path("/api/%78?a=1"));
     assert_eq!(path("/api//x?a=1"), Some(b"/api/x?a=1".to_vec()));
 }
+
+/// The attributes Envoy takes from one request header read from that header's lines, as
+/// `header:` reads them (Envoy's attribute would keep a padding and join repeated lines), not
+/// from the attribute.
+#[test]
+fn attributes_of_one_header_read_as_that_header() {
+    for (attribute, header) in [
+        ("request.useragent", "user-agent"),
+        ("request.referer", "referer"),
+        ("request.id", "x-request-id"),
+        ("request.host", ":authority"),
+        ("request.scheme", ":scheme"),
+    ] {
+        let req = Req::new("GET", "/")
+            .with(header, "v")
+            .prop(attribute, "attribute");
+        assert_eq!(
+            one(property(attribute), &req),
+            Some(b"v".to_vec()),
+            "{attribute}"
+        );
+        let twice = Req::new("GET", "/").line(header, "v").line(header, "w");
+        assert_eq!(
+            read(property(attribute), &twice),
+            Read::Ambiguous,
+            "{attribute}"
+        );
+    }
+    // Other attributes are Envoy's.
+    let req = Req::new("GET", "/").prop("request.time", "t");
+    assert_eq!(one(property("request.time"), &req), Some(b"t".to_vec()));
+}
