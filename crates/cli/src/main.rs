@@ -342,6 +342,7 @@ fn described(args: &RequestArgs) -> Result<Described, Failed> {
     if let Some(host) = &args.host {
         req.line(":authority", host.as_bytes());
     }
+    let mut scheme = false;
     for h in &args.headers {
         // A pseudo-header (`:scheme: https`) keeps its leading colon.
         let (colon, rest) = match h.strip_prefix(':') {
@@ -352,10 +353,11 @@ fn described(args: &RequestArgs) -> Result<Described, Failed> {
             return Err(Failed(format!("--header {h:?}: expected NAME: VALUE")));
         };
         let name = format!("{colon}{}", name.trim().to_ascii_lowercase());
+        scheme |= name == ":scheme";
         req.line(&name, value.as_bytes());
     }
     // Envoy always gives a request its scheme: `http` on a listener without TLS.
-    if !args.headers.iter().any(|h| h.starts_with(":scheme:")) {
+    if !scheme {
         req.line(":scheme", b"http");
     }
     if let Some(ip) = &args.client_ip {

@@ -259,19 +259,32 @@ fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>,
             Ok(crate::rule::as_routed(text.as_bytes()).into_owned())
         }
         // A header's value is read without the spaces and tabs around it.
-        KeySource::Header(_) => Ok(crate::pairs::trim_ows(text.as_bytes()).to_vec()),
+        KeySource::Header(_) => header_value(text, path),
         KeySource::Property {
             path: attribute, ..
         } if crate::rule::reads_the_path(source).is_none()
             && crate::rule::request_header(attribute).is_some() =>
         {
-            Ok(crate::pairs::trim_ows(text.as_bytes()).to_vec())
+            header_value(text, path)
         }
         _ => Ok(match crate::rule::reads_the_path(source) {
             Some(part) => crate::rule::path_value(part, text.as_bytes()),
             None => text.as_bytes().to_vec(),
         }),
     }
+}
+
+/// A header's value an override or a tier names, read as a request's is: without the spaces and
+/// tabs around it. One of nothing else would silently become the empty value's.
+fn header_value(text: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
+    let value = crate::pairs::trim_ows(text.as_bytes());
+    if value.is_empty() && !text.is_empty() {
+        return Err(err(
+            path,
+            "is only spaces or tabs, which a header's value is read without",
+        ));
+    }
+    Ok(value.to_vec())
 }
 
 /// The value an override or a tier names for `source`, as a rule whose path match ignores case

@@ -180,6 +180,13 @@ fn header_match(h: doc::HeaderMatch, path: &str) -> Result<HeaderMatch, ConfigEr
         // As a request's value is read: without the spaces and tabs around it (a prefix's end
         // is its own: `Bearer `).
         (Some(v), ..) => HeaderValueMatch::Exact(trimmed(&v, true)),
+        // Only spaces or tabs would hold for every value once trimmed: `present` says that.
+        (_, Some(v), ..) if !v.is_empty() && trimmed(&v, false).is_empty() => {
+            return Err(err(
+                join(path, "prefix"),
+                "is only spaces or tabs, which a value is read without (use \"present\": true)",
+            ))
+        }
         (_, Some(v), ..) => HeaderValueMatch::Prefix(trimmed(&v, false)),
         (_, _, Some(source), ..) => {
             HeaderValueMatch::Regex(Pattern::new(&source).map_err(|e| err(join(path, "regex"), e))?)

@@ -197,6 +197,10 @@ fn overrides() {
     );
     // A header's value as a request's is read: without the spaces and tabs around it.
     assert_eq!(o(&["internal", "10.0.0.1", "a"]), Some(Override::Unlimited));
+    let blank = rule_error(
+        r#""rate":1,"key":["header:x-user"],"overrides":[{"key":[" "],"unlimited":true}]"#,
+    );
+    assert!(blank.contains("only spaces or tabs"), "{blank}");
     assert_eq!(
         o(&["slow", "10.0.0.2", "a"]),
         Some(Override::Limits(quota(Limits {

@@ -41,6 +41,8 @@ fn header_match_kinds() {
         m(r#"{"name":"a","exact":" free\t"}"#),
         HeaderValueMatch::Exact("free".into())
     );
+    let refused = rule_error(r#""rate":1,"match":{"headers":[{"name":"a","prefix":" \t"}]}"#);
+    assert!(refused.contains("only spaces or tabs"), "{refused}");
     assert_eq!(m(r#"{"name":"a","absent":true}"#), HeaderValueMatch::Absent);
     assert_eq!(
         m(r#"{"name":"a","exact":""}"#),
