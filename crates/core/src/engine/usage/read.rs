@@ -278,6 +278,12 @@ impl BodyReader {
             let mut stream =
                 serde_json::Deserializer::from_slice(value).into_iter::<serde_json::Value>();
             if let Some(Ok(v)) = stream.next() {
+                // A number ends where the body does if the body was cut in it (`40` sent as
+                // `4` to a `Range` request): a value is whole only with a delimiter after it.
+                let next = value.get(stream.byte_offset()..).unwrap_or_default();
+                if !matches!(next.trim_ascii_start().first(), Some(b',' | b'}' | b']')) {
+                    return Err(Unreadable::TooLarge);
+                }
                 return field(&v, rest).map_or(Err(Unreadable::TooLarge), as_usage);
             }
         }
@@ -398,6 +404,36 @@ mod tests {
         );
         let r = reader("application/json", &[body.as_bytes()], "usage.total_tokens");
         assert_eq!(r.seen(), None, "a JSON body is read only whole");
+    }
+
+    /// A large body cut in its usage (an upstream answering a `Range` request, `206`, with the
+    /// body up to a chosen byte) is not read as the number it was cut to.
+    #[test]
+    fn a_large_body_cut_in_its_usage_is_not_read() {
+        let pad = "x".repeat(2 * WINDOW);
+        let whole = format!(r#"{{"pad":"{pad}","tokens_used":40}}"#);
+        assert_eq!(
+            read("application/json", &[whole.as_bytes()], "tokens_used"),
+            Ok(40)
+        );
+        for cut in [
+            r#","tokens_used":4"#,
+            r#","tokens_used":40"#,
+            r#","tokens_used":40 "#,
+        ] {
+            let body = format!(r#"{{"pad":"{pad}"{cut}"#);
+            assert_eq!(
+                read("application/json", &[body.as_bytes()], "tokens_used"),
+                Err(Unreadable::TooLarge),
+                "{cut}"
+            );
+        }
+        // Cut after the value's delimiter, it was whole.
+        let body = format!(r#"{{"pad":"{pad}","tokens_used":40,"more"#);
+        assert_eq!(
+            read("application/json", &[body.as_bytes()], "tokens_used"),
+            Ok(40)
+        );
     }
 
     /// Whatever the chunks, a JSON reader keeps exactly the body's last `WINDOW` bytes, never
