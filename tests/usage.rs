@@ -721,3 +721,58 @@ fn a_configured_worst_case() {
         ],
     );
 }
+
+/// An upstream that honours `Range` on its JSON answers (a static file, Go's `ServeContent`): a
+/// client asks for a body over 16 KiB cut right after the first digit of its usage
+/// (`"tokens_used":4` of `40`). The filter reads such a body from its tail, and takes no number
+/// the body ends in as whole: each cut answer is charged the worst case. Against the build before,
+/// every cut answer was charged 4: admitted 7 of 7.
+#[test]
+fn a_body_cut_in_its_usage_is_charged_the_worst_case() {
+    let whole = format!(r#"{{"pad":"{}","tokens_used":40}}"#, "x".repeat(20_000));
+    let cut_after = whole.find(":40}").unwrap() + 2;
+    let app = Upstream::start_with(move |head| {
+        let json = "content-type: application/json\r\n";
+        if head.to_ascii_lowercase().contains("\r\nrange:") {
+            let body = &whole[..cut_after];
+            vec![format!(
+                "HTTP/1.1 206 Partial Content\r\n{json}content-range: bytes 0-{}/{}\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                cut_after - 1,
+                whole.len(),
+                body.len()
+            )
+            .into_bytes()]
+        } else {
+            vec![http_response(json, &whole)]
+        }
+    });
+    let wasm = common::wasm_path();
+    let p = proxy(
+        "usage-range-cut",
+        &wasm,
+        r#"{"body_field": "tokens_used"}"#,
+        &app,
+    );
+    let figure = attack("body cut in its usage", &p.envoy, &app, |envoy, _| {
+        let range = format!("bytes=0-{}", cut_after - 1);
+        let status = envoy
+            .get("/app/chat", &[("x-user-id", "ada"), ("range", &range)])
+            .status;
+        // The cut answer is the application's 206: admitted.
+        if status == 206 {
+            200
+        } else {
+            status
+        }
+    });
+    assert_honest_figure(&p.envoy, figure);
+    assert_usage_counters(
+        &p.envoy,
+        &[
+            ("usage_too_large", 2),
+            ("usage_worst_case", 2),
+            ("usage_charged", CHARGED),
+        ],
+    );
+}
