@@ -320,6 +320,20 @@ fn assert_usage_counters(envoy: &Envoy, want: &[(&str, u64)]) {
 /// The honest answer's 39 plus two attacks charged 39 each (40 used, 1 paid up front).
 const CHARGED: u64 = 3 * 39;
 
+/// Asserts the honest client's figure, and both attacks admitted charged the worst case (39
+/// each), counted in `why`.
+fn assert_worst_case_twice(envoy: &Envoy, figure: (usize, usize), why: &str) {
+    assert_honest_figure(envoy, figure);
+    assert_usage_counters(
+        envoy,
+        &[
+            (why, 2),
+            ("usage_worst_case", 2),
+            ("usage_charged", CHARGED),
+        ],
+    );
+}
+
 /// An OpenAI-compatible stream carries no usage unless the request asks for it
 /// (`stream_options.include_usage`): such an answer is charged the largest usage read lately.
 #[test]
@@ -632,15 +646,7 @@ fn a_body_too_large_to_read_is_charged_the_worst_case() {
     let figure = attack("usage outside the window", &p.envoy, &app, |envoy, _| {
         envoy.get("/app/chat", &[("x-user-id", "ada")]).status
     });
-    assert_honest_figure(&p.envoy, figure);
-    assert_usage_counters(
-        &p.envoy,
-        &[
-            ("usage_too_large", 2),
-            ("usage_worst_case", 2),
-            ("usage_charged", CHARGED),
-        ],
-    );
+    assert_worst_case_twice(&p.envoy, figure, "usage_too_large");
 }
 
 /// The default build (usage from a header): an answer without the header, and one with an
@@ -766,13 +772,5 @@ fn a_body_cut_in_its_usage_is_charged_the_worst_case() {
             status
         }
     });
-    assert_honest_figure(&p.envoy, figure);
-    assert_usage_counters(
-        &p.envoy,
-        &[
-            ("usage_too_large", 2),
-            ("usage_worst_case", 2),
-            ("usage_charged", CHARGED),
-        ],
-    );
+    assert_worst_case_twice(&p.envoy, figure, "usage_too_large");
 }
