@@ -10,7 +10,7 @@ use std::fmt;
 
 use tollgate_core::bucket::Limits;
 use tollgate_core::config::{Config, KeySource, Override, Rule};
-use tollgate_core::rule::{as_matched, bucket_key, ip, key_values, Read};
+use tollgate_core::rule::{as_matched, bucket_key, ip, key_values, parts_of_key, Read, DIGEST_HEX};
 
 use crate::metadata;
 use crate::request::Described;
@@ -180,13 +180,8 @@ pub fn by_key<'c>(config: &'c Config, key: &str) -> Result<Target<'c>, TargetErr
         key: key.to_string(),
         prefix: config.key_prefix.clone(),
     };
-    let inner = key
-        .strip_prefix(config.key_prefix.as_str())
-        .and_then(|k| k.strip_prefix(":{"))
-        .and_then(|k| k.strip_suffix('}'))
-        .ok_or_else(not_one)?;
-    let (name, digest) = inner.split_once(':').ok_or_else(not_one)?;
-    let is_digest = digest.len() == 32
+    let (name, digest) = parts_of_key(&config.key_prefix, key).ok_or_else(not_one)?;
+    let is_digest = digest.len() == DIGEST_HEX
         && digest
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));

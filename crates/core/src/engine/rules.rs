@@ -126,12 +126,7 @@ impl Rules {
     /// `id` if it is that one, else the rule of that name (an old and a new configuration of one
     /// namespace, both live while a listener drains, may number their rules otherwise).
     pub fn of_key(&self, id: RuleId, prefix: &str, key: &str) -> Option<&RuleRef> {
-        // A rule's name has no ':' ([A-Za-z0-9_-]).
-        let name = key
-            .strip_prefix(prefix)?
-            .strip_prefix(":{")?
-            .split(':')
-            .next()?;
+        let (name, _) = crate::rule::parts_of_key(prefix, key)?;
         match self.get(id) {
             Some(rule) if rule.name == name => Some(rule),
             _ => self.named(name),

@@ -90,6 +90,19 @@ fn digest_input<'a>(sources: &[KeySource], parts: impl Iterator<Item = Part<'a>>
     input
 }
 
+/// The rule name and the digest of bucket key `key` under `prefix`, if it has the form
+/// [`bucket_key`] gives it: `<prefix>:{<rule>:<digest>}` (a rule's name has no ':'), the digest
+/// [`DIGEST_HEX`] lower-case hex digits when the key is one this code made.
+pub fn parts_of_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
+    key.strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .strip_suffix('}')?
+        .split_once(':')
+}
+
+/// How many hex digits a bucket key's digest has.
+pub const DIGEST_HEX: usize = DIGEST_BYTES * 2;
+
 fn key_of_input(prefix: &str, rule: &str, input: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(input);

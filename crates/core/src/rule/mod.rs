@@ -35,7 +35,7 @@ pub mod value;
 
 pub use apply::{applies, as_matched, Applied, LimitsBy};
 pub use cache::KeyCache;
-pub use digest::{bucket_key, bucket_key_of, Part};
+pub use digest::{bucket_key, bucket_key_of, parts_of_key, Part, DIGEST_HEX};
 pub use matching::matches;
 pub use method::as_routed;
 pub use reading::{Lines, Read};
