@@ -59,10 +59,20 @@ pub fn lookup<'a>(buf: &'a [u8], name: &str) -> Option<Cow<'a, [u8]>> {
 /// HTTP/3 client's through (`x-user: W ` is `W` to the application): read trimmed, such a value
 /// names no bucket, and steps out of no condition, of its own.
 pub fn trim_ows(value: &[u8]) -> &[u8] {
-    let ows = |b: &u8| *b == b' ' || *b == b'\t';
-    let start = value.iter().position(|b| !ows(b)).unwrap_or(value.len());
-    let end = value.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
+    let start = value
+        .iter()
+        .position(|b| !is_ows(*b))
+        .unwrap_or(value.len());
+    let end = value
+        .iter()
+        .rposition(|b| !is_ows(*b))
+        .map_or(start, |i| i + 1);
     value.get(start..end).unwrap_or_default()
+}
+
+/// Whether `b` is optional whitespace around a field value: a space or a tab.
+pub fn is_ows(b: u8) -> bool {
+    b == b' ' || b == b'\t'
 }
 
 /// Calls `each` with the value of every entry of encoded map `buf` whose name `wanted` accepts,

@@ -176,18 +176,19 @@ fn header_match(h: doc::HeaderMatch, path: &str) -> Result<HeaderMatch, ConfigEr
             Err(err(join(path, kind), "must be true"))
         }
     };
+    // As a request's value is read: without the spaces and tabs around it (a prefix's end is
+    // its own: `Bearer `).
+    let ows = |c: char| u8::try_from(c).is_ok_and(crate::pairs::is_ows);
     let value = match (h.exact, h.prefix, h.regex, h.present, h.absent) {
-        // As a request's value is read: without the spaces and tabs around it (a prefix's end
-        // is its own: `Bearer `).
-        (Some(v), ..) => HeaderValueMatch::Exact(trimmed(&v, true)),
+        (Some(v), ..) => HeaderValueMatch::Exact(v.trim_matches(ows).to_string()),
         // Only spaces or tabs would hold for every value once trimmed: `present` says that.
-        (_, Some(v), ..) if !v.is_empty() && trimmed(&v, false).is_empty() => {
+        (_, Some(v), ..) if !v.is_empty() && v.trim_start_matches(ows).is_empty() => {
             return Err(err(
                 join(path, "prefix"),
                 "is only spaces or tabs, which a value is read without (use \"present\": true)",
             ))
         }
-        (_, Some(v), ..) => HeaderValueMatch::Prefix(trimmed(&v, false)),
+        (_, Some(v), ..) => HeaderValueMatch::Prefix(v.trim_start_matches(ows).to_string()),
         (_, _, Some(source), ..) => {
             HeaderValueMatch::Regex(Pattern::new(&source).map_err(|e| err(join(path, "regex"), e))?)
         }
@@ -204,14 +205,4 @@ fn header_match(h: doc::HeaderMatch, path: &str) -> Result<HeaderMatch, ConfigEr
         }
     };
     Ok(HeaderMatch { name, value })
-}
-
-/// `v` without the spaces and tabs before it, and, with `end`, after it.
-fn trimmed(v: &str, end: bool) -> String {
-    let ows: &[char] = &[' ', '\t'];
-    if end {
-        v.trim_matches(ows).to_string()
-    } else {
-        v.trim_start_matches(ows).to_string()
-    }
 }
