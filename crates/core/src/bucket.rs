@@ -627,7 +627,9 @@ pub fn take_penalized(
     let mut out = int(holders.held());
     // Full less V + taken: what the headroom never passes.
     let room = |units: i64, out: i64, taken: u64| {
-        full - units - out.saturating_mul(per_token) - int(taken)
+        full.saturating_sub(units)
+            .saturating_sub(out.saturating_mul(per_token))
+            .saturating_sub(int(taken))
     };
     if tracked {
         if renew {
@@ -1091,10 +1093,10 @@ pub fn operate_penalized(
             units.max(capacity - reserved)
         }
         Operation::Credit(n) if units < capacity => {
-            if int(n.get()) >= ceil_div_i(capacity - units, per_token) {
+            if int(n.get()) >= ceil_div_i(capacity.saturating_sub(units), per_token) {
                 capacity
             } else {
-                units + int(n.get()) * per_token
+                units.saturating_add(int(n.get()).saturating_mul(per_token))
             }
         }
         Operation::Credit(_) => units,
