@@ -156,7 +156,10 @@ pub fn summary(config: &Config) -> Vec<String> {
 
 /// `per-user: 100 per minute, burst 100, key: JWT sub, exact mode, applies to /api/ on api.example.com`.
 pub fn rule_line(rule: &Rule) -> String {
-    let keys: Vec<String> = rule.key.iter().map(source).collect();
+    let mut keys: Vec<String> = rule.key.iter().map(source).collect();
+    if keys.is_empty() {
+        keys.push("none (one bucket for all)".to_string());
+    }
     let mode = match rule.mode {
         Mode::Exact => "exact mode",
         Mode::Lease => "lease mode",

@@ -29,7 +29,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tollgate_core::bucket::Operation;
-use tollgate_core::config::Artifact;
+use tollgate_core::config::{Artifact, KeySource};
 
 use load::{load, Loaded};
 use request::Described;
@@ -141,11 +141,12 @@ struct RequestArgs {
 #[derive(Args)]
 struct BucketArgs {
     /// The rule's name.
-    #[arg(long, required_unless_present = "bucket", requires = "keys")]
+    #[arg(long, required_unless_present = "bucket")]
     rule: Option<String>,
     /// The key values, one per key source of the rule in order (literal: sources excepted), as
     /// `explain` prints them (what the filter reads: a client address, a JWT claim, a header
-    /// value, a cookie or query parameter decoded).
+    /// value, a cookie or query parameter decoded); none for a rule without key or with only
+    /// literal: sources.
     #[arg(long = "key", value_name = "VALUE", num_args = 1.., requires = "rule")]
     keys: Vec<String>,
     /// Or the bucket key itself, as `explain` prints it (`<prefix>:{<rule>:<digest>}`): also
@@ -385,7 +386,34 @@ fn described(args: &RequestArgs) -> Result<Described, Failed> {
         let Some((path, value)) = p.split_once('=') else {
             return Err(Failed(format!("--property {p:?}: expected PATH=VALUE")));
         };
+        if let Some(instead) = read_from_the_request(path) {
+            return Err(Failed(format!(
+                "--property {path}: the filter reads it from the request itself: give {instead}"
+            )));
+        }
         req.property(path, value);
     }
     Ok(req)
+}
+
+/// The option that gives attribute `path`, if the filter reads that attribute from the request's
+/// line or headers rather than from Envoy (a `--property` for it would be ignored).
+fn read_from_the_request(path: &str) -> Option<String> {
+    use tollgate_core::rule::{reads_the_method, reads_the_path, request_header};
+    let parts: Vec<String> = path.split('.').map(str::to_string).collect();
+    let header = request_header(&parts);
+    let source = KeySource::Property {
+        spelled: path.to_string(),
+        path: parts,
+    };
+    if reads_the_path(&source).is_some() {
+        return Some("--path".to_string());
+    }
+    if reads_the_method(&source) {
+        return Some("--method".to_string());
+    }
+    header.map(|header| match header.as_str() {
+        ":authority" => "--host".to_string(),
+        _ => format!("-H '{header}: VALUE'"),
+    })
 }

@@ -135,6 +135,18 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
         let out = ok(&["check", path.to_str().unwrap()]);
         assert!(out.lines().next().unwrap().ends_with(origin), "{out}");
     }
+    // A rule without key says so.
+    let keyless = dir.join("keyless.json");
+    std::fs::write(
+        &keyless,
+        r#"{"backend":{"cluster":"w"},"rules":[{"name":"all","key":[],"rate":5,"period_ms":1000,"burst":5}]}"#,
+    )
+    .unwrap();
+    let out = ok(&["check", keyless.to_str().unwrap()]);
+    assert!(
+        out.contains("  all: 5 per second, burst 5, key: none (one bucket for all), exact mode,"),
+        "{out}"
+    );
     // Refusals carry the filter's own line (what on_configure logs).
     let bad = dir.join("bad.json");
     std::fs::write(&bad, r#"{"backend":{"cluster":"w"},"rules":[{"name":"a","key":["client_ip"],"rate":0,"period_ms":1000,"burst":1}]}"#).unwrap();
@@ -313,6 +325,28 @@ fn explain_says_which_rules_apply_and_why_not() {
     fails(
         &["explain", &config, "-H", "novalue"],
         "--header \"novalue\": expected NAME: VALUE",
+    );
+    // An attribute the filter reads from a header is given as that header, never ignored.
+    fails(
+        &["explain", &config, "--property", "request.useragent=curl"],
+        "--property request.useragent: the filter reads it from the request itself: give -H 'user-agent: VALUE'",
+    );
+    fails(
+        &[
+            "explain",
+            &config,
+            "--property",
+            "request.headers.X-Tenant=a",
+        ],
+        "give -H 'x-tenant: VALUE'",
+    );
+    fails(
+        &["explain", &config, "--property", "request.url_path=/a"],
+        "give --path",
+    );
+    fails(
+        &["explain", &config, "--property", "request.method=POST"],
+        "give --method",
     );
 }
 
@@ -508,6 +542,30 @@ fn standalone_redis() {
         out.starts_with(&format!("redis: {} (standalone)\n", redis.url())),
         "{out}"
     );
+    // A rule without key, and one keyed only on a literal, have one bucket each: --rule alone
+    // names it.
+    let one_bucket = dir.join("one-bucket.json");
+    std::fs::write(
+        &one_bucket,
+        r#"{"backend":{"cluster":"w"},"rules":[
+          {"name":"all","key":[],"rate":5,"period_ms":1000,"burst":5},
+          {"name":"fixed","key":["literal:x"],"rate":5,"period_ms":1000,"burst":5}]}"#,
+    )
+    .unwrap();
+    for rule in ["all", "fixed"] {
+        let out = ok(&[
+            "inspect",
+            one_bucket.to_str().unwrap(),
+            "--rule",
+            rule,
+            "--redis",
+            &redis.url(),
+        ]);
+        assert!(
+            out.contains(&format!("bucket: tollgate:{{{rule}:")),
+            "{out}"
+        );
+    }
     // A bad URL, an unreachable Redis.
     let config = config_file(&dir);
     let args = |url: &'static str| {
