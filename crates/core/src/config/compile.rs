@@ -96,7 +96,7 @@ fn backend(b: doc::Backend, artifact: Artifact) -> Result<Backend, ConfigError> 
                 "give either cluster or service_name, not both",
             ))
         }
-        (None, None) if b.service_port.is_some() => {
+        (None, _) if b.service_port.is_some() => {
             return Err(err(at("service_port"), "needs service_name"))
         }
         (Some(name), None) => {
