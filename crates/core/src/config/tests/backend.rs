@@ -148,7 +148,11 @@ fn higress_build_redis_fields() {
         r#"{"service_port":6379}"#,
         r#"{"cluster":"outbound|6379||redis","service_port":6380}"#,
     ] {
-        assert_eq!(e(json), "backend.service_port: needs service_name", "{json}");
+        assert_eq!(
+            e(json),
+            "backend.service_port: needs service_name",
+            "{json}"
+        );
     }
     assert_eq!(e(r#"{"username":"u"}"#), "backend.username: needs password");
     // Only Redis refusing an unauthenticated client tells a worker that xDS gave it a new one,
