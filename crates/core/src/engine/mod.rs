@@ -341,6 +341,7 @@ impl Engine {
     /// gone (proxy-wasm-cpp-host `http_call` and Higress' Redis calls), so their grants still
     /// serve the other waiters and the pool.
     pub fn done(&mut self, host: &mut dyn Host, ctx: ContextId) {
+        let still_held = self.requests.is_held(ctx);
         let Some(request) = self.requests.remove(ctx) else {
             return;
         };
@@ -348,7 +349,7 @@ impl Engine {
             Request::Admitted { usage, held, .. } => {
                 // A request still held for its reservation never went upstream: what it paid
                 // goes back, and its usage settles nothing else.
-                if !(usage.is_empty() && held.is_empty()) && self.requests.is_held(ctx) {
+                if still_held {
                     self.refund(host, held);
                     return;
                 }

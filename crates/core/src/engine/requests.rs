@@ -7,7 +7,7 @@
 //! decided inside its own `request_headers` is never kept: its action is returned from there.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use super::decision::By;
 use super::host::Action;
@@ -162,8 +162,11 @@ impl Request {
 #[derive(Debug, Default)]
 pub(super) struct Requests {
     by_ctx: HashMap<ContextId, Request, ById>,
-    /// Admitted requests held for a reservation, by due time.
+    /// Admitted requests held for a reservation, by due time. A request that goes before it is
+    /// due leaves its entry behind until the heap holds more of those than of held requests.
     held: BinaryHeap<Reverse<(u64, ContextId)>>,
+    /// The requests held for a reservation now.
+    held_now: HashSet<ContextId, ById>,
     /// The request whose `request_headers` is running, and what its verdict says Envoy should do
     /// when that callback returns (a verdict reached inside it is returned, never resumed).
     in_headers: Option<(ContextId, Option<Action>)>,
@@ -190,6 +193,12 @@ impl Requests {
     }
 
     pub fn remove(&mut self, ctx: ContextId) -> Option<Request> {
+        if self.held_now.remove(&ctx) && self.held.len() > 2 * self.held_now.len() + 64 {
+            // Entries of requests gone before they were due: a client that leaves a held request
+            // must not grow the heap for as long as it would have been held.
+            let held_now = &self.held_now;
+            self.held.retain(|Reverse((_, c))| held_now.contains(c));
+        }
         self.by_ctx.remove(&ctx)
     }
 
@@ -242,6 +251,7 @@ impl Requests {
     /// Holds admitted request `ctx` until `due`.
     pub fn hold(&mut self, ctx: ContextId, due: u64) {
         self.held.push(Reverse((due, ctx)));
+        self.held_now.insert(ctx);
     }
 
     /// When the first held request is due.
@@ -256,6 +266,9 @@ impl Requests {
                 return None;
             }
             self.held.pop();
+            if !self.held_now.remove(&ctx) {
+                continue;
+            }
             if let Some(r) = self.by_ctx.get_mut(&ctx) {
                 // It goes upstream now: nothing of it is given back any more.
                 if let Request::Admitted { held, .. } = r {
@@ -269,7 +282,7 @@ impl Requests {
 
     /// Whether `ctx` is held for its reservation (it never went upstream).
     pub fn is_held(&self, ctx: ContextId) -> bool {
-        self.held.iter().any(|Reverse((_, held))| *held == ctx)
+        self.held_now.contains(&ctx)
     }
 
     /// Whether `ctx` was admitted and is still held for its reservation: any answer it gets
@@ -305,6 +318,37 @@ mod tests {
         assert_eq!(r.pop_held(25), None, "c went away: never let go");
         assert_eq!(r.next_held(), Some(30));
         assert_eq!(r.pop_held(30), Some(a));
+    }
+
+    #[test]
+    fn requests_gone_while_held_do_not_grow_the_heap() {
+        let mut r = Requests::default();
+        let kept = ContextId::from(1);
+        r.insert(
+            kept,
+            Request::admitted(Shown::default(), Vec::new(), Vec::new()),
+        );
+        r.hold(kept, 1_000_000);
+        for i in 2..100_000u32 {
+            let ctx = ContextId::from(i);
+            r.insert(
+                ctx,
+                Request::admitted(Shown::default(), Vec::new(), Vec::new()),
+            );
+            r.hold(ctx, 500_000);
+            assert!(r.is_held(ctx));
+            r.remove(ctx);
+            assert!(!r.is_held(ctx), "gone: no longer held");
+            assert!(
+                r.held.len() <= 2 * r.held_now.len() + 65,
+                "{}",
+                r.held.len()
+            );
+        }
+        assert!(r.next_held().is_some());
+        assert_eq!(r.pop_held(999_999), None, "only gone requests were due");
+        assert_eq!(r.pop_held(1_000_000), Some(kept));
+        assert!(!r.is_held(kept));
     }
 
     #[test]
