@@ -1,12 +1,12 @@
 //! When each key's pending usage settlement is flushed if no call carries it first.
 //!
-//! Invariant: a key with a settlement kept pending has a flush scheduled (at most `flush_ms`
+//! Invariant: a key with a settlement kept pending has one flush scheduled (at most `flush_ms`
 //! after it was kept, later only while the breaker keeps every call in); a flush takes whatever
-//! the key has pending by then, so several flushes of one key never send more than one
-//! settlement each.
+//! the key has pending by then. So the flushes are at most the keys with settlements pending,
+//! however many settlements a key keeps.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BinaryHeap, HashMap};
 
 use super::super::rules::RuleRef;
 use crate::bucket::Limits;
@@ -21,18 +21,32 @@ pub struct Flush {
     pub limits: Limits,
 }
 
-/// The flushes a worker has scheduled, by due time.
+/// The flushes a worker has scheduled, by due time: one per key, its earliest (a flush takes
+/// whatever the key has pending by then, so a later one would send nothing of its own).
 #[derive(Debug, Default)]
-pub struct Flushes(BinaryHeap<Reverse<Flush>>);
+pub struct Flushes {
+    heap: BinaryHeap<Reverse<Flush>>,
+    /// Each key's scheduled flush: when it is due. A heap entry of the key due at another time
+    /// was replaced by an earlier one, and is dropped when it comes up.
+    due: HashMap<String, u64>,
+}
 
 impl Flushes {
     pub fn push(&mut self, flush: Flush) {
-        self.0.push(Reverse(flush));
+        if self
+            .due
+            .get(&flush.key)
+            .is_some_and(|&due| due <= flush.due)
+        {
+            return;
+        }
+        self.due.insert(flush.key.clone(), flush.due);
+        self.heap.push(Reverse(flush));
     }
 
     /// When the first flush is due.
     pub fn next_due(&self) -> Option<u64> {
-        self.0.peek().map(|Reverse(f)| f.due)
+        self.heap.peek().map(|Reverse(f)| f.due)
     }
 
     /// The next flush due at `now`.
@@ -40,46 +54,53 @@ impl Flushes {
         if self.next_due()? > now {
             return None;
         }
-        self.0.pop().map(|Reverse(f)| f)
+        let Reverse(f) = self.heap.pop()?;
+        self.due.remove(&f.key);
+        self.drop_replaced();
+        Some(f)
     }
 
-    /// Moves every flush due before `until` to `until`, one per key (it takes whatever the key
-    /// has pending by then).
+    /// Moves every flush due before `until` to `until`.
     pub fn defer_until(&mut self, until: u64) {
-        let mut deferred = BTreeMap::<String, (RuleRef, Limits)>::new();
-        while let Some(Reverse(f)) = self.0.peek() {
-            if f.due >= until {
-                break;
+        let mut deferred = Vec::new();
+        while self.next_due().is_some_and(|due| due < until) {
+            if let Some(Reverse(f)) = self.heap.pop() {
+                deferred.push(f);
             }
-            if let Some(Reverse(f)) = self.0.pop() {
-                deferred.insert(f.key, (f.rule, f.limits));
-            }
+            self.drop_replaced();
         }
-        self.0
-            .extend(deferred.into_iter().map(|(key, (rule, limits))| {
-                Reverse(Flush {
-                    due: until,
-                    rule,
-                    key,
-                    limits,
-                })
-            }));
+        for f in deferred {
+            self.due.insert(f.key.clone(), until);
+            self.heap.push(Reverse(Flush { due: until, ..f }));
+        }
     }
 
-    /// Takes every flush, the earliest of each key only (it takes whatever the key has pending
-    /// then), in key order.
+    /// Takes every flush, in key order.
     pub fn take_earliest_per_key(&mut self) -> Vec<Flush> {
-        let mut by_key = BTreeMap::<String, Flush>::new();
-        for Reverse(f) in std::mem::take(&mut self.0) {
-            match by_key.get_mut(&f.key) {
-                Some(first) if f.due < first.due => *first = f,
-                Some(_) => {}
-                None => {
-                    by_key.insert(f.key.clone(), f);
-                }
+        let due = std::mem::take(&mut self.due);
+        let mut taken: Vec<Flush> = std::mem::take(&mut self.heap)
+            .into_iter()
+            .map(|Reverse(f)| f)
+            .filter(|f| due.get(&f.key) == Some(&f.due))
+            .collect();
+        taken.sort_by(|a, b| a.key.cmp(&b.key));
+        taken
+    }
+
+    /// Drops the replaced entries at the top of the heap, so that its top is a scheduled flush
+    /// (a replaced entry is always due after the key's flush, so a push keeps that true).
+    fn drop_replaced(&mut self) {
+        while let Some(Reverse(f)) = self.heap.peek() {
+            if self.due.get(&f.key) == Some(&f.due) {
+                return;
             }
+            self.heap.pop();
         }
-        by_key.into_values().collect()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.heap.len()
     }
 }
 
@@ -125,6 +146,22 @@ mod tests {
             "one flush per key, moved to the deferral"
         );
         assert_eq!(f.next_due(), Some(90), "a flush due after it stays put");
+    }
+
+    #[test]
+    fn a_key_keeps_one_flush_however_many_settlements_it_keeps() {
+        let rules = rules();
+        let r = rules.iter().next().unwrap();
+        let mut f = Flushes::default();
+        for now in 0..50_000 {
+            f.push(flush(r, now + 1000, "a"));
+        }
+        assert_eq!(f.len(), 1, "the first one takes whatever a keeps by then");
+        f.push(flush(r, 500, "a"));
+        assert_eq!(f.len(), 2, "an earlier one replaces it");
+        assert_eq!(f.pop_due(2000).map(|x| x.due), Some(500));
+        assert_eq!(f.pop_due(2000), None, "the one it replaced is dropped");
+        assert_eq!(f.len(), 0);
     }
 
     #[test]
