@@ -1,6 +1,7 @@
 //! A configuration file as the proxy would get it: JSON (the filter's `configuration`), or the
 //! tollgate configuration inside a manifest (an Istio WasmPlugin's or TrafficExtension's
-//! `pluginConfig`, a Higress WasmPlugin's `defaultConfig`).
+//! `pluginConfig`, a Higress WasmPlugin's `defaultConfig`) or inside an Envoy bootstrap (its Wasm
+//! filter's `configuration`).
 //!
 //! Invariant: the configuration is parsed by `Config::parse`, the filter's own code, for the
 //! artifact that would load it (a Higress manifest: tollgate-higress.wasm), so every message is
@@ -18,6 +19,7 @@ pub enum Origin {
     IstioWasmPlugin,
     IstioTrafficExtension,
     HigressWasmPlugin,
+    EnvoyBootstrap,
 }
 
 impl fmt::Display for Origin {
@@ -27,6 +29,7 @@ impl fmt::Display for Origin {
             Origin::IstioWasmPlugin => "Istio WasmPlugin, spec.pluginConfig",
             Origin::IstioTrafficExtension => "Istio TrafficExtension, spec.wasm.pluginConfig",
             Origin::HigressWasmPlugin => "Higress WasmPlugin, spec.defaultConfig",
+            Origin::EnvoyBootstrap => "Envoy bootstrap, the Wasm filter's configuration",
         })
     }
 }
@@ -90,6 +93,9 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
     let doc: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| {
         LoadError::NotAConfiguration(format!("neither JSON nor a YAML manifest: {e}"))
     })?;
+    if doc.get("static_resources").is_some() {
+        return bootstrap_configuration(&doc).map(|json| (json, Origin::EnvoyBootstrap));
+    }
     let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
     let api = doc
         .get("apiVersion")
@@ -113,8 +119,8 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
         _ => {
             return Err(LoadError::NotAConfiguration(format!(
                 "a YAML document of kind {kind:?} ({api:?}): expected an Istio WasmPlugin or \
-                 TrafficExtension (extensions.istio.io) or a Higress WasmPlugin \
-                 (extensions.higress.io)"
+                 TrafficExtension (extensions.istio.io), a Higress WasmPlugin \
+                 (extensions.higress.io) or an Envoy bootstrap (static_resources)"
             )))
         }
     };
@@ -131,4 +137,57 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
     let json = serde_json::to_vec(config)
         .map_err(|e| LoadError::NotAConfiguration(format!("cannot re-encode as JSON: {e}")))?;
     Ok((json, origin))
+}
+
+/// The `@type` of Envoy's Wasm HTTP filter.
+const WASM_FILTER: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+
+/// The configuration of the one Wasm HTTP filter of an Envoy bootstrap (of the one whose
+/// `root_id` is `tollgate`, if it has several): the string its `configuration` holds.
+fn bootstrap_configuration(doc: &serde_json::Value) -> Result<Vec<u8>, LoadError> {
+    let mut filters = Vec::new();
+    wasm_filters(doc, &mut filters);
+    let ours: Vec<&serde_json::Value> = match filters.as_slice() {
+        [_] => filters.clone(),
+        _ => filters
+            .iter()
+            .copied()
+            .filter(|c| c.get("root_id").and_then(|r| r.as_str()) == Some("tollgate"))
+            .collect(),
+    };
+    let [config] = ours.as_slice() else {
+        return Err(LoadError::NotAConfiguration(format!(
+            "an Envoy bootstrap with {} Wasm filters ({} with root_id \"tollgate\"): give the \
+             filter's configuration as JSON",
+            filters.len(),
+            ours.len()
+        )));
+    };
+    config
+        .get("configuration")
+        .and_then(|c| c.get("value"))
+        .and_then(|v| v.as_str())
+        .map(|v| v.as_bytes().to_vec())
+        .ok_or_else(|| {
+            LoadError::NotAConfiguration(
+                "the Envoy bootstrap's Wasm filter has no configuration.value string".to_string(),
+            )
+        })
+}
+
+/// Every Wasm HTTP filter's `config` under `v`.
+fn wasm_filters<'v>(v: &'v serde_json::Value, out: &mut Vec<&'v serde_json::Value>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if map.get("@type").and_then(|t| t.as_str()) == Some(WASM_FILTER) {
+                if let Some(config) = map.get("config") {
+                    out.push(config);
+                }
+                return;
+            }
+            map.values().for_each(|v| wasm_filters(v, out));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| wasm_filters(v, out)),
+        _ => {}
+    }
 }

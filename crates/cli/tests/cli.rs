@@ -135,6 +135,62 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
         let out = ok(&["check", path.to_str().unwrap()]);
         assert!(out.lines().next().unwrap().ends_with(origin), "{out}");
     }
+    // An Envoy bootstrap: its Wasm filter's configuration (tollgate's, by root_id, beside
+    // another Wasm filter).
+    let wasm_filter = |root_id: &str, value: &str| {
+        format!(
+            "          - name: envoy.filters.http.wasm
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                root_id: {root_id}
+                configuration:
+                  \"@type\": type.googleapis.com/google.protobuf.StringValue
+                  value: '{value}'
+"
+        )
+    };
+    let bootstrap = |filters: &str| {
+        format!(
+            "static_resources:
+  listeners:
+  - filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          http_filters:
+{filters}          - name: envoy.filters.http.router
+"
+        )
+    };
+    let envoy_yaml = dir.join("envoy.yaml");
+    let tollgate_json = r#"{"rules":[{"name":"all","key":[],"rate":5,"burst":5}]}"#;
+    std::fs::write(
+        &envoy_yaml,
+        bootstrap(
+            &[
+                wasm_filter("other", "{}"),
+                wasm_filter("tollgate", tollgate_json),
+            ]
+            .concat(),
+        ),
+    )
+    .unwrap();
+    let out = ok(&["check", envoy_yaml.to_str().unwrap()]);
+    assert!(
+        out.contains("(Envoy bootstrap, the Wasm filter's configuration), for tollgate.wasm\n")
+            && out.contains("  all: 5 per second, burst 5, key: none (one bucket for all)"),
+        "{out}"
+    );
+    std::fs::write(
+        &envoy_yaml,
+        bootstrap(&[wasm_filter("a", "{}"), wasm_filter("b", "{}")].concat()),
+    )
+    .unwrap();
+    fails(
+        &["check", envoy_yaml.to_str().unwrap()],
+        "an Envoy bootstrap with 2 Wasm filters (0 with root_id \"tollgate\")",
+    );
     // A rule without key says so.
     let keyless = dir.join("keyless.json");
     std::fs::write(
