@@ -226,7 +226,21 @@ impl Chains {
 
     /// The check that went as `ask`, answered now (None: answered before, or given up on).
     pub fn answered(&mut self, ask: u64) -> Option<Forwarded> {
-        self.forwarded.remove(&ask)
+        let f = self.forwarded.remove(&ask)?;
+        if self.deadlines.len() > 2 * self.forwarded.len() + 64 {
+            // The deadlines of answered checks: with a long `timeout_ms` they would otherwise
+            // pile up for eight of them.
+            let waiting = &self.forwarded;
+            self.deadlines
+                .retain(|Reverse((_, ask))| waiting.contains_key(ask));
+        }
+        Some(f)
+    }
+
+    /// How many forwarded checks wait, and how many deadlines are kept.
+    #[cfg(test)]
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.forwarded.len(), self.deadlines.len())
     }
 
     /// The next forwarded check whose leader did not answer by `now`.

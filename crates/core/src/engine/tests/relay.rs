@@ -309,3 +309,28 @@ fn keys_in_body(e: &Engine, u: &str) -> String {
     crate::backend::webdis::encode_segment(lease_key(e, u).as_bytes(), &mut out);
     String::from_utf8(out).unwrap()
 }
+
+#[test]
+fn answered_relays_leave_no_deadline_behind_for_their_patience() {
+    // A long timeout: each relayed check's patience is eight of them.
+    let ((mut w1, _), (mut w2, _), mut h) =
+        collecting(r#""backend":{"batch_max_keys":32,"timeout_ms":60000},"#);
+    for i in 0..2000u32 {
+        w2.request_headers(&mut h, (1000 + i).into(), &user(&format!("u{i}")));
+        ready(&mut w2, &mut h, 2);
+        ready(&mut w1, &mut h, 1);
+        let token = h.tokens()[0];
+        let keys = keys_of(&h.out[&token].body);
+        let reply = if keys > 1 {
+            batch_answer(&vec![part(true, 19, 0); keys])
+        } else {
+            answer(true, 19, 0, 100, 1)
+        };
+        deliver(&mut w1, &mut h, token, 200, &reply);
+        ready(&mut w2, &mut h, 2);
+        ready(&mut w1, &mut h, 1);
+    }
+    let (waiting, deadlines) = w2.chains.sizes();
+    assert!(waiting <= 2, "{waiting} relayed checks still waiting");
+    assert!(deadlines <= 2 * waiting + 65, "{deadlines} deadlines kept");
+}
