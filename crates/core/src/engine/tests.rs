@@ -1294,6 +1294,29 @@ fn concurrent_exact_checks_of_a_key_share_one_call_after_the_one_out() {
 }
 
 #[test]
+fn checks_that_leave_a_keys_chain_are_not_asked_for() {
+    let (mut e, rec) = engine("", EXACT);
+    let mut h = Fake::default();
+    for ctx in 10..16 {
+        e.request_headers(&mut h, ctx.into(), &user("a"));
+    }
+    // Three of the five queued behind the call out leave.
+    for ctx in [11, 13, 14] {
+        e.done(&mut h, ctx.into());
+    }
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
+    assert_eq!(asked(&h, 2), 2, "one token each for the two still here");
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 7, 0, 100, 2));
+    assert_eq!(h.resumed, [10, 12, 15]);
+    assert_eq!(rec.get(0, Counter::Allowed), 3);
+    for ctx in [10, 12, 15] {
+        e.response_headers(&mut h, ctx.into(), &resp(&[]));
+        e.done(&mut h, ctx.into());
+    }
+    assert_eq!(e.load(), (0, 0, 0));
+}
+
+#[test]
 fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
     let (mut e, _) = engine("", EXACT);
     let mut h = Fake::default();

@@ -182,15 +182,6 @@ impl Chains {
         theirs
     }
 
-    /// Takes every queued check of request `ctx` off `key`'s chain.
-    pub fn remove_waiter(&mut self, key: &str, ctx: ContextId) {
-        if let Some(chain) = self.by_key.get_mut(key) {
-            chain
-                .waiting
-                .retain(|w| !matches!(w, Waiter::Local(x, _) if *x == ctx));
-        }
-    }
-
     // ----- checks sent to other workers -----
 
     /// The leader this worker last sent a check of `key` to.
