@@ -52,6 +52,9 @@ pub struct Stashes {
     by_key: HashMap<String, Stash, crate::rule::hash::Seeded>,
     /// No stash expires before this (u64::MAX: none is kept); exact after [`Stashes::expire`].
     earliest_ms: u64,
+    /// A stash may have been emptied since [`Stashes::room_for`] last looked at every stash: a
+    /// full table with none emptied and none expired has no room, and is not looked through.
+    emptied: bool,
 }
 
 impl Default for Stashes {
@@ -59,6 +62,7 @@ impl Default for Stashes {
         Stashes {
             by_key: HashMap::default(),
             earliest_ms: u64::MAX,
+            emptied: false,
         }
     }
 }
@@ -72,6 +76,7 @@ impl Stashes {
             return None;
         }
         s.tokens -= cost;
+        self.emptied |= s.tokens == 0;
         Some(Spent {
             remaining: s.tokens.saturating_add(s.global_remaining),
             reset_ms: s.reset_at_ms.saturating_sub(now_ms),
@@ -85,14 +90,22 @@ impl Stashes {
         if self.by_key.len() < MAX_KEYS || self.by_key.contains_key(key) {
             return (true, Vec::new());
         }
+        if !self.emptied && now_ms < self.earliest_ms {
+            return (false, Vec::new());
+        }
         let mut gone = Vec::new();
+        let mut earliest = u64::MAX;
         self.by_key.retain(|k, s| {
             let live = now_ms < s.expires_ms && s.tokens > 0;
-            if !live {
+            if live {
+                earliest = earliest.min(s.expires_ms);
+            } else {
                 gone.push((s.rule, k.clone(), s.back()));
             }
             live
         });
+        self.earliest_ms = earliest;
+        self.emptied = false;
         (self.by_key.len() < MAX_KEYS, gone)
     }
 
@@ -105,6 +118,7 @@ impl Stashes {
         let back = s.back();
         s.tokens = 0;
         s.batch = 0;
+        self.emptied = true;
         back
     }
 
@@ -128,6 +142,7 @@ impl Stashes {
             epoch: batch.epoch,
         });
         s.tokens = s.tokens.saturating_add(batch.tokens.saturating_sub(cost));
+        self.emptied |= s.tokens == 0;
         s.batch = s.batch.saturating_add(batch.tokens);
         s.expires_ms = batch.expires_ms;
         s.global_remaining = batch.global_remaining;
@@ -242,6 +257,35 @@ mod tests {
                 ..Back::default()
             }));
         assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn a_full_table_makes_room_when_a_stash_is_emptied_or_expires() {
+        let mut s = Stashes::default();
+        for i in 0..MAX_KEYS {
+            let expires = if i == 7 { 60 } else { 100 };
+            s.keep((RuleId::new(0), &format!("k{i}")), &batch(3, expires), 1, 0);
+        }
+        assert_eq!(s.room_for("new", 10), (false, Vec::new()));
+        // Spent to nothing: its slot is free.
+        assert!(s.spend("k3", 2, 10).is_some());
+        let (room, gone) = s.room_for("new", 10);
+        assert!(room);
+        assert_eq!(
+            gone.iter().map(|(_, k, _)| k.as_str()).collect::<Vec<_>>(),
+            ["k3"]
+        );
+        s.keep((RuleId::new(0), "new"), &batch(3, 100), 1, 10);
+        assert_eq!(s.room_for("new2", 20), (false, Vec::new()));
+        // Handed back: free too.
+        s.hand_back("k4");
+        assert!(s.room_for("new2", 20).0);
+        s.keep((RuleId::new(0), "new2"), &batch(3, 100), 1, 20);
+        // Expired: free at its expiry, not before.
+        assert_eq!(s.room_for("new3", 59), (false, Vec::new()));
+        let (room, gone) = s.room_for("new3", 60);
+        assert!(room);
+        assert_eq!(gone.len(), 1, "k7 expired");
     }
 
     #[test]
