@@ -210,8 +210,10 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> Act
     });
     // Only looked at: every chunk goes on at once, nothing is buffered.
     if watched == Some(true) {
-        let chunk = host::response_body(size);
-        with_engine(ctx, |e, h| e.response_body(h, ctx.into(), &chunk, end));
+        match host::response_body(size) {
+            Some(chunk) => with_engine(ctx, |e, h| e.response_body(h, ctx.into(), &chunk, end)),
+            None => with_engine(ctx, |e, h| e.response_body_lost(h, ctx.into(), end)),
+        };
     }
     Action::Continue
 }

@@ -42,9 +42,13 @@ pub fn plugin_configuration() -> Vec<u8> {
     abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX).unwrap_or_default()
 }
 
-/// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept).
-pub fn response_body(size: usize) -> Vec<u8> {
-    abi::buffer(BufferType::HttpResponseBody, 0, size).unwrap_or_default()
+/// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept);
+/// None if the host could not give it.
+pub fn response_body(size: usize) -> Option<Vec<u8>> {
+    if size == 0 {
+        return Some(Vec::new());
+    }
+    abi::buffer(BufferType::HttpResponseBody, 0, size).ok()
 }
 
 /// The HTTP callout answer being delivered (`proxy_on_http_call_response`).

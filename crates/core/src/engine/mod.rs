@@ -322,7 +322,13 @@ impl Engine {
 
     /// A chunk of the response body of `ctx` (`end`: the last one). Only looked at.
     pub fn response_body(&mut self, host: &mut dyn Host, ctx: ContextId, chunk: &[u8], end: bool) {
-        self.usage_from_body(host, ctx, chunk, end);
+        self.usage_from_body(host, ctx, Some(chunk), end);
+    }
+
+    /// A chunk of the response body of `ctx` that the host could not give (`end`: the last one):
+    /// a usage read from the body is charged the worst case.
+    pub fn response_body_lost(&mut self, host: &mut dyn Host, ctx: ContextId, end: bool) {
+        self.usage_from_body(host, ctx, None, end);
     }
 
     /// The response trailers of `ctx`: a usage header may come there.

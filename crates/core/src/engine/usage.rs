@@ -222,13 +222,16 @@ impl Usage {
 
     /// A chunk of a response body for a request's `admissions`: fed to their readers; at the
     /// end, what they read (those admissions leave).
-    fn read_body(admissions: &mut Vec<Admitted>, chunk: &[u8], end: bool) -> Vec<Known> {
+    fn read_body(admissions: &mut Vec<Admitted>, chunk: Option<&[u8]>, end: bool) -> Vec<Known> {
         let mut found = Vec::new();
         admissions.retain_mut(|a| {
             let Some(reader) = a.reader.as_mut() else {
                 return true;
             };
-            reader.feed(chunk);
+            match chunk {
+                Some(chunk) => reader.feed(chunk),
+                None => reader.lose(),
+            }
             if !end {
                 return true;
             }

@@ -246,6 +246,39 @@ fn a_body_too_large_to_read_is_the_worst_case() {
 }
 
 #[test]
+fn a_body_with_a_chunk_the_host_could_not_give_is_the_worst_case() {
+    let (mut e, rec) = engine("", BODY);
+    let mut h = Fake::default();
+    admit(&mut e, &mut h, 10, "a");
+    stream(&mut e, &mut h, 10, USED_40);
+    // `"total_tokens":40` with the chunk holding the `0` lost reads as 4 around the hole.
+    admit(&mut e, &mut h, 11, "a");
+    let json = resp(&[("content-type", "application/json")]);
+    assert!(e.response_headers(&mut h, 11.into(), &json));
+    e.response_body(&mut h, 11.into(), br#"{"usage":{"total_tokens":4"#, false);
+    e.response_body_lost(&mut h, 11.into(), false);
+    e.response_body(&mut h, 11.into(), b"}}", true);
+    assert_eq!(rec.get(0, Counter::UsageTooLarge), 1);
+    assert_eq!(
+        rec.get(0, Counter::UsageCharged),
+        2 * 39,
+        "the worst case: 40"
+    );
+    // An event stream whose last chunk is lost: the usage it showed before may not be its last.
+    admit(&mut e, &mut h, 12, "a");
+    assert!(e.response_headers(&mut h, 12.into(), &resp(SSE)));
+    e.response_body(
+        &mut h,
+        12.into(),
+        b"data: {\"usage\":{\"total_tokens\":2}}\n\n",
+        false,
+    );
+    e.response_body_lost(&mut h, 12.into(), true);
+    assert_eq!(rec.get(0, Counter::UsageTooLarge), 2);
+    assert_eq!(rec.get(0, Counter::UsageCharged), 3 * 39);
+}
+
+#[test]
 fn a_request_gone_while_held_for_its_reservation_used_nothing_more() {
     let rules = r#"{"name":"llm","key":["header:x-user"],"rate":10,"burst":100,"max_wait_ms":800,
         "usage":{"header":"x-used","unreadable":60}}"#;

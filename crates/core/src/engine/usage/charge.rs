@@ -51,12 +51,13 @@ impl Engine {
         watch
     }
 
-    /// A chunk of a response body: fed to the readers; at the end, their usage is settled.
+    /// A chunk of a response body (None: one the host could not give): fed to the readers; at
+    /// the end, their usage is settled.
     pub(in crate::engine) fn usage_from_body(
         &mut self,
         host: &mut dyn Host,
         ctx: ContextId,
-        chunk: &[u8],
+        chunk: Option<&[u8]>,
         end: bool,
     ) {
         if self.requests.still_held(ctx) {

@@ -113,6 +113,8 @@ pub struct BodyReader {
     skipped: bool,
     /// Event stream: the usage of the last event that carried the field.
     found: Option<Result<u64, Unreadable>>,
+    /// A chunk the host could not give was lost: what is read around the hole is not the body.
+    lost: bool,
     /// This reader's place among the worker's readers, given back when it is dropped.
     _slot: Slot,
 }
@@ -163,8 +165,14 @@ impl BodyReader {
             cut: false,
             skipped: false,
             found: None,
+            lost: false,
             _slot: slot,
         })
+    }
+
+    /// A chunk of the body the host could not give: the body is charged the worst case.
+    pub fn lose(&mut self) {
+        self.lost = true;
     }
 
     /// Looks at the next chunk of the body.
@@ -221,6 +229,9 @@ impl BodyReader {
 
     /// What the body said it used, once it has ended.
     pub fn finish(mut self) -> Result<u64, Unreadable> {
+        if self.lost {
+            return Err(Unreadable::TooLarge);
+        }
         match self.kind {
             Kind::EventStream => {
                 let last = std::mem::take(&mut self.window);
@@ -248,6 +259,9 @@ impl BodyReader {
     /// carried the field, unless a line too long to read came after it (a JSON body is read only
     /// whole).
     pub fn seen(&self) -> Option<Result<u64, Unreadable>> {
+        if self.lost {
+            return Some(Err(Unreadable::TooLarge));
+        }
         match self.kind {
             Kind::EventStream if self.skipped => self.found.map(|_| Err(Unreadable::TooLarge)),
             Kind::EventStream => self.found,
