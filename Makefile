@@ -46,20 +46,33 @@ APT_PACKAGES  := redis-server webdis wrk nghttp2-client prometheus openssl curl 
 # Commands that must be on PATH; each comes from one of APT_PACKAGES.
 APT_COMMANDS  := redis-server webdis wrk h2load promtool openssl curl \
                  podman runc debootstrap
+# `make demo`'s: each package is the command of the same name.
+DEMO_APT_PACKAGES := redis-server webdis
 SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-apt setup-envoy setup-compose setup-rust build lint test e2e demo bench peers sim sim-scale
+.PHONY: setup setup-demo setup-apt setup-apt-demo setup-envoy setup-compose setup-rust build lint test e2e demo bench peers sim sim-scale
 
 setup: setup-apt setup-envoy setup-compose setup-rust
 
-setup-apt:
+# What `make demo` needs, and no more: Redis, Webdis, Envoy and Rust.
+setup-demo: setup-apt-demo setup-envoy setup-rust
+
+# $(1): apt packages to install when one of the commands $(2) is not on PATH.
+define apt_install
 	@missing=""; \
-	for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	for c in $(2); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "setup: installing $(APT_PACKAGES) (missing:$$missing)"; \
+	  echo "setup: installing $(1) (missing:$$missing)"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; \
 	fi
+endef
+
+setup-apt:
+	$(call apt_install,$(APT_PACKAGES),$(APT_COMMANDS))
+
+setup-apt-demo:
+	$(call apt_install,$(DEMO_APT_PACKAGES),$(DEMO_APT_PACKAGES))
 
 setup-envoy:
 	@if [ ! -x $(ENVOY) ]; then \
@@ -139,7 +152,7 @@ compose-test:
 	@$(MAKE) --no-print-directory build
 	PODMAN_COMPOSE=$(COMPOSE_VENV)/bin/podman-compose deploy/compose/test.sh
 
-demo: setup
+demo: setup-demo
 	@$(MAKE) --no-print-directory wasm
 	@$(TOOLS) demo
 
