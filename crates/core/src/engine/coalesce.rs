@@ -27,6 +27,7 @@ use super::calls::{Call, Purpose};
 use super::decision::By;
 use super::host::Host;
 use super::ids::{CheckId, ContextId};
+use super::requests::Requests;
 use super::rules::RuleRef;
 use super::verdict::Outcome;
 use super::Engine;
@@ -109,10 +110,7 @@ impl Engine {
     }
 
     fn waits(&self, w: &Waiter) -> bool {
-        match *w {
-            Waiter::Local(ctx, check) => self.requests.is_waiting(ctx, check),
-            Waiter::Remote { .. } => true,
-        }
+        waited_for(&self.requests, w)
     }
 
     /// A check's own call (`call`) is over: answered, failed, or given up on. If it was an exact
@@ -352,5 +350,14 @@ impl Engine {
         if self.requests.is_waiting(f.ctx, f.check) {
             self.send_exact(host, f.ctx, f.check, now);
         }
+    }
+}
+
+/// Whether `w` is still waited for: a remote check always (its worker decides), a local one while
+/// its request waits for it.
+pub(super) fn waited_for(requests: &Requests, w: &Waiter) -> bool {
+    match *w {
+        Waiter::Local(ctx, check) => requests.is_waiting(ctx, check),
+        Waiter::Remote { .. } => true,
     }
 }

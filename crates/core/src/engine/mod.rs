@@ -370,11 +370,14 @@ impl Engine {
                 let mut waited = false;
                 for c in checks.iter().filter(|c| c.outcome.is_none()) {
                     waited = true;
-                    // A key's chain drops the checks gone meanwhile when its next call goes
-                    // (`chain_next`): taking each off here would cost a chain of n waiters that
-                    // all leave n² steps.
-                    if c.route == Route::Lease {
-                        self.waits.remove_waiter(&c.call.key, ctx);
+                    match c.route {
+                        Route::Lease => self.waits.remove_waiter(&c.call.key, ctx),
+                        Route::Exact => {
+                            let requests = &self.requests;
+                            self.chains
+                                .left(&c.call.key, |w| coalesce::waited_for(requests, w));
+                        }
+                        Route::Alone => {}
                     }
                 }
                 if waited {

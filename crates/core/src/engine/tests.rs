@@ -1317,6 +1317,29 @@ fn checks_that_leave_a_keys_chain_are_not_asked_for() {
 }
 
 #[test]
+fn streams_reset_behind_a_keys_call_out_do_not_grow_its_chain() {
+    let (mut e, _) = engine("", EXACT);
+    let mut h = Fake::default();
+    // A call out for key a, never answered while a client opens and resets streams of a.
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    e.request_headers(&mut h, 11.into(), &user("a"));
+    for ctx in 12..100_012u32 {
+        e.request_headers(&mut h, ctx.into(), &user("a"));
+        e.done(&mut h, ctx.into());
+    }
+    assert!(
+        e.chains.queued() <= 3 * 1 + 65,
+        "{} queued",
+        e.chains.queued()
+    );
+    // The one still waiting gets its share.
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
+    assert_eq!(asked(&h, 2), 1);
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 8, 0, 100, 1));
+    assert_eq!(h.resumed, [10, 11]);
+}
+
+#[test]
 fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
     let (mut e, _) = engine("", EXACT);
     let mut h = Fake::default();

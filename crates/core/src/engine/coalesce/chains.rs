@@ -37,6 +37,8 @@ struct Chain {
     remote_call: Option<(RuleRef, ScriptCall)>,
     /// This worker holds the key in the proxy's leader table.
     leads: bool,
+    /// Requests gone since `waiting` was last looked through (their checks may still be in it).
+    gone: usize,
 }
 
 /// A check this worker sent to another worker's queue.
@@ -115,7 +117,7 @@ impl Chains {
                 let chain = Chain {
                     waiting: vec![waiter],
                     remote_call: Some(asked),
-                    leads: false,
+                    ..Chain::default()
                 };
                 self.by_key.insert(key.to_string(), chain);
                 true
@@ -125,9 +127,33 @@ impl Chains {
 
     /// Takes the checks queued for `key`'s next call (None: no chain).
     pub fn take_waiting(&mut self, key: &str) -> Option<Vec<Waiter>> {
-        self.by_key
-            .get_mut(key)
-            .map(|chain| std::mem::take(&mut chain.waiting))
+        self.by_key.get_mut(key).map(|chain| {
+            chain.gone = 0;
+            std::mem::take(&mut chain.waiting)
+        })
+    }
+
+    /// A request that may have a check queued for `key`'s next call is gone. Its check stays
+    /// until the next call goes (which drops the checks no longer waited for), unless the gone
+    /// ones may outnumber the others: then `waits` says which to keep. Taking each off as its
+    /// request goes would cost n waiters that all leave n² steps; keeping them all, a chain
+    /// that grows with every stream a client opens and resets while the call is out.
+    pub fn left(&mut self, key: &str, waits: impl Fn(&Waiter) -> bool) {
+        let Some(chain) = self.by_key.get_mut(key) else {
+            return;
+        };
+        chain.gone = chain.gone.saturating_add(1);
+        let live = chain.waiting.len().saturating_sub(chain.gone);
+        if chain.gone > 2 * live + 64 {
+            chain.waiting.retain(waits);
+            chain.gone = 0;
+        }
+    }
+
+    /// How many checks wait in chains, gone requests' included.
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        self.by_key.values().map(|c| c.waiting.len()).sum()
     }
 
     /// The call the latest remote check of `key` asked for.
