@@ -75,20 +75,21 @@ impl Flushes {
         }
     }
 
-    /// Takes every flush, in key order.
+    /// Takes every flush, one per key, in key order.
     pub fn take_earliest_per_key(&mut self) -> Vec<Flush> {
-        let due = std::mem::take(&mut self.due);
+        let mut due = std::mem::take(&mut self.due);
         let mut taken: Vec<Flush> = std::mem::take(&mut self.heap)
             .into_iter()
             .map(|Reverse(f)| f)
-            .filter(|f| due.get(&f.key) == Some(&f.due))
+            // A replaced entry due when its key's flush is (pushed again after a pop) goes once.
+            .filter(|f| due.get(&f.key) == Some(&f.due) && due.remove(&f.key).is_some())
             .collect();
         taken.sort_by(|a, b| a.key.cmp(&b.key));
         taken
     }
 
     /// Drops the replaced entries at the top of the heap, so that its top is a scheduled flush
-    /// (a replaced entry is always due after the key's flush, so a push keeps that true).
+    /// (a push keeps that true: it goes on top only if it is due first, and it is scheduled).
     fn drop_replaced(&mut self) {
         while let Some(Reverse(f)) = self.heap.peek() {
             if self.due.get(&f.key) == Some(&f.due) {
@@ -162,6 +163,24 @@ mod tests {
         assert_eq!(f.pop_due(2000).map(|x| x.due), Some(500));
         assert_eq!(f.pop_due(2000), None, "the one it replaced is dropped");
         assert_eq!(f.len(), 0);
+    }
+
+    #[test]
+    fn a_hand_over_takes_one_flush_per_key_even_with_a_replaced_entry_due_alike() {
+        let rules = rules();
+        let r = rules.iter().next().unwrap();
+        let mut f = Flushes::default();
+        for (due, key) in [(100, "k"), (60, "j"), (50, "k")] {
+            f.push(flush(r, due, key));
+        }
+        assert_eq!(f.pop_due(50).map(|x| x.key), Some("k".to_string()));
+        f.push(flush(r, 100, "k"));
+        let keys: Vec<String> = f
+            .take_earliest_per_key()
+            .into_iter()
+            .map(|x| x.key)
+            .collect();
+        assert_eq!(keys, ["j", "k"]);
     }
 
     #[test]
