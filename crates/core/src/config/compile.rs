@@ -96,8 +96,14 @@ fn backend(b: doc::Backend, artifact: Artifact) -> Result<Backend, ConfigError> 
                 "give either cluster or service_name, not both",
             ))
         }
-        (None, _) if b.service_port.is_some() => {
+        (None, None) if b.service_port.is_some() => {
             return Err(err(at("service_port"), "needs service_name"))
+        }
+        (None, Some(_)) if b.service_port.is_some() => {
+            return Err(err(
+                at("service_port"),
+                "goes with service_name, not cluster (a cluster's name says its port)",
+            ))
         }
         (Some(name), None) => {
             check_text(&at("service_name"), &name, MAX_BACKEND_NAME_LEN - 16)?;
