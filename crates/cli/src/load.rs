@@ -86,6 +86,12 @@ pub fn load(path: &Path, artifact: Option<Artifact>) -> Result<Loaded, LoadError
 pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'{') {
+        // An Envoy bootstrap in JSON; anything else goes to the filter as it is.
+        if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            if doc.get("static_resources").is_some() {
+                return bootstrap_configuration(&doc).map(|json| (json, Origin::EnvoyBootstrap));
+            }
+        }
         return Ok((bytes.to_vec(), Origin::Json));
     }
     let text = std::str::from_utf8(bytes)
@@ -142,8 +148,9 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
 /// The `@type` of Envoy's Wasm HTTP filter.
 const WASM_FILTER: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 
-/// The configuration of the one Wasm HTTP filter of an Envoy bootstrap (of the one whose
-/// `root_id` is `tollgate`, if it has several): the string its `configuration` holds.
+/// The configuration of the Wasm HTTP filter of an Envoy bootstrap (of those whose `root_id` is
+/// `tollgate`, if it has several): the string its `configuration` holds, which must be the same
+/// wherever the filter is (one per listener, say).
 fn bootstrap_configuration(doc: &serde_json::Value) -> Result<Vec<u8>, LoadError> {
     let mut filters = Vec::new();
     wasm_filters(doc, &mut filters);
@@ -155,24 +162,30 @@ fn bootstrap_configuration(doc: &serde_json::Value) -> Result<Vec<u8>, LoadError
             .filter(|c| c.get("root_id").and_then(|r| r.as_str()) == Some("tollgate"))
             .collect(),
     };
-    let [config] = ours.as_slice() else {
-        return Err(LoadError::NotAConfiguration(format!(
-            "an Envoy bootstrap with {} Wasm filters ({} with root_id \"tollgate\"): give the \
-             filter's configuration as JSON",
-            filters.len(),
-            ours.len()
-        )));
+    let mut configurations: Vec<Option<&str>> = ours
+        .iter()
+        .map(|c| c.get("configuration")?.get("value")?.as_str())
+        .collect();
+    configurations.sort_unstable();
+    configurations.dedup();
+    let unsure = |why: String| {
+        LoadError::NotAConfiguration(format!(
+            "an Envoy bootstrap with {} Wasm filters, {why}: give the filter's configuration as \
+             JSON",
+            filters.len()
+        ))
     };
-    config
-        .get("configuration")
-        .and_then(|c| c.get("value"))
-        .and_then(|v| v.as_str())
-        .map(|v| v.as_bytes().to_vec())
-        .ok_or_else(|| {
-            LoadError::NotAConfiguration(
-                "the Envoy bootstrap's Wasm filter has no configuration.value string".to_string(),
-            )
-        })
+    match configurations.as_slice() {
+        [Some(value)] => Ok(value.as_bytes().to_vec()),
+        [None] => Err(LoadError::NotAConfiguration(
+            "the Envoy bootstrap's Wasm filter has no configuration.value string".to_string(),
+        )),
+        [] => Err(unsure("none with root_id \"tollgate\"".to_string())),
+        several => Err(unsure(format!(
+            "{} different configurations among those with root_id \"tollgate\"",
+            several.len()
+        ))),
+    }
 }
 
 /// Every Wasm HTTP filter's `config` under `v`.

@@ -182,6 +182,29 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
             && out.contains("  all: 5 per second, burst 5, key: none (one bucket for all)"),
         "{out}"
     );
+    // The same filter on two listeners' chains (the same configuration) is one configuration.
+    std::fs::write(
+        &envoy_yaml,
+        bootstrap(
+            &[
+                wasm_filter("tollgate", tollgate_json),
+                wasm_filter("tollgate", tollgate_json),
+            ]
+            .concat(),
+        ),
+    )
+    .unwrap();
+    ok(&["check", envoy_yaml.to_str().unwrap()]);
+    // A bootstrap in JSON.
+    let envoy_json = dir.join("envoy.json");
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&envoy_yaml).unwrap()).unwrap();
+    std::fs::write(&envoy_json, doc.to_string()).unwrap();
+    let out = ok(&["check", envoy_json.to_str().unwrap()]);
+    assert!(
+        out.contains("(Envoy bootstrap, the Wasm filter's configuration)"),
+        "{out}"
+    );
     std::fs::write(
         &envoy_yaml,
         bootstrap(&[wasm_filter("a", "{}"), wasm_filter("b", "{}")].concat()),
@@ -189,7 +212,7 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
     .unwrap();
     fails(
         &["check", envoy_yaml.to_str().unwrap()],
-        "an Envoy bootstrap with 2 Wasm filters (0 with root_id \"tollgate\")",
+        "an Envoy bootstrap with 2 Wasm filters, none with root_id \"tollgate\"",
     );
     // A rule without key says so.
     let keyless = dir.join("keyless.json");
