@@ -224,8 +224,9 @@ fn a_body_that_ends_with_the_headers_is_missing() {
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1, "settled once");
 }
 
-#[test]
-fn a_body_too_large_to_read_is_the_worst_case() {
+/// A worker whose worst case is 40 (an honest answer read so), with request 11 of user "a"
+/// admitted and its JSON answer's headers in.
+fn json_answer_after_a_usage_of_40() -> (Engine, Rc<Recorder>, Fake) {
     let (mut e, rec) = engine("", BODY);
     let mut h = Fake::default();
     admit(&mut e, &mut h, 10, "a");
@@ -233,6 +234,12 @@ fn a_body_too_large_to_read_is_the_worst_case() {
     admit(&mut e, &mut h, 11, "a");
     let json = resp(&[("content-type", "application/json")]);
     assert!(e.response_headers(&mut h, 11.into(), &json));
+    (e, rec, h)
+}
+
+#[test]
+fn a_body_too_large_to_read_is_the_worst_case() {
+    let (mut e, rec, mut h) = json_answer_after_a_usage_of_40();
     let body = format!(
         r#"{{"usage":{{"total_tokens":1}},"text":"{}"}}"#,
         "x".repeat(usage::WINDOW)
@@ -247,14 +254,8 @@ fn a_body_too_large_to_read_is_the_worst_case() {
 
 #[test]
 fn a_body_with_a_chunk_the_host_could_not_give_is_the_worst_case() {
-    let (mut e, rec) = engine("", BODY);
-    let mut h = Fake::default();
-    admit(&mut e, &mut h, 10, "a");
-    stream(&mut e, &mut h, 10, USED_40);
+    let (mut e, rec, mut h) = json_answer_after_a_usage_of_40();
     // `"total_tokens":40` with the chunk holding the `0` lost reads as 4 around the hole.
-    admit(&mut e, &mut h, 11, "a");
-    let json = resp(&[("content-type", "application/json")]);
-    assert!(e.response_headers(&mut h, 11.into(), &json));
     e.response_body(&mut h, 11.into(), br#"{"usage":{"total_tokens":4"#, false);
     e.response_body_lost(&mut h, 11.into(), false);
     e.response_body(&mut h, 11.into(), b"}}", true);
