@@ -50,9 +50,10 @@ fn with_filter_first(yaml: &str, filter: &str) -> String {
 /// The issuer of the tests' tokens.
 const ISSUER: &str = "tollgate-test";
 
-/// Envoy's jwt_authn filter for the tokens of `jwt`: under /strict/ a valid token is required
-/// (else 401); elsewhere a missing or failed token lets the request through without metadata.
-fn jwt_filter(jwt: &Jwt) -> String {
+/// Envoy's jwt_authn filter for tokens signed by the keys of `jwks`: under /strict/ a valid token
+/// is required (else 401); elsewhere a missing or failed token lets the request through without
+/// metadata.
+fn jwt_filter(jwks: &str) -> String {
     format!(
         r#"          - name: envoy.filters.http.jwt_authn
             typed_config:
@@ -73,7 +74,7 @@ fn jwt_filter(jwt: &Jwt) -> String {
                     - provider_name: test
                     - allow_missing_or_failed: {{}}
 "#,
-        jwt.jwks
+        jwks.trim()
     )
 }
 
@@ -94,7 +95,7 @@ fn jwt_claims_key_the_buckets() {
     let jwt = Jwt::new(&dir, ISSUER);
     let alice = jwt.token(serde_json::json!({ "sub": "alice", "uid": 42 }));
     let bob = jwt.token(serde_json::json!({ "sub": "bob", "uid": 7 }));
-    let filter = jwt_filter(&jwt);
+    let filter = jwt_filter(&jwt.jwks);
     let stack = Stack::start_edited("identity-jwt", JWT_CONFIG, |yaml, _| {
         with_filter_first(&yaml, &filter)
     });
@@ -161,6 +162,54 @@ fn jwt_claims_key_the_buckets() {
             .status,
         429,
         "bob is still limited"
+    );
+}
+
+/// deploy/jwt/test-token.sh, which docs/recipes.md offers for trying a per-user limit without an
+/// identity provider: its JWKS verifies its tokens in Envoy's jwt_authn, each subject gets its
+/// own bucket, and a token it did not sign is refused.
+#[test]
+fn the_test_token_script_makes_tokens_envoy_verifies() {
+    let dir = common::scratch_dir("identity-test-token");
+    let script = common::repo_root().join("deploy/jwt/test-token.sh");
+    let token = |sub: &str| {
+        let out = Command::new(&script)
+            .args([dir.to_str().unwrap(), sub, ISSUER])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        format!("Bearer {}", String::from_utf8(out.stdout).unwrap().trim())
+    };
+    let (alice, bob) = (token("alice"), token("bob"));
+    let jwks = std::fs::read_to_string(dir.join("jwks.json")).unwrap();
+    let filter = jwt_filter(&jwks);
+    let stack = Stack::start_edited("identity-test-token", JWT_CONFIG, |yaml, _| {
+        with_filter_first(&yaml, &filter)
+    });
+    for bearer in [&alice, &bob] {
+        assert_eq!(
+            statuses(&stack, 3, "/strict/x", &[("authorization", bearer)]),
+            [200, 200, 429],
+            "{}",
+            stack.logs()
+        );
+    }
+    for sub in ["alice", "bob"] {
+        assert!(stack.redis.exists(&key_of(JWT_CONFIG, "per-sub", &[sub])));
+    }
+    // Another key's token: jwt_authn refuses it where a token is required.
+    let other = Jwt::new(&common::scratch_dir("identity-test-token-other"), ISSUER);
+    let forged = format!(
+        "Bearer {}",
+        other.token(serde_json::json!({ "sub": "alice" }))
+    );
+    assert_eq!(
+        statuses(&stack, 1, "/strict/x", &[("authorization", &forged)]),
+        [401]
     );
 }
 
