@@ -23,6 +23,7 @@ mod state;
 mod store;
 mod target;
 
+use std::io::Write;
 use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -204,8 +205,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(lines) => {
+            // A reader that stops early (`tollgate check … | head -2`) is not an error of ours.
+            let mut out = std::io::stdout().lock();
             for line in lines {
-                println!("{line}");
+                if writeln!(out, "{line}").is_err() {
+                    break;
+                }
             }
             ExitCode::SUCCESS
         }

@@ -214,6 +214,26 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
         &["check", envoy_yaml.to_str().unwrap()],
         "an Envoy bootstrap with 2 Wasm filters, none with root_id \"tollgate\"",
     );
+    // A reader that stops early gets no panic: `tollgate check … | head -1`.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", &config])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A rule without key says so.
     let keyless = dir.join("keyless.json");
     std::fs::write(
