@@ -39,6 +39,8 @@ pub struct Loaded {
     pub config: Config,
     pub artifact: Artifact,
     pub origin: Origin,
+    /// An Envoy bootstrap's static clusters, by name (None: not a bootstrap).
+    pub static_clusters: Option<Vec<String>>,
 }
 
 /// Why a file gives no configuration.
@@ -67,7 +69,7 @@ impl fmt::Display for LoadError {
 pub fn load(path: &Path, artifact: Option<Artifact>) -> Result<Loaded, LoadError> {
     let bytes =
         std::fs::read(path).map_err(|e| LoadError::Read(format!("{}: {e}", path.display())))?;
-    let (json, origin) = extract(&bytes)?;
+    let (json, origin, static_clusters) = extract(&bytes)?;
     let artifact = artifact.unwrap_or(match origin {
         Origin::HigressWasmPlugin => Artifact::Higress,
         _ => Artifact::Envoy,
@@ -77,22 +79,27 @@ pub fn load(path: &Path, artifact: Option<Artifact>) -> Result<Loaded, LoadError
         config,
         artifact,
         origin,
+        static_clusters,
     })
 }
+
+/// What a file holds: the configuration's JSON bytes, where it was, and an Envoy bootstrap's
+/// static clusters (None: not a bootstrap).
+type Extracted = (Vec<u8>, Origin, Option<Vec<String>>);
 
 /// The configuration's JSON bytes in `bytes`, and where it was. A file whose first non-blank
 /// character is `{` is JSON and goes to the filter as it is (its messages about bad JSON are the
 /// filter's); anything else is read as a YAML manifest.
-pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
+pub fn extract(bytes: &[u8]) -> Result<Extracted, LoadError> {
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'{') {
         // An Envoy bootstrap in JSON; anything else goes to the filter as it is.
         if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(bytes) {
             if doc.get("static_resources").is_some() {
-                return bootstrap_configuration(&doc).map(|json| (json, Origin::EnvoyBootstrap));
+                return bootstrap(&doc);
             }
         }
-        return Ok((bytes.to_vec(), Origin::Json));
+        return Ok((bytes.to_vec(), Origin::Json, None));
     }
     let text = std::str::from_utf8(bytes)
         .map_err(|e| LoadError::NotAConfiguration(format!("not UTF-8: {e}")))?;
@@ -100,7 +107,7 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
         LoadError::NotAConfiguration(format!("neither JSON nor a YAML manifest: {e}"))
     })?;
     if doc.get("static_resources").is_some() {
-        return bootstrap_configuration(&doc).map(|json| (json, Origin::EnvoyBootstrap));
+        return bootstrap(&doc);
     }
     let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
     let api = doc
@@ -142,7 +149,25 @@ pub fn extract(bytes: &[u8]) -> Result<(Vec<u8>, Origin), LoadError> {
     };
     let json = serde_json::to_vec(config)
         .map_err(|e| LoadError::NotAConfiguration(format!("cannot re-encode as JSON: {e}")))?;
-    Ok((json, origin))
+    Ok((json, origin, None))
+}
+
+/// An Envoy bootstrap's tollgate configuration and its static clusters' names.
+fn bootstrap(doc: &serde_json::Value) -> Result<Extracted, LoadError> {
+    let json = bootstrap_configuration(doc)?;
+    let clusters = doc
+        .get("static_resources")
+        .and_then(|r| r.get("clusters"))
+        .and_then(|c| c.as_array())
+        .map(|clusters| {
+            clusters
+                .iter()
+                .filter_map(|c| c.get("name")?.as_str())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((json, Origin::EnvoyBootstrap, Some(clusters)))
 }
 
 /// The `@type` of Envoy's Wasm HTTP filter.

@@ -235,6 +235,14 @@ fn run(command: Command) -> Result<Vec<String>, Failed> {
                 loaded.origin
             )];
             out.extend(describe::summary(&loaded.config));
+            let cluster = &loaded.config.backend.cluster;
+            if let Some(clusters) = loaded.static_clusters.filter(|c| !c.contains(cluster)) {
+                out.push(format!(
+                    "warning: the bootstrap has no static cluster \"{cluster}\" (backend.cluster; \
+                     its clusters: {}): unless CDS adds it, every check fails into the failure mode",
+                    clusters.join(", ")
+                ));
+            }
             Ok(out)
         }
         Command::Explain { config, request } => {

@@ -160,6 +160,8 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
         typed_config:
           http_filters:
 {filters}          - name: envoy.filters.http.router
+  clusters:
+  - name: app
 "
         )
     };
@@ -182,6 +184,19 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
             && out.contains("  all: 5 per second, burst 5, key: none (one bucket for all)"),
         "{out}"
     );
+    // The backend cluster the configuration names is not in the bootstrap: said, not refused.
+    assert!(
+        out.contains(
+            "warning: the bootstrap has no static cluster \"tollgate_backend\" (backend.cluster; \
+             its clusters: app): unless CDS adds it, every check fails into the failure mode"
+        ),
+        "{out}"
+    );
+    let with_backend =
+        std::fs::read_to_string(&envoy_yaml).unwrap() + "  - name: tollgate_backend\n";
+    std::fs::write(&envoy_yaml, with_backend).unwrap();
+    let out = ok(&["check", envoy_yaml.to_str().unwrap()]);
+    assert!(!out.contains("warning"), "{out}");
     // The same filter on two listeners' chains (the same configuration) is one configuration.
     std::fs::write(
         &envoy_yaml,
