@@ -197,6 +197,14 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
     std::fs::write(&envoy_yaml, with_backend).unwrap();
     let out = ok(&["check", envoy_yaml.to_str().unwrap()]);
     assert!(!out.contains("warning"), "{out}");
+    // The shipped bootstrap the docs send newcomers to.
+    let compose = repo_root().join("deploy/compose/envoy.yaml");
+    let out = ok(&["check", compose.to_str().unwrap()]);
+    assert!(
+        out.contains("(Envoy bootstrap, the Wasm filter's configuration)")
+            && !out.contains("warning"),
+        "{out}"
+    );
     // The same filter on two listeners' chains (the same configuration) is one configuration.
     std::fs::write(
         &envoy_yaml,
