@@ -125,6 +125,23 @@ fn usage_from_a_json_body() {
     );
 }
 
+/// A JSON answer of a megabyte, its usage at the end: Envoy hands it over in chunks far larger
+/// than the 16 KiB the filter keeps, of which the filter copies only each chunk's tail.
+#[test]
+fn usage_from_the_tail_of_a_large_json_body() {
+    let body = format!(
+        r#"{{"id":"c1","choices":[{{"text":"{}"}}],"usage":{{"total_tokens":40}}}}"#,
+        "x".repeat(1 << 20)
+    );
+    let reply = vec![http_response("content-type: application/json\r\n", &body)];
+    run(
+        "usage-json-large",
+        r#"{"body_field": "usage.total_tokens"}"#,
+        reply,
+        "choices",
+    );
+}
+
 #[test]
 fn usage_from_the_last_event_of_a_stream() {
     run(

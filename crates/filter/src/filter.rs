@@ -2,16 +2,17 @@
 //!
 //! Only the callbacks tollgate uses are exported (see `abi`): context creation, configuration,
 //! ticks, queue messages, callout answers, request and response headers, response body (a usage
-//! rule's `body_field`; a chunk no rule watches returns at once) and trailers (a usage header may
-//! come there), and deletion; in the Higress artifact also Redis callout answers. A request's end is its context's deletion: Envoy calls
-//! `proxy_on_delete` right after `proxy_on_done` (`Context::onDestroy`), so the done and log
-//! events, which would cost a crossing each, are not exported; a usage the response had not
-//! reported by then is settled there.
+//! rule's `body_field`; a chunk no rule watches returns at once, and of a watched one only the part
+//! its readers look at is copied in) and trailers (a usage header may come there), and deletion;
+//! in the Higress artifact also Redis callout answers. A request's end is its context's deletion:
+//! Envoy calls `proxy_on_delete` right after `proxy_on_done` (`Context::onDestroy`), so the done
+//! and log events, which would cost a crossing each, are not exported; a usage the response had
+//! not reported by then is settled there.
 //!
 //! Invariant: each worker's root context owns one `Engine`; an HTTP context is only its id, the
-//! root it belongs to and whether its response body is watched, so all request state lives in the
-//! engine. Every callback that concerns a request reaches the engine (headers, call answers,
-//! response headers, body, trailers, the end of the stream).
+//! root it belongs to and how much of its response body is looked at, so all request state lives
+//! in the engine. Every callback that concerns a request reaches the engine (headers, call
+//! answers, response headers, body, trailers, the end of the stream).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -23,7 +24,7 @@ use crate::redis;
 use crate::request::HostView;
 use tollgate_abi::{self as abi, Action};
 use tollgate_core::config::{Artifact, Config, Protocol};
-use tollgate_core::engine::{self, Engine, Plugin};
+use tollgate_core::engine::{self, Chunk, Engine, Look, Plugin};
 
 type Shared = Rc<RefCell<Option<Engine>>>;
 
@@ -37,8 +38,9 @@ const ARTIFACT: Artifact = if cfg!(feature = "higress") {
 /// An HTTP context: the engine of the root it was created under.
 struct Stream {
     engine: Shared,
-    /// The engine reads this response's body (a usage rule's `body_field`).
-    watch_body: bool,
+    /// How much of each chunk of this response's body the engine looks at, if it reads the body
+    /// (a usage rule's `body_field`).
+    body: Option<Look>,
 }
 
 #[derive(Default)]
@@ -91,13 +93,7 @@ pub extern "C" fn proxy_on_context_create(ctx: u32, parent: u32) {
             c.roots.push((ctx, Rc::new(RefCell::new(None))));
         } else {
             let engine = c.roots.iter().find(|(id, _)| *id == parent)?.1.clone();
-            c.streams.insert(
-                ctx,
-                Stream {
-                    engine,
-                    watch_body: false,
-                },
-            );
+            c.streams.insert(ctx, Stream { engine, body: None });
         }
         Some(())
     });
@@ -182,14 +178,15 @@ pub extern "C" fn proxy_on_response_headers(ctx: u32, _headers: usize, end: u32)
     // The ABI's flags are u32s (a Rust `bool` parameter would trust the host to send 0 or 1).
     let end = end != 0;
     let view = HostView::response_headers();
-    let wants_body =
-        with_engine(ctx, |e, h| e.response_headers(h, ctx.into(), &view)) == Some(true);
-    if wants_body {
+    let look = with_engine(ctx, |e, h| e.response_headers(h, ctx.into(), &view)).flatten();
+    if look.is_some() {
         if end {
             // No body follows: the readers see it end empty.
-            with_engine(ctx, |e, h| e.response_body(h, ctx.into(), &[], true));
+            with_engine(ctx, |e, h| {
+                e.response_body(h, ctx.into(), Chunk::whole(&[]), true)
+            });
         } else {
-            with_stream(ctx, |s| s.watch_body = true);
+            with_stream(ctx, |s| s.body = look);
         }
     }
     Action::Continue
@@ -203,15 +200,22 @@ fn with_stream<T>(ctx: u32, f: impl FnOnce(&mut Stream) -> T) -> Option<T> {
 #[no_mangle]
 pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> Action {
     let end = end != 0;
-    let watched = with_stream(ctx, |s| {
-        let was = s.watch_body;
-        s.watch_body = was && !end;
-        was
-    });
+    let look = with_stream(ctx, |s| if end { s.body.take() } else { s.body }).flatten();
     // Only looked at: every chunk goes on at once, nothing is buffered.
-    if watched == Some(true) {
-        match host::response_body(size) {
-            Some(chunk) => with_engine(ctx, |e, h| e.response_body(h, ctx.into(), &chunk, end)),
+    if let Some(look) = look {
+        let (skipped, len) = look.part(size);
+        match host::response_body(skipped, len) {
+            Some(bytes) => with_engine(ctx, |e, h| {
+                e.response_body(
+                    h,
+                    ctx.into(),
+                    Chunk {
+                        skipped,
+                        bytes: &bytes,
+                    },
+                    end,
+                )
+            }),
             None => with_engine(ctx, |e, h| e.response_body_lost(h, ctx.into(), end)),
         };
     }
@@ -221,7 +225,7 @@ pub extern "C" fn proxy_on_response_body(ctx: u32, size: usize, end: u32) -> Act
 /// Response trailers: a usage header may come there, and the body (if watched) has ended.
 #[no_mangle]
 pub extern "C" fn proxy_on_response_trailers(ctx: u32, _trailers: usize) -> Action {
-    with_stream(ctx, |s| s.watch_body = false);
+    with_stream(ctx, |s| s.body = None);
     let view = HostView::response_trailers();
     with_engine(ctx, |e, h| e.response_trailers(h, ctx.into(), &view));
     Action::Continue

@@ -42,13 +42,13 @@ pub fn plugin_configuration() -> Vec<u8> {
     abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX).unwrap_or_default()
 }
 
-/// The response body chunk being delivered (at most `usage::WINDOW` bytes of it are ever kept);
-/// None if the host could not give it.
-pub fn response_body(size: usize) -> Option<Vec<u8>> {
-    if size == 0 {
+/// `len` bytes from `start` of the response body chunk being delivered (the part the engine looks
+/// at, see `Look`); None if the host could not give them.
+pub fn response_body(start: usize, len: usize) -> Option<Vec<u8>> {
+    if len == 0 {
         return Some(Vec::new());
     }
-    abi::buffer(BufferType::HttpResponseBody, 0, size).ok()
+    abi::buffer(BufferType::HttpResponseBody, start, len).ok()
 }
 
 /// The HTTP callout answer being delivered (`proxy_on_http_call_response`).

@@ -57,6 +57,7 @@ pub use host::{Action, Host};
 pub use ids::{ById, CheckId, ContextId, IdHasher, Token};
 pub use plugin::{Plan, Plugin};
 pub use rules::{RuleId, RuleRef, Rules};
+pub use usage::{Chunk, Look};
 pub use verdict::{
     is_grpc, verdict, Admit, LocalReply, Outcome, Shown, Source, Verdict,
     BACKEND_UNAVAILABLE_STATUS, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE,
@@ -300,16 +301,15 @@ impl Engine {
     }
 
     /// The response headers of `ctx` (read through `response`): add the rate-limit headers kept
-    /// for it, and read usage from a header. True if the engine wants to see the body.
+    /// for it, and read usage from a header. How much of each chunk of the body the engine looks
+    /// at, if it wants to see the body.
     pub fn response_headers(
         &mut self,
         host: &mut dyn Host,
         ctx: ContextId,
         response: &dyn RequestView,
-    ) -> bool {
-        let Some(r) = self.requests.get_mut(ctx) else {
-            return false;
-        };
+    ) -> Option<Look> {
+        let r = self.requests.get_mut(ctx)?;
         if let Some(shown) = r.take_headers() {
             let written = self.plugin.write_headers(&shown, &mut self.header_buf);
             if !written.is_empty() {
@@ -317,11 +317,21 @@ impl Engine {
                 host.add_response_headers(ctx, written.headers(&pairs));
             }
         }
-        !r.usage().is_empty() && self.usage_from_headers(host, ctx, response, false)
+        if r.usage().is_empty() {
+            return None;
+        }
+        self.usage_from_headers(host, ctx, response, false)
     }
 
-    /// A chunk of the response body of `ctx` (`end`: the last one). Only looked at.
-    pub fn response_body(&mut self, host: &mut dyn Host, ctx: ContextId, chunk: &[u8], end: bool) {
+    /// A chunk of the response body of `ctx` (`end`: the last one), or as much of it as
+    /// `response_headers` said its readers look at. Only looked at.
+    pub fn response_body(
+        &mut self,
+        host: &mut dyn Host,
+        ctx: ContextId,
+        chunk: Chunk<'_>,
+        end: bool,
+    ) {
         self.usage_from_body(host, ctx, Some(chunk), end);
     }
 

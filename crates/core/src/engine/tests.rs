@@ -1855,7 +1855,10 @@ fn usage_rides_on_the_next_call_of_the_key() {
         let t = *h.tokens().last().unwrap();
         assert_eq!(settle_arg(&h.out[&t].body), if i == 0 { 0 } else { 39 });
         deliver(&mut e, &mut h, t, 200, &answer(true, 59, 0, 100, 1));
-        assert!(!e.response_headers(&mut h, ctx.into(), &resp(&[("x-usage-tokens", "40")])));
+        assert_eq!(
+            e.response_headers(&mut h, ctx.into(), &resp(&[("x-usage-tokens", "40")])),
+            None
+        );
         e.done(&mut h, ctx.into());
     }
     assert_eq!(rec.get(0, Counter::UsageCharged), 3 * 39);
@@ -2078,15 +2081,21 @@ fn refunds_trailers_bodies_and_bad_values() {
     deliver(&mut e, &mut h, 1, 200, &answer(true, 50, 0, 100, 5));
     deliver(&mut e, &mut h, 2, 200, &answer(true, 50, 0, 100, 1));
     let sse = resp(&[("content-type", "text/event-stream")]);
-    assert!(
+    assert_eq!(
         e.response_headers(&mut h, 10.into(), &sse),
+        Some(Look::Whole),
         "the body is watched"
     );
-    e.response_body(&mut h, 10.into(), b"data: {\"usage\":{\"total_", false);
     e.response_body(
         &mut h,
         10.into(),
-        b"tokens\":30}}\n\ndata: [DONE]\n\n",
+        Chunk::whole(b"data: {\"usage\":{\"total_"),
+        false,
+    );
+    e.response_body(
+        &mut h,
+        10.into(),
+        Chunk::whole(b"tokens\":30}}\n\ndata: [DONE]\n\n"),
         true,
     );
     assert_eq!(rec.get(1, Counter::UsageCharged), 29);
@@ -2103,7 +2112,7 @@ fn refunds_trailers_bodies_and_bad_values() {
     deliver(&mut e, &mut h, 3, 200, &answer(true, 50, 0, 100, 5));
     deliver(&mut e, &mut h, 4, 200, &answer(true, 50, 0, 100, 1));
     let html = resp(&[("x-used", "-4"), ("content-type", "text/html")]);
-    assert!(!e.response_headers(&mut h, 11.into(), &html));
+    assert_eq!(e.response_headers(&mut h, 11.into(), &html), None);
     assert_eq!(rec.get(0, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(1, Counter::UsageInvalid), 1);
     assert_eq!(rec.get(0, Counter::UsageRefunded), 3, "5 paid, 5 charged");

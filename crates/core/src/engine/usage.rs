@@ -16,7 +16,7 @@ mod flushes;
 mod read;
 mod readers;
 mod status;
-pub use read::{encoded, from_headers, parse_header, BodyReader, Unreadable, WINDOW};
+pub use read::{encoded, from_headers, parse_header, BodyReader, Chunk, Look, Unreadable, WINDOW};
 pub use readers::{Readers, MAX_READERS};
 
 pub(super) use charge::{carry_taken, Settlement};
@@ -146,21 +146,22 @@ impl Usage {
     }
 
     /// Usage from response headers (or, with `trailers`, trailers) for a request's `admissions`:
-    /// what became known (those admissions leave), and whether a body reader wants the body.
+    /// what became known (those admissions leave), and how much of each body chunk the body
+    /// readers look at (None: no reader wants the body).
     /// Body readers start at the headers, and finish at the trailers (the body has ended).
     fn read_headers(
         &self,
         admissions: &mut Vec<Admitted>,
         view: &dyn RequestView,
         trailers: bool,
-    ) -> (Vec<Known>, bool) {
+    ) -> (Vec<Known>, Option<Look>) {
         let (content_type, encoded) = if trailers {
             (None, false)
         } else {
             (view.header("content-type"), encoded(view))
         };
         let mut found = Vec::new();
-        let mut watch = false;
+        let mut look: Option<Look> = None;
         admissions.retain_mut(|a| {
             // Every admission is of a usage rule ([`admissions`]).
             let Some(usage) = a.rule.usage.as_ref() else {
@@ -204,7 +205,11 @@ impl Usage {
                 }
                 UsageSource::BodyField(path) => {
                     match BodyReader::new(content_type.as_deref(), path, &self.readers) {
-                        Ok(reader) => a.reader = Some(reader),
+                        Ok(reader) => {
+                            let needs = reader.look();
+                            look = Some(look.map_or(needs, |l| l.and(needs)));
+                            a.reader = Some(reader);
+                        }
                         // Not JSON or an event stream, or too many readers alive in this
                         // worker: charged the worst case now.
                         Err(why) => {
@@ -212,17 +217,20 @@ impl Usage {
                             return false;
                         }
                     }
-                    watch = true;
                     true
                 }
             }
         });
-        (found, watch)
+        (found, look)
     }
 
     /// A chunk of a response body for a request's `admissions`: fed to their readers; at the
     /// end, what they read (those admissions leave).
-    fn read_body(admissions: &mut Vec<Admitted>, chunk: Option<&[u8]>, end: bool) -> Vec<Known> {
+    fn read_body(
+        admissions: &mut Vec<Admitted>,
+        chunk: Option<Chunk<'_>>,
+        end: bool,
+    ) -> Vec<Known> {
         let mut found = Vec::new();
         admissions.retain_mut(|a| {
             let Some(reader) = a.reader.as_mut() else {

@@ -230,7 +230,10 @@ fn a_usage_admission_of_a_refused_request_is_refunded_whole_once() {
     deliver(&mut e, &mut h, 2, 200, &denied());
     assert_eq!(h.status_of(10), Some(429));
     // The filter's own 429 passes the response path: no usage is read from it.
-    assert!(!e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "900")])));
+    assert_eq!(
+        e.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "900")])),
+        None
+    );
     e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::Refunded), 40);
     for c in [
@@ -339,7 +342,7 @@ fn envoys_own_answer_to_a_held_request_charges_nothing() {
         deliver(&mut e, &mut h, 2, 200, &admitted());
         assert!(h.resumed.is_empty(), "held");
         e.response_headers(&mut h, 10.into(), &resp(&answer_headers));
-        e.response_body(&mut h, 10.into(), b"request timeout", true);
+        e.response_body(&mut h, 10.into(), Chunk::whole(b"request timeout"), true);
         e.done(&mut h, 10.into());
         assert_eq!(rec.get(0, Counter::Refunded), 1, "{rule}: what it paid");
         for c in [

@@ -20,8 +20,11 @@ fn admit(e: &mut Engine, h: &mut Fake, ctx: u32, u: &str) {
 
 /// A whole event stream for `ctx`, `events` in one chunk.
 fn stream(e: &mut Engine, h: &mut Fake, ctx: u32, events: &[u8]) {
-    assert!(e.response_headers(h, ctx.into(), &resp(SSE)));
-    e.response_body(h, ctx.into(), events, true);
+    assert_eq!(
+        e.response_headers(h, ctx.into(), &resp(SSE)),
+        Some(Look::Whole)
+    );
+    e.response_body(h, ctx.into(), Chunk::whole(events), true);
     e.done(h, ctx.into());
 }
 
@@ -79,11 +82,14 @@ fn a_stream_cut_short_settles_what_it_showed_or_the_worst_case() {
     let (mut e, rec) = engine("", BODY);
     let mut h = Fake::default();
     admit(&mut e, &mut h, 10, "a");
-    assert!(e.response_headers(&mut h, 10.into(), &resp(SSE)));
+    assert_eq!(
+        e.response_headers(&mut h, 10.into(), &resp(SSE)),
+        Some(Look::Whole)
+    );
     e.response_body(
         &mut h,
         10.into(),
-        b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"total_tokens\":30}}\n\n",
+        Chunk::whole(b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"total_tokens\":30}}\n\n"),
         false,
     );
     // The client leaves before the end.
@@ -93,8 +99,16 @@ fn a_stream_cut_short_settles_what_it_showed_or_the_worst_case() {
     assert_eq!(rec.get(0, Counter::UsageCharged), 29);
     // Cut before any usage: the worst case (30, read just now).
     admit(&mut e, &mut h, 11, "a");
-    assert!(e.response_headers(&mut h, 11.into(), &resp(SSE)));
-    e.response_body(&mut h, 11.into(), b"data: {\"choices\":[]}\n\n", false);
+    assert_eq!(
+        e.response_headers(&mut h, 11.into(), &resp(SSE)),
+        Some(Look::Whole)
+    );
+    e.response_body(
+        &mut h,
+        11.into(),
+        Chunk::whole(b"data: {\"choices\":[]}\n\n"),
+        false,
+    );
     e.done(&mut h, 11.into());
     assert_eq!(rec.get(0, Counter::UsageUnfinished), 2);
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1);
@@ -112,9 +126,12 @@ fn trailers_end_the_body() {
     let (mut e, rec) = engine("", BODY);
     let mut h = Fake::default();
     admit(&mut e, &mut h, 10, "a");
-    assert!(e.response_headers(&mut h, 10.into(), &resp(SSE)));
+    assert_eq!(
+        e.response_headers(&mut h, 10.into(), &resp(SSE)),
+        Some(Look::Whole)
+    );
     // The body's last chunk does not end the stream: trailers do.
-    e.response_body(&mut h, 10.into(), USED_40, false);
+    e.response_body(&mut h, 10.into(), Chunk::whole(USED_40), false);
     e.response_trailers(&mut h, 10.into(), &resp(&[("grpc-status", "0")]));
     assert_eq!(rec.get(0, Counter::UsageCharged), 39);
     assert_eq!(e.load().0, 0, "settled and forgotten at the trailers");
@@ -134,8 +151,11 @@ fn a_body_usage_is_asked_for_unencoded_and_an_encoded_answer_is_the_worst_case()
         [(10, "accept-encoding".to_string(), "identity".to_string())]
     );
     deliver(&mut e, &mut h, 1, 200, &answer(true, 50, 0, 100, 1));
-    assert!(e.response_headers(&mut h, 10.into(), &resp(SSE)));
-    e.response_body(&mut h, 10.into(), USED_40, true);
+    assert_eq!(
+        e.response_headers(&mut h, 10.into(), &resp(SSE)),
+        Some(Look::Whole)
+    );
+    e.response_body(&mut h, 10.into(), Chunk::whole(USED_40), true);
     // An upstream that compresses anyway: not read, the worst case (40).
     send(&mut e, &mut h, 11, &req("/api/x", &gzip));
     deliver(&mut e, &mut h, 2, 200, &answer(true, 50, 0, 100, 1));
@@ -143,8 +163,9 @@ fn a_body_usage_is_asked_for_unencoded_and_an_encoded_answer_is_the_worst_case()
         ("content-type", "application/json"),
         ("content-encoding", "gzip"),
     ]);
-    assert!(
-        !e.response_headers(&mut h, 11.into(), &gzipped),
+    assert_eq!(
+        e.response_headers(&mut h, 11.into(), &gzipped),
+        None,
         "not watched"
     );
     assert_eq!(rec.get(0, Counter::UsageEncoded), 1);
@@ -216,9 +237,12 @@ fn a_body_that_ends_with_the_headers_is_missing() {
     let mut h = Fake::default();
     admit(&mut e, &mut h, 10, "a");
     let json = resp(&[("content-type", "application/json")]);
-    assert!(e.response_headers(&mut h, 10.into(), &json));
+    assert_eq!(
+        e.response_headers(&mut h, 10.into(), &json),
+        Some(Look::Tail)
+    );
     // What the filter does when the headers end the stream.
-    e.response_body(&mut h, 10.into(), &[], true);
+    e.response_body(&mut h, 10.into(), Chunk::whole(&[]), true);
     assert_eq!(rec.get(0, Counter::UsageMissing), 1);
     e.done(&mut h, 10.into());
     assert_eq!(rec.get(0, Counter::UsageWorstCase), 1, "settled once");
@@ -233,7 +257,10 @@ fn json_answer_after_a_usage_of_40() -> (Engine, Rc<Recorder>, Fake) {
     stream(&mut e, &mut h, 10, USED_40);
     admit(&mut e, &mut h, 11, "a");
     let json = resp(&[("content-type", "application/json")]);
-    assert!(e.response_headers(&mut h, 11.into(), &json));
+    assert_eq!(
+        e.response_headers(&mut h, 11.into(), &json),
+        Some(Look::Tail)
+    );
     (e, rec, h)
 }
 
@@ -245,9 +272,9 @@ fn a_body_too_large_to_read_is_the_worst_case() {
         "x".repeat(usage::WINDOW)
     );
     for chunk in body.as_bytes().chunks(4096) {
-        e.response_body(&mut h, 11.into(), chunk, false);
+        e.response_body(&mut h, 11.into(), Chunk::whole(chunk), false);
     }
-    e.response_body(&mut h, 11.into(), &[], true);
+    e.response_body(&mut h, 11.into(), Chunk::whole(&[]), true);
     assert_eq!(rec.get(0, Counter::UsageTooLarge), 1);
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
 }
@@ -256,9 +283,14 @@ fn a_body_too_large_to_read_is_the_worst_case() {
 fn a_body_with_a_chunk_the_host_could_not_give_is_the_worst_case() {
     let (mut e, rec, mut h) = json_answer_after_a_usage_of_40();
     // `"total_tokens":40` with the chunk holding the `0` lost reads as 4 around the hole.
-    e.response_body(&mut h, 11.into(), br#"{"usage":{"total_tokens":4"#, false);
+    e.response_body(
+        &mut h,
+        11.into(),
+        Chunk::whole(br#"{"usage":{"total_tokens":4"#),
+        false,
+    );
     e.response_body_lost(&mut h, 11.into(), false);
-    e.response_body(&mut h, 11.into(), b"}}", true);
+    e.response_body(&mut h, 11.into(), Chunk::whole(b"}}"), true);
     assert_eq!(rec.get(0, Counter::UsageTooLarge), 1);
     assert_eq!(
         rec.get(0, Counter::UsageCharged),
@@ -267,11 +299,14 @@ fn a_body_with_a_chunk_the_host_could_not_give_is_the_worst_case() {
     );
     // An event stream whose last chunk is lost: the usage it showed before may not be its last.
     admit(&mut e, &mut h, 12, "a");
-    assert!(e.response_headers(&mut h, 12.into(), &resp(SSE)));
+    assert_eq!(
+        e.response_headers(&mut h, 12.into(), &resp(SSE)),
+        Some(Look::Whole)
+    );
     e.response_body(
         &mut h,
         12.into(),
-        b"data: {\"usage\":{\"total_tokens\":2}}\n\n",
+        Chunk::whole(b"data: {\"usage\":{\"total_tokens\":2}}\n\n"),
         false,
     );
     e.response_body_lost(&mut h, 12.into(), true);
@@ -319,15 +354,24 @@ fn past_the_readers_cap_a_response_is_not_read_and_charged_the_worst_case() {
     for ctx in first..first + cap {
         admit(&mut e, &mut h, ctx, &format!("u{ctx}"));
         let headers = resp(if ctx % 2 == 0 { SSE } else { &json });
-        assert!(e.response_headers(&mut h, ctx.into(), &headers), "read");
-        e.response_body(&mut h, ctx.into(), b"data: {\"choices\":[]}\n\n", false);
+        assert!(
+            e.response_headers(&mut h, ctx.into(), &headers).is_some(),
+            "read"
+        );
+        e.response_body(
+            &mut h,
+            ctx.into(),
+            Chunk::whole(b"data: {\"choices\":[]}\n\n"),
+            false,
+        );
     }
     assert_eq!(e.usage.readers().alive(), usage::MAX_READERS);
     // One more: not read, and charged the worst case at once, before its body.
     let late = first + cap;
     admit(&mut e, &mut h, late, "late");
-    assert!(
-        !e.response_headers(&mut h, late.into(), &resp(SSE)),
+    assert_eq!(
+        e.response_headers(&mut h, late.into(), &resp(SSE)),
+        None,
         "not read"
     );
     assert_eq!(rec.get(0, Counter::UsageReadersFull), 1);
@@ -342,7 +386,7 @@ fn past_the_readers_cap_a_response_is_not_read_and_charged_the_worst_case() {
     e.response_body(
         &mut h,
         late.into(),
-        b"data: {\"usage\":{\"total_tokens\":0}}\n\n",
+        Chunk::whole(b"data: {\"usage\":{\"total_tokens\":0}}\n\n"),
         true,
     );
     e.done(&mut h, late.into());
@@ -353,21 +397,22 @@ fn past_the_readers_cap_a_response_is_not_read_and_charged_the_worst_case() {
     e.response_body(
         &mut h,
         first.into(),
-        b"data: {\"usage\":{\"total_tokens\":5}}\n\n",
+        Chunk::whole(b"data: {\"usage\":{\"total_tokens\":5}}\n\n"),
         true,
     );
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39 + 4);
     assert_eq!(e.usage.readers().alive(), usage::MAX_READERS - 1);
     let next = late + 1;
     admit(&mut e, &mut h, next, "next");
-    assert!(
+    assert_eq!(
         e.response_headers(&mut h, next.into(), &resp(SSE)),
+        Some(Look::Whole),
         "read again"
     );
     e.response_body(
         &mut h,
         next.into(),
-        b"data: {\"usage\":{\"total_tokens\":7}}\n\n",
+        Chunk::whole(b"data: {\"usage\":{\"total_tokens\":7}}\n\n"),
         true,
     );
     assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39 + 4 + 6);

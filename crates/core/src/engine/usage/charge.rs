@@ -10,7 +10,7 @@
 //! dropped and counted (`refund_dropped`), as is one whose take's reply carried no spill epoch:
 //! a refund given back twice, or without its epoch, could pass the window bound.
 
-use super::{settlement, Admitted, Flush, Known, Usage};
+use super::{settlement, Admitted, Chunk, Flush, Known, Look, Usage};
 use crate::backend::ScriptCall;
 use crate::bucket::{Limits, Tracked, MAX_SETTLE_BURSTS};
 use crate::config::{WorstCase, DEFAULT_USAGE_FLUSH_MS};
@@ -26,29 +26,27 @@ use crate::shared::{peak, settle};
 
 impl Engine {
     /// Usage from response headers (or, with `trailers`, trailers); starts body readers, and
-    /// finishes them at the trailers (the body has ended). True if a body reader wants the body.
+    /// finishes them at the trailers (the body has ended). How much of each body chunk the
+    /// readers look at (None: no reader wants the body).
     pub(in crate::engine) fn usage_from_headers(
         &mut self,
         host: &mut dyn Host,
         ctx: ContextId,
         view: &dyn RequestView,
         trailers: bool,
-    ) -> bool {
+    ) -> Option<Look> {
         if self.requests.still_held(ctx) {
             // Not the upstream's answer: `done` gives back what the request paid.
-            return false;
+            return None;
         }
-        let Some(usage) = self
+        let usage = self
             .requests
             .get_mut(ctx)
             .and_then(Request::usage_mut)
-            .filter(|u| !u.is_empty())
-        else {
-            return false;
-        };
-        let (found, watch) = self.usage.read_headers(usage, view, trailers);
+            .filter(|u| !u.is_empty())?;
+        let (found, look) = self.usage.read_headers(usage, view, trailers);
         self.settle_known(host, ctx, found);
-        watch
+        look
     }
 
     /// A chunk of a response body (None: one the host could not give): fed to the readers; at
@@ -57,7 +55,7 @@ impl Engine {
         &mut self,
         host: &mut dyn Host,
         ctx: ContextId,
-        chunk: Option<&[u8]>,
+        chunk: Option<Chunk<'_>>,
         end: bool,
     ) {
         if self.requests.still_held(ctx) {

@@ -13,6 +13,52 @@ use crate::rule::{reading, Read, RequestView};
 /// Most bytes kept per response: the current SSE line, or the tail of a JSON body.
 pub const WINDOW: usize = 16 * 1024;
 
+/// How much of each chunk of a body its readers look at: the filter copies no more of it into the
+/// VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// Its last `WINDOW` bytes: a JSON body is read from its tail.
+    Tail,
+    /// All of it: an event stream is read line by line.
+    Whole,
+}
+
+impl Look {
+    /// The part of a chunk of `size` bytes to read: how many bytes before it are skipped, and
+    /// its length.
+    pub fn part(self, size: usize) -> (usize, usize) {
+        let len = match self {
+            Look::Tail => size.min(WINDOW),
+            Look::Whole => size,
+        };
+        (size - len, len)
+    }
+
+    /// What readers of both looks need.
+    pub fn and(self, other: Look) -> Look {
+        if self == Look::Whole || other == Look::Whole {
+            Look::Whole
+        } else {
+            Look::Tail
+        }
+    }
+}
+
+/// A chunk of a body as the filter read it: its last `bytes.len()` bytes, after `skipped` bytes
+/// it did not read ([`Look::Tail`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Chunk<'a> {
+    pub skipped: usize,
+    pub bytes: &'a [u8],
+}
+
+impl<'a> Chunk<'a> {
+    /// A chunk read whole.
+    pub fn whole(bytes: &'a [u8]) -> Chunk<'a> {
+        Chunk { skipped: 0, bytes }
+    }
+}
+
 /// Most digits of a usage header: `u64::MAX` has 20.
 const MAX_USAGE_DIGITS: usize = 20;
 
@@ -175,10 +221,27 @@ impl BodyReader {
         self.lost = true;
     }
 
+    /// How much of each chunk this reader looks at.
+    pub fn look(&self) -> Look {
+        match self.kind {
+            Kind::Json => Look::Tail,
+            Kind::EventStream => Look::Whole,
+        }
+    }
+
     /// Looks at the next chunk of the body.
-    pub fn feed(&mut self, chunk: &[u8]) {
+    pub fn feed(&mut self, chunk: Chunk<'_>) {
+        let Chunk {
+            skipped,
+            bytes: chunk,
+        } = chunk;
         match self.kind {
             Kind::Json => {
+                // What came before the skipped bytes is no longer the body's tail.
+                if skipped > 0 {
+                    self.window.clear();
+                    self.cut = true;
+                }
                 // Only the chunk's last `WINDOW` bytes can be in the tail: copy no more.
                 let skip = chunk.len().saturating_sub(WINDOW);
                 let tail = chunk.get(skip..).unwrap_or_default();
@@ -190,6 +253,9 @@ impl BodyReader {
                 reserve(&mut self.window, tail.len());
                 self.window.extend_from_slice(tail);
             }
+            // Every line is read: a chunk not read whole has a hole (never asked for, see
+            // `look`), charged the worst case.
+            Kind::EventStream if skipped > 0 => self.lose(),
             Kind::EventStream => {
                 for line in chunk.split_inclusive(|&b| b == b'\n') {
                     let complete = line.last() == Some(&b'\n');
@@ -330,7 +396,7 @@ mod tests {
     fn reader(ct: &str, chunks: &[&[u8]], p: &str) -> BodyReader {
         let mut r = new(Some(ct.as_bytes()), p).unwrap();
         for c in chunks {
-            r.feed(c);
+            r.feed(Chunk::whole(c));
         }
         r
     }
@@ -403,7 +469,7 @@ mod tests {
         let chunks: Vec<&[u8]> = body.as_bytes().chunks(1000).collect();
         let mut r = new(Some(b"application/json"), "usage.total_tokens").unwrap();
         for c in &chunks {
-            r.feed(c);
+            r.feed(Chunk::whole(c));
             assert!(r.window.len() <= WINDOW);
         }
         assert_eq!(r.finish(), Ok(40));
@@ -470,7 +536,7 @@ mod tests {
                     break;
                 }
                 let end = (fed + size).min(body.len());
-                r.feed(&body[fed..end]);
+                r.feed(Chunk::whole(&body[fed..end]));
                 fed = end;
                 let kept = fed.min(WINDOW);
                 assert_eq!(r.window, body[fed - kept..fed], "{pattern:?} at {fed}");
@@ -484,9 +550,67 @@ mod tests {
             "x".repeat(3 * WINDOW)
         );
         let mut r = new(Some(b"application/json"), "usage.total_tokens").unwrap();
-        r.feed(body.as_bytes());
+        r.feed(Chunk::whole(body.as_bytes()));
         assert!(r.window.capacity() <= WINDOW);
         assert_eq!(r.finish(), Ok(40));
+    }
+
+    /// Fed only what `Look::Tail` asks the filter to copy of each chunk, a JSON reader keeps
+    /// what it keeps when fed whole chunks; an event stream, which looks at whole chunks, is
+    /// charged the worst case if it ever gets a part.
+    #[test]
+    fn a_json_reader_fed_chunk_tails_keeps_what_whole_chunks_give() {
+        let body: Vec<u8> = (0..5 * WINDOW + 123).map(|i| (i % 251) as u8).collect();
+        let sizes: [&[usize]; 4] = [
+            &[5 * WINDOW + 123],
+            &[WINDOW + 1, 7, 3 * WINDOW],
+            &[10, WINDOW - 5, WINDOW, 2 * WINDOW + 1],
+            &[WINDOW / 2, 3 * WINDOW + 7],
+        ];
+        for pattern in sizes {
+            let mut whole = new(Some(b"application/json"), "u").unwrap();
+            let mut tails = new(Some(b"application/json"), "u").unwrap();
+            assert_eq!(tails.look(), Look::Tail);
+            let mut fed = 0;
+            for &size in pattern.iter().cycle() {
+                if fed == body.len() {
+                    break;
+                }
+                let chunk = &body[fed..(fed + size).min(body.len())];
+                fed += chunk.len();
+                whole.feed(Chunk::whole(chunk));
+                let (skipped, len) = Look::Tail.part(chunk.len());
+                assert_eq!(skipped + len, chunk.len());
+                assert!(len <= WINDOW);
+                tails.feed(Chunk {
+                    skipped,
+                    bytes: &chunk[skipped..],
+                });
+                assert_eq!(tails.window, whole.window, "{pattern:?} at {fed}");
+                assert_eq!(tails.cut, whole.cut, "{pattern:?} at {fed}");
+            }
+        }
+        let body = format!(
+            r#"{{"text":"{}","usage":{{"total_tokens":40}}}}"#,
+            "x".repeat(3 * WINDOW)
+        );
+        let mut r = new(Some(b"application/json"), "usage.total_tokens").unwrap();
+        let (skipped, _) = Look::Tail.part(body.len());
+        r.feed(Chunk {
+            skipped,
+            bytes: &body.as_bytes()[skipped..],
+        });
+        assert_eq!(r.finish(), Ok(40));
+        let mut r = new(Some(b"text/event-stream"), "u").unwrap();
+        assert_eq!(r.look(), Look::Whole);
+        assert_eq!(Look::Whole.part(3 * WINDOW), (0, 3 * WINDOW));
+        r.feed(Chunk {
+            skipped: 1,
+            bytes: b"data: {\"u\":5}\n\n",
+        });
+        assert_eq!(r.finish(), Err(Unreadable::TooLarge));
+        assert_eq!(Look::Tail.and(Look::Whole), Look::Whole);
+        assert_eq!(Look::Tail.and(Look::Tail), Look::Tail);
     }
 
     /// A key that starts the tail may be the end of a longer key whose backslash was cut off
@@ -526,8 +650,8 @@ mod tests {
         // A line longer than the window is skipped, not kept.
         let long = format!("data: {}\n", "x".repeat(WINDOW * 2));
         let mut r = new(Some(b"text/event-stream"), "u").unwrap();
-        r.feed(long.as_bytes());
-        r.feed(b"data: {\"u\":5}");
+        r.feed(Chunk::whole(long.as_bytes()));
+        r.feed(Chunk::whole(b"data: {\"u\":5}"));
         assert_eq!(r.finish(), Ok(5), "the last event needs no newline");
         // A line that grows to the window in small chunks reserves no more than the window.
         let mut r = new(Some(b"text/event-stream"), "u").unwrap();
@@ -538,11 +662,11 @@ mod tests {
         assert_eq!(line.len(), WINDOW);
         let (text, newline) = line.as_bytes().split_at(WINDOW - 1);
         for piece in text.chunks(1000) {
-            r.feed(piece);
+            r.feed(Chunk::whole(piece));
             assert!(r.window.capacity() <= WINDOW);
         }
         assert_eq!(r.window.len(), WINDOW - 1, "kept whole");
-        r.feed(newline);
+        r.feed(Chunk::whole(newline));
         assert_eq!(r.finish(), Ok(7));
     }
 
@@ -569,8 +693,8 @@ mod tests {
         // After a usage event, a line too long to read may carry a later one: too large, also
         // for a client gone before the end.
         let mut r = new(Some(b"text/event-stream"), "usage.total_tokens").unwrap();
-        r.feed(b"data: {\"usage\":{\"total_tokens\":1}}\n\n");
-        r.feed(long.as_bytes());
+        r.feed(Chunk::whole(b"data: {\"usage\":{\"total_tokens\":1}}\n\n"));
+        r.feed(Chunk::whole(long.as_bytes()));
         assert_eq!(r.seen(), Some(Err(Unreadable::TooLarge)));
         assert_eq!(r.finish(), Err(Unreadable::TooLarge));
         // Cut at the very end, with no newline after it: too large as well.
@@ -588,7 +712,7 @@ mod tests {
     fn what_a_stream_showed_before_it_was_cut_off() {
         let mut r = reader("text/event-stream", &[b"data: {\"u\":1}\n\n"], "u");
         assert_eq!(r.seen(), Some(Ok(1)));
-        r.feed(b"data: {\"u\":40}\n\ndata: {\"u\"");
+        r.feed(Chunk::whole(b"data: {\"u\":40}\n\ndata: {\"u\""));
         assert_eq!(r.seen(), Some(Ok(40)), "the last complete event");
         let r = reader("text/event-stream", &[b"data: {\"choices\":[]}\n"], "u");
         assert_eq!(r.seen(), None);
