@@ -1,7 +1,7 @@
 //! A configuration file as the proxy would get it: JSON (the filter's `configuration`), or the
 //! tollgate configuration inside a manifest (an Istio WasmPlugin's or TrafficExtension's
 //! `pluginConfig`, a Higress WasmPlugin's `defaultConfig`) or inside an Envoy bootstrap (its Wasm
-//! filter's `configuration`).
+//! filter's `configuration`, read by `envoy`).
 //!
 //! Invariant: the configuration is parsed by `Config::parse`, the filter's own code, for the
 //! artifact that would load it (a Higress manifest: tollgate-higress.wasm), so every message is
@@ -11,6 +11,8 @@ use std::fmt;
 use std::path::Path;
 
 use tollgate_core::config::{Artifact, Config, ConfigError};
+
+use crate::envoy::Bootstrap;
 
 /// Where the configuration came from in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +41,8 @@ pub struct Loaded {
     pub config: Config,
     pub artifact: Artifact,
     pub origin: Origin,
-    /// An Envoy bootstrap's static clusters, by name (None: not a bootstrap).
-    pub static_clusters: Option<Vec<String>>,
+    /// What `check` reads of an Envoy bootstrap around the filter (None: not a bootstrap).
+    pub bootstrap: Option<Bootstrap>,
 }
 
 /// Why a file gives no configuration.
@@ -69,7 +71,7 @@ impl fmt::Display for LoadError {
 pub fn load(path: &Path, artifact: Option<Artifact>) -> Result<Loaded, LoadError> {
     let bytes =
         std::fs::read(path).map_err(|e| LoadError::Read(format!("{}: {e}", path.display())))?;
-    let (json, origin, static_clusters) = extract(&bytes)?;
+    let (json, origin, bootstrap) = extract(&bytes)?;
     let artifact = artifact.unwrap_or(match origin {
         Origin::HigressWasmPlugin => Artifact::Higress,
         _ => Artifact::Envoy,
@@ -79,13 +81,13 @@ pub fn load(path: &Path, artifact: Option<Artifact>) -> Result<Loaded, LoadError
         config,
         artifact,
         origin,
-        static_clusters,
+        bootstrap,
     })
 }
 
-/// What a file holds: the configuration's JSON bytes, where it was, and an Envoy bootstrap's
-/// static clusters (None: not a bootstrap).
-type Extracted = (Vec<u8>, Origin, Option<Vec<String>>);
+/// What a file holds: the configuration's JSON bytes, where it was, and what `check` reads of an
+/// Envoy bootstrap (None: not a bootstrap).
+type Extracted = (Vec<u8>, Origin, Option<Bootstrap>);
 
 /// The configuration's JSON bytes in `bytes`, and where it was. A file whose first non-blank
 /// character is `{` is JSON and goes to the filter as it is (its messages about bad JSON are the
@@ -152,80 +154,8 @@ pub fn extract(bytes: &[u8]) -> Result<Extracted, LoadError> {
     Ok((json, origin, None))
 }
 
-/// An Envoy bootstrap's tollgate configuration and its static clusters' names.
+/// An Envoy bootstrap's tollgate configuration, and what else `check` reads of it.
 fn bootstrap(doc: &serde_json::Value) -> Result<Extracted, LoadError> {
-    let json = bootstrap_configuration(doc)?;
-    let clusters = doc
-        .get("static_resources")
-        .and_then(|r| r.get("clusters"))
-        .and_then(|c| c.as_array())
-        .map(|clusters| {
-            clusters
-                .iter()
-                .filter_map(|c| c.get("name")?.as_str())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok((json, Origin::EnvoyBootstrap, Some(clusters)))
-}
-
-/// The `@type` of Envoy's Wasm HTTP filter.
-const WASM_FILTER: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
-
-/// The configuration of the Wasm HTTP filter of an Envoy bootstrap (of those whose `root_id` is
-/// `tollgate`, if it has several): the string its `configuration` holds, which must be the same
-/// wherever the filter is (one per listener, say).
-fn bootstrap_configuration(doc: &serde_json::Value) -> Result<Vec<u8>, LoadError> {
-    let mut filters = Vec::new();
-    wasm_filters(doc, &mut filters);
-    let ours: Vec<&serde_json::Value> = match filters.as_slice() {
-        [_] => filters.clone(),
-        _ => filters
-            .iter()
-            .copied()
-            .filter(|c| c.get("root_id").and_then(|r| r.as_str()) == Some("tollgate"))
-            .collect(),
-    };
-    let mut configurations: Vec<Option<&str>> = ours
-        .iter()
-        .map(|c| c.get("configuration")?.get("value")?.as_str())
-        .collect();
-    configurations.sort_unstable();
-    configurations.dedup();
-    let unsure = |why: String| {
-        LoadError::NotAConfiguration(format!(
-            "an Envoy bootstrap with {} Wasm filters, {why}: give the filter's configuration as \
-             JSON",
-            filters.len()
-        ))
-    };
-    match configurations.as_slice() {
-        [Some(value)] => Ok(value.as_bytes().to_vec()),
-        [None] => Err(LoadError::NotAConfiguration(
-            "the Envoy bootstrap's Wasm filter has no configuration.value string".to_string(),
-        )),
-        [] => Err(unsure("none with root_id \"tollgate\"".to_string())),
-        several => Err(unsure(format!(
-            "{} different configurations among those with root_id \"tollgate\"",
-            several.len()
-        ))),
-    }
-}
-
-/// Every Wasm HTTP filter's `config` under `v`.
-fn wasm_filters<'v>(v: &'v serde_json::Value, out: &mut Vec<&'v serde_json::Value>) {
-    match v {
-        serde_json::Value::Object(map) => {
-            if map.get("@type").and_then(|t| t.as_str()) == Some(WASM_FILTER) {
-                if let Some(config) = map.get("config") {
-                    out.push(config);
-                }
-                return;
-            }
-            map.values().for_each(|v| wasm_filters(v, out));
-        }
-        serde_json::Value::Array(items) => items.iter().for_each(|v| wasm_filters(v, out)),
-        _ => {}
-    }
+    let (json, bootstrap) = crate::envoy::read(doc)?;
+    Ok((json, Origin::EnvoyBootstrap, Some(bootstrap)))
 }

@@ -15,6 +15,7 @@
 )]
 
 mod describe;
+mod envoy;
 mod explain;
 mod load;
 mod metadata;
@@ -236,7 +237,11 @@ fn run(command: Command) -> Result<Vec<String>, Failed> {
             )];
             out.extend(describe::summary(&loaded.config));
             let cluster = &loaded.config.backend.cluster;
-            if let Some(clusters) = loaded.static_clusters.filter(|c| !c.contains(cluster)) {
+            if let Some(clusters) = loaded
+                .bootstrap
+                .map(|b| b.clusters)
+                .filter(|c| !c.contains(cluster))
+            {
                 out.push(format!(
                     "warning: the bootstrap has no static cluster \"{cluster}\" (backend.cluster; \
                      its clusters: {}): unless CDS adds it, every check fails into the failure mode",

@@ -313,6 +313,123 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
     );
 }
 
+/// An Envoy bootstrap: listener `ingress` whose HTTP connection manager has `http_filters` (each
+/// entry indented by 10 spaces, the router added last), and static clusters of these names.
+fn bootstrap_yaml(http_filters: &str, clusters: &[&str]) -> String {
+    let clusters: String = clusters
+        .iter()
+        .map(|c| format!("  - name: {c}\n"))
+        .collect();
+    format!(
+        "static_resources:
+  listeners:
+  - name: ingress
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          http_filters:
+{http_filters}          - name: envoy.filters.http.router
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+{clusters}"
+    )
+}
+
+/// A Wasm filter wrapped in a TypedStruct (`wrapper`), as Istio EnvoyFilters write it, whose
+/// plugin configuration is `value` in a google.protobuf.StringValue.
+fn typed_struct_wasm(wrapper: &str, root_id: &str, value: &str) -> String {
+    format!(
+        "          - name: envoy.filters.http.wasm
+            typed_config:
+              \"@type\": type.googleapis.com/{wrapper}
+              type_url: type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              value:
+                config:
+                  root_id: {root_id}
+                  vm_config:
+                    runtime: envoy.wasm.runtime.v8
+                    code: {{local: {{filename: /etc/tollgate/tollgate.wasm}}}}
+                  configuration:
+                    \"@type\": type.googleapis.com/google.protobuf.StringValue
+                    value: '{value}'
+"
+    )
+}
+
+#[test]
+fn check_reads_a_wasm_filter_wrapped_in_a_typed_struct() {
+    let dir = scratch_dir("cli-typed-struct");
+    let file = dir.join("envoy.yaml");
+    let path = file.to_str().unwrap();
+    let tollgate_json =
+        r#"{"backend":{"cluster":"webdis"},"rules":[{"name":"all","key":[],"rate":5,"burst":5}]}"#;
+    // Istio's metadata_exchange: a TypedStruct Wasm filter without root_id, whose configuration
+    // is `{}` (a gateway's http_filters as istiod wrote them).
+    let metadata_exchange = typed_struct_wasm("udpa.type.v1.TypedStruct", "''", "{}");
+    // A TypedStruct of another filter.
+    let local_ratelimit = "          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              \"@type\": type.googleapis.com/udpa.type.v1.TypedStruct
+              type_url: type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              value:
+                stat_prefix: http_local_rate_limiter
+";
+    for wrapper in ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"] {
+        let ours = typed_struct_wasm(wrapper, "tollgate", tollgate_json);
+        for filters in [
+            ours.clone(),
+            [metadata_exchange.as_str(), local_ratelimit, &ours].concat(),
+        ] {
+            std::fs::write(&file, bootstrap_yaml(&filters, &["webdis"])).unwrap();
+            let out = ok(&["check", path]);
+            assert!(
+                out.contains(
+                    "(Envoy bootstrap, the Wasm filter's configuration), for tollgate.wasm\n"
+                ) && out.contains("  all: 5 per second, burst 5, key: none (one bucket for all)")
+                    && !out.contains("warning"),
+                "{wrapper}: {out}"
+            );
+        }
+        // What the filter refuses inside the TypedStruct gets the filter's message.
+        let refused = typed_struct_wasm(wrapper, "tollgate", &tollgate_json.replace("5,", "0,"));
+        std::fs::write(&file, bootstrap_yaml(&refused, &["webdis"])).unwrap();
+        fails(
+            &["check", path],
+            "tollgate: bad configuration: rules[0].rate: ",
+        );
+    }
+    // A TypedStruct of another filter is not a Wasm filter; broken TypedStructs are not either,
+    // and give a message, not a panic.
+    let no_wasm = "the Envoy bootstrap has no Wasm HTTP filter";
+    for filters in [
+        local_ratelimit.to_string(),
+        metadata_exchange.replace(
+            "type_url: type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "type_url: [1]",
+        ),
+        // The Wasm message a list.
+        metadata_exchange.replace(
+            "value:\n                config:",
+            "value:\n              - config:",
+        ),
+        metadata_exchange.replace("              value:\n", "              values:\n"),
+    ] {
+        assert_ne!(filters, metadata_exchange);
+        std::fs::write(&file, bootstrap_yaml(&filters, &["webdis"])).unwrap();
+        fails(&["check", path], no_wasm);
+    }
+    let no_string = typed_struct_wasm("xds.type.v3.TypedStruct", "tollgate", "{}")
+        .replace("value: '{}'", "value: 7");
+    std::fs::write(&file, bootstrap_yaml(&no_string, &["webdis"])).unwrap();
+    fails(
+        &["check", path],
+        "the Envoy bootstrap's Wasm filter has no configuration.value string",
+    );
+}
+
 #[test]
 fn explain_says_which_rules_apply_and_why_not() {
     let dir = scratch_dir("cli-explain");
