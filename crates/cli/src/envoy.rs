@@ -1,5 +1,7 @@
-//! An Envoy bootstrap as `check` reads it: the configuration of tollgate's Wasm filter and the
-//! static clusters' names.
+//! An Envoy bootstrap as `check` reads it: the configuration of tollgate's Wasm filter, the
+//! static clusters' names, and every `http_filters` list that holds tollgate, with the
+//! `jwt_authn` filters in it (before tollgate or after, and the metadata fields their providers
+//! write).
 //!
 //! Invariant: a filter is known by the type of its `typed_config` (what follows the type URL's
 //! last `/`), given directly or wrapped in a TypedStruct (`udpa.type.v1` or `xds.type.v3`, the
@@ -15,17 +17,46 @@ use crate::load::LoadError;
 pub struct Bootstrap {
     /// The static clusters, by name.
     pub clusters: Vec<String>,
+    /// Each `http_filters` list that holds tollgate's Wasm filter.
+    pub chains: Vec<Chain>,
+}
+
+/// An `http_filters` list that holds tollgate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// The name of the listener it is in, if it is in a named one.
+    pub listener: Option<String>,
+    /// Its `jwt_authn` filters, in order.
+    pub jwt_authn: Vec<JwtAuthn>,
+}
+
+/// A `jwt_authn` filter of a chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtAuthn {
+    /// It runs before tollgate's (first) Wasm filter, so its metadata is there for tollgate.
+    pub before: bool,
+    /// The fields of namespace `envoy.filters.http.jwt_authn` its providers write
+    /// (`payload_in_metadata`, `header_in_metadata`, `failed_status_in_metadata`), sorted.
+    pub fields: Vec<String>,
 }
 
 /// The type of Envoy's Wasm HTTP filter.
 const WASM: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
+/// The type of Envoy's JWT authentication filter.
+const JWT_AUTHN: &str = "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
 /// The wrappers that carry a message as JSON: `type_url` names it, `value` holds it.
 const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
+/// The fields of a `jwt_authn` provider that name where in its metadata namespace it writes.
+const METADATA_FIELDS: [&str; 3] = [
+    "payload_in_metadata",
+    "header_in_metadata",
+    "failed_status_in_metadata",
+];
 
 /// The configuration of tollgate's Wasm filter in `doc` (a bootstrap: it has `static_resources`)
 /// and what else `check` reads of it.
 pub fn read(doc: &Value) -> Result<(Vec<u8>, Bootstrap), LoadError> {
-    let json = configuration(doc)?;
+    let (json, ours) = configuration(doc)?;
     let clusters = doc
         .get("static_resources")
         .and_then(|r| r.get("clusters"))
@@ -38,7 +69,9 @@ pub fn read(doc: &Value) -> Result<(Vec<u8>, Bootstrap), LoadError> {
                 .collect()
         })
         .unwrap_or_default();
-    Ok((json, Bootstrap { clusters }))
+    let mut chains = Vec::new();
+    find_chains(doc, None, &ours, &mut chains);
+    Ok((json, Bootstrap { clusters, chains }))
 }
 
 /// The type name and the message of an `Any` in its JSON form (`@type` and the message's fields),
@@ -59,8 +92,8 @@ fn type_name(url: &str) -> &str {
 
 /// The string the `configuration` of tollgate's Wasm filter holds (of those whose `root_id` is
 /// `tollgate`, if the bootstrap has several Wasm filters; it must be the same wherever the filter
-/// is, one per listener say).
-fn configuration(doc: &Value) -> Result<Vec<u8>, LoadError> {
+/// is, one per listener say), and the `config` of each of tollgate's Wasm filters.
+fn configuration(doc: &Value) -> Result<(Vec<u8>, Vec<&Value>), LoadError> {
     let mut filters = Vec::new();
     wasm_filters(doc, &mut filters);
     let ours: Vec<&Value> = match filters.as_slice() {
@@ -91,7 +124,7 @@ fn configuration(doc: &Value) -> Result<Vec<u8>, LoadError> {
         ))
     };
     match configurations.as_slice() {
-        [Some(value)] => Ok(value.as_bytes().to_vec()),
+        [Some(value)] => Ok((value.as_bytes().to_vec(), ours)),
         [None] => Err(LoadError::NotAConfiguration(
             "the Envoy bootstrap's Wasm filter has no configuration.value string".to_string(),
         )),
@@ -118,6 +151,82 @@ fn wasm_filters<'v>(v: &'v Value, out: &mut Vec<&'v Value>) {
         Value::Array(items) => items.iter().for_each(|v| wasm_filters(v, out)),
         _ => {}
     }
+}
+
+/// Each `http_filters` list under `v` that holds one of `ours` (tollgate's Wasm filters' configs),
+/// with the name of the listener it is in.
+fn find_chains(v: &Value, listener: Option<&str>, ours: &[&Value], out: &mut Vec<Chain>) {
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::Array(filters)) = map.get("http_filters") {
+                if let Some(chain) = chain(filters, listener, ours) {
+                    out.push(chain);
+                }
+            }
+            for (key, v) in map {
+                match (key.as_str(), v) {
+                    ("listeners", Value::Array(listeners)) => {
+                        for l in listeners {
+                            let name = l.get("name").and_then(Value::as_str);
+                            find_chains(l, name.or(listener), ours, out);
+                        }
+                    }
+                    _ => find_chains(v, listener, ours, out),
+                }
+            }
+        }
+        Value::Array(items) => items
+            .iter()
+            .for_each(|v| find_chains(v, listener, ours, out)),
+        _ => {}
+    }
+}
+
+/// `filters` (an `http_filters` list) as a chain, if it holds one of `ours`.
+fn chain(filters: &[Value], listener: Option<&str>, ours: &[&Value]) -> Option<Chain> {
+    let is_ours = |f: &Value| match message(f) {
+        Some((WASM, wasm)) => wasm
+            .get("config")
+            .is_some_and(|c| ours.iter().any(|o| std::ptr::eq(*o, c))),
+        _ => false,
+    };
+    let tollgate = filters.iter().position(is_ours)?;
+    let jwt_authn = filters
+        .iter()
+        .enumerate()
+        .filter_map(|(at, f)| match message(f) {
+            Some((JWT_AUTHN, jwt)) => Some(JwtAuthn {
+                before: at < tollgate,
+                fields: written(jwt),
+            }),
+            _ => None,
+        })
+        .collect();
+    Some(Chain {
+        listener: listener.map(str::to_string),
+        jwt_authn,
+    })
+}
+
+/// The type name and message of an `http_filters` entry's `typed_config`.
+fn message(filter: &Value) -> Option<(&str, &Value)> {
+    typed(filter.get("typed_config")?)
+}
+
+/// The metadata fields the providers of a `jwt_authn` configuration write, sorted, once each.
+fn written(jwt: &Value) -> Vec<String> {
+    let mut fields: Vec<String> = jwt
+        .get("providers")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|providers| providers.values())
+        .flat_map(|p| METADATA_FIELDS.iter().filter_map(|f| p.get(*f)?.as_str()))
+        .filter(|f| !f.is_empty())
+        .map(str::to_string)
+        .collect();
+    fields.sort_unstable();
+    fields.dedup();
+    fields
 }
 
 #[cfg(test)]
@@ -147,5 +256,80 @@ mod tests {
         ] {
             assert_eq!(typed(&yaml(no)), None, "{no}");
         }
+    }
+
+    #[test]
+    fn written_reads_every_providers_metadata_fields_and_nothing_else() {
+        let jwt = yaml(
+            "providers:
+  a: {payload_in_metadata: payload, header_in_metadata: header}
+  b: {payload_in_metadata: payload, failed_status_in_metadata: ''}
+  c: {issuer: x}
+  d: 7",
+        );
+        assert_eq!(written(&jwt), ["header", "payload"]);
+        for none in [
+            "{}",
+            "providers: []",
+            "providers: {a: {payload_in_metadata: 1}}",
+        ] {
+            assert!(written(&yaml(none)).is_empty(), "{none}");
+        }
+    }
+
+    #[test]
+    fn chains_hold_tollgate_name_their_listener_and_place_jwt_authn_around_it() {
+        let doc = yaml(&format!(
+            "static_resources:
+  listeners:
+  - name: a
+    filter_chains:
+    - filters:
+      - typed_config:
+          http_filters:
+          - typed_config: {{'@type': x/{WASM}, config: {{root_id: other}}}}
+          - typed_config: {{'@type': x/{JWT_AUTHN}, providers: {{p: {{payload_in_metadata: payload}}}}}}
+          - typed_config: {{'@type': x/{WASM}, config: {{root_id: tollgate, configuration: {{value: c}}}}}}
+          - typed_config:
+              '@type': xds.type.v3.TypedStruct
+              type_url: {JWT_AUTHN}
+              value: {{providers: {{q: {{header_in_metadata: header}}}}}}
+  - filter_chains:
+    - filters:
+      - typed_config:
+          http_filters:
+          - typed_config:
+              '@type': udpa.type.v1.TypedStruct
+              type_url: {WASM}
+              value: {{config: {{root_id: tollgate, configuration: {{value: c}}}}}}
+  - name: no-tollgate
+    http_filters:
+    - typed_config: {{'@type': x/{WASM}, config: {{root_id: other}}}}
+"
+        ));
+        let (json, bootstrap) = read(&doc).unwrap();
+        assert_eq!(json, b"c");
+        assert_eq!(
+            bootstrap.chains,
+            [
+                Chain {
+                    listener: Some("a".to_string()),
+                    jwt_authn: vec![
+                        JwtAuthn {
+                            before: true,
+                            fields: vec!["payload".to_string()]
+                        },
+                        JwtAuthn {
+                            before: false,
+                            fields: vec!["header".to_string()]
+                        },
+                    ],
+                },
+                Chain {
+                    listener: None,
+                    jwt_authn: vec![]
+                },
+            ]
+        );
     }
 }

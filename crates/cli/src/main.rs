@@ -14,6 +14,7 @@
     )
 )]
 
+mod around;
 mod describe;
 mod envoy;
 mod explain;
@@ -236,17 +237,8 @@ fn run(command: Command) -> Result<Vec<String>, Failed> {
                 loaded.origin
             )];
             out.extend(describe::summary(&loaded.config));
-            let cluster = &loaded.config.backend.cluster;
-            if let Some(clusters) = loaded
-                .bootstrap
-                .map(|b| b.clusters)
-                .filter(|c| !c.contains(cluster))
-            {
-                out.push(format!(
-                    "warning: the bootstrap has no static cluster \"{cluster}\" (backend.cluster; \
-                     its clusters: {}): unless CDS adds it, every check fails into the failure mode",
-                    clusters.join(", ")
-                ));
+            if let Some(bootstrap) = &loaded.bootstrap {
+                out.extend(around::warnings(&loaded.config, bootstrap));
             }
             Ok(out)
         }

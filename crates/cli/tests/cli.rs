@@ -430,6 +430,286 @@ fn check_reads_a_wasm_filter_wrapped_in_a_typed_struct() {
     );
 }
 
+/// Envoy's `jwt_authn` filter (its entry in `http_filters`, indented by 10 spaces) with one
+/// provider per item of `fields`, each writing the payload under that field (`None`: no
+/// `payload_in_metadata`).
+fn jwt_authn(fields: &[Option<&str>]) -> String {
+    let providers: String = fields
+        .iter()
+        .enumerate()
+        .map(|(i, field)| {
+            let written = field
+                .map(|f| format!("                  payload_in_metadata: {f}\n"))
+                .unwrap_or_default();
+            format!(
+                "                p{i}:
+                  issuer: https://auth{i}.example.com
+                  local_jwks: {{filename: /etc/envoy/jwks.json}}
+{written}"
+            )
+        })
+        .collect();
+    format!(
+        "          - name: envoy.filters.http.jwt_authn
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
+              providers:
+{providers}"
+    )
+}
+
+/// A Wasm filter whose plugin configuration is `value` (compacted, in YAML single quotes).
+fn wasm(root_id: &str, value: &str) -> String {
+    let value: serde_json::Value = serde_json::from_str(value).unwrap();
+    format!(
+        "          - name: envoy.filters.http.wasm
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                root_id: {root_id}
+                configuration:
+                  \"@type\": type.googleapis.com/google.protobuf.StringValue
+                  value: '{}'
+",
+        value.to_string().replace('\'', "''")
+    )
+}
+
+/// The lines of `out` that are warnings.
+fn warnings(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.starts_with("warning:")).collect()
+}
+
+#[test]
+fn check_warns_when_no_jwt_authn_before_tollgate_writes_what_a_key_reads() {
+    let dir = scratch_dir("cli-jwt-order");
+    let file = dir.join("envoy.yaml");
+    let path = file.to_str().unwrap();
+    // Keyed on the JWT's sub, its tiers from the plan claim; a per-client rule beside.
+    let config = r#"{"backend": {"cluster": "webdis"}, "rules": [
+        {"name": "per-user", "key": ["metadata:envoy.filters.http.jwt_authn:payload.sub"],
+         "rate": 5, "burst": 5,
+         "tiers": {"from": "metadata:envoy.filters.http.jwt_authn:payload.plan",
+                   "limits": {"pro": {"rate": 50, "burst": 50}}}},
+        {"name": "per-client", "key": ["client_ip"], "rate": 5, "burst": 5}]}"#;
+    let ours = wasm("tollgate", config);
+    let check = |filters: &str| {
+        std::fs::write(&file, bootstrap_yaml(filters, &["webdis"])).unwrap();
+        ok(&["check", path])
+    };
+    let key =
+        "warning: rule \"per-user\" keys on metadata:envoy.filters.http.jwt_authn:payload.sub, but";
+    let tiers = "warning: rule \"per-user\" takes its tiers from \
+                 metadata:envoy.filters.http.jwt_authn:payload.plan, but";
+    let never = "(until then the rule never applies)";
+    let own_limits = "(until then every key gets the rule's own limits)";
+
+    // jwt_authn before tollgate, a provider writing `payload` (beside one writing another field,
+    // and one writing nothing): nothing to say.
+    let payload = jwt_authn(&[Some("jwt_payload"), Some("payload"), None]);
+    let out = check(&[payload.as_str(), &ours].concat());
+    assert!(warnings(&out).is_empty(), "{out}");
+    // The same in TypedStructs (both filters).
+    let wrapped = |filter: &str, ty: &str| {
+        filter.replace(
+            &format!("              \"@type\": type.googleapis.com/{ty}\n"),
+            &format!(
+                "              \"@type\": type.googleapis.com/xds.type.v3.TypedStruct
+              type_url: type.googleapis.com/{ty}
+              value:\n"
+            ),
+        )
+    };
+    let jwt_ty = "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
+    let wasm_ty = "envoy.extensions.filters.http.wasm.v3.Wasm";
+    let (payload_ts, ours_ts) = (wrapped(&payload, jwt_ty), wrapped(&ours, wasm_ty));
+    assert!(payload_ts != payload && ours_ts != ours);
+    // (The wrapped message is one level deeper: indent what follows `value:`.)
+    let deeper = |text: String| {
+        let (head, tail) = text.split_once("value:\n").unwrap();
+        let tail: String = tail.lines().map(|l| format!("  {l}\n")).collect();
+        format!("{head}value:\n{tail}")
+    };
+    let out = check(&[deeper(payload_ts), deeper(ours_ts)].concat());
+    assert!(
+        warnings(&out).is_empty() && out.contains("  per-user: 5 per second"),
+        "{out}"
+    );
+
+    // No jwt_authn at all.
+    let out = check(&ours);
+    assert_eq!(
+        warnings(&out),
+        [
+            format!(
+                "{key} the http_filters of listener \"ingress\" have no jwt_authn filter: add \
+                 envoy.filters.http.jwt_authn before tollgate's Wasm filter, with \
+                 payload_in_metadata: payload on its providers {never}"
+            ),
+            format!(
+                "{tiers} the http_filters of listener \"ingress\" have no jwt_authn filter: add \
+                 envoy.filters.http.jwt_authn before tollgate's Wasm filter, with \
+                 payload_in_metadata: payload on its providers {own_limits}"
+            ),
+        ],
+        "{out}"
+    );
+    // jwt_authn after tollgate.
+    let out = check(&[ours.as_str(), &payload].concat());
+    assert_eq!(
+        warnings(&out),
+        [
+            format!(
+                "{key} jwt_authn comes after tollgate in the http_filters of listener \
+                 \"ingress\": move it before tollgate's Wasm filter {never}"
+            ),
+            format!(
+                "{tiers} jwt_authn comes after tollgate in the http_filters of listener \
+                 \"ingress\": move it before tollgate's Wasm filter {own_limits}"
+            ),
+        ],
+        "{out}"
+    );
+    // docs/cli.md shows this warning as it is.
+    let cli_md = std::fs::read_to_string(repo_root().join("docs/cli.md")).unwrap();
+    let shown = cli_md
+        .lines()
+        .find(|l| l.starts_with("warning: rule"))
+        .expect("docs/cli.md shows a jwt_authn warning");
+    assert!(
+        out.lines().any(|l| l == shown),
+        "docs/cli.md: {shown}\n{out}"
+    );
+    // Before tollgate, but its providers write another field, or none.
+    let out = check(&[jwt_authn(&[Some("jwt_payload")]).as_str(), &ours, &payload].concat());
+    assert_eq!(
+        warnings(&out)[0],
+        format!(
+            "{key} no jwt_authn provider before tollgate in the http_filters of listener \
+             \"ingress\" writes \"payload\" (they write jwt_payload): set payload_in_metadata: \
+             payload on the provider that verifies these tokens {never}"
+        ),
+        "{out}"
+    );
+    assert_eq!(warnings(&out).len(), 2, "{out}");
+    let out = check(&[jwt_authn(&[None]).as_str(), &ours].concat());
+    assert_eq!(
+        warnings(&out)[1],
+        format!(
+            "{tiers} no jwt_authn provider before tollgate in the http_filters of listener \
+             \"ingress\" writes \"payload\" (none writes its payload to metadata): set \
+             payload_in_metadata: payload on the provider that verifies these tokens {own_limits}"
+        ),
+        "{out}"
+    );
+    // A warning, not a refusal: the rules are still described, and the status is 0 (`ok`).
+    assert!(out.contains("  per-user: 5 per second"), "{out}");
+
+    // Only a bootstrap shows what is around the filter: the same configuration as JSON, or in
+    // an Istio WasmPlugin (where RequestAuthentication writes `payload`), gets no warning.
+    let json = dir.join("tollgate.json");
+    std::fs::write(&json, config).unwrap();
+    let out = ok(&["check", json.to_str().unwrap()]);
+    assert!(warnings(&out).is_empty(), "{out}");
+
+    // A rule not keyed on jwt_authn's metadata needs no jwt_authn; other namespaces are not
+    // looked at.
+    let other = r#"{"backend": {"cluster": "webdis"}, "rules": [
+        {"name": "by-tenant", "key": ["metadata:example.auth:payload.tenant"], "rate": 5, "burst": 5},
+        {"name": "per-client", "key": ["client_ip"], "rate": 5, "burst": 5}]}"#;
+    let out = check(&wasm("tollgate", other));
+    assert!(warnings(&out).is_empty(), "{out}");
+}
+
+/// The recipes keyed on what jwt_authn verified, each in the shipped compose bootstrap with its
+/// jwt_authn filter (the recipe's own, or the per-user recipe's it links to) before tollgate,
+/// check clean; after tollgate, they are warned about.
+#[test]
+fn the_jwt_recipes_in_the_compose_bootstrap_check_clean() {
+    let dir = scratch_dir("cli-jwt-recipes");
+    let file = dir.join("envoy.yaml");
+    let path = file.to_str().unwrap();
+    let page = std::fs::read_to_string(repo_root().join("docs/recipes.md")).unwrap();
+    let compose = std::fs::read_to_string(repo_root().join("deploy/compose/envoy.yaml")).unwrap();
+    // The fenced blocks of one `## ` section, as (language, text).
+    let blocks = |section: &str| -> Vec<(String, String)> {
+        section
+            .split("```")
+            .skip(1)
+            .step_by(2)
+            .filter_map(|b| {
+                let (lang, text) = b.split_once('\n')?;
+                Some((lang.trim().to_string(), text.to_string()))
+            })
+            .collect()
+    };
+    let sections: Vec<&str> = page.split("\n## ").skip(1).collect();
+    let jwt_filter = |section: &str| {
+        blocks(section)
+            .into_iter()
+            .find(|(lang, text)| lang == "yaml" && text.contains("envoy.filters.http.jwt_authn"))
+            .map(|(_, text)| text)
+    };
+    let per_user = sections
+        .iter()
+        .find(|s| s.starts_with("Per user: "))
+        .and_then(|s| jwt_filter(s))
+        .expect("docs/recipes.md: the per-user recipe's jwt_authn filter");
+    let wasm_at = "          - name: envoy.filters.http.wasm\n";
+    let router_at = "          - name: envoy.filters.http.router\n";
+    assert_eq!(compose.matches(wasm_at).count(), 1);
+    let mut checked = Vec::new();
+    for section in &sections {
+        let Some((_, config)) = blocks(section).into_iter().find(|(lang, text)| {
+            lang == "json" && text.contains("metadata:envoy.filters.http.jwt_authn:")
+        }) else {
+            continue;
+        };
+        let heading = section.lines().next().unwrap();
+        let filter = jwt_filter(section).unwrap_or_else(|| per_user.clone());
+        let filter: String = filter.lines().map(|l| format!("          {l}\n")).collect();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        let value_at = compose
+            .lines()
+            .find(|l| l.trim_start().starts_with("value: '{"))
+            .unwrap();
+        let bootstrap = compose.replace(
+            value_at,
+            &format!(
+                "                  value: '{}'",
+                config.to_string().replace('\'', "''")
+            ),
+        );
+        std::fs::write(
+            &file,
+            bootstrap.replace(wasm_at, &format!("{filter}{wasm_at}")),
+        )
+        .unwrap();
+        let out = ok(&["check", path]);
+        assert!(
+            !out.contains("warning: rule"),
+            "{heading}, jwt_authn before tollgate:\n{out}"
+        );
+        std::fs::write(
+            &file,
+            bootstrap.replace(router_at, &format!("{filter}{router_at}")),
+        )
+        .unwrap();
+        let out = ok(&["check", path]);
+        assert!(
+            out.contains(
+                "jwt_authn comes after tollgate in the http_filters of listener \"ingress\""
+            ),
+            "{heading}, jwt_authn after tollgate:\n{out}"
+        );
+        checked.push(heading.to_string());
+    }
+    assert!(
+        checked.len() >= 3,
+        "recipes keyed on jwt_authn: {checked:?}"
+    );
+}
+
 #[test]
 fn explain_says_which_rules_apply_and_why_not() {
     let dir = scratch_dir("cli-explain");
