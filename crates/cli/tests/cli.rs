@@ -137,19 +137,6 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
     }
     // An Envoy bootstrap: its Wasm filter's configuration (tollgate's, by root_id, beside
     // another Wasm filter).
-    let wasm_filter = |root_id: &str, value: &str| {
-        format!(
-            "          - name: envoy.filters.http.wasm
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                root_id: {root_id}
-                configuration:
-                  \"@type\": type.googleapis.com/google.protobuf.StringValue
-                  value: '{value}'
-"
-        )
-    };
     let bootstrap = |filters: &str| {
         format!(
             "static_resources:
@@ -171,8 +158,8 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
         &envoy_yaml,
         bootstrap(
             &[
-                wasm_filter("other", "{}"),
-                wasm_filter("tollgate", tollgate_json),
+                wasm("other", "{}"),
+                wasm("tollgate", tollgate_json),
             ]
             .concat(),
         ),
@@ -210,8 +197,8 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
         &envoy_yaml,
         bootstrap(
             &[
-                wasm_filter("tollgate", tollgate_json),
-                wasm_filter("tollgate", tollgate_json),
+                wasm("tollgate", tollgate_json),
+                wasm("tollgate", tollgate_json),
             ]
             .concat(),
         ),
@@ -230,7 +217,7 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
     );
     std::fs::write(
         &envoy_yaml,
-        bootstrap(&[wasm_filter("a", "{}"), wasm_filter("b", "{}")].concat()),
+        bootstrap(&[wasm("a", "{}"), wasm("b", "{}")].concat()),
     )
     .unwrap();
     fails(
