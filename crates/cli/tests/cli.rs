@@ -156,13 +156,7 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
     let tollgate_json = r#"{"rules":[{"name":"all","key":[],"rate":5,"burst":5}]}"#;
     std::fs::write(
         &envoy_yaml,
-        bootstrap(
-            &[
-                wasm("other", "{}"),
-                wasm("tollgate", tollgate_json),
-            ]
-            .concat(),
-        ),
+        bootstrap(&[wasm("other", "{}"), wasm("tollgate", tollgate_json)].concat()),
     )
     .unwrap();
     let out = ok(&["check", envoy_yaml.to_str().unwrap()]);

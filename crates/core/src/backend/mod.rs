@@ -272,7 +272,8 @@ pub fn script_reply_of(ints: &[i64]) -> Result<Reply, BackendError> {
 
 /// `reply` as the answer to `call`: the script says the penalty box denied only a call that sent
 /// one (ARGV[9]); a box claimed for any other is not its answer (a hostile or confused front
-/// would otherwise turn a denial into a box refusing every cost of the key).
+/// would otherwise turn a denial into a box refusing every cost of the key). Nor is an epoch the
+/// call did not ask for, or a reservation longer than its `max_wait_ms`.
 pub fn reply_to(call: &ScriptCall, reply: Reply) -> Result<Reply, BackendError> {
     if call.penalty.is_none() && reply.penalized != crate::bucket::Penalized::No {
         return Err(BackendError::Malformed(
@@ -283,6 +284,16 @@ pub fn reply_to(call: &ScriptCall, reply: Reply) -> Result<Reply, BackendError> 
     if call.tracked() != reply.epoch.is_some() {
         return Err(BackendError::Malformed(
             "a spill epoch the call did not ask for, or none where it did".to_string(),
+        ));
+    }
+    // The script reserves only what refills within the call's max_wait_ms (ARGV[6]): a longer
+    // wait would hold the request, or mark a lease refilling, past what its rule allows.
+    if reply.allowed
+        && reply.retry_after_ms > 0
+        && reply.retry_after_ms.unsigned_abs() > call.max_wait_ms
+    {
+        return Err(BackendError::Malformed(
+            "an admission that waits longer than the call's max_wait_ms".to_string(),
         ));
     }
     Ok(reply)

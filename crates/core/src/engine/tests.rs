@@ -578,6 +578,26 @@ fn a_reservation_holds_the_request_until_due_with_the_tick_on_only_meanwhile() {
     assert_eq!(rec.get(0, Counter::DelayMs), 300);
 }
 
+/// A front that admits a check with a wait longer than the rule's `max_wait_ms` (the script never
+/// reserves further): not the script's answer, so the failure mode, not a request held past what
+/// its rule allows. Exactly `max_wait_ms` is held.
+#[test]
+fn a_reservation_longer_than_max_wait_ms_is_malformed() {
+    let rule = r#"{"name":"h","rate":10,"burst":5,"max_wait_ms":800}"#;
+    let (mut e, rec) = engine(r#""failure_mode":"closed","#, rule);
+    let mut h = Fake::default();
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 0, 801, 900, 1));
+    assert_eq!(h.status_of(10), Some(503));
+    assert_eq!(rec.get(0, Counter::BackendErrors), 1);
+    e.request_headers(&mut h, 11.into(), &user("b"));
+    deliver(&mut e, &mut h, 2, 200, &answer(true, 0, 800, 900, 1));
+    assert_eq!(h.status_of(11), None, "held for its reservation");
+    h.now = 800;
+    e.tick(&mut h);
+    assert_eq!(h.resumed, vec![11]);
+}
+
 #[test]
 fn a_held_request_whose_client_left_is_never_resumed() {
     let (mut e, _) = engine("", r#"{"name":"h","rate":10,"burst":5,"max_wait_ms":800}"#);
