@@ -23,6 +23,7 @@
 mod batch;
 mod calls;
 mod coalesce;
+mod compaction;
 mod cost;
 mod decide;
 pub mod decision;

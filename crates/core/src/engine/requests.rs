@@ -9,6 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
+use super::compaction::worth_compacting;
 use super::decision::By;
 use super::host::Action;
 use super::ids::{ById, CheckId, ContextId};
@@ -163,7 +164,8 @@ impl Request {
 pub(super) struct Requests {
     by_ctx: HashMap<ContextId, Request, ById>,
     /// Admitted requests held for a reservation, by due time. A request that goes before it is
-    /// due leaves its entry behind until the heap holds more of those than of held requests.
+    /// due leaves its entry behind until those may outnumber the held requests
+    /// ([`worth_compacting`]).
     held: BinaryHeap<Reverse<(u64, ContextId)>>,
     /// The requests held for a reservation now.
     held_now: HashSet<ContextId, ById>,
@@ -193,7 +195,7 @@ impl Requests {
     }
 
     pub fn remove(&mut self, ctx: ContextId) -> Option<Request> {
-        if self.held_now.remove(&ctx) && self.held.len() > 2 * self.held_now.len() + 64 {
+        if self.held_now.remove(&ctx) && worth_compacting(self.held.len(), self.held_now.len()) {
             // Entries of requests gone before they were due: a client that leaves a held request
             // must not grow the heap for as long as it would have been held.
             let held_now = &self.held_now;

@@ -9,6 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use super::super::compaction::worth_compacting;
 use super::super::ids::{ById, CheckId, ContextId};
 use super::super::rules::RuleRef;
 use crate::backend::ScriptCall;
@@ -135,16 +136,18 @@ impl Chains {
 
     /// A request that may have a check queued for `key`'s next call is gone. Its check stays
     /// until the next call goes (which drops the checks no longer waited for), unless the gone
-    /// ones may outnumber the others: then `waits` says which to keep. Taking each off as its
-    /// request goes would cost n waiters that all leave n² steps; keeping them all, a chain
-    /// that grows with every stream a client opens and resets while the call is out.
+    /// ones may outnumber the others ([`worth_compacting`]): then `waits` says which to keep.
+    /// Taking each off as its request goes would cost n waiters that all leave n² steps; keeping
+    /// them all, a chain that grows with every stream a client opens and resets while the call
+    /// is out.
     pub fn left(&mut self, key: &str, waits: impl Fn(&Waiter) -> bool) {
         let Some(chain) = self.by_key.get_mut(key) else {
             return;
         };
         chain.gone = chain.gone.saturating_add(1);
+        // From below: a gone request's check may not be in the chain (it carried the call out).
         let live = chain.waiting.len().saturating_sub(chain.gone);
-        if chain.gone > 2 * live + 64 {
+        if worth_compacting(chain.waiting.len(), live) {
             chain.waiting.retain(waits);
             chain.gone = 0;
         }
@@ -244,7 +247,7 @@ impl Chains {
     /// The check that went as `ask`, answered now (None: answered before, or given up on).
     pub fn answered(&mut self, ask: u64) -> Option<Forwarded> {
         let f = self.forwarded.remove(&ask)?;
-        if self.deadlines.len() > 2 * self.forwarded.len() + 64 {
+        if worth_compacting(self.deadlines.len(), self.forwarded.len()) {
             // The deadlines of answered checks: with a long `timeout_ms` they would otherwise
             // pile up for eight of them.
             let waiting = &self.forwarded;
