@@ -261,12 +261,10 @@ impl Engine {
     /// Takes decided request `r` of `ctx` off the lease queues it still waits in; its usage
     /// admissions.
     fn close_request(&mut self, ctx: ContextId, r: &Request) -> Vec<Admitted> {
-        for c in r
-            .checks()
-            .iter()
-            .filter(|c| c.route == Route::Lease && c.outcome.is_none())
-        {
-            self.waits.remove_waiter(&c.call.key, ctx);
+        for (place, c) in r.checks().iter().enumerate() {
+            if c.route == Route::Lease && c.outcome.is_none() {
+                self.waits.left(&c.call.key, ctx, CheckId::at(place));
+            }
         }
         usage::admissions(r.checks())
     }

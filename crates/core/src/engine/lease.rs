@@ -404,7 +404,7 @@ impl Engine {
                 continue;
             };
             let key = c.call.key.clone();
-            self.waits.remove_waiter(&key, ctx);
+            self.waits.left(&key, ctx, check);
             self.fail_check(host, ctx, check, &BackendError::Reset, now);
         }
     }

@@ -379,10 +379,13 @@ impl Engine {
                 // still out are refunded as they come, see `call_response`).
                 self.refund(host, refund::of_checks(&checks));
                 let mut waited = false;
-                for c in checks.iter().filter(|c| c.outcome.is_none()) {
+                for (place, c) in checks.iter().enumerate() {
+                    if c.outcome.is_some() {
+                        continue;
+                    }
                     waited = true;
                     match c.route {
-                        Route::Lease => self.waits.remove_waiter(&c.call.key, ctx),
+                        Route::Lease => self.waits.left(&c.call.key, ctx, CheckId::at(place)),
                         Route::Exact => {
                             let requests = &self.requests;
                             self.chains

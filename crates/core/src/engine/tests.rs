@@ -2331,6 +2331,8 @@ mod batch_attack;
 mod decision;
 /// Lease mode with `max_wait_ms`: requests held for the proxy's reservation.
 mod lease_hold;
+/// Lease waiters that leave their key's queue: in a step each, as if they never waited.
+mod lease_leave;
 /// Lease mode on a key the proxy is quiet on: exact checks, no holder record.
 mod lease_quiet;
 /// `charge_on`: settled by the answer's status.

@@ -1,13 +1,19 @@
 //! The lease waits of one worker: per bucket key, the checks waiting for the proxy's lease call on
 //! that key, in arrival order, and where that call stands.
 //!
-//! Invariant: a waiter is in at most one queue, once; it leaves it when it is served, failed,
-//! expired, or its request is decided or gone; a key's queue is forgotten once it is idle and
-//! empty. Patience deadlines are arrival plus a constant, so the front one is always the nearest.
+//! Invariant: a waiter waits in its key's queue once; it stops waiting when it is served, failed,
+//! expired, or its request is decided or gone, and is never served after. One that leaves
+//! without being served (its request decided or gone, its patience out) stays in the queue as a
+//! gone entry, which every read of the queue skips exactly as if it had been taken out, until it
+//! reaches the front or the queue is compacted (`compaction::worth_compacting`): a queue holds at
+//! most twice its waiters plus a constant. A key's queue is forgotten once it is idle and no
+//! waiter waits in it. Patience deadlines are arrival plus a constant, so the front one is always
+//! the nearest.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::super::ids::{CheckId, ContextId};
+use super::super::compaction::worth_compacting;
+use super::super::ids::{ById, CheckId, ContextId};
 use super::super::rules::RuleRef;
 use super::super::stash;
 use super::super::verdict::Outcome;
@@ -39,13 +45,96 @@ pub enum State {
     Lost,
 }
 
+/// A waiter in its key's queue, with the ticket it joined it with.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    ticket: u64,
+    waiter: Waiter,
+}
+
+/// One key's queue.
+///
+/// Invariant: each check in `waiting` has exactly one entry in `entries` under its ticket; an
+/// entry whose check is not in `waiting` under its ticket is gone, and nothing reads it but to
+/// drop it.
 #[derive(Debug)]
 struct Queue {
     rule: RuleRef,
     /// The key's effective limits.
     limits: Limits,
-    waiters: VecDeque<Waiter>,
+    /// Waiters in arrival order, gone ones included.
+    entries: VecDeque<Entry>,
+    /// The ticket of each check still waiting here: a waiter leaves in one step, not a look
+    /// through the queue for it (n waiters leaving a queue of n would cost n² steps).
+    waiting: HashMap<(ContextId, CheckId), u64, ById>,
+    /// The ticket the next waiter gets.
+    next_ticket: u64,
     state: State,
+}
+
+impl Queue {
+    fn new(rule: &RuleRef, limits: Limits) -> Queue {
+        Queue {
+            rule: rule.clone(),
+            limits,
+            entries: VecDeque::new(),
+            waiting: HashMap::default(),
+            next_ticket: 0,
+            state: State::Idle,
+        }
+    }
+
+    /// Whether `e` still waits (it is not gone).
+    fn waits(&self, e: &Entry) -> bool {
+        self.waiting.get(&(e.waiter.ctx, e.waiter.check)) == Some(&e.ticket)
+    }
+
+    /// `waiter` joins the queue's back, unless its check already waits here.
+    fn join(&mut self, waiter: Waiter) -> bool {
+        let id = (waiter.ctx, waiter.check);
+        if self.waiting.contains_key(&id) {
+            return false;
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket = ticket.wrapping_add(1);
+        self.waiting.insert(id, ticket);
+        self.entries.push_back(Entry { ticket, waiter });
+        true
+    }
+
+    /// The first waiter still waiting (the gone ones before it are dropped).
+    fn first(&mut self) -> Option<Waiter> {
+        while let Some(e) = self.entries.front().copied() {
+            if self.waits(&e) {
+                return Some(e.waiter);
+            }
+            self.entries.pop_front();
+        }
+        None
+    }
+
+    /// Takes the first waiter still waiting off the queue.
+    fn pop_first(&mut self) -> Option<Waiter> {
+        let first = self.first()?;
+        self.entries.pop_front();
+        self.waiting.remove(&(first.ctx, first.check));
+        Some(first)
+    }
+
+    /// The waiters still waiting, in order.
+    fn live(&self) -> impl Iterator<Item = &Waiter> {
+        self.entries
+            .iter()
+            .filter(|e| self.waits(e))
+            .map(|e| &e.waiter)
+    }
+
+    /// Drops every gone entry.
+    fn compact(&mut self) {
+        let waiting = &self.waiting;
+        self.entries
+            .retain(|e| waiting.get(&(e.waiter.ctx, e.waiter.check)) == Some(&e.ticket));
+    }
 }
 
 /// What the next lease call of a key is for: its rule and limits, what its first waiter needs,
@@ -78,6 +167,9 @@ pub struct Waits {
     /// (deadline, ctx, check) in arrival order; deadlines are arrival + a constant patience, so
     /// the front is always the nearest.
     patience: VecDeque<(u64, ContextId, CheckId)>,
+    /// Queue entries looked through because waiters left (tests bound the work of leaving).
+    #[cfg(test)]
+    scanned: usize,
     /// Tokens this worker's requests asked for and were denied locally (the deny cache, or a
     /// reservation still refilling) since the key's last lease call; the next call counts them as
     /// demand, so a saturated key asks for what its clients want.
@@ -85,12 +177,13 @@ pub struct Waits {
 }
 
 impl Waits {
+    /// How many checks wait (gone ones are not counted).
     pub fn waiters(&self) -> usize {
-        self.by_key.values().map(|q| q.waiters.len()).sum()
+        self.by_key.values().map(|q| q.waiting.len()).sum()
     }
 
-    /// `waiter` of rule `rule` waits for `key`'s lease call until `due`; whether no call is out
-    /// for the key (the caller starts one).
+    /// `waiter` of rule `rule` waits for `key`'s lease call until `due` (once: a check already
+    /// waiting keeps its place); whether no call is out for the key (the caller starts one).
     pub fn add(
         &mut self,
         key: &str,
@@ -98,23 +191,21 @@ impl Waits {
         waiter: Waiter,
         due: u64,
     ) -> bool {
-        let q = self.by_key.entry(key.to_string()).or_insert(Queue {
-            rule: rule.clone(),
-            limits,
-            waiters: VecDeque::new(),
-            state: State::Idle,
-        });
-        q.waiters.push_back(waiter);
-        let idle = q.state == State::Idle;
-        self.patience.push_back((due, waiter.ctx, waiter.check));
-        idle
+        let q = self
+            .by_key
+            .entry(key.to_string())
+            .or_insert_with(|| Queue::new(rule, limits));
+        if q.join(waiter) {
+            self.patience.push_back((due, waiter.ctx, waiter.check));
+        }
+        q.state == State::Idle
     }
 
     /// What `key`'s next lease call is for; None if no queue waits for one (an empty queue goes
     /// idle and is forgotten).
     pub fn head(&mut self, key: &str) -> Option<Head> {
-        let q = self.by_key.get(key)?;
-        let Some(first) = q.waiters.front().map(|w| w.cost) else {
+        let q = self.by_key.get_mut(key)?;
+        let Some(first) = q.first().map(|w| w.cost) else {
             self.set_state(key, State::Idle);
             self.forget_if_idle(key);
             return None;
@@ -123,11 +214,7 @@ impl Waits {
             rule: q.rule.clone(),
             limits: q.limits,
             first,
-            waiting: q
-                .waiters
-                .iter()
-                .map(|w| w.cost)
-                .fold(0, u64::saturating_add),
+            waiting: q.live().map(|w| w.cost).fold(0, u64::saturating_add),
         })
     }
 
@@ -154,19 +241,38 @@ impl Waits {
         }
     }
 
-    /// Removes every waiter of `ctx` on `key`.
-    pub fn remove_waiter(&mut self, key: &str, ctx: ContextId) {
-        if let Some(q) = self.by_key.get_mut(key) {
-            q.waiters.retain(|w| w.ctx != ctx);
+    /// Check `check` of `ctx` no longer waits on `key` (its request was decided or is gone, or
+    /// its patience ran out). Its entry stays in the queue, gone, until it reaches the front or
+    /// the gone may outnumber the waiting: then the queue is compacted.
+    pub fn left(&mut self, key: &str, ctx: ContextId, check: CheckId) {
+        let Some(q) = self.by_key.get_mut(key) else {
+            return;
+        };
+        if q.waiting.remove(&(ctx, check)).is_some()
+            && worth_compacting(q.entries.len(), q.waiting.len())
+        {
+            #[cfg(test)]
+            {
+                self.scanned += q.entries.len();
+            }
+            q.compact();
         }
         self.forget_if_idle(key);
+    }
+
+    /// Queue entries looked through so far because waiters left, and entries kept in queues
+    /// (gone ones included).
+    #[cfg(test)]
+    pub fn work(&self) -> (usize, usize) {
+        let kept = self.by_key.values().map(|q| q.entries.len()).sum();
+        (self.scanned, kept)
     }
 
     pub fn forget_if_idle(&mut self, key: &str) {
         if self
             .by_key
             .get(key)
-            .is_some_and(|q| q.waiters.is_empty() && q.state == State::Idle)
+            .is_some_and(|q| q.waiting.is_empty() && q.state == State::Idle)
         {
             self.by_key.remove(key);
             self.polled.remove(key);
@@ -177,14 +283,14 @@ impl Waits {
     pub fn idle_with_waiters(&self, key: &str) -> bool {
         self.by_key
             .get(key)
-            .is_some_and(|q| !q.waiters.is_empty() && q.state == State::Idle)
+            .is_some_and(|q| !q.waiting.is_empty() && q.state == State::Idle)
     }
 
     /// What `key`'s waiters need, in order.
     pub fn costs(&self, key: &str) -> Vec<u64> {
         self.by_key
             .get(key)
-            .map(|q| q.waiters.iter().map(|w| w.cost).collect())
+            .map(|q| q.live().map(|w| w.cost).collect())
             .unwrap_or_default()
     }
 
@@ -193,7 +299,12 @@ impl Waits {
         let out = self
             .by_key
             .get_mut(key)
-            .map(|q| q.waiters.drain(..).collect())
+            .map(|q| {
+                let out = q.live().copied().collect();
+                q.entries.clear();
+                q.waiting.clear();
+                out
+            })
             .unwrap_or_default();
         self.forget_if_idle(key);
         out
@@ -213,17 +324,26 @@ impl Waits {
             return served;
         };
         for s in spent {
-            let Some(w) = q.waiters.pop_front() else {
+            let Some(w) = q.pop_first() else {
                 break;
             };
             served.push((w, Outcome::leased(*s)));
         }
-        q.waiters.retain(|w| match denied(w.cost) {
-            Some(retry_ms) => {
-                served.push((*w, Outcome::Denied { retry_ms }));
-                false
+        // The gone go too: the look through the queue is made anyway.
+        let waiting = &mut q.waiting;
+        q.entries.retain(|e| {
+            let id = (e.waiter.ctx, e.waiter.check);
+            if waiting.get(&id) != Some(&e.ticket) {
+                return false;
             }
-            None => true,
+            match denied(e.waiter.cost) {
+                Some(retry_ms) => {
+                    waiting.remove(&id);
+                    served.push((e.waiter, Outcome::Denied { retry_ms }));
+                    false
+                }
+                None => true,
+            }
         });
         served
     }
@@ -268,7 +388,7 @@ impl Waits {
 
     /// A polled key's queue (None: it has none any more, and is no longer polled).
     pub fn polled(&mut self, key: &str) -> Option<Polled> {
-        let Some(q) = self.by_key.get(key) else {
+        let Some(q) = self.by_key.get_mut(key) else {
             self.polled.remove(key);
             return None;
         };
@@ -276,7 +396,7 @@ impl Waits {
             state: q.state,
             rule: q.rule.clone(),
             limits: q.limits,
-            first: q.waiters.front().map_or(1, |w| w.cost),
+            first: q.first().map_or(1, |w| w.cost),
         })
     }
 
@@ -302,5 +422,163 @@ impl Waits {
     /// Puts back `key`'s unmet demand: no call carried it.
     pub fn keep_unmet(&mut self, key: &str, unmet: Unmet) {
         self.unmet.insert(key.to_string(), unmet);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::rules::{RuleId, Rules};
+    use super::*;
+    use crate::config::Config;
+
+    fn rule() -> (RuleRef, Limits) {
+        let config = Config::try_from(
+            &br#"{"rules":[{"name":"hot","key":["header:x-user"],"mode":"lease","rate":100,
+                "burst":50}]}"#[..],
+        )
+        .unwrap();
+        let rules = Rules::new(&config.rules);
+        let limits = Limits {
+            burst: 50,
+            rate: 100,
+            period_ms: 1000,
+        };
+        (rules.get(RuleId::new(0)).unwrap().clone(), limits)
+    }
+
+    fn waiter(ctx: u32, cost: u64) -> Waiter {
+        Waiter {
+            ctx: ctx.into(),
+            check: CheckId::at(0),
+            cost,
+        }
+    }
+
+    /// Queue `k` with a call out (`Own`) and waiters of costs 1, 2, 4, 8 as requests 1 to 4.
+    fn four_waiting() -> Waits {
+        let mut w = Waits::default();
+        let rule = rule();
+        assert!(
+            w.add("k", (&rule.0, rule.1), waiter(1, 1), 100),
+            "no call out"
+        );
+        w.set_state("k", State::Own);
+        for (ctx, cost) in [(2, 2), (3, 4), (4, 8)] {
+            assert!(!w.add("k", (&rule.0, rule.1), waiter(ctx, cost), 100));
+        }
+        w
+    }
+
+    const SPENT: Spent = Spent {
+        remaining: 9,
+        reset_ms: 100,
+        delay_ms: 0,
+    };
+
+    fn ctxs(served: &[(Waiter, Outcome)]) -> Vec<u32> {
+        served.iter().map(|(w, _)| w.ctx.get()).collect()
+    }
+
+    #[test]
+    fn a_waiter_that_left_is_never_served_nor_counted_in_demand() {
+        let mut w = four_waiting();
+        // The first, and one in the middle.
+        w.left("k", 1.into(), CheckId::at(0));
+        w.left("k", 3.into(), CheckId::at(0));
+        assert_eq!(w.waiters(), 2);
+        assert_eq!(w.costs("k"), [2, 8]);
+        assert_eq!(w.polled("k").map(|p| p.first), Some(2));
+        w.set_state("k", State::Idle);
+        assert!(w.idle_with_waiters("k"));
+        let head = w.head("k").unwrap();
+        assert_eq!((head.first, head.waiting), (2, 10), "what 2 and 4 need");
+        let served = w.serve("k", &[SPENT], |_| None);
+        assert_eq!(ctxs(&served), [2]);
+        // The rest ask the deny cache: a gone one never does.
+        let mut asked = Vec::new();
+        let served = w.serve("k", &[], |cost| {
+            asked.push(cost);
+            Some(50)
+        });
+        assert_eq!((asked, ctxs(&served)), (vec![8], vec![4]));
+        assert_eq!(w.waiters(), 0);
+        assert!(!w.idle_with_waiters("k"));
+        w.forget_if_idle("k");
+        assert!(w.rule_of("k").is_none(), "forgotten");
+    }
+
+    #[test]
+    fn tokens_spent_for_the_waiting_go_to_them_in_order_past_the_gone() {
+        let mut w = four_waiting();
+        w.left("k", 2.into(), CheckId::at(0));
+        let served = w.serve("k", &[SPENT, SPENT], |_| None);
+        assert_eq!(ctxs(&served), [1, 3]);
+        assert_eq!(w.costs("k"), [8]);
+        let mut w = four_waiting();
+        w.left("k", 3.into(), CheckId::at(0));
+        let drained: Vec<u32> = w.drain("k").iter().map(|w| w.ctx.get()).collect();
+        assert_eq!(drained, [1, 2, 4]);
+        assert_eq!(w.waiters(), 0);
+    }
+
+    #[test]
+    fn a_queue_whose_waiters_all_left_is_empty() {
+        let mut w = four_waiting();
+        for ctx in 1..=4 {
+            w.left("k", ctx.into(), CheckId::at(0));
+        }
+        assert_eq!(w.waiters(), 0);
+        assert!(w.costs("k").is_empty());
+        assert_eq!(w.polled("k").map(|p| p.first), Some(1), "none waits");
+        assert!(w.rule_of("k").is_some(), "its call is still out");
+        assert!(w.head("k").is_none(), "nothing to call for");
+        assert!(w.rule_of("k").is_none(), "idle and forgotten");
+        // With no call out, the last waiter to leave takes the queue with it.
+        let rule = rule();
+        assert!(w.add("k", (&rule.0, rule.1), waiter(5, 1), 100));
+        w.left("k", 5.into(), CheckId::at(0));
+        assert!(w.rule_of("k").is_none());
+        // Leaving twice, or a queue it never joined, changes nothing.
+        w.left("k", 5.into(), CheckId::at(0));
+        w.left("other", 5.into(), CheckId::at(0));
+        assert_eq!(w.waiters(), 0);
+    }
+
+    #[test]
+    fn a_check_waits_once_and_one_that_comes_back_waits_anew() {
+        let mut w = four_waiting();
+        let rule = rule();
+        assert!(!w.add("k", (&rule.0, rule.1), waiter(2, 2), 100));
+        assert_eq!(w.costs("k"), [1, 2, 4, 8], "once");
+        // Left, then back (its gone entry stays ahead of it): it counts once, where it is now.
+        w.left("k", 2.into(), CheckId::at(0));
+        assert!(!w.add("k", (&rule.0, rule.1), waiter(2, 16), 100));
+        assert_eq!(w.costs("k"), [1, 4, 8, 16]);
+        let served = w.serve("k", &[SPENT; 4], |_| None);
+        assert_eq!(ctxs(&served), [1, 3, 4, 2]);
+        assert_eq!(served.last().map(|(w, _)| w.cost), Some(16));
+    }
+
+    #[test]
+    fn waiters_leaving_in_any_order_keep_the_queue_within_twice_the_waiting() {
+        let mut w = Waits::default();
+        let rule = rule();
+        let n = 100_000u32;
+        for ctx in 0..n {
+            w.add("k", (&rule.0, rule.1), waiter(ctx, 1), 100);
+        }
+        w.set_state("k", State::Own);
+        // Every other one from the back, then the rest from the front.
+        let order = (0..n).rev().step_by(2).chain((0..n).step_by(2));
+        let order: Vec<u32> = order.collect();
+        for (gone, &ctx) in order.iter().enumerate() {
+            w.left("k", ctx.into(), CheckId::at(0));
+            let waiting = w.waiters();
+            assert_eq!(waiting, n as usize - gone - 1);
+            let (_, kept) = w.work();
+            assert!(kept <= 2 * waiting + 64, "{kept} kept for {waiting}");
+        }
+        let (scanned, _) = w.work();
+        assert!(scanned < 2 * n as usize, "{scanned} looked through");
     }
 }
