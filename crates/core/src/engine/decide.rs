@@ -15,7 +15,7 @@ use super::requests::{Check, Local, Request, Route};
 use super::rules::RuleRef;
 use super::usage::{self, Admitted};
 use super::verdict::{is_grpc, Fold, Outcome, Source, Verdict};
-use super::{cost, describe, Engine};
+use super::{coalesce, cost, describe, Engine};
 use crate::backend::BackendError;
 use crate::config::Mode;
 use crate::metrics::{Counter, Metrics};
@@ -258,15 +258,33 @@ impl Engine {
         }
     }
 
-    /// Takes decided request `r` of `ctx` off the lease queues it still waits in; its usage
-    /// admissions.
+    /// Takes decided request `r` of `ctx` off the lease queues and key chains it still waits in;
+    /// its usage admissions.
     fn close_request(&mut self, ctx: ContextId, r: &Request) -> Vec<Admitted> {
-        for (place, c) in r.checks().iter().enumerate() {
-            if c.route == Route::Lease && c.outcome.is_none() {
-                self.waits.left(&c.call.key, ctx, CheckId::at(place));
+        self.leave_waits(ctx, r.checks());
+        usage::admissions(r.checks())
+    }
+
+    /// The checks of request `ctx` (decided or gone: no longer among the requests) that have no
+    /// outcome leave the lease queues and key chains they wait in; whether any had none.
+    pub(super) fn leave_waits(&mut self, ctx: ContextId, checks: &[Check]) -> bool {
+        let mut waited = false;
+        for (place, c) in checks.iter().enumerate() {
+            if c.outcome.is_some() {
+                continue;
+            }
+            waited = true;
+            match c.route {
+                Route::Lease => self.waits.left(&c.call.key, ctx, CheckId::at(place)),
+                Route::Exact => {
+                    let requests = &self.requests;
+                    self.chains
+                        .left(&c.call.key, |w| coalesce::waited_for(requests, w));
+                }
+                Route::Alone => {}
             }
         }
-        usage::admissions(r.checks())
+        waited
     }
 }
 

@@ -50,7 +50,7 @@ use crate::metrics::Metrics;
 use crate::rule::{KeyCache, RequestView};
 
 use calls::Purpose;
-use requests::{Request, Route};
+use requests::Request;
 
 pub use cost::{bad_cost, cost_of, parse_cost, CostError, BAD_COST_STATUS};
 pub use handover::Pending;
@@ -378,23 +378,7 @@ impl Engine {
                 // Gone before its verdict: what its answered checks took goes back (the answers
                 // still out are refunded as they come, see `call_response`).
                 self.refund(host, refund::of_checks(&checks));
-                let mut waited = false;
-                for (place, c) in checks.iter().enumerate() {
-                    if c.outcome.is_some() {
-                        continue;
-                    }
-                    waited = true;
-                    match c.route {
-                        Route::Lease => self.waits.left(&c.call.key, ctx, CheckId::at(place)),
-                        Route::Exact => {
-                            let requests = &self.requests;
-                            self.chains
-                                .left(&c.call.key, |w| coalesce::waited_for(requests, w));
-                        }
-                        Route::Alone => {}
-                    }
-                }
-                if waited {
+                if self.leave_waits(ctx, &checks) {
                     let now = self.timer.read(host);
                     self.schedule(host, now, false);
                 }

@@ -1360,6 +1360,28 @@ fn streams_reset_behind_a_keys_call_out_do_not_grow_its_chain() {
 }
 
 #[test]
+fn checks_whose_requests_another_rule_refused_do_not_grow_their_keys_chain() {
+    // Every request checks user a exactly and leases tenant t.
+    let tenant = r#"{"name":"tenant","key":["header:x-tenant"],"mode":"lease","rate":100,
+        "burst":50,"lease_max":20}"#;
+    let (mut e, _) = engine("", &format!("{EXACT}, {tenant}"));
+    let mut h = Fake::default();
+    let of = req("/api/x", &[("x-user", "a"), ("x-tenant", "t")]);
+    // Request 10's calls: user a's (token 1), the tenant's lease call (token 2), never answered
+    // while 10,000 more queue behind both.
+    for ctx in 10..10_011u32 {
+        e.request_headers(&mut h, ctx.into(), &of);
+    }
+    assert_eq!(h.sent.len(), 2);
+    // The tenant is refused: every request is decided, its check of user a no longer waited for.
+    deliver(&mut e, &mut h, 2, 200, &answer(false, 0, 100, 2000, 0));
+    assert_eq!(h.status_of(10_010), Some(429));
+    assert!(e.chains.queued() <= 64, "{} queued", e.chains.queued());
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 9, 0, 100, 1));
+    assert_eq!(h.sent.len(), 2, "no call for checks no one waits for");
+}
+
+#[test]
 fn a_partial_grant_admits_that_many_and_denies_the_rest_as_redis_would() {
     let (mut e, _) = engine("", EXACT);
     let mut h = Fake::default();

@@ -38,7 +38,8 @@ struct Chain {
     remote_call: Option<(RuleRef, ScriptCall)>,
     /// This worker holds the key in the proxy's leader table.
     leads: bool,
-    /// Requests gone since `waiting` was last looked through (their checks may still be in it).
+    /// Requests gone or decided since `waiting` was last looked through (their checks may still
+    /// be in it).
     gone: usize,
 }
 
@@ -134,12 +135,12 @@ impl Chains {
         })
     }
 
-    /// A request that may have a check queued for `key`'s next call is gone. Its check stays
-    /// until the next call goes (which drops the checks no longer waited for), unless the gone
-    /// ones may outnumber the others ([`worth_compacting`]): then `waits` says which to keep.
-    /// Taking each off as its request goes would cost n waiters that all leave n² steps; keeping
-    /// them all, a chain that grows with every stream a client opens and resets while the call
-    /// is out.
+    /// A request that may have a check queued for `key`'s next call is gone, or was decided by
+    /// its other checks. Its check stays until the next call goes (which drops the checks no
+    /// longer waited for), unless the gone ones may outnumber the others ([`worth_compacting`]):
+    /// then `waits` says which to keep. Taking each off as its request goes would cost n waiters
+    /// that all leave n² steps; keeping them all, a chain that grows with every stream a client
+    /// opens and resets (or gets refused by another rule) while the call is out.
     pub fn left(&mut self, key: &str, waits: impl Fn(&Waiter) -> bool) {
         let Some(chain) = self.by_key.get_mut(key) else {
             return;
