@@ -8,7 +8,8 @@
 //! reaches the front or the queue is compacted (`compaction::worth_compacting`): a queue holds at
 //! most twice its waiters plus a constant. A key's queue is forgotten once it is idle and no
 //! waiter waits in it. Patience deadlines are arrival plus a constant, so the front one is always
-//! the nearest.
+//! the nearest; those of checks no longer waiting are dropped at the front, and all at once when
+//! the waiters that left may outnumber the others.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -167,6 +168,9 @@ pub struct Waits {
     /// (deadline, ctx, check) in arrival order; deadlines are arrival + a constant patience, so
     /// the front is always the nearest.
     patience: VecDeque<(u64, ContextId, CheckId)>,
+    /// Waiters that left their queue since `patience` was last looked through (their deadlines
+    /// may still be in it).
+    left_since: usize,
     /// Queue entries looked through because waiters left (tests bound the work of leaving).
     #[cfg(test)]
     scanned: usize,
@@ -248,14 +252,15 @@ impl Waits {
         let Some(q) = self.by_key.get_mut(key) else {
             return;
         };
-        if q.waiting.remove(&(ctx, check)).is_some()
-            && worth_compacting(q.entries.len(), q.waiting.len())
-        {
-            #[cfg(test)]
-            {
-                self.scanned += q.entries.len();
+        if q.waiting.remove(&(ctx, check)).is_some() {
+            self.left_since = self.left_since.saturating_add(1);
+            if worth_compacting(q.entries.len(), q.waiting.len()) {
+                #[cfg(test)]
+                {
+                    self.scanned += q.entries.len();
+                }
+                q.compact();
             }
-            q.compact();
         }
         self.forget_if_idle(key);
     }
@@ -266,6 +271,12 @@ impl Waits {
     pub fn work(&self) -> (usize, usize) {
         let kept = self.by_key.values().map(|q| q.entries.len()).sum();
         (self.scanned, kept)
+    }
+
+    /// Patience deadlines kept (those of checks no longer waiting included).
+    #[cfg(test)]
+    pub fn deadlines(&self) -> usize {
+        self.patience.len()
     }
 
     pub fn forget_if_idle(&mut self, key: &str) {
@@ -350,13 +361,21 @@ impl Waits {
 
     // ----- what the tick looks at -----
 
-    /// Drops the patience deadlines at the front whose checks no longer wait.
+    /// Drops the patience deadlines at the front whose checks no longer wait; and all of those,
+    /// once the waiters that left may outnumber the others (a deadline behind one still waiting
+    /// would otherwise be kept until that one is served, with every stream a client opens and
+    /// resets meanwhile).
     pub fn drop_served_patience(&mut self, waiting: impl Fn(ContextId, CheckId) -> bool) {
         while let Some(&(_, ctx, check)) = self.patience.front() {
             if waiting(ctx, check) {
                 break;
             }
             self.patience.pop_front();
+        }
+        let kept = self.patience.len();
+        if worth_compacting(kept, kept.saturating_sub(self.left_since)) {
+            self.patience.retain(|&(_, ctx, check)| waiting(ctx, check));
+            self.left_since = 0;
         }
     }
 
@@ -557,6 +576,24 @@ mod tests {
         let served = w.serve("k", &[SPENT; 4], |_| None);
         assert_eq!(ctxs(&served), [1, 3, 4, 2]);
         assert_eq!(served.last().map(|(w, _)| w.cost), Some(16));
+    }
+
+    #[test]
+    fn deadlines_of_waiters_that_left_go_and_the_waiting_keep_theirs() {
+        let mut w = Waits::default();
+        let rule = rule();
+        for ctx in 1..=200u32 {
+            w.add("k", (&rule.0, rule.1), waiter(ctx, 1), u64::from(ctx));
+        }
+        w.set_state("k", State::Own);
+        for ctx in (1..=200u32).filter(|&c| c != 100) {
+            w.left("k", ctx.into(), CheckId::at(0));
+        }
+        w.drop_served_patience(|ctx, _| ctx.get() == 100);
+        assert_eq!(w.deadlines(), 1, "those behind the one waiting too");
+        assert_eq!(w.next_due(0), Some(100));
+        assert_eq!(w.pop_expired(99), None);
+        assert_eq!(w.pop_expired(100), Some((100.into(), CheckId::at(0))));
     }
 
     #[test]

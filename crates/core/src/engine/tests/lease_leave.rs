@@ -26,6 +26,8 @@ fn waiters_that_all_leave_a_keys_queue_cost_a_step_each() {
         "{scanned} queue entries looked through for {n} waiters leaving"
     );
     assert!(kept <= 2 + 64, "{kept} kept for one waiter");
+    let deadlines = e.waits.deadlines();
+    assert!(deadlines <= 2 + 64, "{deadlines} patience deadlines kept");
     assert_eq!(e.load().2, 1, "10 still waits");
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
@@ -48,6 +50,8 @@ fn streams_reset_behind_a_keys_lease_call_do_not_grow_its_queue() {
     // Two waiters (10, 11): twice them plus 64.
     assert!(kept <= 4 + 64, "{kept} kept");
     assert!(scanned < 2 * 100_000, "{scanned} looked through");
+    let deadlines = e.waits.deadlines();
+    assert!(deadlines <= 4 + 64, "{deadlines} patience deadlines kept");
     // The two still waiting are served, by this call and the next.
     deliver(&mut e, &mut h, 1, 200, &answer(true, 40, 0, 300, 1));
     assert_eq!(h.resumed, [10]);
