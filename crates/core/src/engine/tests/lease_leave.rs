@@ -91,7 +91,6 @@ fn asked_of(h: &Fake, token: u32) -> u64 {
 fn a_waiter_that_left_is_neither_served_nor_asked_for() {
     let left_behind = served_behind_a_call(&[12, 13, 14, 15, 16, 17, 18, 19], &[12, 14, 15, 18]);
     let never_came = served_behind_a_call(&[13, 16, 17, 19], &[]);
-    eprintln!("{left_behind:?} {never_came:?}");
     assert_eq!(left_behind, never_came);
 }
 
