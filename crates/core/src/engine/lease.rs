@@ -397,14 +397,11 @@ impl Engine {
         }
     }
 
-    /// Waiters whose patience ran out get the failure mode (their call was lost somewhere).
+    /// Waiters whose patience ran out while still waiting for their key's lease call get the
+    /// failure mode (that call was lost somewhere). A check no longer waiting for it (served, or
+    /// sent on to a call of its own, bounded by that call's timeout) is not theirs to fail.
     pub(super) fn expire_waiters(&mut self, host: &mut dyn Host, now: u64) {
-        while let Some((ctx, check)) = self.waits.pop_expired(now) {
-            let Some(c) = self.requests.waiting(ctx, check) else {
-                continue;
-            };
-            let key = c.call.key.clone();
-            self.waits.left(&key, ctx, check);
+        while let Some((ctx, check)) = self.waits.expire(now) {
             self.fail_check(host, ctx, check, &BackendError::Reset, now);
         }
     }

@@ -2355,6 +2355,8 @@ mod decision;
 mod lease_hold;
 /// Lease waiters that leave their key's queue: in a step each, as if they never waited.
 mod lease_leave;
+/// Lease waiters' patience: it bounds the wait for the lease call, and ends with it.
+mod lease_patience;
 /// Lease mode on a key the proxy is quiet on: exact checks, no holder record.
 mod lease_quiet;
 /// `charge_on`: settled by the answer's status.

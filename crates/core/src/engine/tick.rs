@@ -109,10 +109,8 @@ impl Engine {
                 now.saturating_add(METRICS_FLUSH_MS)
             }
         });
-        // Deadlines of checks that were served meanwhile are nothing to watch.
-        let requests = &self.requests;
-        self.waits
-            .drop_served_patience(|ctx, check| requests.is_waiting(ctx, check));
+        // Deadlines of lease waits that ended meanwhile are nothing to watch.
+        self.waits.drop_ended_patience();
         next = earliest(next, self.waits.next_due(now));
         next = earliest(next, self.usage.next_flush());
         next = earliest(next, self.chains.next_deadline());

@@ -7,11 +7,14 @@
 //! gone entry, which every read of the queue skips exactly as if it had been taken out, until it
 //! reaches the front or the queue is compacted (`compaction::worth_compacting`): a queue holds at
 //! most twice its waiters plus a constant. A key's queue is forgotten once it is idle and no
-//! waiter waits in it. Patience deadlines are arrival plus a constant, so the front one is always
-//! the nearest; those of checks no longer waiting are dropped at the front, and all at once when
-//! the waiters that left may outnumber the others.
+//! waiter waits in it. A patience deadline belongs to one wait (its key and ticket) and ends with
+//! it: a check served, failed, sent on to a call of its own, or gone is never expired by it.
+//! Deadlines are arrival plus a constant, so the front one is always the nearest; those of waits
+//! that ended are dropped at the front, and all at once when the waits that ended may outnumber
+//! the others.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::rc::Rc;
 
 use super::super::compaction::worth_compacting;
 use super::super::ids::{ById, CheckId, ContextId};
@@ -53,6 +56,17 @@ struct Entry {
     waiter: Waiter,
 }
 
+/// One wait's patience: when the wait of check `check` of `ctx` in `key`'s queue under `ticket`
+/// ends, unless it ended before.
+#[derive(Debug)]
+struct Deadline {
+    due: u64,
+    key: Rc<str>,
+    ctx: ContextId,
+    check: CheckId,
+    ticket: u64,
+}
+
 /// One key's queue.
 ///
 /// Invariant: each check in `waiting` has exactly one entry in `entries` under its ticket; an
@@ -60,6 +74,8 @@ struct Entry {
 /// drop it.
 #[derive(Debug)]
 struct Queue {
+    /// Its key, for the patience deadlines of its waiters (one allocation per queue).
+    key: Rc<str>,
     rule: RuleRef,
     /// The key's effective limits.
     limits: Limits,
@@ -68,19 +84,17 @@ struct Queue {
     /// The ticket of each check still waiting here: a waiter leaves in one step, not a look
     /// through the queue for it (n waiters leaving a queue of n would cost n² steps).
     waiting: HashMap<(ContextId, CheckId), u64, ById>,
-    /// The ticket the next waiter gets.
-    next_ticket: u64,
     state: State,
 }
 
 impl Queue {
-    fn new(rule: &RuleRef, limits: Limits) -> Queue {
+    fn new(key: &str, rule: &RuleRef, limits: Limits) -> Queue {
         Queue {
+            key: Rc::from(key),
             rule: rule.clone(),
             limits,
             entries: VecDeque::new(),
             waiting: HashMap::default(),
-            next_ticket: 0,
             state: State::Idle,
         }
     }
@@ -90,14 +104,12 @@ impl Queue {
         self.waiting.get(&(e.waiter.ctx, e.waiter.check)) == Some(&e.ticket)
     }
 
-    /// `waiter` joins the queue's back, unless its check already waits here.
-    fn join(&mut self, waiter: Waiter) -> bool {
+    /// `waiter` joins the queue's back under `ticket`, unless its check already waits here.
+    fn join(&mut self, waiter: Waiter, ticket: u64) -> bool {
         let id = (waiter.ctx, waiter.check);
         if self.waiting.contains_key(&id) {
             return false;
         }
-        let ticket = self.next_ticket;
-        self.next_ticket = ticket.wrapping_add(1);
         self.waiting.insert(id, ticket);
         self.entries.push_back(Entry { ticket, waiter });
         true
@@ -165,12 +177,15 @@ pub struct Waits {
     by_key: HashMap<String, Queue, Seeded>,
     /// Keys in `Foreign` or `Lost` state (polled by the tick).
     polled: HashSet<String, Seeded>,
-    /// (deadline, ctx, check) in arrival order; deadlines are arrival + a constant patience, so
-    /// the front is always the nearest.
-    patience: VecDeque<(u64, ContextId, CheckId)>,
-    /// Waiters that left their queue since `patience` was last looked through (their deadlines
-    /// may still be in it).
+    /// The patience deadline of each wait, in arrival order; deadlines are arrival + a constant
+    /// patience, so the front is always the nearest.
+    patience: VecDeque<Deadline>,
+    /// Waits that ended (served, sent on, left) since `patience` was last looked through (their
+    /// deadlines may still be in it).
     left_since: usize,
+    /// The ticket the next wait gets: one count for every queue, so a ticket names one wait even
+    /// across a queue forgotten and made again.
+    next_ticket: u64,
     /// Queue entries looked through because waiters left (tests bound the work of leaving).
     #[cfg(test)]
     scanned: usize,
@@ -187,7 +202,8 @@ impl Waits {
     }
 
     /// `waiter` of rule `rule` waits for `key`'s lease call until `due` (once: a check already
-    /// waiting keeps its place); whether no call is out for the key (the caller starts one).
+    /// waiting keeps its place, and its deadline); whether no call is out for the key (the caller
+    /// starts one).
     pub fn add(
         &mut self,
         key: &str,
@@ -198,9 +214,17 @@ impl Waits {
         let q = self
             .by_key
             .entry(key.to_string())
-            .or_insert_with(|| Queue::new(rule, limits));
-        if q.join(waiter) {
-            self.patience.push_back((due, waiter.ctx, waiter.check));
+            .or_insert_with(|| Queue::new(key, rule, limits));
+        let ticket = self.next_ticket;
+        if q.join(waiter, ticket) {
+            self.next_ticket = ticket.wrapping_add(1);
+            self.patience.push_back(Deadline {
+                due,
+                key: q.key.clone(),
+                ctx: waiter.ctx,
+                check: waiter.check,
+                ticket,
+            });
         }
         q.state == State::Idle
     }
@@ -305,9 +329,9 @@ impl Waits {
             .unwrap_or_default()
     }
 
-    /// Takes every waiter of `key`, in order.
+    /// Takes every waiter of `key`, in order: their waits (and patience) end here.
     pub fn drain(&mut self, key: &str) -> Vec<Waiter> {
-        let out = self
+        let out: Vec<Waiter> = self
             .by_key
             .get_mut(key)
             .map(|q| {
@@ -317,6 +341,7 @@ impl Waits {
                 out
             })
             .unwrap_or_default();
+        self.left_since = self.left_since.saturating_add(out.len());
         self.forget_if_idle(key);
         out
     }
@@ -356,44 +381,51 @@ impl Waits {
                 None => true,
             }
         });
+        self.left_since = self.left_since.saturating_add(served.len());
         served
     }
 
     // ----- what the tick looks at -----
 
-    /// Drops the patience deadlines at the front whose checks no longer wait; and all of those,
-    /// once the waiters that left may outnumber the others (a deadline behind one still waiting
-    /// would otherwise be kept until that one is served, with every stream a client opens and
-    /// resets meanwhile).
-    pub fn drop_served_patience(&mut self, waiting: impl Fn(ContextId, CheckId) -> bool) {
-        while let Some(&(_, ctx, check)) = self.patience.front() {
-            if waiting(ctx, check) {
+    /// Drops the patience deadlines at the front whose waits ended; and all of those, once the
+    /// waits that ended may outnumber the others (a deadline behind one still waiting would
+    /// otherwise be kept until that one is served, with every stream a client opens and resets
+    /// meanwhile).
+    pub fn drop_ended_patience(&mut self) {
+        let by_key = &self.by_key;
+        while let Some(d) = self.patience.front() {
+            if still_waits(by_key, d) {
                 break;
             }
             self.patience.pop_front();
         }
         let kept = self.patience.len();
         if worth_compacting(kept, kept.saturating_sub(self.left_since)) {
-            self.patience.retain(|&(_, ctx, check)| waiting(ctx, check));
+            self.patience.retain(|d| still_waits(by_key, d));
             self.left_since = 0;
         }
     }
 
-    /// The next patience deadline due at `now`: its check (which may have been served since).
-    pub fn pop_expired(&mut self, now: u64) -> Option<(ContextId, CheckId)> {
-        match self.patience.front() {
-            Some(&(due, ctx, check)) if due <= now => {
-                self.patience.pop_front();
-                Some((ctx, check))
+    /// The next check whose wait is still on at its patience deadline, due at `now`: it leaves
+    /// its queue (its call was lost somewhere). Deadlines of waits that ended are dropped.
+    pub fn expire(&mut self, now: u64) -> Option<(ContextId, CheckId)> {
+        while let Some(d) = self.patience.pop_front() {
+            if d.due > now {
+                self.patience.push_front(d);
+                return None;
             }
-            _ => None,
+            if still_waits(&self.by_key, &d) {
+                self.left(&d.key, d.ctx, d.check);
+                return Some((d.ctx, d.check));
+            }
         }
+        None
     }
 
     /// The nearest time the tick must look at lease waits.
     pub fn next_due(&self, now: u64) -> Option<u64> {
         let poll = (!self.polled.is_empty()).then_some(now.saturating_add(POLL_MS));
-        let patience = self.patience.front().map(|(due, _, _)| *due);
+        let patience = self.patience.front().map(|d| d.due);
         match (poll, patience) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -442,6 +474,14 @@ impl Waits {
     pub fn keep_unmet(&mut self, key: &str, unmet: Unmet) {
         self.unmet.insert(key.to_string(), unmet);
     }
+}
+
+/// Whether the wait `d` is the patience of is still on: its check waits in its key's queue under
+/// its ticket.
+fn still_waits(by_key: &HashMap<String, Queue, Seeded>, d: &Deadline) -> bool {
+    by_key
+        .get(&*d.key)
+        .is_some_and(|q| q.waiting.get(&(d.ctx, d.check)) == Some(&d.ticket))
 }
 
 #[cfg(test)]
@@ -589,11 +629,40 @@ mod tests {
         for ctx in (1..=200u32).filter(|&c| c != 100) {
             w.left("k", ctx.into(), CheckId::at(0));
         }
-        w.drop_served_patience(|ctx, _| ctx.get() == 100);
+        w.drop_ended_patience();
         assert_eq!(w.deadlines(), 1, "those behind the one waiting too");
         assert_eq!(w.next_due(0), Some(100));
-        assert_eq!(w.pop_expired(99), None);
-        assert_eq!(w.pop_expired(100), Some((100.into(), CheckId::at(0))));
+        assert_eq!(w.expire(99), None);
+        assert_eq!(w.expire(100), Some((100.into(), CheckId::at(0))));
+        assert_eq!(w.waiters(), 0, "it left its queue");
+    }
+
+    #[test]
+    fn a_deadline_ends_with_its_wait() {
+        let rule = rule();
+        // Sent on to calls of their own (drained), or served: their deadlines go, unexpired.
+        let mut w = four_waiting();
+        assert_eq!(w.drain("k").len(), 4);
+        assert_eq!(w.expire(100), None, "drained waiters are not expired");
+        let mut w = four_waiting();
+        assert_eq!(ctxs(&w.serve("k", &[SPENT], |_| None)), [1]);
+        w.drop_ended_patience();
+        assert_eq!(w.next_due(0), Some(100), "2 to 4 still wait");
+        assert_eq!(w.expire(100).map(|(ctx, _)| ctx.get()), Some(2));
+        // A check that left and waits again is bounded by its new wait's deadline only.
+        let mut w = Waits::default();
+        w.add("k", (&rule.0, rule.1), waiter(1, 1), 100);
+        w.left("k", 1.into(), CheckId::at(0));
+        w.add("k", (&rule.0, rule.1), waiter(1, 1), 300);
+        assert_eq!(
+            w.expire(299),
+            None,
+            "the first wait's deadline ended with it"
+        );
+        assert_eq!(w.expire(300), Some((1.into(), CheckId::at(0))));
+        assert_eq!(w.waiters(), 0);
+        w.drop_ended_patience();
+        assert_eq!((w.deadlines(), w.next_due(0)), (0, None));
     }
 
     #[test]
