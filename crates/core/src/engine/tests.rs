@@ -203,6 +203,12 @@ fn asked(h: &Fake, token: u32) -> u64 {
     want.max(cost)
 }
 
+/// Whether `body` is an exact check of cost 1: its lease argument is "0" (no holder).
+fn is_exact_check(body: &str) -> bool {
+    let segs: Vec<&str> = body.rsplit('/').take(4).collect();
+    segs[3] == "1" && segs[2] == "0"
+}
+
 /// Whether `body` is a lease call needing `cost` and wanting `want`, waiting up to ten of
 /// [`LEASE`]'s horizons, that names a holder holding nothing.
 fn is_lease_call(body: &str, cost: u64, want: u64) -> bool {

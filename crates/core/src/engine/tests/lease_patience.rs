@@ -5,12 +5,6 @@
 
 use super::*;
 
-/// Whether `body` is an exact check of cost 1 (no lease asked for, no holder named).
-fn is_exact_check(body: &str) -> bool {
-    let segs: Vec<&str> = body.rsplit('/').take(4).collect();
-    segs[3] == "1" && segs[2] == "0"
-}
-
 #[test]
 fn a_waiter_sent_on_to_an_exact_call_is_not_failed_by_its_old_patience() {
     let closed = r#""failure_mode":"closed","backend":{"timeout_ms":100},"#;

@@ -6,12 +6,6 @@
 
 use super::*;
 
-/// Whether `body` is an exact check of cost 1: its lease argument is "0" (no holder).
-fn is_exact_check(body: &str) -> bool {
-    let segs: Vec<&str> = body.rsplit('/').take(4).collect();
-    segs[3] == "1" && segs[2] == "0"
-}
-
 /// A proxy that leased `a` at 1000 (one token, spent at once; the bucket holds `remaining`),
 /// and whose lease has long expired by `later`.
 fn leased_once(remaining: u64) -> (Engine, Fake) {
