@@ -22,6 +22,15 @@
 //! of the requests it is for: the least a shared token bucket per key costs in this architecture
 //! (a held request, a batched Webdis callout, one script run), without tollgate's own work. Its
 //! key is `floor:` and the hex of the request's `x-user-id` (at most its first 64 bytes).
+//!
+//! Those two make the request whose context sent a callout wait for the next one too (the SDK
+//! hands an answer only to the context that sent it, and that context sends the next): the
+//! requests of a worker then move in one wave. With `kept-script <sha>` (`make peers`'
+//! `wasm-floor-kept`) the callouts go from the root context instead, so a request waits for no
+//! more than the callout out and its own, as tollgate promises: the requests that come while no
+//! callout is out leave at the end of the host's round of events (a note on the worker's queue),
+//! those that come while one is out leave when it is answered, and an answer resumes exactly the
+//! requests it was for. The same script and keys as `hold-script`.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -48,11 +57,77 @@ enum Mode {
     HostCalls,
     /// Configured with `hold`, or with `hold-script <sha>` (the script's SHA).
     Hold(Option<Rc<str>>),
+    /// Configured with `kept-script <sha>`.
+    Kept(Rc<str>),
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, _: u32, _: usize, body_size: usize, _: usize) {
+        let _ = hostcalls::get_buffer(
+            proxy_wasm::types::BufferType::HttpCallResponseBody,
+            0,
+            body_size,
+        );
+        let done = KEPT.with(|k| {
+            let mut k = k.borrow_mut();
+            k.out = false;
+            std::mem::take(&mut k.flight)
+        });
+        resume(done);
+        self.leave();
+    }
+}
+
+impl Root {
+    /// With `kept-script`: the requests that came while no callout was out, or while the one
+    /// answered was, leave in one callout from the root context (its answer comes here).
+    fn leave(&self) {
+        let Mode::Kept(sha) = &self.mode else {
+            return;
+        };
+        let (flight, keys) = KEPT.with(|k| {
+            let mut k = k.borrow_mut();
+            (std::mem::take(&mut k.waiting), std::mem::take(&mut k.keys))
+        });
+        if flight.is_empty() {
+            return;
+        }
+        let path = script_path(sha, &keys);
+        let headers = vec![
+            (":method", "GET"),
+            (":path", path.as_str()),
+            (":authority", "webdis"),
+        ];
+        match self.dispatch_http_call(
+            "tollgate_backend",
+            headers,
+            None,
+            vec![],
+            Duration::from_secs(1),
+        ) {
+            Ok(_) => KEPT.with(|k| {
+                let mut k = k.borrow_mut();
+                k.out = true;
+                k.flight = flight;
+            }),
+            Err(_) => resume(flight),
+        }
+    }
+}
 
 impl RootContext for Root {
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        let idle = KEPT.with(|k| {
+            let mut k = k.borrow_mut();
+            k.leaving = false;
+            !k.out
+        });
+        if idle {
+            self.leave();
+        }
+    }
+
     fn on_configure(&mut self, _size: usize) -> bool {
         let config =
             hostcalls::get_buffer(proxy_wasm::types::BufferType::PluginConfiguration, 0, 64);
@@ -60,18 +135,34 @@ impl RootContext for Root {
             Ok(Some(c)) => c,
             _ => Vec::new(),
         };
-        self.mode = match config.as_slice() {
-            b"host-calls" => Mode::HostCalls,
-            b"hold" => Mode::Hold(None),
-            c => match c.strip_prefix(b"hold-script ") {
-                // A SHA1 in hex, or the configuration is refused (Envoy does not start).
-                Some(sha) if sha.len() == 40 && sha.iter().all(u8::is_ascii_hexdigit) => {
-                    Mode::Hold(Some(String::from_utf8_lossy(sha).into()))
-                }
-                Some(_) => return false,
-                None => Mode::Floor,
-            },
+        // A script's SHA1 in hex after its word, or the configuration is refused (Envoy does
+        // not start).
+        let sha = |word: &[u8]| -> Option<Option<Rc<str>>> {
+            let sha = config.strip_prefix(word)?.strip_prefix(b" ")?;
+            Some(
+                (sha.len() == 40 && sha.iter().all(u8::is_ascii_hexdigit))
+                    .then(|| String::from_utf8_lossy(sha).into()),
+            )
         };
+        self.mode = match (config.as_slice(), sha(b"hold-script"), sha(b"kept-script")) {
+            (b"host-calls", ..) => Mode::HostCalls,
+            (b"hold", ..) => Mode::Hold(None),
+            (_, Some(Some(sha)), _) => Mode::Hold(Some(sha)),
+            (_, _, Some(Some(sha))) => Mode::Kept(sha),
+            (_, Some(None), _) | (_, _, Some(None)) => return false,
+            _ => Mode::Floor,
+        };
+        if matches!(self.mode, Mode::Kept(_)) {
+            // A queue of this worker's own (a name per VM: each worker's VM registers one).
+            let nanos = hostcalls::get_current_time()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            match hostcalls::register_shared_queue(&format!("wasm-floor-{nanos}")) {
+                Ok(q) => KEPT.with(|k| k.borrow_mut().queue = q),
+                Err(_) => return false,
+            }
+        }
         true
     }
 
@@ -85,6 +176,7 @@ impl RootContext for Root {
                 id: context_id,
                 sha: sha.clone(),
             }),
+            Mode::Kept(_) => Box::new(KeptRequest { id: context_id }),
         })
     }
 
@@ -177,15 +269,7 @@ impl Hold {
         // `hold` builds nothing per callout, as before the script variant existed.
         let path: Cow<'static, str> = match &self.sha {
             // Webdis: EVALSHA <sha> <n> <keys> <burst> <rate> <period_ms> (a limit never reached).
-            Some(sha) => {
-                let mut p = format!("/EVALSHA/{sha}/{}", keys.len());
-                for k in &keys {
-                    p.push('/');
-                    p.push_str(k);
-                }
-                p.push_str("/1000000/1000000/1000");
-                Cow::Owned(p)
-            }
+            Some(sha) => Cow::Owned(script_path(sha, &keys)),
             None => Cow::Borrowed("/PING"),
         };
         let headers = vec![
@@ -211,6 +295,63 @@ impl Hold {
             }
             Err(_) => Err(flight),
         }
+    }
+}
+
+/// Webdis: EVALSHA <sha> <n> <keys> <burst> <rate> <period_ms> (a limit never reached).
+fn script_path(sha: &str, keys: &[String]) -> String {
+    let mut p = format!("/EVALSHA/{sha}/{}", keys.len());
+    for k in keys {
+        p.push('/');
+        p.push_str(k);
+    }
+    p.push_str("/1000000/1000000/1000");
+    p
+}
+
+/// The `kept-script` worker state: at most one callout out, sent from the root context.
+#[derive(Default)]
+struct Kept {
+    out: bool,
+    /// A note is on the worker's queue: the waiting leave when it comes.
+    leaving: bool,
+    flight: Vec<u32>,
+    waiting: Vec<u32>,
+    keys: Vec<String>,
+    queue: u32,
+}
+
+thread_local! {
+    static KEPT: RefCell<Kept> = RefCell::new(Kept::default());
+}
+
+/// The `kept-script` variant: a request waits for the callout out, if any, and its own, which
+/// leaves at the end of the host's round of events (a note on the worker's queue) or when the
+/// callout out is answered; its answer resumes exactly the requests it was for.
+struct KeptRequest {
+    id: u32,
+}
+
+impl Context for KeptRequest {}
+
+impl HttpContext for KeptRequest {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let user = hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-user-id");
+        let key = bucket_key(user.ok().flatten().unwrap_or_default().as_bytes());
+        let note = KEPT.with(|k| {
+            let mut k = k.borrow_mut();
+            k.waiting.push(self.id);
+            k.keys.push(key);
+            let note = !k.out && !k.leaving;
+            k.leaving |= note;
+            note.then_some(k.queue)
+        });
+        if let Some(queue) = note {
+            if hostcalls::enqueue_shared_queue(queue, Some(b"leave")).is_err() {
+                return Action::Continue;
+            }
+        }
+        Action::Pause
     }
 }
 

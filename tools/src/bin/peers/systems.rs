@@ -6,6 +6,7 @@
 //! | plain | envoy/bench/plain.yaml (router only) | none: the figure every other one is added over |
 //! | wasm-floor-hold | envoy/bench/wasm-floor-hold.yaml: bench/wasm-floor holding each request for a Webdis `PING` its worker shares (no check) | Webdis → Redis |
 //! | wasm-floor-script | the same, each callout one run of bench/wasm-floor/minimal_bucket.lua for the keys of its requests (the least a shared token bucket per key does) | Webdis → Redis |
+//! | wasm-floor-kept | the same script, with tollgate's promise kept: a request waits for no more than the callout out and its own | Webdis → Redis |
 //! | limitador-redis | envoy/bench/ratelimit.yaml (envoy.filters.http.ratelimit, gRPC) | limitador-server, storage `redis` |
 //! | limitador-redis-cached | the same | limitador-server, storage `redis_cached` (its defaults) |
 //! | tollgate-exact | envoy/envoy.yaml, tollgate exact (this build), one rule on `header:x-user-id` | Webdis → Redis |
@@ -60,6 +61,10 @@ pub enum System {
     /// the requests it is for: the stock-Envoy architecture with the least a shared token bucket
     /// per key does, without tollgate's own work.
     Script(PathBuf),
+    /// The same script, its callouts sent from the root context: a request waits for no more
+    /// than the callout out and its own, as tollgate's exact mode promises (the script floor's
+    /// request that sent a callout waits for the next one too).
+    Kept(PathBuf),
     Limitador(Storage),
     /// tollgate exact on this filter build.
     Tollgate(PathBuf),
@@ -73,6 +78,7 @@ impl System {
             System::Plain => "plain",
             System::Hold(_) => "wasm-floor-hold",
             System::Script(_) => "wasm-floor-script",
+            System::Kept(_) => "wasm-floor-kept",
             System::Limitador(Storage::Redis) => "limitador-redis",
             System::Limitador(Storage::RedisCached) => "limitador-redis-cached",
             System::Tollgate(_) => "tollgate-exact",
@@ -87,6 +93,7 @@ pub fn all(tollgate: &Path, floor: &Path, compare: Option<&Path>) -> Vec<System>
         System::Plain,
         System::Hold(floor.to_path_buf()),
         System::Script(floor.to_path_buf()),
+        System::Kept(floor.to_path_buf()),
         System::Limitador(Storage::Redis),
         System::Limitador(Storage::RedisCached),
         System::Tollgate(tollgate.to_path_buf()),
@@ -95,16 +102,16 @@ pub fn all(tollgate: &Path, floor: &Path, compare: Option<&Path>) -> Vec<System>
     v
 }
 
-/// The wasm-floor-hold template with the floor's configuration `hold` replaced by
-/// `hold-script <sha>`.
-fn with_floor_script(template: &str, sha: &str) -> Result<String, String> {
+/// The wasm-floor-hold template with the floor's configuration `hold` replaced by `<word> <sha>`
+/// (`hold-script` or `kept-script`).
+fn with_floor_script(template: &str, word: &str, sha: &str) -> Result<String, String> {
     const HOLD: &str = "value: 'hold'";
     if template.matches(HOLD).count() != 1 {
         return Err(format!(
             "envoy/bench/wasm-floor-hold.yaml: expected one `{HOLD}`, the floor's configuration"
         ));
     }
-    Ok(template.replace(HOLD, &format!("value: 'hold-script {sha}'")))
+    Ok(template.replace(HOLD, &format!("value: '{word} {sha}'")))
 }
 
 /// The limits file: one limit in namespace `bench` (the filter's domain), counted per `user`.
@@ -188,21 +195,33 @@ pub fn start(shared: &Shared, system: &System) -> Result<Started, String> {
     let upstream = shared.upstream_port;
     let dir = shared.dir;
     let envoy = match system {
-        System::Plain | System::Hold(_) | System::Script(_) | System::Limitador(_) => {
+        System::Plain
+        | System::Hold(_)
+        | System::Script(_)
+        | System::Kept(_)
+        | System::Limitador(_) => {
             let (file, backend) = match (&limitador, system) {
                 (Some((_, rls_port)), _) => ("ratelimit.yaml", *rls_port),
-                (None, System::Hold(_) | System::Script(_)) => {
+                (None, System::Hold(_) | System::Script(_) | System::Kept(_)) => {
                     ("wasm-floor-hold.yaml", shared.webdis_port)
                 }
                 (None, _) => ("plain.yaml", shared.webdis_port),
             };
             let wasm = match system {
-                System::Hold(floor) | System::Script(floor) => floor.as_path(),
+                System::Hold(floor) | System::Script(floor) | System::Kept(floor) => {
+                    floor.as_path()
+                }
                 _ => Path::new(""),
             };
             let mut text = envoy_file(&format!("bench/{file}"));
-            if matches!(system, System::Script(_)) {
-                text = with_floor_script(&text, shared.floor_script_sha)?;
+            match system {
+                System::Script(_) => {
+                    text = with_floor_script(&text, "hold-script", shared.floor_script_sha)?
+                }
+                System::Kept(_) => {
+                    text = with_floor_script(&text, "kept-script", shared.floor_script_sha)?
+                }
+                _ => {}
             }
             Envoy::try_start_yaml_workers(dir, WORKERS, &[], &[], |listen, admin| {
                 let ports = Ports {
@@ -325,6 +344,7 @@ mod tests {
                 "plain",
                 "wasm-floor-hold",
                 "wasm-floor-script",
+                "wasm-floor-kept",
                 "limitador-redis",
                 "limitador-redis-cached",
                 "tollgate-exact"
@@ -346,13 +366,12 @@ mod tests {
     fn the_script_floor_is_the_hold_floor_configured_with_the_sha() {
         let template = envoy_file("bench/wasm-floor-hold.yaml");
         let sha = "0123456789abcdef0123456789abcdef01234567";
-        let text = with_floor_script(&template, sha).unwrap();
-        assert!(text.contains(&format!("value: 'hold-script {sha}'")));
-        assert_eq!(
-            text.replace(&format!("hold-script {sha}"), "hold"),
-            template
-        );
-        assert!(with_floor_script("no floor here", sha).is_err());
+        for word in ["hold-script", "kept-script"] {
+            let text = with_floor_script(&template, word, sha).unwrap();
+            assert!(text.contains(&format!("value: '{word} {sha}'")));
+            assert_eq!(text.replace(&format!("{word} {sha}"), "hold"), template);
+        }
+        assert!(with_floor_script("no floor here", "hold-script", sha).is_err());
     }
 
     #[test]
