@@ -25,8 +25,12 @@
 //! Invariant: a key's waiters are served when something can change their answer — this worker's
 //! call for the key is answered, or (polled each millisecond, read-only) another worker's call
 //! for it ends or its tokens land in the shared pool — in arrival order, never by scanning every
-//! waiter. Every claim taken for a lease call is ended (deposit or release) on every path: answer,
-//! error, failed dispatch or resend, or the carrying context going away.
+//! waiter. A waiter's patience bounds its wait for a call that may never come or was lost: one
+//! this worker sends for the key makes its waiters patient from the send (within twice their
+//! patience from arrival), so such a call's answer or timeout ends their wait, not a deadline set
+//! while they waited on another worker's call. Every claim taken for a lease call is ended
+//! (deposit or release) on every path: answer, error, failed dispatch or resend, or the carrying
+//! context going away.
 
 mod waits;
 
@@ -177,10 +181,13 @@ impl Engine {
                 };
                 self.waits.set_state(key, State::Own);
                 let purpose = Purpose::Lease(claim);
-                if let Err((e, purpose)) = self.send(host, Call::new(rule, call, purpose, now)) {
-                    self.end_claim(host, purpose, now);
-                    self.waits.set_state(key, State::Idle);
-                    self.fail_waiters(host, key, &e, now);
+                match self.send(host, Call::new(rule, call, purpose, now)) {
+                    Ok(()) => self.lease_sent(key, now),
+                    Err((e, purpose)) => {
+                        self.end_claim(host, purpose, now);
+                        self.waits.set_state(key, State::Idle);
+                        self.fail_waiters(host, key, &e, now);
+                    }
                 }
             }
             Ok((Flight::Busy, ..)) => {
@@ -225,6 +232,15 @@ impl Engine {
             let pool = LeasePool::new(host.store(), &self.plugin.ns);
             let _ = pool.note_short(&call.key, if low { 0 } else { r.remaining }, now);
         }
+    }
+
+    /// This worker's lease call for `key` went out at `now`: its answer or its timeout ends the
+    /// waits on it, so they are patient from now, not from their arrival, which may be a wait on
+    /// another worker's call ago ([`Waits::sent`]). The patience, two timeouts, covers the call
+    /// and its NOSCRIPT resend, which goes out within the first timeout.
+    pub(super) fn lease_sent(&mut self, key: &str, now: u64) {
+        let due = now.saturating_add(self.plugin.patience_ms());
+        self.waits.sent(key, now, due);
     }
 
     /// Until when a lease call sent now keeps its claim: a little past the call's own timeout, so

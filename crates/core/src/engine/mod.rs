@@ -5,8 +5,10 @@
 //! Invariant: the engine owns every paused request by context id, and every paused request is
 //! resumed or answered exactly once: each of its checks gets an outcome from the local stage, a
 //! backend answer, a failed or refused call (the failure mode), or its patience running out
-//! (twice the backend timeout, for lease waits whose call was lost). A request whose client went
-//! away (`done`) is forgotten and never touched again.
+//! (twice the backend timeout, for lease waits whose call was lost or never came: from the wait's
+//! arrival, or from the send of its worker's own lease call for the key, whose answer or timeout
+//! ends the wait; four timeouts from arrival at most). A request whose client went away (`done`)
+//! is forgotten and never touched again.
 //!
 //! Lease checks wait per key ([`lease`]): one call per key per proxy, served when its tokens
 //! arrive, not by polling; the tick runs only while something is due (a held request, a

@@ -21,7 +21,8 @@ use crate::rule::{KeyCache, RequestView};
 /// misreading old ones.
 const SHARED_LAYOUT: &str = "v7";
 /// A check waits for a call already out for it (a lease call, a leader's) this many backend
-/// timeouts; then that call is taken as lost.
+/// timeouts (a call and its NOSCRIPT resend); then that call is taken as lost. A lease wait counts
+/// them from its worker's own call for the key once that goes out (`lease::Waits::sent`).
 const PATIENCE_TIMEOUTS: u64 = 2;
 
 pub struct Plugin {

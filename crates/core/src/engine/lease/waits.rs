@@ -7,11 +7,15 @@
 //! gone entry, which every read of the queue skips exactly as if it had been taken out, until it
 //! reaches the front or the queue is compacted (`compaction::worth_compacting`): a queue holds at
 //! most twice its waiters plus a constant. A key's queue is forgotten once it is idle and no
-//! waiter waits in it. A patience deadline belongs to one wait (its key and ticket) and ends with
-//! it: a check served, failed, sent on to a call of its own, or gone is never expired by it.
-//! Deadlines are arrival plus a constant, so the front one is always the nearest; those of waits
-//! that ended are dropped at the front, and all at once when the waits that ended may outnumber
-//! the others.
+//! waiter waits in it. A waiting check has exactly one live patience deadline, which belongs to
+//! its wait (its key, ticket and due time) and ends with it: a check served, failed, sent on to a
+//! call of its own, or gone is never expired by it. Patience bounds a wait for a call that may
+//! never come or was lost, not a call this worker has out, whose answer or timeout ends the wait:
+//! when this worker sends its key's lease call, a waiter whose first deadline has not passed is
+//! patient from the send instead (its new deadline at the back, the old one no longer live), so a
+//! wait lasts at most twice its patience however often a call goes out. Deadlines are the time
+//! they were set (arrival or send) plus a constant, so the front one is always the nearest; those
+//! no longer live are dropped at the front, and all at once when they may outnumber the others.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
@@ -57,7 +61,8 @@ struct Entry {
 }
 
 /// One wait's patience: when the wait of check `check` of `ctx` in `key`'s queue under `ticket`
-/// ends, unless it ended before.
+/// ends, unless it ended before or was given a later deadline (it is live while its `due` is the
+/// wait's).
 #[derive(Debug)]
 struct Deadline {
     due: u64,
@@ -65,6 +70,17 @@ struct Deadline {
     ctx: ContextId,
     check: CheckId,
     ticket: u64,
+}
+
+/// A check's wait in its key's queue.
+#[derive(Debug, Clone, Copy)]
+struct Wait {
+    /// The ticket it joined the queue under.
+    ticket: u64,
+    /// Its live patience deadline.
+    due: u64,
+    /// Its first deadline (arrival + patience): a lease call sent after it moves `due` no more.
+    first_due: u64,
 }
 
 /// One key's queue.
@@ -81,9 +97,9 @@ struct Queue {
     limits: Limits,
     /// Waiters in arrival order, gone ones included.
     entries: VecDeque<Entry>,
-    /// The ticket of each check still waiting here: a waiter leaves in one step, not a look
+    /// The wait of each check still waiting here: a waiter leaves in one step, not a look
     /// through the queue for it (n waiters leaving a queue of n would cost n² steps).
-    waiting: HashMap<(ContextId, CheckId), u64, ById>,
+    waiting: HashMap<(ContextId, CheckId), Wait, ById>,
     state: State,
 }
 
@@ -101,16 +117,22 @@ impl Queue {
 
     /// Whether `e` still waits (it is not gone).
     fn waits(&self, e: &Entry) -> bool {
-        self.waiting.get(&(e.waiter.ctx, e.waiter.check)) == Some(&e.ticket)
+        joined_as(&self.waiting, e)
     }
 
-    /// `waiter` joins the queue's back under `ticket`, unless its check already waits here.
-    fn join(&mut self, waiter: Waiter, ticket: u64) -> bool {
+    /// `waiter` joins the queue's back under `ticket`, patient until `due`, unless its check
+    /// already waits here.
+    fn join(&mut self, waiter: Waiter, ticket: u64, due: u64) -> bool {
         let id = (waiter.ctx, waiter.check);
         if self.waiting.contains_key(&id) {
             return false;
         }
-        self.waiting.insert(id, ticket);
+        let wait = Wait {
+            ticket,
+            due,
+            first_due: due,
+        };
+        self.waiting.insert(id, wait);
         self.entries.push_back(Entry { ticket, waiter });
         true
     }
@@ -145,9 +167,15 @@ impl Queue {
     /// Drops every gone entry.
     fn compact(&mut self) {
         let waiting = &self.waiting;
-        self.entries
-            .retain(|e| waiting.get(&(e.waiter.ctx, e.waiter.check)) == Some(&e.ticket));
+        self.entries.retain(|e| joined_as(waiting, e));
     }
+}
+
+/// Whether `e`'s check still waits in its queue (`waiting`) under `e`'s ticket.
+fn joined_as(waiting: &HashMap<(ContextId, CheckId), Wait, ById>, e: &Entry) -> bool {
+    waiting
+        .get(&(e.waiter.ctx, e.waiter.check))
+        .is_some_and(|w| w.ticket == e.ticket)
 }
 
 /// What the next lease call of a key is for: its rule and limits, what its first waiter needs,
@@ -177,11 +205,11 @@ pub struct Waits {
     by_key: HashMap<String, Queue, Seeded>,
     /// Keys in `Foreign` or `Lost` state (polled by the tick).
     polled: HashSet<String, Seeded>,
-    /// The patience deadline of each wait, in arrival order; deadlines are arrival + a constant
-    /// patience, so the front is always the nearest.
+    /// The patience deadlines, in the order they were set; each is the time it was set (a wait's
+    /// arrival, or a lease call sent) + a constant patience, so the front is always the nearest.
     patience: VecDeque<Deadline>,
-    /// Waits that ended (served, sent on, left) since `patience` was last looked through (their
-    /// deadlines may still be in it).
+    /// Deadlines no longer live since `patience` was last looked through (waits that ended:
+    /// served, sent on, left; or given a later deadline): they may still be in it.
     left_since: usize,
     /// The ticket the next wait gets: one count for every queue, so a ticket names one wait even
     /// across a queue forgotten and made again.
@@ -201,9 +229,10 @@ impl Waits {
         self.by_key.values().map(|q| q.waiting.len()).sum()
     }
 
-    /// `waiter` of rule `rule` waits for `key`'s lease call until `due` (once: a check already
-    /// waiting keeps its place, and its deadline); whether no call is out for the key (the caller
-    /// starts one).
+    /// `waiter` of rule `rule` waits for `key`'s lease call until `due` (arrival + patience)
+    /// at the latest, unless this worker sends that call meanwhile ([`Waits::sent`]); once: a
+    /// check already waiting keeps its place, and its deadline. Whether no call is out for the
+    /// key (the caller starts one).
     pub fn add(
         &mut self,
         key: &str,
@@ -216,7 +245,7 @@ impl Waits {
             .entry(key.to_string())
             .or_insert_with(|| Queue::new(key, rule, limits));
         let ticket = self.next_ticket;
-        if q.join(waiter, ticket) {
+        if q.join(waiter, ticket, due) {
             self.next_ticket = ticket.wrapping_add(1);
             self.patience.push_back(Deadline {
                 due,
@@ -260,6 +289,37 @@ impl Waits {
         } else {
             self.polled.remove(key);
         }
+    }
+
+    /// This worker sent `key`'s lease call at `now`: its answer or its timeout ends the waits
+    /// on it, so a waiter whose first deadline has not passed by `now` is patient until `due`
+    /// (`now` + the patience) instead, if that is later. Its new deadline goes
+    /// at the back, where it belongs, and the old one is no longer live. A call sent after a
+    /// wait's first deadline moves nothing: a wait lasts at most twice its patience, however
+    /// often its key's call goes out.
+    pub fn sent(&mut self, key: &str, now: u64, due: u64) {
+        let Some(q) = self.by_key.get_mut(key) else {
+            return;
+        };
+        let mut moved = 0usize;
+        for e in &q.entries {
+            let Some(w) = q.waiting.get_mut(&(e.waiter.ctx, e.waiter.check)) else {
+                continue;
+            };
+            if w.ticket != e.ticket || now > w.first_due || due <= w.due {
+                continue;
+            }
+            w.due = due;
+            self.patience.push_back(Deadline {
+                due,
+                key: q.key.clone(),
+                ctx: e.waiter.ctx,
+                check: e.waiter.check,
+                ticket: e.ticket,
+            });
+            moved = moved.saturating_add(1);
+        }
+        self.left_since = self.left_since.saturating_add(moved);
     }
 
     /// The call for `key` will never be answered here.
@@ -368,10 +428,10 @@ impl Waits {
         // The gone go too: the look through the queue is made anyway.
         let waiting = &mut q.waiting;
         q.entries.retain(|e| {
-            let id = (e.waiter.ctx, e.waiter.check);
-            if waiting.get(&id) != Some(&e.ticket) {
+            if !joined_as(waiting, e) {
                 return false;
             }
+            let id = (e.waiter.ctx, e.waiter.check);
             match denied(e.waiter.cost) {
                 Some(retry_ms) => {
                     waiting.remove(&id);
@@ -387,10 +447,10 @@ impl Waits {
 
     // ----- what the tick looks at -----
 
-    /// Drops the patience deadlines at the front whose waits ended; and all of those, once the
-    /// waits that ended may outnumber the others (a deadline behind one still waiting would
-    /// otherwise be kept until that one is served, with every stream a client opens and resets
-    /// meanwhile).
+    /// Drops the patience deadlines at the front that are no longer live (their waits ended, or
+    /// were given later ones); and all of those, once they may outnumber the live ones (a
+    /// deadline behind a live one would otherwise be kept until that one ends, with every stream
+    /// a client opens and resets, and every call sent, meanwhile).
     pub fn drop_ended_patience(&mut self) {
         let by_key = &self.by_key;
         while let Some(d) = self.patience.front() {
@@ -407,7 +467,8 @@ impl Waits {
     }
 
     /// The next check whose wait is still on at its patience deadline, due at `now`: it leaves
-    /// its queue (its call was lost somewhere). Deadlines of waits that ended are dropped.
+    /// its queue (its call was lost somewhere, or never came). Deadlines no longer live are
+    /// dropped.
     pub fn expire(&mut self, now: u64) -> Option<(ContextId, CheckId)> {
         while let Some(d) = self.patience.pop_front() {
             if d.due > now {
@@ -476,12 +537,14 @@ impl Waits {
     }
 }
 
-/// Whether the wait `d` is the patience of is still on: its check waits in its key's queue under
-/// its ticket.
+/// Whether `d` is live: its check waits in its key's queue under its ticket, with `d` as its
+/// deadline.
 fn still_waits(by_key: &HashMap<String, Queue, Seeded>, d: &Deadline) -> bool {
-    by_key
-        .get(&*d.key)
-        .is_some_and(|q| q.waiting.get(&(d.ctx, d.check)) == Some(&d.ticket))
+    by_key.get(&*d.key).is_some_and(|q| {
+        q.waiting
+            .get(&(d.ctx, d.check))
+            .is_some_and(|w| w.ticket == d.ticket && w.due == d.due)
+    })
 }
 
 #[cfg(test)]
@@ -663,6 +726,87 @@ mod tests {
         assert_eq!(w.waiters(), 0);
         w.drop_ended_patience();
         assert_eq!((w.deadlines(), w.next_due(0)), (0, None));
+    }
+
+    /// Expires every wait due by `now`: their contexts, in order.
+    fn expire_all(w: &mut Waits, now: u64) -> Vec<u32> {
+        std::iter::from_fn(|| w.expire(now))
+            .map(|(ctx, _)| ctx.get())
+            .collect()
+    }
+
+    #[test]
+    fn a_call_sent_makes_its_waiters_patient_from_the_send_once_each() {
+        let mut w = Waits::default();
+        let rule = rule();
+        // Patience 200: 1 and 2 came at 0, 3 at 50; the call goes out at 100.
+        w.add("k", (&rule.0, rule.1), waiter(1, 1), 200);
+        w.add("k", (&rule.0, rule.1), waiter(2, 1), 200);
+        w.add("k", (&rule.0, rule.1), waiter(3, 1), 250);
+        w.set_state("k", State::Own);
+        w.sent("k", 100, 300);
+        assert_eq!(w.deadlines(), 6, "the new ones at the back");
+        assert_eq!(
+            expire_all(&mut w, 299),
+            Vec::<u32>::new(),
+            "the old ones ended"
+        );
+        w.drop_ended_patience();
+        assert_eq!((w.deadlines(), w.next_due(0)), (3, Some(300)), "one each");
+        // A waiter that came with the send is patient from it already: nothing moves.
+        w.add("k", (&rule.0, rule.1), waiter(4, 1), 300);
+        w.sent("k", 100, 300);
+        assert_eq!(w.deadlines(), 4);
+        assert_eq!(expire_all(&mut w, 300), [1, 2, 3, 4], "in order, once each");
+        assert_eq!((w.waiters(), w.next_due(0)), (0, None));
+    }
+
+    #[test]
+    fn a_call_sent_after_a_waits_first_deadline_moves_it_no_more() {
+        let mut w = Waits::default();
+        let rule = rule();
+        // 1 came at 0 (patience 200), 2 at 150.
+        w.add("k", (&rule.0, rule.1), waiter(1, 1), 200);
+        w.set_state("k", State::Own);
+        w.add("k", (&rule.0, rule.1), waiter(2, 1), 350);
+        // Calls at 150, 200 (both within 1's first patience) and 250 (past it).
+        w.sent("k", 150, 350);
+        w.sent("k", 200, 400);
+        w.sent("k", 250, 450);
+        assert_eq!(expire_all(&mut w, 399), Vec::<u32>::new());
+        assert_eq!(expire_all(&mut w, 400), [1], "twice its patience at most");
+        assert_eq!(expire_all(&mut w, 449), Vec::<u32>::new());
+        assert_eq!(expire_all(&mut w, 450), [2]);
+        // A check that left and waits again has a first deadline of its new wait.
+        w.add("k", (&rule.0, rule.1), waiter(1, 1), 700);
+        w.sent("k", 600, 800);
+        assert_eq!(expire_all(&mut w, 799), Vec::<u32>::new());
+        assert_eq!(expire_all(&mut w, 800), [1]);
+    }
+
+    #[test]
+    fn calls_sent_again_and_again_keep_the_deadlines_within_twice_the_waiting() {
+        let mut w = Waits::default();
+        let rule = rule();
+        // One wait on "j" keeps the oldest deadline at the front; 100 on "k" ride call after call.
+        w.add("j", (&rule.0, rule.1), waiter(0, 1), 5);
+        w.set_state("j", State::Own);
+        let patience = 1_000_000;
+        for ctx in 1..=100u32 {
+            w.add("k", (&rule.0, rule.1), waiter(ctx, 1), patience);
+        }
+        w.set_state("k", State::Own);
+        for at in 1..=10_000 {
+            w.sent("k", at, at + patience);
+            w.drop_ended_patience();
+            assert!(w.deadlines() <= 2 * 101 + 64, "{} kept", w.deadlines());
+        }
+        assert_eq!(expire_all(&mut w, 5), [0]);
+        let due = 10_000 + patience;
+        assert_eq!(expire_all(&mut w, due - 1), Vec::<u32>::new());
+        assert_eq!(expire_all(&mut w, due), (1..=100).collect::<Vec<u32>>());
+        w.drop_ended_patience();
+        assert_eq!(w.deadlines(), 0);
     }
 
     #[test]
