@@ -634,6 +634,26 @@ fn counts_not_pushed_yet_reach_the_stats_when_the_plugin_goes_away() {
     assert!(host.traps().is_empty(), "{:?}", host.traps());
 }
 
+/// Envoy keeps a root context's tick timer after the root is deleted and re-arms it with its
+/// last period for ever (`Wasm::tickHandler`), so a reconfiguration or a removal would leave the
+/// worker waking for nothing: a root leaves its tick period at zero when it is deleted, whatever
+/// it had scheduled (here the push of the counts, armed by the requests).
+#[test]
+fn a_deleted_root_leaves_no_tick_armed() {
+    let dir = common::scratch_dir("th-stop-tick");
+    let redis = Redis::start(&dir);
+    let webdis = Webdis::start(&dir, redis.port);
+    let mut host = start_host(&bench_lease_config(), webdis.port);
+    bench_requests(&host, 20);
+    host.stop();
+    let left = host.ticks_left();
+    assert_eq!(left.len(), host.workers(), "every root deleted");
+    assert!(
+        left.iter().all(|p| p.is_zero()),
+        "tick periods left: {left:?}"
+    );
+}
+
 /// A flood of new keys: what one request costs in lease mode next to exact mode, on the test host
 /// (wasm instructions, host calls by kind; every request is a script call either way). Lease mode
 /// pays for the lease table in shared data on top; this prints how much and bounds it.

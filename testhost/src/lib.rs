@@ -169,6 +169,10 @@ pub(crate) struct Shared {
     pub unmodelled: Mutex<BTreeSet<String>>,
     pub cost: Mutex<Cost>,
     pub queues: Mutex<SharedQueues>,
+    /// Each worker's root context's tick period when it was deleted: Envoy's tick timer outlives
+    /// a deleted root and re-arms with that period (`Wasm::tickHandler`), waking the worker for
+    /// nothing, so a root must leave it at zero.
+    pub ticks_left: Mutex<Vec<Duration>>,
 }
 
 impl Shared {
@@ -345,6 +349,7 @@ impl Proxy {
             unmodelled: Mutex::new(BTreeSet::new()),
             cost: Mutex::new(Cost::default()),
             queues: Mutex::new(SharedQueues::default()),
+            ticks_left: Mutex::new(Vec::new()),
         });
         let mut workers = Vec::new();
         let mut threads = Vec::new();
@@ -438,6 +443,16 @@ impl Proxy {
     pub fn traps(&self) -> Vec<String> {
         self.shared
             .traps
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    /// The tick period each stopped worker's root context left armed when it was deleted (see
+    /// [`Proxy::stop`]): zero unless the module leaves the host a timer to run for nothing.
+    pub fn ticks_left(&self) -> Vec<Duration> {
+        self.shared
+            .ticks_left
             .lock()
             .map(|t| t.clone())
             .unwrap_or_default()

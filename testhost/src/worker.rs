@@ -343,6 +343,10 @@ impl Worker {
         let done = self.call::<i32, i32>(root, "proxy_on_done", root as i32);
         if done != Some(0) {
             self.call::<i32, ()>(root, "proxy_on_delete", root as i32);
+            let period = self.host().tick_period;
+            if let Ok(mut t) = self.host().shared.ticks_left.lock() {
+                t.push(period);
+            }
         }
         self.after();
     }

@@ -24,7 +24,7 @@ use crate::redis;
 use crate::request::HostView;
 use tollgate_abi::{self as abi, Action};
 use tollgate_core::config::{Artifact, Config, Protocol};
-use tollgate_core::engine::{self, Chunk, Engine, Look, Plugin};
+use tollgate_core::engine::{self, Chunk, Engine, Host, Look, Plugin};
 
 type Shared = Rc<RefCell<Option<Engine>>>;
 
@@ -254,7 +254,13 @@ pub extern "C" fn proxy_on_delete(ctx: u32) {
     match slot.as_mut() {
         Some(e) if root => {
             e.plugin().metrics.flush();
-            hand_to_other_roots(e.hand_over(&mut WasmHost::new(ctx), false), ctx);
+            let mut host = WasmHost::new(ctx);
+            let pending = e.hand_over(&mut host, false);
+            // Envoy keeps a root's tick timer after the root is gone and re-arms it with its
+            // last period (`Wasm::tickHandler`): left armed, it would wake the worker for ever.
+            // Stopped for this root before another one takes the pending over (and its tick).
+            host.set_tick(0);
+            hand_to_other_roots(pending, ctx);
         }
         Some(e) => e.done(&mut WasmHost::new(ctx), ctx.into()),
         None => {}
