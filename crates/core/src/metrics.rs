@@ -95,12 +95,17 @@ pub enum Counter {
     Relayed,
     /// Tokens of refunds this proxy dropped instead of sending: their take's reply carried no
     /// spill epoch, a newer take's refund of the key replaced them, or the call carrying them
-    /// failed after it may have run (sent again, they could be given back twice).
+    /// failed after it may have run (sent again, they could be given back twice), or before, with
+    /// no room for their key in the settle table.
     RefundDropped,
+    /// Usage tokens this proxy dropped instead of charging: the call carrying them failed, the
+    /// settle table had no room for their key, and the worker already held the most keys'
+    /// charges it keeps for that (4096).
+    ChargeDropped,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 36] = [
+    pub const ALL: [Counter; 37] = [
         Counter::Allowed,
         Counter::Denied,
         Counter::ShadowDenied,
@@ -137,6 +142,7 @@ impl Counter {
         Counter::Refunded,
         Counter::Relayed,
         Counter::RefundDropped,
+        Counter::ChargeDropped,
     ];
 
     /// The number of counters of a rule.
@@ -182,6 +188,7 @@ impl Counter {
             Counter::Refunded => 33,
             Counter::Relayed => 34,
             Counter::RefundDropped => 35,
+            Counter::ChargeDropped => 36,
         }
     }
 
@@ -227,6 +234,7 @@ impl Counter {
             Counter::Refunded => "refunded_tokens",
             Counter::Relayed => "relayed",
             Counter::RefundDropped => "refund_dropped",
+            Counter::ChargeDropped => "charge_dropped",
         }
     }
 }

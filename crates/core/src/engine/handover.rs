@@ -4,14 +4,16 @@
 //! Invariant: a settlement pending when a worker's engine is replaced (`on_configure` again on its
 //! root, or its root deleted while another root of the same plugin namespace lives on) is flushed
 //! by the engine that takes over, under the rule of the same name; none is flushed twice. The
-//! amounts stay in shared data throughout (the settle table is keyed by the plugin namespace, not
-//! by the engine); what moves is the schedule that flushes them and, on the same root, the calls
-//! in flight that carry some, whose failure must put them back, and those waiting in the open
-//! batch, and the checks other workers relayed or sent for a hot key in those flights, which it
-//! answers to them. A deleted root's calls are answered to no engine: what they carried, and what
-//! waited in its open batch, is put back in shared data first, as a failure would put it back.
-//! Other workers' checks that no call carries yet go back to their workers at once, and those in
-//! a deleted root's flights fail into their failure modes (they may have run).
+//! amounts in the settle table stay there throughout (it is keyed by the plugin namespace, not by
+//! the engine); what moves is the schedule that flushes them, the charges the outgoing engine
+//! held stranded (failed calls' charges the table had no room for), and, on the same root, the
+//! calls in flight that carry some, whose failure must put them back, and those waiting in the
+//! open batch, and the checks other workers relayed or sent for a hot key in those flights, which
+//! it answers to them. A deleted root's calls are answered to no engine: what they carried, and
+//! what waited in its open batch, is put back first, as a failure would put it back (in shared
+//! data, or stranded when it has no room, then moved). Other workers' checks that no call
+//! carries yet go back to their workers at once, and those in a deleted root's flights fail into
+//! their failure modes (they may have run).
 
 use super::calls::{Call, Flight, Purpose};
 use super::coalesce::Told;
@@ -36,6 +38,9 @@ pub struct Pending {
     calls: Vec<Carrying>,
     /// Settlements that were waiting in the open batch: (rule name, the call).
     open: Vec<(String, ScriptCall)>,
+    /// Charges held stranded in the worker: (rule name, bucket key, the key's effective limits,
+    /// tokens).
+    stranded: Vec<(String, String, Limits, u64)>,
     /// The outgoing engine's queue, if it was the proxy's collector: the next engine unnames it
     /// (no flight of it will be answered by the old engine).
     collector: Option<u32>,
@@ -79,15 +84,16 @@ impl Pending {
         self.flushes.is_empty()
             && self.calls.is_empty()
             && self.open.is_empty()
+            && self.stranded.is_empty()
             && self.collector.is_none()
             && self.told.is_empty()
     }
 
-    /// Settlements scheduled or in flight, and checks other workers relayed in flights (for tests
-    /// and logs).
+    /// Settlements scheduled, stranded or in flight, and checks other workers relayed in flights
+    /// (for tests and logs).
     pub fn len(&self) -> usize {
         let in_flight: usize = self.calls.iter().map(|c| c.kept.len()).sum();
-        self.flushes.len() + in_flight + self.open.len()
+        self.flushes.len() + in_flight + self.open.len() + self.stranded.len()
     }
 }
 
@@ -137,7 +143,8 @@ impl Engine {
     /// one on the same root context). Otherwise no engine will see them: what they carried is
     /// pending again in shared data as if they failed after their script may have run (a charge
     /// kept, a refund dropped), and what waited in the open batch as if it never left, each with
-    /// a flush for whichever engine adopts it (else the key's next call carries it).
+    /// a flush for whichever engine adopts it (else the key's next call carries it). Charges held
+    /// stranded (no room in the settle table) go to the next engine as they are.
     pub fn hand_over(&mut self, host: &mut dyn Host, calls_too: bool) -> Pending {
         let queued = self
             .chains
@@ -175,6 +182,13 @@ impl Engine {
             }
             waiting.retain(|c| !c.call.settles());
         }
+        // After the failures above: they may strand charges too.
+        let stranded = self
+            .usage
+            .hand_over_stranded()
+            .into_iter()
+            .map(|(key, c)| (c.rule.name.clone(), key, c.limits, c.tokens))
+            .collect();
         // One flush per key (the earliest): it takes whatever the key has pending then.
         let flushes = self
             .usage
@@ -216,6 +230,7 @@ impl Engine {
             flushes,
             calls,
             open,
+            stranded,
             collector: self.chains.lane().filter(|_| self.collecting),
             told,
         }
@@ -296,6 +311,12 @@ impl Engine {
             }
         }
         let now = self.timer.read(host);
+        for (name, key, limits, tokens) in pending.stranded {
+            match rules.named(&name) {
+                Some(rule) => self.strand(&rule.clone(), &key, limits, tokens, now),
+                None => left.stranded.push((name, key, limits, tokens)),
+            }
+        }
         for (name, call) in pending.open {
             match rules.named(&name) {
                 Some(rule) => {

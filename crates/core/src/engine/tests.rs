@@ -2375,6 +2375,8 @@ mod refund;
 mod relay;
 /// Refunds carry their take's spill epoch; failed calls' refunds.
 mod spill;
+/// Charges a failed call could not put back in a full settle table.
+mod stranded;
 /// Limits picked by a tier.
 mod tiers;
 /// Usage that never becomes readable.

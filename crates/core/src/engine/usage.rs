@@ -16,12 +16,17 @@ mod flushes;
 mod read;
 mod readers;
 mod status;
+mod stranded;
 pub use read::{encoded, from_headers, parse_header, BodyReader, Chunk, Look, Unreadable, WINDOW};
 pub use readers::{Readers, MAX_READERS};
 
 pub(super) use charge::{carry_taken, Settlement};
 pub(super) use flushes::Flush;
 use flushes::Flushes;
+pub(super) use stranded::Charge as StrandedCharge;
+use stranded::Stranded;
+#[cfg(test)]
+pub(super) use stranded::MAX_KEYS as MAX_STRANDED;
 
 use super::requests::Check;
 use super::rules::RuleRef;
@@ -108,14 +113,19 @@ fn known(a: &Admitted, result: Result<u64, Unreadable>) -> Known {
 }
 
 /// A worker's reading of usage: the body readers alive (capped), the settlement flushes
-/// scheduled, and whether an unreadable usage was logged already.
+/// scheduled, the charges stranded by failed calls (capped), and whether an unreadable usage and
+/// a dropped charge were logged already.
 #[derive(Debug, Default)]
 pub(super) struct Usage {
     /// The response bodies this worker is reading for usage (capped).
     readers: Readers,
     flushes: Flushes,
+    /// Charges of failed calls that the settle table had no room for.
+    stranded: Stranded,
     /// Whether an unreadable usage was logged already (once per worker).
     logged: bool,
+    /// Whether a dropped charge was logged already (once per worker).
+    logged_drop: bool,
 }
 
 impl Usage {
@@ -128,6 +138,22 @@ impl Usage {
     /// Whether this is the worker's first unreadable usage (logged once per worker).
     fn first_unreadable(&mut self) -> bool {
         !std::mem::replace(&mut self.logged, true)
+    }
+
+    /// Whether this is the worker's first dropped charge (logged once per worker).
+    fn first_dropped_charge(&mut self) -> bool {
+        !std::mem::replace(&mut self.logged_drop, true)
+    }
+
+    /// Gives up every stranded charge, in key order (for the engine that takes over).
+    pub fn hand_over_stranded(&mut self) -> Vec<(String, StrandedCharge)> {
+        self.stranded.take_all()
+    }
+
+    /// Keys holding a stranded charge.
+    #[cfg(test)]
+    pub fn stranded_keys(&self) -> usize {
+        self.stranded.len()
     }
 
     /// When the first settlement flush is due.

@@ -4,11 +4,17 @@
 //!
 //! Invariant: each admission settles once: the usage its response reported, clamped to
 //! `[0, cap]`, or a worst case never below what it paid up front; a settlement is pending in
-//! shared data, in flight on a call, or applied by the script, and never sent twice. A charge is
-//! never lost on a failed call (it is put back: applied twice, it only lowers the bucket). A
-//! refund is put back only when its call certainly never ran; one whose call may have run is
-//! dropped and counted (`refund_dropped`), as is one whose take's reply carried no spill epoch:
-//! a refund given back twice, or without its epoch, could pass the window bound.
+//! shared data (or, a charge, stranded in the worker), in flight on a call, or applied by the
+//! script, and never sent twice. A charge is never lost on a failed call (it is put back:
+//! applied twice, it only lowers the bucket): in the settle table, or, when the table has no
+//! room for its key, among the worker's stranded charges ([`stranded`]), which the key's next
+//! call or flush carries with what the table holds (dropped and counted, `charge_dropped`, only
+//! past their bound). A refund is put back only when its call certainly never ran and the table
+//! has room for it; one whose call may have run, or with no room, is dropped and counted
+//! (`refund_dropped`), as is one whose take's reply carried no spill epoch: a refund given back
+//! twice, or without its epoch, could pass the window bound, and one dropped only overcharges.
+//!
+//! [`stranded`]: super::stranded
 
 use super::{settlement, Admitted, Chunk, Flush, Known, Look, Usage};
 use crate::backend::ScriptCall;
@@ -231,13 +237,7 @@ impl Engine {
         s: Settlement,
         now: u64,
     ) -> bool {
-        // Calls of one key may carry different tiers' limits, so its pending sum is bounded by
-        // the widest of them: a `free` admission's settlement never cuts a `pro` one's charge.
-        let widest = rule
-            .tiers
-            .as_ref()
-            .map_or(limits.burst, |t| t.widest_burst().max(limits.burst));
-        let limit = settle_limit(widest);
+        let limit = settle_limit(widest_burst(rule, limits));
         let (store, ns) = (host.store(), &self.plugin.ns);
         let kept = match s {
             Settlement::Charge(tokens) => settle::add_charge(store, ns, key, tokens, limit),
@@ -290,9 +290,10 @@ impl Engine {
         let _ = self.enqueue(host, Call::new(rule, call, Purpose::Settle, now));
     }
 
-    /// Takes the part of `key`'s pending settlement that a call under `limits` may carry (the
-    /// script refuses more than [`MAX_SETTLE_BURSTS`] of its bursts, of a charge and of a
-    /// refund); the rest stays pending, with a flush scheduled for it.
+    /// Takes the part of `key`'s pending settlement (in the table, and a charge stranded in the
+    /// worker) that a call under `limits` may carry (the script refuses more than
+    /// [`MAX_SETTLE_BURSTS`] of its bursts, of a charge and of a refund); the rest stays pending,
+    /// with a flush scheduled for it.
     pub(in crate::engine) fn carry_pending(
         &mut self,
         host: &mut dyn Host,
@@ -302,8 +303,13 @@ impl Engine {
         now: u64,
     ) -> settle::Taken {
         let bound = settle_limit(limits.burst);
-        let taken =
+        let mut taken =
             settle::take_within(host.store(), &self.plugin.ns, key, bound).unwrap_or_default();
+        // A charge stranded by a failed call goes with the table's, within the same bound.
+        let room = bound.saturating_sub(taken.charge);
+        let (stranded, left) = self.usage.stranded.take(key, room);
+        taken.charge = taken.charge.saturating_add(stranded);
+        taken.left |= left;
         if taken.left {
             self.schedule_flush(rule.clone(), key.to_string(), limits, now);
         }
@@ -321,10 +327,13 @@ impl Engine {
         }
     }
 
-    /// A call of `rule` that carried a settlement failed. Its charge is pending again. Its
+    /// A call of `rule` that carried a settlement failed. Its charge is pending again: in the
+    /// settle table, or stranded in the worker when the table has no room for the key (never
+    /// sent from here: with the breaker shut, that send would fail straight back here). Its
     /// refund is pending again only if the call certainly never ran (`may_have_run` false: it
-    /// never left, or the backend refused it before the script ran); otherwise it is dropped and
-    /// counted, since the script may have given it back already.
+    /// never left, or the backend refused it before the script ran) and the table has room for
+    /// it; otherwise it is dropped and counted, since the script may have given it back already
+    /// (a refund dropped only overcharges).
     pub(in crate::engine) fn settlement_failed(
         &mut self,
         host: &mut dyn Host,
@@ -335,34 +344,51 @@ impl Engine {
     ) {
         let limits = call.limits();
         if let Ok(charge @ 1..) = u64::try_from(call.settle) {
-            self.keep_pending(
-                host,
-                rule,
-                &call.key,
-                limits,
-                Settlement::Charge(charge),
-                now,
-            );
+            let kept = Settlement::Charge(charge);
+            if !self.keep_pending(host, rule, &call.key, limits, kept, now) {
+                self.strand(rule, &call.key, limits, charge, now);
+            }
         }
         let Some(t) = call.track.filter(|t| t.refund > 0) else {
             return;
         };
-        if may_have_run {
+        let refund = settle::Refund {
+            tokens: t.refund,
+            epoch: t.epoch,
+            mark: t.mark,
+        };
+        let kept = Settlement::Refund(refund);
+        if may_have_run || !self.keep_pending(host, rule, &call.key, limits, kept, now) {
             let m = &self.plugin.metrics;
             m.count(rule.id(), Counter::RefundDropped, t.refund);
-        } else {
-            let refund = settle::Refund {
-                tokens: t.refund,
-                epoch: t.epoch,
-                mark: t.mark,
-            };
-            self.keep_pending(
-                host,
-                rule,
-                &call.key,
-                limits,
-                Settlement::Refund(refund),
-                now,
+        }
+    }
+
+    /// Keeps a failed call's `charge` for `key` in the worker (the settle table had no room for
+    /// it), or one the previous engine held so, with the key's flush scheduled; past the
+    /// worker's bound, drops it and counts it.
+    pub(in crate::engine) fn strand(
+        &mut self,
+        rule: &RuleRef,
+        key: &str,
+        limits: Limits,
+        charge: u64,
+        now: u64,
+    ) {
+        let limit = settle_limit(widest_burst(rule, limits));
+        if self.usage.stranded.keep(rule, key, limits, charge, limit) {
+            self.schedule_flush(rule.clone(), key.to_string(), limits, now);
+            return;
+        }
+        let m = &self.plugin.metrics;
+        m.count(rule.id(), Counter::ChargeDropped, charge);
+        if self.usage.first_dropped_charge() {
+            log::warn!(
+                "tollgate: rule {}: a failed call's usage charge of {charge} was dropped: the \
+                 settle table and this worker's {} stranded charges are full (counted in \
+                 charge_dropped; logged once per worker)",
+                rule.name,
+                super::stranded::MAX_KEYS
             );
         }
     }
@@ -385,8 +411,8 @@ impl Engine {
     /// While the breaker is open no settlement can go out: every flush due before it would let a
     /// call through waits until then, so the tick fires once at that time instead of every
     /// millisecond (a flush the breaker refused would otherwise stay due, or come back after
-    /// `flush_ms`). The settlements stay pending in shared data meanwhile; a call for the key
-    /// still carries its own.
+    /// `flush_ms`). The settlements stay pending meanwhile (in shared data, or stranded in the
+    /// worker); a call for the key still carries its own.
     pub(in crate::engine) fn defer_flushes_while_open(&mut self, host: &mut dyn Host, now: u64) {
         if self.usage.flushes.next_due().is_none_or(|due| due > now) {
             return;
@@ -397,6 +423,15 @@ impl Engine {
         // One flush per key is enough: it takes whatever the key has pending by then.
         self.usage.flushes.defer_until(until);
     }
+}
+
+/// The burst a key's pending sum is bounded by: calls of one key may carry different tiers'
+/// limits, so the widest of them (a `free` admission's settlement never cuts a `pro` one's
+/// charge).
+fn widest_burst(rule: &RuleRef, limits: Limits) -> u64 {
+    rule.tiers
+        .as_ref()
+        .map_or(limits.burst, |t| t.widest_burst().max(limits.burst))
 }
 
 /// The most one settlement may be, for a bucket of `burst`: what one script call may carry.
