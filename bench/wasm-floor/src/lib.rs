@@ -92,19 +92,7 @@ impl Root {
         if flight.is_empty() {
             return;
         }
-        let path = script_path(sha, &keys);
-        let headers = vec![
-            (":method", "GET"),
-            (":path", path.as_str()),
-            (":authority", "webdis"),
-        ];
-        match self.dispatch_http_call(
-            "tollgate_backend",
-            headers,
-            None,
-            vec![],
-            Duration::from_secs(1),
-        ) {
+        match get_from_webdis(self, &script_path(sha, &keys)) {
             Ok(_) => KEPT.with(|k| {
                 let mut k = k.borrow_mut();
                 k.out = true;
@@ -272,18 +260,7 @@ impl Hold {
             Some(sha) => Cow::Owned(script_path(sha, &keys)),
             None => Cow::Borrowed("/PING"),
         };
-        let headers = vec![
-            (":method", "GET"),
-            (":path", path.as_ref()),
-            (":authority", "webdis"),
-        ];
-        match self.dispatch_http_call(
-            "tollgate_backend",
-            headers,
-            None,
-            vec![],
-            Duration::from_secs(1),
-        ) {
+        match get_from_webdis(self, &path) {
             Ok(_) => {
                 HELD.with(|h| {
                     let mut h = h.borrow_mut();
@@ -296,6 +273,26 @@ impl Hold {
             Err(_) => Err(flight),
         }
     }
+}
+
+/// A callout `GET <path>` to Webdis (cluster `tollgate_backend`) from context `ctx`, whose
+/// `on_http_call_response` gets the answer.
+fn get_from_webdis<C: Context + ?Sized>(
+    ctx: &C,
+    path: &str,
+) -> Result<u32, proxy_wasm::types::Status> {
+    let headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", "webdis"),
+    ];
+    ctx.dispatch_http_call(
+        "tollgate_backend",
+        headers,
+        None,
+        vec![],
+        Duration::from_secs(1),
+    )
 }
 
 /// Webdis: EVALSHA <sha> <n> <keys> <burst> <rate> <period_ms> (a limit never reached).
