@@ -300,6 +300,15 @@ impl Usage {
     }
 }
 
+/// One usage rule, `llm` (for the unit tests of this module's parts).
+#[cfg(test)]
+fn usage_rules() -> super::rules::Rules {
+    let json = br#"{"rules":[{"name":"llm","key":["header:x-user"],"rate":1,
+        "usage":{"header":"x-used"}}]}"#;
+    let config = crate::config::Config::try_from(&json[..]).expect("a valid configuration");
+    super::rules::Rules::new(&config.rules)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

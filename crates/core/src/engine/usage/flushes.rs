@@ -107,9 +107,8 @@ impl Flushes {
 
 #[cfg(test)]
 mod tests {
+    use super::super::usage_rules as rules;
     use super::*;
-    use crate::config::Config;
-    use crate::engine::rules::Rules;
 
     fn flush(rule: &RuleRef, due: u64, key: &str) -> Flush {
         Flush {
@@ -118,12 +117,6 @@ mod tests {
             key: key.to_string(),
             limits: rule.limits.limits(),
         }
-    }
-
-    fn rules() -> Rules {
-        let json = br#"{"rules":[{"name":"llm","key":["header:x-user"],"rate":1,
-            "usage":{"header":"x-used"}}]}"#;
-        Rules::new(&Config::try_from(&json[..]).unwrap().rules)
     }
 
     #[test]

@@ -90,15 +90,8 @@ impl Stranded {
 
 #[cfg(test)]
 mod tests {
+    use super::super::usage_rules as rules;
     use super::*;
-    use crate::config::Config;
-    use crate::engine::rules::Rules;
-
-    fn rules() -> Rules {
-        let json = br#"{"rules":[{"name":"llm","key":["header:x-user"],"rate":1,
-            "usage":{"header":"x-used"}}]}"#;
-        Rules::new(&Config::try_from(&json[..]).unwrap().rules)
-    }
 
     #[test]
     fn a_charge_is_summed_bounded_and_taken_once() {
