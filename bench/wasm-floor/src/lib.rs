@@ -141,12 +141,13 @@ impl RootContext for Root {
             _ => Mode::Floor,
         };
         if matches!(self.mode, Mode::Kept(_)) {
-            // A queue of this worker's own (a name per VM: each worker's VM registers one).
-            let nanos = hostcalls::get_current_time()
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos());
-            match hostcalls::register_shared_queue(&format!("wasm-floor-{nanos}")) {
+            // A queue of this worker's own: each worker's VM registers one, under a name no
+            // other VM draws (a name registered again would go to the later VM).
+            use std::hash::{BuildHasher, Hasher};
+            let drawn = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish();
+            match hostcalls::register_shared_queue(&format!("wasm-floor-{drawn:016x}")) {
                 Ok(q) => KEPT.with(|k| k.borrow_mut().queue = q),
                 Err(_) => return false,
             }
@@ -345,6 +346,13 @@ impl HttpContext for KeptRequest {
         });
         if let Some(queue) = note {
             if hostcalls::enqueue_shared_queue(queue, Some(b"leave")).is_err() {
+                // No note will come: this request goes on unchecked, and the next one tries.
+                KEPT.with(|k| {
+                    let mut k = k.borrow_mut();
+                    k.waiting.pop();
+                    k.keys.pop();
+                    k.leaving = false;
+                });
                 return Action::Continue;
             }
         }
