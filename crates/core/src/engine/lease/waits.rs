@@ -121,11 +121,11 @@ impl Queue {
     }
 
     /// `waiter` joins the queue's back under `ticket`, patient until `due`, unless its check
-    /// already waits here.
-    fn join(&mut self, waiter: Waiter, ticket: u64, due: u64) -> bool {
+    /// already waits here; its wait's deadline if it joined.
+    fn join(&mut self, waiter: Waiter, ticket: u64, due: u64) -> Option<Deadline> {
         let id = (waiter.ctx, waiter.check);
         if self.waiting.contains_key(&id) {
-            return false;
+            return None;
         }
         let wait = Wait {
             ticket,
@@ -133,8 +133,20 @@ impl Queue {
             first_due: due,
         };
         self.waiting.insert(id, wait);
-        self.entries.push_back(Entry { ticket, waiter });
-        true
+        let entry = Entry { ticket, waiter };
+        self.entries.push_back(entry);
+        Some(self.deadline(&entry, due))
+    }
+
+    /// The deadline `due` of `e`'s wait.
+    fn deadline(&self, e: &Entry, due: u64) -> Deadline {
+        Deadline {
+            due,
+            key: self.key.clone(),
+            ctx: e.waiter.ctx,
+            check: e.waiter.check,
+            ticket: e.ticket,
+        }
     }
 
     /// The first waiter still waiting (the gone ones before it are dropped).
@@ -245,15 +257,9 @@ impl Waits {
             .entry(key.to_string())
             .or_insert_with(|| Queue::new(key, rule, limits));
         let ticket = self.next_ticket;
-        if q.join(waiter, ticket, due) {
+        if let Some(deadline) = q.join(waiter, ticket, due) {
             self.next_ticket = ticket.wrapping_add(1);
-            self.patience.push_back(Deadline {
-                due,
-                key: q.key.clone(),
-                ctx: waiter.ctx,
-                check: waiter.check,
-                ticket,
-            });
+            self.patience.push_back(deadline);
         }
         q.state == State::Idle
     }
@@ -310,13 +316,7 @@ impl Waits {
                 continue;
             }
             w.due = due;
-            self.patience.push_back(Deadline {
-                due,
-                key: q.key.clone(),
-                ctx: e.waiter.ctx,
-                check: e.waiter.check,
-                ticket: e.ticket,
-            });
+            self.patience.push_back(q.deadline(e, due));
             moved = moved.saturating_add(1);
         }
         self.left_since = self.left_since.saturating_add(moved);
