@@ -37,15 +37,7 @@ fn waiters_that_all_leave_a_keys_queue_cost_a_step_each() {
 
 #[test]
 fn streams_reset_behind_a_keys_lease_call_do_not_grow_its_queue() {
-    let (mut e, _) = engine("", LEASE);
-    let mut h = Fake::default();
-    // A lease call out for key a, never answered while a client opens and resets streams of a.
-    e.request_headers(&mut h, 10.into(), &user("a"));
-    e.request_headers(&mut h, 11.into(), &user("a"));
-    for ctx in 12..100_012u32 {
-        e.request_headers(&mut h, ctx.into(), &user("a"));
-        e.done(&mut h, ctx.into());
-    }
+    let (mut e, mut h) = streams_reset_behind_a_call_out(LEASE);
     let (scanned, kept) = e.waits.work();
     // Two waiters (10, 11): twice them plus 64.
     assert!(kept <= 4 + 64, "{kept} kept");
