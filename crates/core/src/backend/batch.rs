@@ -15,32 +15,33 @@ use crate::bucket::GroupError;
 /// `backend.batch_max_keys` is at most this. The script's bound, defined with its model.
 pub const MAX_BATCH_KEYS: usize = crate::bucket::MAX_BATCH_KEYS;
 
-/// Most bytes the groups of one batched call may add up to ([`batch_bytes`] of each): a bound on
-/// the command a flood of new keys can build, whatever the keys.
+/// Most bytes the groups of one batched call may add up to (each call's
+/// [`Transport::group_bytes`](super::Transport::group_bytes)): a bound on the command a flood of
+/// new keys can build, whatever the keys.
 pub const MAX_BATCH_BYTES: usize = 16384;
 
 /// Integers per key in the batched reply: allowed, remaining, retry_after_ms, reset_after_ms,
 /// granted, penalized.
 pub const GROUP_INTS: usize = 6;
 
-/// The bytes `call` adds to a batched call's command (its key, its count and its arguments), the
-/// larger of the two transports' encodings (Webdis percent-encodes, RESP prefixes lengths), so
-/// one bound holds for both.
-pub fn batch_bytes(call: &ScriptCall) -> usize {
-    super::webdis::group_bytes(call).max(super::resp::group_bytes(call))
-}
-
 /// A batched call's argument groups as one transport encodes them (`encode`: its single form's
 /// arguments of a call, their count returned): `emit` gets, for each call in order, its count
 /// and its encoded arguments, or None for a call whose encoded arguments are the previous
-/// call's (the script's count `0`: the same arguments again).
+/// call's (the script's count `0`: the same arguments again). A call with the previous call's
+/// fields is not encoded again (a flood's calls differ only in their keys).
 pub(super) fn each_group(
     calls: &[&ScriptCall],
     encode: impl Fn(&ScriptCall, &mut Vec<u8>) -> usize,
     mut emit: impl FnMut(Option<(usize, &[u8])>),
 ) {
     let (mut args, mut previous) = (Vec::with_capacity(160), Vec::with_capacity(160));
-    for call in calls {
+    let mut last: Option<&ScriptCall> = None;
+    for &call in calls {
+        if last.is_some_and(|l| l.same_args(call)) {
+            emit(None);
+            continue;
+        }
+        last = Some(call);
         args.clear();
         let count = encode(call, &mut args);
         if args == previous {
@@ -185,6 +186,102 @@ pub(crate) fn sample_calls() -> Vec<ScriptCall> {
 mod tests {
     use super::*;
     use crate::bucket::Penalized;
+
+    /// A call whose fields differ from the previous call's in anything but the key has its
+    /// arguments written out; one that differs only in its key goes as `0`.
+    #[test]
+    fn only_a_call_that_differs_in_its_key_alone_has_the_same_arguments() {
+        let limits = crate::bucket::Limits {
+            burst: 200,
+            rate: 100,
+            period_ms: 1000,
+        };
+        let base = ScriptCall {
+            lease_want: 5,
+            max_wait_ms: 250,
+            settle: 3,
+            track: Some(crate::bucket::Tracked {
+                refund: 1,
+                epoch: 2,
+                mark: 3,
+            }),
+            holder: Some(Box::new(crate::bucket::Holder::new(
+                7,
+                3,
+                1450,
+                &[(40, 30)],
+            ))),
+            penalty: crate::bucket::Penalty::new(3_600_000, &[120_000]),
+            ..ScriptCall::new("tollgate:{a:01}".into(), &limits, 1)
+        };
+        let other_key = ScriptCall {
+            key: "tollgate:{a:02}".into(),
+            ..base.clone()
+        };
+        assert!(base.same_args(&other_key));
+        let one_field_apart: Vec<ScriptCall> = vec![
+            ScriptCall {
+                burst: 201,
+                ..base.clone()
+            },
+            ScriptCall {
+                rate: 101,
+                ..base.clone()
+            },
+            ScriptCall {
+                period_ms: 1001,
+                ..base.clone()
+            },
+            ScriptCall {
+                cost: 2,
+                ..base.clone()
+            },
+            ScriptCall {
+                lease_want: 6,
+                ..base.clone()
+            },
+            ScriptCall {
+                max_wait_ms: 251,
+                ..base.clone()
+            },
+            ScriptCall {
+                settle: 4,
+                ..base.clone()
+            },
+            ScriptCall {
+                track: Some(crate::bucket::Tracked {
+                    refund: 1,
+                    epoch: 2,
+                    mark: 4,
+                }),
+                ..base.clone()
+            },
+            ScriptCall {
+                holder: Some(Box::new(crate::bucket::Holder::new(
+                    7,
+                    4,
+                    1450,
+                    &[(40, 30)],
+                ))),
+                ..base.clone()
+            },
+            ScriptCall {
+                penalty: crate::bucket::Penalty::new(3_600_000, &[120_001]),
+                ..base.clone()
+            },
+        ];
+        for call in &one_field_apart {
+            assert!(!base.same_args(call), "{call:?}");
+            let mut emitted = Vec::new();
+            let encode = |c: &ScriptCall, out: &mut Vec<u8>| {
+                c.push_args(crate::backend::Tail::Full, |arg| out.extend_from_slice(arg))
+            };
+            each_group(&[&base, call], encode, |g| {
+                emitted.push(g.map(|(count, args)| (count, args.to_vec())));
+            });
+            assert!(emitted[1].is_some(), "written out again: {call:?}");
+        }
+    }
 
     fn reply(allowed: bool, remaining: u64, retry: i64, reset: u64, granted: u64) -> Reply {
         Reply {

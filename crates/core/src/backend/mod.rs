@@ -12,9 +12,7 @@ pub mod script;
 pub mod slot;
 pub mod webdis;
 
-pub use batch::{
-    batch_bytes, batch_replies, batch_replies_asked, reply_ints, MAX_BATCH_BYTES, MAX_BATCH_KEYS,
-};
+pub use batch::{batch_replies, batch_replies_asked, reply_ints, MAX_BATCH_BYTES, MAX_BATCH_KEYS};
 pub use exchange::{Answer, Outgoing, Payload, MAX_REPLY_BYTES};
 pub use slot::slot;
 
@@ -31,6 +29,9 @@ pub trait Transport {
     /// out with `request`, whose bytes are the single form's). Each group's arguments are what
     /// `request` sends after the key, written by the same code.
     fn request_batch(&self, calls: &[&ScriptCall], with_source: bool) -> Outgoing;
+    /// The bytes `call` adds to a `request_batch` command: its key, its count and its
+    /// arguments (the engine bounds an open batch by their sum, [`MAX_BATCH_BYTES`]).
+    fn group_bytes(&self, call: &ScriptCall) -> usize;
     /// The answer to a `request_batch` of `n` calls, `asks` saying which of them sent the
     /// tracked form (8 integers each, 6 for the others; empty: none did): `Err` = the whole request
     /// failed (every call gets it: no answer, NOSCRIPT, CROSSSLOT, a Redis error, anything but
@@ -90,6 +91,36 @@ impl ScriptCall {
             holder: None,
             penalty: None,
         }
+    }
+
+    /// Whether `other` sends this call's arguments after the key: the same fields, so the same
+    /// encoded arguments in either transport (a batched call sends `0` for them).
+    pub fn same_args(&self, other: &ScriptCall) -> bool {
+        // Every field but the key, named: a new field must be compared here too.
+        let ScriptCall {
+            key: _,
+            burst,
+            rate,
+            period_ms,
+            cost,
+            lease_want,
+            max_wait_ms,
+            settle,
+            track,
+            holder,
+            penalty,
+        } = self;
+        (burst, rate, period_ms, cost, lease_want, max_wait_ms)
+            == (
+                &other.burst,
+                &other.rate,
+                &other.period_ms,
+                &other.cost,
+                &other.lease_want,
+                &other.max_wait_ms,
+            )
+            && (settle, track, holder, penalty)
+                == (&other.settle, &other.track, &other.holder, &other.penalty)
     }
 
     /// Whether the call sends the tracked form of the settlement (its reply has the epoch).

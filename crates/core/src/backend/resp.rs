@@ -164,6 +164,10 @@ impl Transport for Resp {
         Outgoing::Resp(batch_command(calls, self.invoke(with_source)))
     }
 
+    fn group_bytes(&self, call: &ScriptCall) -> usize {
+        group_bytes(call)
+    }
+
     fn decode_batch(
         &self,
         answer: &Answer,

@@ -21,10 +21,10 @@ impl OpenBatch {
         self.calls.is_empty()
     }
 
-    /// Whether a call of `bytes` ([`batch_bytes`]) would not fit next to what is open (at most
+    /// Whether a call of `bytes` ([`group_bytes`]) would not fit next to what is open (at most
     /// `max_keys` calls).
     ///
-    /// [`batch_bytes`]: crate::backend::batch_bytes
+    /// [`group_bytes`]: crate::backend::Transport::group_bytes
     pub fn no_room_for(&self, bytes: usize, max_keys: usize) -> bool {
         !self.calls.is_empty()
             && (self.calls.len() >= max_keys || self.bytes.saturating_add(bytes) > MAX_BATCH_BYTES)
@@ -35,10 +35,10 @@ impl OpenBatch {
         self.calls.len() >= max_keys
     }
 
-    /// Adds `call` of `bytes` ([`batch_bytes`]); `behind_flight`: a flight of the open batch is
+    /// Adds `call` of `bytes` ([`group_bytes`]); `behind_flight`: a flight of the open batch is
     /// out (it waits for it).
     ///
-    /// [`batch_bytes`]: crate::backend::batch_bytes
+    /// [`group_bytes`]: crate::backend::Transport::group_bytes
     pub fn push(&mut self, call: Call, bytes: usize, behind_flight: bool) {
         self.bytes = self.bytes.saturating_add(bytes);
         self.gathered |= behind_flight;

@@ -23,7 +23,7 @@ use super::ids::{CheckId, ContextId, Token};
 use super::rules::RuleRef;
 use super::verdict::Outcome;
 use super::{coalesce, Engine};
-use crate::backend::{batch_bytes, slot, BackendError, Reply, ScriptCall};
+use crate::backend::{slot, BackendError, Reply, ScriptCall};
 use crate::bucket::Penalized;
 use crate::config::FailureMode;
 use crate::metrics::{Counter, Metrics};
@@ -136,7 +136,7 @@ impl Engine {
         if self.calls.full(max_inflight) {
             return Err(self.overflow(host, out));
         }
-        let mut bytes = batch_bytes(&out.call);
+        let mut bytes = self.plugin.transport.group_bytes(&out.call);
         if self.open.no_room_for(bytes, max_keys) {
             self.dispatch_open(host);
             if self.calls.full(max_inflight) {
@@ -144,7 +144,7 @@ impl Engine {
             }
         }
         if self.carry(host, &mut out) {
-            bytes = batch_bytes(&out.call);
+            bytes = self.plugin.transport.group_bytes(&out.call);
         }
         self.open.push(out, bytes, self.calls.batched_out());
         if self.open.is_full(max_keys) && !self.calls.full(max_inflight) {
@@ -259,7 +259,7 @@ impl Engine {
             let mut slots = by_slot(calls).into_iter();
             let first = slots.next().unwrap_or_default();
             for c in slots.flatten() {
-                let bytes = batch_bytes(&c.call);
+                let bytes = self.plugin.transport.group_bytes(&c.call);
                 self.open.push(c, bytes, true);
             }
             self.dispatch_apart(host, first, Apart::Together, now);
