@@ -140,12 +140,11 @@ impl Engine {
     /// Keeps the request of `ctx`, decided by `checks`, and sends (or queues) the calls its
     /// undecided checks need.
     fn send_undecided(&mut self, host: &mut dyn Host, ctx: ContextId, checks: Vec<Check>) {
-        let undecided: Vec<(CheckId, Route)> = checks
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.outcome.is_none())
-            .map(|(i, c)| (CheckId::at(i), c.route))
-            .collect();
+        // A lease call checks the breaker when it is about to go out, a flight when it leaves
+        // (the half-open probe is claimed then); an open breaker refuses the others here.
+        let own_call = |c: &Check| c.route != Route::Lease;
+        let n = checks.len();
+        let calls_own = checks.iter().any(|c| c.outcome.is_none() && own_call(c));
         if checks.iter().any(|c| c.rule.reads_body()) {
             // Its usage will be read from the body, which the filter reads only unencoded: ask
             // the upstream for that (an answer encoded anyway is charged the worst case).
@@ -153,19 +152,20 @@ impl Engine {
         }
         self.requests.insert(ctx, Request::Deciding(checks));
         let now = self.timer.read(host);
-        // A lease call checks the breaker when it is about to go out, a flight when it leaves
-        // (the half-open probe is claimed then); an open breaker refuses the others here.
-        let own_call = |route: &Route| *route != Route::Lease;
-        if undecided.iter().any(|(_, r)| own_call(r)) && self.breaker_refuses(host, now) {
+        if calls_own && self.breaker_refuses(host, now) {
             // The breaker is open: the failure mode answers now, no request waits on a dead backend.
-            for (check, _) in undecided.iter().filter(|(_, r)| own_call(r)) {
-                self.fail_check(host, ctx, *check, &BackendError::CircuitOpen, now);
+            for check in (0..n).map(CheckId::at) {
+                if self.requests.waiting(ctx, check).is_some_and(own_call) {
+                    self.fail_check(host, ctx, check, &BackendError::CircuitOpen, now);
+                }
             }
         }
-        for (check, route) in undecided {
-            if !self.requests.is_waiting(ctx, check) {
+        // Each check still undecided when its turn comes (an earlier one's failure mode may have
+        // answered the request).
+        for check in (0..n).map(CheckId::at) {
+            let Some(route) = self.requests.waiting(ctx, check).map(|c| c.route) else {
                 continue;
-            }
+            };
             match route {
                 Route::Exact => self.send_exact(host, ctx, check, now),
                 Route::Lease => self.wait_for_lease(host, ctx, check, now),
