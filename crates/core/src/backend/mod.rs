@@ -110,17 +110,16 @@ impl ScriptCall {
             holder,
             penalty,
         } = self;
-        (burst, rate, period_ms, cost, lease_want, max_wait_ms)
-            == (
-                &other.burst,
-                &other.rate,
-                &other.period_ms,
-                &other.cost,
-                &other.lease_want,
-                &other.max_wait_ms,
-            )
-            && (settle, track, holder, penalty)
-                == (&other.settle, &other.track, &other.holder, &other.penalty)
+        *burst == other.burst
+            && *rate == other.rate
+            && *period_ms == other.period_ms
+            && *cost == other.cost
+            && *lease_want == other.lease_want
+            && *max_wait_ms == other.max_wait_ms
+            && *settle == other.settle
+            && *track == other.track
+            && *holder == other.holder
+            && *penalty == other.penalty
     }
 
     /// Whether the call sends the tracked form of the settlement (its reply has the epoch).
