@@ -10,7 +10,7 @@ use libfuzzer_sys::arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use tollgate_core::backend::webdis::Invoke;
 use tollgate_core::backend::{
-    batch_bytes, batch_replies, resp, webdis, BackendError, ScriptCall, MAX_REPLY_BYTES,
+    batch_replies, resp, webdis, BackendError, ScriptCall, MAX_REPLY_BYTES,
 };
 
 #[path = "../common/script_call.rs"]
@@ -132,11 +132,13 @@ fuzz_target!(|data: &[u8]| {
         check_batch(&args, &calls, verb, &first.script, &|c| {
             split_resp(&resp::command(c, invoke))
         });
-        // The groups' bytes are all of both commands but the verb, the script, n and "batch".
-        let groups: usize = calls.iter().map(batch_bytes).sum();
+        // Each transport's groups' bytes are all of its command but the verb, the script, n and
+        // "batch".
+        let webdis_groups: usize = calls.iter().map(webdis::group_bytes).sum();
+        let resp_groups: usize = calls.iter().map(resp::group_bytes).sum();
         let script = first.script.len();
-        assert!(body.len() <= verb.len() + 3 * script + 16 + groups);
-        assert!(cmd.len() <= verb.len() + script + 128 + groups);
+        assert!(body.len() <= verb.len() + 3 * script + 16 + webdis_groups);
+        assert!(cmd.len() <= verb.len() + script + 128 + resp_groups);
         return;
     }
     let n = 1 + usize::from(mode / 2) % 8;
