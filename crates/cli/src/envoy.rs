@@ -5,8 +5,10 @@
 //!
 //! Invariant: a filter is known by the type of its `typed_config` (what follows the type URL's
 //! last `/`), given directly or wrapped in a TypedStruct (`udpa.type.v1` or `xds.type.v3`, the
-//! message under `value`), as Envoy knows it; never by its name, which Envoy leaves free. The
-//! document is only read: any shape gives an answer or a message, never a panic.
+//! message under `value`), as Envoy knows it; never by its name, which Envoy leaves free. A
+//! field is found under either name Envoy accepts for it, the proto's (`http_filters`) or its
+//! JSON name (`httpFilters`). The document is only read: any shape gives an answer or a message,
+//! never a panic.
 
 use serde_json::Value;
 
@@ -57,8 +59,7 @@ const METADATA_FIELDS: [&str; 3] = [
 /// and what else `check` reads of it.
 pub fn read(doc: &Value) -> Result<(Vec<u8>, Bootstrap), LoadError> {
     let (json, ours) = configuration(doc)?;
-    let clusters = doc
-        .get("static_resources")
+    let clusters = field(doc, "static_resources")
         .and_then(|r| r.get("clusters"))
         .and_then(Value::as_array)
         .map(|clusters| {
@@ -79,7 +80,7 @@ pub fn read(doc: &Value) -> Result<(Vec<u8>, Bootstrap), LoadError> {
 fn typed(any: &Value) -> Option<(&str, &Value)> {
     let name = type_name(any.get("@type")?.as_str()?);
     if TYPED_STRUCTS.contains(&name) {
-        let inner = type_name(any.get("type_url")?.as_str()?);
+        let inner = type_name(field(any, "type_url")?.as_str()?);
         return Some((inner, any.get("value")?));
     }
     Some((name, any))
@@ -88,6 +89,35 @@ fn typed(any: &Value) -> Option<(&str, &Value)> {
 /// What follows a type URL's last `/` (`type.googleapis.com/a.B` -> `a.B`), as Envoy reads it.
 fn type_name(url: &str) -> &str {
     url.rsplit_once('/').map_or(url, |(_, name)| name)
+}
+
+/// Field `name` (the proto's name, snake_case) of message `v`, under that name or its JSON name
+/// (lowerCamelCase: `static_resources` is also `staticResources`), both of which Envoy reads.
+pub fn field<'v>(v: &'v Value, name: &str) -> Option<&'v Value> {
+    v.get(name).or_else(|| {
+        if name.contains('_') {
+            v.get(json_name(name).as_str())
+        } else {
+            None
+        }
+    })
+}
+
+/// The JSON name of proto field `name`: each `_` dropped and the letter after it upper-cased.
+fn json_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.push(c.to_ascii_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The string the `configuration` of tollgate's Wasm filter holds (of those whose `root_id` is
@@ -101,7 +131,7 @@ fn configuration(doc: &Value) -> Result<(Vec<u8>, Vec<&Value>), LoadError> {
         _ => filters
             .iter()
             .copied()
-            .filter(|c| c.get("root_id").and_then(Value::as_str) == Some("tollgate"))
+            .filter(|c| field(c, "root_id").and_then(Value::as_str) == Some("tollgate"))
             .collect(),
     };
     let mut configurations: Vec<Option<&str>> = ours
@@ -158,7 +188,7 @@ fn wasm_filters<'v>(v: &'v Value, out: &mut Vec<&'v Value>) {
 fn find_chains(v: &Value, listener: Option<&str>, ours: &[&Value], out: &mut Vec<Chain>) {
     match v {
         Value::Object(map) => {
-            if let Some(Value::Array(filters)) = map.get("http_filters") {
+            if let Some(Value::Array(filters)) = field(v, "http_filters") {
                 if let Some(chain) = chain(filters, listener, ours) {
                     out.push(chain);
                 }
@@ -210,7 +240,7 @@ fn chain(filters: &[Value], listener: Option<&str>, ours: &[&Value]) -> Option<C
 
 /// The type name and message of an `http_filters` entry's `typed_config`.
 fn message(filter: &Value) -> Option<(&str, &Value)> {
-    typed(filter.get("typed_config")?)
+    typed(field(filter, "typed_config")?)
 }
 
 /// The metadata fields the providers of a `jwt_authn` configuration write, sorted, once each.
@@ -220,7 +250,7 @@ fn written(jwt: &Value) -> Vec<String> {
         .and_then(Value::as_object)
         .into_iter()
         .flat_map(|providers| providers.values())
-        .flat_map(|p| METADATA_FIELDS.iter().filter_map(|f| p.get(*f)?.as_str()))
+        .flat_map(|p| METADATA_FIELDS.iter().filter_map(|f| field(p, f)?.as_str()))
         .filter(|f| !f.is_empty())
         .map(str::to_string)
         .collect();

@@ -97,7 +97,7 @@ pub fn extract(bytes: &[u8]) -> Result<Extracted, LoadError> {
     if first == Some(&b'{') {
         // An Envoy bootstrap in JSON; anything else goes to the filter as it is.
         if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(bytes) {
-            if doc.get("static_resources").is_some() {
+            if crate::envoy::field(&doc, "static_resources").is_some() {
                 return bootstrap(&doc);
             }
         }
@@ -108,7 +108,7 @@ pub fn extract(bytes: &[u8]) -> Result<Extracted, LoadError> {
     let doc: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| {
         LoadError::NotAConfiguration(format!("neither JSON nor a YAML manifest: {e}"))
     })?;
-    if doc.get("static_resources").is_some() {
+    if crate::envoy::field(&doc, "static_resources").is_some() {
         return bootstrap(&doc);
     }
     let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default();

@@ -1385,3 +1385,90 @@ fn inspect_shows_the_penalty_box_credit_keeps_it_reset_empties_it() {
     let after = script(&mut conn, &key, &args);
     assert_eq!((after[0], after[5]), (1, 0), "let in again: {after:?}");
 }
+
+/// `doc` with every object key that has a `_` in its JSON name (lowerCamelCase), as protobuf's
+/// JSON mapping writes it and Envoy reads it: `static_resources` is `staticResources`.
+fn json_names(doc: serde_json::Value) -> serde_json::Value {
+    match doc {
+        serde_json::Value::Object(map) => map
+            .into_iter()
+            .map(|(key, v)| {
+                let mut name = String::new();
+                let mut upper = false;
+                for c in key.chars() {
+                    match c {
+                        '_' => upper = true,
+                        c if upper => {
+                            name.push(c.to_ascii_uppercase());
+                            upper = false;
+                        }
+                        c => name.push(c),
+                    }
+                }
+                (name, json_names(v))
+            })
+            .collect(),
+        serde_json::Value::Array(items) => items.into_iter().map(json_names).collect(),
+        other => other,
+    }
+}
+
+/// Envoy reads a field under its proto name or its JSON name; so does `check`: a bootstrap
+/// written with JSON names (`staticResources`, `httpFilters`, `typedConfig`, `rootId`,
+/// `typeUrl`, `payloadInMetadata`) gives what the same bootstrap with proto names gives, its
+/// warnings included, whether the file is JSON or YAML.
+#[test]
+fn check_reads_a_bootstrap_written_with_json_names() {
+    let dir = scratch_dir("cli-json-names");
+    let config = r#"{"backend": {"cluster": "webdis"}, "rules": [
+        {"name": "per-user", "key": ["metadata:envoy.filters.http.jwt_authn:payload.sub"],
+         "rate": 5, "burst": 5}]}"#;
+    let ours = wasm("tollgate", config);
+    let wrapped = typed_struct_wasm(
+        "udpa.type.v1.TypedStruct",
+        "tollgate",
+        &serde_json::from_str::<serde_json::Value>(config)
+            .unwrap()
+            .to_string(),
+    );
+    let payload = jwt_authn(&[Some("payload")]);
+    for (what, filters, clusters) in [
+        (
+            "no warning",
+            [payload.as_str(), &ours].concat(),
+            &["webdis"][..],
+        ),
+        (
+            "jwt_authn after tollgate",
+            [ours.as_str(), &payload].concat(),
+            &["webdis"],
+        ),
+        (
+            "a TypedStruct, no backend cluster",
+            [payload.as_str(), &wrapped].concat(),
+            &["app"],
+        ),
+    ] {
+        let snake = dir.join("snake.yaml");
+        std::fs::write(&snake, bootstrap_yaml(&filters, clusters)).unwrap();
+        let want = ok(&["check", snake.to_str().unwrap()]).replace(snake.to_str().unwrap(), "F");
+        let doc: serde_json::Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(&snake).unwrap()).unwrap();
+        let camel = json_names(doc);
+        assert!(camel.get("staticResources").is_some(), "{camel}");
+        let text = camel.to_string();
+        assert!(!text.contains("http_filters") && text.contains("payloadInMetadata"));
+        for (file, body) in [
+            ("camel.json", text.clone()),
+            ("camel.yaml", format!("# a YAML file\n{text}\n")),
+        ] {
+            let path = dir.join(file);
+            std::fs::write(&path, body).unwrap();
+            let got = ok(&["check", path.to_str().unwrap()]).replace(path.to_str().unwrap(), "F");
+            assert_eq!(got, want, "{what}, {file}");
+        }
+        if what != "no warning" {
+            assert!(!warnings(&want).is_empty(), "{what}: {want}");
+        }
+    }
+}
