@@ -1,7 +1,7 @@
-//! What `check` says about an Envoy bootstrap around the filter: a backend cluster it lacks, and
-//! a rule keyed on what `jwt_authn` verified when no `jwt_authn` before tollgate writes the field
-//! the key reads (no `jwt_authn` in tollgate's `http_filters`, one only after tollgate, or none
-//! whose providers write it).
+//! What `check` says about an Envoy bootstrap around the filter: a backend cluster it lacks, a
+//! matcher that may skip the filter, and a rule keyed on what `jwt_authn` verified when no
+//! `jwt_authn` before tollgate writes the field the key reads (no `jwt_authn` in tollgate's
+//! `http_filters`, one only after tollgate, or none whose providers write it).
 //!
 //! Invariant: these are warnings, one line each that says what to change; none refuses the
 //! configuration (the filter loads it all the same, and Envoy may get the rest by xDS).
@@ -27,6 +27,16 @@ pub fn warnings(config: &Config, bootstrap: &Bootstrap) -> Vec<String> {
             "warning: the bootstrap has no static cluster \"{cluster}\" (backend.cluster; \
              {theirs}): unless CDS adds it, every check fails into the failure mode"
         ));
+    }
+    for chain in bootstrap.chains.iter().filter(|c| c.matched) {
+        let line = format!(
+            "warning: tollgate's Wasm filter in {} is wrapped in an ExtensionWithMatcher: the \
+             requests its matcher skips the filter for reach the upstream with no limit",
+            place(chain)
+        );
+        if !out.contains(&line) {
+            out.push(line);
+        }
     }
     for rule in &config.rules {
         let keys = rule.key.iter().map(|k| (k, Use::Key));
@@ -85,10 +95,7 @@ impl Use {
 /// What is wrong with `chain` for a key that reads `field` (the first field after the namespace)
 /// and what to change, or None if a `jwt_authn` before tollgate writes it.
 fn change(chain: &Chain, field: &str) -> Option<String> {
-    let place = match &chain.listener {
-        Some(name) => format!("the http_filters of listener \"{name}\""),
-        None => "the http_filters holding tollgate".to_string(),
-    };
+    let place = place(chain);
     let before: Vec<_> = chain.jwt_authn.iter().filter(|j| j.before).collect();
     if chain.jwt_authn.is_empty() {
         return Some(format!(
@@ -120,6 +127,14 @@ fn change(chain: &Chain, field: &str) -> Option<String> {
     ))
 }
 
+/// Where `chain` is, in a warning.
+fn place(chain: &Chain) -> String {
+    match &chain.listener {
+        Some(name) => format!("the http_filters of listener \"{name}\""),
+        None => "the http_filters holding tollgate".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +150,7 @@ mod tests {
     fn chain(listener: Option<&str>, jwt_authn: Vec<JwtAuthn>) -> Chain {
         Chain {
             listener: listener.map(str::to_string),
+            matched: false,
             jwt_authn,
         }
     }

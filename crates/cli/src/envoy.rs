@@ -28,6 +28,9 @@ pub struct Bootstrap {
 pub struct Chain {
     /// The name of the listener it is in, if it is in a named one.
     pub listener: Option<String>,
+    /// Tollgate's filter is wrapped in an `ExtensionWithMatcher`: its matcher may skip it for
+    /// some requests.
+    pub matched: bool,
     /// Its `jwt_authn` filters, in order.
     pub jwt_authn: Vec<JwtAuthn>,
 }
@@ -46,6 +49,9 @@ pub struct JwtAuthn {
 const WASM: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
 /// The type of Envoy's JWT authentication filter.
 const JWT_AUTHN: &str = "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
+/// The wrapper that gives an HTTP filter a matcher (which may skip it for some requests):
+/// `extension_config` holds the filter as an `http_filters` entry does (`name`, `typed_config`).
+const EXTENSION_WITH_MATCHER: &str = "envoy.extensions.common.matching.v3.ExtensionWithMatcher";
 /// The wrappers that carry a message as JSON: `type_url` names it, `value` holds it.
 const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
 /// The fields of a `jwt_authn` provider that name where in its metadata namespace it writes.
@@ -232,15 +238,24 @@ fn chain(filters: &[Value], listener: Option<&str>, ours: &[&Value]) -> Option<C
             _ => None,
         })
         .collect();
+    let matched = filters
+        .get(tollgate)
+        .and_then(|f| typed(field(f, "typed_config")?))
+        .is_some_and(|(name, _)| name == EXTENSION_WITH_MATCHER);
     Some(Chain {
         listener: listener.map(str::to_string),
+        matched,
         jwt_authn,
     })
 }
 
-/// The type name and message of an `http_filters` entry's `typed_config`.
+/// The type name and message of an `http_filters` entry's `typed_config`; of the filter it
+/// wraps, for an `ExtensionWithMatcher`.
 fn message(filter: &Value) -> Option<(&str, &Value)> {
-    typed(field(filter, "typed_config")?)
+    match typed(field(filter, "typed_config")?)? {
+        (EXTENSION_WITH_MATCHER, wrapper) => message(field(wrapper, "extension_config")?),
+        other => Some(other),
+    }
 }
 
 /// The metadata fields the providers of a `jwt_authn` configuration write, sorted, once each.
@@ -344,6 +359,7 @@ mod tests {
             [
                 Chain {
                     listener: Some("a".to_string()),
+                    matched: false,
                     jwt_authn: vec![
                         JwtAuthn {
                             before: true,
@@ -357,6 +373,7 @@ mod tests {
                 },
                 Chain {
                     listener: None,
+                    matched: false,
                     jwt_authn: vec![]
                 },
             ]

@@ -1472,3 +1472,66 @@ fn check_reads_a_bootstrap_written_with_json_names() {
         }
     }
 }
+
+/// Tollgate's filter under a matcher (an `ExtensionWithMatcher`, which may skip it for the
+/// requests it matches) is still found in its `http_filters`, `jwt_authn` around it is judged as
+/// for a bare filter, and `check` says that the requests the matcher skips go unlimited.
+#[test]
+fn check_reads_a_wasm_filter_under_a_matcher_and_warns_of_it() {
+    let dir = scratch_dir("cli-matcher");
+    let file = dir.join("envoy.yaml");
+    let path = file.to_str().unwrap();
+    let config = r#"{"backend": {"cluster": "webdis"}, "rules": [
+        {"name": "per-user", "key": ["metadata:envoy.filters.http.jwt_authn:payload.sub"],
+         "rate": 5, "burst": 5}]}"#;
+    // The bare entry's typed_config, one level deeper under extension_config.
+    let bare = wasm("tollgate", config);
+    let (head, tail) = bare.split_once("            typed_config:\n").unwrap();
+    let inner: String = tail.lines().map(|l| format!("    {l}\n")).collect();
+    let matched = format!(
+        "{head}            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
+              xds_matcher:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      single_predicate:
+                        input:
+                          name: request-headers
+                          typed_config:
+                            \"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                            header_name: x-skip
+                        value_match: {{exact: \"1\"}}
+                    on_match:
+                      action:
+                        name: skip
+                        typed_config:
+                          \"@type\": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+              extension_config:
+                name: envoy.filters.http.wasm
+                typed_config:
+{inner}"
+    );
+    let payload = jwt_authn(&[Some("payload")]);
+    let check = |filters: &str| {
+        std::fs::write(&file, bootstrap_yaml(filters, &["webdis"])).unwrap();
+        ok(&["check", path])
+    };
+    let skipped = "warning: tollgate's Wasm filter in the http_filters of listener \"ingress\" is \
+                   wrapped in an ExtensionWithMatcher: the requests its matcher skips the filter \
+                   for reach the upstream with no limit";
+    let out = check(&[payload.as_str(), &matched].concat());
+    assert!(out.contains("  per-user: 5 per second"), "{out}");
+    assert_eq!(warnings(&out), [skipped], "{out}");
+    // jwt_authn after the wrapped filter is seen there.
+    let out = check(&[matched.as_str(), &payload].concat());
+    assert_eq!(warnings(&out).len(), 2, "{out}");
+    assert!(
+        warnings(&out)[1]
+            .contains("jwt_authn comes after tollgate in the http_filters of listener"),
+        "{out}"
+    );
+    // The bare filter: no matcher to warn of.
+    let out = check(&[payload.as_str(), &bare].concat());
+    assert!(warnings(&out).is_empty(), "{out}");
+}
