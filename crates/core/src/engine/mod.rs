@@ -200,9 +200,12 @@ impl Engine {
                 calls.retain(|c| !matches!(c.purpose, Purpose::Settle) || c.call.settles());
             }
             if apart == send::Apart::BySlot {
-                self.learn_cluster(host, calls, now);
-            } else {
-                self.dispatch_apart(host, calls, apart, now);
+                self.learn_cluster(host);
+            }
+            self.send_apart_again(host, calls, apart, now);
+            if flight.batched {
+                // None may have gone again: no flight of the open batch may be out any more.
+                self.stop_collecting(host);
             }
             self.schedule(host, now, false);
             return;

@@ -77,6 +77,15 @@ fn by_slot(calls: Vec<Call>) -> Vec<Vec<Call>> {
     by_slot.into_iter().map(|(_, group)| group).collect()
 }
 
+/// `calls` as the flights `apart` sends them in.
+fn flights_of(calls: Vec<Call>, apart: Apart) -> Vec<Vec<Call>> {
+    match apart {
+        Apart::Together => vec![calls],
+        Apart::Alone => calls.into_iter().map(|c| vec![c]).collect(),
+        Apart::BySlot => by_slot(calls),
+    }
+}
+
 /// The retry time of a denial made because the fallback bucket's shared data kept failing.
 const FALLBACK_FAILING_RETRY_MS: u64 = 1000;
 
@@ -279,19 +288,8 @@ impl Engine {
     /// Sends `calls` as flights that left from the open batch: all in one, one per Cluster slot,
     /// or each alone. A flight that cannot go out (`max_inflight`, or the host refused it) fails
     /// its calls.
-    pub(super) fn dispatch_apart(
-        &mut self,
-        host: &mut dyn Host,
-        calls: Vec<Call>,
-        apart: Apart,
-        now: u64,
-    ) {
-        let flights = match apart {
-            Apart::Together => vec![calls],
-            Apart::Alone => calls.into_iter().map(|c| vec![c]).collect(),
-            Apart::BySlot => by_slot(calls),
-        };
-        for calls in flights {
+    fn dispatch_apart(&mut self, host: &mut dyn Host, calls: Vec<Call>, apart: Apart, now: u64) {
+        for calls in flights_of(calls, apart) {
             let failed = if self.calls.full(self.plugin.config.backend.max_inflight) {
                 for c in &calls {
                     let m = &self.plugin.metrics;
@@ -322,8 +320,8 @@ impl Engine {
 
     /// A flight of several keys was refused for their slots (CROSSSLOT, before the script ran):
     /// the backend is a Redis Cluster. Every worker of the proxy sends one slot per flight from
-    /// now on; these calls go again that way.
-    pub(super) fn learn_cluster(&mut self, host: &mut dyn Host, calls: Vec<Call>, now: u64) {
+    /// now on.
+    pub(super) fn learn_cluster(&mut self, host: &mut dyn Host) {
         if !self.knows_cluster(host) {
             log::info!(
                 "tollgate: the backend is a Redis Cluster: a backend request carries the checks \
@@ -333,7 +331,39 @@ impl Engine {
             let _ = host.store().set(&key, b"1", 0);
             self.cluster_known = true;
         }
-        self.dispatch_apart(host, calls, Apart::BySlot, now);
+    }
+
+    /// The calls of a flight refused for their slots, or failed by one node's error, go again
+    /// `apart`, as the breaker lets calls out now (it may have opened while their flight was
+    /// out, or that flight was its probe): all of them while it is closed; one flight after a
+    /// cool-off (the probe); none while it is open. A call that does not go ends as one the
+    /// breaker refused: its failure mode, its settlement pending again (a refund its flight
+    /// may have given back is gone from it already).
+    pub(super) fn send_apart_again(
+        &mut self,
+        host: &mut dyn Host,
+        calls: Vec<Call>,
+        apart: Apart,
+        now: u64,
+    ) {
+        let (go, refused) = match self.health(host.store()).gate(now) {
+            Gate::Closed => (calls, Vec::new()),
+            Gate::Shut => (Vec::new(), calls),
+            Gate::Probe => {
+                let mut flights = flights_of(calls, apart).into_iter();
+                let first = flights.next().unwrap_or_default();
+                (first, flights.flatten().collect())
+            }
+        };
+        if !go.is_empty() {
+            self.dispatch_apart(host, go, apart, now);
+        }
+        for c in &refused {
+            self.settlement_failed(host, &c.rule, &c.call, false, now);
+        }
+        for c in refused {
+            self.call_failed(host, c, &BackendError::CircuitOpen, now);
+        }
     }
 
     /// One flight: `calls` as one backend request (the script's single form for one call, its

@@ -140,3 +140,74 @@ fn a_box_claimed_for_a_group_without_a_penalty_fails_only_that_check() {
     send(&mut e, &mut h, 11, &user("a"));
     assert_eq!(h.sent.len(), 2, "asked again, not answered from a box");
 }
+
+#[test]
+fn a_flight_that_goes_again_apart_stays_home_while_the_breaker_is_open() {
+    // Flight 2 ("b" and "c") is out when flight 1's failure opens the breaker; then a Redis
+    // Cluster or its front answers flight 2 with an error that sends its calls again apart. The
+    // breaker is open: no call goes out, each check gets its failure mode now.
+    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":2,"breaker_failures":1,
+        "breaker_cooloff_ms":60000},"#;
+    for error in [
+        "MOVED 866 127.0.0.1:7001",
+        "upstream failure",
+        "CROSSSLOT Keys in request don't hash to the same slot",
+    ] {
+        let (mut e, rec) = engine(top, EXACT);
+        let mut h = Fake::default();
+        send(&mut e, &mut h, 10, &user("a"));
+        send(&mut e, &mut h, 11, &user("b"));
+        send(&mut e, &mut h, 12, &user("c"));
+        assert_eq!(h.tokens(), [1, 2], "{error}");
+        assert_eq!(keys_in(&h.sent[1]), 2);
+        deliver(&mut e, &mut h, 1, 0, b"");
+        assert!(rec.breaker.get(), "flight 1's failure opens it");
+        let failed = format!(r#"{{"EVALSHA":[false,"{error}"]}}"#);
+        deliver(&mut e, &mut h, 2, 200, failed.as_bytes());
+        assert_eq!(
+            h.sent.len(),
+            2,
+            "{error}: calls went out while the breaker is open: {:?}",
+            &h.sent[2..]
+        );
+        assert_eq!(h.status_of(11), Some(503), "{error}");
+        assert_eq!(h.status_of(12), Some(503), "{error}");
+        assert_eq!(e.load().1, 0, "{error}: no flight out");
+    }
+}
+
+#[test]
+fn a_probe_refused_for_its_slots_is_still_the_only_flight_while_half_open() {
+    // The probe after the cool-off carries a request's two rules, two slots, and a Redis Cluster
+    // refuses it for them. The breaker is still half-open: its calls do not go out as a flight
+    // per slot, all at once; they get their failure mode. The Cluster is learnt, so the next
+    // probe carries one slot, and its answer closes the breaker.
+    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":1,
+        "breaker_cooloff_ms":500},"#;
+    let second = r#"{"name":"per-path","key":["path"],"rate":10,"burst":20}"#;
+    let (mut e, rec) = engine(top, &format!("{EXACT},{second}"));
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 1, 0, b"");
+    assert!(rec.breaker.get());
+    h.now = 500;
+    send(&mut e, &mut h, 11, &user("b"));
+    assert_eq!(keys_in(&h.sent[1]), 2, "the probe carries both rules");
+    deliver(&mut e, &mut h, 2, 200, CROSSSLOT);
+    assert!(
+        h.out.len() <= 1,
+        "one probe flight at a time, not one per slot: {:?}",
+        &h.sent[2..]
+    );
+    assert_eq!(h.status_of(11), Some(503));
+    h.now = 1000;
+    send(&mut e, &mut h, 12, &user("c"));
+    assert_eq!(h.out.len(), 1, "the next probe carries one slot");
+    let probe = h.tokens()[0];
+    deliver(&mut e, &mut h, probe, 200, &answer(true, 19, 0, 100, 1));
+    assert!(!rec.breaker.get(), "closed by the probe");
+    let next = h.tokens()[0];
+    deliver(&mut e, &mut h, next, 200, &answer(true, 19, 0, 100, 1));
+    assert_eq!(h.resumed, [12]);
+    assert_eq!(e.load().1, 0, "no flight left out");
+}
