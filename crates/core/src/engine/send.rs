@@ -145,15 +145,15 @@ impl Engine {
         if self.calls.full(max_inflight) {
             return Err(self.overflow(host, out));
         }
-        let mut bytes = self.plugin.transport.group_bytes(&out.call);
+        // Sized with what it carries: the room it needs is the room it takes. A call that then
+        // overflows puts what it carried back (`overflow`).
+        self.carry(host, &mut out);
+        let bytes = self.plugin.transport.group_bytes(&out.call);
         if self.open.no_room_for(bytes, max_keys) {
             self.dispatch_open(host);
             if self.calls.full(max_inflight) {
                 return Err(self.overflow(host, out));
             }
-        }
-        if self.carry(host, &mut out) {
-            bytes = self.plugin.transport.group_bytes(&out.call);
         }
         self.open.push(out, bytes, self.calls.batched_out());
         if self.open.is_full(max_keys) && !self.calls.full(max_inflight) {
@@ -427,20 +427,16 @@ impl Engine {
     /// This proxy's pending usage for the call's key rides on it: Redis settles it first, so this
     /// very check sees every charge this proxy knows of (as much of it as the call's limits let
     /// the script take; the rest waits for the next call or flush). A take that may be refunded
-    /// asks for its spill epoch ([`Engine::may_refund`]). Whether the call changed.
-    fn carry(&mut self, host: &mut dyn Host, out: &mut Call) -> bool {
-        let mut changed = false;
+    /// asks for its spill epoch ([`Engine::may_refund`]).
+    fn carry(&mut self, host: &mut dyn Host, out: &mut Call) {
         if out.call.cost > 0 && out.call.track.is_none() && self.may_refund(&out.rule) {
             out.call.track = Some(crate::bucket::Tracked::default());
-            changed = true;
         }
         if !out.call.settles() && out.rule.usage.is_some() {
             let (rule, call) = (&out.rule, &out.call);
             let taken = self.carry_pending(host, rule, &call.key, call.limits(), out.sent_ms);
             super::usage::carry_taken(&mut out.call, &taken);
-            changed |= !taken.is_empty();
         }
-        changed
     }
 
     pub(super) fn batch_max_keys(&self) -> usize {

@@ -336,6 +336,46 @@ fn a_settlement_waiting_in_the_open_batch_is_handed_to_the_next_engine() {
     assert!(h.sent[2].ends_with("/0/0/0/4"), "{}", h.sent[2]);
 }
 
+#[test]
+fn a_flight_of_tracked_calls_holds_at_most_max_batch_bytes() {
+    // A flood of new keys of a usage rule, whose takes may be refunded: each call goes in the
+    // tracked form, which it gets as it joins the open batch. Whatever the keys' length, no
+    // flight carries more than MAX_BATCH_BYTES of groups: the room a call needs is the room it
+    // takes.
+    let rule = r#"{"name":"u","key":["header:x-user"],"rate":10,"burst":20,
+        "usage":{"header":"x-used","flush_ms":10}}"#;
+    let bound = crate::backend::MAX_BATCH_BYTES;
+    let mut by_bytes = 0;
+    for len in 1..=64 {
+        let top = format!(
+            r#""key_prefix":"{}","backend":{{"batch_max_keys":256}},"#,
+            "p".repeat(len)
+        );
+        let (mut e, _) = engine(&top, rule);
+        let mut h = Fake::default();
+        send(&mut e, &mut h, 1, &user("u0000"));
+        // What one call adds to a batched command, read off its single form
+        // `EVALSHA/<sha>/1/<key>/<args>`: its key's and arguments' segments, and its count's.
+        let segs: Vec<&str> = h.sent[0].split('/').collect();
+        let count = segs.len() - 4;
+        let group =
+            segs[3..].iter().map(|s| 1 + s.len()).sum::<usize>() + 1 + count.to_string().len();
+        for i in 1..400u32 {
+            send(&mut e, &mut h, 1 + i, &user(&format!("u{i:04}")));
+        }
+        for body in &h.sent[1..] {
+            let n = keys_in(body);
+            assert!(
+                n * group <= bound,
+                "key_prefix of {len}: a flight of {n} calls of {group} bytes, {} in all",
+                n * group
+            );
+            by_bytes += usize::from(n < 256);
+        }
+    }
+    assert!(by_bytes > 0, "the bytes bound the flights");
+}
+
 const CROSSSLOT: &[u8] =
     br#"{"EVALSHA":[false,"CROSSSLOT Keys in request don't hash to the same slot"]}"#;
 
