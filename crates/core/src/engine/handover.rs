@@ -114,7 +114,16 @@ fn kept(at: usize, c: &Call) -> Option<Kept> {
         {
             (c.call.clone(), Purpose::Adopted(checks.clone()))
         }
-        _ if c.call.settles() => (settlement_of(&c.call), Purpose::Settle),
+        // Its answer is judged against what went out: a reservation within the call's
+        // `max_wait_ms` is the script's answer, not a malformed one (which would put back a
+        // charge the script applied).
+        _ if c.call.settles() => (
+            ScriptCall {
+                max_wait_ms: c.call.max_wait_ms,
+                ..settlement_of(&c.call)
+            },
+            Purpose::Settle,
+        ),
         _ => return None,
     };
     Some(Kept {

@@ -337,6 +337,40 @@ fn a_settlement_waiting_in_the_open_batch_is_handed_to_the_next_engine() {
 }
 
 #[test]
+fn a_reservation_answering_a_handed_over_call_settles_its_charge_once() {
+    // A check of a rule that reserves carries the key's pending charge; its flight is out when
+    // the engine is replaced. The next engine gets the answer: a reservation, the script's
+    // answer to what was sent. The charge was applied: it is not pending again.
+    let usage = r#"{"name":"per-user","key":["header:x-user"],"rate":10,"burst":20,
+        "max_wait_ms":500,"usage":{"header":"x-used","flush_ms":10}}"#;
+    let (mut e, _) = engine(BATCHED, usage);
+    let mut h = Fake::default();
+    send(&mut e, &mut h, 10, &user("a"));
+    deliver(&mut e, &mut h, 1, 200, &answer(true, 19, 0, 100, 1));
+    e.response_headers(&mut h, 10.into(), &resp(&[("x-used", "5")]));
+    e.done(&mut h, 10.into());
+    send(&mut e, &mut h, 11, &user("a"));
+    assert_eq!(h.sent.len(), 2);
+    assert!(
+        h.sent[1].contains("/4%3A0%3A0%3A0"),
+        "it carries the charge: {}",
+        h.sent[1]
+    );
+    let pending = e.hand_over(&mut h, true);
+    let (mut next, rec) = engine(BATCHED, usage);
+    next.adopt(&mut h, pending);
+    deliver(&mut next, &mut h, 2, 200, &answer(true, 0, 100, 1000, 1));
+    assert_eq!(
+        rec.get(0, Counter::BackendErrors),
+        0,
+        "the script's own answer"
+    );
+    h.now += 10;
+    next.tick(&mut h);
+    assert_eq!(h.sent.len(), 2, "the charge went once: {:?}", &h.sent[2..]);
+}
+
+#[test]
 fn a_flight_of_tracked_calls_holds_at_most_max_batch_bytes() {
     // A flood of new keys of a usage rule, whose takes may be refunded: each call goes in the
     // tracked form, which it gets as it joins the open batch. Whatever the keys' length, no
