@@ -153,8 +153,8 @@ impl Engine {
         self.flush_open(host);
         let decided = self.requests.end_headers();
         // The time this request read, or, if it read none (the stash admitted it), the worker's
-        // latest reading: all it can have added is counts, whose tick then comes at most as much
-        // later as that reading is old.
+        // latest reading: all it can have added is counts; a tick brought forward for them is
+        // aimed from the clock (`Timer::aim`), never later than the tick it replaces.
         self.schedule(host, self.timer.latest(), false);
         decided.unwrap_or(Action::Pause)
     }

@@ -2381,6 +2381,8 @@ mod refund;
 mod relay;
 /// Refunds carry their take's spill epoch; failed calls' refunds.
 mod spill;
+/// The tick at a stash's lease expiry, whatever the worker's latest clock reading.
+mod stash_tick;
 /// Charges a failed call could not put back in a full settle table.
 mod stranded;
 /// Limits picked by a tier.

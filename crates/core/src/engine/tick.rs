@@ -43,13 +43,25 @@ impl Timer {
 
     /// Keeps the tick at the period that fires at `next` (off if None). Outside a tick the tick
     /// is only ever brought forward, and only when something is due before it fires anyway: a
-    /// deadline that stays put does not re-arm it at every event.
+    /// deadline that stays put does not re-arm it at every event. The host starts its tick over
+    /// when it is set, so a tick brought forward is aimed from the clock, not from `now`: that
+    /// may be an old reading (a request admitted from a stash reads none), and a tick aimed from
+    /// it would fire late by its age, later even than the one it replaced (a stash's expiry,
+    /// after which the stash would still be spent).
     fn aim(&mut self, host: &mut dyn Host, now: u64, in_tick: bool, next: Option<u64>) {
-        let want = next.map_or(0, |due| due.saturating_sub(now).max(MIN_TICK_MS));
+        let want_from = |now: u64| next.map_or(0, |due| due.saturating_sub(now).max(MIN_TICK_MS));
+        let sooner = |timer: &Timer, now: u64, want: u64| {
+            want != 0 && (timer.tick_ms == 0 || now.saturating_add(want) < timer.tick_next_ms)
+        };
+        let (mut now, mut want) = (now, want_from(now));
         let change = if in_tick {
             want != self.tick_ms
+        } else if sooner(self, now, want) {
+            now = self.read(&*host);
+            want = want_from(now);
+            sooner(self, now, want)
         } else {
-            want != 0 && (self.tick_ms == 0 || now.saturating_add(want) < self.tick_next_ms)
+            false
         };
         if change {
             host.set_tick(want);
