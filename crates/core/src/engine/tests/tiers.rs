@@ -233,3 +233,54 @@ fn a_smaller_tier_s_settlement_never_cuts_a_bigger_one_s_pending_charge() {
     e.done(&mut h, 11.into());
     assert_eq!(flush_all(&mut e, &mut h), 699 + 1, "both charges, whole");
 }
+
+/// With `failure_mode: local` and no `fallback`, an overridden key and another key of the rule may
+/// share a fallback slot: the other key gets no more than its own limits allow, however often the
+/// overridden key with its faster refill takes from the slot.
+#[test]
+fn a_key_sharing_a_fallback_slot_with_an_overridden_one_keeps_its_own_limits() {
+    let rule = r#"{"name":"per-user","key":["header:x-user"],"rate":1,"burst":2,
+        "overrides":[{"key":["vip"],"rate":100,"burst":100}]}"#;
+    let (mut e, _) = engine("", rule);
+    let mut h = Fake {
+        fail_dispatch: true,
+        ..Fake::default()
+    };
+    let config = &e.plugin.config;
+    let key_of = |u: &str| {
+        crate::rule::applies(
+            &config.key_prefix,
+            (0, &config.rules[0]),
+            &user(u),
+            &mut crate::rule::KeyCache::default(),
+        )
+        .unwrap()
+        .key
+    };
+    let slot = |u: &str| crate::shared::hash(&key_of(u)) % crate::shared::fallback::SLOTS;
+    let other = (0..)
+        .map(|i| format!("u{i}"))
+        .find(|u| slot(u) == slot("vip"))
+        .unwrap();
+    let mut ctx = 10u32;
+    let mut admitted = 0;
+    for step in 0..10 {
+        h.now = 1000 + step * 100;
+        // The overridden key, far under its limits: a request every 100 ms.
+        ctx += 1;
+        send(&mut e, &mut h, ctx, &user("vip"));
+        e.done(&mut h, ctx.into());
+        for _ in 0..5 {
+            ctx += 1;
+            if send(&mut e, &mut h, ctx, &user(&other)) == Action::Continue {
+                admitted += 1;
+            }
+            e.done(&mut h, ctx.into());
+        }
+    }
+    // In 900 ms a fallback bucket of its own (burst 2, 1/s) admits at most 3.
+    assert!(
+        admitted <= 3,
+        "{other}: {admitted} admitted by its fallback in 900 ms, its own limits allow 3"
+    );
+}
