@@ -458,8 +458,10 @@ fn a_flight_failed_by_one_nodes_error_goes_again_key_by_key() {
     assert_eq!(rec.get(0, Counter::BackendErrors), 1);
 }
 
-#[test]
-fn a_probe_flight_with_one_keys_error_closes_the_breaker() {
+/// An engine whose breaker opened on flight 1 (`breaker_failures` 1, `failure_mode` closed) and
+/// whose probe after the cool-off, flight 2, carries request 11's two rules (two keys, two
+/// Redis Cluster slots).
+pub(super) fn probe_of_two_rules() -> (Engine, Rc<Recorder>, Fake) {
     let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":1,
         "breaker_cooloff_ms":500},"#;
     let second = r#"{"name":"per-path","key":["path"],"rate":10,"burst":20}"#;
@@ -471,6 +473,12 @@ fn a_probe_flight_with_one_keys_error_closes_the_breaker() {
     h.now = 500;
     send(&mut e, &mut h, 11, &user("b"));
     assert_eq!(keys_in(&h.sent[1]), 2, "the probe carries both rules");
+    (e, rec, h)
+}
+
+#[test]
+fn a_probe_flight_with_one_keys_error_closes_the_breaker() {
+    let (mut e, rec, mut h) = probe_of_two_rules();
     let b = batch_answer(&["-1,13,0,0,0,0".to_string(), part(true, 7, 0)]);
     deliver(&mut e, &mut h, 2, 200, &b);
     assert!(!rec.breaker.get(), "the backend answered: closed");

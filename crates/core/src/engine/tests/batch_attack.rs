@@ -182,17 +182,7 @@ fn a_probe_refused_for_its_slots_is_still_the_only_flight_while_half_open() {
     // refuses it for them. The breaker is still half-open: its calls do not go out as a flight
     // per slot, all at once; they get their failure mode. The Cluster is learnt, so the next
     // probe carries one slot, and its answer closes the breaker.
-    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":32,"breaker_failures":1,
-        "breaker_cooloff_ms":500},"#;
-    let second = r#"{"name":"per-path","key":["path"],"rate":10,"burst":20}"#;
-    let (mut e, rec) = engine(top, &format!("{EXACT},{second}"));
-    let mut h = Fake::default();
-    send(&mut e, &mut h, 10, &user("a"));
-    deliver(&mut e, &mut h, 1, 0, b"");
-    assert!(rec.breaker.get());
-    h.now = 500;
-    send(&mut e, &mut h, 11, &user("b"));
-    assert_eq!(keys_in(&h.sent[1]), 2, "the probe carries both rules");
+    let (mut e, rec, mut h) = super::batch::probe_of_two_rules();
     deliver(&mut e, &mut h, 2, 200, CROSSSLOT);
     assert!(
         h.out.len() <= 1,
