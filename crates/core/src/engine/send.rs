@@ -253,12 +253,7 @@ impl Engine {
         let gate = self.health(host.store()).gate(now);
         let probe = gate == Gate::Probe;
         if gate == Gate::Shut {
-            for c in &calls {
-                self.settlement_failed(host, &c.rule, &c.call, false, now);
-            }
-            for c in calls {
-                self.call_failed(host, c, &BackendError::CircuitOpen, now);
-            }
+            self.refused_by_breaker(host, calls, now);
             return;
         }
         let cluster = calls.len() > 1 && self.knows_cluster(host);
@@ -358,10 +353,16 @@ impl Engine {
         if !go.is_empty() {
             self.dispatch_apart(host, go, apart, now);
         }
-        for c in &refused {
+        self.refused_by_breaker(host, refused, now);
+    }
+
+    /// `calls`, which the breaker keeps home: each settlement pending again, each call failed
+    /// as the open breaker fails it.
+    fn refused_by_breaker(&mut self, host: &mut dyn Host, calls: Vec<Call>, now: u64) {
+        for c in &calls {
             self.settlement_failed(host, &c.rule, &c.call, false, now);
         }
-        for c in refused {
+        for c in calls {
             self.call_failed(host, c, &BackendError::CircuitOpen, now);
         }
     }
