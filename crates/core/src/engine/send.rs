@@ -151,7 +151,9 @@ impl Engine {
         let bytes = self.plugin.transport.group_bytes(&out.call);
         if self.open.no_room_for(bytes, max_keys) {
             self.dispatch_open(host);
-            if self.calls.full(max_inflight) {
+            // A half-open breaker's probe on a Redis Cluster takes one slot and leaves the
+            // others waiting in the open batch: there may still be no room.
+            if self.calls.full(max_inflight) || self.open.no_room_for(bytes, max_keys) {
                 return Err(self.overflow(host, out));
             }
         }

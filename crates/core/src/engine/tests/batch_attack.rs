@@ -201,3 +201,94 @@ fn a_probe_refused_for_its_slots_is_still_the_only_flight_while_half_open() {
     assert_eq!(h.resumed, [12]);
     assert_eq!(e.load().1, 0, "no flight left out");
 }
+
+/// The bytes the calls of the batched Webdis command `body` add up to, each as
+/// [`group_bytes`](crate::backend::Transport::group_bytes) counts it: `/<key>`, `/<count>` and
+/// `/<arg>` for each of its arguments (a count `0` stands for the previous call's arguments).
+fn group_bytes_of(body: &str) -> usize {
+    let segs: Vec<&str> = body.split('/').collect();
+    let n: usize = segs[2].parse().unwrap();
+    let (keys, rest) = segs[3..].split_at(n);
+    assert_eq!(rest[0], "batch");
+    let (mut at, mut args): (usize, &[&str]) = (1, &[]);
+    let mut bytes = 0;
+    for key in keys {
+        if rest[at] != "0" {
+            let count: usize = rest[at].parse().unwrap();
+            args = &rest[at + 1..at + 1 + count];
+            at += count;
+        }
+        at += 1;
+        bytes += 1 + key.len() + args.iter().map(|a| 1 + a.len()).sum::<usize>();
+        bytes += 1 + args.len().to_string().len();
+    }
+    bytes
+}
+
+#[test]
+fn a_probe_on_a_cluster_leaves_the_open_batch_within_max_batch_bytes() {
+    // The breaker's cool-off ends while this worker's flight is out (another worker opened it),
+    // so checks gather in the open batch: one of a short rule, then many of one key of a long
+    // rule (one slot; a cost above 1 shares no call). The check that finds no room sends the
+    // batch out as the probe, which on a Redis Cluster carries one slot, the first: the other
+    // slot's calls wait in the open batch. The check that found no room must find room next to
+    // them, or the next flight of that slot passes MAX_BATCH_BYTES.
+    let long = "l".repeat(64);
+    let top = r#""failure_mode":"closed","backend":{"batch_max_keys":256,"breaker_failures":1,
+        "breaker_cooloff_ms":500},"#;
+    let rule = |name: &str, prefix: &str| {
+        format!(
+            r#"{{"name":"{name}","match":{{"path_prefix":"{prefix}"}},"key":["header:x-user"],
+            "rate":10,"burst":100,"cost_header":"x-cost"}}"#
+        )
+    };
+    let rules = format!("{},{}", rule("s", "/s/"), rule(&long, "/l/"));
+    let hot = |cost: &str| req("/l/x", &[("x-user", "hot"), ("x-cost", cost)]);
+    let bound = crate::backend::MAX_BATCH_BYTES;
+    let mut past = Vec::new();
+    // `wider`: how many of the hot key's calls carry a cost of two digits (a byte more each),
+    // which moves where the open batch stops short of the bound.
+    for wider in 0..150 {
+        let (mut e, _) = engine(top, &rules);
+        let mut h = Fake::default();
+        cluster_known(&e, &h);
+        send(&mut e, &mut h, 1, &req("/s/x", &[("x-user", "first")]));
+        let (mut other, other_rec) = engine(top, &rules);
+        let mut h2 = Fake::sharing(h.store.clone());
+        send(&mut other, &mut h2, 1, &req("/s/x", &[("x-user", "other")]));
+        deliver(&mut other, &mut h2, 1, 0, b"");
+        assert!(other_rec.breaker.get());
+        h.now = 500;
+        send(&mut e, &mut h, 2, &req("/s/x", &[("x-user", "small")]));
+        let mut ctx = 3;
+        while h.sent.len() == 1 {
+            let cost = if ctx - 3 < wider { "10" } else { "2" };
+            send(&mut e, &mut h, ctx, &hot(cost));
+            ctx += 1;
+        }
+        assert!(ctx < 3 + 200);
+        let mut rounds = 0;
+        while let Some(token) = h.tokens().first().copied() {
+            rounds += 1;
+            assert!(rounds < 100);
+            let n = keys_in(&h.out[&token].body);
+            let parts: Vec<String> = (0..n).map(|_| super::batch::part(true, 19, 0)).collect();
+            let body = match n {
+                1 => answer(true, 19, 0, 100, 1),
+                _ => super::batch::batch_answer(&parts),
+            };
+            deliver(&mut e, &mut h, token, 200, &body);
+        }
+        let answered = h.resumed.len() + h.responded.len();
+        assert_eq!(answered, ctx as usize - 1, "every request is answered");
+        past.extend(
+            h.sent
+                .iter()
+                .filter(|b| keys_in(b) > 1)
+                .map(|b| group_bytes_of(b))
+                .filter(|bytes| *bytes > bound)
+                .map(|bytes| format!("{wider} wider: a flight of {bytes} bytes")),
+        );
+    }
+    assert!(past.is_empty(), "flights past {bound} bytes: {past:?}");
+}
