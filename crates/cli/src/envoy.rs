@@ -127,13 +127,17 @@ fn json_name(name: &str) -> String {
 }
 
 /// The string the `configuration` of tollgate's Wasm filter holds (of those whose `root_id` is
-/// `tollgate`, if the bootstrap has several Wasm filters; it must be the same wherever the filter
-/// is, one per listener say), and the `config` of each of tollgate's Wasm filters.
+/// `tollgate`, if the bootstrap has several Wasm filters, or a Wasm filter delivered by ECDS
+/// besides one static filter; it must be the same wherever the filter is, one per listener say),
+/// and the `config` of each of tollgate's Wasm filters.
 fn configuration(doc: &Value) -> Result<(Vec<u8>, Vec<&Value>), LoadError> {
     let mut filters = Vec::new();
     wasm_filters(doc, &mut filters);
+    // A filter that comes by ECDS is not in the bootstrap: the one static Wasm filter may be
+    // another plugin's.
+    let discovered = discovers_wasm(doc);
     let ours: Vec<&Value> = match filters.as_slice() {
-        [_] => filters.clone(),
+        [_] if !discovered => filters.clone(),
         _ => filters
             .iter()
             .copied()
@@ -146,6 +150,14 @@ fn configuration(doc: &Value) -> Result<(Vec<u8>, Vec<&Value>), LoadError> {
         .collect();
     configurations.sort_unstable();
     configurations.dedup();
+    if filters.is_empty() && discovered {
+        return Err(LoadError::NotAConfiguration(
+            "the Envoy bootstrap's Wasm filter comes by ECDS (an http_filters entry's \
+             config_discovery), so the bootstrap does not hold its configuration: give the \
+             filter's configuration as JSON"
+                .to_string(),
+        ));
+    }
     if filters.is_empty() {
         return Err(LoadError::NotAConfiguration(format!(
             "the Envoy bootstrap has no Wasm HTTP filter (a typed_config of type {WASM}, or a \
@@ -153,10 +165,16 @@ fn configuration(doc: &Value) -> Result<(Vec<u8>, Vec<&Value>), LoadError> {
         )));
     }
     let unsure = |why: String| {
+        let by_ecds = if discovered {
+            " and a Wasm filter delivered by ECDS (config_discovery)"
+        } else {
+            ""
+        };
         LoadError::NotAConfiguration(format!(
-            "an Envoy bootstrap with {} Wasm filters, {why}: give the filter's configuration as \
-             JSON",
-            filters.len()
+            "an Envoy bootstrap with {} static Wasm filter{}{by_ecds}, {why}: give the filter's \
+             configuration as JSON",
+            filters.len(),
+            if filters.len() == 1 { "" } else { "s" },
         ))
     };
     match configurations.as_slice() {
@@ -169,6 +187,23 @@ fn configuration(doc: &Value) -> Result<(Vec<u8>, Vec<&Value>), LoadError> {
             "{} different configurations among those with root_id \"tollgate\"",
             several.len()
         ))),
+    }
+}
+
+/// Whether an `http_filters` entry under `v` gets a Wasm filter by ECDS: its `config_discovery`
+/// lists the Wasm filter's type among its `type_urls`.
+fn discovers_wasm(v: &Value) -> bool {
+    match v {
+        Value::Object(map) => {
+            let wasm_url = |u: &Value| u.as_str().map(type_name) == Some(WASM);
+            let here = field(v, "config_discovery")
+                .and_then(|d| field(d, "type_urls"))
+                .and_then(Value::as_array)
+                .is_some_and(|urls| urls.iter().any(wasm_url));
+            here || map.values().any(discovers_wasm)
+        }
+        Value::Array(items) => items.iter().any(discovers_wasm),
+        _ => false,
     }
 }
 

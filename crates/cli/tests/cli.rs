@@ -216,8 +216,37 @@ fn check_summarises_each_rule_and_refuses_with_the_filters_message() {
     .unwrap();
     fails(
         &["check", envoy_yaml.to_str().unwrap()],
-        "an Envoy bootstrap with 2 Wasm filters, none with root_id \"tollgate\"",
+        "an Envoy bootstrap with 2 static Wasm filters, none with root_id \"tollgate\"",
     );
+    // tollgate delivered by ECDS: the bootstrap does not hold its configuration, and another
+    // plugin's static Wasm filter beside it is not taken for it.
+    let by_ecds = "          - name: tollgate
+            config_discovery:
+              config_source: {ads: {}}
+              type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]
+";
+    std::fs::write(&envoy_yaml, bootstrap(by_ecds)).unwrap();
+    fails(
+        &["check", envoy_yaml.to_str().unwrap()],
+        "the Envoy bootstrap's Wasm filter comes by ECDS (an http_filters entry's \
+         config_discovery), so the bootstrap does not hold its configuration",
+    );
+    std::fs::write(
+        &envoy_yaml,
+        bootstrap(&[wasm("other", tollgate_json).as_str(), by_ecds].concat()),
+    )
+    .unwrap();
+    fails(
+        &["check", envoy_yaml.to_str().unwrap()],
+        "an Envoy bootstrap with 1 static Wasm filter and a Wasm filter delivered by ECDS \
+         (config_discovery), none with root_id \"tollgate\"",
+    );
+    std::fs::write(
+        &envoy_yaml,
+        bootstrap(&[wasm("tollgate", tollgate_json).as_str(), by_ecds].concat()),
+    )
+    .unwrap();
+    ok(&["check", envoy_yaml.to_str().unwrap()]);
     // A reader that stops early gets no panic: `tollgate check … | head -1`.
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(["check", &config])
