@@ -19,7 +19,8 @@
 //! A query or cookie name folds by: percent-decoding (a query name always is; PHP and Rack 2
 //! decode cookie names too), cutting at a NUL and trimming whitespace, `.` and ` ` as `_` (PHP),
 //! and ASCII lower-casing (ASP.NET Core); an array entry of the name (`key[]`, `key[0]`: PHP,
-//! Rack) is the name too. A name that only some servers fold to the name, alone, is read: the servers
+//! Rack) is the name too, and so is a name with a `[` no `]` closes that PHP reads as the name
+//! (`api[key` is PHP's `api_key`). A name that only some servers fold to the name, alone, is read: the servers
 //! that see it see that value, the others see no such name (and the rule would not apply if it
 //! were skipped).
 
@@ -186,6 +187,37 @@ fn is_name(name: &[u8], want: &[u8]) -> bool {
     }
 }
 
+/// PHP's readings of a name (folded) with a `[` that no `]` closes (`api[key`): no array entry
+/// but a plain name, that `[` read as `_` (`api_key`); PHP 8 also reads every ` `, `.` and `[`
+/// after it as `_`, PHP 7 keeps them. None for any other name (and for one that starts with `[`,
+/// which PHP drops).
+fn php_unclosed(folded: &[u8]) -> Option<[Vec<u8>; 2]> {
+    let open = folded.iter().position(|&b| b == b'[')?;
+    let (base, after) = (folded.get(..open)?, folded.get(open + 1..)?);
+    if base.is_empty() || after.contains(&b']') {
+        return None;
+    }
+    let mut php7 = Vec::with_capacity(folded.len());
+    php7.extend_from_slice(base);
+    php7.push(b'_');
+    let mut php8 = php7.clone();
+    php7.extend_from_slice(after);
+    php8.extend(after.iter().map(|&b| match b {
+        b' ' | b'.' | b'[' => b'_',
+        b => b,
+    }));
+    Some([php7, php8])
+}
+
+/// Whether a query or cookie name as sent (already decoded) is the source's name `want` (folded)
+/// to some server: folded ([`fold_name`]) it is the name or an array entry of it ([`is_name`]),
+/// or PHP reads it as the name ([`php_unclosed`]).
+fn names(decoded: &[u8], want: &[u8]) -> bool {
+    let folded = fold_name(decoded);
+    is_name(&folded, want)
+        || php_unclosed(&folded).is_some_and(|readings| readings.iter().any(|r| *r == *want))
+}
+
 /// What the readings of one name found: its values (at most two kept: a second means they
 /// disagree), and whether they are ambiguous already (a reading found the name twice, or a value
 /// no reading can pin down).
@@ -253,7 +285,7 @@ fn query_pairs<'q>(
         .split(|b| separators.contains(b))
         .filter(|pair| !pair.is_empty())
         .map(name_value)
-        .filter(move |(n, _)| is_name(&fold_name(&percent_decode(n)), want))
+        .filter(move |(n, _)| names(&percent_decode(n), want))
         .map(|(_, v)| percent_decode(v))
 }
 
@@ -310,7 +342,7 @@ pub fn cookie(lines: &Lines<'_>, name: &str) -> Read<'static> {
             .flat_map(|line| line.split(|b| separators.contains(b)))
             .filter(|pair| !pair.trim_ascii().is_empty())
             .map(name_value)
-            .filter(|(n, _)| is_name(&fold_name(&percent_decode(n)), &want))
+            .filter(|(n, _)| names(&percent_decode(n), &want))
             .map(|(_, v)| cookie_value(v));
         found.reading(matches);
     }
@@ -421,6 +453,36 @@ mod tests {
             AMBIGUOUS
         );
         assert_eq!(filter("/?filter=a"), None);
+    }
+
+    /// PHP reads a `[` that no `]` closes as `_` (`api[key` is `api_key`, and since PHP 8 every
+    /// ` `, `.` and `[` after it too): `?api[key=VALID` is `$_GET['api_key']`. Read as another
+    /// name, a client's key spelled so would not apply the rule at all, and a junk `api_key`
+    /// next to it would mint a fresh bucket per junk value while PHP sees `VALID`.
+    #[test]
+    fn php_reads_an_unclosed_bracket_in_a_name_as_an_underscore() {
+        assert_eq!(q("api_key", "/?api[key=VALID").as_deref(), Some("VALID"));
+        assert_eq!(q("a_b_c", "/?a[b.c=VALID").as_deref(), Some("VALID"));
+        assert_eq!(q("a_b.c", "/?a[b.c=VALID").as_deref(), Some("VALID"));
+        for path in [
+            "/?api_key=R1&api[key=VALID",
+            "/?api[key=VALID&api_key=R1",
+            "/?api_key=R1&API[Key=VALID",
+            "/?api_key=R1&api%5Bkey=VALID",
+        ] {
+            assert_eq!(q("api_key", path).as_deref(), AMBIGUOUS, "{path}");
+        }
+        assert_eq!(c("api_key", &["api[key=VALID"]).as_deref(), Some("VALID"));
+        assert_eq!(
+            c("api_key", &["api_key=R1; api[key=VALID"]).as_deref(),
+            AMBIGUOUS
+        );
+        // A closed bracket is an array entry of the name before it, as before.
+        assert_eq!(q("api_key", "/?api[key]=VALID"), None);
+        assert_eq!(q("api", "/?api[key]=VALID").as_deref(), Some("VALID"));
+        assert_eq!(q("api_key", "/?api[ ]=VALID"), None);
+        // A name that starts with `[` is no variable to PHP.
+        assert_eq!(q("_key", "/?[key=VALID"), None);
     }
 
     #[test]
