@@ -260,6 +260,12 @@ fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>,
         }
         // A header's value is read without the spaces and tabs around it.
         KeySource::Header(_) => header_value(text, path),
+        // `request.host` and `request.headers.:authority` are read as the `authority` key is.
+        KeySource::Property {
+            path: attribute, ..
+        } if crate::rule::request_header(attribute).as_deref() == Some(":authority") => {
+            Ok(crate::rule::host::of_authority(text.as_bytes()))
+        }
         KeySource::Property {
             path: attribute, ..
         } if crate::rule::reads_the_path(source).is_none()

@@ -50,6 +50,14 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
         KeySource::Property { path, .. } => match (reads_the_path(source), request_header(path)) {
             (Some(part), _) => owned(req.header(":path").map(|p| path_value(part, &p))),
             (None, _) if reads_the_method(source) => method_value(req),
+            // `:authority` as the `authority` key reads it: every spelling of one host is one
+            // value.
+            (None, Some(name)) if name == ":authority" => {
+                match reading::header(req.header_lines(&name)) {
+                    Read::Value(v) => Read::Value(Cow::Owned(host::of_authority(&v))),
+                    other => other,
+                }
+            }
             (None, Some(name)) => reading::header(req.header_lines(&name)),
             (None, None) => {
                 let segments: Vec<&str> = path.iter().map(String::as_str).collect();

@@ -378,3 +378,40 @@ fn attributes_of_one_header_read_as_that_header() {
     let req = Req::new("GET", "/").prop("request.time", "t");
     assert_eq!(one(property("request.time"), &req), Some(b"t".to_vec()));
 }
+
+/// The attributes that are `:authority` (`request.host`, `request.headers.:authority`) name the
+/// host a server routes by, as the `authority` key reads it: read as the header is (the bytes as
+/// sent), each spelling of one host (`API.example.com`, `api.example.com:1`,
+/// `api.example.com.`) would be a bucket of its own, and a client that cycles through the case of
+/// its host's letters or through ports gets a fresh bucket per request while every server routes
+/// it to the one site.
+#[test]
+fn attributes_of_the_authority_read_as_the_authority_key() {
+    for attribute in ["request.host", "request.headers.:authority"] {
+        let key = |authority: &str| {
+            let r = rule(Match::default(), vec![property(attribute)]);
+            key_of(
+                "tg",
+                &r,
+                &Req::new("GET", "/").with(":authority", authority),
+            )
+        };
+        let host = key("api.example.com");
+        assert!(host.is_some(), "{attribute}");
+        for spelling in [
+            "API.example.com",
+            "api.EXAMPLE.com",
+            "api.example.com:1",
+            "api.example.com:443",
+            "api.example.com.",
+            "api.example.com.:8443",
+        ] {
+            assert_eq!(key(spelling), host, "{attribute}: {spelling}");
+        }
+        assert_ne!(key("www.example.com"), host, "{attribute}");
+        let twice = Req::new("GET", "/")
+            .line(":authority", "a.example.com")
+            .line(":authority", "b.example.com");
+        assert_eq!(read(property(attribute), &twice), Read::Ambiguous);
+    }
+}
