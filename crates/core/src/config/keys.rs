@@ -83,6 +83,9 @@ pub(super) fn source(s: &str, path: &str) -> Result<KeySource, ConfigError> {
                 ),
             ));
         }
+        if name.eq_ignore_ascii_case("host") {
+            return Err(host_is_the_authority(s, path));
+        }
         return Ok(KeySource::Header(name.to_ascii_lowercase()));
     }
     if let Some(name) = s.strip_prefix("query:") {
@@ -165,10 +168,27 @@ fn property(spelled: &str, whole: &str, path: &str) -> Result<KeySource, ConfigE
         };
         return Err(err(path, format!("{why} (got {})", quoted(whole))));
     }
+    if crate::rule::request_header(&segs).as_deref() == Some("host") {
+        return Err(host_is_the_authority(whole, path));
+    }
     Ok(KeySource::Property {
         spelled: spelled.to_owned(),
         path: segs,
     })
+}
+
+/// A key on the `host` header: Envoy keeps a request's `Host` as `:authority` (its header map
+/// stores a `host` line under that name), so no request would have the source and the rule would
+/// limit nothing.
+fn host_is_the_authority(whole: &str, path: &str) -> ConfigError {
+    err(
+        path,
+        format!(
+            "Envoy gives a request's Host header as :authority, so no request has a `host` header \
+             and the rule would limit nothing: use the key source \"authority\" (got {})",
+            quoted(whole)
+        ),
+    )
 }
 
 /// `metadata:` + `<namespace>:<field>[.<field>…]`.

@@ -149,6 +149,13 @@ fn host(s: &str, path: &str) -> Result<String, ConfigError> {
 fn header_match(h: doc::HeaderMatch, path: &str) -> Result<HeaderMatch, ConfigError> {
     const KINDS: &str = "\"exact\", \"prefix\", \"regex\", \"present\" or \"absent\"";
     let name = header_name(&join(path, "name"), &h.name)?;
+    // Envoy keeps a request's `Host` as `:authority` (its header map stores a `host` line under
+    // that name), so no line a filter reads is named `host`.
+    let name = if name == "host" {
+        ":authority".to_string()
+    } else {
+        name
+    };
     let given: Vec<&str> = [
         ("exact", h.exact.is_some()),
         ("prefix", h.prefix.is_some()),

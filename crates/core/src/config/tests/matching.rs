@@ -245,3 +245,46 @@ fn bad_methods() {
         r#"rules[0].match.methods[0]: must be an HTTP method of token characters (got "G T")"#
     );
 }
+
+/// Envoy keeps the `Host` header of an HTTP/1 request (and any `host` line) as `:authority`: its
+/// header map stores a `host` line under `:authority`, so the lines a filter reads never have a
+/// `host`. `GET /api/x HTTP/1.1` + `Host: api.example.com` reaches the filter as
+/// `:authority: api.example.com` and the application as `Host: api.example.com`. A condition or a
+/// key on `host` would never find it: the rule would silently limit nothing. A condition on
+/// `host` is a condition on `:authority`; a key on it is refused, naming the `authority` source.
+#[test]
+fn the_host_header_is_the_authority() {
+    struct Envoy;
+    impl crate::rule::RequestView for Envoy {
+        fn header(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
+            let value: &[u8] = match name {
+                ":authority" => b"api.example.com",
+                ":path" => b"/api/x",
+                ":method" => b"GET",
+                _ => return None,
+            };
+            Some(std::borrow::Cow::Borrowed(value))
+        }
+        fn client_ip(&self) -> Option<Vec<u8>> {
+            None
+        }
+    }
+    for condition in [
+        r#"{"name":"host","exact":"api.example.com"}"#,
+        r#"{"name":"Host","prefix":"api."}"#,
+        r#"{"name":"host","present":true}"#,
+    ] {
+        let r = one_rule(&format!(r#""rate":1,"match":{{"headers":[{condition}]}}"#));
+        assert!(crate::rule::matches(&r.matcher, &Envoy), "{condition}");
+    }
+    let r = one_rule(r#""rate":1,"match":{"headers":[{"name":"host","absent":true}]}"#);
+    assert!(!crate::rule::matches(&r.matcher, &Envoy));
+    for key in [
+        r#""header:host""#,
+        r#""header:Host""#,
+        r#""property:request.headers.host""#,
+    ] {
+        let refused = rule_error(&format!(r#""rate":1,"key":[{key}]"#));
+        assert!(refused.contains("authority"), "{key}: {refused}");
+    }
+}
