@@ -17,7 +17,7 @@ mod read;
 mod readers;
 mod status;
 mod stranded;
-pub use read::{encoded, from_headers, parse_header, BodyReader, Chunk, Look, Unreadable, WINDOW};
+pub use read::{encoded, from_headers, parse_header, partial, BodyReader, Chunk, Look, Unreadable, WINDOW};
 pub use readers::{Readers, MAX_READERS};
 
 pub(super) use charge::{carry_taken, Settlement};
@@ -181,10 +181,10 @@ impl Usage {
         view: &dyn RequestView,
         trailers: bool,
     ) -> (Vec<Known>, Option<Look>) {
-        let (content_type, encoded) = if trailers {
-            (None, false)
+        let (content_type, encoded, partial) = if trailers {
+            (None, false, false)
         } else {
-            (view.header("content-type"), encoded(view))
+            (view.header("content-type"), encoded(view), partial(view))
         };
         let mut found = Vec::new();
         let mut look: Option<Look> = None;
@@ -227,6 +227,11 @@ impl Usage {
                 }
                 UsageSource::BodyField(_) if encoded => {
                     found.push(known(a, Err(Unreadable::Encoded)));
+                    false
+                }
+                // A range of the answer, chosen by the client: not the answer's usage.
+                UsageSource::BodyField(_) if partial => {
+                    found.push(known(a, Err(Unreadable::TooLarge)));
                     false
                 }
                 UsageSource::BodyField(path) => {

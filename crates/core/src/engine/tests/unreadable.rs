@@ -426,3 +426,58 @@ fn past_the_readers_cap_a_response_is_not_read_and_charged_the_worst_case() {
     assert_eq!(e.usage.readers().alive(), 0);
     assert_eq!(e.load().0, 0, "every request forgotten");
 }
+
+/// A client that sends `Range` picks which bytes of the upstream's answer the filter reads: a
+/// `206` body is a part of the answer, never its whole. A part that holds a smaller usage of the
+/// answer (an item's own `usage` object, a stream's first event), or that ends just after one,
+/// must not be read as the answer's usage: it is charged the worst case (here 40), as a body cut
+/// in its number already is.
+#[test]
+fn a_partial_answer_to_a_range_request_is_the_worst_case() {
+    let partial = |status: &'static str, ct: &'static str, range: &'static str| {
+        resp(&[(":status", status), ("content-type", ct), ("content-range", range)])
+    };
+    let json = "application/json";
+    let pad = "x".repeat(2 * usage::WINDOW);
+    // The whole answer: `{"data":[{"text":…,"usage":{"total_tokens":1}}, …],"usage":{…40…}}`.
+    let parts: Vec<(Req, Vec<u8>)> = vec![
+        // The bytes of the first item's usage alone: a whole JSON document.
+        (
+            partial("206", json, "bytes 9-36/90000"),
+            br#"{"usage":{"total_tokens":1}}"#.to_vec(),
+        ),
+        // The same range from an upstream that says so only in `content-range`.
+        (
+            partial("200", json, "bytes 9-36/90000"),
+            br#"{"usage":{"total_tokens":1}}"#.to_vec(),
+        ),
+        // A large answer cut just after the first item (read from its tail).
+        (
+            partial("206", json, "bytes 0-33000/90000"),
+            format!(r#"{{"data":[{{"text":"{pad}","usage":{{"total_tokens":1}}}},"#).into_bytes(),
+        ),
+        // A stream's part that ends before its last usage event.
+        (
+            partial("206", "text/event-stream", "bytes 0-40/900"),
+            b"data: {\"usage\":{\"total_tokens\":1}}\n\n".to_vec(),
+        ),
+    ];
+    for (n, (headers, body)) in parts.into_iter().enumerate() {
+        let (mut e, rec, mut h) = json_answer_after_a_usage_of_40();
+        // Answer 11 never came: the worst case, 40.
+        e.done(&mut h, 11.into());
+        assert_eq!(rec.get(0, Counter::UsageCharged), 2 * 39);
+        admit(&mut e, &mut h, 12, "a");
+        // The filter feeds the body only to a response whose readers look at it.
+        if e.response_headers(&mut h, 12.into(), &headers).is_some() {
+            e.response_body(&mut h, 12.into(), Chunk::whole(&body), true);
+        }
+        e.done(&mut h, 12.into());
+        assert_eq!(
+            rec.get(0, Counter::UsageCharged),
+            3 * 39,
+            "part {n}: charged the worst case, not the 1 it shows"
+        );
+        assert_eq!(rec.get(0, Counter::UsageWorstCase), 2);
+    }
+}

@@ -107,6 +107,13 @@ pub fn encoded(view: &dyn RequestView) -> bool {
     })
 }
 
+/// Whether a response's body is only part of the answer: a `206`, or any response with a
+/// `content-range` (a client that sends `Range` picks the bytes, and so which usage a body reader
+/// would find in them). Such a body is never read for usage.
+pub fn partial(view: &dyn RequestView) -> bool {
+    view.header(":status").as_deref() == Some(b"206") || view.header("content-range").is_some()
+}
+
 /// Parses a usage header value: digits only (a header's lines joined with a comma are not a
 /// number, and so are invalid).
 pub fn parse_header(value: &[u8]) -> Result<u64, Unreadable> {
