@@ -6,7 +6,9 @@
 //! by the engine that takes over, under the rule of the same name; none is flushed twice. The
 //! amounts in the settle table stay there throughout (it is keyed by the plugin namespace, not by
 //! the engine); what moves is the schedule that flushes them, the charges the outgoing engine
-//! held stranded (failed calls' charges the table had no room for), and, on the same root, the
+//! held stranded (failed calls' charges the table had no room for), on the same root the requests
+//! it admitted that still wait for their answer's usage or their reservation's time (their later
+//! events reach the next engine), and, on the same root, the
 //! calls in flight that carry some, whose failure must put them back, and those waiting in the
 //! open batch, and the checks other workers relayed or sent for a hot key in those flights, which
 //! it answers to them. A deleted root's calls are answered to no engine: what they carried, and
@@ -18,7 +20,8 @@
 use super::calls::{Call, Flight, Purpose};
 use super::coalesce::Told;
 use super::host::Host;
-use super::ids::Token;
+use super::ids::{ContextId, Token};
+use super::requests::Request;
 use super::usage::Flush;
 use super::Engine;
 use crate::backend::ScriptCall;
@@ -49,6 +52,10 @@ pub struct Pending {
     /// was out and its root is gone (it may have run; on the same root the next engine answers
     /// them). (queue, ask, told)
     told: Vec<(u32, u64, Told)>,
+    /// On the same root: the requests the outgoing engine admitted that are still waiting for
+    /// their answer (its usage) or for their reservation's time (held until), by context id.
+    /// Their later events reach the next engine, which must know them.
+    admitted: Vec<(ContextId, Request, Option<u64>)>,
 }
 
 /// A flight in flight with the calls of it the next engine answers.
@@ -87,13 +94,14 @@ impl Pending {
             && self.stranded.is_empty()
             && self.collector.is_none()
             && self.told.is_empty()
+            && self.admitted.is_empty()
     }
 
     /// Settlements scheduled, stranded or in flight, and checks other workers relayed in flights
     /// (for tests and logs).
     pub fn len(&self) -> usize {
         let in_flight: usize = self.calls.iter().map(|c| c.kept.len()).sum();
-        self.flushes.len() + in_flight + self.open.len() + self.stranded.len()
+        self.flushes.len() + in_flight + self.open.len() + self.stranded.len() + self.admitted.len()
     }
 }
 
@@ -234,8 +242,15 @@ impl Engine {
             .filter(|c| c.call.settles())
             .map(|c| (c.rule.name.clone(), settlement_of(&c.call)))
             .collect();
+        // On the same root every later event of these requests reaches the next engine.
+        let admitted = if calls_too {
+            self.requests.take_admitted()
+        } else {
+            Vec::new()
+        };
         Pending {
             ns: self.plugin.ns.clone(),
+            admitted,
             flushes,
             calls,
             open,
@@ -320,6 +335,17 @@ impl Engine {
             }
         }
         let now = self.timer.read(host);
+        // Requests admitted under the old configuration: their answers' usage is settled here,
+        // and a held one is let through when due (under the rules of the same names).
+        for (ctx, request, until) in pending.admitted {
+            let Some(request) = request.rebind(&rules) else {
+                continue;
+            };
+            self.requests.insert(ctx, request);
+            if let Some(due) = until {
+                self.requests.hold(ctx, due);
+            }
+        }
         for (name, key, limits, tokens) in pending.stranded {
             match rules.named(&name) {
                 Some(rule) => self.strand(&rule.clone(), &key, limits, tokens, now),

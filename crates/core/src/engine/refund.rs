@@ -61,6 +61,15 @@ impl Refund {
     }
 }
 
+impl Refund {
+    /// This refund under the rule of the same name in `rules` (a new configuration on the same
+    /// root), if it has one.
+    pub fn rebind(self, rules: &super::rules::Rules) -> Option<Refund> {
+        let rule = rules.named(&self.rule.name)?.clone();
+        Some(Refund { rule, ..self })
+    }
+}
+
 /// Whether `outcome`, answered `by`, took tokens from the global bucket (an admission by a
 /// script call).
 pub(super) fn took(outcome: Outcome, by: By) -> bool {

@@ -80,6 +80,25 @@ impl Request {
         }
     }
 
+    /// An admitted request under the rules of the same names in `rules` (a new configuration on
+    /// the same root); None for a request still deciding (its checks' calls are the old
+    /// engine's).
+    pub fn rebind(self, rules: &super::rules::Rules) -> Option<Request> {
+        let Request::Admitted {
+            headers,
+            usage,
+            held,
+        } = self
+        else {
+            return None;
+        };
+        Some(Request::Admitted {
+            headers: headers.map(|s| s.rebind(rules)),
+            usage: usage.into_iter().filter_map(|a| a.rebind(rules)).collect(),
+            held: held.into_iter().filter_map(|r| r.rebind(rules)).collect(),
+        })
+    }
+
     /// Its checks while it is being decided.
     pub fn checks(&self) -> &[Check] {
         match self {
@@ -280,6 +299,35 @@ impl Requests {
             }
         }
         None
+    }
+
+    /// Gives up every admitted request, each with the time it is held until (None: it went
+    /// upstream), for the engine that takes over on the same root.
+    pub fn take_admitted(&mut self) -> Vec<(ContextId, Request, Option<u64>)> {
+        let ctxs: Vec<ContextId> = self
+            .by_ctx
+            .iter()
+            .filter(|(_, r)| matches!(r, Request::Admitted { .. }))
+            .map(|(ctx, _)| *ctx)
+            .collect();
+        let due = |ctx: ContextId, held: &BinaryHeap<Reverse<(u64, ContextId)>>| {
+            held.iter()
+                .filter(|Reverse((_, c))| *c == ctx)
+                .map(|Reverse((due, _))| *due)
+                .min()
+        };
+        let mut out = Vec::with_capacity(ctxs.len());
+        for ctx in ctxs {
+            let until = self
+                .held_now
+                .contains(&ctx)
+                .then(|| due(ctx, &self.held))
+                .flatten();
+            if let Some(r) = self.remove(ctx) {
+                out.push((ctx, r, until));
+            }
+        }
+        out
     }
 
     /// Whether `ctx` is held for its reservation (it never went upstream).

@@ -2049,6 +2049,57 @@ fn a_pending_settlement_survives_a_new_configuration() {
     );
 }
 
+/// A worker's engine replaced on its root (the filter's HTTP contexts follow their root's slot, so
+/// every later event of a request admitted by the old engine reaches the new one) while a usage
+/// admission waits for its answer: the answer's usage is still charged, and a request held for
+/// its reservation is still let through when due. Neither may be lost with the old engine: a
+/// client whose long answer spans a configuration push would pay only its up-front cost.
+#[test]
+fn an_admission_waiting_for_its_answer_survives_a_new_configuration() {
+    let (mut old, rec) = engine("", LLM);
+    let mut h = Fake::default();
+    old.request_headers(&mut h, 10.into(), &user("a"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
+    assert!(h.resumed.contains(&10), "admitted at its up-front cost of 1");
+    let (mut new, rec_new) = engine("", LLM);
+    let pending = old.hand_over(&mut h, true);
+    assert!(new.adopt(&mut h, pending).is_empty());
+    drop(old);
+    // The answer comes to the engine in the slot now: it used 40.
+    new.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
+    new.done(&mut h, 10.into());
+    let charged = rec.get(0, Counter::UsageCharged) + rec_new.get(0, Counter::UsageCharged);
+    assert_eq!(charged, 39, "the usage of an answer that came after the push");
+    // The key's next call carries it.
+    new.request_headers(&mut h, 11.into(), &user("a"));
+    assert_eq!(settle_arg(h.sent.last().unwrap()), 39);
+}
+
+/// A request held for its reservation when its root's engine is replaced is let through by the
+/// next engine when due (not before), and one whose client leaves meanwhile is still given back.
+#[test]
+fn a_request_held_for_its_reservation_survives_a_new_configuration() {
+    let rules = r#"{"name":"hooks","key":["header:x-user"],"rate":10,"burst":5,"max_wait_ms":800}"#;
+    let (mut old, _) = engine("", rules);
+    let mut h = Fake::at(1000);
+    old.request_headers(&mut h, 10.into(), &user("a"));
+    old.request_headers(&mut h, 11.into(), &user("b"));
+    deliver(&mut old, &mut h, 1, 200, &answer(true, 0, 300, 800, 1));
+    deliver(&mut old, &mut h, 2, 200, &answer(true, 0, 300, 800, 1));
+    let (mut new, rec) = engine("", rules);
+    let pending = old.hand_over(&mut h, true);
+    assert!(new.adopt(&mut h, pending).is_empty());
+    drop(old);
+    h.now = 1299;
+    new.tick(&mut h);
+    assert!(h.resumed.is_empty(), "not before its time");
+    new.done(&mut h, 11.into());
+    assert_eq!(rec.get(0, Counter::Refunded), 1, "b left while held: given back");
+    h.now = 1300;
+    new.tick(&mut h);
+    assert_eq!(h.resumed, [10], "let through when due");
+}
+
 /// An engine (failure mode open) whose call out (token 2) carries user "a"'s charge of 39: the
 /// usage of an admission before it.
 fn charge_in_flight() -> (Engine, Fake) {

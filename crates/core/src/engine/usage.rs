@@ -64,6 +64,16 @@ pub(super) struct Admitted {
     reader: Option<BodyReader>,
 }
 
+impl Admitted {
+    /// This admission under the rule of the same name in `rules` (a new configuration on the same
+    /// root), if that rule still reads usage; its key, limits, up-front cost, epoch and reading
+    /// so far stay as they were.
+    pub(super) fn rebind(self, rules: &super::rules::Rules) -> Option<Admitted> {
+        let rule = rules.named(&self.rule.name)?.clone();
+        rule.usage.is_some().then_some(Admitted { rule, ..self })
+    }
+}
+
 /// The usage rules that admitted a request through the global bucket (they charged its up-front
 /// cost, so the difference is theirs to settle), from its `checks`. Failure-mode admissions
 /// settle nothing.

@@ -139,6 +139,16 @@ pub struct Shown {
 }
 
 impl Shown {
+    /// What the response's headers say under the rule of the same name in `rules` (none of its
+    /// numbers if that rule is gone).
+    pub fn rebind(self, rules: &super::rules::Rules) -> Shown {
+        let admit = self.admit.and_then(|a| {
+            let rule = rules.named(&a.rule.name)?.clone();
+            Some(Admit { rule, ..a })
+        });
+        Shown { admit, ..self }
+    }
+
     /// Whether the response gets any header in `style`.
     pub fn any(&self, style: HeaderStyle) -> bool {
         self.delay_ms > 0 || (self.admit.is_some() && style != HeaderStyle::None)
