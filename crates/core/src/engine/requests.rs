@@ -310,21 +310,19 @@ impl Requests {
             .filter(|(_, r)| matches!(r, Request::Admitted { .. }))
             .map(|(ctx, _)| *ctx)
             .collect();
-        let due = |ctx: ContextId, held: &BinaryHeap<Reverse<(u64, ContextId)>>| {
-            held.iter()
-                .filter(|Reverse((_, c))| *c == ctx)
-                .map(|Reverse((due, _))| *due)
-                .min()
-        };
+        // A request held now has an entry in the heap (the earliest counts); one no longer held
+        // may have a stale one.
+        let mut due: HashMap<ContextId, u64, ById> = HashMap::default();
+        for Reverse((at, ctx)) in &self.held {
+            if self.held_now.contains(ctx) {
+                let d = due.entry(*ctx).or_insert(*at);
+                *d = (*d).min(*at);
+            }
+        }
         let mut out = Vec::with_capacity(ctxs.len());
         for ctx in ctxs {
-            let until = self
-                .held_now
-                .contains(&ctx)
-                .then(|| due(ctx, &self.held))
-                .flatten();
             if let Some(r) = self.remove(ctx) {
-                out.push((ctx, r, until));
+                out.push((ctx, r, due.get(&ctx).copied()));
             }
         }
         out
