@@ -249,17 +249,29 @@ fn the_host_header_is_matched_and_keyed_as_the_authority() {
         { "name": "by-host-attribute", "rate": 1, "period_ms": 60000, "burst": 2,
           "key": ["property:request.host"], "match": { "path_prefix": "/p/" } } ] }"#;
     let stack = Stack::start_edited("edge-host", rules, shipped);
-    let with_host = |path: &str, host: &str| {
-        stack
-            .raw_get(LOCALHOST, path, &[("Host", host)])
-            .status
-    };
-    let got: Vec<u16> = (0..3).map(|_| with_host("/h/x", "api.example.com")).collect();
-    assert_eq!(got, [200, 200, 429], "{}", stack.logs());
-    assert_eq!(with_host("/h/x", "other.example.com"), 200, "the rule does not apply");
-    let got: Vec<u16> = ["api.example.com", "API.Example.com:8080", "api.example.com."]
-        .iter()
-        .map(|host| with_host("/p/x", host))
+    let with_host =
+        |path: &str, host: &str| stack.raw_get(LOCALHOST, path, &[("Host", host)]).status;
+    let got: Vec<u16> = (0..3)
+        .map(|_| with_host("/h/x", "api.example.com"))
         .collect();
-    assert_eq!(got, [200, 200, 429], "one bucket per host: {}", stack.logs());
+    assert_eq!(got, [200, 200, 429], "{}", stack.logs());
+    assert_eq!(
+        with_host("/h/x", "other.example.com"),
+        200,
+        "the rule does not apply"
+    );
+    let got: Vec<u16> = [
+        "api.example.com",
+        "API.Example.com:8080",
+        "api.example.com.",
+    ]
+    .iter()
+    .map(|host| with_host("/p/x", host))
+    .collect();
+    assert_eq!(
+        got,
+        [200, 200, 429],
+        "one bucket per host: {}",
+        stack.logs()
+    );
 }

@@ -2060,7 +2060,10 @@ fn an_admission_waiting_for_its_answer_survives_a_new_configuration() {
     let mut h = Fake::default();
     old.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut old, &mut h, 1, 200, &answer(true, 59, 0, 100, 1));
-    assert!(h.resumed.contains(&10), "admitted at its up-front cost of 1");
+    assert!(
+        h.resumed.contains(&10),
+        "admitted at its up-front cost of 1"
+    );
     let (mut new, rec_new) = engine("", LLM);
     let pending = old.hand_over(&mut h, true);
     assert!(new.adopt(&mut h, pending).is_empty());
@@ -2069,7 +2072,10 @@ fn an_admission_waiting_for_its_answer_survives_a_new_configuration() {
     new.response_headers(&mut h, 10.into(), &resp(&[("x-usage-tokens", "40")]));
     new.done(&mut h, 10.into());
     let charged = rec.get(0, Counter::UsageCharged) + rec_new.get(0, Counter::UsageCharged);
-    assert_eq!(charged, 39, "the usage of an answer that came after the push");
+    assert_eq!(
+        charged, 39,
+        "the usage of an answer that came after the push"
+    );
     // The key's next call carries it.
     new.request_headers(&mut h, 11.into(), &user("a"));
     assert_eq!(settle_arg(h.sent.last().unwrap()), 39);
@@ -2094,7 +2100,11 @@ fn a_request_held_for_its_reservation_survives_a_new_configuration() {
     new.tick(&mut h);
     assert!(h.resumed.is_empty(), "not before its time");
     new.done(&mut h, 11.into());
-    assert_eq!(rec.get(0, Counter::Refunded), 1, "b left while held: given back");
+    assert_eq!(
+        rec.get(0, Counter::Refunded),
+        1,
+        "b left while held: given back"
+    );
     h.now = 1300;
     new.tick(&mut h);
     assert_eq!(h.resumed, [10], "let through when due");

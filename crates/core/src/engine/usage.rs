@@ -17,7 +17,9 @@ mod read;
 mod readers;
 mod status;
 mod stranded;
-pub use read::{encoded, from_headers, parse_header, partial, BodyReader, Chunk, Look, Unreadable, WINDOW};
+pub use read::{
+    encoded, from_headers, parse_header, partial, BodyReader, Chunk, Look, Unreadable, WINDOW,
+};
 pub use readers::{Readers, MAX_READERS};
 
 pub(super) use charge::{carry_taken, Settlement};

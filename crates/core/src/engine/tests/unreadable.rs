@@ -435,7 +435,11 @@ fn past_the_readers_cap_a_response_is_not_read_and_charged_the_worst_case() {
 #[test]
 fn a_partial_answer_to_a_range_request_is_the_worst_case() {
     let partial = |status: &'static str, ct: &'static str, range: &'static str| {
-        resp(&[(":status", status), ("content-type", ct), ("content-range", range)])
+        resp(&[
+            (":status", status),
+            ("content-type", ct),
+            ("content-range", range),
+        ])
     };
     let json = "application/json";
     let pad = "x".repeat(2 * usage::WINDOW);
