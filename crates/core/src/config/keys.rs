@@ -300,14 +300,15 @@ fn override_value(source: &KeySource, text: &str, path: &str) -> Result<Vec<u8>,
     }
 }
 
-/// A header's value an override or a tier names, read as a request's is: without the spaces and
-/// tabs around it. One of nothing else would silently become the empty value's.
+/// A header's value an override or a tier names, read as a request's is: without the whitespace
+/// around it (`reading::header_key`). One of nothing else would silently become the empty
+/// value's.
 fn header_value(text: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
-    let value = crate::pairs::trim_ows(text.as_bytes());
+    let value = crate::rule::reading::header_key_value(text.as_bytes());
     if value.is_empty() && !text.is_empty() {
         return Err(err(
             path,
-            "is only spaces or tabs, which a header's value is read without",
+            "is only whitespace, which a header's value is read without",
         ));
     }
     Ok(value.to_vec())

@@ -102,6 +102,22 @@ pub fn header(lines: Lines<'_>) -> Read<'_> {
     }
 }
 
+/// The value of a header key source: as [`header`] reads it, and without what the most lenient
+/// server strips from its ends ([`trim_lenient`]: gunicorn up to 21 decodes a header as Latin-1
+/// and strips it as Python's `str.strip()` does), so `K\xa0` is `K`'s bucket, not one of its own.
+pub fn header_key(lines: Lines<'_>) -> Read<'_> {
+    match header(lines) {
+        Read::Value(Cow::Borrowed(value)) => Read::Value(Cow::Borrowed(trim_lenient(value))),
+        Read::Value(Cow::Owned(value)) => Read::Value(Cow::Owned(trim_lenient(&value).to_vec())),
+        other => other,
+    }
+}
+
+/// A header's value as [`header_key`] reads it, for a configured value (an override's).
+pub(crate) fn header_key_value(value: &[u8]) -> &[u8] {
+    trim_lenient(value)
+}
+
 /// The query string of `:path`: after the first `?` (if it comes before any `#`), up to `#`.
 fn query_of(full: &[u8]) -> Option<&[u8]> {
     let start = full.iter().position(|&b| b == b'?' || b == b'#')?;
@@ -483,6 +499,33 @@ mod tests {
         assert_eq!(q("api_key", "/?api[ ]=VALID"), None);
         // A name that starts with `[` is no variable to PHP.
         assert_eq!(q("_key", "/?[key=VALID"), None);
+    }
+
+    /// A header key's value is read as the most lenient server reads it: gunicorn up to 21
+    /// decodes a header as Latin-1 and strips it as `str.strip()` does, so to an application it
+    /// serves, `K\xa0`, `K\x85` and `K \x1f` are `K`: never a bucket of their own.
+    #[test]
+    fn a_header_key_is_read_without_what_the_most_lenient_server_strips() {
+        let key = |value: &[u8]| match header_key(Lines::One(Cow::Borrowed(value))) {
+            Read::Value(v) => v.into_owned(),
+            _ => panic!("one line is a value"),
+        };
+        for sent in [
+            &b"K"[..],
+            b"K\xa0",
+            b"\xa0K",
+            b"K\x85",
+            b"K \x1f\xa0",
+            b"\x0bK\x0c",
+        ] {
+            assert_eq!(key(sent), b"K", "{sent:?}");
+        }
+        assert_eq!(key(b"K\xa0L"), b"K\xa0L", "inside the value it stays");
+        let owned = header_key(Lines::One(Cow::Owned(b"K\xa0".to_vec())));
+        assert!(matches!(owned, Read::Value(v) if *v == *b"K"));
+        assert!(matches!(header_key(Lines::None), Read::Missing));
+        let two = Lines::Many(vec![Cow::Borrowed(&b"K"[..]), Cow::Borrowed(&b"K"[..])]);
+        assert!(matches!(header_key(two), Read::Ambiguous));
     }
 
     #[test]

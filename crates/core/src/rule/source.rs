@@ -16,7 +16,7 @@ use crate::config::KeySource;
 /// header, the method, a literal): the local path then copies no key value.
 pub(super) fn key_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a> {
     match source {
-        KeySource::Header(name) => reading::header(req.header_lines(name)),
+        KeySource::Header(name) => reading::header_key(req.header_lines(name)),
         KeySource::Method => method_value(req),
         KeySource::Literal(text) => Read::Value(Cow::Borrowed(text.as_bytes())),
         derived => derived_value(derived, req),
@@ -58,7 +58,7 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
                     other => other,
                 }
             }
-            (None, Some(name)) => reading::header(req.header_lines(&name)),
+            (None, Some(name)) => reading::header_key(req.header_lines(&name)),
             (None, None) => {
                 let segments: Vec<&str> = path.iter().map(String::as_str).collect();
                 owned(

@@ -200,7 +200,7 @@ fn overrides() {
     let blank = rule_error(
         r#""rate":1,"key":["header:x-user"],"overrides":[{"key":[" "],"unlimited":true}]"#,
     );
-    assert!(blank.contains("only spaces or tabs"), "{blank}");
+    assert!(blank.contains("only whitespace"), "{blank}");
     assert_eq!(
         o(&["slow", "10.0.0.2", "a"]),
         Some(Override::Limits(quota(Limits {

@@ -415,3 +415,23 @@ fn attributes_of_the_authority_read_as_the_authority_key() {
         assert_eq!(read(property(attribute), &twice), Read::Ambiguous);
     }
 }
+
+/// A header key is read as the most lenient server reads the header: gunicorn up to 21 decodes it
+/// as Latin-1 and strips it as Python's `str.strip()` does, so `K\xa0` (or `K\x85`, `K\x1f`) is
+/// `K` to the application. Read as sent, each such spelling of a valid API key would be a bucket
+/// of its own.
+#[test]
+fn a_header_key_with_bytes_a_server_strips_at_its_ends_is_the_keys_bucket() {
+    for source in [hdr("x-api-key"), property("request.headers.x-api-key")] {
+        let key = |value: &[u8]| {
+            let r = rule(Match::default(), vec![source.clone()]);
+            key_of("tg", &r, &Req::new("GET", "/").with("x-api-key", value))
+        };
+        let plain = key(b"K");
+        assert!(plain.is_some());
+        for spelling in [&b"K\xa0"[..], b"K\x85", b"\xa0K\x1f", b"K\xa0\xa0\x0b"] {
+            assert_eq!(key(spelling), plain, "{source:?}: {spelling:?}");
+        }
+        assert_ne!(key(b"K\xa0L"), plain, "{source:?}");
+    }
+}
