@@ -275,3 +275,43 @@ fn the_host_header_is_matched_and_keyed_as_the_authority() {
         stack.logs()
     );
 }
+
+/// The status Envoy answers a GET of `/x` whose `x-api-key` line holds `value`, byte for byte.
+fn status_with_key_bytes(stack: &Stack, value: &[u8]) -> u16 {
+    use std::io::{Read, Write};
+    let mut head = b"GET /x HTTP/1.1\r\nhost: localhost\r\nx-api-key: ".to_vec();
+    head.extend_from_slice(value);
+    head.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
+    let mut conn = std::net::TcpStream::connect((LOCALHOST, stack.port())).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(&head).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "no answer: {answer:?}");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&answer);
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// Envoy passes a header value's NO-BREAK SPACE and NEL to the application (a control byte such
+/// as `\x1f` it refuses with a 400), where gunicorn up to 21 strips them: `K\xa0` is the key `K`
+/// there, so it is `K`'s bucket here too.
+#[test]
+fn a_key_header_with_bytes_a_server_strips_is_the_keys_bucket() {
+    let stack = Stack::start_edited(
+        "edge-key-bytes",
+        &config(r#""key": ["header:x-api-key"], "burst": 2"#),
+        shipped,
+    );
+    let got: Vec<u16> = [&b"K"[..], b"K\xa0", b"K\x85\xa0", b"\xa0K"]
+        .iter()
+        .map(|value| status_with_key_bytes(&stack, value))
+        .collect();
+    assert_eq!(got, [200, 200, 429, 429], "{}", stack.logs());
+    assert_eq!(status_with_key_bytes(&stack, b"L\xa0"), 200, "another key");
+    assert_eq!(status_with_key_bytes(&stack, b"K\x1f"), 400, "Envoy refuses it");
+}
