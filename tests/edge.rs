@@ -313,5 +313,9 @@ fn a_key_header_with_bytes_a_server_strips_is_the_keys_bucket() {
         .collect();
     assert_eq!(got, [200, 200, 429, 429], "{}", stack.logs());
     assert_eq!(status_with_key_bytes(&stack, b"L\xa0"), 200, "another key");
-    assert_eq!(status_with_key_bytes(&stack, b"K\x1f"), 400, "Envoy refuses it");
+    assert_eq!(
+        status_with_key_bytes(&stack, b"K\x1f"),
+        400,
+        "Envoy refuses it"
+    );
 }

@@ -791,3 +791,34 @@ fn a_body_cut_in_its_usage_is_charged_the_worst_case() {
     });
     assert_worst_case_twice(&p.envoy, figure, "usage_too_large");
 }
+
+/// A client that asks for a range of the answer picks the bytes the filter would read: here the
+/// one item of a list answer that reports a usage of 1 (a whole JSON document on its own). A
+/// partial answer (206 with a content-range) is charged the worst case, not the part's usage.
+#[test]
+fn a_partial_answer_to_a_range_request_is_charged_the_worst_case() {
+    let part = r#"{"usage":{"total_tokens":1}}"#;
+    let app = app(move |_| {
+        vec![format!(
+            "HTTP/1.1 206 Partial Content\r\ncontent-type: application/json\r\n\
+             content-range: bytes 100-{}/4000\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{part}",
+            100 + part.len() - 1,
+            part.len()
+        )
+        .into_bytes()]
+    });
+    let wasm = common::wasm_path();
+    let p = proxy("usage-range", &wasm, BODY_FIELD, &app);
+    let figure = attack("a range of the answer", &p.envoy, &app, |envoy, _| {
+        let r = envoy.get(
+            "/app/chat",
+            &[("x-user-id", "ada"), ("range", "bytes=100-127")],
+        );
+        // The part went to the client: admitted.
+        match r.status {
+            206 => 200,
+            other => other,
+        }
+    });
+    assert_worst_case_twice(&p.envoy, figure, "usage_too_large");
+}
