@@ -317,14 +317,14 @@ impl Engine {
                     // refills.
                     let turn = r.retry_after_ms.unsigned_abs().min(MAX_TURN_MS);
                     let until = sent_ms.saturating_add(turn.max(sizing.horizon_ms));
-                    let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until);
+                    let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until, now);
                 } else if grant.refill_ms == 0 && r.remaining == 0 && granted < asked.lease_want {
                     // The bucket held less than this proxy asked for and reserved nothing (the
                     // key has many holders: see `bucket::RACE_SHARE`): once these tokens are
                     // spent, the key is denied here for one horizon, as after a denial, rather
                     // than called again for the next token to refill.
                     let until = sent_ms.saturating_add(sizing.horizon_ms);
-                    let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until);
+                    let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until, now);
                 }
                 let costs = self.waits.costs(&key);
                 if let Ok((d, take)) = pool.deposit(claim, &grant, &costs, now, &sizing) {
@@ -343,7 +343,7 @@ impl Engine {
                 // with calls that admit nothing.
                 let retry = u64::try_from(r.retry_after_ms).unwrap_or(r.reset_after_ms);
                 let until = sent_ms.saturating_add(retry.max(sizing.horizon_ms).max(1));
-                let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until);
+                let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until, now);
                 let _ = pool.release(claim, Some(r.remaining), now);
             }
             Err(e) => {

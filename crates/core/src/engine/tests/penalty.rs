@@ -185,3 +185,74 @@ fn no_cost_header_gets_a_boxed_key_through() {
     assert_eq!(h.sent.len(), 1, "no call for any of them");
     assert!(h.resumed.is_empty(), "nothing forwarded: {:?}", h.resumed);
 }
+
+/// The bucket key of rule `idx` for request `r`.
+fn key_of(e: &Engine, idx: usize, r: &Req) -> String {
+    crate::rule::applies(
+        &e.plugin.config.key_prefix,
+        (idx, &e.plugin.config.rules[idx]),
+        r,
+        &mut crate::rule::KeyCache::default(),
+    )
+    .unwrap()
+    .key
+}
+
+/// A value of `x-key` whose bucket under rule 1 lands in the deny cache's slot of `target`
+/// (the slot is an FNV hash of the bucket key: anyone who knows the configuration can find one
+/// offline in a few thousand tries).
+fn colliding_key(e: &Engine, target: &str) -> String {
+    use crate::shared::{deny::SLOTS, hash};
+    let slot = hash(target) % SLOTS;
+    (0..1_000_000)
+        .map(|i| format!("k{i}"))
+        .find(|v| {
+            let k = key_of(e, 1, &req("/other", &[("x-key", v)]));
+            hash(&k) % SLOTS == slot
+        })
+        .unwrap()
+}
+
+/// "A proxy that learns of the box keeps it in its deny cache until the box ends", and "while
+/// Redis cannot answer, a proxy still refuses the keys its deny cache knows are boxed". The deny
+/// cache is direct-mapped and shared by every rule: another key's denial in the same slot (any
+/// rule's, here one the client keys itself) used to overwrite the box, and once Redis was away
+/// the boxed client was admitted by the fallback bucket, which has no penalty. A box learned
+/// stays until it ends: another key's entry never replaces it.
+#[test]
+fn another_key_s_denial_never_evicts_a_box_from_the_deny_cache() {
+    let rules = format!(
+        r#"{BOXED}, {{"name":"api","key":["header:x-key"],"rate":1,"burst":1}}"#
+    );
+    let (mut e, _) = engine("", &rules);
+    let mut h = Fake::at(1000);
+    // The offence: user a is boxed for 120 s.
+    e.request_headers(&mut h, 10.into(), &user("a"));
+    let t = *h.tokens().last().unwrap();
+    deliver(&mut e, &mut h, t, 200, &answer6(false, 120_000, 1));
+    assert_eq!(h.status_of(10), Some(429));
+    // The same client spends a key of its own choosing under another rule until Redis denies it:
+    // that denial is cached in the box's slot.
+    let boxed = key_of(&e, 0, &user("a"));
+    let other = colliding_key(&e, &boxed);
+    let flood = req("/other", &[("x-key", &other)]);
+    send(&mut e, &mut h, 11, &flood);
+    let t = *h.tokens().last().unwrap();
+    deliver(&mut e, &mut h, t, 200, &answer(false, 0, 1000, 1000, 0));
+    assert_eq!(h.status_of(11), Some(429));
+    // Redis goes away. Still boxed: user a must be refused, by the deny cache, without a call.
+    h.now = 5000;
+    let calls = h.sent.len();
+    send(&mut e, &mut h, 12, &user("a"));
+    if h.sent.len() > calls {
+        let t = *h.tokens().last().unwrap();
+        deliver(&mut e, &mut h, t, 0, b"");
+    }
+    assert_eq!(
+        h.status_of(12),
+        Some(429),
+        "the boxed client got through the fallback (resumed: {:?})",
+        h.resumed
+    );
+    assert_eq!(h.sent.len(), calls, "the box was forgotten: asked Redis");
+}
