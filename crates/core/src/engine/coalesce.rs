@@ -190,7 +190,8 @@ impl Engine {
         };
         if granted < checks.len() as u64 {
             let until = sent_ms.saturating_add(retry_ms);
-            let _ = DenyCache::new(host.store(), &self.plugin.ns).remember(&asked.key, 1, until, now);
+            let _ =
+                DenyCache::new(host.store(), &self.plugin.ns).remember(&asked.key, 1, until, now);
         }
         let mut remaining = r.remaining.saturating_add(granted);
         // Shares not handed out yet.

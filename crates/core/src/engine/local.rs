@@ -96,9 +96,7 @@ impl LocalStage<'_> {
             };
         }
         let cached = DenyCache::new(store, &self.plugin.ns)
-            .denial(&call.key, call.cost, now)
-            // A box refuses only while its rule has a penalty: without one, Redis ignores it.
-            .filter(|(_, boxed)| !boxed || call.penalty.is_some())
+            .denial(&call.key, call.cost, now, call.penalty.is_some())
             .map(|(retry_ms, boxed)| {
                 if boxed {
                     self.plugin.metrics.count(rule.id(), Counter::Penalized, 1);

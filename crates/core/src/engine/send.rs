@@ -502,7 +502,9 @@ impl Engine {
             // A penalty box refuses every cost until it ends; a bucket, this cost or more.
             let _ = match r.penalized {
                 Penalized::No => cache.remember(&call.key, call.cost, until, sent_ms),
-                Penalized::Offence | Penalized::Boxed => cache.remember_box(&call.key, until, sent_ms),
+                Penalized::Offence | Penalized::Boxed => {
+                    cache.remember_box(&call.key, until, sent_ms)
+                }
             };
             let counter = match r.penalized {
                 Penalized::No => None,

@@ -26,21 +26,34 @@ impl<'a> DenyCache<'a> {
         super::slot_key(self.ns, "deny", hash(bucket_key) % SLOTS)
     }
 
-    /// Milliseconds the request must still wait if Redis already said `bucket_key` cannot serve
-    /// `cost` (or less) before then; None if unknown or past.
+    /// Milliseconds the request of a rule without a penalty must still wait if Redis already said
+    /// `bucket_key` cannot serve `cost` (or less) before then; None if unknown or past. A penalty
+    /// box's entry refuses it nothing: Redis ignores a box for a call that carries no penalty
+    /// (the rule's was removed), so a box cached before does too.
     pub fn denied(&self, bucket_key: &str, cost: u64, now_ms: u64) -> Option<u64> {
-        self.denial(bucket_key, cost, now_ms).map(|(ms, _)| ms)
+        self.denial(bucket_key, cost, now_ms, false)
+            .map(|(ms, _)| ms)
     }
 
-    /// As [`DenyCache::denied`], and whether the entry is a penalty box's.
-    pub fn denial(&self, bucket_key: &str, cost: u64, now_ms: u64) -> Option<(u64, bool)> {
+    /// As [`DenyCache::denied`] for a rule with a penalty or not (`penalty`), and whether the
+    /// entry is a penalty box's (which answers only a rule with a penalty).
+    pub fn denial(
+        &self,
+        bucket_key: &str,
+        cost: u64,
+        now_ms: u64,
+        penalty: bool,
+    ) -> Option<(u64, bool)> {
         let (value, _) = self.store.get(&self.slot_key(bucket_key)).ok()?;
         let value = value?;
         let until = read_u64(&value, 0)?;
         let denied_cost = read_u64(&value, 8)?;
         let boxed = read_u64(&value, 16)? == 1;
         let key = value.get(24..)?;
-        (key == bucket_key.as_bytes() && cost >= denied_cost && until > now_ms)
+        (key == bucket_key.as_bytes()
+            && cost >= denied_cost
+            && until > now_ms
+            && (penalty || !boxed))
             .then(|| (until - now_ms, boxed))
     }
 
@@ -137,11 +150,16 @@ mod tests {
         let s = MemStore::default();
         let c = DenyCache::new(&s, "ns");
         c.remember("k", 3, 1200, 1000).unwrap();
-        assert_eq!(c.denial("k", 3, 1000), Some((200, false)));
+        assert_eq!(c.denial("k", 3, 1000, true), Some((200, false)));
         c.remember_box("k", 121_000, 1000).unwrap();
-        assert_eq!(c.denial("k", 1, 1000), Some((120_000, true)));
-        assert_eq!(c.denied("k", 7, 120_999), Some(1));
-        assert_eq!(c.denial("k", 1, 121_000), None, "the box ended");
+        assert_eq!(c.denial("k", 1, 1000, true), Some((120_000, true)));
+        assert_eq!(c.denial("k", 7, 120_999, true), Some((1, true)));
+        assert_eq!(c.denial("k", 1, 121_000, true), None, "the box ended");
+        assert_eq!(
+            c.denied("k", 7, 1000),
+            None,
+            "a rule without a penalty is refused nothing by a box"
+        );
     }
 
     #[test]
@@ -155,10 +173,10 @@ mod tests {
             c.remember_box(&k, 10_000, 1000).unwrap();
         }
         c.remember("boxed", 5, 2000, 1000).unwrap();
-        assert_eq!(c.denial("boxed", 1, 100_000), Some((21_000, true)));
+        assert_eq!(c.denial("boxed", 1, 100_000, true), Some((21_000, true)));
         // Redis' newer word on the box itself is taken; once it ended, the slot is anyone's.
         c.remember_box("boxed", 130_000, 100_000).unwrap();
-        assert_eq!(c.denial("boxed", 1, 100_000), Some((30_000, true)));
+        assert_eq!(c.denial("boxed", 1, 100_000, true), Some((30_000, true)));
         let slot = hash("boxed") % SLOTS;
         let clash = (0..SLOTS * 8)
             .map(|i| format!("key{i}"))

@@ -221,9 +221,7 @@ fn colliding_key(e: &Engine, target: &str) -> String {
 /// stays until it ends: another key's entry never replaces it.
 #[test]
 fn another_key_s_denial_never_evicts_a_box_from_the_deny_cache() {
-    let rules = format!(
-        r#"{BOXED}, {{"name":"api","key":["header:x-key"],"rate":1,"burst":1}}"#
-    );
+    let rules = format!(r#"{BOXED}, {{"name":"api","key":["header:x-key"],"rate":1,"burst":1}}"#);
     let (mut e, _) = engine("", &rules);
     let mut h = Fake::at(1000);
     // The offence: user a is boxed for 120 s.
@@ -267,12 +265,19 @@ fn a_box_in_the_deny_cache_refuses_nothing_once_the_penalty_is_removed() {
     e.request_headers(&mut h, 10.into(), &user("a"));
     deliver(&mut e, &mut h, 1, 200, &answer6(false, 120_000, 1));
     assert_eq!(h.status_of(10), Some(429), "boxed");
-    let unboxed = BOXED.replace(r#","penalty":{"ms":[120000,300000],"window_ms":3600000}"#, "");
+    let unboxed = BOXED.replace(
+        r#","penalty":{"ms":[120000,300000],"window_ms":3600000}"#,
+        "",
+    );
     let (mut next, _) = engine("", &unboxed);
     let mut h2 = Fake::sharing(h.store.clone());
     h2.now = 2000;
     next.request_headers(&mut h2, 11.into(), &user("a"));
-    assert_eq!(h2.sent.len(), 1, "the key goes to Redis, which ignores the box");
+    assert_eq!(
+        h2.sent.len(),
+        1,
+        "the key goes to Redis, which ignores the box"
+    );
     deliver(&mut next, &mut h2, 1, 200, &answer(true, 1, 0, 100, 1));
     assert_eq!(h2.resumed, [11]);
 }
