@@ -89,6 +89,11 @@ fn backend(b: doc::Backend, artifact: Artifact) -> Result<Backend, ConfigError> 
     let at = |name: &str| join(PATH, name);
     // Higress names a Redis service `outbound|<port>||<service>`, as its own Redis plugins take
     // it; a `.static` service listens on port 80.
+    let cluster_field = if b.service_name.is_some() {
+        "service_name"
+    } else {
+        "cluster"
+    };
     let cluster = match (b.service_name, b.cluster) {
         (Some(_), Some(_)) => {
             return Err(err(
@@ -123,6 +128,16 @@ fn backend(b: doc::Backend, artifact: Artifact) -> Result<Backend, ConfigError> 
         }
         (None, None) => DEFAULT_CLUSTER.to_owned(),
     };
+    // Higress cuts the cluster at its first '?' and reads the rest as its Redis client's
+    // parameters: a database chosen there would escape the password `database` needs, and
+    // `buffer_flush_timeout=0` (`resp::redis_target`) would no longer be one of them.
+    if artifact == Artifact::Higress && cluster.contains('?') {
+        return Err(err(
+            at(cluster_field),
+            "must not contain '?': Higress reads what follows it as its Redis client's \
+             parameters (give the database as backend.database)",
+        ));
+    }
     let username = redis_secret(&at("username"), b.username)?;
     let password = redis_secret(&at("password"), b.password)?;
     if username.is_some() && password.is_none() {

@@ -182,3 +182,25 @@ fn higress_build_redis_fields() {
         "backend.database: must be an integer >= 0"
     );
 }
+
+/// Higress cuts the cluster at its first `?` and reads the rest as its Redis client's parameters
+/// (`db=N`, `buffer_flush_timeout`, ...): a `?` in `cluster` or `service_name` would pass
+/// parameters tollgate does not know of, `db=3` without the password `backend.database` needs
+/// (buckets split between two databases admit up to twice), and push `buffer_flush_timeout=0`
+/// out of the parameters.
+#[test]
+fn a_higress_cluster_name_carries_no_redis_client_parameters() {
+    for backend in [
+        r#"{"cluster":"redis?db=3&"}"#,
+        r#"{"service_name":"redis.default.svc.cluster.local?db=3&"}"#,
+    ] {
+        let json = format!(r#"{{"backend":{backend},"rules":[{{"name":"a","rate":1}}]}}"#);
+        match parse_higress(&json) {
+            Err(e) => assert!(e.to_string().contains("'?'"), "{backend}: {e}"),
+            Ok(c) => panic!(
+                "{backend}: accepted, Higress is given {:?}",
+                crate::backend::resp::redis_target(&c.backend.cluster, c.backend.database)
+            ),
+        }
+    }
+}
