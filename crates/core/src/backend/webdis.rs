@@ -350,13 +350,12 @@ pub fn decode_batch_reply_asked(
 /// The array Webdis wrapped in `{"<COMMAND>": [...]}`, or the error it stands for: Redis' error
 /// (`[false, "msg"]`: NOSCRIPT is `NoScript`) or `Malformed`.
 fn json_items(body: &[u8]) -> Result<Vec<serde_json::Value>, BackendError> {
-    let doc: serde_json::Value = serde_json::from_slice(body)
+    // Read member by member: a `Value::Object` keeps only the last of two members of one name,
+    // so `{"EVALSHA":[0,..],"EVALSHA":[1,..]}` would read as one member, the admission.
+    let OneMember(value) = serde_json::from_slice(body)
         .map_err(|e| BackendError::Malformed(format!("not JSON ({e})")))?;
-    let value = match doc {
-        serde_json::Value::Object(obj) if obj.len() == 1 => obj.into_iter().next().map(|(_, v)| v),
-        _ => None,
-    }
-    .ok_or_else(|| BackendError::Malformed("expected one-key JSON object".to_string()))?;
+    let value =
+        value.ok_or_else(|| BackendError::Malformed("expected one-key JSON object".to_string()))?;
     let serde_json::Value::Array(items) = value else {
         return Err(BackendError::Malformed(format!(
             "expected an array, got {}",
@@ -372,6 +371,37 @@ fn json_items(body: &[u8]) -> Result<Vec<serde_json::Value>, BackendError> {
         });
     }
     Ok(items)
+}
+
+/// The value of a JSON object's only member; None for an object of any other number of members
+/// (two of the same name included). Anything but an object is a deserialization error.
+struct OneMember(Option<serde_json::Value>);
+
+impl<'de> serde::Deserialize<'de> for OneMember {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OneMember, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = OneMember;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<OneMember, A::Error> {
+                use serde::de::IgnoredAny;
+                let first = map.next_entry::<IgnoredAny, serde_json::Value>()?;
+                let mut more = false;
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                    more = true;
+                }
+                Ok(OneMember(first.filter(|_| !more).map(|(_, v)| v)))
+            }
+        }
+        d.deserialize_map(Members)
+    }
 }
 
 /// Every item as an integer, or `Malformed`.
@@ -755,6 +785,33 @@ mod tests {
                 other => panic!("{:?} -> {other:?}", String::from_utf8_lossy(b)),
             }
         }
+    }
+
+    /// Webdis wraps a reply in an object of ONE member: an object naming the command twice is
+    /// not its answer, whichever member serde_json would keep (it keeps the last), single or
+    /// batched, and a denial followed by an admission must not read as the admission.
+    #[test]
+    fn an_object_naming_its_command_twice_is_malformed() {
+        for body in [
+            &br#"{"EVALSHA":[0,0,100,1000,0],"EVALSHA":[1,9,0,1000,1]}"#[..],
+            br#"{"EVALSHA":[false,"ERR x"],"EVALSHA":[1,9,0,1000,1]}"#,
+            br#"{"EVALSHA":[1,9,0,1000,1],"EVALSHA":[1,9,0,1000,1]}"#,
+        ] {
+            match decode_reply(body) {
+                Err(BackendError::Malformed(_)) => {}
+                other => panic!("{:?} -> {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
+        let batch =
+            br#"{"EVALSHA":[0,0,5,50,0,0,0,0,5,50,0,0],"EVALSHA":[1,9,0,50,1,0,1,8,0,50,1,0]}"#;
+        assert!(
+            matches!(
+                decode_batch_reply(batch, 2),
+                Err(BackendError::Malformed(_))
+            ),
+            "{:?}",
+            decode_batch_reply(batch, 2)
+        );
     }
 
     #[test]
