@@ -27,7 +27,8 @@ ARGV[5]  lease       "0" (exact mode), or "<want>:<holder>:<seq>:<hold_ms>:<held
          key, in thousandths of a token per second (an integer <= 2^32): its share is weighed
          by it (below). Without it the holder reports no demand and gets the equal share.
          A plain integer n is a lease without a holder: up to n tokens granted at once, for a
-         caller that spends them at once (the model tests); the filter never sends it.
+         caller that spends them at once (the exact checks of a hot key sharing one call, one
+         token each; the model tests).
          Or an operator's operation on the bucket (the `tollgate` command; the filter never sends
          one), with cost "0" and no settle; the bucket is first refilled to now as for any call:
            "reset"     the bucket holds all it can again: burst, less the tokens holders hold (they
