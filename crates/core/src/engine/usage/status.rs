@@ -30,7 +30,10 @@ pub fn parse(value: &[u8]) -> Option<u16> {
 /// stream's own timeouts; not a connection that never opened (`…{remote_connection_failure}`,
 /// `…{connection_timeout}`, `…{overflow}`), nor the application's own answer (`via_upstream`)
 /// or a reply of Envoy that sent nothing upstream (`no_healthy_upstream`, `direct_response`,
-/// another filter's).
+/// another filter's). Also a downstream codec's reply (`http1.codec_error`, `http1.*`, `http2.*`,
+/// `http3.*`): the client broke its own request (a bad chunk or trailer) after its headers went
+/// by, so while the application may already hold it; one that broke before tollgate saw the
+/// headers was never admitted.
 pub fn lost(details: &[u8]) -> bool {
     const RESET: &[u8] = b"upstream_reset_before_response_started{";
     /// Reset reasons of a connection that never carried the request.
@@ -54,7 +57,12 @@ pub fn lost(details: &[u8]) -> bool {
             .unwrap_or(reason.len());
         return !NEVER_SENT.contains(&reason.get(..end).unwrap_or(reason));
     }
-    details.starts_with(b"upstream_") || TIMEOUTS.contains(&details)
+    /// Envoy's codecs' response code details (`Http1ResponseCodeDetailValues`, and those of
+    /// HTTP/2 and HTTP/3).
+    const CODECS: &[&[u8]] = &[b"http1.", b"http2.", b"http3."];
+    details.starts_with(b"upstream_")
+        || TIMEOUTS.contains(&details)
+        || CODECS.iter().any(|c| details.starts_with(c))
 }
 
 /// What an admission that paid `upfront` used, by the status of the response `view` shows.
@@ -127,6 +135,31 @@ mod tests {
             assert_eq!(used(&Detailed("503", by_status), &set, 1), Ok(0), "{by_status}");
         }
         assert_eq!(used(&Detailed("401", "via_upstream"), &set, 1), Ok(1));
+    }
+
+    /// An HTTP/1.1 client whose request headers passed tollgate and went upstream (a login with
+    /// `authorization: Basic …` and `transfer-encoding: chunked`), then sends a broken chunk
+    /// (`zz\r\n`) or a bad trailer before the application answers: Envoy's codec answers `400`
+    /// itself (`ServerConnectionImpl::sendProtocolError` → `sendLocalReply`, details
+    /// `http1.codec_error`), through the filter chain, while the application already holds the
+    /// request. The answer never came from the application, so the admission is charged, as a
+    /// reset is; read by its status, the 400 would refund a request the upstream took.
+    #[test]
+    fn a_client_that_breaks_its_own_request_after_it_went_upstream_is_charged() {
+        let set = StatusSet::of(&[401]).unwrap();
+        for broken in [
+            "http1.codec_error",
+            "http1.invalid_characters",
+            "http1.headers_too_large",
+            "http2.violation.of.messaging.rule",
+            "http3.invalid_header_field",
+        ] {
+            assert_eq!(
+                used(&Detailed("400", broken), &set, 1),
+                Err(Unreadable::Unfinished),
+                "{broken}"
+            );
+        }
     }
 
     impl RequestView for Status {
