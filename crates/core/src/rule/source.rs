@@ -42,13 +42,13 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
             req.client_ip()
                 .map(|ip| ip::key_value(&ip, *v4_prefix, *v6_prefix)),
         ),
-        KeySource::Path => owned(req.header(":path").map(|p| path::key_value(&p))),
+        KeySource::Path => owned(path_of(req).map(|p| path::key_value(&p))),
         KeySource::Authority => owned(req.header(":authority").map(|a| host::of_authority(&a))),
         KeySource::Cookie(name) => reading::cookie(&req.header_lines("cookie"), name),
         // Envoy's `request.headers` attribute joins a header's lines with `,`: read as the header
         // source reads it, so a repeated line is ambiguous here too.
         KeySource::Property { path, .. } => match (reads_the_path(source), request_header(path)) {
-            (Some(part), _) => owned(req.header(":path").map(|p| path_value(part, &p))),
+            (Some(part), _) => owned(path_of(req).map(|p| path_value(part, &p))),
             (None, _) if reads_the_method(source) => method_value(req),
             // `:authority` as the `authority` key reads it: every spelling of one host is one
             // value.
@@ -74,6 +74,18 @@ fn derived_value<'a>(source: &'a KeySource, req: &'a dyn RequestView) -> Read<'a
                 .and_then(value::key_text),
         ),
     }
+}
+
+/// `:path` as a key reads it: a CONNECT has none (Envoy's codecs set only `:authority` for one,
+/// and a listener with `upgrade_configs: CONNECT` runs the filters for it), and reads as the
+/// empty path (`/`'s bucket, never an override's: [`super::apply`] gives a path override only
+/// to a path as sent), so a rule keyed on the path does not let a tunnel through unlimited.
+fn path_of(req: &dyn RequestView) -> Option<Cow<'_, [u8]>> {
+    req.header(":path").or_else(|| {
+        req.header(":method")
+            .is_some_and(|m| m.eq_ignore_ascii_case(b"CONNECT"))
+            .then_some(Cow::Borrowed(&b""[..]))
+    })
 }
 
 /// The `method` key's reading: `:method` as applications route it (`HEAD` as `GET`), ambiguous

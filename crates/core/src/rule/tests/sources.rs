@@ -435,3 +435,31 @@ fn a_header_key_with_bytes_a_server_strips_at_its_ends_is_the_keys_bucket() {
         assert_ne!(key(b"K\xa0L"), plain, "{source:?}");
     }
 }
+
+/// A CONNECT (`CONNECT api.example.com:443 HTTP/1.1`, or HTTP/2's `:method CONNECT` with
+/// `:authority` alone) has no `:path`: Envoy's codecs set none (`handlePath` sets `:authority`
+/// only for a CONNECT), and a listener with `upgrade_configs: CONNECT` runs the HTTP filters for
+/// it. The `path` key is documented as never missing, so a rule keyed on it (alone or with
+/// `client_ip`) must not let a tunnel through unlimited: it reads as the empty path's bucket, `/`,
+/// and never as a path of its own that could be an override's.
+#[test]
+fn a_connect_without_a_path_is_keyed_not_let_through() {
+    let connect = Req::default()
+        .with(":method", "CONNECT")
+        .with(":authority", "api.example.com:443")
+        .ip("10.0.0.7");
+    assert_eq!(one(KeySource::Path, &connect), Some(b"/".to_vec()));
+    assert!(
+        key_values(&[KeySource::CLIENT_IP, KeySource::Path], &connect).is_some(),
+        "a rule keyed on client_ip and path applies to a CONNECT"
+    );
+    for attribute in ["request.url_path", "request.path"] {
+        let source = KeySource::Property {
+            path: attribute.split('.').map(String::from).collect(),
+            spelled: attribute.to_string(),
+        };
+        assert_eq!(one(source, &connect), Some(b"/".to_vec()), "{attribute}");
+    }
+    // A request that is no CONNECT and has no path stays missing (Envoy refuses such a request).
+    assert_eq!(one(KeySource::Path, &Req::default()), None);
+}
