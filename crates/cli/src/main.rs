@@ -254,7 +254,7 @@ fn run(command: Command) -> Result<Vec<String>, Failed> {
         } => {
             let loaded = configured(&config)?;
             let t = bucket.target(&loaded.config)?;
-            let mut store = connect(&redis)?;
+            let mut store = connect(&redis, &loaded)?;
             let (now, fields) = store.snapshot(&t.key).map_err(|e| Failed(e.to_string()))?;
             let mut out = vec![store.describe()];
             out.extend(state::report(&t, now, &fields));
@@ -285,12 +285,15 @@ fn configured(arg: &ConfigArg) -> Result<Loaded, Failed> {
     load(&arg.config, artifact).map_err(|e| Failed(e.to_string()))
 }
 
-fn connect(args: &RedisArgs) -> Result<Store, Failed> {
+/// The Redis of `loaded`'s buckets: for the Higress build, in the database its
+/// `backend.database` names (Higress selects it on each connection); Webdis keeps its own.
+fn connect(args: &RedisArgs, loaded: &Loaded) -> Result<Store, Failed> {
     Store::connect(&Options {
         url: args.redis.clone(),
         ca: args.tls_ca.clone(),
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
+        database: (loaded.artifact == Artifact::Higress).then_some(loaded.config.backend.database),
     })
     .map_err(|e| Failed(e.to_string()))
 }
@@ -304,7 +307,7 @@ fn operate(
 ) -> Result<Vec<String>, Failed> {
     let loaded = configured(config)?;
     let t = bucket.target(&loaded.config)?;
-    let mut store = connect(redis)?;
+    let mut store = connect(redis, &loaded)?;
     let l = t.limits;
     let mut args = vec![
         l.burst.to_string(),

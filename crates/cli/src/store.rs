@@ -27,6 +27,10 @@ pub struct Options {
     /// PEM client certificate and key, when the server asks for one (mutual TLS).
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
+    /// The database the filter keeps its buckets in, when the configuration says (the Higress
+    /// build's `backend.database`): used when the URL names none, and a URL naming another is
+    /// refused.
+    pub database: Option<u64>,
 }
 
 /// Why Redis gave no answer.
@@ -104,8 +108,31 @@ impl Store {
         if redis::parse_redis_url(&opts.url).is_none() {
             return Err(bad("not a redis:// or rediss:// URL".to_string()));
         }
-        let info = redis::IntoConnectionInfo::into_connection_info(opts.url.as_str())
+        let mut info = redis::IntoConnectionInfo::into_connection_info(opts.url.as_str())
             .map_err(|e| bad(e.to_string()))?;
+        let mut label = shown.clone();
+        if let Some(database) = opts.database {
+            // A TCP URL names a database by its path, a Unix socket's by `?db=`.
+            let named = redis::parse_redis_url(&opts.url).is_some_and(|u| {
+                if u.scheme().ends_with("unix") {
+                    u.query_pairs().any(|(k, _)| k == "db")
+                } else {
+                    !u.path().trim_start_matches('/').is_empty()
+                }
+            });
+            let wanted = i64::try_from(database).unwrap_or(i64::MAX);
+            if named && info.redis.db != wanted {
+                return Err(bad(format!(
+                    "it names database {}, but the configuration keeps its buckets in database \
+                     {database} (backend.database)",
+                    info.redis.db
+                )));
+            }
+            if !named && wanted != 0 {
+                label = format!("{shown}, database {database}");
+            }
+            info.redis.db = wanted;
+        }
         let certs = certificates(opts)?;
         let client = match &certs {
             Some(c) => redis::Client::build_with_tls(info.clone(), tls_copy(c)),
@@ -124,7 +151,7 @@ impl Store {
             .query(&mut conn)
             .unwrap_or_default();
         if !info_text.contains("cluster_enabled:1") {
-            return Ok(Store::Single(conn, shown));
+            return Ok(Store::Single(conn, label));
         }
         let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
             .connection_timeout(TIMEOUT)
@@ -136,7 +163,7 @@ impl Store {
             .build()
             .and_then(|c| c.get_connection())
             .map_err(|e| classify(&shown, e))?;
-        Ok(Store::Cluster(Box::new(cluster), shown))
+        Ok(Store::Cluster(Box::new(cluster), label))
     }
 
     fn conn(&mut self) -> (&mut dyn ConnectionLike, &str) {

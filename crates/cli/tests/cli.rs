@@ -1564,3 +1564,74 @@ fn check_reads_a_wasm_filter_under_a_matcher_and_warns_of_it() {
     let out = check(&[payload.as_str(), &bare].concat());
     assert!(warnings(&out).is_empty(), "{out}");
 }
+
+/// The Higress build keeps its buckets in `backend.database` (Higress' client runs `SELECT` on
+/// each connection): a command run with a URL that names no database must reach that database,
+/// not database 0, and one whose URL names another database must refuse rather than show or
+/// change buckets the filter never reads.
+#[test]
+fn a_higress_configurations_database_is_where_the_command_acts() {
+    let dir = scratch_dir("cli-database");
+    let redis = Redis::start_with(&dir, &["--requirepass", "s3cret"]);
+    let path = dir.join("higress.json");
+    std::fs::write(
+        &path,
+        r#"{"backend": {"service_name": "redis.static", "password": "s3cret", "database": 3},
+            "rules": [{"name": "r", "key": ["header:x-user"], "rate": 1, "period_ms": 60000,
+                       "burst": 10}]}"#,
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let key = bucket_key(
+        "tollgate",
+        "r",
+        &[KeySource::Header("x-user".into())],
+        &["alice"],
+    );
+    let db = |n: u8| {
+        redis::Client::open(format!("redis://:s3cret@127.0.0.1:{}/{n}", redis.port))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+    // The filter's calls, in database 3: alice spent 8 of her 10 tokens.
+    let mut three = db(3);
+    let spent = script(&mut three, &key, &["10", "1", "60000", "8", "0"]);
+    assert_eq!(&spent[..2], &[1, 2], "{spent:?}");
+    let url = format!("redis://:s3cret@127.0.0.1:{}", redis.port);
+    let run = |verb: &str, url: &str| {
+        tollgate(&[
+            verb,
+            "--artifact",
+            "higress",
+            config,
+            "--rule",
+            "r",
+            "--key",
+            "alice",
+            "--redis",
+            url,
+        ])
+    };
+    let out = run("inspect", &url);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("tokens now: 2 of 10"), "{}", out.stdout);
+    let out = run("reset", &url);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let fields: Vec<(String, String)> = redis::cmd("HGETALL").arg(&key).query(&mut three).unwrap();
+    let after = script(&mut three, &key, &["10", "1", "60000", "0", "0"]);
+    assert_eq!(
+        after[1], 10,
+        "the filter's bucket was reset: {fields:?} {}",
+        out.stdout
+    );
+    let zero: i64 = redis::cmd("DBSIZE").query(&mut db(0)).unwrap();
+    assert_eq!(zero, 0, "nothing written to database 0");
+    // A URL naming another database than the configuration's is refused.
+    let other = run("inspect", &format!("{url}/5"));
+    assert_eq!(other.code, 1, "{}{}", other.stdout, other.stderr);
+    assert!(other.stderr.contains("database"), "{}", other.stderr);
+    assert!(!other.stderr.contains("s3cret"), "{}", other.stderr);
+    // The configuration's own database, named in the URL, is fine.
+    assert_eq!(run("inspect", &format!("{url}/3")).code, 0);
+}
