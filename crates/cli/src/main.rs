@@ -367,6 +367,12 @@ fn described(args: &RequestArgs) -> Result<Described, Failed> {
             return Err(Failed(format!("--header {h:?}: expected NAME: VALUE")));
         };
         let name = format!("{colon}{}", name.trim().to_ascii_lowercase());
+        // Envoy keeps a request's `Host` as `:authority`: the filter never sees a `host` line.
+        let name = if name == "host" {
+            ":authority".to_string()
+        } else {
+            name
+        };
         scheme |= name == ":scheme";
         req.line(&name, value.as_bytes());
     }
@@ -426,7 +432,7 @@ fn read_from_the_request(path: &str) -> Option<String> {
         return Some("--method".to_string());
     }
     header.map(|header| match header.as_str() {
-        ":authority" => "--host".to_string(),
+        ":authority" | "host" => "--host".to_string(),
         _ => format!("-H '{header}: VALUE'"),
     })
 }

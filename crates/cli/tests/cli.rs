@@ -1635,3 +1635,26 @@ fn a_higress_configurations_database_is_where_the_command_acts() {
     // The configuration's own database, named in the URL, is fine.
     assert_eq!(run("inspect", &format!("{url}/3")).code, 0);
 }
+
+/// Envoy keeps a request's `Host` header as `:authority` (the filter never sees a `host` line):
+/// `-H 'Host: …'` describes the same request as `--host …`, so a rule on the host applies, with
+/// the same bucket, and a match.headers condition on `host` (read as `:authority`) holds.
+#[test]
+fn explain_reads_a_host_header_as_the_authority() {
+    let dir = scratch_dir("cli-host-header");
+    let path = dir.join("host.json");
+    std::fs::write(
+        &path,
+        r#"{"rules": [{"name": "per-host", "key": ["authority"], "rate": 5,
+            "match": {"hosts": ["api.example.com"],
+                      "headers": [{"name": "host", "prefix": "api."}]}}]}"#,
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let by_host = ok(&["explain", config, "--host", "api.example.com"]);
+    assert!(by_host.contains("per-host: applies"), "{by_host}");
+    for header in ["Host: api.example.com", "host:api.example.com"] {
+        let by_header = ok(&["explain", config, "-H", header]);
+        assert_eq!(by_header, by_host, "-H {header:?}");
+    }
+}
