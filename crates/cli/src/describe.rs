@@ -80,6 +80,16 @@ pub fn source(s: &KeySource) -> String {
     }
 }
 
+/// How long the filter holds a request of `rule` for tokens about to refill: its `max_wait_ms`,
+/// but never for a shadow rule, which refuses nothing (the filter sends its calls with no wait).
+pub fn held_ms(rule: &Rule) -> u64 {
+    if rule.shadow {
+        0
+    } else {
+        rule.max_wait_ms
+    }
+}
+
 /// Where a rule applies: `/api/ on api.example.com`, `every request`.
 pub fn scope(m: &Match) -> String {
     let mut parts = Vec::new();
@@ -186,9 +196,14 @@ fn rule_details(rule: &Rule) -> Vec<String> {
     if let Some(h) = &rule.cost_header {
         d.push(format!("cost raised by header {h}"));
     }
-    if rule.max_wait_ms > 0 {
+    if held_ms(rule) > 0 {
         d.push(format!(
             "waits up to {} for tokens",
+            duration(rule.max_wait_ms)
+        ));
+    } else if rule.max_wait_ms > 0 {
+        d.push(format!(
+            "would wait up to {} for tokens once enforced (a shadow rule holds no request)",
             duration(rule.max_wait_ms)
         ));
     }

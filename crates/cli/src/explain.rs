@@ -103,7 +103,7 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
             )),
         }
         let mode = match rule.mode {
-            Mode::Exact if rule.max_wait_ms > 0 => format!(
+            Mode::Exact if describe::held_ms(rule) > 0 => format!(
                 "exact: one call to Redis; waits up to {} for tokens",
                 describe::duration(rule.max_wait_ms)
             ),

@@ -315,7 +315,9 @@ fn operate(
         l.period_ms.to_string(),
         "0".to_string(),
         op.argument(),
-        t.rule.max_wait_ms.to_string(),
+        // What the filter's calls carry: a shadow rule holds no request, so nothing of its debt
+        // is reserved.
+        describe::held_ms(t.rule).to_string(),
     ];
     // A penalty rule's operation carries its penalty, as the filter's calls do: a credit that
     // fills the bucket must not delete a boxed key.

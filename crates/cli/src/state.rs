@@ -137,7 +137,7 @@ pub fn report(target: &Target<'_>, now_us: u64, fields: &[(String, String)]) -> 
             if debt_tokens == 1 { "" } else { "s" },
             describe::duration(repaid)
         ));
-        if target.rule.max_wait_ms > 0 {
+        if describe::held_ms(target.rule) > 0 {
             out.push(format!(
                 "reservations outstanding: requests may be held for up to {} of it",
                 describe::duration(target.rule.max_wait_ms)

@@ -1658,3 +1658,39 @@ fn explain_reads_a_host_header_as_the_authority() {
         assert_eq!(by_header, by_host, "-H {header:?}");
     }
 }
+
+/// A shadow rule never holds a request (the filter sends its calls with no wait), so nothing of
+/// its bucket's debt is reserved by held requests: `explain` says no wait, and a reset fills the
+/// bucket to its burst, as for a rule without `max_wait_ms`, instead of keeping the debt a wait
+/// would cover.
+#[test]
+fn a_shadow_rule_holds_no_request_and_its_reset_keeps_no_reservation() {
+    let dir = scratch_dir("cli-shadow-wait");
+    let redis = Redis::start(&dir);
+    let mut conn = redis.conn();
+    let path = dir.join("shadow.json");
+    std::fs::write(
+        &path,
+        r#"{"rules": [{"name": "s", "shadow": true, "max_wait_ms": 2000, "key": ["header:x-user"],
+            "rate": 10, "period_ms": 1000, "burst": 10}]}"#,
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let explained = ok(&["explain", config, "-H", "x-user: a"]);
+    assert!(!explained.contains("waits"), "{explained}");
+    let key = bucket_key(
+        "tollgate",
+        "s",
+        &[KeySource::Header("x-user".into())],
+        &["a"],
+    );
+    // Usage charged after the fact took the bucket 10 tokens into debt (no request is held).
+    let charged = script(&mut conn, &key, &["10", "10", "1000", "0", "0", "0", "20"]);
+    assert_eq!(charged[1], 0, "{charged:?}");
+    let url = redis.url();
+    let out = ok(&[
+        "reset", config, "--rule", "s", "--key", "a", "--redis", &url,
+    ]);
+    assert!(out.contains("reset: 10 tokens now"), "{out}");
+    assert!(!out.contains("reservations outstanding"), "{out}");
+}
