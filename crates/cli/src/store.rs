@@ -81,6 +81,21 @@ pub fn redacted(url: &str) -> String {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
             }
+            // A Unix socket URL carries its password as `?pass=`.
+            if u.query_pairs().any(|(k, _)| k == "pass") {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if k == "pass" {
+                            "***".into()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             u.to_string()
         }
         // Not a URL: anything up to an `@` may be credentials.

@@ -1694,3 +1694,23 @@ fn a_shadow_rule_holds_no_request_and_its_reset_keeps_no_reservation() {
     assert!(out.contains("reset: 10 tokens now"), "{out}");
     assert!(!out.contains("reservations outstanding"), "{out}");
 }
+
+/// Messages never print the password: not one in a Unix socket URL's `?pass=` (which the client
+/// library accepts as it accepts a redis:// URL's user info).
+#[test]
+fn a_unix_socket_urls_password_is_never_printed() {
+    let dir = scratch_dir("cli-unix-pass");
+    let config = config_file(&dir);
+    for scheme in ["unix", "redis+unix"] {
+        let url = format!(
+            "{scheme}://{}/none.sock?user=ops&pass=s3cretpw",
+            dir.display()
+        );
+        let out = tollgate(&[
+            "inspect", &config, "--rule", "per-user", "--key", "a", "--redis", &url,
+        ]);
+        assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+        assert!(out.stderr.contains("cannot reach Redis"), "{}", out.stderr);
+        assert!(!out.stderr.contains("s3cretpw"), "{}", out.stderr);
+    }
+}
