@@ -46,7 +46,15 @@ pub fn explain(config: &Config, req: &dyn RequestView) -> Vec<String> {
                         source,
                         std::borrow::Cow::Borrowed(v),
                     );
-                    format!("{:?}", String::from_utf8_lossy(&v))
+                    match std::str::from_utf8(&v) {
+                        Ok(text) => format!("{text:?}"),
+                        // A command line carries only UTF-8: the text shown would name another
+                        // bucket as a --key value.
+                        Err(_) => format!(
+                            "{:?} (not UTF-8: no --key value names it; use the bucket key)",
+                            String::from_utf8_lossy(&v)
+                        ),
+                    }
                 }
                 Read::Missing => "(missing)".to_string(),
                 Read::Ambiguous => {

@@ -1714,3 +1714,37 @@ fn a_unix_socket_urls_password_is_never_printed() {
         assert!(!out.stderr.contains("s3cretpw"), "{}", out.stderr);
     }
 }
+
+/// `--key` takes the values `explain` prints, and a command line carries only UTF-8: a value the
+/// filter reads that is not UTF-8 (a header ending in a UTF-8 NO-BREAK SPACE, whose last byte
+/// the filter trims as the most lenient server does; a percent-encoded `%ff`) cannot be given
+/// back as printed, where the printed text would name another bucket. `explain` says so, and
+/// points at the bucket key, which names it.
+#[test]
+fn explain_says_when_a_key_value_cannot_be_given_back() {
+    let dir = scratch_dir("cli-not-utf8");
+    let path = dir.join("user.json");
+    std::fs::write(
+        &path,
+        r#"{"rules": [{"name": "u", "key": ["header:x-user"], "rate": 5},
+                      {"name": "q", "key": ["query:k"], "rate": 5}]}"#,
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let out = ok(&[
+        "explain",
+        config,
+        "-H",
+        "x-user: K\u{a0}",
+        "--path",
+        "/?k=%ff",
+    ]);
+    let printed: Vec<&str> = out.lines().filter(|l| l.contains("  key ")).collect();
+    assert_eq!(printed.len(), 2, "{out}");
+    for line in printed {
+        assert!(line.contains("not UTF-8"), "{line}");
+    }
+    // A value that is UTF-8 gets no such note.
+    let plain = ok(&["explain", config, "-H", "x-user: K\u{a0}L"]);
+    assert!(!plain.contains("not UTF-8"), "{plain}");
+}
