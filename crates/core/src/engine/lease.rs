@@ -295,6 +295,9 @@ impl Engine {
         let pool = LeasePool::new(store, &self.plugin.ns);
         let m = &self.plugin.metrics;
         let mut taken = None;
+        // Until when Redis' denial holds the key: its waiters get it from here, not only from the
+        // deny cache, whose slot another key's box may keep (or another worker's entry replace).
+        let mut denied_until = None;
         match reply {
             Ok(r) if r.allowed => {
                 // Never more than asked for: a garbled reply must not mint tokens.
@@ -345,6 +348,7 @@ impl Engine {
                 let until = sent_ms.saturating_add(retry.max(sizing.horizon_ms).max(1));
                 let _ = DenyCache::new(store, &self.plugin.ns).remember(&key, 1, until, now);
                 let _ = pool.release(claim, Some(r.remaining), now);
+                denied_until = Some(until);
             }
             Err(e) => {
                 let _ = pool.release(claim, None, now);
@@ -354,13 +358,22 @@ impl Engine {
             }
         }
         self.waits.set_state(&key, State::Idle);
-        self.serve(host, &key, taken, now);
+        self.serve(host, &key, (taken, denied_until), now);
     }
 
     /// Serves `key`'s waiters from the pool and the deny cache, in order; starts another lease
     /// call for those still waiting. `taken`: what the waiters already spent, in order (when
-    /// the answer's deposit did it); None takes from the pool here.
-    fn serve(&mut self, host: &mut dyn Host, key: &str, taken: Option<Take>, now: u64) {
+    /// the answer's deposit did it); None takes from the pool here. `denied_until`: until when
+    /// the answer just read denies the key (a waiter the pool cannot serve is denied until then
+    /// whatever the deny cache kept: a denial must never send its waiters to another call, and
+    /// at their patience's end to the failure mode).
+    fn serve(
+        &mut self,
+        host: &mut dyn Host,
+        key: &str,
+        (taken, denied_until): (Option<Take>, Option<u64>),
+        now: u64,
+    ) {
         let Some((rule, limits)) = self.waits.rule_of(key) else {
             return;
         };
@@ -376,9 +389,12 @@ impl Engine {
             .metrics
             .count(rule.id(), Counter::LeaseDropped, take.dropped);
         let deny = DenyCache::new(store, &self.plugin.ns);
-        let served = self
-            .waits
-            .serve(key, &take.spent, |cost| deny.denied(key, cost, now));
+        let answered = denied_until
+            .filter(|&until| until > now)
+            .map(|until| until - now);
+        let served = self.waits.serve(key, &take.spent, |cost| {
+            deny.denied(key, cost, now).or(answered)
+        });
         for (w, outcome) in served {
             // Leased tokens, or a denial the deny cache holds.
             let by = match outcome {
@@ -443,7 +459,7 @@ impl Engine {
             };
             if ready {
                 self.waits.set_state(&key, State::Idle);
-                self.serve(host, &key, None, now);
+                self.serve(host, &key, (None, None), now);
             }
         }
     }

@@ -281,3 +281,45 @@ fn a_box_in_the_deny_cache_refuses_nothing_once_the_penalty_is_removed() {
     deliver(&mut next, &mut h2, 1, 200, &answer(true, 1, 0, 100, 1));
     assert_eq!(h2.resumed, [11]);
 }
+
+/// A lease rule's denial reaches its waiters only through the deny cache: the call's answer is
+/// remembered there, and the waiters are served from the pool and the cache. Another key's box in
+/// the same slot keeps the slot (it must), so the denial was never cached: the waiters, neither
+/// served nor denied, started another lease call, and another, each denied, until their patience
+/// ran out and the failure mode (the fallback bucket, full for a key it never saw) let them
+/// through. A client that boxes a key of its own choosing in its lease key's slot (a few thousand
+/// tries offline) so got past the global bucket while Redis answered every call.
+#[test]
+fn a_lease_denial_reaches_its_waiters_when_another_keys_box_holds_the_deny_slot() {
+    let rules = format!(
+        r#"{}, {{"name":"login","key":["header:x-key"],"rate":10,"burst":2,
+            "penalty":{{"ms":[120000,300000],"window_ms":3600000}}}}"#,
+        super::LEASE
+    );
+    let (mut e, _) = engine("", &rules);
+    let mut h = Fake::at(1000);
+    // The client boxes a key of its own under the penalty rule, in its lease key's deny slot.
+    let leased = key_of(&e, 0, &user("a"));
+    let other = colliding_key(&e, &leased);
+    send(&mut e, &mut h, 10, &req("/other", &[("x-key", &other)]));
+    let t = *h.tokens().last().unwrap();
+    deliver(&mut e, &mut h, t, 200, &answer6(false, 120_000, 1));
+    assert_eq!(h.status_of(10), Some(429));
+    // Its lease key is spent: Redis denies even a reservation, every time it is asked.
+    send(&mut e, &mut h, 20, &user("a"));
+    let mut calls = 0;
+    while let Some(&t) = h.tokens().last() {
+        calls += 1;
+        if calls > 20 {
+            break;
+        }
+        deliver(&mut e, &mut h, t, 200, &answer(false, 0, 300, 5000, 0));
+    }
+    for now in [1100, 1200, 1500, 3000, 10_000] {
+        h.now = now;
+        e.tick(&mut h);
+    }
+    assert!(h.resumed.is_empty(), "admitted past a denial: {:?}", h.resumed);
+    assert_eq!(h.status_of(20), Some(429));
+    assert_eq!(calls, 1, "one lease call, denied, for the request");
+}
