@@ -1262,3 +1262,34 @@ fn deploy_guides_show_the_shipped_configurations() {
         "docs/deploy/higress.md shows the WasmPlugin's defaultConfig"
     );
 }
+
+/// The per-client catch-all keys on the address the gateway sees. Behind Istio's default gateway
+/// Service (type LoadBalancer, externalTrafficPolicy: Cluster) kube-proxy source-NATs it to a node's
+/// address, and numTrustedProxies only helps behind an HTTP balancer that appends x-forwarded-for
+/// (behind a TCP one it would trust the entry the client wrote). The guide and every plugin manifest
+/// say which fix fits which balancer.
+#[test]
+fn istio_guide_keeps_the_client_address() {
+    let guide = read("docs/deploy/istio.md");
+    let edge = &guide[guide
+        .find("## Edge settings on Istio")
+        .expect("docs/deploy/istio.md: Edge settings on Istio")..];
+    for want in ["externalTrafficPolicy: Local", "numTrustedProxies", "TCP", "HTTP load balancer"] {
+        assert!(
+            edge.contains(want),
+            "docs/deploy/istio.md, edge settings: no {want:?}"
+        );
+    }
+    for name in ISTIO_PLUGINS {
+        let raw = read(&format!("envoy/istio/{name}"));
+        assert!(
+            raw.contains("externalTrafficPolicy: Local"),
+            "envoy/istio/{name}: the per-client rule's comment must say how the gateway keeps the client address"
+        );
+    }
+    let envoy = read("docs/deploy/envoy.md");
+    assert!(
+        envoy.contains("Never\n  behind a TCP balancer"),
+        "docs/deploy/envoy.md: xff_num_trusted_hops only behind an HTTP balancer"
+    );
+}
