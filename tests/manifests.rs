@@ -1293,3 +1293,25 @@ fn istio_guide_keeps_the_client_address() {
         "docs/deploy/envoy.md: xff_num_trusted_hops only behind an HTTP balancer"
     );
 }
+
+/// Istio builds sidecar-inbound and waypoint connection managers with use_remote_address: false
+/// (istio/istio pilot/pkg/networking/core/listener_inbound.go, listener_waypoint.go): there Envoy takes
+/// the client address from the last x-forwarded-for entry (tests/edge.rs shows a client picking its
+/// bucket that way), which a caller inside the mesh writes. The manifests that can run there, and the
+/// guide, say so.
+#[test]
+fn sidecar_and_waypoint_manifests_warn_that_client_ip_is_x_forwarded_for() {
+    for name in ["sidecar.yaml", "gateway-api.yaml"] {
+        let raw = read(&format!("envoy/istio/{name}"));
+        assert!(
+            raw.contains("use_remote_address: false") && raw.contains("property:source.principal"),
+            "envoy/istio/{name}: client_ip there is the last x-forwarded-for entry; say so and name the verified alternative"
+        );
+    }
+    let guide = read("docs/deploy/istio.md");
+    let edge = &guide[guide.find("## Edge settings on Istio").unwrap()..];
+    assert!(
+        edge.contains("use_remote_address: false") && edge.contains("Sidecars and waypoints"),
+        "docs/deploy/istio.md, edge settings: sidecars and waypoints read x-forwarded-for"
+    );
+}
