@@ -1315,3 +1315,23 @@ fn sidecar_and_waypoint_manifests_warn_that_client_ip_is_x_forwarded_for() {
         "docs/deploy/istio.md, edge settings: sidecars and waypoints read x-forwarded-for"
     );
 }
+
+/// Istio starts its proxies at log level warning (istio/istio pilot/cmd/pilot-agent/app/cmd.go,
+/// --proxyLogLevel), so the filter's info line `tollgate: configured` is not in a gateway's log: the
+/// guide's check must not rely on it without saying how to raise the wasm logger.
+#[test]
+fn istio_guide_check_does_not_rely_on_an_info_log_line() {
+    let guide = read("docs/deploy/istio.md");
+    let check = &guide[guide.find("## Check that it works").unwrap()..];
+    let check = &check[..check.find("## When it does not work").unwrap()];
+    for block in fenced(check, "sh") {
+        assert!(
+            !block.contains("tollgate: configured") || check.contains("wasm:info"),
+            "docs/deploy/istio.md: the check greps an info line Istio's default log level hides:\n{block}"
+        );
+    }
+    assert!(
+        check.contains("grep -c wasmcustom.tollgate"),
+        "docs/deploy/istio.md: the check reads the filter's stats"
+    );
+}
