@@ -1335,3 +1335,14 @@ fn istio_guide_check_does_not_rely_on_an_info_log_line() {
         "docs/deploy/istio.md: the check reads the filter's stats"
     );
 }
+
+/// request-authentication.yaml selects the gateway; a sidecar's per-user rule needs a
+/// RequestAuthentication selecting the workload, or it finds no `sub` and limits nothing.
+#[test]
+fn sidecar_manifest_says_where_its_jwt_is_verified() {
+    let raw = read("envoy/istio/sidecar.yaml");
+    assert!(
+        raw.contains("RequestAuthentication selecting this workload"),
+        "envoy/istio/sidecar.yaml: per-user needs a RequestAuthentication on the workload"
+    );
+}
