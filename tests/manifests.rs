@@ -1346,3 +1346,18 @@ fn sidecar_manifest_says_where_its_jwt_is_verified() {
         "envoy/istio/sidecar.yaml: per-user needs a RequestAuthentication on the workload"
     );
 }
+
+/// The Higress guide and manifest: the client address survives the gateway's Service only with
+/// externalTrafficPolicy: Local (Higress' chart leaves it empty, Kubernetes' Cluster), and the
+/// `tollgate: configured` info line is hidden by Higress' default proxy log level (warning).
+#[test]
+fn higress_guide_keeps_the_client_address_and_checks_by_stats() {
+    let guide = read("docs/deploy/higress.md");
+    let manifest = read("envoy/higress/wasmplugin.yaml");
+    assert!(guide.contains("externalTrafficPolicy"), "docs/deploy/higress.md");
+    assert!(manifest.contains("externalTrafficPolicy: Local"), "envoy/higress/wasmplugin.yaml");
+    assert!(
+        !guide.contains("The gateway's log has one line per worker"),
+        "docs/deploy/higress.md: the configured line is info, hidden at Higress' default log level"
+    );
+}
