@@ -1274,7 +1274,12 @@ fn istio_guide_keeps_the_client_address() {
     let edge = &guide[guide
         .find("## Edge settings on Istio")
         .expect("docs/deploy/istio.md: Edge settings on Istio")..];
-    for want in ["externalTrafficPolicy: Local", "numTrustedProxies", "TCP", "HTTP load balancer"] {
+    for want in [
+        "externalTrafficPolicy: Local",
+        "numTrustedProxies",
+        "TCP",
+        "HTTP load balancer",
+    ] {
         assert!(
             edge.contains(want),
             "docs/deploy/istio.md, edge settings: no {want:?}"
@@ -1354,8 +1359,14 @@ fn sidecar_manifest_says_where_its_jwt_is_verified() {
 fn higress_guide_keeps_the_client_address_and_checks_by_stats() {
     let guide = read("docs/deploy/higress.md");
     let manifest = read("envoy/higress/wasmplugin.yaml");
-    assert!(guide.contains("externalTrafficPolicy"), "docs/deploy/higress.md");
-    assert!(manifest.contains("externalTrafficPolicy: Local"), "envoy/higress/wasmplugin.yaml");
+    assert!(
+        guide.contains("externalTrafficPolicy"),
+        "docs/deploy/higress.md"
+    );
+    assert!(
+        manifest.contains("externalTrafficPolicy: Local"),
+        "envoy/higress/wasmplugin.yaml"
+    );
     assert!(
         !guide.contains("The gateway's log has one line per worker"),
         "docs/deploy/higress.md: the configured line is info, hidden at Higress' default log level"
