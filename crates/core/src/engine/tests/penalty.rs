@@ -319,7 +319,11 @@ fn a_lease_denial_reaches_its_waiters_when_another_keys_box_holds_the_deny_slot(
         h.now = now;
         e.tick(&mut h);
     }
-    assert!(h.resumed.is_empty(), "admitted past a denial: {:?}", h.resumed);
+    assert!(
+        h.resumed.is_empty(),
+        "admitted past a denial: {:?}",
+        h.resumed
+    );
     assert_eq!(h.status_of(20), Some(429));
     assert_eq!(calls, 1, "one lease call, denied, for the request");
 }
