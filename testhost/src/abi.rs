@@ -804,11 +804,18 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
             };
             let h = c.data_mut();
             let ctx = h.context();
-            // Envoy Context::sendLocalResponse: one local reply per context (BadArgument after);
-            // the reply is sent after the VM call returns; iteration stops.
+            // cpp-host send_local_response: whatever Context::sendLocalResponse answers, the
+            // call is Ok and the VM's next iteration stops (`stopNextIteration(true)`); Envoy
+            // queues every reply as an after-VM-call action (no guard against a second one).
+            // The reply is sent after the VM call returns. A second reply to a stream is not
+            // modelled (Envoy sends it direct to the codec or resets the stream): recorded.
             h.stop_iteration = true;
             match h.streams.get_mut(&ctx) {
-                Some(s) if s.local_reply_hold => Ok(BAD_ARGUMENT),
+                Some(s) if s.local_reply_hold => {
+                    h.shared
+                        .unmodelled("proxy_send_local_response: a second local reply to a stream");
+                    Ok(OK)
+                }
                 Some(s) => {
                     s.local_reply_hold = true;
                     // Envoy replaces whitespace in the details with `_`
