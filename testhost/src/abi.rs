@@ -343,10 +343,16 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
         "proxy_get_header_map_pairs",
         |mut c: C, map: i32, ptr_ptr: i32, size_ptr: i32| -> Result<i32, Error> {
             guard(&c, "proxy_get_header_map_pairs")?;
-            let Some(headers) = header_map(c.data_mut(), map) else {
+            // cpp-host get_header_map_pairs: BadArgument only for a type past the last one;
+            // Envoy's getHeaderMapPairs is Ok with no pairs for a map not available now, and
+            // no pairs go out as no data at all (null, 0), not as an encoded count of 0.
+            if !(0..=7).contains(&map) {
                 return Ok(BAD_ARGUMENT);
+            }
+            let bytes = match header_map(c.data_mut(), map) {
+                Some(headers) if !headers.is_empty() => serialize_pairs(headers),
+                _ => Vec::new(),
             };
-            let bytes = serialize_pairs(headers);
             copy_out(&mut c, &bytes, ptr_ptr, size_ptr)
         },
     )?;
