@@ -607,12 +607,16 @@ impl Worker {
             }
             None => return,
         }
-        self.call::<(i32, i32, i32), i32>(
+        let action = self.call::<(i32, i32, i32), i32>(
             ctx,
             "proxy_on_response_headers",
             (ctx as i32, n, i32::from(body.is_empty())),
         );
+        let stopped = self.response_stopped(action);
         self.after();
+        if stopped {
+            return self.hold_response(ctx, "proxy_on_response_headers");
+        }
         let Some(headers) = self
             .host()
             .streams
@@ -626,12 +630,16 @@ impl Worker {
             if let Some(s) = self.host().streams.get_mut(&ctx) {
                 s.response_body = Some(body.clone());
             }
-            self.call::<(i32, i32, i32), i32>(
+            let action = self.call::<(i32, i32, i32), i32>(
                 ctx,
                 "proxy_on_response_body",
                 (ctx as i32, body.len() as i32, 1),
             );
+            let stopped = self.response_stopped(action);
             self.after();
+            if stopped {
+                return self.hold_response(ctx, "proxy_on_response_body");
+            }
             match self
                 .host()
                 .streams
@@ -658,6 +666,34 @@ impl Worker {
                 headers,
                 body,
             });
+        }
+        self.finish(ctx);
+    }
+
+    /// Whether Envoy stops the response after an encoder callback that answered `action`:
+    /// cpp-host's `convertVmCallResultToFilterHeadersStatus` / `...DataStatus` stop it for any
+    /// non-zero answer and whenever a local reply was sent during the call, to this stream or
+    /// to any other (`stopNextIteration` is the VM's, not the stream's).
+    fn response_stopped(&mut self, action: Option<i32>) -> bool {
+        !self.failed
+            && (action.is_some_and(|a| a != 0) || self.host().stop_iteration)
+    }
+
+    /// A response Envoy would hold until `proxy_continue_stream(response)` (its client waits
+    /// for the stream's idle timeout): not modelled, so recorded, and the client's stream reset
+    /// instead of left hanging.
+    fn hold_response(&mut self, ctx: u32, callback: &str) {
+        self.host().shared.unmodelled(&format!(
+            "{callback}: the response was stopped (a non-zero answer, or a local reply sent \
+             during the call); Envoy holds it until proxy_continue_stream(response)"
+        ));
+        if let Some(tx) = self
+            .host()
+            .streams
+            .get_mut(&ctx)
+            .and_then(|s| s.reply.take())
+        {
+            let _ = tx.send(Response::Reset);
         }
         self.finish(ctx);
     }
