@@ -872,6 +872,11 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
             }
             let cluster = text(cluster);
             let h = c.data_mut();
+            // Envoy Context::httpCall takes the timeout as an `int`: one past i32::MAX reads
+            // negative and is BadArgument before anything else is looked at.
+            if timeout < 0 {
+                return Ok(BAD_ARGUMENT);
+            }
             // Envoy Context::httpCall: unknown cluster, or no :path, :method or :authority:
             // BadArgument.
             let Some(addr) = h.shared.cluster(&cluster) else {
