@@ -90,6 +90,8 @@ pub struct Stream {
     pub peer: SocketAddr,
     pub path: String,
     pub local_reply_hold: bool,
+    /// `proxy_on_request_headers` stopped the request (it can be continued).
+    pub stopped_once: bool,
     /// The response code details of the local reply sent, if any.
     pub details: Option<String>,
     /// Filter state the module set (`proxy_set_property`), by key: `wasm.<path>`.
@@ -466,13 +468,20 @@ impl Worker {
             }
             match a {
                 After::Continue(ctx) => {
-                    let paused = self
+                    let (paused, stopped_once) = self
                         .host()
                         .streams
                         .get(&ctx)
-                        .is_some_and(|s| s.phase == Phase::Paused);
+                        .map_or((false, true), |s| (s.phase == Phase::Paused, s.stopped_once));
                     if paused {
                         self.upstream(ctx);
+                    } else if !stopped_once {
+                        // Envoy's continueDecoding of a filter whose headers went on at once
+                        // runs them through the rest of the chain again (commonContinue:
+                        // `headers_continued_` is still false): not modelled.
+                        self.host().shared.unmodelled(
+                            "proxy_continue_stream(request) of a request whose headers were never stopped",
+                        );
                     }
                 }
                 After::LocalReply {
@@ -532,6 +541,7 @@ impl Worker {
                 peer: req.peer,
                 path,
                 local_reply_hold: false,
+                stopped_once: false,
                 details: None,
                 filter_state: BTreeMap::new(),
                 reply: Some(req.reply),
@@ -555,6 +565,7 @@ impl Worker {
             if go {
                 s.request_headers = None;
             }
+            s.stopped_once = !go;
             s.phase = if go { Phase::Responding } else { Phase::Paused };
         }
         self.after();
