@@ -218,8 +218,9 @@ pub fn dequeue(queue: u32) -> Result<Vec<u8>, Status> {
 }
 
 /// An HTTP callout to `cluster`, without trailers; `headers` in the proxy-wasm map encoding;
-/// `timeout_ms` 0 means none (a longer one than the ABI's u32 is the longest it has). The token
-/// its answer will come with.
+/// `timeout_ms` 0 means none; a longer one than i32::MAX is the longest Envoy takes (its
+/// `Context::httpCall` reads the timeout as an `int` and refuses a negative one with BadArgument).
+/// The token its answer will come with.
 pub fn http_call(
     cluster: &str,
     headers: &[u8],
@@ -228,7 +229,7 @@ pub fn http_call(
 ) -> Result<u32, Status> {
     // The encoding of an empty map (no trailers): its pair count, 0.
     let no_trailers = [0u8; 4];
-    let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
+    let timeout = u32::try_from(timeout_ms.min(i32::MAX as u64)).unwrap_or(u32::MAX >> 1);
     let mut token = 0u32;
     // SAFETY: every pointer/length pair describes a live buffer; the host writes one u32.
     Status::check(unsafe {
