@@ -156,10 +156,15 @@ fn header_map(h: &mut Host, map_type: i32) -> Option<&mut Vec<(String, String)>>
 fn attribute(h: &Host, path: &[&str]) -> Option<String> {
     let cfg = &h.shared.config;
     let stream = h.streams.get(&h.context());
+    // Envoy's Context::findValue gives the activation the stream's live request header map,
+    // which it drops once the request goes on (decodeHeaders answering Continue, or
+    // continueStream): from then on `request.headers`, `request.path`, ... are NotFound outside
+    // the access log phase (RequestWrapper over no headers).
     let header = |name: &str| -> Option<String> {
         let name = name.to_ascii_lowercase();
         let values: Vec<&str> = stream?
-            .attributes
+            .request_headers
+            .as_ref()?
             .iter()
             .filter(|(k, _)| *k == name)
             .map(|(_, v)| v.as_str())
@@ -186,10 +191,15 @@ fn attribute(h: &Host, path: &[&str]) -> Option<String> {
     }
 }
 
-/// An absent request header is NotFound in Envoy too, so not a gap of this host; any other
-/// attribute this host has no value for is recorded as unmodelled.
-fn known_absent(path: &[&str]) -> bool {
-    matches!(path, ["request", "headers", _])
+/// An absent request header is NotFound in Envoy too, and so is every header-borne `request.*`
+/// attribute once the request went on, so not a gap of this host; any other attribute this host
+/// has no value for is recorded as unmodelled.
+fn known_absent(h: &Host, path: &[&str]) -> bool {
+    let headers_gone = h
+        .streams
+        .get(&h.context())
+        .is_some_and(|s| s.request_headers.is_none());
+    matches!(path, ["request", "headers", _]) || (headers_gone && path.first() == Some(&"request"))
 }
 
 fn text(bytes: Vec<u8>) -> String {
@@ -436,7 +446,7 @@ pub fn define(linker: &mut Linker<Host>, with_redis: bool) -> Result<(), Error> 
             }
             let h = c.data();
             let value = attribute(h, &segments);
-            if value.is_none() && !known_absent(&segments) {
+            if value.is_none() && !known_absent(h, &segments) {
                 h.shared
                     .unmodelled(&format!("proxy_get_property {}", segments.join(".")));
             }

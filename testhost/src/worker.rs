@@ -78,11 +78,9 @@ pub enum Phase {
 
 pub struct Stream {
     pub phase: Phase,
-    /// Available until the request continues (Envoy nulls it on Continue / continueStream).
+    /// Available until the request continues (Envoy nulls it on Continue / continueStream); the
+    /// `request.*` attributes read it too, so they end with it.
     pub request_headers: Option<Vec<(String, String)>>,
-    /// The request headers as Envoy's attributes (`request.headers`, `request.path`, ...) see them:
-    /// for the whole stream.
-    pub attributes: Vec<(String, String)>,
     /// Available during `proxy_on_response_headers` only.
     pub response_headers: Option<Vec<(String, String)>>,
     /// Available during `proxy_on_response_body` only.
@@ -534,7 +532,6 @@ impl Worker {
             ctx,
             Stream {
                 phase: Phase::RequestHeaders,
-                attributes: req.headers.clone(),
                 request_headers: Some(req.headers),
                 response_headers: None,
                 response_body: None,
