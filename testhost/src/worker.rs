@@ -466,11 +466,10 @@ impl Worker {
             }
             match a {
                 After::Continue(ctx) => {
-                    let (paused, stopped_once) = self
-                        .host()
-                        .streams
-                        .get(&ctx)
-                        .map_or((false, true), |s| (s.phase == Phase::Paused, s.stopped_once));
+                    let (paused, stopped_once) =
+                        self.host().streams.get(&ctx).map_or((false, true), |s| {
+                            (s.phase == Phase::Paused, s.stopped_once)
+                        });
                     if paused {
                         self.upstream(ctx);
                     } else if !stopped_once {
@@ -683,8 +682,7 @@ impl Worker {
     /// non-zero answer and whenever a local reply was sent during the call, to this stream or
     /// to any other (`stopNextIteration` is the VM's, not the stream's).
     fn response_stopped(&mut self, action: Option<i32>) -> bool {
-        !self.failed
-            && (action.is_some_and(|a| a != 0) || self.host().stop_iteration)
+        !self.failed && (action.is_some_and(|a| a != 0) || self.host().stop_iteration)
     }
 
     /// A response Envoy would hold until `proxy_continue_stream(response)` (its client waits
