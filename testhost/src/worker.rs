@@ -496,17 +496,7 @@ impl Worker {
                         self.encode(ctx, status, headers, body);
                     }
                 }
-                After::Reset(ctx) => {
-                    if let Some(tx) = self
-                        .host()
-                        .streams
-                        .get_mut(&ctx)
-                        .and_then(|s| s.reply.take())
-                    {
-                        let _ = tx.send(Response::Reset);
-                    }
-                    self.finish(ctx);
-                }
+                After::Reset(ctx) => self.reset(ctx),
             }
         }
     }
@@ -693,6 +683,11 @@ impl Worker {
             "{callback}: the response was stopped (a non-zero answer, or a local reply sent \
              during the call); Envoy holds it until proxy_continue_stream(response)"
         ));
+        self.reset(ctx);
+    }
+
+    /// The client of stream `ctx` gets a reset, and the stream ends.
+    fn reset(&mut self, ctx: u32) {
         if let Some(tx) = self
             .host()
             .streams
