@@ -6,9 +6,9 @@
 //! by the engine that takes over, under the rule of the same name; none is flushed twice. The
 //! amounts in the settle table stay there throughout (it is keyed by the plugin namespace, not by
 //! the engine); what moves is the schedule that flushes them, the charges the outgoing engine
-//! held stranded (failed calls' charges the table had no room for), on the same root the requests
-//! it admitted that still wait for their answer's usage or their reservation's time (their later
-//! events reach the next engine), and, on the same root, the
+//! held stranded (failed calls' charges the table had no room for), and, on the same root, the
+//! requests it admitted that still wait for their answer's usage or their reservation's time
+//! (their later events reach the next engine), the
 //! calls in flight that carry some, whose failure must put them back, and those waiting in the
 //! open batch, and the checks other workers relayed or sent for a hot key in those flights, which
 //! it answers to them. A deleted root's calls are answered to no engine: what they carried, and
