@@ -278,23 +278,10 @@ fn the_host_header_is_matched_and_keyed_as_the_authority() {
 
 /// The status Envoy answers a GET of `/x` whose `x-api-key` line holds `value`, byte for byte.
 fn status_with_key_bytes(stack: &Stack, value: &[u8]) -> u16 {
-    use std::io::{Read, Write};
-    let mut head = b"GET /x HTTP/1.1\r\nhost: localhost\r\nx-api-key: ".to_vec();
-    head.extend_from_slice(value);
-    head.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
-    let mut conn = std::net::TcpStream::connect((LOCALHOST, stack.port())).unwrap();
-    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-        .unwrap();
-    conn.write_all(&head).unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut buf).unwrap();
-        assert!(n > 0, "no answer: {answer:?}");
-        answer.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&answer);
-    line.split(' ').nth(1).unwrap().parse().unwrap()
+    let addr = std::net::SocketAddr::new(LOCALHOST, stack.port());
+    common::http::raw_request_bytes(None, addr, "GET", "/x", &[("x-api-key", value)])
+        .unwrap_or_else(|e| panic!("{e}\n{}", stack.logs()))
+        .status
 }
 
 /// Envoy passes a header value's NO-BREAK SPACE and NEL to the application (a control byte such

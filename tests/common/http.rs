@@ -149,20 +149,35 @@ pub fn raw_request_from(
     target: &str,
     headers: &[(&str, &str)],
 ) -> Result<Resp, String> {
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    raw_request_bytes(source, addr, method, target, &headers)
+}
+
+/// Like [`raw_request_from`], with header values as bytes, sent as they are (a value need not be
+/// UTF-8: `K\xa0`).
+pub fn raw_request_bytes(
+    source: Option<std::net::IpAddr>,
+    addr: std::net::SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &[u8])],
+) -> Result<Resp, String> {
     use std::io::{Read, Write};
-    let mut head = format!("{method} {target} HTTP/1.1\r\n");
+    let mut head = format!("{method} {target} HTTP/1.1\r\n").into_bytes();
     if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
-        head.push_str("host: localhost\r\n");
+        head.extend_from_slice(b"host: localhost\r\n");
     }
     for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
+        head.extend_from_slice(format!("{name}: ").as_bytes());
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\n");
     }
-    head.push_str("connection: close\r\n\r\n");
+    head.extend_from_slice(b"connection: close\r\n\r\n");
     let what = || format!("{method} {addr}{target}");
     let mut conn = connect_from(source, addr).map_err(|e| format!("{}: connect: {e}", what()))?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| format!("{}: {e}", what()))?;
-    conn.write_all(head.as_bytes())
+    conn.write_all(&head)
         .map_err(|e| format!("{}: write: {e}", what()))?;
     let mut raw = Vec::new();
     let mut buf = [0u8; 4096];
