@@ -151,6 +151,18 @@ fn assert_safe_key(key: &str, prefix: &str, rule: &str) {
     );
 }
 
+/// Spellings of the host `api.example.com` in `:authority` that a server routes to it: case, a
+/// port, a trailing dot, userinfo.
+const SPELLINGS_OF_API_EXAMPLE_COM: [&str; 7] = [
+    "API.example.com",
+    "api.EXAMPLE.com",
+    "api.example.com:1",
+    "api.example.com:443",
+    "api.example.com.",
+    "api.example.com.:8443",
+    "user@api.example.com:2",
+];
+
 fn hdr(name: &str) -> KeySource {
     KeySource::Header(name.into())
 }

@@ -398,14 +398,7 @@ fn attributes_of_the_authority_read_as_the_authority_key() {
         };
         let host = key("api.example.com");
         assert!(host.is_some(), "{attribute}");
-        for spelling in [
-            "API.example.com",
-            "api.EXAMPLE.com",
-            "api.example.com:1",
-            "api.example.com:443",
-            "api.example.com.",
-            "api.example.com.:8443",
-        ] {
+        for spelling in SPELLINGS_OF_API_EXAMPLE_COM {
             assert_eq!(key(spelling), host, "{attribute}: {spelling}");
         }
         assert_ne!(key("www.example.com"), host, "{attribute}");
